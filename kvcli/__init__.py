@@ -1,0 +1,18 @@
+"""kvcli: how much prefill would a chunk-hash KV cache save on your traffic, at which chunk size, at what cost.
+
+Module map (one concept each):
+  traces    trace readers (native JSONL, Mooncake, ShareGPT, SWE-agent) -> Request with token ids
+  tokenize  tiktoken encodings and the chat template
+  hashing   prefix-chained chunk hashes (the store's keys)
+  serde     KV tensor <-> bytes (safetensors layout)
+  server    Redis connections and the embedded server
+  store     the chunk-hash KV-cache store on Redis: lookup, retrieve, store, LRU capacity
+  model     the local Llama-style decoder: prefill(token_ids, past_kv) -> (logits, kv)
+  costcurve prefill time as a function of new and cached tokens, fitted from measurements
+  radix     token-granular reuse upper bound (unlimited radix tree)
+  replay    replays a trace through the store, per chunk size
+  report    terminal tables and JSON
+  route     KV-cache-aware routing simulation across serving nodes
+  cli       the typer command line (thin)
+"""
+__version__ = "0.1.0"

@@ -1,0 +1,44 @@
+"""Shared fixtures: private Redis-compatible servers on free loopback ports (never the machine's own 6379)."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import redis
+
+from kvcli.server import embedded_server
+
+
+@pytest.fixture(scope="session")
+def _session_server():
+    with embedded_server() as url:
+        yield url
+
+
+@pytest.fixture
+def redis_url(_session_server):
+    """URL of a private embedded server, emptied before each test (it is ours, so FLUSHALL is allowed here)."""
+    client = redis.Redis.from_url(_session_server)
+    client.flushall()
+    client.close()
+    return _session_server
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    """A redis-py client on the private server of :func:`redis_url`."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_server():
+    """Factory: ``make_server(**config) -> url`` starts one more private server with settings; all stop at teardown."""
+    stack = contextlib.ExitStack()
+
+    def start(**config: str) -> str:
+        return stack.enter_context(embedded_server(**config))
+
+    with stack:
+        yield start

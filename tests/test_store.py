@@ -1,0 +1,174 @@
+"""The chunk-hash store against a real (embedded) Redis server: exact hit counts computed by hand."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from kvcli.hashing import chunk_prompt, namespace_root
+from kvcli.store import ChunkStore, ChunkTooLargeError, StoreConfig
+
+KV_SHAPE = (2, 2, 2, 3)  # [layers, 2, kv_heads, head_dim] per token: 24 fp32 values = 96 bytes/token
+
+
+def tok(a: int, b: int) -> list[int]:
+    """Token ids a..b inclusive."""
+    return list(range(a, b + 1))
+
+
+def make_store(client, chunk_size=4, **kw) -> ChunkStore:
+    cfg = StoreConfig(namespace="t", chunk_size=chunk_size, model_id="m", tokenizer="raw", kv_shape=KV_SHAPE,
+                      dtype=torch.float32, **kw)
+    return ChunkStore(client, cfg)
+
+
+def fake_kv(tokens: list[int]) -> torch.Tensor:
+    """KV whose values encode (token position, token id), so a wrong chunk shows up in comparisons."""
+    n = len(tokens)
+    kv = torch.zeros((KV_SHAPE[0], 2, KV_SHAPE[2], n, KV_SHAPE[3]))
+    kv += torch.arange(n, dtype=torch.float32).view(1, 1, 1, n, 1) * 1000
+    kv += torch.tensor(tokens, dtype=torch.float32).view(1, 1, 1, n, 1)
+    return kv
+
+
+def put(store: ChunkStore, tokens: list[int]):
+    return store.store(tokens, fake_kv(tokens))
+
+
+def test_partial_match_hits_8_of_11(redis_client):
+    store = make_store(redis_client)
+    put(store, tok(1, 11))
+    assert store.lookup(tok(1, 9) + [50, 51]).hit_tokens == 8
+    assert store.lookup(tok(1, 12)).hit_tokens == 8  # chunk [9..12] was a partial chunk, never stored
+
+
+def test_short_query_hits_zero_and_writes_nothing(redis_client):
+    store = make_store(redis_client)
+    put(store, tok(1, 11))
+    keys_before = redis_client.dbsize()
+    res = store.lookup([5, 6, 7])
+    assert (res.hit_tokens, res.full_chunks) == (0, 0)
+    assert put(store, [5, 6, 7]).objects_created == 0
+    assert redis_client.dbsize() == keys_before == 4  # 2 chunks x (metadata + payload)
+
+
+def test_empty_prompt_is_zero_hits_and_no_round_trip(redis_client):
+    store = make_store(redis_client)
+    assert store.lookup([]).hit_tokens == 0
+    assert store.stats.round_trips == 0
+
+
+def test_gap_stops_the_run(redis_client):
+    store = make_store(redis_client)
+    put(store, tok(1, 16))
+    h1 = store.chunk(tok(1, 16)).hashes[1]
+    redis_client.delete(store.meta_key(h1), store.payload_key(h1))
+    res = store.lookup(tok(1, 17))
+    assert (res.hit_tokens, res.break_reason) == (4, "missing")
+
+
+def test_similar_sequences_never_share_a_hash():
+    root = namespace_root("m", "raw")
+    a = chunk_prompt([10, 20, 30, 40], 4, root).hashes
+    b = chunk_prompt([41, 19, 30, 40], 4, root).hashes
+    assert len(a) == len(b) == 1 and a != b
+
+
+def test_same_chunk_after_other_prefix_never_hits(redis_client):
+    store = make_store(redis_client)
+    put(store, [1, 2, 3, 4, 5, 6, 7, 8])
+    assert store.lookup([9, 9, 9, 9, 5, 6, 7, 8]).hit_tokens == 0
+    assert store.chunk([1, 2, 3, 4, 5, 6, 7, 8]).hashes[1] != store.chunk([9, 9, 9, 9, 5, 6, 7, 8]).hashes[1]
+
+
+def test_cache_salt_and_model_separate_namespaces(redis_client):
+    store = make_store(redis_client)
+    store.store(tok(1, 8), fake_kv(tok(1, 8)), cache_salt="tenant-a")
+    assert store.lookup(tok(1, 8), cache_salt="tenant-a").hit_tokens == 8
+    assert store.lookup(tok(1, 8), cache_salt="tenant-b").hit_tokens == 0
+    other_model = ChunkStore(redis_client, StoreConfig("t", 4, "m2", "raw", KV_SHAPE, torch.float32))
+    assert other_model.lookup(tok(1, 8), cache_salt="tenant-a").hit_tokens == 0
+
+
+def test_retrieve_returns_the_stored_kv(redis_client):
+    store = make_store(redis_client)
+    put(store, tok(1, 11))
+    res = store.retrieve(tok(1, 9) + [50, 51])
+    assert res.hit_tokens == 8
+    assert res.kv.shape == (2, 2, 2, 8, 3)
+    assert torch.equal(res.kv, fake_kv(tok(1, 8)))
+    assert res.payload_bytes == 8 * 96
+    assert store.stats.round_trips == 3  # store, lookup, payload MGET
+
+
+def test_store_writes_each_chunk_once(redis_client):
+    store = make_store(redis_client)
+    first = put(store, tok(1, 12))
+    second = put(store, tok(1, 12))
+    assert (first.chunks_written, first.objects_created, first.metadata_entries) == (3, 6, 3)
+    assert (second.chunks_written, second.chunks_present, second.objects_created) == (0, 3, 0)
+
+
+def test_corrupted_payload_is_a_miss_never_returned(redis_client):
+    store = make_store(redis_client)
+    put(store, tok(1, 12))
+    h1 = store.chunk(tok(1, 12)).hashes[1]
+    raw = bytearray(redis_client.get(store.payload_key(h1)))
+    raw[-1] ^= 0xFF
+    redis_client.set(store.payload_key(h1), bytes(raw))
+    res = store.retrieve(tok(1, 12))
+    assert (res.lookup.hit_tokens, res.hit_tokens, res.break_reason) == (12, 4, "checksum")
+    assert torch.equal(res.kv, fake_kv(tok(1, 4)))
+
+
+def test_lru_capacity_evicts_least_recent_chunk(redis_client):
+    store = make_store(redis_client, capacity_tokens=12)  # 3 chunks of 4
+    put(store, tok(1, 8))                 # A=[1..4], B=[5..8]
+    store.touch(store.chunk(tok(1, 8)), store.lookup(tok(1, 8)).hit_chunks)
+    put(store, [100, 101, 102, 103, 104, 105, 106, 107])  # C, D: one over capacity -> evict LRU
+    # recency after touch (oldest first): B, A; then C, D arrive -> B is evicted (deepest chunk first)
+    assert store.stats.evicted_chunks == 1
+    assert store.lookup(tok(1, 8)).hit_tokens == 4
+    assert store.resident_chunks == 3
+
+
+def test_accounted_payload_writes_metadata_only(redis_client):
+    store = make_store(redis_client, payload="accounted")
+    res = store.store(tok(1, 8), None)
+    assert (res.objects_created, res.payload_bytes) == (2, 2 * 4 * 96)
+    assert store.stats.payload_bytes_written == 0 and store.stats.payload_bytes_accounted == 768
+    assert store.lookup(tok(1, 9)).hit_tokens == 8
+    assert store.retrieve(tok(1, 9)).break_reason == "no-payload"
+
+
+def test_proto_max_bulk_len_refuses_before_any_write(make_server):
+    url = make_server(**{"proto-max-bulk-len": "1mb"})
+    client = redis.Redis.from_url(url)
+    # 1,024 KV bytes per token: [2 layers, 2, 2 kv heads, 32 head_dim] in fp32 (the tiny model's shape)
+    shape = (2, 2, 2, 32)
+    ok = ChunkStore(client, StoreConfig("t", 512, "m", "raw", shape, torch.float32))
+    ok.check_value_size()
+    tokens = np.arange(512, dtype=np.uint32)
+    kv = torch.zeros((2, 2, 2, 512, 32))
+    assert ok.store(tokens, kv).objects_created == 2
+    big = ChunkStore(client, StoreConfig("t2", 2048, "m", "raw", shape, torch.float32))
+    with pytest.raises(ChunkTooLargeError, match="proto-max-bulk-len"):
+        big.check_value_size()
+    assert client.dbsize() == 2
+
+
+def _commands_since_reset(client) -> int:
+    stats = client.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k not in ("cmdstat_info", "cmdstat_config|resetstat"))
+
+
+@pytest.mark.parametrize("chunks", [1, 10, 100, 1000])
+def test_one_round_trip_per_lookup(redis_client, chunks):
+    store = make_store(redis_client, chunk_size=16)
+    tokens = np.arange(16 * chunks, dtype=np.uint32)
+    store.store(tokens, None if False else torch.zeros((2, 2, 2, 16 * chunks, 3)))
+    redis_client.config_resetstat()
+    res = store.lookup(tokens)
+    assert res.hit_chunks == chunks
+    assert _commands_since_reset(redis_client) == 1  # one MGET, counted by the server
