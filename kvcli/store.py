@@ -22,6 +22,7 @@ metadata for each chunk, so a metadata hit always means its payload was written.
 """
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import OrderedDict
@@ -83,7 +84,7 @@ class StoreConfig:
         layers, two, heads, dim = self.kv_shape
         return (layers, two, heads, self.chunk_size, dim)
 
-    @property
+    @functools.cached_property
     def payload_bytes(self) -> int:
         """Tensor bytes of one chunk (bytes)."""
         n = 1
@@ -91,7 +92,7 @@ class StoreConfig:
             n *= d
         return n * torch.empty((), dtype=self.dtype).element_size()
 
-    @property
+    @functools.cached_property
     def header_bytes(self) -> int:
         """Serialization header bytes of one chunk's payload."""
         return header_size(self.chunk_shape, self.dtype, _payload_metadata(self))
@@ -115,6 +116,7 @@ class LookupResult:
     break_reason: str
     seconds: float
     metadata: tuple[bytes, ...] = ()
+    present_after: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,9 +187,9 @@ class ChunkStore:
         self._roots: dict[str, bytes] = {}
         self._lru: OrderedDict[bytes, None] | None = (
             OrderedDict() if config.capacity_tokens or config.capacity_bytes else None)
-        self._meta_static = {
-            "tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
-            "model": config.model_id}
+        static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
+                  "model": config.model_id, "payload": config.payload_bytes}
+        self._meta_json_head = json.dumps(static, separators=(",", ":")).encode()[:-1] + b","
 
     # -- keys ---------------------------------------------------------------------------------------------------
     def meta_key(self, chunk_hash: bytes) -> str:
@@ -260,7 +262,8 @@ class ChunkStore:
         else:
             k = n
         cs = self.config.chunk_size
-        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]))
+        later = frozenset(i for i in range(k + 1, n) if metas[i] is not None)
+        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]), later)
 
     def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
         """Lookup (one round trip, skipped when ``lookup`` is given), then fetch the hit chunks' KV in one more.
@@ -308,17 +311,24 @@ class ChunkStore:
         return tensor, size
 
     # -- write --------------------------------------------------------------------------------------------------
-    def store(self, tokens, kv: torch.Tensor | None, cache_salt: str = "", start_chunk: int = 0) -> StoreResult:
-        """Write the prompt's full chunks from ``start_chunk`` on, in one pipelined round trip.
+    def store(self, tokens, kv: torch.Tensor | None, cache_salt: str = "", start_chunk: int = 0,
+              end_chunk: int | None = None, overwrite: bool = False,
+              lookup: LookupResult | None = None) -> StoreResult:
+        """Write the prompt's full chunks ``[start_chunk, end_chunk)`` in one pipelined round trip.
 
         Args:
             tokens: token ids ``[tokens]`` or a :class:`ChunkedPrompt`.
-            kv: ``[layers, 2, kv_heads, >= full_tokens, head_dim]`` KV of the prompt from token 0 (any device),
-                or None when the store's payload mode is "accounted".
+            kv: ``[layers, 2, kv_heads, >= end_chunk*chunk_size, head_dim]`` KV of the prompt from token 0 (any
+                device); None writes "accounted" chunks (metadata only; payload bytes counted, not written).
             start_chunk: first chunk to write (chunks before it are known present, e.g. the lookup's hit run).
+            end_chunk: one past the last chunk to write (default: every full chunk).
+            overwrite: replace existing chunks (used to give accounted chunks a real payload).
+            lookup: this prompt's lookup, just made. Its view of which chunks exist lets the write skip them and
+                go out as one atomic MSET (no TTL) instead of a pipeline of ``SET NX``: ~5x less client time.
 
-        Each chunk is written payload first, then metadata, both ``SET NX`` (an existing chunk is left as it is
-        and counted present). With a capacity, least recently used chunks are deleted first (their keys only).
+        Each chunk is written payload first, then metadata, both ``SET NX`` unless ``overwrite`` (an existing
+        chunk is left as it is and counted present). With a capacity, least recently used chunks are deleted
+        first (their keys only).
 
         Raises:
             KvcliError: ``kv`` is missing or too short for real payloads.
@@ -326,15 +336,17 @@ class ChunkStore:
         """
         prompt = self._prompt(tokens, cache_salt)
         cfg, cs = self.config, self.config.chunk_size
-        n = len(prompt.hashes)
+        n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
         if start_chunk >= n:
             return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
-        real = cfg.payload == "real"
-        if real and (kv is None or kv.shape[3] < n * cs):
+        real = kv is not None
+        if real and kv.shape[3] < n * cs:
             raise KvcliError(f"store needs KV for {n * cs} tokens, got {None if kv is None else kv.shape[3]}")
+        if lookup is not None and not overwrite and cfg.ttl is None:
+            return self._store_known(prompt, kv, start_chunk, n, lookup)
         t0 = time.perf_counter()
         pipe = self.client.pipeline(transaction=False)
-        evicted = self._make_room(pipe, n - start_chunk)
+        evicted = 0 if overwrite else self._make_room(pipe, n - start_chunk)
         now = int(time.time())
         head = cfg.header_bytes if real else 0
         meta_bytes, layout = 0, []
@@ -343,23 +355,59 @@ class ChunkStore:
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
                 checksum = xxhash.xxh3_64_digest(value[head:])
-                pipe.set(self.payload_key(h), value, nx=True, ex=cfg.ttl)
+                pipe.set(self.payload_key(h), value, nx=not overwrite, ex=cfg.ttl)
             else:
                 checksum = b"\0" * 8
-            meta = prompt.token_digest(k) + checksum + json.dumps(
-                {**self._meta_static, "parent": prompt.hashes[k - 1].hex() if k else "",
-                 "payload": cfg.payload_bytes, "header": head, "stored": cfg.payload, "created": now},
-                separators=(",", ":")).encode()
+            meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            pipe.set(self.meta_key(h), meta, nx=True, ex=cfg.ttl)
+            pipe.set(self.meta_key(h), meta, nx=not overwrite, ex=cfg.ttl)
             layout.append(h)
         replies = self._call(pipe.execute)
-        return self._account(layout, replies[-len(layout) * (2 if real else 1):], evicted, meta_bytes, head,
-                             time.perf_counter() - t0)
+        replies = replies[-len(layout) * (2 if real else 1):]
+        if overwrite:  # a rewrite adds payload objects to chunks whose metadata already existed
+            replies = [r if i % 2 == 0 else None for i, r in enumerate(replies)]
+        return self._account(layout, replies, evicted, meta_bytes, real, time.perf_counter() - t0)
 
-    def _account(self, hashes, replies, evicted, meta_bytes, head, seconds) -> StoreResult:
+    def _store_known(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> StoreResult:
+        """Write the chunks the lookup saw missing in one MSET (payload and metadata of each chunk together)."""
+        t0 = time.perf_counter()
+        cfg, cs, real = self.config, self.config.chunk_size, kv is not None
+        missing = [k for k in range(start, n) if k not in lookup.present_after]
+        if real and kv.shape[3] < n * cs:
+            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
+        pipe = self.client.pipeline(transaction=False)
+        evicted = self._make_room(pipe, len(missing))
+        now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
+        for k in missing:
+            h = prompt.hashes[k]
+            checksum = b"\0" * 8
+            if real:
+                value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
+                checksum = xxhash.xxh3_64_digest(value[head:])
+                args += (self.payload_key(h), value)
+            meta = self._meta_value(prompt, k, checksum, real, now)
+            meta_bytes += len(meta)
+            args += (self.meta_key(h), meta)
+        if args:
+            pipe.execute_command("MSET", *args)
+        if args or evicted:
+            self._call(pipe.execute)
+        replies = [True] * len(missing) * (2 if real else 1)
+        return self._account([prompt.hashes[k] for k in missing], replies, evicted, meta_bytes, real,
+                             time.perf_counter() - t0, present=n - start - len(missing))
+
+    def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
+        """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
+        parent = prompt.hashes[k - 1].hex() if k else ""
+        stored = "real" if real else "accounted"
+        head = self.config.header_bytes if real else 0
+        return (prompt.token_digest(k) + checksum + self._meta_json_head
+                + f'"parent":"{parent}","header":{head},"stored":"{stored}","created":{now}}}'.encode())
+
+    def _account(self, hashes, replies, evicted, meta_bytes, real, seconds, present: int = 0) -> StoreResult:
         cfg = self.config
-        per = 2 if cfg.payload == "real" else 1
+        per = 2 if real else 1
+        head = cfg.header_bytes if real else 0
         created = sum(1 for r in replies if r)
         new_meta = sum(1 for r in replies[per - 1::per] if r)
         written = len(hashes)
@@ -370,13 +418,13 @@ class ChunkStore:
         st.chunks_written += new_meta
         st.objects_created += created
         st.metadata_entries += new_meta
-        if cfg.payload == "real":
+        if real:
             st.payload_bytes_written += written * cfg.payload_bytes
             st.header_bytes_written += written * head
         else:
             st.payload_bytes_accounted += written * cfg.payload_bytes
         st.metadata_bytes_written += meta_bytes
-        return StoreResult(new_meta, written - new_meta, created, new_meta, written * cfg.payload_bytes,
+        return StoreResult(new_meta, written - new_meta + present, created, new_meta, written * cfg.payload_bytes,
                            written * head, meta_bytes, evicted, seconds)
 
     # -- capacity (client-side LRU over chunks) -------------------------------------------------------------------
@@ -419,3 +467,97 @@ class ChunkStore:
             return fn(*args)
         except redis.RedisError as exc:
             raise RedisFailure(f"Redis {getattr(fn, '__name__', 'command')} failed: {exc}") from None
+
+
+# -- chunk values and keys, for warm / inspect / purge (same layout as ChunkStore.store writes) ----------------------
+@dataclass(frozen=True, slots=True)
+class ChunkMeta:
+    """One chunk's metadata value, parsed (layout in the module docstring).
+
+    ``token_digest`` and ``checksum`` are 8 bytes each; ``shape`` is ``[layers, 2, kv_heads, tokens, head_dim]``;
+    ``payload`` and ``header`` are bytes; ``parent`` is the previous chunk's hash hex ("" for chunk 0);
+    ``created`` is unix seconds (None when not recorded).
+    """
+
+    token_digest: bytes
+    checksum: bytes
+    tokens: int
+    dtype: str
+    shape: tuple[int, ...]
+    model: str
+    parent: str
+    payload: int
+    header: int
+    stored: str
+    created: int | None
+
+
+def parse_metadata(raw: bytes) -> ChunkMeta:
+    """Parse a metadata value written by :meth:`ChunkStore.store`.
+
+    Raises:
+        PayloadError: the value is truncated or its JSON is not kvcli's.
+    """
+    try:
+        info = json.loads(raw[_DIGEST:])
+        return ChunkMeta(bytes(raw[:8]), bytes(raw[8:16]), int(info["tokens"]), str(info["dtype"]),
+                         tuple(int(d) for d in info["shape"]), str(info["model"]), str(info["parent"]),
+                         int(info["payload"]), int(info["header"]), str(info.get("stored", "real")),
+                         None if info.get("created") is None else int(info["created"]))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise PayloadError(f"not kvcli chunk metadata: {exc}") from None
+
+
+def chunk_payload(store: ChunkStore, chunk_kv: torch.Tensor) -> tuple[memoryview, bytes]:
+    """One chunk's payload value as :meth:`ChunkStore.store` writes it, and the 8-byte checksum it records.
+
+    Args:
+        chunk_kv: ``[layers, 2, kv_heads, chunk_size, head_dim]`` in the store's dtype (any device; a view is fine).
+
+    Returns:
+        ``(value, checksum)``: ``header_bytes + payload_bytes`` bytes, and xxh3_64 of the tensor bytes.
+    """
+    value = encode_kv(chunk_kv, _payload_metadata(store.config))
+    return value, xxhash.xxh3_64_digest(value[store.config.header_bytes:])
+
+
+def chunk_metadata(store: ChunkStore, prompt: ChunkedPrompt, k: int, checksum: bytes = b"\0" * 8,
+                   created: int | None = None, real: bool = True) -> bytes:
+    """Chunk ``k``'s metadata value as :meth:`ChunkStore.store` writes it (``created``: unix seconds, now if None).
+
+    Its length does not depend on ``checksum`` (always 8 bytes), so a dry run counts metadata bytes exactly.
+    """
+    cfg = store.config
+    return prompt.token_digest(k) + checksum + json.dumps(
+        {"tokens": cfg.chunk_size, "dtype": dtype_name(cfg.dtype), "shape": list(cfg.chunk_shape),
+         "model": cfg.model_id, "parent": prompt.hashes[k - 1].hex() if k else "",
+         "payload": cfg.payload_bytes, "header": cfg.header_bytes if real else 0,
+         "stored": "real" if real else "accounted", "created": int(time.time()) if created is None else created},
+        separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyParts:
+    """A kvcli key, split: ``kvcli:v1:{namespace}:{chunk_size}:{kind}:{hash_hex}`` with kind "m" or "p"."""
+
+    namespace: str
+    chunk_size: int
+    kind: str
+    hash_hex: str
+
+
+_KEY_HEAD = f"{KEY_ROOT}:{KEY_VERSION}:".encode()
+
+
+def parse_key(key: bytes) -> KeyParts | None:
+    """Split a kvcli key (parsed from the right, so a namespace may hold ":"); None for any other key."""
+    if not key.startswith(_KEY_HEAD):
+        return None
+    parts = key[len(_KEY_HEAD):].rsplit(b":", 3)
+    if len(parts) != 4 or parts[2] not in (b"m", b"p") or len(parts[3]) != 32 or not parts[1].isdigit():
+        return None
+    try:
+        int(parts[3], 16)
+        return KeyParts(parts[0].decode(), int(parts[1]), parts[2].decode(), parts[3].decode())
+    except (ValueError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,122 @@
+"""Replay reports: a rich table per trace for the terminal, one JSON document for scripts."""
+from __future__ import annotations
+
+import json
+import math
+
+from rich.console import Console
+from rich.table import Table
+
+from .replay import ChunkSizeResult, TraceResult
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _secs(s: float) -> str:
+    return f"{s:,.3f} s" if abs(s) < 100 else f"{s:,.0f} s"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+# (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
+ROWS: list[tuple[str, callable]] = [
+    ("requests", lambda r: f"{r.requests:,}"),
+    ("prompt tokens", lambda r: f"{r.prompt_tokens:,}"),
+    ("hit tokens", lambda r: f"{r.hit_tokens:,}"),
+    ("hit token ratio", lambda r: _pct(r.hit_token_ratio)),
+    ("  without capacity limit", lambda r: _pct(r.to_dict()["hit_token_ratio_unlimited"])),
+    ("  token-granular upper bound", lambda r: _pct(r.to_dict()["upper_bound_ratio"])),
+    ("  loss to chunking (tokens)", lambda r: f"{r.to_dict()['loss_to_chunking_tokens']:,}"),
+    ("objects created", lambda r: f"{r.objects_created:,}"),
+    ("metadata entries", lambda r: f"{r.metadata_entries:,}"),
+    ("evicted chunks", lambda r: f"{r.evicted_chunks:,}"),
+    ("payload bytes written", lambda r: _bytes(r.payload_bytes_written)),
+    ("payload bytes accounted", lambda r: _bytes(r.payload_bytes_accounted)),
+    ("serialization header bytes", lambda r: _bytes(r.header_bytes_written)),
+    ("metadata bytes", lambda r: _bytes(r.metadata_bytes_written)),
+    ("serialized bytes read", lambda r: _bytes(r.serialized_bytes_read)),
+    ("Redis memory (MEMORY USAGE)", lambda r: _bytes(r.redis_memory_bytes)),
+    ("Redis round trips", lambda r: f"{r.round_trips:,}"),
+    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_ms:.2f} / {r.lookup_p99_ms:.2f} ms"),
+    ("lookup time", lambda r: _secs(r.lookup_seconds)),
+    ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),
+    ("transfer time estimated", lambda r: _secs(r.transfer_seconds_estimated)),
+    ("deserialize time", lambda r: _secs(r.deserialize_seconds)),
+    ("store time", lambda r: _secs(r.store_seconds)),
+    ("measured requests", lambda r: f"{r.measured_requests:,}"),
+    ("prefill saved, measured", lambda r: _secs(r.saved_prefill_seconds_measured)),
+    ("prefill saved, estimated", lambda r: _secs(r.saved_prefill_seconds_estimated)),
+    ("overhead", lambda r: _secs(r.overhead_seconds)),
+    ("net benefit", lambda r: _secs(r.net_benefit_seconds)),
+    ("max logit diff", lambda r: f"{r.max_logit_diff:.2e}" if r.measured_requests else "-"),
+]
+
+
+def trace_table(result: TraceResult) -> Table:
+    """A table for one trace: one column per chunk size, the recommended one marked."""
+    best = result.recommended_chunk_size
+    table = Table(title=f"{result.trace}: {result.requests:,} requests ({result.measured_requests} measured, "
+                        f"payload {result.payload}), {result.skipped_empty} empty skipped", title_justify="left")
+    table.add_column("chunk size", style="bold")
+    for r in result.per_chunk_size:
+        table.add_column(f"{r.chunk_size}{' *' if r.chunk_size == best else ''}", justify="right",
+                         style="green" if r.chunk_size == best else None)
+    for label, fn in ROWS:
+        table.add_row(label, *[fn(r) for r in result.per_chunk_size])
+    table.caption = (f"* recommended chunk size by net benefit: {best}. Measured: timed with the model and Redis "
+                     f"in this run; estimated: cost curve and transfer calibration from this run.")
+    return table
+
+
+def print_report(results: list[TraceResult], console: Console, context: dict) -> None:
+    """Print every trace's table, then the run context (model, server, cost curve)."""
+    for result in results:
+        console.print(trace_table(result))
+        for note in result.notes:
+            console.print(f"  note: {note}")
+    curve = context.get("cost_curve", {})
+    console.print(f"model {context.get('model')}, KV {context.get('kv_bytes_per_token'):,} bytes/token; "
+                  f"Redis {context.get('redis')}; cost curve {curve}")
+
+
+def _clean(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def to_json(results: list[TraceResult], context: dict) -> str:
+    """One JSON document: ``{"context": {...}, "traces": [{..., "per_chunk_size": [...]}]}``."""
+    traces = []
+    for t in results:
+        traces.append({
+            "trace": t.trace, "requests": t.requests, "skipped_empty": t.skipped_empty,
+            "measured_requests": t.measured_requests, "payload": t.payload, "seconds": t.seconds,
+            "used_memory_delta_bytes": t.used_memory_delta_bytes, "notes": t.notes,
+            "recommended_chunk_size": t.recommended_chunk_size,
+            "per_chunk_size": [r.to_dict() for r in t.per_chunk_size]})
+    return json.dumps(_clean({"context": context, "traces": traces}), indent=2)
+
+
+def summary_line(result: TraceResult) -> str:
+    """One line per trace for stderr: best chunk size and its hit ratio and net benefit."""
+    best = next((r for r in result.per_chunk_size if r.chunk_size == result.recommended_chunk_size), None)
+    if best is None:
+        return f"{result.trace}: nothing replayed"
+    return (f"{result.trace}: best chunk size {best.chunk_size} (hit {_pct(best.hit_token_ratio)}, net benefit "
+            f"{_secs(best.net_benefit_seconds)})")
+
+
+__all__ = ["print_report", "to_json", "trace_table", "summary_line", "ChunkSizeResult"]

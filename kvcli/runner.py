@@ -1,0 +1,122 @@
+"""What ``kvcli replay`` needs besides the replay itself: the model, the cost curve, the traces, the context.
+
+Kept apart from the CLI so the library can run a whole replay (``run_replay``) without typer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from .costcurve import CostCurve, calibrate
+from .errors import BadInputError
+from .model import build_model, get_preset, parse_dtype
+from .replay import ReplayConfig, Replayer, TraceResult
+from .server import RedisTarget
+from .traces import read_trace
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which local model: ``preset`` (see model.PRESETS), ``dtype`` name or None for the preset's, ``device``,
+    ``seed``; ``prefill_tps`` replaces the calibrated cost curve with a constant tokens/s when given."""
+
+    preset: str = "cpu"
+    dtype: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    prefill_tps: float | None = None
+
+
+# Prefill points timed before replaying (new tokens x cached tokens), each twice: a few seconds on 2 CPU cores.
+CALIBRATION_LENGTHS = (32, 128, 512)
+CALIBRATION_CACHED = (0, 256)
+_NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
+
+
+def expand_paths(paths: list[Path]) -> list[Path]:
+    """Files as given; a directory contributes its trace files (sorted; notes, scripts and plots skipped).
+
+    Raises:
+        BadInputError: a path does not exist, or a directory holds no trace file.
+    """
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                           and p.suffix.lower() not in _NOT_TRACES)
+            if not found:
+                raise BadInputError("directory holds no trace files", path=str(path))
+            out.extend(found)
+        elif path.exists():
+            out.append(path)
+        else:
+            raise BadInputError("no such file", path=str(path))
+    return out
+
+
+def prepare_model(options: ModelOptions, measure: int | None):
+    """Build the model when anything will run it, and the cost curve (calibrated now, or from ``prefill_tps``).
+
+    Returns ``(model or None, curve, calibration samples, model_info)`` where ``model_info`` is
+    ``(model_id, per-token kv_shape (layers, 2, kv_heads, head_dim), dtype)``.
+
+    Raises:
+        BadInputError: unknown preset or dtype; no way to estimate prefill (nothing measured, no tps).
+        ModelFailure: the model does not fit in memory.
+    """
+    config = get_preset(options.preset)
+    needs_model = options.prefill_tps is None or measure != 0
+    if not needs_model:
+        dtype = parse_dtype(options.dtype or config.dtype)
+        layers, two, heads, _, dim = config.kv_shape(1)
+        model_id = f"kvcli/{options.preset}@seed{options.seed}:{str(dtype).removeprefix('torch.')}"
+        return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], (
+            model_id, (layers, two, heads, dim), dtype)
+    model = build_model(options.preset, options.dtype, options.device, options.seed)
+    layers, two, heads, _, dim = model.config.kv_shape(1)
+    info = (model.model_id, (layers, two, heads, dim), model.dtype)
+    if options.prefill_tps is not None:
+        return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], info
+    samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=2, seed=options.seed)
+    return model, CostCurve.fit(samples), samples, info
+
+
+def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
+               model_options: ModelOptions, fmt: str = "auto", tokenizer: str = "cl100k_base",
+               progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
+    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
+    files = expand_paths(paths)
+    model, curve, samples, info = prepare_model(model_options, config.measure)
+    replayer = Replayer(client, model, curve, tokenizer, config, model_info=info, curve_samples=samples)
+    results = []
+    for path in files:
+        def step(done: int, total: int, _name=path.name) -> None:
+            if progress:
+                progress(_name, done, total)
+        results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
+    model_id, kv_shape, dtype = info
+    layers, two, heads, dim = kv_shape
+    context = {
+        "model": model_id, "preset": model_options.preset, "dtype": str(dtype).removeprefix("torch."),
+        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(dtype), "tokenizer": tokenizer,
+        "device": str(getattr(model, "device", "none")),
+        "redis": target.display + (" (embedded)" if target.embedded else ""),
+        "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
+        "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
+    }
+    return results, context
+
+
+def _itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _server_version(client: redis.Redis) -> str:
+    info = client.info("server")
+    return str(info.get("valkey_version") or info.get("redis_version", "?"))

@@ -1,0 +1,138 @@
+"""Replay on a small hand-made trace: every count equals a hand computation."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import redis
+
+from kvcli.costcurve import CostCurve
+from kvcli.model import build_model
+from kvcli.radix import RadixUpperBound
+from kvcli.replay import ReplayConfig, Replayer, pick_measured
+from kvcli.traces import Request
+
+
+def tok(a: int, b: int) -> list[int]:
+    return list(range(a, b + 1))
+
+
+PROMPTS = [tok(1, 11), tok(1, 9) + [50, 51], tok(1, 12), [5, 6, 7], [], tok(1, 16)]
+# chunk size 4: hits 0, 8, 8, 0, (empty), 12 = 28 of 53; chunks stored [1-4] [5-8] | [9-12] | [13-16] = 4
+# chunk size 8: hits 0, 8, 8, 0, (empty), 8  = 24 of 53; chunks stored [1-8] | [9-16] = 2
+# token-granular upper bound: 0, 9, 11, 0, 12 = 32
+EXPECTED = {4: dict(hit_tokens=28, metadata_entries=4), 8: dict(hit_tokens=24, metadata_entries=2)}
+
+
+def requests() -> list[Request]:
+    return [Request(f"t:{i + 1}", np.asarray(p, dtype="<u4"), source=f"t:{i + 1}") for i, p in enumerate(PROMPTS)]
+
+
+def test_radix_upper_bound_by_hand():
+    radix = RadixUpperBound()
+    assert [radix.match_and_insert(np.asarray(p, dtype="<u4")) for p in PROMPTS if p] == [0, 9, 11, 0, 12]
+    assert radix.match_and_insert(np.asarray(tok(1, 9), dtype="<u4"), cache_salt="other") == 0
+
+
+def test_pick_measured_spreads_and_respects_max_tokens():
+    lengths = np.array([5, 0, 5, 5000, 5, 5, 5, 5])
+    picked = pick_measured(lengths, 3, 100, seed=0)
+    assert len(picked) == 3 and not picked & {1, 3}
+    assert pick_measured(lengths, None, 100, 0) == {0, 2, 3, 4, 5, 6, 7}
+    assert pick_measured(lengths, 0, 100, 0) == set()
+
+
+def _replayer(client, model=None, **kw):
+    config = ReplayConfig(chunk_sizes=(4, 8), **kw)
+    info = None if model else ("m", (2, 2, 2, 32), __import__("torch").float32)
+    return Replayer(client, model, CostCurve.from_tokens_per_second(1000.0), "raw", config, model_info=info)
+
+
+def test_replay_counts_accounted(redis_client):
+    result = _replayer(redis_client, measure=0, payload="accounted").replay("t", requests())
+    assert (result.requests, result.skipped_empty, result.measured_requests) == (5, 1, 0)
+    for res in result.per_chunk_size:
+        exp = EXPECTED[res.chunk_size]
+        assert res.prompt_tokens == 53
+        assert res.hit_tokens == exp["hit_tokens"]
+        assert res.metadata_entries == res.objects_created == exp["metadata_entries"]
+        assert res.upper_bound_tokens == 32
+        assert res.payload_bytes_written == 0
+        assert res.payload_bytes_accounted == exp["metadata_entries"] * res.chunk_size * 1024
+        assert res.lookups == 5
+        # lookups of prompts with a full chunk (4) + stores of missed chunks (cs 4: R1 R3 R6; cs 8: R1 R6)
+        assert res.round_trips == {4: 4 + 3, 8: 4 + 2}[res.chunk_size]
+        # estimated saving at 1000 tok/s with no fixed cost: reuse (min(hit, n-1)) tokens / 1000
+        assert res.saved_prefill_seconds_estimated == pytest.approx(exp["hit_tokens"] / 1000)
+    assert result.recommended_chunk_size in (4, 8)
+    assert redis_client.dbsize() == 0  # a fresh namespace, deleted after the report
+
+
+def test_replay_measured_real_kv_with_tiny_model(redis_client):
+    model = build_model("tiny", "float32", "cpu", seed=0)
+    result = _replayer(redis_client, model=model, measure=None, payload="real", keep=True).replay("t", requests())
+    assert result.measured_requests == 5  # every non-empty request
+    for res in result.per_chunk_size:
+        exp = EXPECTED[res.chunk_size]
+        assert res.hit_tokens == exp["hit_tokens"]
+        assert res.metadata_entries == exp["metadata_entries"]
+        assert res.objects_created == 2 * exp["metadata_entries"]  # metadata + payload per chunk
+        assert res.payload_bytes_written == exp["metadata_entries"] * res.chunk_size * 1024
+        assert res.serialized_bytes_read >= exp["hit_tokens"] * 1024
+        assert res.materialized_chunks == 0
+        assert res.max_logit_diff < 1e-3
+        assert res.measured_requests == 5
+    keys = [k.decode() for k in redis_client.keys("kvcli:v1:*")]
+    assert sum(":4:m:" in k for k in keys) == 4 and sum(":4:p:" in k for k in keys) == 4
+
+
+def test_replay_refuses_token_outside_vocab_before_writing(redis_client):
+    model = build_model("tiny", "float32", "cpu")
+    bad = requests() + [Request("t:7", np.asarray([10**6], dtype="<u4"), source="t.jsonl:7")]
+    with pytest.raises(Exception, match=r"t.jsonl:7: token id 1000000"):
+        _replayer(redis_client, model=model, measure=None).replay("t", bad)
+    assert redis_client.dbsize() == 0
+
+
+def test_cli_replay_json(tmp_path, redis_url):
+    from typer.testing import CliRunner
+
+    from kvcli.cli import app
+
+    trace = tmp_path / "tokens.jsonl"
+    trace.write_text("".join(json.dumps({"token_ids": p}) + "\n" for p in PROMPTS))
+    out = CliRunner().invoke(app, ["replay", str(trace), "--chunk-sizes", "4,8", "--measure", "0",
+                                   "--prefill-tps", "1000", "--payload", "accounted", "--json",
+                                   "--redis-url", redis_url])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    rows = {r["chunk_size"]: r for r in doc["traces"][0]["per_chunk_size"]}
+    assert rows[4]["hit_tokens"] == 28 and rows[8]["hit_tokens"] == 24
+    assert rows[4]["hit_token_ratio"] == pytest.approx(28 / 53)
+    assert doc["traces"][0]["skipped_empty"] == 1
+
+
+def test_cli_bad_trace_line_is_one_line_exit_2(tmp_path, redis_url):
+    from typer.testing import CliRunner
+
+    from kvcli.cli import app
+
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"token_ids": [1, 2]}\n{"token_ids": [1, 2]\n')
+    out = CliRunner().invoke(app, ["replay", str(trace), "--measure", "0", "--prefill-tps", "1000",
+                                   "--redis-url", redis_url])
+    assert out.exit_code == 2
+    assert f"{trace}:2:" in out.stderr and "Traceback" not in out.output
+    assert redis.Redis.from_url(redis_url).dbsize() == 0
+
+
+def test_cli_redis_down_exit_3(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvcli.cli import app
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"token_ids": [1, 2]}\n')
+    out = CliRunner().invoke(app, ["replay", str(trace), "--redis-url", "redis://127.0.0.1:1"])
+    assert out.exit_code == 3 and "cannot use Redis" in out.stderr

@@ -1,0 +1,383 @@
+"""kvcli route: the routing simulator, its policies, the Redis cache manager and the command, on hand-computed values.
+
+Conventions: chunk size 4; prefill at 64 tokens/s (CostCurve.from_tokens_per_second), decode 1/64 s per token, so
+every time below is a dyadic fraction and compares exactly with ``==``. Each "A" prompt is the shared 3-chunk
+prefix P = tokens 1..12, then one chunk of its own, then 2 tokens: 18 tokens, 4 full chunks; a full prefill takes
+18/64 s and one that hits P takes 6/64 s.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from kvcli.cachemanager import CacheManagerIndex, DelaySpec, parse_duration
+from kvcli.cli_route import route
+from kvcli.costcurve import CostCurve
+from kvcli.errors import BadInputError, KvcliError
+from kvcli.policies import POLICIES, make_policy, resolve_policies
+from kvcli.route import (ChunkIndex, LruChunkCache, SimConfig, parse_capacity, prepare_requests, simulate,
+                         single_node_hit_tokens)
+from kvcli.route_report import run_routes, summarize, sweep_points
+from kvcli.traces import Request
+
+CS, TPS, TPOT = 4, 64.0, 1 / 64
+COST = CostCurve.from_tokens_per_second(TPS)
+P = list(range(1, 13))
+
+
+def a_prompt(k: int) -> list[int]:
+    """Shared prefix P, one chunk of its own (k), 2 more tokens: 18 tokens, 4 full chunks."""
+    return P + [1000 * k + j for j in range(1, 5)] + [7, 7]
+
+
+def requests(prompts, times, out=1, salts=None):
+    """Hashed requests from token lists, arrival times and output lengths (1 = no decode time)."""
+    outs = out if isinstance(out, list) else [out] * len(prompts)
+    salts = salts or [""] * len(prompts)
+    return prepare_requests([Request(str(i), np.array(p, dtype=np.uint32), t, None, s, o)
+                             for i, (p, t, o, s) in enumerate(zip(prompts, times, outs, salts))], CS)
+
+
+def config(**kw) -> SimConfig:
+    return SimConfig(**{"nodes": 2, "capacity_tokens": None, "chunk_size": CS, "decode_tpot": TPOT,
+                        "count_measured_latency": False, **kw})
+
+
+def run(name, reqs, cfg, client=None):
+    policy = make_policy(name, cfg, client)
+    try:
+        return simulate(reqs, policy, cfg, COST)
+    finally:
+        policy.close()
+
+
+# --- two nodes, one request at a time: three share a 3-chunk prefix, one does not ---------------------------
+
+B = list(range(201, 213)) + [5, 5, 5, 5, 9, 9]
+SERIAL = dict(prompts=[a_prompt(1), a_prompt(2), a_prompt(3), B], times=[0.0, 10.0, 20.0, 30.0])
+
+
+def test_prefix_keeps_the_shared_prefix_on_one_node():
+    r = run("prefix", requests(**SERIAL), config())
+    assert r.node.tolist() == [0, 0, 0, 0]  # B matches nothing: least loaded, all idle, lowest number
+    assert r.hit_tokens.tolist() == [0, 12, 12, 0]
+    assert int(r.hit_tokens.sum()) == 2 * 3 * CS
+    assert (r.first_token - r.arrival).tolist() == [18 / 64, 6 / 64, 6 / 64, 18 / 64]
+
+
+def test_round_robin_alternates_and_hits_once():
+    r = run("round-robin", requests(**SERIAL), config())
+    assert r.node.tolist() == [0, 1, 0, 1]
+    assert r.hit_tokens.tolist() == [0, 0, 12, 0]  # A3 finds A1's prefix on node 0; A2 and B find nothing
+    s = summarize(r, config(), single_node_hit_tokens(requests(**SERIAL), config()))
+    assert s["hit_tokens"] == 12 and s["prefill_tokens"] == 4 * 18 - 12
+    assert s["hit_ratio"] == 12 / 72 and s["single_node_hit_ratio"] == 24 / 72
+    assert s["per_node"]["requests"] == [2, 2] and s["per_node"]["prefill_tokens"] == [24, 36]
+
+
+# --- four nodes, eight requests with one prefix, all in flight at once ---------------------------------------
+
+def burst():
+    """Eight A prompts at t=0, each decoding 1000 tokens (15.6 s): all in flight together."""
+    return requests([a_prompt(k) for k in range(8)], [0.0] * 8, out=1001)
+
+
+def outstanding_at_every_event(r) -> list[list[int]]:
+    """Outstanding requests per node right after every dispatch and finish, from the records alone."""
+    times = sorted(set(r.dispatch.tolist()) | set(r.finish.tolist()))
+    return [[int(np.sum((r.node == k) & (r.dispatch <= t) & (r.finish > t))) for k in range(r.nodes)]
+            for t in times]
+
+
+def test_prefix_without_load_tracking_piles_the_burst_on_one_node():
+    r = run("prefix", burst(), config(nodes=4))
+    assert np.bincount(r.node, minlength=4).tolist() == [8, 0, 0, 0]
+    s = summarize(r, config(nodes=4), 0)
+    assert s["per_node"]["requests_spread"]["max_over_mean"] == 4.0
+    assert r.peak_imbalance == 8
+
+
+def test_round_robin_spreads_the_burst_two_per_node():
+    r = run("round-robin", burst(), config(nodes=4))
+    assert np.bincount(r.node, minlength=4).tolist() == [2, 2, 2, 2]
+    assert summarize(r, config(nodes=4), 0)["per_node"]["requests_spread"] == {"max_over_mean": 1.0, "cv": 0.0}
+
+
+def test_cache_aware_bounds_the_imbalance():
+    cfg = config(nodes=4, abs_threshold=2)
+    r = run("cache-aware", burst(), cfg)
+    # loads before each decision: [0000] prefix (no match: fewest) -> 0; [1000], [2000]: prefix match -> 0;
+    # [3000] 3 > 2: fewest -> 1; [3100] -> 2; [3110] -> 3; [3111] diff 2, all match: fewest -> 1; [3211] -> 2.
+    assert r.node.tolist() == [0, 0, 0, 1, 2, 3, 1, 2]
+    assert r.peak_imbalance == 3
+    assert max(max(n) - min(n) for n in outstanding_at_every_event(r)) <= 3
+
+
+# --- the cache manager: one Redis round trip per request, injected delay and timeout -------------------------
+
+def manager_trace():
+    """r0 at 0 (decodes 1000 tokens, so still running at 10 s), r1 at 10 sharing r0's 3-chunk prefix."""
+    return requests([a_prompt(1), a_prompt(2)], [0.0, 10.0], out=[1001, 1])
+
+
+def test_cache_manager_routes_to_the_holder(redis_client):
+    r = run("cache-manager", manager_trace(), config(), redis_client)
+    assert r.node.tolist() == [0, 0] and r.hit_tokens.tolist() == [0, 12]
+    assert (r.first_token - r.arrival).tolist() == [18 / 64, 6 / 64]
+    assert r.looked_up.tolist() == [True, True] and r.timed_out.tolist() == [False, False]
+
+
+def test_fixed_delay_below_the_timeout_adds_exactly_the_delay(redis_client):
+    base = run("cache-manager", manager_trace(), config(), redis_client)
+    slow = run("cache-manager", manager_trace(),
+               config(lookup_delay=DelaySpec.parse("250ms"), lookup_timeout=0.5), redis_client)
+    assert slow.node.tolist() == base.node.tolist() == [0, 0]
+    assert ((slow.first_token - slow.arrival) - (base.first_token - base.arrival)).tolist() == [0.25, 0.25]
+    assert slow.injected.tolist() == [0.25, 0.25] and not slow.timed_out.any()
+
+
+def test_delay_above_the_timeout_adds_the_timeout_and_goes_least_loaded(redis_client):
+    r = run("cache-manager", manager_trace(), config(lookup_delay=DelaySpec("fixed", 1.0, 1.0), lookup_timeout=0.5),
+            redis_client)
+    # r1 waits 0.5 s, then least loaded: node 0 still decodes r0 (1 request), node 1 is idle -> node 1, no hit.
+    assert r.node.tolist() == [0, 1] and r.hit_tokens.tolist() == [0, 0]
+    assert (r.first_token - r.arrival).tolist() == [0.5 + 18 / 64, 0.5 + 18 / 64]
+    assert r.timed_out.tolist() == [True, True]
+
+
+def test_one_round_trip_per_lookup_whatever_the_prompt_length(redis_client, monkeypatch):
+    index = CacheManagerIndex(redis_client, nodes=2)
+    hashes = [bytes([i % 256, i // 256]) * 8 for i in range(1000)]
+    index.publish(0, hashes, [])
+    index.publish(1, hashes[:3], [])
+    sends = []
+    conn_type = redis_client.connection_pool.connection_class  # the pool's one connection is already open
+    original = conn_type.send_packed_command
+    monkeypatch.setattr(conn_type, "send_packed_command", lambda self, *a, **k: (sends.append(1),
+                                                                                 original(self, *a, **k))[1])
+    for n in (1, 10, 1000):
+        sends.clear()
+        assert index.query(hashes[:n])[0] == [n, min(n, 3)]
+        assert len(sends) == 1
+    index.drop()
+
+
+def test_simulation_sends_one_query_per_request(redis_client):
+    redis_client.config_resetstat()
+    reqs = requests([a_prompt(k % 3) for k in range(20)], [float(k) for k in range(20)])
+    policy = make_policy("cache-manager", config(), redis_client)
+    simulate(reqs, policy, config(), COST)
+    assert policy.stats()["query_round_trips"] == 20
+    assert redis_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 20
+    policy.close()
+    assert redis_client.dbsize() == 0
+
+
+def test_manager_depths_stop_at_the_first_gap(redis_client):
+    """Redis and the in-process index agree: node 1 lacks chunk 1, so its depth is 1 although it holds chunk 2."""
+    h = [bytes([i]) * 16 for i in range(4)]
+    index, local = CacheManagerIndex(redis_client, 3), ChunkIndex(3, None)
+    for node, chunks in ((0, h[:3]), (1, [h[0], h[2]])):
+        index.publish(node, chunks, [])
+        local.store(node, chunks)
+    assert index.query(h)[0] == local.depths(h) == [3, 1, 0]
+    index.publish(0, [], [h[1]])
+    assert index.query(h)[0] == [1, 1, 0]
+    index.drop()
+
+
+# --- LRU capacity ---------------------------------------------------------------------------------------------
+
+def test_lru_evicts_the_tail_of_the_least_recent_request():
+    cache = LruChunkCache(capacity=4)
+    assert cache.store(["a0", "a1", "a2"]) == (["a2", "a1", "a0"], [])
+    assert cache.store(["b0", "b1"]) == (["b1", "b0"], ["a2"])  # a's tail goes first, never its head
+    assert cache.match(["a0", "a1", "a2", "a3"]) == 2
+    assert cache.store(["a0", "a1", "a2", "a3"]) == (["a3", "a2"], ["b1", "b0"])
+    assert cache.match(["b0", "b1"]) == 0
+
+
+def test_node_capacity_of_four_chunks_in_the_simulation():
+    a = list(range(1, 13)) + [8, 8]  # 3 chunks + 2 tokens
+    b = list(range(101, 109))  # 2 chunks
+    a_longer = list(range(1, 13)) + [50, 51, 52, 53]  # a's 3 chunks + 1
+    reqs = requests([a, b, a_longer, b], [0.0, 10.0, 20.0, 30.0])
+    r = run("round-robin", reqs, config(nodes=1, capacity_tokens=4 * CS))
+    assert r.hit_tokens.tolist() == [0, 0, 2 * CS, 0]  # a's chunk 2 was evicted: the hit stops there
+    # a2 when b is stored; b1, b0 when a_longer stores a2, a3; a3, a2 (its tail) when b is stored again.
+    assert r.evictions == 1 + 2 + 2
+
+
+# --- tenants --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_tenants_never_get_credit_for_each_other(name, redis_client):
+    prompt = a_prompt(1)
+    reqs = requests([prompt] * 4, [0.0, 10.0, 20.0, 30.0], salts=["acme", "beta", "acme", "beta"])
+    assert not set(reqs[0].hashes) & set(reqs[1].hashes)
+    r = run(name, reqs, config(nodes=1), redis_client)
+    assert r.hit_tokens.tolist() == [0, 0, 16, 16]
+
+
+# --- determinism ----------------------------------------------------------------------------------------------
+
+def mixed_trace(n=300, seed=7):
+    rng = np.random.default_rng(seed)
+    heads = [rng.integers(0, 5000, 24).tolist() for _ in range(6)]
+    prompts = [heads[rng.integers(6)] + rng.integers(0, 5000, rng.integers(1, 30)).tolist() for _ in range(n)]
+    times = np.cumsum(rng.exponential(0.05, n)).tolist()
+    return requests(prompts, times, out=rng.integers(1, 40, n).tolist())
+
+
+def runs_for(seed, client, rate=None):
+    cfg = config(nodes=3, capacity_tokens=200, seed=seed, rate=rate, temperature=50.0,
+                 lookup_delay=DelaySpec.parse("lognormal:1ms:20ms"), lookup_timeout=0.01)
+    runs = run_routes(mixed_trace(), list(POLICIES), [({}, cfg)], COST, client_url(client))
+    for r in runs:
+        r["lookups"].pop("measured_ms")  # wall clock: the one non-simulated figure
+    return {r["policy"]: r for r in runs}
+
+
+def client_url(client) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}"
+
+
+def test_same_seed_same_report(redis_client):
+    assert runs_for(3, redis_client) == runs_for(3, redis_client)
+    assert runs_for(3, redis_client, rate=20.0) == runs_for(3, redis_client, rate=20.0)
+
+
+def test_other_seed_changes_only_the_random_parts(redis_client):
+    one, two = runs_for(3, redis_client), runs_for(4, redis_client)
+    for name in ("round-robin", "least-loaded", "prefix", "cache-aware"):
+        assert {k: v for k, v in one[name].items() if k != "config"} == \
+               {k: v for k, v in two[name].items() if k != "config"}
+    for name in ("random", "cost", "cache-manager"):  # node draws, softmax draws, lognormal delays
+        assert one[name]["ttft_s"] != two[name]["ttft_s"]
+
+
+# --- options --------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,tokens", [("3M", 3_000_000), ("500k", 500_000), ("250000", 250_000),
+                                         ("40GB", 40 * 10**9 // 131072), ("64GiB", 64 * 2**30 // 131072),
+                                         ("unlimited", None)])
+def test_parse_capacity(text, tokens):
+    assert parse_capacity(text, 131072) == tokens
+
+
+@pytest.mark.parametrize("bad", ["3X", "GB", "-1", "1.5.2k"])
+def test_parse_capacity_rejects(bad):
+    with pytest.raises(BadInputError, match="capacity"):
+        parse_capacity(bad, 1)
+
+
+def test_delay_spec():
+    assert parse_duration("5ms") == 0.005 and parse_duration("200us") == 0.0002 and parse_duration("2") == 2.0
+    assert DelaySpec.parse("fixed:5ms") == DelaySpec("fixed", 0.005, 0.005)
+    spec = DelaySpec.parse("lognormal:1ms:50ms")
+    draws = np.array([spec.sample(np.random.default_rng([0, k])) for k in range(20000)])
+    assert spec.sample(np.random.default_rng([0, 5])) == draws[5]  # seeded
+    assert np.all(draws > 0) and str(spec) == "lognormal:1ms:50ms"
+    with pytest.raises(BadInputError):
+        DelaySpec.parse("lognormal:50ms:1ms")
+
+
+def test_unknown_policy_lists_the_valid_names():
+    with pytest.raises(BadInputError, match="valid: all, round-robin, least-loaded, random, prefix"):
+        resolve_policies(["prefix,nearest"])
+    assert resolve_policies(["prefix,cost", "prefix"]) == ["prefix", "cost"]
+    assert resolve_policies(["all"]) == list(POLICIES)
+
+
+def test_sweep_points():
+    points = sweep_points(config(), ["nodes=2,4", "abs-threshold=8"], 1)
+    assert [(p, c.nodes, c.abs_threshold) for p, c in points] == [
+        ({"nodes": "2", "abs-threshold": "8"}, 2, 8.0), ({"nodes": "4", "abs-threshold": "8"}, 4, 8.0)]
+    with pytest.raises(BadInputError, match="nodes, node-capacity"):
+        sweep_points(config(), ["chunk-size=4"], 1)
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(BadInputError, match="--nodes"):
+        SimConfig(nodes=0)
+    assert dataclasses.replace(config(), nodes=3).nodes == 3
+
+
+# --- the command ----------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cli():
+    app = typer.Typer()
+    app.callback()(lambda: None)
+    app.command("route")(route)
+    runner = CliRunner()
+    return lambda *args: runner.invoke(app, ["route", *map(str, args)])
+
+
+@pytest.fixture
+def serial_trace(tmp_path):
+    path = tmp_path / "serial.jsonl"
+    rows = [{"id": f"r{i}", "token_ids": p, "timestamp": t, "output_length": 1}
+            for i, (p, t) in enumerate(zip(SERIAL["prompts"], SERIAL["times"]))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+COMMON = ("--chunk-size", CS, "--prefill-tps", TPS, "--decode-tpot", TPOT, "--nodes", 2, "--node-capacity",
+          "unlimited", "--json")
+
+
+def test_cli_json_matches_the_hand_computed_runs(cli, serial_trace):
+    res = cli(serial_trace, "-p", "prefix,round-robin", *COMMON)
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    by = {r["policy"]: r for r in report["runs"]}
+    assert by["prefix"]["hit_tokens"] == 24 and by["round-robin"]["hit_tokens"] == 12
+    assert by["prefix"]["per_node"]["requests"] == [4, 0]
+    assert by["prefix"]["ttft_s"]["p50"] == 12 / 64  # median of 18, 6, 6, 18 (/64)
+    assert report["winners"][0]["hit_ratio"]["policy"] == "prefix"
+    assert report["winners"][0]["hit_ratio"]["by"] == 2.0
+
+
+def test_cli_cache_manager_with_sweep_and_plots(cli, serial_trace, redis_url, tmp_path):
+    for suffix in ("png", "svg"):
+        out = tmp_path / f"route.{suffix}"
+        res = cli(serial_trace, "-p", "cache-manager,prefix", *COMMON, "--redis-url", redis_url,
+                  "--no-count-lookup-latency", "--sweep", "lookup-delay=0,250ms", "--plot", out)
+        assert res.exit_code == 0, res.output
+        assert out.stat().st_size > 1000
+    runs = json.loads(res.stdout)["runs"]
+    assert [(r["policy"], r["sweep"]) for r in runs] == [
+        ("cache-manager", {"lookup-delay": "0"}), ("prefix", {"lookup-delay": "0"}),
+        ("cache-manager", {"lookup-delay": "250ms"}), ("prefix", {"lookup-delay": "250ms"})]
+    assert runs[2]["ttft_s"]["p50"] == runs[0]["ttft_s"]["p50"] + 0.25
+    assert runs[2]["lookups"]["count"] == 4 and runs[2]["lookups"]["injected_ms"]["p99"] == 250.0
+
+
+def test_cli_table_and_errors(cli, serial_trace, tmp_path):
+    res = cli(serial_trace, "-p", "round-robin", "--chunk-size", CS, "--prefill-tps", TPS)
+    assert res.exit_code == 0 and "round-robin" in res.stdout and "TTFT p99" in res.stdout
+    assert cli(serial_trace, "-p", "nearest", "--prefill-tps", 1).exit_code == 2
+    assert cli(serial_trace, "--prefill-tps", 1, "--plot", tmp_path / "x.pdf").exit_code == 2
+    assert cli(serial_trace, "--prefill-tps", 1, "--sweep", "colour=1").exit_code == 2
+    untimed = tmp_path / "untimed.jsonl"
+    untimed.write_text(json.dumps({"token_ids": [1, 2, 3]}) + "\n")
+    res = cli(untimed, "-p", "random", "--prefill-tps", 1)
+    assert res.exit_code == 2 and "--rate" in res.stderr
+    assert cli(untimed, "-p", "random", "--prefill-tps", 1, "--rate", 2).exit_code == 0
+
+
+def test_redis_down_is_exit_3(cli, serial_trace):
+    res = cli(serial_trace, "-p", "cache-manager", "--prefill-tps", 1, "--redis-url", "redis://127.0.0.1:1")
+    assert res.exit_code == 3 and "Traceback" not in res.output
+
+
+def test_cache_manager_needs_redis():
+    with pytest.raises(KvcliError, match="needs a Redis"):
+        make_policy("cache-manager", config(), None)
