@@ -106,6 +106,8 @@ def replay(
     namespace: Annotated[Optional[str], typer.Option(help="Key namespace (default: a fresh one per run, "
                                                           "deleted afterwards unless --keep).")] = None,
     keep: Annotated[bool, typer.Option(help="Keep this run's keys on the server.")] = False,
+    upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
+                                                   "4 bytes per distinct token).")] = True,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
@@ -130,7 +132,8 @@ def replay(
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
-        capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed)
+        capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
+        upper_bound=upper_bound)
     options = ModelOptions(model, dtype, device, seed, prefill_tps)
     with open_redis(redis_url) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)
@@ -162,6 +165,15 @@ class _progress:
     def __exit__(self, *exc):
         self.bar.__exit__(*exc)
         return False
+
+
+def _register() -> None:
+    from .cli_route import route
+
+    app.command("route")(handle_errors(route))
+
+
+_register()
 
 
 def main() -> None:

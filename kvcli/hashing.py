@@ -61,11 +61,15 @@ class ChunkedPrompt:
         tokens: ``[tokens]`` uint32 token ids of the whole prompt.
         chunk_size: tokens per chunk.
         hashes: 16-byte prefix hashes, one per *full* chunk (``len(tokens) // chunk_size`` of them).
+        digests: 8-byte xxh3_64 digests of each full chunk's token bytes (the collision guard).
+        hexes: ``hashes`` as 32-digit hex strings (the store's key suffixes).
     """
 
     tokens: np.ndarray
     chunk_size: int
     hashes: list[bytes]
+    digests: list[bytes]
+    hexes: list[str]
 
     @property
     def full_tokens(self) -> int:
@@ -78,14 +82,14 @@ class ChunkedPrompt:
 
     def token_digest(self, k: int) -> bytes:
         """The 8-byte xxh3_64 digest of chunk ``k``'s token bytes (the collision guard)."""
-        return _xxh3_64(memoryview(self.chunk_tokens(k)).cast("B"))
+        return self.digests[k]
 
 
 def chunk_prompt(token_ids, chunk_size: int, root: bytes) -> ChunkedPrompt:
     """Cut ``token_ids`` into ``chunk_size`` chunks and chain their hashes from ``root``.
 
-    One ``uint32`` conversion per prompt, then one xxh3 call per chunk over a slice of that buffer (no Python loop
-    over tokens). Cost: about 0.1-0.2 microseconds per chunk here (bench/bench_hashing.py).
+    One ``uint32`` conversion per prompt, then one xxh3_128 call (the chain) and one xxh3_64 call (the token
+    digest) per chunk over a slice of that buffer (no Python loop over tokens). Cost: about 0.1-0.2 microseconds per chunk here (bench/bench_hashing.py).
 
     Raises:
         ValueError: ``chunk_size`` < 1, or a token id outside uint32.
@@ -97,8 +101,13 @@ def chunk_prompt(token_ids, chunk_size: int, root: bytes) -> ChunkedPrompt:
     buf = memoryview(tokens).cast("B")
     step = 4 * chunk_size
     hashes: list[bytes] = []
+    digests: list[bytes] = []
     h = root
     for off in range(0, n_full * step, step):
-        h = _xxh3_128(h + buf[off:off + step])
+        chunk = buf[off:off + step]
+        h = _xxh3_128(h + chunk)
         hashes.append(h)
-    return ChunkedPrompt(tokens, chunk_size, hashes)
+        digests.append(_xxh3_64(chunk))
+    joined = b"".join(hashes).hex()
+    hexes = [joined[i:i + 32] for i in range(0, 32 * n_full, 32)]
+    return ChunkedPrompt(tokens, chunk_size, hashes, digests, hexes)

@@ -51,6 +51,8 @@ class ReplayConfig:
         limit: replay only the first N requests of each trace.
         memory_sample: keys per chunk size sampled with MEMORY USAGE.
         seed: seed for picking measured requests.
+        upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
+            4 bytes per token: the one part of a replay whose memory grows with the trace).
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -64,6 +66,7 @@ class ReplayConfig:
     limit: int | None = None
     memory_sample: int = 200
     seed: int = 0
+    upper_bound: bool = True
 
 
 @dataclass
@@ -196,19 +199,20 @@ class Replayer:
         client: a redis-py client.
         model: the local model (``prefill``, ``model_id``, ``dtype``, ``config.kv_shape``), or None when nothing
             is measured (then ``model_info`` must give model_id, kv_shape and dtype).
-        curve: the prefill cost curve, refitted at the end with the run's measured prefills.
+        curve: the prefill cost curve (fitted to calibration points, min of repeats, in the same run); the
+            measured requests' single timings are kept in ``measured_samples`` to check it, not fitted (one noisy
+            timing per point would drag the fit around: see MEASURED.md on this machine's stalls).
         tokenizer: tokenizer name (part of the hash root).
     """
 
     def __init__(self, client: redis.Redis, model, curve: CostCurve, tokenizer: str, config: ReplayConfig,
-                 model_info: tuple[str, tuple[int, int, int, int], torch.dtype] | None = None,
-                 curve_samples: Iterable[PrefillSample] = ()) -> None:
+                 model_info: tuple[str, tuple[int, int, int, int], torch.dtype] | None = None) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
         if model is not None:
             layers, two, heads, _, dim = model.config.kv_shape(1)
             model_info = (model.model_id, (layers, two, heads, dim), model.dtype)
         self.model_id, self.kv_shape, self.dtype = model_info
-        self.samples: list[PrefillSample] = list(curve_samples)
+        self.measured_samples: list[PrefillSample] = []  # single timings of real requests: for checking the curve
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -237,7 +241,7 @@ class Replayer:
         used_before = int(self.client.info("memory").get("used_memory", 0))
         results = [ChunkSizeResult(cs, namespace) for cs in cfg.chunk_sizes]
         pending = [_Pending() for _ in stores]
-        radix = RadixUpperBound()
+        radix = RadixUpperBound() if cfg.upper_bound else None
         t0 = time.perf_counter()
         skipped = 0
         for index, request in enumerate(reader()):
@@ -247,17 +251,13 @@ class Replayer:
             if n == 0:
                 skipped += 1
             else:
-                upper = radix.match_and_insert(request.token_ids, request.cache_salt)
+                upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
                     self._measured(request, stores, results, rates, unlimited, upper)
                 else:
                     self._estimated(request, stores, results, pending, unlimited, upper)
             if progress:
                 progress(index + 1, len(lengths))
-        try:
-            self.curve = CostCurve.fit(self.samples) if self.samples else self.curve
-        except ValueError:
-            pass
         for store, res, pend, rate in zip(stores, results, pending, rates):
             self._finish(store, res, pend, rate)
         used_after = int(self.client.info("memory").get("used_memory", 0))
@@ -307,8 +307,9 @@ class Replayer:
         tokens, n = request.token_ids, len(request.token_ids)
         t0 = time.perf_counter()
         logits_full, kv_full = self.model.prefill(tokens)
+        self.model.synchronize()  # a GPU runs asynchronously: time the work, not its launch
         t_full = time.perf_counter() - t0
-        self.samples.append(PrefillSample(n, 0, t_full))
+        self.measured_samples.append(PrefillSample(n, 0, t_full))
         for store, res, rate, seen in zip(stores, results, rates, unlimited):
             prompt = store.chunk(tokens, request.cache_salt)
             look = store.lookup(prompt)
@@ -316,11 +317,15 @@ class Replayer:
             self._count(res, store, prompt, look, seen, n, upper)
             past, hit_chunks = self._fetch(store, res, prompt, look, kv_full, rate)
             reuse = 0 if past is None else past.shape[3]
-            t1 = time.perf_counter()
-            logits, kv = self.model.prefill(tokens[reuse:], past)
-            t_suffix = time.perf_counter() - t1
-            self.samples.append(PrefillSample(n - reuse, reuse, t_suffix))
-            res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
+            if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
+                kv, t_suffix = kv_full, t_full
+            else:
+                t1 = time.perf_counter()
+                logits, kv = self.model.prefill(tokens[reuse:], past)
+                self.model.synchronize()
+                t_suffix = time.perf_counter() - t1
+                self.measured_samples.append(PrefillSample(n - reuse, reuse, t_suffix))
+                res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
             written = store.store(prompt, kv if self.config.payload == "real" else None, start_chunk=hit_chunks,
                                   lookup=look)
             res.store_seconds += written.seconds
@@ -343,7 +348,7 @@ class Replayer:
             done = store.store(prompt, kv_full, start_chunk=got.hit_tokens // cs, end_chunk=look.hit_chunks,
                                overwrite=True)
             res.materialized_chunks += done.chunks_present
-            got = store.retrieve(prompt, lookup=look)
+            got = store.retrieve(prompt, lookup=store.lookup(prompt, record=False))
         res.transfer_seconds_measured += got.transfer_seconds
         res.deserialize_seconds += got.deserialize_seconds
         res.serialized_bytes_read += got.payload_bytes + got.header_bytes

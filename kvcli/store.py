@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -233,7 +234,7 @@ class ChunkStore:
         return limit
 
     # -- read ---------------------------------------------------------------------------------------------------
-    def lookup(self, tokens, cache_salt: str = "") -> LookupResult:
+    def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
         """The longest run of consecutive chunk hits from chunk 0, in ONE round trip (MGET of metadata keys).
 
         A missing chunk stops the run: later chunks never fill a gap. A chunk whose stored token digest differs
@@ -243,14 +244,17 @@ class ChunkStore:
         Args:
             tokens: token ids ``[tokens]`` or a :class:`ChunkedPrompt` from :meth:`chunk`.
             cache_salt: tenant salt (ignored when ``tokens`` is already chunked).
+            record: count this lookup in :attr:`stats` (False for bookkeeping lookups outside the measured path).
         """
         prompt = self._prompt(tokens, cache_salt)
         n = len(prompt.hashes)
         t0 = time.perf_counter()
-        metas = self._call(self.client.mget, [self.meta_key(h) for h in prompt.hashes]) if n else []
+        pre = self.prefix + "m:"
+        metas = self._call(self.client.mget, [pre + x for x in prompt.hexes], record=record) if n else []
         seconds = time.perf_counter() - t0
-        self.stats.lookups += 1
-        self.stats.lookup_seconds.append(seconds)
+        if record:
+            self.stats.lookups += 1
+            self.stats.lookup_seconds.append(seconds)
         k, reason = 0, ""
         for k, meta in enumerate(metas):
             if meta is None:
@@ -378,16 +382,16 @@ class ChunkStore:
         pipe = self.client.pipeline(transaction=False)
         evicted = self._make_room(pipe, len(missing))
         now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
+        meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
         for k in missing:
-            h = prompt.hashes[k]
             checksum = b"\0" * 8
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
                 checksum = xxhash.xxh3_64_digest(value[head:])
-                args += (self.payload_key(h), value)
+                args += (payload_pre + prompt.hexes[k], value)
             meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            args += (self.meta_key(h), meta)
+            args += (meta_pre + prompt.hexes[k], meta)
         if args:
             pipe.execute_command("MSET", *args)
         if args or evicted:
@@ -398,7 +402,7 @@ class ChunkStore:
 
     def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
         """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
-        parent = prompt.hashes[k - 1].hex() if k else ""
+        parent = prompt.hexes[k - 1] if k else ""
         stored = "real" if real else "accounted"
         head = self.config.header_bytes if real else 0
         return (prompt.token_digest(k) + checksum + self._meta_json_head
@@ -461,8 +465,8 @@ class ChunkStore:
         return None if self._lru is None else len(self._lru)
 
     # -- plumbing -------------------------------------------------------------------------------------------------
-    def _call(self, fn, *args):
-        self.stats.round_trips += 1
+    def _call(self, fn, *args, record: bool = True):
+        self.stats.round_trips += record
         try:
             return fn(*args)
         except redis.RedisError as exc:
@@ -492,6 +496,9 @@ class ChunkMeta:
     created: int | None
 
 
+_JSON = json.JSONDecoder()
+
+
 def parse_metadata(raw: bytes) -> ChunkMeta:
     """Parse a metadata value written by :meth:`ChunkStore.store`.
 
@@ -499,9 +506,9 @@ def parse_metadata(raw: bytes) -> ChunkMeta:
         PayloadError: the value is truncated or its JSON is not kvcli's.
     """
     try:
-        info = json.loads(raw[_DIGEST:])
-        return ChunkMeta(bytes(raw[:8]), bytes(raw[8:16]), int(info["tokens"]), str(info["dtype"]),
-                         tuple(int(d) for d in info["shape"]), str(info["model"]), str(info["parent"]),
+        info = _JSON.decode(raw[_DIGEST:].decode())
+        return ChunkMeta(raw[:8], raw[8:16], int(info["tokens"]), str(info["dtype"]),
+                         tuple(map(int, info["shape"])), str(info["model"]), str(info["parent"]),
                          int(info["payload"]), int(info["header"]), str(info.get("stored", "real")),
                          None if info.get("created") is None else int(info["created"]))
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
@@ -527,13 +534,7 @@ def chunk_metadata(store: ChunkStore, prompt: ChunkedPrompt, k: int, checksum: b
 
     Its length does not depend on ``checksum`` (always 8 bytes), so a dry run counts metadata bytes exactly.
     """
-    cfg = store.config
-    return prompt.token_digest(k) + checksum + json.dumps(
-        {"tokens": cfg.chunk_size, "dtype": dtype_name(cfg.dtype), "shape": list(cfg.chunk_shape),
-         "model": cfg.model_id, "parent": prompt.hashes[k - 1].hex() if k else "",
-         "payload": cfg.payload_bytes, "header": cfg.header_bytes if real else 0,
-         "stored": "real" if real else "accounted", "created": int(time.time()) if created is None else created},
-        separators=(",", ":")).encode()
+    return store._meta_value(prompt, k, checksum, real, int(time.time()) if created is None else created)
 
 
 @dataclass(frozen=True, slots=True)
@@ -546,18 +547,16 @@ class KeyParts:
     hash_hex: str
 
 
-_KEY_HEAD = f"{KEY_ROOT}:{KEY_VERSION}:".encode()
+_KEY_RE = re.compile(rf"{KEY_ROOT}:{KEY_VERSION}:(.+):([0-9]+):([mp]):([0-9a-f]{{32}})".encode(), re.DOTALL)
 
 
 def parse_key(key: bytes) -> KeyParts | None:
-    """Split a kvcli key (parsed from the right, so a namespace may hold ":"); None for any other key."""
-    if not key.startswith(_KEY_HEAD):
+    """Split a kvcli chunk key (a namespace may hold ":"; the fields after it are fixed); None for any other key."""
+    match = _KEY_RE.fullmatch(key)
+    if match is None:
         return None
-    parts = key[len(_KEY_HEAD):].rsplit(b":", 3)
-    if len(parts) != 4 or parts[2] not in (b"m", b"p") or len(parts[3]) != 32 or not parts[1].isdigit():
-        return None
+    namespace, chunk_size, kind, hash_hex = match.groups()
     try:
-        int(parts[3], 16)
-        return KeyParts(parts[0].decode(), int(parts[1]), parts[2].decode(), parts[3].decode())
-    except (ValueError, UnicodeDecodeError):
+        return KeyParts(namespace.decode(), int(chunk_size), kind.decode(), hash_hex.decode())
+    except UnicodeDecodeError:
         return None

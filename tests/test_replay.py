@@ -136,3 +136,27 @@ def test_cli_redis_down_exit_3(tmp_path):
     trace.write_text('{"token_ids": [1, 2]}\n')
     out = CliRunner().invoke(app, ["replay", str(trace), "--redis-url", "redis://127.0.0.1:1"])
     assert out.exit_code == 3 and "cannot use Redis" in out.stderr
+
+
+def test_measured_request_materializes_accounted_chunks(redis_client, monkeypatch):
+    import kvcli.replay as replay_mod
+
+    monkeypatch.setattr(replay_mod, "pick_measured", lambda *a: {2})  # only R3 = tok(1..12) runs the model
+    model = build_model("tiny", "float32", "cpu", seed=0)
+    result = _replayer(redis_client, model=model, measure=1).replay("t", requests())
+    rows = {r.chunk_size: r for r in result.per_chunk_size}
+    # cs 4: R1 wrote [1-4] [5-8] accounted; R3 hits both, gives them real KV (2 chunks), reads 8 tokens back,
+    # prefills 4 and stores [9-12] for real (1 chunk). cs 8: R1 wrote [1-8]; R3 materializes it, reads 8 tokens.
+    assert (rows[4].materialized_chunks, rows[8].materialized_chunks) == (2, 1)
+    import torch
+
+    from kvcli.store import StoreConfig
+    header = {cs: StoreConfig("x", cs, model.model_id, "raw", (2, 2, 2, 32), torch.float32).header_bytes
+              for cs in (4, 8)}
+    assert rows[4].serialized_bytes_read == 8 * 1024 + 2 * header[4]
+    assert rows[8].serialized_bytes_read == 8 * 1024 + 1 * header[8]
+    assert rows[4].payload_bytes_written == (2 + 1) * 4 * 1024
+    assert rows[8].payload_bytes_written == 1 * 8 * 1024
+    assert rows[4].checksum_failures == rows[8].checksum_failures == 0
+    assert rows[4].measured_requests == 1 and rows[4].max_logit_diff < 1e-4
+    assert rows[4].hit_tokens == 28 and rows[8].hit_tokens == 24

@@ -1,0 +1,267 @@
+"""The routing report: run every policy at every sweep point, summarize, and show it (table, JSON, plot).
+
+Per run (policy x sweep point) the summary holds: hit token ratio across the cluster and the single-node bound
+(:func:`kvcli.route.single_node_hit_tokens`), prefill tokens computed, per-node requests and computed tokens
+(max/mean and coefficient of variation = population std / mean), the peak request imbalance (max - min outstanding
+requests at any moment), queue wait and TTFT p50/p90/p99, end-to-end p50/p99 (seconds), throughput (requests per
+second over the makespan, first arrival to last finish), cache-manager lookups (count, timeouts, measured Redis
+round trip and injected delay, in ms) and evictions (chunks). Percentiles are numpy's default (linear).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from .cachemanager import DelaySpec, parse_duration
+from .errors import BadInputError
+from .policies import POLICIES, make_policy
+from .route import SimConfig, SimRequest, SimResult, parse_capacity, simulate, single_node_hit_tokens
+from .server import open_redis
+
+
+def _sweep_parsers(kv_bytes_per_token: int) -> dict[str, tuple[str, Callable]]:
+    """Sweepable CLI names -> (SimConfig field, parser of one value)."""
+    return {"nodes": ("nodes", int), "node-capacity": ("capacity_tokens", lambda v: parse_capacity(
+        v, kv_bytes_per_token)), "max-batch": ("max_batch", int), "decode-tpot": ("decode_tpot", float),
+        "rate": ("rate", float), "abs-threshold": ("abs_threshold", float), "seed": ("seed", int),
+        "rel-threshold": ("rel_threshold", float), "cache-threshold": ("cache_threshold", float),
+        "w": ("cost_weight", float), "temperature": ("temperature", float),
+        "lookup-delay": ("lookup_delay", DelaySpec.parse), "lookup-timeout": ("lookup_timeout", parse_duration)}
+
+
+def sweep_points(config: SimConfig, sweeps: list[str], kv_bytes_per_token: int) -> list[tuple[dict, SimConfig]]:
+    """The cartesian product of ``--sweep PARAM=v1,v2`` options: ``[(labels {param: text}, config)]``; ``[({},
+    config)]`` without sweeps. Raises BadInputError on a bad option, listing the sweepable names."""
+    parsers = _sweep_parsers(kv_bytes_per_token)
+    axes = []
+    for text in sweeps:
+        name, _, values = text.partition("=")
+        if name.strip() not in parsers or not values.strip():
+            raise BadInputError(f"bad --sweep {text!r}; use PARAM=v1,v2,... with PARAM one of {', '.join(parsers)}")
+        field, parse = parsers[name.strip()]
+        axes.append([(name.strip(), v.strip(), field, parse(v.strip())) for v in values.split(",") if v.strip()])
+    points = []
+    for combo in itertools.product(*axes):
+        labels = {name: text for name, text, _, _ in combo}
+        points.append((labels, dataclasses.replace(config, **{f: v for _, _, f, v in combo})))
+    return points
+
+
+def _pcts(values: np.ndarray, qs=(50, 90, 99), scale: float = 1.0) -> dict[str, float | None]:
+    if values.size == 0:
+        return {f"p{q}": None for q in qs}
+    return {f"p{q}": float(v) * scale for q, v in zip(qs, np.percentile(values, qs))}
+
+
+def _spread(per_node: np.ndarray) -> dict[str, float]:
+    mean = float(per_node.mean())
+    return {"max_over_mean": float(per_node.max()) / mean if mean else 0.0,
+            "cv": float(per_node.std()) / mean if mean else 0.0}
+
+
+def summarize(result: SimResult, config: SimConfig, bound_hit_tokens: int) -> dict:
+    """The report's figures for one simulation (see the module docstring). Plain JSON-ready values."""
+    prompt, hit = int(result.prompt_tokens.sum()), int(result.hit_tokens.sum())
+    computed = result.prompt_tokens - result.hit_tokens
+    reqs = np.bincount(result.node, minlength=result.nodes)
+    toks = np.bincount(result.node, weights=computed, minlength=result.nodes)
+    span = float(result.finish.max() - result.arrival.min()) if result.node.size else 0.0
+    looked = result.looked_up
+    return {
+        "requests": int(result.node.size), "prompt_tokens": prompt, "hit_tokens": hit,
+        "hit_ratio": hit / prompt if prompt else 0.0,
+        "single_node_hit_ratio": bound_hit_tokens / prompt if prompt else 0.0,
+        "prefill_tokens": prompt - hit,
+        "per_node": {"requests": reqs.tolist(), "prefill_tokens": [int(t) for t in toks],
+                     "requests_spread": _spread(reqs), "prefill_tokens_spread": _spread(toks),
+                     "peak_request_imbalance": result.peak_imbalance},
+        "queue_wait_s": _pcts(result.prefill_start - result.dispatch),
+        "ttft_s": _pcts(result.first_token - result.arrival),
+        "e2e_s": _pcts(result.finish - result.arrival, (50, 99)),
+        "throughput": {"makespan_s": span, "requests_per_s": result.node.size / span if span else 0.0,
+                       "prompt_tokens_per_s": prompt / span if span else 0.0},
+        "lookups": {"count": int(looked.sum()), "timeouts": int(result.timed_out.sum()),
+                    "measured_latency_counted": config.count_measured_latency,
+                    "measured_ms": _pcts(result.measured[looked], (50, 99, 100), 1e3),
+                    "injected_ms": _pcts(result.injected[looked], (50, 99), 1e3)},
+        "evictions": result.evictions,
+    }
+
+
+def config_dict(config: SimConfig) -> dict:
+    """``config`` as JSON-ready values (the delay as its text form)."""
+    out = dataclasses.asdict(config)
+    out["lookup_delay"] = str(config.lookup_delay)
+    return out
+
+
+def run_routes(requests: list[SimRequest], policies: list[str], points: list[tuple[dict, SimConfig]], cost,
+               redis_url: str | None = None, on_run: Callable[[str], None] | None = None) -> list[dict]:
+    """Simulate each policy at each sweep point; one summary dict per run, with ``policy``, ``sweep`` and
+    ``config`` added. Opens Redis (:func:`kvcli.server.open_redis`: ``redis_url``, ``$REDIS_URL`` or the embedded
+    server) only when a policy needs it. Raises RedisFailure, BadInputError."""
+    needs = any(POLICIES[p].needs_redis for p in policies)
+    with (open_redis(redis_url) if needs else contextlib.nullcontext((None, None))) as (client, _):
+        runs, bounds = [], {}
+        for labels, config in points:
+            key = (config.nodes, config.capacity_chunks, config.rate, config.seed)
+            if key not in bounds:
+                bounds[key] = single_node_hit_tokens(requests, config)
+            for name in policies:
+                if on_run:
+                    on_run(f"{name} {' '.join(f'{k}={v}' for k, v in labels.items())}".strip())
+                policy = make_policy(name, config, client)
+                try:
+                    result = simulate(requests, policy, config, cost)
+                finally:
+                    policy.close()
+                summary = summarize(result, config, bounds[key])
+                summary["lookups"].update(policy.stats())
+                runs.append({"policy": name, "sweep": labels, **summary, "config": config_dict(config)})
+    return runs
+
+
+def winners(runs: list[dict]) -> list[dict]:
+    """Per sweep point: the policy with the lowest TTFT p99 and the one with the highest hit ratio, each with the
+    runner-up and the ratio between them (``by``: runner-up p99 / best p99; best hit / runner-up hit)."""
+    out = []
+    for labels, group in itertools.groupby(runs, key=lambda r: json.dumps(r["sweep"], sort_keys=True)):
+        group = list(group)
+        entry = {"sweep": json.loads(labels)}
+        for metric, get, lower in (("ttft_p99_s", lambda r: r["ttft_s"]["p99"], True),
+                                   ("hit_ratio", lambda r: r["hit_ratio"], False)):
+            ranked = sorted(group, key=lambda r: get(r) if lower else -get(r))
+            best, second = ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
+            num, den = (get(second), get(best)) if lower else (get(best), get(second))
+            entry[metric] = {"policy": best["policy"], "value": get(best), "runner_up": second["policy"],
+                             "runner_up_value": get(second), "by": num / den if den else None}
+        out.append(entry)
+    return out
+
+
+def report_dict(trace: str, runs: list[dict], cost_info: dict) -> dict:
+    """The one JSON document of ``kvcli route --json``."""
+    return {"trace": trace, "cost_curve": cost_info, "runs": runs, "winners": winners(runs)}
+
+
+def _fmt(x, spec=".3g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _count(n: float) -> str:
+    """``12_500_000`` -> ``"12.5M"``."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:g}"
+
+
+def _table(title: str, head: list[str], columns: list[str]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
+    for col in head:
+        table.add_column(col, no_wrap=True)
+    for col in columns:  # as wide as the header's longest word, so headers wrap but never lose letters
+        table.add_column(col, justify="right", min_width=max(7, *(len(w) for w in col.split())))
+    return table
+
+
+def render(report: dict, console: Console) -> None:
+    """The tables (cache; balance; latency; cache-manager lookups when any) and the winners, on ``console``.
+    Per sweep point the best hit ratio and the best TTFT p99 are bold green."""
+    runs, sweep = report["runs"], any(r["sweep"] for r in report["runs"])
+    point = lambda r: json.dumps(r["sweep"], sort_keys=True)  # noqa: E731
+    best_p99 = {(w["ttft_p99_s"]["policy"], json.dumps(w["sweep"], sort_keys=True)) for w in report["winners"]}
+    best_hit = {(w["hit_ratio"]["policy"], json.dumps(w["sweep"], sort_keys=True)) for w in report["winners"]}
+    head = ["policy"] + (["sweep"] if sweep else [])
+    cache = _table(f"{report['trace']}: cache and throughput", head, [
+        "hit %", "1-node bound %", "prefill tokens", "evicted chunks", "req/s"])
+    balance = _table("balance across nodes (outstanding requests; prefill tokens computed)", head, [
+        "req max/ mean", "req CV", "tokens max/ mean", "tokens CV", "peak imbalance"])
+    lat = _table("latency, seconds", head, ["wait p50", "wait p99", "TTFT p50", "TTFT p90", "TTFT p99",
+                                           "e2e p50", "e2e p99"])
+    looks = _table("cache-manager lookups", head, ["lookups", "timeouts", "Redis ms p50", "Redis ms p99",
+                                                  "injected ms p50", "injected ms p99", "index writes"])
+    mark = lambda text, win: f"[bold green]{text}[/]" if win else text  # noqa: E731
+    for r in runs:
+        first = [r["policy"]] + ([" ".join(f"{k}={v}" for k, v in r["sweep"].items())] if sweep else [])
+        n, lk, key = r["per_node"], r["lookups"], (r["policy"], point(r))
+        cache.add_row(*first, mark(f"{100 * r['hit_ratio']:.1f}", key in best_hit),
+                      f"{100 * r['single_node_hit_ratio']:.1f}", _count(r["prefill_tokens"]), _count(r["evictions"]),
+                      _fmt(r["throughput"]["requests_per_s"]))
+        balance.add_row(*first, f"{n['requests_spread']['max_over_mean']:.2f}", f"{n['requests_spread']['cv']:.2f}",
+                        f"{n['prefill_tokens_spread']['max_over_mean']:.2f}",
+                        f"{n['prefill_tokens_spread']['cv']:.2f}", str(n["peak_request_imbalance"]))
+        w, t, e = r["queue_wait_s"], r["ttft_s"], r["e2e_s"]
+        lat.add_row(*first, _fmt(w["p50"]), _fmt(w["p99"]), _fmt(t["p50"]), _fmt(t["p90"]),
+                    mark(_fmt(t["p99"]), key in best_p99), _fmt(e["p50"]), _fmt(e["p99"]))
+        if lk["count"]:
+            looks.add_row(*first, str(lk["count"]), str(lk["timeouts"]), _fmt(lk["measured_ms"]["p50"], ".2f"),
+                          _fmt(lk["measured_ms"]["p99"], ".2f"), _fmt(lk["injected_ms"]["p50"], ".3g"),
+                          _fmt(lk["injected_ms"]["p99"], ".3g"), str(lk.get("index_writes", "-")))
+    for table in (cache, balance, lat) + ((looks,) if looks.row_count else ()):
+        console.print(table)
+    for w in report["winners"]:
+        where = " ".join(f"{k}={v}" for k, v in w["sweep"].items())
+        t, h = w["ttft_p99_s"], w["hit_ratio"]
+        console.print(f"{where + ': ' if where else ''}lowest TTFT p99: [bold]{t['policy']}[/] {t['value']:.3g} s, "
+                      f"{_fmt(t['by'], '.2f')}x below {t['runner_up']}; highest hit ratio: [bold]{h['policy']}[/] "
+                      f"{100 * h['value']:.1f}%, {_fmt(h['by'], '.2f')}x {h['runner_up']}", highlight=False)
+
+
+def check_plot_path(path: str | Path | None) -> None:
+    """Raise BadInputError unless ``path`` is None or ends in ``.png`` or ``.svg`` (checked before simulating)."""
+    if path is not None and Path(path).suffix.lower() not in (".png", ".svg"):
+        raise BadInputError(f"--plot must end in .png or .svg, got {Path(path).name!r}")
+
+
+def plot(report: dict, path: str | Path) -> None:
+    """Hit token ratio (y) against TTFT p99 (x; log scale when the points span a decade) for every run; one colour per policy, its sweep points
+    joined in sweep order and labelled. Up and to the left is better. ``.png`` or ``.svg`` (BadInputError else)."""
+    check_plot_path(path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
+    markers = dict(zip(POLICIES, "osD^vPX"))
+    for name in dict.fromkeys(r["policy"] for r in report["runs"]):
+        runs = [r for r in report["runs"] if r["policy"] == name]
+        x = [r["ttft_s"]["p99"] for r in runs]
+        y = [100 * r["hit_ratio"] for r in runs]
+        ax.plot(x, y, marker=markers.get(name, "o"), label=name, alpha=0.85)
+        labels: dict[tuple[float, float], list[str]] = {}  # sweep points that land on one spot share a label
+        for r, xi, yi in zip(runs, x, y):
+            if r["sweep"]:
+                labels.setdefault((xi, yi), []).append(" ".join(f"{k}={v}" for k, v in r["sweep"].items()))
+        for (xi, yi), texts in labels.items():
+            ax.annotate(", ".join(texts), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    bounds = sorted({100 * r["single_node_hit_ratio"] for r in report["runs"]})
+    if len(bounds) == 1:
+        ax.axhline(bounds[0], color="grey", ls="--", lw=1, label="1-node bound")
+    p99s = [r["ttft_s"]["p99"] for r in report["runs"] if r["ttft_s"]["p99"]]
+    log = bool(p99s) and max(p99s) > 10 * min(p99s)  # log only when the points span a decade or more
+    if log:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel(f"TTFT p99 (s{', log scale' if log else ''})")
+    ax.set_ylabel("hit token ratio (%)")
+    ax.set_title(f"{report['trace']}: cache hits vs tail latency (up-left is better)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    try:
+        fig.savefig(path)
+    except OSError as exc:
+        raise BadInputError(f"cannot write the plot: {exc}", path=str(path)) from None
+    finally:
+        plt.close(fig)
