@@ -140,7 +140,8 @@ def replay(
     if json_out:
         typer.echo(to_json(results, context))
     else:
-        print_report(results, Console(), context)
+        out = Console()
+        print_report(results, out if out.is_terminal else Console(width=120), context)
     for result in results:
         err.print(summary_line(result), highlight=False)
 

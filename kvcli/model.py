@@ -97,6 +97,12 @@ def parse_dtype(name: str) -> torch.dtype:
         raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
 
 
+def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
+    """The model id a built model carries, e.g. ``"kvcli/cpu@seed0:bf16"``: part of every chunk hash's root, so
+    KV of two ids never mixes. Known without building the model (for accounted replays and dry runs)."""
+    return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype]}"
+
+
 def _available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -148,7 +154,7 @@ class LocalModel:
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int) -> None:
         self.config, self.dtype, self.device, self.seed = config, dtype, device, seed
-        self.model_id = f"kvcli/{config.name}@seed{seed}:{_SHORT[dtype]}"
+        self.model_id = model_id_for(config.name, dtype, seed)
         self.kv_bytes_per_token = config.kv_bytes_per_token(dtype)
         c = config
         # Drawn on the CPU in float32 in a fixed order, then cast and moved: the same seed gives the same weights

@@ -261,7 +261,8 @@ class Replayer:
         for store, res, pend, rate in zip(stores, results, pending, rates):
             self._finish(store, res, pend, rate)
         used_after = int(self.client.info("memory").get("used_memory", 0))
-        result = TraceResult(name, len(lengths) - skipped, skipped, len(measured), cfg.payload, results,
+        result = TraceResult(name, len(lengths) - skipped, skipped, len(measured),
+                             _payload_label(cfg.payload, len(measured), len(lengths) - skipped), results,
                              used_after - used_before, time.perf_counter() - t0)
         if cfg.namespace is None and not cfg.keep:
             for store in stores:
@@ -418,6 +419,14 @@ class Replayer:
             res.lookup_p50_ms, res.lookup_p99_ms = (float(x) for x in np.percentile(ms, [50, 99]))
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.prefix, self.config.memory_sample)
+
+
+def _payload_label(mode: str, measured: int, requests: int) -> str:
+    if mode == "accounted":
+        return "accounted: index and metadata only, payload bytes counted"
+    if measured >= requests:
+        return "real"
+    return f"real for {measured} measured requests, accounted for {requests - measured} estimated"
 
 
 def _where(request: Request) -> tuple[str | None, int | None]:

@@ -63,9 +63,9 @@ ROWS: list[tuple[str, callable]] = [
 def trace_table(result: TraceResult) -> Table:
     """A table for one trace: one column per chunk size, the recommended one marked."""
     best = result.recommended_chunk_size
-    table = Table(title=f"{result.trace}: {result.requests:,} requests ({result.measured_requests} measured, "
-                        f"payload {result.payload}), {result.skipped_empty} empty skipped", title_justify="left")
-    table.add_column("chunk size", style="bold")
+    table = Table(title=f"{result.trace}: {result.requests:,} requests, {result.skipped_empty} empty skipped; "
+                        f"payload {result.payload}", title_justify="left")
+    table.add_column("chunk size", style="bold", no_wrap=True)
     for r in result.per_chunk_size:
         table.add_column(f"{r.chunk_size}{' *' if r.chunk_size == best else ''}", justify="right",
                          style="green" if r.chunk_size == best else None)
@@ -83,8 +83,17 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
         for note in result.notes:
             console.print(f"  note: {note}")
     curve = context.get("cost_curve", {})
-    console.print(f"model {context.get('model')}, KV {context.get('kv_bytes_per_token'):,} bytes/token; "
-                  f"Redis {context.get('redis')}; cost curve {curve}")
+    check = context.get("cost_curve_vs_measured", {})
+    console.print(f"model {context.get('model')} on {context.get('device')}, KV {context.get('kv_bytes_per_token'):,} "
+                  f"bytes/token; Redis {context.get('redis')} {context.get('redis_version')}; metadata "
+                  f"{context.get('metadata_placement')}", highlight=False)
+    if curve:
+        line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
+                f"{curve['b_seconds_per_token']:.3g} s/token x n + {curve['d_seconds_per_pair']:.3g} s x n(c + (n+1)/2)")
+        if check.get("samples"):
+            line += (f"; measured/predicted on {check['samples']} measured prefills: median "
+                     f"{check['median_measured_over_predicted']:.2f}, max {check['max_measured_over_predicted']:.2f}")
+        console.print(line, highlight=False)
 
 
 def _clean(obj):

@@ -12,7 +12,7 @@ import redis
 
 from .costcurve import CostCurve, calibrate
 from .errors import BadInputError
-from .model import build_model, get_preset, parse_dtype
+from .model import build_model, get_preset, model_id_for, parse_dtype
 from .replay import ReplayConfig, Replayer, TraceResult
 from .server import RedisTarget
 from .traces import read_trace
@@ -72,7 +72,7 @@ def prepare_model(options: ModelOptions, measure: int | None):
     if not needs_model:
         dtype = parse_dtype(options.dtype or config.dtype)
         layers, two, heads, _, dim = config.kv_shape(1)
-        model_id = f"kvcli/{options.preset}@seed{options.seed}:{str(dtype).removeprefix('torch.')}"
+        model_id = model_id_for(options.preset, dtype, options.seed)
         return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], (
             model_id, (layers, two, heads, dim), dtype)
     model = build_model(options.preset, options.dtype, options.device, options.seed)
@@ -102,11 +102,13 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     context = {
         "model": model_id, "preset": model_options.preset, "dtype": str(dtype).removeprefix("torch."),
         "kv_bytes_per_token": layers * two * heads * dim * _itemsize(dtype), "tokenizer": tokenizer,
-        "device": str(getattr(model, "device", "none")),
+        "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
         "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
+        "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
+        "metadata_placement": "beside the payload (its own key)",
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context

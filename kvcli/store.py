@@ -221,7 +221,8 @@ class ChunkStore:
             ChunkTooLargeError: header + payload bytes of one chunk exceed the limit.
         """
         try:
-            limit = int(self._call(self.client.config_get, "proto-max-bulk-len").get("proto-max-bulk-len", 0))
+            limit = int(self._call(self.client.config_get, "proto-max-bulk-len", record=False)
+                        .get("proto-max-bulk-len", 0))
         except RedisFailure:
             limit = 0
         limit = limit or 512 * 1024 * 1024

@@ -160,3 +160,50 @@ def test_measured_request_materializes_accounted_chunks(redis_client, monkeypatc
     assert rows[4].checksum_failures == rows[8].checksum_failures == 0
     assert rows[4].measured_requests == 1 and rows[4].max_logit_diff < 1e-4
     assert rows[4].hit_tokens == 28 and rows[8].hit_tokens == 24
+
+
+def test_mooncake_sample_hits_equal_leading_seen_hash_ids(redis_client):
+    """At chunk size 512 the store's hits must equal the trace's own block reuse: per request, the leading
+    hash_ids seen before, capped at its full 512-token blocks (a partial last block is never stored)."""
+    import gzip
+    from pathlib import Path
+
+    from kvcli.traces import read_trace
+
+    path = Path(__file__).resolve().parents[1] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+    records = [json.loads(line) for line in gzip.open(path, "rt")][:300]
+    seen: set[int] = set()
+    expected = 0
+    for rec in records:
+        k = 0
+        while k < len(rec["hash_ids"]) and rec["hash_ids"][k] in seen:
+            k += 1
+        expected += min(k, rec["input_length"] // 512) * 512
+        seen.update(rec["hash_ids"][: rec["input_length"] // 512])
+    config = ReplayConfig(chunk_sizes=(512, 2048), payload="accounted", measure=0, limit=300)
+    replayer = Replayer(redis_client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config,
+                        model_info=("m", (8, 2, 2, 64), __import__("torch").bfloat16))
+    result = replayer.replay(str(path), lambda: read_trace(path))
+    rows = {r.chunk_size: r for r in result.per_chunk_size}
+    assert result.requests == 300
+    assert rows[512].prompt_tokens == sum(r["input_length"] for r in records)
+    assert rows[512].hit_tokens == expected
+    assert rows[2048].hit_tokens < rows[512].hit_tokens <= rows[512].upper_bound_tokens
+
+
+def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
+    from typer.testing import CliRunner
+
+    from kvcli.cli import app
+
+    url = make_server(**{"proto-max-bulk-len": "1mb"})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"token_ids": list(range(3000))}) + "\n")
+    args = ["replay", str(trace), "--model", "tiny", "--measure", "all", "--measure-max-tokens", "4096",
+            "--redis-url", url, "--json"]
+    ok = CliRunner().invoke(app, args + ["--chunk-sizes", "512"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["traces"][0]["per_chunk_size"][0]["objects_created"] == 2 * 5
+    bad = CliRunner().invoke(app, args + ["--chunk-sizes", "512,2048"])
+    assert bad.exit_code == 2 and "proto-max-bulk-len" in bad.stderr
+    assert redis.Redis.from_url(url).dbsize() == 0
