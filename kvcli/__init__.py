@@ -12,7 +12,14 @@ Module map (one concept each):
   radix     token-granular reuse upper bound (unlimited radix tree)
   replay    replays a trace through the store, per chunk size
   report    terminal tables and JSON
-  route     KV-cache-aware routing simulation across serving nodes
-  cli       the typer command line (thin)
+  runner    what a replay needs: model, cost curve, trace files, run context
+  warm      fill a live cache ahead of traffic (prefill only what is not stored)
+  inspection read a live cache without changing it: summary, integrity, one prompt's chunk map
+  purge     delete kvcli's keys of one namespace, nothing else
+  route     KV-cache-aware routing simulation across serving nodes (discrete events)
+  policies  routing policies (registry)
+  cachemanager  the Redis-backed KV cache manager index used by the cache-manager policy
+  route_report  routing tables, JSON and plot
+  cli, cli_cache, cli_route   the typer command line (thin)
 """
 __version__ = "0.1.0"

@@ -169,9 +169,11 @@ class _progress:
 
 
 def _register() -> None:
+    from .cli_cache import inspect, purge, warm
     from .cli_route import route
 
-    app.command("route")(handle_errors(route))
+    for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route)):
+        app.command(name)(handle_errors(fn))
 
 
 _register()

@@ -28,6 +28,7 @@ import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import redis
 import torch
@@ -475,9 +476,8 @@ class ChunkStore:
 
 
 # -- chunk values and keys, for warm / inspect / purge (same layout as ChunkStore.store writes) ----------------------
-@dataclass(frozen=True, slots=True)
-class ChunkMeta:
-    """One chunk's metadata value, parsed (layout in the module docstring).
+class ChunkMeta(NamedTuple):
+    """One chunk's metadata value, parsed (layout in the module docstring). A tuple: inspect parses millions.
 
     ``token_digest`` and ``checksum`` are 8 bytes each; ``shape`` is ``[layers, 2, kv_heads, tokens, head_dim]``;
     ``payload`` and ``header`` are bytes; ``parent`` is the previous chunk's hash hex ("" for chunk 0);

@@ -1,0 +1,219 @@
+"""kvcli inspect against real (embedded) Redis servers: read-only proof, counts, integrity and chunk maps."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import redis
+from typer.testing import CliRunner
+
+from kvcli.inspection import READ_COMMANDS, chunk_map, inspect_cache
+from kvcli.model import build_model
+from kvcli.traces import Request
+from kvcli.warm import WarmConfig, make_stores, model_spec, warm
+
+from test_warm import cli_app
+
+TINY = model_spec("tiny")
+CONNECTION_COMMANDS = {"ping", "client|setinfo", "hello", "select", "auth"}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("tiny", device="cpu")
+
+
+def req(tokens, rid="r") -> Request:
+    return Request(rid, np.asarray(tokens, dtype=np.uint32), source=f"test:{rid}")
+
+
+def store16(client, namespace="i"):
+    return make_stores(client, TINY, WarmConfig(namespace, (16,)))[0]
+
+
+def commands_since_reset(client) -> dict[str, int]:
+    """Commands the server ran since CONFIG RESETSTAT (the test's own INFO and RESETSTAT excluded), by name."""
+    stats = client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()
+            if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
+
+
+def assert_read_only(client, ran: dict[str, int]) -> None:
+    """Every command that ran is a read (kvcli's list, or connection set-up) and has no "write" flag at the server."""
+    assert set(ran) <= READ_COMMANDS | CONNECTION_COMMANDS, ran
+    for name in ran:
+        info = client.execute_command("COMMAND", "INFO", name)[name]
+        assert "write" not in info["flags"], name
+
+
+def test_inspect_sends_only_read_commands(redis_client, redis_url, model, tmp_path):
+    warm(redis_client, [req(range(1, 50)), req(range(100, 140), "b")], model, WarmConfig("i", (16,), ttl=600))
+    redis_client.set("foreign", "x")
+    before = {k: (redis_client.dump(k), redis_client.pttl(k)) for k in redis_client.scan_iter()}
+    redis_client.config_resetstat()
+    inspect_cache(redis_client, verify=True)
+    inspect_cache(redis_client, sample=2, verify=True)
+    chunk_map(redis_client, np.arange(1, 50), "i", 16, TINY.model_id, "cl100k_base")
+    tokens = tmp_path / "t.txt"
+    tokens.write_text(" ".join(map(str, range(1, 50))))
+    for args in (["inspect", "--json"], ["inspect", "--tokens", str(tokens), "--model", "tiny", "--namespace", "i"]):
+        res = CliRunner().invoke(cli_app(), args + ["--redis-url", redis_url])
+        assert res.exit_code == 0, res.output
+    ran = commands_since_reset(redis_client)
+    assert_read_only(redis_client, ran)
+    assert ran["scan"] >= 3 and "keys" not in ran
+    after = {k: (redis_client.dump(k), redis_client.pttl(k)) for k in redis_client.scan_iter()}
+    assert {k: v for k, (v, _) in after.items()} == {k: v for k, (v, _) in before.items()}  # same keys, same values
+    assert all(0 <= before[k][1] - t < 5000 or t == before[k][1] == -1 for k, (_, t) in after.items())  # TTLs kept
+
+
+def test_counts_100000_foreign_keys_and_changes_nothing(redis_client, model):
+    pipe = redis_client.pipeline(transaction=False)
+    for start in range(0, 100_000, 1000):
+        pipe.mset({f"app:{i}": i for i in range(start, start + 1000)})
+    pipe.execute()
+    redis_client.set("kvcli:v1:not-a-chunk", "x")  # kvcli's prefix, not its layout: foreign too
+    warm(redis_client, [req(range(1, 65))], model, WarmConfig("i", (16, 32)))  # 4 + 2 chunks = 12 keys
+    redis_client.config_resetstat()
+    result = inspect_cache(redis_client)
+    assert (result.other_keys, result.kvcli_keys, result.scanned_keys) == (100_001, 12, 100_013)
+    assert [(g.chunk_size, g.chunks, g.metadata_entries, g.payload_objects) for g in result.groups] == [
+        (16, 4, 4, 4), (32, 2, 2, 2)]
+    head16, head32 = (s.config.header_bytes for s in make_stores(redis_client, TINY, WarmConfig("i", (16, 32))))
+    assert [g.payload_bytes for g in result.groups] == [4 * (16 * 1024 + head16), 2 * (32 * 1024 + head32)]
+    assert all(not g.issues for g in result.groups) and result.verified
+    ran = commands_since_reset(redis_client)
+    assert_read_only(redis_client, ran)
+    # per-key reads touch the 12 kvcli keys only (PTTL, STRLEN, MEMORY USAGE in one EVAL_RO per SCAN step) and
+    # GET the 6 payloads to verify them: no foreign key is ever read
+    assert (ran["pttl"], ran["strlen"], ran["memory|usage"], ran["get"]) == (12, 12, 12, 6)
+    assert redis_client.dbsize() == 100_013 and redis_client.get("app:99999") == b"99999"
+
+
+def test_corrupted_payload_is_reported_and_never_returned(redis_client, model):
+    tokens = np.arange(1, 49, dtype=np.uint32)  # 3 chunks of 16
+    warm(redis_client, [req(tokens)], model, WarmConfig("i", (16,)))
+    store = store16(redis_client)
+    h = store.chunk(tokens).hashes
+    raw = bytearray(redis_client.get(store.payload_key(h[1])))
+    raw[-3] ^= 0x40
+    redis_client.set(store.payload_key(h[1]), bytes(raw))
+    found = inspect_cache(redis_client, verify=True).groups[0]
+    assert found.issues["checksum_failures"] == [h[1].hex()]
+    assert found.issues["unreachable"] == [h[2].hex()]  # its parent is corrupted: never reachable again
+    assert found.chunks == 2 and not found.issues["orphan_metadata"]
+    got = store.retrieve(tokens)
+    assert (got.hit_tokens, got.break_reason, got.kv.shape[3]) == (16, "checksum", 16)
+    m = chunk_map(redis_client, tokens, "i", 16, TINY.model_id, "cl100k_base")
+    assert [r.status for r in m.rows] == ["hit", "checksum", "unreachable"]
+    assert (m.hit_tokens, m.prefill_tokens, m.break_index) == (16, 32, 1)
+
+
+def test_map_break_reasons_for_missing_and_half_chunks(redis_client, model):
+    tokens = np.arange(1, 81, dtype=np.uint32)  # 5 chunks of 16, plus nothing partial
+    warm(redis_client, [req(tokens)], model, WarmConfig("i", (16,)))
+    store = store16(redis_client)
+    h = store.chunk(tokens).hashes
+    redis_client.delete(store.payload_key(h[3]))
+    redis_client.delete(store.meta_key(h[4]))
+    m = chunk_map(redis_client, np.concatenate([tokens, [7, 7, 7]]), "i", 16, TINY.model_id, "cl100k_base")
+    assert [r.status for r in m.rows] == ["hit", "hit", "hit", "no-payload", "no-metadata"]
+    assert (m.prompt_tokens, m.hit_tokens, m.prefill_tokens, m.break_reason) == (83, 48, 35, "no-payload")
+    redis_client.delete(store.meta_key(h[1]), store.payload_key(h[1]))
+    m = chunk_map(redis_client, tokens, "i", 16, TINY.model_id, "cl100k_base")
+    assert [r.status for r in m.rows] == ["hit", "missing", "unreachable", "no-payload", "no-metadata"]
+    g = inspect_cache(redis_client).groups[0]
+    assert (g.issues["orphan_metadata"], g.issues["orphan_payloads"]) == ([h[3].hex()], [h[4].hex()])
+    assert sorted(g.issues["unreachable"]) == sorted([h[2].hex(), h[3].hex()])  # h[4]: an orphan payload only
+
+
+def test_lru_eviction_reported_consistently(make_server, model):
+    client = redis.Redis.from_url(make_server(**{"maxmemory-policy": "allkeys-lru"}))
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 1_000_000)  # ~1 MB of room
+    prompts = [req(np.arange(i * 5000, i * 5000 + 512), str(i)) for i in range(6)]  # 192 chunks of 16 KiB: 3 MiB+
+    result = warm(client, prompts, model, WarmConfig("lru", (16,), batch_chunks=2))
+    assert result.preflight.fits is False and not result.stopped
+    client.config_set("maxmemory", "0")  # freeze what is left (the test's own write, not inspect's)
+    store = store16(client, "lru")
+    meta, pay, expect = set(), set(), {"orphan_metadata": [], "orphan_payloads": [], "unreachable": []}
+    for p in prompts:
+        hashes = [x.hex() for x in store.chunk(p.token_ids).hashes]
+        has_m = [bool(client.exists(store.meta_key(bytes.fromhex(x)))) for x in hashes]
+        has_p = [bool(client.exists(store.payload_key(bytes.fromhex(x)))) for x in hashes]
+        broken = False
+        for x, m_, p_ in zip(hashes, has_m, has_p):
+            expect["orphan_metadata"] += [x] if m_ and not p_ else []
+            expect["orphan_payloads"] += [x] if p_ and not m_ else []
+            expect["unreachable"] += [x] if m_ and broken else []
+            broken = broken or not (m_ and p_)
+        meta |= {x for x, m_ in zip(hashes, has_m) if m_}
+        pay |= {x for x, p_ in zip(hashes, has_p) if p_}
+    found = inspect_cache(client)
+    g = found.groups[0]
+    assert found.server.evicted_keys > 0 and found.server.policy == "allkeys-lru"
+    assert (g.metadata_entries, g.payload_objects) == (len(meta), len(pay)) and len(meta) + len(pay) < 384
+    assert {k: sorted(v) for k, v in expect.items()} == {k: sorted(g.issues.get(k, [])) for k in expect}
+    assert expect["unreachable"] or expect["orphan_metadata"] or expect["orphan_payloads"]
+    # the first prompt with a broken chain: its map breaks at its first chunk that lost a key, and says why
+    for p in prompts:
+        hashes = store.chunk(p.token_ids).hashes
+        has = [(client.exists(store.meta_key(x)), client.exists(store.payload_key(x))) for x in hashes]
+        if (1, 1) in has and any(h != (1, 1) for h in has):
+            break
+    first = has.index(next(h for h in has if h != (1, 1)))
+    later = any(any(h) for h in has[first + 1:])
+    reason = {(1, 0): "no-payload", (0, 1): "no-metadata"}.get(has[first], "evicted" if later else "missing")
+    m = chunk_map(client, p.token_ids, "lru", 16, TINY.model_id, "cl100k_base")
+    assert (m.break_index, m.hit_tokens, m.break_reason) == (first, 16 * first, reason)
+    assert [r.status for r in m.rows[:first]] == ["hit"] * first
+
+
+def test_ttl_spread_age_and_sampled_memory(redis_client, model):
+    warm(redis_client, [req(range(1, 65))], model, WarmConfig("i", (16,), ttl=300))
+    found = inspect_cache(redis_client, sample=3)
+    g = found.groups[0]
+    d = g.to_dict()
+    assert d["ttl_seconds"]["none"] == 0 and d["ttl_seconds"]["with_ttl"] == 8
+    assert 0 < d["ttl_seconds"]["min"] <= d["ttl_seconds"]["max"] <= 300
+    assert d["age_seconds"]["min"] is not None and d["age_seconds"]["max"] < 300
+    assert (found.memory_sampled, g.memory_keys) == (3, 3)  # 3 of the 8 keys read, then scaled to 8
+    assert g.memory_bytes > 8 * 100
+
+
+def test_cli_inspect_json_and_request_map(redis_url, redis_client, model, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"token_ids": list(range(1, 40))}) + "\n"
+                     + json.dumps({"token_ids": list(range(1, 33)) + [9, 9]}) + "\n")
+    warm(redis_client, [req(range(1, 40))], model, WarmConfig("default", (16,)))
+    runner = CliRunner()
+    res = runner.invoke(cli_app(), ["inspect", "--sample", "2", "--json", "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["keys"] == {"scanned": 4, "kvcli": 4, "other": 0} and doc["memory_sampled_keys"] == 2
+    res = runner.invoke(cli_app(), ["inspect", "--request", f"{trace}:2", "--model", "tiny", "--chunk-size", "16",
+                                    "--json", "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    (m,) = json.loads(res.stdout)
+    assert (m["hit_tokens"], m["prefill_tokens"], m["break_index"]) == (32, 2, None)
+    res = runner.invoke(cli_app(), ["inspect", "--prompt", "x", "--tokens", str(trace), "--redis-url", redis_url])
+    assert res.exit_code == 2 and "one of" in res.stderr
+
+
+def test_read_only_acl_user_without_scripts_gets_the_same_answer(make_server, model):
+    """A user allowed only reads (no EVAL_RO) is served by the pipelined per-key fallback, through a password URL."""
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    admin.acl_setuser("reader", enabled=True, passwords=["+s3cret"], keys=["*"],
+                      commands=["+@read", "+@connection", "+info", "-@scripting"])
+    warm(admin, [req(range(1, 65))], model, WarmConfig("i", (16,), ttl=900))
+    admin.set("foreign", "x")
+    expected = inspect_cache(admin).to_dict()
+    host_port = url.split("//", 1)[1]
+    res = CliRunner().invoke(cli_app(), ["inspect", "--json", "--redis-url", f"redis://reader:s3cret@{host_port}"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    for doc in (expected, got):
+        for g in doc["groups"]:
+            g.pop("age_seconds"), g.pop("ttl_seconds")
+    assert (got["keys"], got["groups"]) == (expected["keys"], expected["groups"])

@@ -1,0 +1,87 @@
+"""kvcli purge against a real (embedded) Redis server: only one namespace's kvcli keys go, everything else stays."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from kvcli.errors import BadInputError
+from kvcli.purge import count, purge
+
+from test_warm import cli_app
+
+H = "0123456789abcdef0123456789abcdef"
+
+
+def key(namespace: str, chunk_size: int, kind: str, n: int) -> str:
+    return f"kvcli:v1:{namespace}:{chunk_size}:{kind}:{H[:-2]}{n:02x}"
+
+
+@pytest.fixture
+def filled(redis_client):
+    """Namespace "a" (chunk sizes 4 and 8: 3 chunks each, metadata + payload), look-alikes, foreign keys."""
+    mine = [key("a", cs, kind, n) for cs in (4, 8) for kind in "mp" for n in range(3)]
+    others = [key("b", 4, "m", 0), key("b", 4, "p", 0),            # another namespace
+              key("a:b", 4, "m", 0), key("a:b", 4, "p", 0),        # a namespace that starts with "a:"
+              key("a*", 4, "m", 0), key("[a]", 4, "m", 0),         # glob characters in namespaces
+              "kvcli:v1:a:4:calibration:0", "kvcli:v1:a:notes",   # kvcli's prefix, not a chunk key
+              "a", "app:session:1", "kvcli", "kvcli:v2:a:4:m:" + H]
+    for k in mine + others:
+        redis_client.set(k, b"v")
+    redis_client.expire("app:session:1", 3600)
+    return mine, others
+
+
+def test_count_is_read_only_and_exact(redis_client, filled):
+    redis_client.config_resetstat()
+    found = count(redis_client, "a")
+    assert (found.metadata, found.payloads, found.keys, found.by_chunk_size) == (6, 6, 12, {4: 6, 8: 6})
+    ran = {k.removeprefix("cmdstat_") for k in redis_client.info("commandstats")}
+    assert ran <= {"scan", "info", "config|resetstat"}
+    assert redis_client.dbsize() == 12 + len(filled[1])
+
+
+def test_purge_deletes_one_namespace_and_nothing_else(redis_client, filled):
+    mine, others = filled
+    redis_client.config_resetstat()
+    done = purge(redis_client, "a")
+    assert (done.keys, done.deleted) == (12, 12)
+    assert not any(redis_client.exists(k) for k in mine)
+    assert all(redis_client.get(k) == b"v" for k in others)
+    assert 0 < redis_client.ttl("app:session:1") <= 3600
+    ran = {k.removeprefix("cmdstat_") for k in redis_client.info("commandstats")}
+    assert "unlink" in ran and not ran & {"flushdb", "flushall", "keys", "del"}
+
+
+def test_purge_one_chunk_size(redis_client, filled):
+    mine, _ = filled
+    done = purge(redis_client, "a", chunk_size=4)
+    assert (done.deleted, done.by_chunk_size) == (6, {4: 6})
+    assert [k for k in mine if redis_client.exists(k)] == [k for k in mine if ":8:" in k]
+
+
+def test_glob_characters_in_namespace_match_literally(redis_client, filled):
+    assert purge(redis_client, "a*").deleted == 1
+    assert redis_client.exists(key("a", 4, "m", 0)) and redis_client.exists(key("[a]", 4, "m", 0))
+    assert purge(redis_client, "[a]").deleted == 1 and redis_client.exists(key("a", 8, "p", 2))
+
+
+def test_empty_namespace_is_refused(redis_client):
+    with pytest.raises(BadInputError):
+        purge(redis_client, "")
+
+
+def test_cli_purge_needs_yes_and_shows_the_count_first(redis_url, redis_client, filled):
+    runner = CliRunner()
+    res = runner.invoke(cli_app(), ["purge", "--namespace", "a", "--redis-url", redis_url])
+    assert res.exit_code == 2
+    assert "12 kvcli keys in namespace 'a' (6 metadata, 6 payloads)" in res.stderr and "--yes" in res.stderr
+    assert redis_client.dbsize() == 12 + len(filled[1])
+    res = runner.invoke(cli_app(), ["purge", "--namespace", "a", "--chunk-size", "8", "--yes", "--json",
+                                    "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    assert "6 kvcli keys" in res.stderr
+    assert json.loads(res.stdout)["deleted"] == 6 and redis_client.dbsize() == 6 + len(filled[1])
+    res = runner.invoke(cli_app(), ["purge", "--redis-url", redis_url])
+    assert res.exit_code == 2  # --namespace is required
