@@ -24,6 +24,7 @@ def child(trace: str, limit: int, upper: bool) -> None:
     import resource
 
     from kvcli.costcurve import CostCurve
+    from kvcli.model import ModelSpec
     from kvcli.replay import ReplayConfig, Replayer
     from kvcli.server import open_redis
     from kvcli.traces import read_trace
@@ -32,7 +33,7 @@ def child(trace: str, limit: int, upper: bool) -> None:
     config = ReplayConfig(chunk_sizes=SIZES, payload="accounted", measure=0, limit=limit, upper_bound=upper)
     with open_redis(os.environ.get("REDIS_URL")) as (client, _):
         r = Replayer(client, None, CostCurve.from_tokens_per_second(1000), "cl100k_base", config,
-                     model_info=("m", (8, 2, 2, 64), torch.bfloat16))
+                     spec=ModelSpec("m", (8, 2, 2, 64), torch.bfloat16))
         t0 = time.perf_counter()
         res = r.replay(trace, lambda: read_trace(trace))
         seconds = time.perf_counter() - t0

@@ -103,6 +103,27 @@ def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
     return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype]}"
 
 
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the store needs of a model, without its weights: id, per-token KV shape, dtype."""
+
+    model_id: str
+    kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
+    dtype: torch.dtype
+
+
+def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:
+    """The spec of ``build_model(preset, dtype, seed=seed)`` (same ``model_id``) from its shapes alone.
+
+    Raises:
+        BadInputError: unknown preset or dtype.
+    """
+    config = get_preset(preset)
+    torch_dtype = parse_dtype(dtype if dtype is not None else config.dtype)
+    layers, two, heads, _, dim = config.kv_shape(1)
+    return ModelSpec(model_id_for(config.name, torch_dtype, seed), (layers, two, heads, dim), torch_dtype)
+
+
 def _available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -155,6 +176,8 @@ class LocalModel:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int) -> None:
         self.config, self.dtype, self.device, self.seed = config, dtype, device, seed
         self.model_id = model_id_for(config.name, dtype, seed)
+        layers, two, heads, _, dim = config.kv_shape(1)
+        self.spec = ModelSpec(self.model_id, (layers, two, heads, dim), dtype)
         self.kv_bytes_per_token = config.kv_bytes_per_token(dtype)
         c = config
         # Drawn on the CPU in float32 in a fixed order, then cast and moved: the same seed gives the same weights

@@ -31,6 +31,7 @@ import torch
 
 from .costcurve import CostCurve, PrefillSample
 from .errors import BadInputError
+from .model import ModelSpec
 from .radix import RadixUpperBound
 from .store import ChunkStore, StoreConfig
 from .traces import Request
@@ -197,8 +198,8 @@ class Replayer:
 
     Args:
         client: a redis-py client.
-        model: the local model (``prefill``, ``model_id``, ``dtype``, ``config.kv_shape``), or None when nothing
-            is measured (then ``model_info`` must give model_id, kv_shape and dtype).
+        model: the local model (``prefill``, ``spec``), or None when nothing is measured (then ``spec`` names
+            the model id, per-token KV shape and dtype the store accounts for).
         curve: the prefill cost curve (fitted to calibration points, min of repeats, in the same run); the
             measured requests' single timings are kept in ``measured_samples`` to check it, not fitted (one noisy
             timing per point would drag the fit around: see MEASURED.md on this machine's stalls).
@@ -206,12 +207,10 @@ class Replayer:
     """
 
     def __init__(self, client: redis.Redis, model, curve: CostCurve, tokenizer: str, config: ReplayConfig,
-                 model_info: tuple[str, tuple[int, int, int, int], torch.dtype] | None = None) -> None:
+                 spec: ModelSpec | None = None) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
-        if model is not None:
-            layers, two, heads, _, dim = model.config.kv_shape(1)
-            model_info = (model.model_id, (layers, two, heads, dim), model.dtype)
-        self.model_id, self.kv_shape, self.dtype = model_info
+        spec = model.spec if model is not None else spec
+        self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # single timings of real requests: for checking the curve
 
     # -- public ---------------------------------------------------------------------------------------------------

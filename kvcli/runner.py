@@ -12,7 +12,7 @@ import redis
 
 from .costcurve import CostCurve, calibrate
 from .errors import BadInputError
-from .model import build_model, get_preset, model_id_for, parse_dtype
+from .model import build_model, model_spec
 from .replay import ReplayConfig, Replayer, TraceResult
 from .server import RedisTarget
 from .traces import read_trace
@@ -60,28 +60,20 @@ def expand_paths(paths: list[Path]) -> list[Path]:
 def prepare_model(options: ModelOptions, measure: int | None):
     """Build the model when anything will run it, and the cost curve (calibrated now, or from ``prefill_tps``).
 
-    Returns ``(model or None, curve, calibration samples, model_info)`` where ``model_info`` is
-    ``(model_id, per-token kv_shape (layers, 2, kv_heads, head_dim), dtype)``.
+    Returns ``(model or None, curve, calibration samples, spec)``.
 
     Raises:
         BadInputError: unknown preset or dtype; no way to estimate prefill (nothing measured, no tps).
         ModelFailure: the model does not fit in memory.
     """
-    config = get_preset(options.preset)
-    needs_model = options.prefill_tps is None or measure != 0
-    if not needs_model:
-        dtype = parse_dtype(options.dtype or config.dtype)
-        layers, two, heads, _, dim = config.kv_shape(1)
-        model_id = model_id_for(options.preset, dtype, options.seed)
-        return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], (
-            model_id, (layers, two, heads, dim), dtype)
+    spec = model_spec(options.preset, options.dtype, options.seed)  # validates preset and dtype first
+    if options.prefill_tps is not None and measure == 0:
+        return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
     model = build_model(options.preset, options.dtype, options.device, options.seed)
-    layers, two, heads, _, dim = model.config.kv_shape(1)
-    info = (model.model_id, (layers, two, heads, dim), model.dtype)
     if options.prefill_tps is not None:
-        return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], info
+        return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
     samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=2, seed=options.seed)
-    return model, CostCurve.fit(samples), samples, info
+    return model, CostCurve.fit(samples), samples, spec
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
@@ -89,19 +81,18 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
                progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
     files = expand_paths(paths)
-    model, curve, samples, info = prepare_model(model_options, config.measure)
-    replayer = Replayer(client, model, curve, tokenizer, config, model_info=info)
+    model, curve, _, spec = prepare_model(model_options, config.measure)
+    replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
     results = []
     for path in files:
         def step(done: int, total: int, _name=path.name) -> None:
             if progress:
                 progress(_name, done, total)
         results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
-    model_id, kv_shape, dtype = info
-    layers, two, heads, dim = kv_shape
+    layers, two, heads, dim = spec.kv_shape
     context = {
-        "model": model_id, "preset": model_options.preset, "dtype": str(dtype).removeprefix("torch."),
-        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(dtype), "tokenizer": tokenizer,
+        "model": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
+        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),

@@ -36,33 +36,12 @@ import torch
 from .errors import BadInputError, RedisFailure
 from .hashing import ChunkedPrompt
 from .inspection import server_memory
-from .model import get_preset, model_id_for, parse_dtype
+from .model import ModelSpec, model_spec  # noqa: F401  (re-exported: warm's public API)
 from .store import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
 from .tokenize import get_tokenizer
 from .traces import Request, read_trace
 
 # -- model and prompts ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the store needs of a model, without its weights: id, per-token KV shape, dtype."""
-
-    model_id: str
-    kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
-    dtype: torch.dtype
-
-
-def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:
-    """The spec of ``build_model(preset, dtype, seed=seed)`` (same ``model_id``) from its shapes alone.
-
-    Raises:
-        BadInputError: unknown preset or dtype.
-    """
-    config = get_preset(preset)
-    torch_dtype = parse_dtype(dtype if dtype is not None else config.dtype)
-    layers, two, heads, _, dim = config.kv_shape(1)
-    return ModelSpec(model_id_for(config.name, torch_dtype, seed), (layers, two, heads, dim), torch_dtype)
-
-
 def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: str = "cl100k_base",
                  stdin: TextIO | None = None) -> list[Request]:
     """Prompts from files, directories (their trace files, as replay reads them) and ``-`` (stdin), tokenized.
@@ -352,9 +331,7 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
         ModelFailure: from the model.
     """
     t0 = time.perf_counter()
-    if spec is None:
-        layers, two, heads, _, dim = model.config.kv_shape(1)
-        spec = ModelSpec(model.model_id, (layers, two, heads, dim), model.dtype)
+    spec = spec or model.spec
     stores = make_stores(client, spec, config)
     for store in stores:
         store.check_value_size()

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from kvcli.costcurve import CostCurve
-from kvcli.model import build_model
+from kvcli.model import ModelSpec, build_model
 from kvcli.radix import RadixUpperBound
 from kvcli.replay import ReplayConfig, Replayer, pick_measured
 from kvcli.traces import Request
@@ -45,8 +45,8 @@ def test_pick_measured_spreads_and_respects_max_tokens():
 
 def _replayer(client, model=None, **kw):
     config = ReplayConfig(chunk_sizes=(4, 8), **kw)
-    info = None if model else ("m", (2, 2, 2, 32), __import__("torch").float32)
-    return Replayer(client, model, CostCurve.from_tokens_per_second(1000.0), "raw", config, model_info=info)
+    spec = None if model else ModelSpec("m", (2, 2, 2, 32), __import__("torch").float32)
+    return Replayer(client, model, CostCurve.from_tokens_per_second(1000.0), "raw", config, spec=spec)
 
 
 def test_replay_counts_accounted(redis_client):
@@ -182,7 +182,7 @@ def test_mooncake_sample_hits_equal_leading_seen_hash_ids(redis_client):
         seen.update(rec["hash_ids"][: rec["input_length"] // 512])
     config = ReplayConfig(chunk_sizes=(512, 2048), payload="accounted", measure=0, limit=300)
     replayer = Replayer(redis_client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config,
-                        model_info=("m", (8, 2, 2, 64), __import__("torch").bfloat16))
+                        spec=ModelSpec("m", (8, 2, 2, 64), __import__("torch").bfloat16))
     result = replayer.replay(str(path), lambda: read_trace(path))
     rows = {r.chunk_size: r for r in result.per_chunk_size}
     assert result.requests == 300

@@ -130,7 +130,7 @@ def test_ttl_expires_metadata_and_payload_together(redis_client, model):
     assert not [g for g in inspect_cache(redis_client).groups if g.namespace == "t" and g.chunks]
     replay = Replayer(redis_client, None, CostCurve.from_tokens_per_second(1e4), "cl100k_base",
                       ReplayConfig(chunk_sizes=(16,), namespace="t", measure=0),
-                      model_info=(TINY.model_id, TINY.kv_shape, TINY.dtype))
+                      spec=TINY)
     assert replay.replay("p", PROMPTS[:1]).per_chunk_size[0].hit_tokens == 0
 
 
