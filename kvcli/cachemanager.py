@@ -36,7 +36,10 @@ def parse_duration(text: str) -> float:
     m = _DURATION.fullmatch(str(text).strip().lower())
     if not m:
         raise BadInputError(f"bad duration {text!r}; use e.g. 5ms, 200us, 0.5s")
-    return float(m[1]) / _PER_SECOND[m[2] or "s"]
+    seconds = float(m[1]) / _PER_SECOND[m[2] or "s"]
+    if not math.isfinite(seconds):
+        raise BadInputError(f"bad duration {text!r}: not a finite number")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class DelaySpec:
     def __post_init__(self) -> None:
         if self.kind not in ("fixed", "lognormal"):
             raise BadInputError(f"unknown delay kind {self.kind!r}; valid: fixed, lognormal")
+        if not (math.isfinite(self.median_s) and math.isfinite(self.p99_s)):
+            raise BadInputError("a lookup delay must be a finite number of seconds")
         if self.median_s < 0 or (self.kind == "lognormal" and not 0 < self.median_s <= self.p99_s):
             raise BadInputError("a lookup delay needs 0 <= fixed delay, or 0 < median <= p99 for lognormal")
 

@@ -4,6 +4,7 @@ stderr, one-line errors with exit codes: 0 done, 2 bad input, 3 Redis failure, 4
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -103,8 +104,9 @@ def replay(
     tokenizer: Annotated[str, typer.Option(help="tiktoken encoding for text prompts.")] = "cl100k_base",
     fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
-    namespace: Annotated[Optional[str], typer.Option(help="Key namespace (default: a fresh one per run, "
-                                                          "deleted afterwards unless --keep).")] = None,
+    namespace: Annotated[Optional[str], typer.Option(help="Key namespace, e.g. one `kvcli warm` filled (kept). "
+                                                          "Default: a fresh one per run, deleted afterwards "
+                                                          "unless --keep.")] = None,
     keep: Annotated[bool, typer.Option(help="Keep this run's keys on the server.")] = False,
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
@@ -129,6 +131,12 @@ def replay(
 
     if payload not in ("real", "accounted"):
         raise BadInputError(f"--payload must be real or accounted, got {payload!r}")
+    for flag, value in (("--limit", limit), ("--measure-max-tokens", measure_max_tokens),
+                        ("--capacity-tokens", capacity_tokens)):
+        if value is not None and value < 1:
+            raise BadInputError(f"{flag} must be >= 1, got {value}")
+    if prefill_tps is not None and not 0 < prefill_tps < float("inf"):
+        raise BadInputError(f"--prefill-tps must be a positive number, got {prefill_tps}")
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
@@ -179,8 +187,14 @@ def _register() -> None:
 _register()
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM unwinds like Ctrl-C, so the embedded server is stopped and a fresh namespace deleted."""
+    raise KeyboardInterrupt
+
+
 def main() -> None:
     """Console-script entry point."""
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         app()
     except KeyboardInterrupt:

@@ -67,6 +67,7 @@ class CostCurve:
         samples: number of samples the fit used (0 when not fitted); points: distinct (n, c) points.
         r2: coefficient of determination on the per-point minima (None when not fitted).
         max_rel_error: largest ``|predicted - measured| / measured`` over the points (None when not fitted).
+        max_tokens: the longest prompt (new + cached tokens) among the fitted points; beyond it is extrapolation.
     """
 
     a: float
@@ -76,6 +77,7 @@ class CostCurve:
     points: int = 0
     r2: float | None = None
     max_rel_error: float | None = None
+    max_tokens: int = 0
 
     @classmethod
     def fit(cls, samples) -> CostCurve:
@@ -106,7 +108,8 @@ class CostCurve:
         ss_res = float(np.sum((pred - y) ** 2))
         r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
         rel = np.abs(pred - y) / np.where(y > 0, y, np.inf)
-        return cls(float(a), float(b), float(d), len(samples), len(best), r2, float(rel.max()))
+        longest = int(max(n + c for n, c in best))
+        return cls(float(a), float(b), float(d), len(samples), len(best), r2, float(rel.max()), longest)
 
     @classmethod
     def from_tokens_per_second(cls, tokens_per_second: float) -> CostCurve:
@@ -131,7 +134,7 @@ class CostCurve:
         """Coefficients and fit quality, JSON-ready."""
         return {"a_seconds": self.a, "b_seconds_per_token": self.b, "d_seconds_per_pair": self.d,
                 "samples": self.samples, "points": self.points, "r2": self.r2,
-                "max_rel_error": self.max_rel_error}
+                "max_rel_error": self.max_rel_error, "max_tokens": self.max_tokens}
 
 
 def calibrate(model, lengths=(64, 256, 1024), cached=(0, 512), repeats: int = 2, seed: int = 0) -> list[PrefillSample]:

@@ -109,6 +109,7 @@ class ChunkSizeResult:
     transfer_seconds_estimated: float = 0.0
     deserialize_seconds: float = 0.0
     store_seconds: float = 0.0
+    store_seconds_estimated: float = 0.0
     max_logit_diff: float = 0.0
 
     @property
@@ -125,7 +126,7 @@ class ChunkSizeResult:
     def overhead_seconds(self) -> float:
         """Lookup + transfer + deserialize + store (management) seconds."""
         return (self.lookup_seconds + self.transfer_seconds_measured + self.transfer_seconds_estimated
-                + self.deserialize_seconds + self.store_seconds)
+                + self.deserialize_seconds + self.store_seconds + self.store_seconds_estimated)
 
     @property
     def net_benefit_seconds(self) -> float:
@@ -160,8 +161,8 @@ class TraceResult:
 
     @property
     def recommended_chunk_size(self) -> int | None:
-        """The chunk size with the largest net benefit (None when nothing was replayed)."""
-        rows = [r for r in self.per_chunk_size if r.requests]
+        """The chunk size with the largest net benefit; None when no chunk size has a positive net benefit."""
+        rows = [r for r in self.per_chunk_size if r.requests and r.net_benefit_seconds > 0]
         return max(rows, key=lambda r: r.net_benefit_seconds).chunk_size if rows else None
 
 
@@ -211,7 +212,8 @@ class Replayer:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
         spec = model.spec if model is not None else spec
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
-        self.measured_samples: list[PrefillSample] = []  # single timings of real requests: for checking the curve
+        self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
+        self._samples_seen = 0
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -226,8 +228,10 @@ class Replayer:
             RedisFailure, ModelFailure: the server or the model failed.
         """
         cfg = self.config
+        if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
+            raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
         reader = (lambda: iter(requests)) if isinstance(requests, list) else requests
-        lengths = self._validate(reader)
+        lengths = self._validate(reader, name)
         measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
                                  cfg.seed)
         namespace = cfg.namespace or f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
@@ -235,10 +239,19 @@ class Replayer:
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
+        try:
+            return self._run(name, reader, lengths, measured, stores, progress)
+        finally:  # also on Ctrl-C or an error: a fresh namespace is this run's own, never left behind
+            if cfg.namespace is None and not cfg.keep:
+                for store in stores:
+                    delete_prefix(self.client, store.prefix)
+
+    def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
+        cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [self._calibrate_transfer(store) for store in stores]
         used_before = int(self.client.info("memory").get("used_memory", 0))
-        results = [ChunkSizeResult(cs, namespace) for cs in cfg.chunk_sizes]
+        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
         pending = [_Pending() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
         t0 = time.perf_counter()
@@ -246,8 +259,7 @@ class Replayer:
         for index, request in enumerate(reader()):
             if index >= len(lengths):
                 break
-            n = len(request.token_ids)
-            if n == 0:
+            if len(request.token_ids) == 0:
                 skipped += 1
             else:
                 upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
@@ -260,16 +272,31 @@ class Replayer:
         for store, res, pend, rate in zip(stores, results, pending, rates):
             self._finish(store, res, pend, rate)
         used_after = int(self.client.info("memory").get("used_memory", 0))
-        result = TraceResult(name, len(lengths) - skipped, skipped, len(measured),
-                             _payload_label(cfg.payload, len(measured), len(lengths) - skipped), results,
-                             used_after - used_before, time.perf_counter() - t0)
-        if cfg.namespace is None and not cfg.keep:
-            for store in stores:
-                delete_prefix(self.client, store.prefix)
-        return result
+        requests = len(lengths) - skipped
+        return TraceResult(name, requests, skipped, len(measured),
+                           _payload_label(cfg.payload, len(measured), requests), results,
+                           used_after - used_before, time.perf_counter() - t0,
+                           notes=self._notes(lengths, measured))
+
+    def _notes(self, lengths: np.ndarray, measured: set[int]) -> list[str]:
+        """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
+        range the cost curve was fitted on."""
+        notes = []
+        check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
+        self._samples_seen = len(self.measured_samples)
+        ratio = check.get("median_measured_over_predicted")
+        if ratio is not None and not 0.5 <= ratio <= 2.0:
+            notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
+                         f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
+        fitted = self.curve.max_tokens
+        longest = int(lengths.max()) if len(lengths) else 0
+        if fitted and longest > 4 * fitted and len(measured) < len(lengths):
+            notes.append(f"prompts reach {longest:,} tokens but the cost curve was fitted up to {fitted:,}: "
+                         f"estimated savings of long prompts are extrapolated")
+        return notes
 
     # -- passes ---------------------------------------------------------------------------------------------------
-    def _validate(self, reader) -> np.ndarray:
+    def _validate(self, reader, name: str) -> np.ndarray:
         lengths = []
         vocab = self.model.config.vocab if self.model is not None else None
         for request in reader():
@@ -280,6 +307,8 @@ class Replayer:
                 raise BadInputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}",
                                     *_where(request))
             lengths.append(len(tokens))
+        if not lengths:
+            raise BadInputError("the trace holds no requests", path=name)
         return np.asarray(lengths, dtype=np.int64)
 
     def _make_store(self, namespace: str, chunk_size: int) -> ChunkStore:
@@ -305,10 +334,7 @@ class Replayer:
 
     def _measured(self, request, stores, results, rates, unlimited, upper) -> None:
         tokens, n = request.token_ids, len(request.token_ids)
-        t0 = time.perf_counter()
-        logits_full, kv_full = self.model.prefill(tokens)
-        self.model.synchronize()  # a GPU runs asynchronously: time the work, not its launch
-        t_full = time.perf_counter() - t0
+        t_full, (logits_full, kv_full) = self._timed_prefill(tokens, None)
         self.measured_samples.append(PrefillSample(n, 0, t_full))
         for store, res, rate, seen in zip(stores, results, rates, unlimited):
             prompt = store.chunk(tokens, request.cache_salt)
@@ -320,19 +346,29 @@ class Replayer:
             if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
                 kv, t_suffix = kv_full, t_full
             else:
-                t1 = time.perf_counter()
-                logits, kv = self.model.prefill(tokens[reuse:], past)
-                self.model.synchronize()
-                t_suffix = time.perf_counter() - t1
+                t_suffix, (logits, kv) = self._timed_prefill(tokens[reuse:], past)
                 self.measured_samples.append(PrefillSample(n - reuse, reuse, t_suffix))
                 res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
-            written = store.store(prompt, kv if self.config.payload == "real" else None, start_chunk=hit_chunks,
-                                  lookup=look)
+            real = self.config.payload == "real"
+            written = store.store(prompt, kv if real else None, start_chunk=hit_chunks, lookup=look)
             res.store_seconds += written.seconds
+            if not real:
+                res.store_seconds_estimated += written.chunks_written * rate[0]
             res.measured_requests += 1
             res.full_prefill_seconds_measured += t_full
             res.suffix_prefill_seconds_measured += t_suffix
             res.saved_prefill_seconds_measured += t_full - t_suffix
+
+    def _timed_prefill(self, tokens, past, repeats: int = 2):
+        """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills (this VM stalls for
+        hundreds of ms at random; the least-disturbed run is the measurement, as for the cost curve)."""
+        best, out = float("inf"), None
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            out = self.model.prefill(tokens, past)
+            self.model.synchronize()  # a GPU runs asynchronously: time the work, not its launch
+            best = min(best, time.perf_counter() - t0)
+        return best, out
 
     def _fetch(self, store, res, prompt, look, kv_full, rate):
         """KV of the reusable prefix ``[layers, 2, kv_heads, reuse, head_dim]`` and the hit chunk count."""
@@ -408,7 +444,8 @@ class Replayer:
             saved = self.curve.predict(n, np.zeros_like(n)) - self.curve.predict(n - reuse, reuse)
             res.saved_prefill_seconds_estimated = float(np.sum(saved))
             set_s, get_s = rate
-            res.transfer_seconds_estimated += float(np.sum(pend.hit_chunks) * get_s + np.sum(pend.new_chunks) * set_s)
+            res.transfer_seconds_estimated += float(np.sum(pend.hit_chunks) * get_s)
+            res.store_seconds_estimated += float(np.sum(pend.new_chunks) * set_s)
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
                      "lookups", "evicted_chunks", "checksum_failures"):
@@ -418,6 +455,16 @@ class Replayer:
             res.lookup_p50_ms, res.lookup_p99_ms = (float(x) for x in np.percentile(ms, [50, 99]))
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.prefix, self.config.memory_sample)
+
+
+def curve_check(curve: CostCurve, samples) -> dict:
+    """How well the cost curve predicts measured prefills: median and max of measured / predicted seconds."""
+    ratios = sorted(s.seconds / p for s in samples
+                    if (p := float(curve.predict(s.new_tokens, s.cached_tokens))) > 0)
+    if not ratios:
+        return {"samples": 0}
+    return {"samples": len(ratios), "median_measured_over_predicted": ratios[len(ratios) // 2],
+            "max_measured_over_predicted": ratios[-1]}
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

@@ -19,7 +19,8 @@ def _bytes(n: float) -> str:
 
 
 def _secs(s: float) -> str:
-    return f"{s:,.3f} s" if abs(s) < 100 else f"{s:,.0f} s"
+    text = f"{s:,.3f} s" if abs(s) < 100 else f"{s:,.0f} s"
+    return text.replace("-0.000 s", "0.000 s")
 
 
 def _pct(x: float) -> str:
@@ -50,7 +51,8 @@ ROWS: list[tuple[str, callable]] = [
     ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),
     ("transfer time estimated", lambda r: _secs(r.transfer_seconds_estimated)),
     ("deserialize time", lambda r: _secs(r.deserialize_seconds)),
-    ("store time", lambda r: _secs(r.store_seconds)),
+    ("store time measured", lambda r: _secs(r.store_seconds)),
+    ("store payload writes estimated", lambda r: _secs(r.store_seconds_estimated)),
     ("measured requests", lambda r: f"{r.measured_requests:,}"),
     ("prefill saved, measured", lambda r: _secs(r.saved_prefill_seconds_measured)),
     ("prefill saved, estimated", lambda r: _secs(r.saved_prefill_seconds_estimated)),
@@ -60,7 +62,7 @@ ROWS: list[tuple[str, callable]] = [
 ]
 
 
-def trace_table(result: TraceResult) -> Table:
+def trace_table(result: TraceResult, curve_source: str = "measured in this run") -> Table:
     """A table for one trace: one column per chunk size, the recommended one marked."""
     best = result.recommended_chunk_size
     table = Table(title=f"{result.trace}: {result.requests:,} requests, {result.skipped_empty} empty skipped; "
@@ -71,15 +73,18 @@ def trace_table(result: TraceResult) -> Table:
                          style="green" if r.chunk_size == best else None)
     for label, fn in ROWS:
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
-    table.caption = (f"* recommended chunk size by net benefit: {best}. Measured: timed with the model and Redis "
-                     f"in this run; estimated: cost curve and transfer calibration from this run.")
+    verdict = (f"* recommended chunk size by net benefit: {best}." if best is not None
+               else "No chunk size pays off here: every net benefit is <= 0.")
+    table.caption = (f"{verdict} Measured: timed with the model and Redis in this run; estimated: prefill from the "
+                     f"cost curve ({curve_source}), transfers from chunk SET/GET timings on this server.")
+    table.caption_justify = "left"
     return table
 
 
 def print_report(results: list[TraceResult], console: Console, context: dict) -> None:
     """Print every trace's table, then the run context (model, server, cost curve)."""
     for result in results:
-        console.print(trace_table(result))
+        console.print(trace_table(result, context.get("cost_curve_source", "")))
         for note in result.notes:
             console.print(f"  note: {note}")
     curve = context.get("cost_curve", {})
@@ -123,7 +128,9 @@ def summary_line(result: TraceResult) -> str:
     """One line per trace for stderr: best chunk size and its hit ratio and net benefit."""
     best = next((r for r in result.per_chunk_size if r.chunk_size == result.recommended_chunk_size), None)
     if best is None:
-        return f"{result.trace}: nothing replayed"
+        top = max(result.per_chunk_size, key=lambda r: r.hit_tokens)
+        return (f"{result.trace}: no chunk size pays off (best hit ratio {_pct(top.hit_token_ratio)} at chunk size "
+                f"{top.chunk_size}, net benefit {_secs(top.net_benefit_seconds)})")
     return (f"{result.trace}: best chunk size {best.chunk_size} (hit {_pct(best.hit_token_ratio)}, net benefit "
             f"{_secs(best.net_benefit_seconds)})")
 

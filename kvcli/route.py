@@ -26,6 +26,7 @@ bitmask updates), never per token.
 from __future__ import annotations
 
 import heapq
+import math
 import re
 from collections import OrderedDict, deque
 from collections.abc import Iterable
@@ -77,16 +78,40 @@ class SimConfig:
     count_measured_latency: bool = True
 
     def __post_init__(self) -> None:
-        checks = [(self.nodes >= 1, "--nodes must be >= 1"), (self.chunk_size >= 1, "--chunk-size must be >= 1"),
-                  (self.max_batch >= 1, "--max-batch must be >= 1"), (self.decode_tpot >= 0, "--decode-tpot < 0"),
-                  (self.capacity_tokens is None or self.capacity_tokens >= 0, "--node-capacity < 0"),
-                  (self.rate is None or self.rate > 0, "--rate must be > 0"),
-                  (self.temperature >= 0, "--temperature must be >= 0"),
-                  (self.lookup_timeout is None or self.lookup_timeout >= 0, "--lookup-timeout must be >= 0"),
-                  (self.default_output_tokens >= 0, "--output-length must be >= 0")]
+        finite = lambda x: x is None or math.isfinite(x)  # noqa: E731 (NaN fails every comparison below too)
+        checks = [
+            (all(map(finite, (self.decode_tpot, self.rate, self.abs_threshold, self.rel_threshold,
+                              self.cache_threshold, self.cost_weight, self.temperature, self.lookup_timeout))),
+             None),
+            (self.nodes >= 1, f"--nodes must be >= 1, got {self.nodes}"),
+            (self.chunk_size >= 1, f"--chunk-size must be >= 1, got {self.chunk_size}"),
+            (self.capacity_tokens is None or self.capacity_tokens >= self.chunk_size,
+             f"--node-capacity must hold at least one chunk (>= --chunk-size {self.chunk_size} tokens), "
+             f"got {self.capacity_tokens} tokens"),
+            (self.max_batch >= 1, f"--max-batch must be >= 1, got {self.max_batch}"),
+            (self.decode_tpot >= 0, f"--decode-tpot must be >= 0, got {self.decode_tpot:g}"),
+            (self.default_output_tokens >= 0, f"--output-length must be >= 0, got {self.default_output_tokens}"),
+            (self.rate is None or self.rate > 0, f"--rate must be > 0, got {self.rate}"),
+            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
+            (self.abs_threshold >= 0, f"--abs-threshold must be >= 0, got {self.abs_threshold:g}"),
+            (self.rel_threshold >= 1, f"--rel-threshold must be >= 1 (below 1 it acts as 1), got "
+                                      f"{self.rel_threshold:g}"),
+            (0 <= self.cache_threshold <= 1, f"--cache-threshold must be in [0, 1], got {self.cache_threshold:g}"),
+            (self.cost_weight >= 0, f"--w must be >= 0, got {self.cost_weight:g}"),
+            (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature:g}"),
+            (self.lookup_timeout is None or self.lookup_timeout > 0,
+             f"--lookup-timeout must be > 0, got {self.lookup_timeout}"),
+            (isinstance(self.lookup_delay, DelaySpec), "lookup_delay must be a DelaySpec")]
         for ok, message in checks:
             if not ok:
-                raise BadInputError(message)
+                raise BadInputError(message or self._not_finite())
+
+    def _not_finite(self) -> str:
+        names = {"decode_tpot": "--decode-tpot", "rate": "--rate", "abs_threshold": "--abs-threshold",
+                 "rel_threshold": "--rel-threshold", "cache_threshold": "--cache-threshold", "cost_weight": "--w",
+                 "temperature": "--temperature", "lookup_timeout": "--lookup-timeout"}
+        bad = next(k for k in names if getattr(self, k) is not None and not math.isfinite(getattr(self, k)))
+        return f"{names[bad]} must be a finite number, got {getattr(self, bad)}"
 
     @property
     def capacity_chunks(self) -> int | None:
@@ -113,6 +138,8 @@ def parse_capacity(text: str, kv_bytes_per_token) -> int | None:
         raise BadInputError(f"bad capacity {text!r}; use tokens (3M, 500k, 250000), bytes (40GB, 64GiB) "
                             "or 'unlimited'")
     value, prefix, unit = float(m[1]), "kmgt".find(m[2]) + 1 if m[2] else 0, m[3] or ""
+    if not math.isfinite(value):
+        raise BadInputError(f"bad capacity {text!r}: not a finite number")
     if unit.endswith("b"):
         per_token = kv_bytes_per_token() if callable(kv_bytes_per_token) else kv_bytes_per_token
         return int(value * (1024 if unit == "ib" else 1000) ** prefix // per_token)
@@ -448,11 +475,14 @@ def kv_bytes_per_token(preset: str) -> int:
 def load_requests(path, fmt: str = "auto", tokenizer: str = "cl100k_base", chunk_size: int = 256,
                   limit: int | None = None, track=None) -> list[SimRequest]:
     """Read (:func:`kvcli.traces.read_trace`), cut to the first ``limit`` requests, and hash a trace.
-    ``track(iterable) -> iterable`` may wrap the stream for progress. Raises BadInputError (also on no requests)."""
+    ``track(iterable) -> iterable`` may wrap the stream for progress. Raises BadInputError (also on no requests, or
+    ``limit`` < 1)."""
     import itertools
 
     from .traces import read_trace
 
+    if limit is not None and limit < 1:
+        raise BadInputError(f"--limit must be >= 1, got {limit}")
     stream = itertools.islice(read_trace(path, fmt, tokenizer), limit)
     requests = prepare_requests(track(stream) if track else stream, chunk_size, tokenizer)
     if not requests:
@@ -470,6 +500,8 @@ def prefill_cost(prefill_tps: float | None, preset: str = "cpu"):
     from .costcurve import CostCurve, calibrate
 
     if prefill_tps is not None:
+        if not (math.isfinite(prefill_tps) and prefill_tps > 0):
+            raise BadInputError(f"--prefill-tps must be a finite number > 0, got {prefill_tps}")
         curve = CostCurve.from_tokens_per_second(prefill_tps)
         return curve, {"source": f"--prefill-tps {prefill_tps:g}", **curve.to_dict()}
     from .model import build_model

@@ -13,8 +13,9 @@ import redis
 from .costcurve import CostCurve, calibrate
 from .errors import BadInputError
 from .model import build_model, model_spec
-from .replay import ReplayConfig, Replayer, TraceResult
+from .replay import ReplayConfig, Replayer, TraceResult, curve_check
 from .server import RedisTarget
+from .tokenize import get_tokenizer
 from .traces import read_trace
 
 
@@ -72,7 +73,7 @@ def prepare_model(options: ModelOptions, measure: int | None):
     model = build_model(options.preset, options.dtype, options.device, options.seed)
     if options.prefill_tps is not None:
         return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
-    samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=2, seed=options.seed)
+    samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=3, seed=options.seed)
     return model, CostCurve.fit(samples), samples, spec
 
 
@@ -81,6 +82,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
                progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
     files = expand_paths(paths)
+    get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
     model, curve, _, spec = prepare_model(model_options, config.measure)
     replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
     results = []
@@ -103,16 +105,6 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
-
-
-def curve_check(curve: CostCurve, samples) -> dict:
-    """How well the cost curve predicts the measured requests' prefills: median and max of measured/predicted."""
-    ratios = [s.seconds / p for s in samples if (p := float(curve.predict(s.new_tokens, s.cached_tokens))) > 0]
-    if not ratios:
-        return {"samples": 0}
-    ratios.sort()
-    return {"samples": len(ratios), "median_measured_over_predicted": ratios[len(ratios) // 2],
-            "max_measured_over_predicted": ratios[-1]}
 
 
 def _itemsize(dtype) -> int:

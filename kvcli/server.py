@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import redis
 
-from .errors import RedisFailure
+from .errors import BadInputError, RedisFailure
 
 ENV_URL = "REDIS_URL"
 
@@ -46,6 +46,9 @@ def connect(url: str) -> redis.Redis:
     """
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=0)
+    except ValueError as exc:
+        raise BadInputError(f"not a Redis URL ({exc}); use redis://, rediss:// or unix://") from None
+    try:
         client.ping()
     except (redis.RedisError, ValueError, OSError) as exc:
         shown = RedisTarget(url, False).display

@@ -43,6 +43,9 @@ KEY_ROOT = "kvcli"
 _DIGEST = 16  # token digest (8) + payload checksum (8) ahead of the metadata JSON
 
 
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9._@+=-]{1,200}")
+
+
 def key_prefix(namespace: str, chunk_size: int) -> str:
     """``kvcli:v1:{namespace}:{chunk_size}:`` — the prefix of every key of one namespace and chunk size."""
     return f"{KEY_ROOT}:{KEY_VERSION}:{namespace}:{chunk_size}:"
@@ -79,6 +82,17 @@ class StoreConfig:
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
     ttl: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAMESPACE_RE.fullmatch(self.namespace):
+            raise BadInputError(f"namespace {self.namespace!r}: use letters, digits and . _ - @ + = (no ':' or "
+                                f"glob characters, so one namespace's keys never match another's)")
+        if self.chunk_size < 1:
+            raise BadInputError(f"chunk size must be >= 1, got {self.chunk_size}")
+        for name in ("capacity_tokens", "capacity_bytes", "ttl"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise BadInputError(f"{name.replace('_', ' ')} must be > 0, got {value}")
 
     @property
     def chunk_shape(self) -> tuple[int, int, int, int, int]:
@@ -352,7 +366,13 @@ class ChunkStore:
             return self._store_known(prompt, kv, start_chunk, n, lookup)
         t0 = time.perf_counter()
         pipe = self.client.pipeline(transaction=False)
-        evicted = 0 if overwrite else self._make_room(pipe, n - start_chunk)
+        evicted, admitted = (0, n - start_chunk) if overwrite else self._make_room(pipe, n - start_chunk,
+                                                                                     protected=start_chunk)
+        n = start_chunk + admitted
+        if n == start_chunk:
+            if evicted:
+                self._call(pipe.execute)
+            return StoreResult(0, 0, 0, 0, 0, 0, 0, evicted, 0.0)
         now = int(time.time())
         head = cfg.header_bytes if real else 0
         meta_bytes, layout = 0, []
@@ -372,6 +392,8 @@ class ChunkStore:
         replies = replies[-len(layout) * (2 if real else 1):]
         if overwrite:  # a rewrite adds payload objects to chunks whose metadata already existed
             replies = [r if i % 2 == 0 else None for i, r in enumerate(replies)]
+            if real:  # their payload bytes move from "accounted" to "written"
+                self.stats.payload_bytes_accounted -= len(layout) * cfg.payload_bytes
         return self._account(layout, replies, evicted, meta_bytes, real, time.perf_counter() - t0)
 
     def _store_known(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> StoreResult:
@@ -382,7 +404,8 @@ class ChunkStore:
         if real and kv.shape[3] < n * cs:
             raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
         pipe = self.client.pipeline(transaction=False)
-        evicted = self._make_room(pipe, len(missing))
+        evicted, admitted = self._make_room(pipe, len(missing), protected=min(start, lookup.hit_chunks))
+        missing = missing[:admitted]
         now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
         meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
         for k in missing:
@@ -451,15 +474,23 @@ class ChunkStore:
             limits.append(cfg.capacity_bytes // cfg.payload_bytes)
         return min(limits)
 
-    def _make_room(self, pipe, incoming: int) -> int:
+    def _make_room(self, pipe, incoming: int, protected: int = 0) -> tuple[int, int]:
+        """Evict least recently used chunks so ``incoming`` new ones fit; returns ``(evicted, admitted)``.
+
+        The capacity is strict: at most ``capacity - protected`` of the incoming chunks are admitted (the prompt's
+        first ones, so what is stored stays a reachable prefix), where ``protected`` is the prompt's own hit run,
+        just touched and so the last in line for eviction: a prompt never evicts the prefix it extends.
+        """
         if self._lru is None:
-            return 0
-        excess = len(self._lru) + incoming - self._capacity_chunks()
+            return 0, incoming
+        capacity = self._capacity_chunks()
+        admitted = max(0, min(incoming, capacity - protected))
+        excess = len(self._lru) + admitted - capacity
         victims = [self._lru.popitem(last=False)[0] for _ in range(min(max(excess, 0), len(self._lru)))]
         if victims:
             pipe.delete(*[k for h in victims for k in (self.meta_key(h), self.payload_key(h))])
         self.stats.evicted_chunks += len(victims)
-        return len(victims)
+        return len(victims), admitted
 
     @property
     def resident_chunks(self) -> int | None:

@@ -563,6 +563,8 @@ def _parse_line(path: Path, line_no: int, line: bytes) -> Any:
     """
     try:
         return json.loads(line)
+    except RecursionError:
+        raise BadInputError("JSON nested too deeply", path=str(path), line=line_no) from None
     except json.JSONDecodeError as exc:
         raise BadInputError(f"invalid JSON: {exc.msg} (column {exc.colno})", path=str(path), line=line_no) from None
     except UnicodeDecodeError as exc:
@@ -581,6 +583,8 @@ def _load_json(path: Path) -> Any:
     try:
         with _open_binary(path) as f:
             return json.load(f)
+    except RecursionError:
+        raise BadInputError("JSON nested too deeply", path=str(path)) from None
     except json.JSONDecodeError as exc:
         raise BadInputError(f"invalid JSON: {exc.msg} (column {exc.colno})", path=str(path),
                             line=exc.lineno) from None

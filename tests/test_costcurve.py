@@ -62,7 +62,8 @@ def test_from_tokens_per_second():
 def test_to_dict():
     d = CostCurve.fit(_exact(0.01, 2e-4, 1e-7)).to_dict()
     assert set(d) == {"a_seconds", "b_seconds_per_token", "d_seconds_per_pair", "samples", "points", "r2",
-                      "max_rel_error"}
+                      "max_rel_error", "max_tokens"}
+    assert d["max_tokens"] == max(n + c for n, c in POINTS)
     assert d["samples"] == len(POINTS) and d["b_seconds_per_token"] == pytest.approx(2e-4)
 
 

@@ -207,3 +207,43 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     bad = CliRunner().invoke(app, args + ["--chunk-sizes", "512,2048"])
     assert bad.exit_code == 2 and "proto-max-bulk-len" in bad.stderr
     assert redis.Redis.from_url(url).dbsize() == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--chunk-sizes", "16,16"], "chunk sizes repeat"),
+    (["--limit", "0"], "--limit must be >= 1"),
+    (["--capacity-tokens", "0"], "--capacity-tokens must be >= 1"),
+    (["--prefill-tps", "inf"], "--prefill-tps must be a positive number"),
+    (["--redis-url", "http://127.0.0.1:1"], "not a Redis URL"),
+    (["--namespace", "a:b"], "namespace 'a:b'"),
+])
+def test_cli_rejects_bad_options_with_exit_2(tmp_path, redis_url, args, message):
+    from typer.testing import CliRunner
+
+    from kvcli.cli import app
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"token_ids": [1, 2, 3, 4, 5]}\n')
+    base = ["replay", str(trace), "--measure", "0", "--prefill-tps", "1000", "--redis-url", redis_url]
+    out = CliRunner().invoke(app, base + args)
+    assert out.exit_code == 2, out.output
+    assert message in out.stderr and "Traceback" not in out.output
+
+
+def test_cli_trace_without_requests_is_bad_input(tmp_path, redis_url):
+    from typer.testing import CliRunner
+
+    from kvcli.cli import app
+
+    trace = tmp_path / "empty.json"
+    trace.write_text("[]")
+    out = CliRunner().invoke(app, ["replay", str(trace), "--measure", "0", "--prefill-tps", "1000",
+                                   "--redis-url", redis_url])
+    assert out.exit_code == 2 and "holds no requests" in out.stderr
+
+
+def test_no_chunk_size_pays_off_means_no_recommendation(redis_client):
+    result = _replayer(redis_client, measure=0, payload="accounted").replay(
+        "t", [Request("a", np.arange(8, dtype="<u4")), Request("b", np.arange(100, 108, dtype="<u4"))])
+    assert all(r.hit_tokens == 0 for r in result.per_chunk_size)
+    assert result.recommended_chunk_size is None

@@ -172,3 +172,32 @@ def test_one_round_trip_per_lookup(redis_client, chunks):
     res = store.lookup(tokens)
     assert res.hit_chunks == chunks
     assert _commands_since_reset(redis_client) == 1  # one MGET, counted by the server
+
+
+def test_capacity_is_strict_and_keeps_a_prefix(redis_client):
+    store = make_store(redis_client, capacity_tokens=4)  # one chunk of 4
+    res = put(store, tok(1, 12))
+    assert (res.chunks_written, store.resident_chunks) == (1, 1)  # only chunk [1..4], the reachable prefix
+    assert store.lookup(tok(1, 12)).hit_tokens == 4
+    tiny = ChunkStore(redis_client, StoreConfig("t2", 4, "m", "raw", KV_SHAPE, torch.float32, capacity_tokens=3))
+    assert put(tiny, tok(1, 12)).chunks_written == 0 and tiny.lookup(tok(1, 12)).hit_tokens == 0
+
+
+def test_a_prompt_never_evicts_the_prefix_it_extends(redis_client):
+    store = make_store(redis_client, capacity_tokens=8)  # two chunks
+    put(store, tok(1, 8))
+    look = store.lookup(tok(1, 16))
+    store.touch(store.chunk(tok(1, 16)), look.hit_chunks)
+    res = store.store(tok(1, 16), fake_kv(tok(1, 16)), start_chunk=look.hit_chunks, lookup=look)
+    assert (res.chunks_written, res.evicted_chunks) == (0, 0)  # full: the hit run [1..8] stays, nothing admitted
+    assert store.lookup(tok(1, 16)).hit_tokens == 8
+
+
+@pytest.mark.parametrize("bad", [dict(namespace="a:b"), dict(namespace="a*"), dict(namespace=""),
+                                 dict(capacity_tokens=0), dict(capacity_bytes=-1), dict(ttl=0)])
+def test_store_config_is_validated(bad):
+    from kvcli.errors import BadInputError
+
+    args = dict(namespace="ok", chunk_size=4, model_id="m", tokenizer="raw", kv_shape=KV_SHAPE, dtype=torch.float32)
+    with pytest.raises(BadInputError):
+        StoreConfig(**{**args, **bad})
