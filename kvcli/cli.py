@@ -125,7 +125,7 @@ def replay(
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --capacity-bytes 64GiB
     """
     from .replay import ReplayConfig
-    from .report import print_report, summary_line, to_json
+    from .report import print_report, stdout_console, summary_line, to_json
     from .runner import ModelOptions, run_replay
     from .server import open_redis
 
@@ -148,8 +148,7 @@ def replay(
     if json_out:
         typer.echo(to_json(results, context))
     else:
-        out = Console()
-        print_report(results, out if out.is_terminal else Console(width=120), context)
+        print_report(results, stdout_console(), context)
     for result in results:
         err.print(summary_line(result), highlight=False)
 

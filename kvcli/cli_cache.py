@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .errors import BadInputError, RedisFailure
+from .report import stdout_console
 from .warm import fmt_bytes
 
 err = Console(stderr=True)
@@ -188,7 +189,7 @@ def _print(result, json_out: bool, view) -> None:
     if json_out:
         typer.echo(json.dumps(_jsonable(result), indent=1, default=str))
     else:
-        Console().print(view(result))
+        stdout_console().print(view(result))
 
 
 def _jsonable(obj):

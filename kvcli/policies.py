@@ -206,24 +206,50 @@ class CacheManager(Policy):
         self.index.drop()
 
 
+# SimConfig fields that change every policy's run: the cluster, the workload and the arrivals (``seed`` joins them
+# when ``rate`` draws Poisson arrivals; see :func:`config_fields`).
+COMMON_FIELDS = ("nodes", "capacity_tokens", "chunk_size", "max_batch", "decode_tpot", "default_output_tokens",
+                 "rate")
+
+
+def _never(config: SimConfig) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class PolicySpec:
-    """A registry entry: ``factory(config, redis_client) -> Policy``; ``needs_redis`` says whether it uses Redis."""
+    """A registry entry: ``factory(config, redis_client) -> Policy``; ``needs_redis`` says whether it uses Redis.
+    ``reads``: the SimConfig fields besides :data:`COMMON_FIELDS` that change its run; ``seeded(config)``: whether it
+    draws random numbers at ``config`` (then ``seed`` changes its run)."""
 
     name: str
     factory: Callable[[SimConfig, object], Policy]
     needs_redis: bool = False
+    reads: tuple[str, ...] = ()
+    seeded: Callable[[SimConfig], bool] = _never
 
 
 POLICIES: dict[str, PolicySpec] = {s.name: s for s in (
     PolicySpec("round-robin", lambda c, r: RoundRobin(c)),
     PolicySpec("least-loaded", lambda c, r: LeastLoaded(c)),
-    PolicySpec("random", lambda c, r: Random(c)),
+    PolicySpec("random", lambda c, r: Random(c), seeded=lambda c: True),
     PolicySpec("prefix", lambda c, r: Prefix(c)),
-    PolicySpec("cache-manager", CacheManager, needs_redis=True),
-    PolicySpec("cache-aware", lambda c, r: CacheAware(c)),
-    PolicySpec("cost", lambda c, r: Cost(c)),
+    PolicySpec("cache-manager", CacheManager, needs_redis=True,
+               reads=("lookup_delay", "lookup_timeout", "count_measured_latency"),
+               seeded=lambda c: c.lookup_delay.kind != "fixed"),
+    PolicySpec("cache-aware", lambda c, r: CacheAware(c), reads=("abs_threshold", "rel_threshold", "cache_threshold")),
+    PolicySpec("cost", lambda c, r: Cost(c), reads=("cost_weight", "temperature"),
+               seeded=lambda c: c.temperature > 0),
 )}
+
+
+def config_fields(name: str, config: SimConfig) -> tuple[str, ...]:
+    """The SimConfig fields a run of policy ``name`` at ``config`` depends on: two configs that agree on these give
+    the same run (so a sweep runs it once). :data:`COMMON_FIELDS`, the policy's ``reads``, and ``seed`` when
+    arrivals are Poisson (``rate``) or the policy draws random numbers at ``config``."""
+    spec = POLICIES[name]
+    seed = ("seed",) if config.rate is not None or spec.seeded(config) else ()
+    return COMMON_FIELDS + spec.reads + seed
 
 
 def resolve_policies(names) -> list[str]:

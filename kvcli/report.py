@@ -10,6 +10,13 @@ from rich.table import Table
 from .replay import ChunkSizeResult, TraceResult
 
 
+def stdout_console() -> Console:
+    """The console for results: the terminal's width, or 160 columns when stdout is a pipe or a file (rich would
+    otherwise cut tables to 80 columns)."""
+    out = Console()
+    return out if out.is_terminal else Console(width=160)
+
+
 def _bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(n) < 1024 or unit == "PiB":

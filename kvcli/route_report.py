@@ -23,37 +23,95 @@ from rich.table import Table
 
 from .cachemanager import DelaySpec, parse_duration
 from .errors import BadInputError
-from .policies import POLICIES, make_policy
+from .policies import POLICIES, config_fields, make_policy
 from .route import SimConfig, SimRequest, SimResult, parse_capacity, simulate, single_node_hit_tokens
 from .server import open_redis
 
 
-def _sweep_parsers(kv_bytes_per_token: int) -> dict[str, tuple[str, Callable]]:
-    """Sweepable CLI names -> (SimConfig field, parser of one value)."""
-    return {"nodes": ("nodes", int), "node-capacity": ("capacity_tokens", lambda v: parse_capacity(
-        v, kv_bytes_per_token)), "max-batch": ("max_batch", int), "decode-tpot": ("decode_tpot", float),
-        "rate": ("rate", float), "abs-threshold": ("abs_threshold", float), "seed": ("seed", int),
-        "rel-threshold": ("rel_threshold", float), "cache-threshold": ("cache_threshold", float),
-        "w": ("cost_weight", float), "temperature": ("temperature", float),
-        "lookup-delay": ("lookup_delay", DelaySpec.parse), "lookup-timeout": ("lookup_timeout", parse_duration)}
+# Sweepable CLI names -> the SimConfig field each sets. Which policies a parameter affects follows from the field
+# (kvcli.policies.config_fields): cluster, workload and arrival fields affect all; the others only their policy.
+SWEEP_FIELDS = {"nodes": "nodes", "node-capacity": "capacity_tokens", "max-batch": "max_batch",
+                "decode-tpot": "decode_tpot", "rate": "rate", "seed": "seed", "abs-threshold": "abs_threshold",
+                "rel-threshold": "rel_threshold", "cache-threshold": "cache_threshold", "w": "cost_weight",
+                "temperature": "temperature", "lookup-delay": "lookup_delay", "lookup-timeout": "lookup_timeout"}
 
 
-def sweep_points(config: SimConfig, sweeps: list[str], kv_bytes_per_token: int) -> list[tuple[dict, SimConfig]]:
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise BadInputError("expected an integer") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise BadInputError("expected a number") from None
+
+
+def _sweep_parsers(kv_bytes_per_token) -> dict[str, Callable]:
+    """Sweepable CLI names -> parser of one value (raises BadInputError)."""
+    parsers = {"nodes": _int, "node-capacity": lambda v: parse_capacity(v, kv_bytes_per_token), "max-batch": _int,
+               "decode-tpot": _float, "rate": _float, "seed": _int, "abs-threshold": _float,
+               "rel-threshold": _float, "cache-threshold": _float, "w": _float, "temperature": _float,
+               "lookup-delay": DelaySpec.parse, "lookup-timeout": parse_duration}
+    assert parsers.keys() == SWEEP_FIELDS.keys()
+    return parsers
+
+
+def sweep_points(config: SimConfig, sweeps: list[str], kv_bytes_per_token) -> list[tuple[dict, SimConfig]]:
     """The cartesian product of ``--sweep PARAM=v1,v2`` options: ``[(labels {param: text}, config)]``; ``[({},
-    config)]`` without sweeps. Raises BadInputError on a bad option, listing the sweepable names."""
+    config)]`` without sweeps. A value repeated in one option counts once.
+
+    Raises:
+        BadInputError: an unknown parameter (listing the sweepable names), one given twice, or a value that does
+            not parse or that SimConfig rejects (naming the parameter and the value).
+    """
     parsers = _sweep_parsers(kv_bytes_per_token)
     axes = []
     for text in sweeps:
-        name, _, values = text.partition("=")
-        if name.strip() not in parsers or not values.strip():
+        name, _, values = (part.strip() for part in text.partition("="))
+        if name not in parsers or not values:
             raise BadInputError(f"bad --sweep {text!r}; use PARAM=v1,v2,... with PARAM one of {', '.join(parsers)}")
-        field, parse = parsers[name.strip()]
-        axes.append([(name.strip(), v.strip(), field, parse(v.strip())) for v in values.split(",") if v.strip()])
+        if any(axis[0][0] == name for axis in axes):
+            raise BadInputError(f"--sweep {name} given twice; list all its values in one: {name}=v1,v2,...")
+        field, axis, seen = SWEEP_FIELDS[name], [], []
+        for value in (v.strip() for v in values.split(",")):
+            if not value:
+                continue
+            try:
+                parsed = parsers[name](value)
+                dataclasses.replace(config, **{field: parsed})  # SimConfig's checks, on this value alone
+            except BadInputError as exc:
+                raise BadInputError(f"--sweep {name}={value}: {exc}") from None
+            if parsed not in seen:
+                seen.append(parsed)
+                axis.append((name, value, field, parsed))
+        if not axis:
+            raise BadInputError(f"bad --sweep {text!r}: no values")
+        axes.append(axis)
     points = []
     for combo in itertools.product(*axes):
         labels = {name: text for name, text, _, _ in combo}
         points.append((labels, dataclasses.replace(config, **{f: v for _, _, f, v in combo})))
     return points
+
+
+def plan_runs(policies: list[str], points: list[tuple[dict, SimConfig]]) -> list[tuple[str, dict, SimConfig]]:
+    """The runs to simulate, ``[(policy, labels, config)]`` in point order, then policy order: each policy once per
+    distinct value of the config fields its run depends on (:func:`kvcli.policies.config_fields`), so a sweep of
+    ``abs-threshold`` runs ``cache-aware`` at each value and every other policy once. ``labels`` keeps only the
+    swept parameters that affect the policy."""
+    seen, out = set(), []
+    for labels, config in points:
+        for name in policies:
+            fields = config_fields(name, config)
+            key = (name, tuple(getattr(config, f) for f in fields))
+            if key not in seen:
+                seen.add(key)
+                out.append((name, {k: v for k, v in labels.items() if SWEEP_FIELDS[k] in fields}, config))
+    return out
 
 
 def _pcts(values: np.ndarray, qs=(50, 90, 99), scale: float = 1.0) -> dict[str, float | None]:
@@ -106,37 +164,55 @@ def config_dict(config: SimConfig) -> dict:
 
 def run_routes(requests: list[SimRequest], policies: list[str], points: list[tuple[dict, SimConfig]], cost,
                redis_url: str | None = None, on_run: Callable[[str], None] | None = None) -> list[dict]:
-    """Simulate each policy at each sweep point; one summary dict per run, with ``policy``, ``sweep`` and
-    ``config`` added. Opens Redis (:func:`kvcli.server.open_redis`: ``redis_url``, ``$REDIS_URL`` or the embedded
-    server) only when a policy needs it. Raises RedisFailure, BadInputError."""
+    """Simulate the runs of :func:`plan_runs` (each policy at each sweep point that changes it); one summary dict
+    per run, with ``policy``, ``sweep`` (the swept parameters that affect it) and ``config`` added. Opens Redis
+    (:func:`kvcli.server.open_redis`: ``redis_url``, ``$REDIS_URL`` or the embedded server) only when a policy
+    needs it. Raises RedisFailure, BadInputError."""
     needs = any(POLICIES[p].needs_redis for p in policies)
     with (open_redis(redis_url) if needs else contextlib.nullcontext((None, None))) as (client, _):
         runs, bounds = [], {}
-        for labels, config in points:
-            key = (config.nodes, config.capacity_chunks, config.rate, config.seed)
+        for name, labels, config in plan_runs(policies, points):
+            key = (config.nodes, config.capacity_chunks, config.rate, config.seed if config.rate else None)
             if key not in bounds:
                 bounds[key] = single_node_hit_tokens(requests, config)
-            for name in policies:
-                if on_run:
-                    on_run(f"{name} {' '.join(f'{k}={v}' for k, v in labels.items())}".strip())
-                policy = make_policy(name, config, client)
-                try:
-                    result = simulate(requests, policy, config, cost)
-                finally:
-                    policy.close()
-                summary = summarize(result, config, bounds[key])
-                summary["lookups"].update(policy.stats())
-                runs.append({"policy": name, "sweep": labels, **summary, "config": config_dict(config)})
+            if on_run:
+                on_run(f"{name} {' '.join(f'{k}={v}' for k, v in labels.items())}".strip())
+            policy = make_policy(name, config, client)
+            try:
+                result = simulate(requests, policy, config, cost)
+            finally:
+                policy.close()
+            summary = summarize(result, config, bounds[key])
+            summary["lookups"].update(policy.stats())
+            runs.append({"policy": name, "sweep": labels, **summary, "config": config_dict(config)})
     return runs
 
 
+def sweep_grid(runs: list[dict]) -> list[dict]:
+    """The sweep points of ``runs`` (``[{}]`` without a sweep): the product of every swept value seen, parameters
+    and values in order of first appearance. Parameters that affect none of the runs' policies are not in it."""
+    axes: dict[str, list[str]] = {}
+    for r in runs:
+        for k, v in r["sweep"].items():
+            if v not in axes.setdefault(k, []):
+                axes[k].append(v)
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+
+
+def runs_at(runs: list[dict], point: dict) -> list[dict]:
+    """The run of each policy that stands for sweep point ``point`` (its labels agree with the point's)."""
+    return [r for r in runs if all(point.get(k) == v for k, v in r["sweep"].items())]
+
+
 def winners(runs: list[dict]) -> list[dict]:
-    """Per sweep point: the policy with the lowest TTFT p99 and the one with the highest hit ratio, each with the
-    runner-up and the ratio between them (``by``: runner-up p99 / best p99; best hit / runner-up hit)."""
+    """Per sweep point (:func:`sweep_grid`, each policy's run at it from :func:`runs_at`): the policy with the lowest
+    TTFT p99 and the one with the highest hit ratio, each with the runner-up (itself when it ran alone) and the
+    ratio between them (``by``: runner-up p99 / best p99; best hit / runner-up hit; None when dividing by 0).
+    Ties go to the earlier policy."""
     out = []
-    for labels, group in itertools.groupby(runs, key=lambda r: json.dumps(r["sweep"], sort_keys=True)):
-        group = list(group)
-        entry = {"sweep": json.loads(labels)}
+    for point in sweep_grid(runs):
+        group = runs_at(runs, point)
+        entry = {"sweep": point}
         for metric, get, lower in (("ttft_p99_s", lambda r: r["ttft_s"]["p99"], True),
                                    ("hit_ratio", lambda r: r["hit_ratio"], False)):
             ranked = sorted(group, key=lambda r: get(r) if lower else -get(r))
@@ -192,7 +268,7 @@ def render(report: dict, console: Console) -> None:
                                                   "injected ms p50", "injected ms p99", "index writes"])
     mark = lambda text, win: f"[bold green]{text}[/]" if win else text  # noqa: E731
     for r in runs:
-        first = [r["policy"]] + ([" ".join(f"{k}={v}" for k, v in r["sweep"].items())] if sweep else [])
+        first = [r["policy"]] + ([" ".join(f"{k}={v}" for k, v in r["sweep"].items()) or "any"] if sweep else [])
         n, lk, key = r["per_node"], r["lookups"], (r["policy"], point(r))
         cache.add_row(*first, mark(f"{100 * r['hit_ratio']:.1f}", key in best_hit),
                       f"{100 * r['single_node_hit_ratio']:.1f}", _count(r["prefill_tokens"]), _count(r["evictions"]),
@@ -212,9 +288,23 @@ def render(report: dict, console: Console) -> None:
     for w in report["winners"]:
         where = " ".join(f"{k}={v}" for k, v in w["sweep"].items())
         t, h = w["ttft_p99_s"], w["hit_ratio"]
-        console.print(f"{where + ': ' if where else ''}lowest TTFT p99: [bold]{t['policy']}[/] {t['value']:.3g} s, "
-                      f"{_fmt(t['by'], '.2f')}x below {t['runner_up']}; highest hit ratio: [bold]{h['policy']}[/] "
-                      f"{100 * h['value']:.1f}%, {_fmt(h['by'], '.2f')}x {h['runner_up']}", highlight=False)
+        console.print(f"{where + ': ' if where else ''}lowest TTFT p99: [bold]{t['policy']}[/] {t['value']:.3g} s"
+                      f"{margin(t, 'below ', lambda v: f'{v:.3g} s')}; highest hit ratio: [bold]{h['policy']}[/] "
+                      f"{100 * h['value']:.1f}%{margin(h, '', lambda v: f'{100 * v:.1f}%')}", highlight=False)
+
+
+def margin(entry: dict, word: str, show: Callable[[float], str]) -> str:
+    """The winner's margin over the runner-up as the summary line prints it: ``", 1.43x below least-loaded"``,
+    ``", ties with cost"`` when the ratio prints as 1.00 (or both values are equal), ``", cost 0.0%"`` when the
+    ratio is undefined, and nothing when the winner ran alone."""
+    if entry["runner_up"] == entry["policy"]:
+        return ""
+    by = entry["by"]
+    if entry["value"] == entry["runner_up_value"] or (by is not None and f"{by:.2f}" == "1.00"):
+        return f", ties with {entry['runner_up']}"
+    if by is None:
+        return f", {entry['runner_up']} {show(entry['runner_up_value'])}"
+    return f", {by:.2f}x {word}{entry['runner_up']}"
 
 
 def check_plot_path(path: str | Path | None) -> None:
