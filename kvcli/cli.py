@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import redis
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from .errors import BadInputError, KvcliError
 
@@ -38,10 +39,10 @@ def handle_errors(fn):
         try:
             return fn(*args, **kwargs)
         except KvcliError as exc:
-            err.print(f"[red]kvcli: error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+            err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except redis.RedisError as exc:
-            err.print(f"[red]kvcli: error:[/] Redis: {exc}", highlight=False, soft_wrap=True)
+            err.print(f"[red]kvcli: error:[/] Redis: {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
         except MemoryError:
             err.print("[red]kvcli: error:[/] out of memory running the model; try a smaller --model or --measure")

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis
-import torch
 
 from .costcurve import CostCurve, PrefillSample
 from .errors import BadInputError

@@ -101,7 +101,8 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
                   f"{context.get('metadata_placement')}", highlight=False)
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
-                f"{curve['b_seconds_per_token']:.3g} s/token x n + {curve['d_seconds_per_pair']:.3g} s x n(c + (n+1)/2)")
+                f"{curve['b_seconds_per_token']:.3g} s/token x n + "
+                f"{curve['d_seconds_per_pair']:.3g} s x n(c + (n+1)/2)")
         if check.get("samples"):
             line += (f"; measured/predicted on {check['samples']} measured prefills: median "
                      f"{check['median_measured_over_predicted']:.2f}, max {check['max_measured_over_predicted']:.2f}")

@@ -78,40 +78,35 @@ class SimConfig:
     count_measured_latency: bool = True
 
     def __post_init__(self) -> None:
-        finite = lambda x: x is None or math.isfinite(x)  # noqa: E731 (NaN fails every comparison below too)
-        checks = [
-            (all(map(finite, (self.decode_tpot, self.rate, self.abs_threshold, self.rel_threshold,
-                              self.cache_threshold, self.cost_weight, self.temperature, self.lookup_timeout))),
-             None),
-            (self.nodes >= 1, f"--nodes must be >= 1, got {self.nodes}"),
-            (self.chunk_size >= 1, f"--chunk-size must be >= 1, got {self.chunk_size}"),
-            (self.capacity_tokens is None or self.capacity_tokens >= self.chunk_size,
-             f"--node-capacity must hold at least one chunk (>= --chunk-size {self.chunk_size} tokens), "
-             f"got {self.capacity_tokens} tokens"),
-            (self.max_batch >= 1, f"--max-batch must be >= 1, got {self.max_batch}"),
-            (self.decode_tpot >= 0, f"--decode-tpot must be >= 0, got {self.decode_tpot:g}"),
-            (self.default_output_tokens >= 0, f"--output-length must be >= 0, got {self.default_output_tokens}"),
-            (self.rate is None or self.rate > 0, f"--rate must be > 0, got {self.rate}"),
-            (self.seed >= 0, f"--seed must be >= 0, got {self.seed}"),
-            (self.abs_threshold >= 0, f"--abs-threshold must be >= 0, got {self.abs_threshold:g}"),
-            (self.rel_threshold >= 1, f"--rel-threshold must be >= 1 (below 1 it acts as 1), got "
-                                      f"{self.rel_threshold:g}"),
-            (0 <= self.cache_threshold <= 1, f"--cache-threshold must be in [0, 1], got {self.cache_threshold:g}"),
-            (self.cost_weight >= 0, f"--w must be >= 0, got {self.cost_weight:g}"),
-            (self.temperature >= 0, f"--temperature must be >= 0, got {self.temperature:g}"),
-            (self.lookup_timeout is None or self.lookup_timeout > 0,
-             f"--lookup-timeout must be > 0, got {self.lookup_timeout}"),
-            (isinstance(self.lookup_delay, DelaySpec), "lookup_delay must be a DelaySpec")]
-        for ok, message in checks:
+        """Reject values no run can use, naming the CLI option: BadInputError."""
+        if not isinstance(self.lookup_delay, DelaySpec):
+            raise BadInputError(f"lookup_delay must be a DelaySpec, got {self.lookup_delay!r}")
+        floats = {"--decode-tpot": self.decode_tpot, "--rate": self.rate, "--abs-threshold": self.abs_threshold,
+                  "--rel-threshold": self.rel_threshold, "--cache-threshold": self.cache_threshold,
+                  "--w": self.cost_weight, "--temperature": self.temperature, "--lookup-timeout": self.lookup_timeout}
+        for option, value in floats.items():
+            if value is not None and not math.isfinite(value):
+                raise BadInputError(f"{option} must be a finite number, got {value}")
+        capacity, chunk = self.capacity_tokens, self.chunk_size
+        checks = [("--nodes", self.nodes, self.nodes >= 1, ">= 1"),
+                  ("--chunk-size", chunk, chunk >= 1, ">= 1"),
+                  ("--max-batch", self.max_batch, self.max_batch >= 1, ">= 1"),
+                  ("--decode-tpot", self.decode_tpot, self.decode_tpot >= 0, ">= 0"),
+                  ("--output-length", self.default_output_tokens, self.default_output_tokens >= 0, ">= 0"),
+                  ("--rate", self.rate, self.rate is None or self.rate > 0, "> 0"),
+                  ("--seed", self.seed, self.seed >= 0, ">= 0"),
+                  ("--abs-threshold", self.abs_threshold, self.abs_threshold >= 0, ">= 0"),
+                  ("--rel-threshold", self.rel_threshold, self.rel_threshold >= 1, ">= 1 (below 1 it acts as 1)"),
+                  ("--cache-threshold", self.cache_threshold, 0 <= self.cache_threshold <= 1, "in [0, 1]"),
+                  ("--w", self.cost_weight, self.cost_weight >= 0, ">= 0"),
+                  ("--temperature", self.temperature, self.temperature >= 0, ">= 0"),
+                  ("--lookup-timeout", self.lookup_timeout, self.lookup_timeout is None or self.lookup_timeout > 0,
+                   "> 0 seconds"),
+                  ("--node-capacity", capacity, capacity is None or capacity >= chunk,
+                   f"at least one chunk (>= --chunk-size, {chunk} tokens)")]
+        for option, value, ok, requirement in checks:
             if not ok:
-                raise BadInputError(message or self._not_finite())
-
-    def _not_finite(self) -> str:
-        names = {"decode_tpot": "--decode-tpot", "rate": "--rate", "abs_threshold": "--abs-threshold",
-                 "rel_threshold": "--rel-threshold", "cache_threshold": "--cache-threshold", "cost_weight": "--w",
-                 "temperature": "--temperature", "lookup_timeout": "--lookup-timeout"}
-        bad = next(k for k in names if getattr(self, k) is not None and not math.isfinite(getattr(self, k)))
-        return f"{names[bad]} must be a finite number, got {getattr(self, bad)}"
+                raise BadInputError(f"{option} must be {requirement}, got {value:g}")
 
     @property
     def capacity_chunks(self) -> int | None:
@@ -490,6 +485,12 @@ def load_requests(path, fmt: str = "auto", tokenizer: str = "cl100k_base", chunk
     return requests
 
 
+def check_prefill_tps(prefill_tps: float | None) -> None:
+    """BadInputError unless ``prefill_tps`` is None or a finite number > 0."""
+    if prefill_tps is not None and not (math.isfinite(prefill_tps) and prefill_tps > 0):
+        raise BadInputError(f"--prefill-tps must be a finite number > 0, got {prefill_tps}")
+
+
 def prefill_cost(prefill_tps: float | None, preset: str = "cpu"):
     """The prefill cost curve: a flat ``prefill_tps`` tokens/s when given, else measured now on the local model
     (:func:`kvcli.costcurve.calibrate` on ``build_model(preset)``, a few seconds on CPU).
@@ -500,8 +501,7 @@ def prefill_cost(prefill_tps: float | None, preset: str = "cpu"):
     from .costcurve import CostCurve, calibrate
 
     if prefill_tps is not None:
-        if not (math.isfinite(prefill_tps) and prefill_tps > 0):
-            raise BadInputError(f"--prefill-tps must be a finite number > 0, got {prefill_tps}")
+        check_prefill_tps(prefill_tps)
         curve = CostCurve.from_tokens_per_second(prefill_tps)
         return curve, {"source": f"--prefill-tps {prefill_tps:g}", **curve.to_dict()}
     from .model import build_model

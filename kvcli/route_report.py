@@ -99,13 +99,13 @@ def sweep_points(config: SimConfig, sweeps: list[str], kv_bytes_per_token) -> li
 
 
 def plan_runs(policies: list[str], points: list[tuple[dict, SimConfig]]) -> list[tuple[str, dict, SimConfig]]:
-    """The runs to simulate, ``[(policy, labels, config)]`` in point order, then policy order: each policy once per
+    """The runs to simulate, ``[(policy, labels, config)]`` in policy order, then point order: each policy once per
     distinct value of the config fields its run depends on (:func:`kvcli.policies.config_fields`), so a sweep of
     ``abs-threshold`` runs ``cache-aware`` at each value and every other policy once. ``labels`` keeps only the
     swept parameters that affect the policy."""
     seen, out = set(), []
-    for labels, config in points:
-        for name in policies:
+    for name in policies:
+        for labels, config in points:
             fields = config_fields(name, config)
             key = (name, tuple(getattr(config, f) for f in fields))
             if key not in seen:
@@ -290,7 +290,8 @@ def render(report: dict, console: Console) -> None:
         t, h = w["ttft_p99_s"], w["hit_ratio"]
         console.print(f"{where + ': ' if where else ''}lowest TTFT p99: [bold]{t['policy']}[/] {t['value']:.3g} s"
                       f"{margin(t, 'below ', lambda v: f'{v:.3g} s')}; highest hit ratio: [bold]{h['policy']}[/] "
-                      f"{100 * h['value']:.1f}%{margin(h, '', lambda v: f'{100 * v:.1f}%')}", highlight=False)
+                      f"{100 * h['value']:.1f}%{margin(h, '', lambda v: f'{100 * v:.1f}%')}", highlight=False,
+                      soft_wrap=not console.is_terminal)
 
 
 def margin(entry: dict, word: str, show: Callable[[float], str]) -> str:
@@ -313,29 +314,93 @@ def check_plot_path(path: str | Path | None) -> None:
         raise BadInputError(f"--plot must end in .png or .svg, got {Path(path).name!r}")
 
 
+def _short(text: str, width: int = 60) -> str:
+    """``text`` cut in the middle to ``width`` characters (a long trace name must not overflow the title)."""
+    return text if len(text) <= width else text[:width // 2 - 1] + "…" + text[-(width - width // 2):]
+
+
+# Label offsets (points) tried in turn around a marker: right-above, right-below, left-above, left-below, then further.
+_LABEL_SPOTS = [(dx * k, dy * k, "left" if dx > 0 else "right", "bottom" if dy > 0 else "top")
+                for k in (1, 2.5, 4) for dx, dy in ((5, 4), (5, -4), (-5, 4), (-5, -4))]
+
+
+def _place_labels(fig, ax, labels: list[tuple[float, float, str]], points: list[tuple[float, float]]) -> None:
+    """Annotate each ``(x, y, text)`` at the first spot of :data:`_LABEL_SPOTS` where it stays inside the axes and
+    overlaps no marker (``points``) and no label placed before (else the spot with the least overlap); clipped to
+    the axes either way."""
+    from matplotlib.transforms import Bbox
+
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    r = 4 * fig.dpi / 72  # a marker's half width, pixels
+    placed = [Bbox.from_extents(px - r, py - r, px + r, py + r)
+              for px, py in ax.transData.transform(points)] if points else []
+
+    def overlap(a, b) -> float:
+        w = min(a.x1, b.x1) - max(a.x0, b.x0)
+        h = min(a.y1, b.y1) - max(a.y0, b.y0)
+        return w * h if w > 0 and h > 0 else 0.0
+
+    for x, y, text in labels:
+        best = None
+        for dx, dy, ha, va in _LABEL_SPOTS:
+            note = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va, fontsize=7,
+                               annotation_clip=True, clip_on=True, in_layout=False)
+            box = note.get_window_extent(renderer)
+            outside = (max(inside.x0 - box.x0, 0) + max(box.x1 - inside.x1, 0)) * box.height + \
+                      (max(inside.y0 - box.y0, 0) + max(box.y1 - inside.y1, 0)) * box.width
+            score = 10 * outside + sum(overlap(box, other) for other in placed)
+            if best is None or score < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (score, note, box)
+            else:
+                note.remove()
+            if score == 0:
+                break
+        placed.append(best[2])
+
+
 def plot(report: dict, path: str | Path) -> None:
-    """Hit token ratio (y) against TTFT p99 (x; log scale when the points span a decade) for every run; one colour per policy, its sweep points
-    joined in sweep order and labelled. Up and to the left is better. ``.png`` or ``.svg`` (BadInputError else)."""
+    """Write :func:`plot_figure` of ``report`` to ``path`` (``.png`` or ``.svg``; BadInputError else, or when it
+    cannot be written), trimmed to what it draws."""
     check_plot_path(path)
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(report)
+    try:
+        fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
+    except OSError as exc:
+        raise BadInputError(f"cannot write the plot: {exc}", path=str(path)) from None
+    finally:
+        plt.close(fig)
+
+
+def plot_figure(report: dict):
+    """Hit token ratio (y) against TTFT p99 (x; log scale when the points span more than a decade, labelled at 1, 2
+    and 5 times each power of ten up to 2.5 decades) for every run; one colour and marker per policy, its sweep points
+    joined in sweep order and labelled (labels kept inside the axes and apart where possible); the legend sits right
+    of the axes, the title is two lines (the trace name cut to 60 characters). Up and to the left is better.
+    Returns the matplotlib Figure (Agg backend; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(8, 5.5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(9, 5.5), layout="constrained")
     markers = dict(zip(POLICIES, "osD^vPX"))
+    labels: dict[tuple[float, float], list[str]] = {}  # sweep points that land on one spot share a label
     for name in dict.fromkeys(r["policy"] for r in report["runs"]):
         runs = [r for r in report["runs"] if r["policy"] == name]
         x = [r["ttft_s"]["p99"] for r in runs]
         y = [100 * r["hit_ratio"] for r in runs]
         ax.plot(x, y, marker=markers.get(name, "o"), label=name, alpha=0.85)
-        labels: dict[tuple[float, float], list[str]] = {}  # sweep points that land on one spot share a label
         for r, xi, yi in zip(runs, x, y):
             if r["sweep"]:
-                labels.setdefault((xi, yi), []).append(" ".join(f"{k}={v}" for k, v in r["sweep"].items()))
-        for (xi, yi), texts in labels.items():
-            ax.annotate(", ".join(texts), (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+                text = " ".join(f"{k}={v}" for k, v in r["sweep"].items())
+                if text not in labels.setdefault((xi, yi), []):
+                    labels[(xi, yi)].append(text)
     bounds = sorted({100 * r["single_node_hit_ratio"] for r in report["runs"]})
     if len(bounds) == 1:
         ax.axhline(bounds[0], color="grey", ls="--", lw=1, label="1-node bound")
@@ -343,15 +408,19 @@ def plot(report: dict, path: str | Path) -> None:
     log = bool(p99s) and max(p99s) > 10 * min(p99s)  # log only when the points span a decade or more
     if log:
         ax.set_xscale("log")
+        decades = np.log10(max(p99s) / min(p99s))
+        subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0, 3.0) if decades <= 4 else (1.0,)
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=np.arange(2, 10)))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.margins(x=0.06, y=0.08)
     ax.set_xlabel(f"TTFT p99 (s{', log scale' if log else ''})")
     ax.set_ylabel("hit token ratio (%)")
-    ax.set_title(f"{report['trace']}: cache hits vs tail latency (up-left is better)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    try:
-        fig.savefig(path)
-    except OSError as exc:
-        raise BadInputError(f"cannot write the plot: {exc}", path=str(path)) from None
-    finally:
-        plt.close(fig)
+    ax.set_title(f"Cache hits vs tail latency (up and left is better)\n{_short(report['trace'])}", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.canvas.draw()  # final limits and layout, so the labels can be placed in display space
+    _place_labels(fig, ax, [(xi, yi, ", ".join(texts)) for (xi, yi), texts in labels.items()],
+                  [(r["ttft_s"]["p99"], 100 * r["hit_ratio"]) for r in report["runs"]])
+    return fig

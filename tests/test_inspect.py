@@ -159,7 +159,7 @@ def test_lru_eviction_reported_consistently(make_server, model):
     for p in prompts:
         hashes = store.chunk(p.token_ids).hashes
         has = [(client.exists(store.meta_key(x)), client.exists(store.payload_key(x))) for x in hashes]
-        if (1, 1) in has and any(h != (1, 1) for h in has):
+        if any(h != (1, 1) for h in has):  # exists: something above is orphaned or unreachable
             break
     first = has.index(next(h for h in has if h != (1, 1)))
     later = any(any(h) for h in has[first + 1:])

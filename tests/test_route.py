@@ -353,11 +353,10 @@ def test_cli_cache_manager_with_sweep_and_plots(cli, serial_trace, redis_url, tm
         assert res.exit_code == 0, res.output
         assert out.stat().st_size > 1000
     runs = json.loads(res.stdout)["runs"]
-    assert [(r["policy"], r["sweep"]) for r in runs] == [
-        ("cache-manager", {"lookup-delay": "0"}), ("prefix", {"lookup-delay": "0"}),
-        ("cache-manager", {"lookup-delay": "250ms"}), ("prefix", {"lookup-delay": "250ms"})]
-    assert runs[2]["ttft_s"]["p50"] == runs[0]["ttft_s"]["p50"] + 0.25
-    assert runs[2]["lookups"]["count"] == 4 and runs[2]["lookups"]["injected_ms"]["p99"] == 250.0
+    assert [(r["policy"], r["sweep"]) for r in runs] == [  # the delay does not change prefix: it runs once
+        ("cache-manager", {"lookup-delay": "0"}), ("cache-manager", {"lookup-delay": "250ms"}), ("prefix", {})]
+    assert runs[1]["ttft_s"]["p50"] == runs[0]["ttft_s"]["p50"] + 0.25
+    assert runs[1]["lookups"]["count"] == 4 and runs[1]["lookups"]["injected_ms"]["p99"] == 250.0
 
 
 def test_cli_table_and_errors(cli, serial_trace, tmp_path):
@@ -381,3 +380,267 @@ def test_redis_down_is_exit_3(cli, serial_trace):
 def test_cache_manager_needs_redis():
     with pytest.raises(KvcliError, match="needs a Redis"):
         make_policy("cache-manager", config(), None)
+
+
+# --- review fixes: bad input is one line on stderr with exit code 2; sweeps; summary; plot; help ---------------
+
+def kvcli_route(*args, env=None):
+    """``kvcli route ARGS`` through the real app (kvcli.cli, with its error handler)."""
+    from kvcli.cli import app
+
+    return CliRunner().invoke(app, ["route", *map(str, args)], env=env)
+
+
+def assert_one_line_error(res, message: str) -> None:
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit)  # no exception escaped
+    assert res.stderr.splitlines() == [f"kvcli: error: {message}"]
+    assert res.stdout == ""
+
+
+FAST = ("-p", "round-robin", "--chunk-size", CS, "--prefill-tps", TPS)
+
+
+@pytest.mark.parametrize("sweep,message", [
+    ("nodes=2,x", "--sweep nodes=x: expected an integer"),
+    ("w=abc", "--sweep w=abc: expected a number"),
+    ("seed=x", "--sweep seed=x: expected an integer"),
+    ("cache-threshold=x", "--sweep cache-threshold=x: expected a number"),
+    ("max-batch=2.5", "--sweep max-batch=2.5: expected an integer"),
+    ("nodes=2,0", "--sweep nodes=0: --nodes must be >= 1, got 0"),
+    ("w=1,-1", "--sweep w=-1: --w must be >= 0, got -1"),
+    ("abs-threshold=nan", "--sweep abs-threshold=nan: --abs-threshold must be a finite number, got nan"),
+    ("cache-threshold=0.5,2", "--sweep cache-threshold=2: --cache-threshold must be in [0, 1], got 2"),
+    ("node-capacity=3X", ("--sweep node-capacity=3X: bad capacity '3x'; use tokens (3M, 500k, 250000), bytes "
+                          "(40GB, 64GiB) or 'unlimited'")),
+    ("lookup-timeout=0", "--sweep lookup-timeout=0: --lookup-timeout must be > 0 seconds, got 0"),
+    ("w=", ("bad --sweep 'w='; use PARAM=v1,v2,... with PARAM one of nodes, node-capacity, max-batch, "
+            "decode-tpot, rate, seed, abs-threshold, rel-threshold, cache-threshold, w, temperature, lookup-delay, "
+            "lookup-timeout")),
+])
+def test_bad_sweep_value_is_a_one_line_error(serial_trace, sweep, message):
+    assert_one_line_error(kvcli_route(serial_trace, *FAST, "--sweep", sweep), message)
+
+
+def test_sweep_of_one_parameter_twice_is_an_error(serial_trace):
+    assert_one_line_error(kvcli_route(serial_trace, *FAST, "--sweep", "w=1", "--sweep", "w=2"),
+                          "--sweep w given twice; list all its values in one: w=v1,v2,...")
+
+
+@pytest.mark.parametrize("limit", [-1, 0])
+def test_limit_below_one_is_a_one_line_error(serial_trace, limit):
+    assert_one_line_error(kvcli_route(serial_trace, *FAST, "--limit", limit), f"--limit must be >= 1, got {limit}")
+    with pytest.raises(BadInputError, match="--limit must be >= 1"):
+        from kvcli.route import load_requests
+        load_requests(serial_trace, limit=limit)
+
+
+def test_limit_keeps_the_first_requests(serial_trace):
+    res = kvcli_route(serial_trace, *FAST, "--limit", 2, "--json")
+    assert res.exit_code == 0 and json.loads(res.stdout)["runs"][0]["requests"] == 2
+
+
+@pytest.mark.parametrize("option,value,message", [
+    ("--abs-threshold", "nan", "--abs-threshold must be a finite number, got nan"),
+    ("--rel-threshold", "inf", "--rel-threshold must be a finite number, got inf"),
+    ("--cache-threshold", "nan", "--cache-threshold must be a finite number, got nan"),
+    ("--w", "nan", "--w must be a finite number, got nan"),
+    ("--temperature", "inf", "--temperature must be a finite number, got inf"),
+    ("--decode-tpot", "nan", "--decode-tpot must be a finite number, got nan"),
+    ("--rate", "inf", "--rate must be a finite number, got inf"),
+    ("--prefill-tps", "inf", "--prefill-tps must be a finite number > 0, got inf"),
+    ("--prefill-tps", "nan", "--prefill-tps must be a finite number > 0, got nan"),
+    ("--lookup-timeout", "1e999", "bad duration '1e999': not a finite number"),
+    ("--lookup-delay", "1e999ms", "bad duration '1e999ms': not a finite number"),
+    ("--node-capacity", "1e999", "bad capacity '1e999': not a finite number"),
+    ("--w", "-1", "--w must be >= 0, got -1"),
+    ("--nodes", "0", "--nodes must be >= 1, got 0"),
+    ("--node-capacity", "0", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 0"),
+    ("--node-capacity", "3", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 3"),
+    ("--decode-tpot", "-0.5", "--decode-tpot must be >= 0, got -0.5"),
+    ("--max-batch", "0", "--max-batch must be >= 1, got 0"),
+    ("--rate", "0", "--rate must be > 0, got 0"),
+    ("--rate", "-2", "--rate must be > 0, got -2"),
+    ("--temperature", "-1", "--temperature must be >= 0, got -1"),
+    ("--lookup-timeout", "0", "--lookup-timeout must be > 0 seconds, got 0"),
+    ("--rel-threshold", "0.5", "--rel-threshold must be >= 1 (below 1 it acts as 1), got 0.5"),
+    ("--abs-threshold", "-1", "--abs-threshold must be >= 0, got -1"),
+    ("--cache-threshold", "1.5", "--cache-threshold must be in [0, 1], got 1.5"),
+    ("--cache-threshold", "-0.1", "--cache-threshold must be in [0, 1], got -0.1"),
+    ("--seed", "-1", "--seed must be >= 0, got -1"),
+])
+def test_invalid_option_values_are_one_line_errors(serial_trace, option, value, message):
+    assert_one_line_error(kvcli_route(serial_trace, *FAST, option, value), message)
+
+
+def test_unknown_model_is_rejected_even_with_prefill_tps(serial_trace):
+    from kvcli.model import PRESETS
+
+    assert_one_line_error(kvcli_route(serial_trace, *FAST, "--model", "nope"),
+                          f"unknown model preset 'nope'; valid: {', '.join(PRESETS)}")
+
+
+def test_markup_in_a_bad_value_is_printed_as_is(serial_trace):
+    assert_one_line_error(kvcli_route(serial_trace, "--prefill-tps", 1, "-p", "[/x]"),
+                          f"unknown policy '[/x]'; valid: all, {', '.join(POLICIES)}")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("cost_weight", -1.0, "--w must be >= 0, got -1"),
+    ("abs_threshold", float("nan"), "--abs-threshold must be a finite number, got nan"),
+    ("capacity_tokens", 0, r"--node-capacity must be at least one chunk \(>= --chunk-size, 4 tokens\), got 0"),
+    ("rel_threshold", 0.99, r"--rel-threshold must be >= 1 \(below 1 it acts as 1\), got 0.99"),
+    ("cache_threshold", 1.01, r"--cache-threshold must be in \[0, 1\], got 1.01"),
+    ("lookup_timeout", 0.0, "--lookup-timeout must be > 0 seconds, got 0"),
+    ("seed", -1, "--seed must be >= 0, got -1"),
+])
+def test_library_config_validates_too(field, value, message):
+    with pytest.raises(BadInputError, match=f"^{message}$"):
+        config(**{field: value})
+
+
+def test_delay_spec_rejects_non_finite_delays():
+    with pytest.raises(BadInputError, match="^a lookup delay must be a finite number of seconds$"):
+        DelaySpec("fixed", float("inf"), float("inf"))
+    with pytest.raises(BadInputError, match="^a lookup delay must be a finite number of seconds$"):
+        DelaySpec("lognormal", 0.001, float("nan"))
+
+
+def test_sweep_runs_each_policy_only_where_the_parameter_matters():
+    from kvcli.route_report import plan_runs
+
+    def plan(sweeps, policies, **kw):
+        return [(name, labels) for name, labels, _ in plan_runs(policies, sweep_points(config(**kw), sweeps, 1))]
+
+    assert plan(["abs-threshold=2,8"], ["prefix", "cache-aware", "cost"]) == [
+        ("prefix", {}), ("cache-aware", {"abs-threshold": "2"}), ("cache-aware", {"abs-threshold": "8"}),
+        ("cost", {})]
+    assert plan(["nodes=2,4", "w=0,1"], ["round-robin", "cost"]) == [
+        ("round-robin", {"nodes": "2"}), ("round-robin", {"nodes": "4"}),
+        ("cost", {"nodes": "2", "w": "0"}), ("cost", {"nodes": "2", "w": "1"}),
+        ("cost", {"nodes": "4", "w": "0"}), ("cost", {"nodes": "4", "w": "1"})]
+    # seed: only policies that draw at this config, unless arrivals are Poisson (then all)
+    assert plan(["seed=0,1"], ["prefix", "random", "cost"]) == [
+        ("prefix", {}), ("random", {"seed": "0"}), ("random", {"seed": "1"}), ("cost", {})]
+    assert plan(["seed=0,1"], ["prefix"], rate=2.0) == [("prefix", {"seed": "0"}), ("prefix", {"seed": "1"})]
+    assert plan(["temperature=0,5", "seed=0,1"], ["cost"]) == [
+        ("cost", {"temperature": "0"}), ("cost", {"temperature": "5", "seed": "0"}),
+        ("cost", {"temperature": "5", "seed": "1"})]
+    assert plan(["lookup-delay=0,5ms", "w=1,2"], ["cache-manager"]) == [
+        ("cache-manager", {"lookup-delay": "0"}), ("cache-manager", {"lookup-delay": "5ms"})]
+    assert plan(["w=1,1.0,2"], ["cost"]) == [("cost", {"w": "1"}), ("cost", {"w": "2"})]  # a value once
+
+
+def test_cli_sweep_has_no_duplicate_rows_and_compares_every_policy(serial_trace):
+    res = kvcli_route(serial_trace, "-p", "prefix,cache-aware", *COMMON, "--sweep", "abs-threshold=2,8")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert [(r["policy"], r["sweep"]) for r in report["runs"]] == [
+        ("prefix", {}), ("cache-aware", {"abs-threshold": "2"}), ("cache-aware", {"abs-threshold": "8"})]
+    assert [w["sweep"] for w in report["winners"]] == [{"abs-threshold": "2"}, {"abs-threshold": "8"}]
+    for w in report["winners"]:  # serial arrivals: cache-aware routes as prefix does, so the two tie
+        assert w["hit_ratio"] == {"policy": "prefix", "value": 24 / 72, "runner_up": "cache-aware",
+                                  "runner_up_value": 24 / 72, "by": 1.0}
+    res = kvcli_route(serial_trace, "-p", "prefix", *COMMON, "--sweep", "w=1,2")
+    assert res.exit_code == 0 and [r["sweep"] for r in json.loads(res.stdout)["runs"]] == [{}]
+    assert res.stderr == "kvcli: note: --sweep w changes none of the policies run (prefix); each runs once\n"
+
+
+def test_summary_says_ties_with_on_a_tie(serial_trace):
+    res = kvcli_route(serial_trace, "-p", "prefix,cache-aware,round-robin", *COMMON[:-1])
+    assert res.exit_code == 0, res.output
+    # TTFT: prefix and cache-aware 18, 6, 6, 18 (/64): p99 = 18/64 s; round-robin 18, 18, 6, 18: also 18/64
+    # hits: prefix and cache-aware 24 of 72 tokens; round-robin 12
+    assert res.stdout.splitlines()[-1] == ("lowest TTFT p99: prefix 0.281 s, ties with cache-aware; "
+                                           "highest hit ratio: prefix 33.3%, ties with cache-aware")
+
+
+def test_summary_margin_wording():
+    from kvcli.route_report import margin
+
+    def entry(value, runner_up_value, by, runner_up="cost"):
+        return {"policy": "prefix", "value": value, "runner_up": runner_up, "runner_up_value": runner_up_value,
+                "by": by}
+
+    def show(v):
+        return f"{v:.3g} s"
+
+    assert margin(entry(1.0, 1.43, 1.43), "below ", show) == ", 1.43x below cost"
+    assert margin(entry(1.0, 1.004, 1.004), "below ", show) == ", ties with cost"  # prints as 1.00x
+    assert margin(entry(1.0, 1.006, 1.006), "below ", show) == ", 1.01x below cost"
+    assert margin(entry(0.0, 0.0, None), "below ", show) == ", ties with cost"
+    assert margin(entry(0.25, 0.0, None), "", lambda v: f"{100 * v:.1f}%") == ", cost 0.0%"
+    assert margin(entry(1.0, 1.0, 1.0, runner_up="prefix"), "below ", show) == ""  # ran alone
+
+
+def test_cli_count_rtt_and_its_old_name(serial_trace):
+    def counted(*flag):
+        res = kvcli_route(serial_trace, *FAST, "--json", *flag)
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)["runs"][0]["config"]["count_measured_latency"]
+
+    assert counted() is True and counted("--count-rtt") is True and counted("--count-lookup-latency") is True
+    assert counted("--no-count-rtt") is False and counted("--no-count-lookup-latency") is False
+
+
+def test_help_fits_80_columns():
+    import re
+
+    from kvcli.cli import app
+
+    res = CliRunner().invoke(app, ["route", "--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0
+    assert "…" not in res.stdout and max(map(len, res.stdout.splitlines())) <= 80
+    shown = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", res.stdout))
+    command = typer.main.get_command(app).commands["route"]
+    names = {n for p in command.params if not getattr(p, "hidden", False) for n in p.opts + p.secondary_opts
+             if n.startswith("--")}
+    assert names <= shown, names - shown
+    assert {"--count-rtt", "--no-count-rtt", "--lookup-timeout", "--cache-threshold"} <= names
+
+
+def plot_report(trace: str) -> dict:
+    """Runs shaped like the Mooncake sample's: TTFT p99 from 8.67 s to 866 s (two decades), labels at the right edge."""
+    def run(policy, nodes, p99, hit):
+        return {"policy": policy, "sweep": {"nodes": nodes}, "ttft_s": {"p99": p99}, "hit_ratio": hit,
+                "single_node_hit_ratio": 0.215}
+
+    return {"trace": trace, "runs": [
+        run("round-robin", "4", 32.3, 0.090), run("round-robin", "8", 12.4, 0.060),
+        run("prefix", "4", 866.0, 0.128), run("prefix", "8", 866.0, 0.128),
+        run("cache-manager", "4", 11.9, 0.215), run("cache-manager", "8", 8.67, 0.215),
+        run("cost", "4", 13.1, 0.166), run("cost", "8", 8.67, 0.171)]}
+
+
+def test_plot_layout_keeps_everything_readable_and_inside():
+    import matplotlib.pyplot as plt
+
+    from kvcli.route_report import plot_figure
+
+    name = "a_very_long_directory_name_and_an_even_longer_trace_file_name_2024-06-01_head1000.jsonl.gz"
+    fig = plot_figure(plot_report(name))
+    try:
+        fig.canvas.draw()
+        renderer, ax = fig.canvas.get_renderer(), fig.axes[0]
+        assert ax.get_title() == ("Cache hits vs tail latency (up and left is better)\n"
+                                  "a_very_long_directory_name_an…e_2024-06-01_head1000.jsonl.gz")  # 29 + 1 + 30
+        title = ax.title.get_window_extent(renderer)
+        assert 0 <= title.x0 and title.x1 <= fig.bbox.x1
+        inside = ax.get_window_extent(renderer)
+        notes = [t for t in ax.texts]
+        assert sorted(t.get_text() for t in notes) == sorted(
+            ["nodes=4"] * 3 + ["nodes=8"] * 3 + ["nodes=4, nodes=8"])  # prefix's two points share one spot
+        boxes = [t.get_window_extent(renderer) for t in notes]
+        for box in boxes:
+            assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                assert not a.overlaps(b)
+        lo, hi = ax.get_xlim()
+        ticks = [t.get_text() for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+        assert ax.get_xscale() == "log" and ticks == ["10", "20", "50", "100", "200", "500", "1000"]
+        legend = ax.get_legend().get_window_extent(renderer)
+        assert legend.x0 >= inside.x1  # beside the axes, covering no point
+    finally:
+        plt.close(fig)
