@@ -14,9 +14,12 @@ Module map (one concept each):
   report    terminal tables and JSON
   runner    what a replay needs: model, cost curve, trace files, run context
   warm      fill a live cache ahead of traffic (prefill only what is not stored)
-  inspection read a live cache without changing it: summary, integrity, one prompt's chunk map
+  prompts   warm's input: prompt files, trace files and stdin -> tokenized Requests
+  inspection read a live cache without changing it: summary, integrity
+  chunkmap  one prompt's chunk map on a live cache: where its hit run breaks, and why
   purge     delete kvcli's keys of one namespace, nothing else
   route     KV-cache-aware routing simulation across serving nodes (discrete events)
+  nodecache the simulated nodes' LRU chunk caches and the hash -> node-bitmask index
   policies  routing policies (registry)
   cachemanager  the Redis-backed KV cache manager index used by the cache-manager policy
   route_report  routing tables, JSON and plot

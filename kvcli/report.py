@@ -58,7 +58,7 @@ ROWS: list[tuple[str, callable]] = [
     ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),
     ("transfer time estimated", lambda r: _secs(r.transfer_seconds_estimated)),
     ("deserialize time", lambda r: _secs(r.deserialize_seconds)),
-    ("store time measured", lambda r: _secs(r.store_seconds)),
+    ("store time (serialize + write)", lambda r: _secs(r.store_seconds)),
     ("store payload writes estimated", lambda r: _secs(r.store_seconds_estimated)),
     ("measured requests", lambda r: f"{r.measured_requests:,}"),
     ("prefill saved, measured", lambda r: _secs(r.saved_prefill_seconds_measured)),

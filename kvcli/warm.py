@@ -21,14 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import gzip
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TextIO
 
 import redis
 import torch
@@ -37,71 +32,9 @@ from .errors import BadInputError, RedisFailure
 from .hashing import ChunkedPrompt
 from .inspection import server_memory
 from .model import ModelSpec, model_spec  # noqa: F401  (re-exported: warm's public API)
+from .prompts import read_prompts  # noqa: F401  (re-exported: warm's public API)
 from .store import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
-from .tokenize import get_tokenizer
-from .traces import Request, read_trace
-
-# -- model and prompts ------------------------------------------------------------------------------------------------
-def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: str = "cl100k_base",
-                 stdin: TextIO | None = None) -> list[Request]:
-    """Prompts from files, directories (their trace files, as replay reads them) and ``-`` (stdin), tokenized.
-
-    A source is a prompt file, one prompt per line (blank lines skipped, line ends stripped, no chat template),
-    or a trace in any format replay reads (traces.py: native JSONL with ``prompt``/``messages``/``token_ids``,
-    Mooncake, ShareGPT, SWE-agent; ``.gz`` accepted). ``fmt="auto"`` reads a source as a trace when its first
-    non-blank character is ``{`` or ``[`` (or it ends in ``.traj``), else as lines; ``"lines"`` or a trace format
-    name forces one. All prompts are held in memory (warm plans the whole run before it writes).
-
-    Raises:
-        BadInputError: a missing or unreadable source, or a bad record (with ``file:line``).
-    """
-    from .runner import expand_paths
-
-    out: list[Request] = []
-    for source in sources:
-        if source == "-":
-            out.extend(_from_stdin((stdin or sys.stdin).read(), fmt, tokenizer))
-            continue
-        for path in expand_paths([Path(source)]):
-            if fmt == "lines" or (fmt == "auto" and _looks_like_lines(path)):
-                out.extend(_lines(_read_text(path).splitlines(), str(path), tokenizer))
-            else:
-                out.extend(read_trace(path, fmt, tokenizer))
-    return out
-
-
-def _read_text(path: Path, limit: int = -1) -> str:
-    """The file's text (gunzipped when it starts with the gzip magic), or its first ``limit`` characters."""
-    try:
-        with open(path, "rb") as raw:
-            gz = raw.read(2) == b"\x1f\x8b"
-        with (gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")) as f:
-            return f.read(limit)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"cannot read: {exc}", path=str(path)) from None
-
-
-def _looks_like_lines(path: Path) -> bool:
-    if path.name.removesuffix(".gz").endswith(".traj"):
-        return False
-    return _read_text(path, 4096).lstrip()[:1] not in ("{", "[")
-
-
-def _lines(lines: list[str], name: str, tokenizer: str) -> list[Request]:
-    tok = get_tokenizer(tokenizer)
-    return [Request(f"{name}:{i}", tok.encode(line.rstrip("\r")), source=f"{name}:{i}")
-            for i, line in enumerate(lines, 1) if line.strip()]
-
-
-def _from_stdin(text: str, fmt: str, tokenizer: str) -> list[Request]:
-    if fmt == "lines" or (fmt == "auto" and text.lstrip()[:1] not in ("{", "[")):
-        return _lines(text.splitlines(), "<stdin>", tokenizer)
-    with tempfile.TemporaryDirectory() as tmp:  # read_trace reads regular files only
-        path = Path(tmp) / "stdin.jsonl"
-        path.write_text(text, encoding="utf-8")
-        return [dataclasses.replace(r, source=r.source.replace(str(path), "<stdin>"),
-                                    id=r.id.replace(path.name, "<stdin>")) for r in read_trace(path, fmt, tokenizer)]
-
+from .traces import Request
 
 # -- config and results ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
