@@ -6,6 +6,7 @@ Module map (one concept each):
   hashing   prefix-chained chunk hashes (the store's keys)
   serde     KV tensor <-> bytes (safetensors layout)
   server    Redis connections and the embedded server
+  layout    key layout and chunk metadata format (names and parsing)
   store     the chunk-hash KV-cache store on Redis: lookup, retrieve, store, LRU capacity
   model     the local Llama-style decoder: prefill(token_ids, past_kv) -> (logits, kv)
   costcurve prefill time as a function of new and cached tokens, fitted from measurements

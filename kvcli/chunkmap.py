@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from .store import key_prefix
+from .layout import key_prefix
 
 if TYPE_CHECKING:
     from .inspection import ServerMemory

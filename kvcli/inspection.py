@@ -30,7 +30,7 @@ import xxhash
 from .chunkmap import ChunkMap, MapRow, chunk_map  # noqa: F401  (re-exported: inspection's public API)
 from .errors import RedisFailure
 from .serde import PayloadError, decode_kv
-from .store import _KEY_RE, ChunkMeta, key_prefix, parse_key, parse_metadata
+from .layout import _KEY_RE, ChunkMeta, key_prefix, parse_key, parse_metadata
 
 READ_COMMANDS = frozenset({"scan", "mget", "get", "exists", "strlen", "pttl", "memory|usage", "info", "dbsize",
                            "eval_ro"})

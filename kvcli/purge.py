@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import redis
 
 from .errors import BadInputError, RedisFailure
-from .store import KEY_ROOT, KEY_VERSION, parse_key
+from .layout import KEY_ROOT, KEY_VERSION, parse_key
 
 BATCH = 1000
 
