@@ -105,10 +105,11 @@ def replay(
     tokenizer: Annotated[str, typer.Option(help="tiktoken encoding for text prompts.")] = "cl100k_base",
     fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
-    namespace: Annotated[Optional[str], typer.Option(help="Key namespace, e.g. one `kvcli warm` filled (kept). "
-                                                          "Default: a fresh one per run, deleted afterwards "
-                                                          "unless --keep.")] = None,
-    keep: Annotated[bool, typer.Option(help="Keep this run's keys on the server.")] = False,
+    namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
+                                                          "`kvcli warm` filled) as hits; it is read, never "
+                                                          "written.")] = None,
+    keep: Annotated[bool, typer.Option(help="Keep the run's own namespace (what it stored) on the server; "
+                                            "deleted after the report by default.")] = False,
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,

@@ -46,8 +46,9 @@ class ReplayConfig:
         measure: requests per trace that run the model (None: all of them).
         measure_max_tokens: longest prompt picked for measuring (tokens); longer ones are estimated.
         capacity_tokens / capacity_bytes: LRU capacity per chunk size (None: unlimited).
-        namespace: key namespace; None makes a fresh one per run (cold cache), deleted at the end unless ``keep``.
-        keep: keep the run's keys on the server after the report.
+        namespace: an existing namespace (e.g. one ``kvcli warm`` filled) whose chunks count as hits; it is only
+            read, never written. None: a cold cache. Either way the run writes into a fresh namespace of its own.
+        keep: keep the run's own namespace (its keys) on the server after the report; deleted by default.
         limit: replay only the first N requests of each trace.
         memory_sample: keys per chunk size sampled with MEMORY USAGE.
         seed: seed for picking measured requests.
@@ -233,15 +234,15 @@ class Replayer:
         lengths = self._validate(reader, name)
         measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
                                  cfg.seed)
-        namespace = cfg.namespace or f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
+        namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
         stores = [self._make_store(namespace, cs) for cs in cfg.chunk_sizes]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
         try:
             return self._run(name, reader, lengths, measured, stores, progress)
-        finally:  # also on Ctrl-C or an error: a fresh namespace is this run's own, never left behind
-            if cfg.namespace is None and not cfg.keep:
+        finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
+            if not cfg.keep:
                 for store in stores:
                     delete_prefix(self.client, store.prefix)
 
@@ -315,7 +316,7 @@ class Replayer:
         return ChunkStore(self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
-            capacity_bytes=cfg.capacity_bytes))
+            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
 
     def _estimated(self, request, stores, results, pending, unlimited, upper) -> None:
         n = len(request.token_ids)
@@ -339,8 +340,8 @@ class Replayer:
             prompt = store.chunk(tokens, request.cache_salt)
             look = store.lookup(prompt)
             store.touch(prompt, look.hit_chunks)
-            self._count(res, store, prompt, look, seen, n, upper)
             past, hit_chunks = self._fetch(store, res, prompt, look, kv_full, rate)
+            self._count(res, store, prompt, look, seen, n, upper, hit_chunks)  # hits = what was retrieved
             reuse = 0 if past is None else past.shape[3]
             if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
                 kv, t_suffix = kv_full, t_full
@@ -378,10 +379,11 @@ class Replayer:
             res.transfer_seconds_estimated += look.hit_chunks * rate[1]
             return kv_full[:, :, :, :min(look.hit_tokens, n - 1)], look.hit_chunks
         got = store.retrieve(prompt, lookup=look)
-        if got.break_reason == "no-payload":
-            cs = store.config.chunk_size
-            done = store.store(prompt, kv_full, start_chunk=got.hit_tokens // cs, end_chunk=look.hit_chunks,
-                               overwrite=True)
+        start = end = got.hit_tokens // store.config.chunk_size
+        while got.break_reason == "no-payload" and end < look.hit_chunks and _accounted(look.metadata[end]):
+            end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
+        if end > start:
+            done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
             res.materialized_chunks += done.chunks_present
             got = store.retrieve(prompt, lookup=store.lookup(prompt, record=False))
         res.transfer_seconds_measured += got.transfer_seconds
@@ -392,15 +394,16 @@ class Replayer:
         return got.kv[:, :, :, :min(got.hit_tokens, n - 1)], got.hit_tokens // store.config.chunk_size
 
     @staticmethod
-    def _count(res, store, prompt, look, seen, n, upper) -> None:
+    def _count(res, store, prompt, look, seen, n, upper, hit_chunks: int | None = None) -> None:
+        hit_chunks = look.hit_chunks if hit_chunks is None else hit_chunks
         res.requests += 1
         res.prompt_tokens += n
-        res.hit_tokens += look.hit_tokens
-        res.chunks_hit += look.hit_chunks
+        res.hit_tokens += hit_chunks * store.config.chunk_size
+        res.chunks_hit += hit_chunks
         res.upper_bound_tokens += upper
         res.lookup_seconds += look.seconds
         if seen is None:
-            res.hit_tokens_unlimited += look.hit_tokens
+            res.hit_tokens_unlimited += hit_chunks * store.config.chunk_size
             return
         k = 0
         for h in prompt.hashes:
@@ -464,6 +467,11 @@ def curve_check(curve: CostCurve, samples) -> dict:
         return {"samples": 0}
     return {"samples": len(ratios), "median_measured_over_predicted": ratios[len(ratios) // 2],
             "max_measured_over_predicted": ratios[-1]}
+
+
+def _accounted(metadata: bytes) -> bool:
+    """Whether a chunk's metadata says its payload was accounted, not written (layout.py)."""
+    return b'"stored":"accounted"' in metadata
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

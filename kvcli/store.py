@@ -43,6 +43,8 @@ class StoreConfig:
         capacity_tokens / capacity_bytes: client-side LRU capacity over chunks (None: unlimited). Bytes count
             payload data bytes (stored or accounted).
         ttl: seconds to expire each chunk's metadata and payload (together), or None.
+        read_namespace: another namespace whose chunks are read as hits too but never written (a cache someone
+            warmed, replayed without changing it). Lookups stay one MGET (both namespaces' keys).
     """
 
     namespace: str
@@ -55,11 +57,15 @@ class StoreConfig:
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
     ttl: int | None = None
+    read_namespace: str | None = None
 
     def __post_init__(self) -> None:
-        if not _NAMESPACE_RE.fullmatch(self.namespace):
-            raise BadInputError(f"namespace {self.namespace!r}: use letters, digits and . _ - @ + = (no ':' or "
-                                f"glob characters, so one namespace's keys never match another's)")
+        for name in filter(None, (self.namespace, self.read_namespace)):
+            if not _NAMESPACE_RE.fullmatch(name):
+                raise BadInputError(f"namespace {name!r}: use letters, digits and . _ - @ + = (no ':' or glob "
+                                    f"characters, so one namespace's keys never match another's)")
+        if not self.namespace:
+            raise BadInputError("namespace must not be empty")
         if self.chunk_size < 1:
             raise BadInputError(f"chunk size must be >= 1, got {self.chunk_size}")
         for name in ("capacity_tokens", "capacity_bytes", "ttl"):
@@ -106,6 +112,7 @@ class LookupResult:
     seconds: float
     metadata: tuple[bytes, ...] = ()
     present_after: frozenset[int] = frozenset()
+    from_read: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +179,7 @@ class ChunkStore:
         self.client = client
         self.config = config
         self.prefix = key_prefix(config.namespace, config.chunk_size)
+        self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
         self._roots: dict[str, bytes] = {}
         self._lru: OrderedDict[bytes, None] | None = (
@@ -239,8 +247,15 @@ class ChunkStore:
         n = len(prompt.hashes)
         t0 = time.perf_counter()
         pre = self.prefix + "m:"
-        metas = self._call(self.client.mget, [pre + x for x in prompt.hexes], record=record) if n else []
+        keys = [pre + x for x in prompt.hexes]
+        if self.read_prefix:  # the read-only namespace's keys too, in the same MGET
+            keys += [self.read_prefix + "m:" + x for x in prompt.hexes]
+        metas = self._call(self.client.mget, keys, record=record) if n else []
         seconds = time.perf_counter() - t0
+        from_read = ()
+        if self.read_prefix and n:
+            from_read = tuple(own is None and other is not None for own, other in zip(metas[:n], metas[n:]))
+            metas = [own if own is not None else other for own, other in zip(metas[:n], metas[n:])]
         if record:
             self.stats.lookups += 1
             self.stats.lookup_seconds.append(seconds)
@@ -256,7 +271,7 @@ class ChunkStore:
             k = n
         cs = self.config.chunk_size
         later = frozenset(i for i in range(k + 1, n) if metas[i] is not None)
-        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]), later)
+        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]), later, from_read[:k])
 
     def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
         """Lookup (one round trip, skipped when ``lookup`` is given), then fetch the hit chunks' KV in one more.
@@ -270,7 +285,9 @@ class ChunkStore:
         if k == 0:
             return RetrieveResult(0, None, found, 0, 0, 0.0, 0.0, found.break_reason)
         t0 = time.perf_counter()
-        payloads = self._call(self.client.mget, [self.payload_key(h) for h in prompt.hashes[:k]])
+        own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
+        read = found.from_read or (False,) * k
+        payloads = self._call(self.client.mget, [(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
         t1 = time.perf_counter()
         tensors, data_bytes, head_bytes, reason = [], 0, 0, found.break_reason
         for meta, payload in zip(found.metadata, payloads):

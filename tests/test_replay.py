@@ -247,3 +247,42 @@ def test_no_chunk_size_pays_off_means_no_recommendation(redis_client):
         "t", [Request("a", np.arange(8, dtype="<u4")), Request("b", np.arange(100, 108, dtype="<u4"))])
     assert all(r.hit_tokens == 0 for r in result.per_chunk_size)
     assert result.recommended_chunk_size is None
+
+
+def test_replay_reads_a_named_namespace_and_never_writes_it(redis_client):
+    import torch
+
+    from kvcli.store import ChunkStore, StoreConfig
+
+    fleet = ChunkStore(redis_client, StoreConfig("fleet", 4, "m", "raw", (2, 2, 2, 32), torch.float32))
+    fleet.store(tok(1, 12), torch.randn(2, 2, 2, 12, 32))  # warmed: [1-4] [5-8] [9-12], real payloads
+    before = {k: redis_client.get(k) for k in redis_client.scan_iter("kvcli:v1:fleet:*")}
+    config = ReplayConfig(chunk_sizes=(4,), measure=0, payload="accounted", namespace="fleet")
+    replayer = Replayer(redis_client, None, CostCurve.from_tokens_per_second(1000.0), "raw", config,
+                        spec=ModelSpec("m", (2, 2, 2, 32), torch.float32))
+    res = replayer.replay("t", requests()).per_chunk_size[0]
+    # R1 8 (fleet), R2 8 (fleet), R3 12 (fleet), R4 0, R6 12 (fleet's 3 chunks; [13-16] is the run's own)
+    assert res.hit_tokens == 8 + 8 + 12 + 0 + 12
+    assert res.metadata_entries == 1  # only [13-16], written into the run's own namespace
+    after = {k: redis_client.get(k) for k in redis_client.scan_iter("kvcli:v1:*")}
+    assert after == before  # the named namespace is untouched, and the run's own namespace is gone
+
+
+def test_measured_hits_count_what_was_retrieved(redis_client, monkeypatch):
+    import torch
+
+    import kvcli.replay as replay_mod
+    from kvcli.store import ChunkStore, StoreConfig
+
+    model = build_model("tiny", "float32", "cpu", seed=0)
+    fleet = ChunkStore(redis_client, StoreConfig("fleet", 4, model.model_id, "raw", (2, 2, 2, 32), torch.float32))
+    _, kv = model.prefill(np.asarray(tok(1, 12), dtype="<u4"))
+    fleet.store(tok(1, 12), kv)
+    h1 = fleet.chunk(tok(1, 12)).hashes[1]
+    redis_client.delete(fleet.payload_key(h1))  # chunk [5-8] lost its payload: an orphan
+    monkeypatch.setattr(replay_mod, "pick_measured", lambda *a: {2})  # R3 = tok(1..12) runs the model
+    config = ReplayConfig(chunk_sizes=(4,), measure=1, namespace="fleet")
+    replayer = Replayer(redis_client, model, CostCurve.from_tokens_per_second(1000.0), "raw", config)
+    res = replayer.replay("t", [Request("r3", np.asarray(tok(1, 12), dtype="<u4"))] * 3).per_chunk_size[0]
+    # two estimated requests hit 12 by metadata; the measured one retrieves only [1-4]: [5-8] is a real miss
+    assert (res.measured_requests, res.hit_tokens, res.materialized_chunks) == (1, 12 + 12 + 4, 0)
