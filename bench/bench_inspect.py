@@ -54,7 +54,7 @@ def timed(client, runs: int, **kw) -> dict:
         result = inspect_cache(client, **kw)
         seconds.append(time.perf_counter() - t0)
     return {"best": min(seconds), "median": statistics.median(seconds), "kvcli_keys": result.kvcli_keys,
-            "other_keys": result.other_keys, "memory_bytes": sum(g.memory_bytes for g in result.groups)}
+            "other_keys": result.other_keys, "memory_bytes": sum((g.memory_bytes or 0) for g in result.groups)}
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from .errors import RedisFailure
 from .layout import key_prefix
 
 if TYPE_CHECKING:
@@ -61,15 +62,25 @@ class ChunkMap:
 
 def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
               cache_salt: str = "", server: ServerMemory | None = None) -> ChunkMap:
-    """Where a prompt's hit run would break, and why; read-only (two pipelined round trips, payloads included).
+    """Where a prompt's hit run would break, and why; read-only (two pipelined round trips, payloads included), over
+    one connection in ``CLIENT NO-TOUCH`` mode where the server has it (:func:`kvcli.inspection.reader`).
 
-    A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of the prompt
+    A key of another type than a string at a chunk's metadata name makes it "bad-metadata"; at its payload name,
+    "no-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of the prompt
     is still present (so this one was stored) and the server's counters show only expiries or only evictions (Redis
     keeps no record of a removed key, so this is inferred).
 
     Raises:
         RedisFailure: the server refused a read.
     """
+    from .inspection import reader
+
+    with reader(client) as conn:
+        return _chunk_map(conn, token_ids, namespace, chunk_size, model_id, tokenizer, cache_salt, server)
+
+
+def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
+               cache_salt: str, server: ServerMemory | None) -> ChunkMap:
     from .hashing import chunk_prompt, namespace_root
     from .inspection import _call, server_memory
 
@@ -80,7 +91,10 @@ def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, m
         pipe.get(f"{prefix}m:{h.hex()}")
         pipe.get(f"{prefix}p:{h.hex()}")
         pipe.pttl(f"{prefix}m:{h.hex()}")
-    replies = _call(pipe) if prompt.hashes else []
+    replies = _call(pipe, raise_on_error=False) if prompt.hashes else []
+    for r in replies[2::3]:
+        if isinstance(r, Exception):
+            raise RedisFailure(f"Redis read failed: {r}")
     states = [_state(prompt, k, *replies[3 * k:3 * k + 2]) for k in range(len(prompt.hashes))]
     hits = next((k for k, s in enumerate(states) if s != "ok"), len(states))
     reason = "" if hits == len(states) else states[hits]
@@ -99,10 +113,18 @@ def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, m
                     None if hits == len(states) else hits, reason)
 
 
-def _state(prompt, k: int, meta_raw: bytes | None, payload: bytes | None) -> str:
-    """One chunk on its own: "ok" or what is wrong with it."""
+def _state(prompt, k: int, meta_raw, payload) -> str:
+    """One chunk on its own: "ok" or what is wrong with it. A read error (WRONGTYPE: not a string) is bad metadata
+    at the metadata key, no payload at the payload key; any other error is raised."""
     from .inspection import _parse, payload_ok
 
+    for reply in (meta_raw, payload):
+        if isinstance(reply, Exception) and "WRONGTYPE" not in str(reply):
+            raise RedisFailure(f"Redis read failed: {reply}")
+    if isinstance(payload, Exception):
+        payload = None
+    if isinstance(meta_raw, Exception):
+        return "bad-metadata"
     if meta_raw is None:
         return "missing" if payload is None else "no-metadata"
     meta = _parse(meta_raw)

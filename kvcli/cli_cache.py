@@ -68,9 +68,12 @@ def warm(
     with open_redis(redis_url) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
-        say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+        say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
         result = lib.warm(client, requests, local, config, bar.update, spec, say)
     _print(result, json_out, _warm_view)
+    if result.evicted_keys:
+        err.print(f"warning: the server evicted {result.evicted_keys:,} keys during this warm; what was written may "
+                  f"already be gone", markup=False, highlight=False, soft_wrap=True)
     if result.stopped:
         raise RedisFailure(result.stopped)
 
@@ -111,9 +114,10 @@ def inspect(
             result = lib.inspect_cache(client, namespace, sample, verify)
             return _print(result, json_out, _inspect_view)
         model_id = model if "/" in model else model_spec(model, dtype, seed).model_id
-        server = lib.server_memory(client)
-        maps = [lib.chunk_map(client, ids[0], namespace or "default", cs, model_id, tokenizer, ids[1], server)
-                for cs in _sizes(chunk_size or _SIZES)]
+        with lib.reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
+            server = lib.server_memory(conn)
+            maps = [lib.chunk_map(conn, ids[0], namespace or "default", cs, model_id, tokenizer, ids[1], server)
+                    for cs in _sizes(chunk_size or _SIZES)]
     _print(maps, json_out, _map_view)
 
 
@@ -138,7 +142,8 @@ def purge(
     with open_redis(redis_url) as (client, _):
         found = lib.count(client, namespace, chunk_size)
         where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
-        err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)")
+        err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)",
+                  markup=False, highlight=False, soft_wrap=True)
         if found.keys and not yes:
             raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
         done = lib.purge(client, namespace, chunk_size) if yes else found
@@ -147,13 +152,14 @@ def purge(
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
 def _sizes(text: str) -> tuple[int, ...]:
+    """``"16,64,16"`` -> ``(16, 64)``: positive integers, duplicates dropped (first kept)."""
     try:
         sizes = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
         sizes = ()
     if not sizes or min(sizes) < 1:
         raise BadInputError(f"--chunk-size must be positive integers separated by commas, got {text!r}")
-    return sizes
+    return tuple(dict.fromkeys(sizes))
 
 
 def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
@@ -166,9 +172,12 @@ def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
         return get_tokenizer(tokenizer).encode(prompt), ""
     if tokens is not None:
         try:
-            ids = [int(x) for x in re.findall(r"-?\d+", tokens.read_text())]
+            ids = [int(x) for x in re.findall(r"-?\d+", tokens.read_text(encoding="utf-8"))]
         except OSError as exc:
             raise BadInputError(f"cannot read: {exc.strerror or exc}", path=str(tokens)) from None
+        except UnicodeDecodeError as exc:
+            raise BadInputError(f"not UTF-8 text (byte {exc.start}): --tokens wants token ids as text, e.g. "
+                                f"'1 2 3'", path=str(tokens)) from None
         if any(not 0 <= i < 2**32 for i in ids):
             raise BadInputError("token ids must be integers in [0, 2**32)", path=str(tokens))
         return ids, ""
@@ -203,11 +212,13 @@ def _jsonable(obj):
 
 
 def _table(title: str, columns: list[str], rows: list[list]) -> Table:
-    table = Table(title=title, title_justify="left")
+    """A table whose title and cells are plain text: names from the server (namespaces, models) are never read as
+    rich markup (``[/]`` would raise, ``[p]`` would vanish)."""
+    table = Table(title=Text(title), title_justify="left")
     for i, c in enumerate(columns):
         table.add_column(c, justify="left" if i == 0 else "right")
     for row in rows:
-        table.add_row(*(f"{x:,}" if isinstance(x, int) else str(x) for x in row))
+        table.add_row(*(Text(f"{x:,}" if isinstance(x, int) else str(x)) for x in row))
     return table
 
 
@@ -215,15 +226,28 @@ def _warm_view(r) -> Group:
     rows = [[t.chunk_size, t.prompts, t.full_chunks, t.chunks_written, t.chunks_present, t.objects_written,
              fmt_bytes(t.payload_bytes + t.header_bytes), fmt_bytes(t.metadata_bytes)] for t in r.per_size]
     verb = "would write" if r.dry_run else "wrote"
-    note = (f"{verb} {r.total('objects_written'):,} objects, {fmt_bytes(r.total('bytes'))}"
-            + (": everything was already present" if not r.total("objects_written") else "")
+    note = (f"{verb} {r.total('objects_written'):,} objects, {fmt_bytes(r.total('bytes'))}" + _why_nothing(r)
             + ("" if r.dry_run else f"; prefilled {r.tokens_prefilled:,} tokens, reused {r.tokens_reused:,} "
                f"(model {r.compute_seconds:.2f} s, writes {r.write_seconds:.2f} s)") + f"; {r.seconds:.2f} s"
-            + f"\npreflight: {r.preflight.message}" + (f"\nstopped: {r.stopped}" if r.stopped else ""))
+            + f"\npreflight: {r.preflight.message}"
+            + ("" if not r.evicted_keys else f"\nevicted: the server evicted {r.evicted_keys:,} keys during this "
+               f"warm; what was written may already be gone")
+            + (f"\nstopped: {r.stopped}" if r.stopped else ""))
     table = _table(f"warm {r.namespace} ({r.model_id}){' — dry run' if r.dry_run else ''}",
                    ["chunk size", "prompts", "full chunks", "written", "present", "objects", "payload",
                     "metadata"], rows)
     return Group(table, Text(note))
+
+
+def _why_nothing(r) -> str:
+    """Why nothing was written, when nothing was and nothing failed: no prompts, no full chunk, all present."""
+    if r.total("objects_written") or r.stopped:
+        return ""
+    if not r.prompts:
+        return ": no prompts"
+    if not r.total("full_chunks"):
+        return ": no prompt is as long as a chunk"
+    return ": everything was already present"
 
 
 def _inspect_view(r) -> Group:
@@ -242,12 +266,14 @@ def _inspect_view(r) -> Group:
                    ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
                     "redis memory", "ttl min/med/max", "age med", "integrity"], rows)
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
-              else f"sampled {r.memory_sampled:,} keys, scaled")
+              else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
     return Group(table, Text(f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} "
                              f"({s.policy}), evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}; "
                              f"MEMORY USAGE: {memory}; checksums "
-                             f"{'verified' if r.verified else 'not verified (--verify)'}; {r.seconds:.2f} s"))
+                             f"{'verified' if r.verified else 'not verified (--verify)'}; "
+                             f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
+                             f"{r.seconds:.2f} s"))
 
 
 def _map_view(maps) -> Group:

@@ -1,11 +1,17 @@
 """Read a live cache without touching it: kvcli's keys by namespace, model and chunk size, and their integrity.
 
 Strictly read-only: the only commands sent are those in :data:`READ_COMMANDS` (SCAN, MGET, GET, EXISTS, STRLEN,
-PTTL, MEMORY USAGE, INFO, DBSIZE, and EVAL_RO, whose script the server forbids to write); a test checks at the
-server that nothing else ran. Keys are listed with SCAN and a cursor (never KEYS); each SCAN step's reads go out in
+PTTL, MEMORY USAGE, INFO, DBSIZE, and EVAL_RO, whose script the server forbids to write; plus CLIENT NO-TOUCH ON,
+which only sets the connection's own mode); a test checks at the server that nothing else ran. It does not
+change eviction state either, where the server allows it: every read goes over one dedicated connection
+(:func:`reader`) that first sends ``CLIENT NO-TOUCH ON`` (Redis >= 7.2, Valkey), so the keys' LRU idle time and
+LFU counters stay as they were; older servers refuse it, and their reads touch keys as any client's do.
+Keys are listed with SCAN and a cursor (never KEYS); each SCAN step's reads go out in
 one round trip (MGET of the metadata values plus one EVAL_RO for every key's PTTL, STRLEN and MEMORY USAGE, or,
 where scripts are refused, the same commands pipelined one per key). Foreign keys (anything that is not
-``kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash}``) are counted as "other" and nothing else is done with them.
+``kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash}``) are counted as "other" and nothing else is done with them; so
+is a payload-named key that does not hold a string, while a metadata-named key that does not hold a string is
+bad metadata.
 
 Integrity, per namespace and chunk size:
   * orphan metadata: metadata whose payload is gone (a "real" chunk); orphan payloads: payload without metadata
@@ -17,6 +23,7 @@ Integrity, per namespace and chunk size:
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections import defaultdict
@@ -29,11 +36,11 @@ import xxhash
 
 from .chunkmap import ChunkMap, MapRow, chunk_map  # noqa: F401  (re-exported: inspection's public API)
 from .errors import RedisFailure
-from .serde import PayloadError, decode_kv
 from .layout import _KEY_RE, ChunkMeta, key_prefix, parse_key, parse_metadata
+from .serde import PayloadError, decode_kv
 
 READ_COMMANDS = frozenset({"scan", "mget", "get", "exists", "strlen", "pttl", "memory|usage", "info", "dbsize",
-                           "eval_ro"})
+                           "eval_ro", "client|no-touch"})
 VERIFY_AUTO_BYTES = 256 << 20
 SCAN_COUNT = 1000
 _RNG = np.random.default_rng()
@@ -50,6 +57,39 @@ class ServerMemory:
     expired_keys: int
     keys: int
     version: str
+
+
+@contextlib.contextmanager
+def reader(client: redis.Redis) -> Iterator[redis.Redis]:
+    """A client for inspect's reads: ONE connection to ``client``'s server (a pool of one, so every command and
+    pipeline goes over it; a second connection would be an error, not a silent bypass), in ``CLIENT NO-TOUCH ON``
+    mode from its first command on (sent again after a reconnect), so reads leave the keys' LRU/LFU state as it
+    was. Servers without NO-TOUCH (Redis < 7.2) or an ACL that refuses it: the error is ignored and the reads
+    touch keys as any client's reads do. ``.no_touch`` on the yielded client says whether the server accepted it
+    (None until connected). A client from :func:`reader` is yielded as is. Closed on exit."""
+    if getattr(client, "kvcli_no_touch", False) is not False:
+        yield client
+        return
+    pool = client.connection_pool
+
+    def on_connect(conn) -> None:
+        conn.on_connect()
+        try:
+            conn.send_command("CLIENT", "NO-TOUCH", "ON")
+            conn.read_response()
+            ours.kvcli_no_touch = True
+        except redis.ResponseError:  # unknown subcommand (Redis < 7.2) or refused by an ACL
+            ours.kvcli_no_touch = ours.kvcli_no_touch or False
+
+    ours = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=1,
+        **{**pool.connection_kwargs, "redis_connect_func": on_connect}))
+    ours.kvcli_no_touch = None
+    try:
+        yield ours
+    finally:
+        ours.close()
+        ours.connection_pool.disconnect()
 
 
 def server_memory(client: redis.Redis) -> ServerMemory:
@@ -85,7 +125,7 @@ class Group:
     payload_objects: int = 0
     payload_bytes: int = 0
     metadata_bytes: int = 0
-    memory_bytes: int = 0
+    memory_bytes: int | None = None  # None: not measured (--sample 0, or no key of this group in the sample)
     memory_keys: int = 0
     ttl_none: int = 0
     ttls: list[float] = field(default_factory=list)
@@ -113,12 +153,14 @@ class Inspection:
     memory_sampled: int | None = None  # None: MEMORY USAGE of every kvcli key; 0: not read; N: a sample of N
     verified: bool = False
     seconds: float = 0.0
+    no_touch: bool | None = None  # the server accepted CLIENT NO-TOUCH ON (reads left LRU/LFU state alone)
 
     def to_dict(self) -> dict:
         """JSON-ready, integrity problems listed by chunk hash."""
         return {"server": self.server.__dict__, "keys": {"scanned": self.scanned_keys, "kvcli": self.kvcli_keys,
                 "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "checksums_verified":
-                self.verified, "seconds": self.seconds, "groups": [g.to_dict() for g in self.groups]}
+                self.verified, "no_touch": self.no_touch, "seconds": self.seconds,
+                "groups": [g.to_dict() for g in self.groups]}
 
 
 class _Space:
@@ -147,21 +189,28 @@ def scan_batches(client: redis.Redis, count: int = SCAN_COUNT) -> Iterator[list[
 
 def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int | None = None,
                   verify: bool | None = None) -> Inspection:
-    """Read every kvcli key once (read-only) and summarise it.
+    """Read every kvcli key once (read-only, over one NO-TOUCH connection: :func:`reader`) and summarise it.
 
     Args:
         namespace: only this namespace's keys are read (others still count in ``kvcli_keys``).
-        sample: MEMORY USAGE of every kvcli key (None), of none (0), or of a uniform sample of N keys, scaled up.
+        sample: MEMORY USAGE of every kvcli key (None), of none (0), or of N keys spread over the groups (one per
+            group when N >= the number of groups, the rest in proportion to the groups' key counts), each group's
+            reading scaled up to its key count.
         verify: read payloads to check their checksums (None: only when they total <= 256 MiB).
 
     Raises:
         RedisFailure: the server refused a read.
     """
+    with reader(client) as conn:
+        result = _inspect(conn, namespace, sample, verify)
+        result.no_touch = bool(getattr(conn, "kvcli_no_touch", False))
+    return result
+
+
+def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, verify: bool | None) -> Inspection:
     t0 = time.perf_counter()
     result = Inspection(server_memory(client), memory_sampled=sample)
     spaces: dict[tuple[str, int], _Space] = defaultdict(_Space)
-    reservoir: list[bytes] = []
-    population = 0  # keys the sample is drawn from (the namespace's, with a filter)
     script = [True]
     heads: dict[bytes, tuple | None] = {}  # "kvcli:v1:{ns}:{cs}" -> (ns, cs), or None when filtered out
     for keys in scan_batches(client):
@@ -181,12 +230,11 @@ def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int
             if head is not None:
                 mine.append((key, head, parts[1], parts[2]))
         if mine:
-            _read_batch(client, mine, spaces, sample is None, script)
-            population += len(mine)
-            if sample:
-                _reservoir(reservoir, [m[0] for m in mine], sample, population)
+            foreign = _read_batch(client, mine, spaces, sample is None, script)
+            result.kvcli_keys -= foreign
+            result.other_keys += foreign
     if sample:
-        _sampled_memory(client, reservoir, spaces)
+        result.memory_sampled = _sampled_memory(client, spaces, sample)
     payload_total = sum(n for s in spaces.values() for n, _ in s.payload.values())
     result.verified = verify if verify is not None else payload_total <= VERIFY_AUTO_BYTES
     for (ns, cs), space in sorted(spaces.items()):
@@ -206,10 +254,13 @@ def _call(pipe, raise_on_error: bool = True):
 
 # PTTL, STRLEN (and MEMORY USAGE when ARGV[1] is "1") of every key, in one EVAL_RO: the server refuses any write
 # inside it, and one command per SCAN step instead of two or three per key is 4-5x faster (bench/bench_inspect.py).
+# STRLEN of a key that holds no string (WRONGTYPE) is -1.
 _FACTS = """local o = {}
 for _, k in ipairs(KEYS) do
   o[#o + 1] = redis.call('PTTL', k)
-  o[#o + 1] = redis.call('STRLEN', k)
+  local n = redis.pcall('STRLEN', k)
+  if type(n) == 'table' then n = -1 end
+  o[#o + 1] = n
   if ARGV[1] == '1' then o[#o + 1] = redis.call('MEMORY', 'USAGE', k) or false end
 end
 return o"""
@@ -223,9 +274,12 @@ def _split(key: bytes) -> tuple[bytes, str, str] | None:
     return head, kind.decode(), h.decode()
 
 
-def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> None:
+def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> int:
     """One round trip per SCAN step: MGET of the metadata values, and each key's PTTL, STRLEN (and MEMORY USAGE)
-    in one EVAL_RO, or pipelined one by one where scripts are refused (``script[0]`` is set False then)."""
+    in one EVAL_RO, or pipelined one by one where scripts are refused (``script[0]`` is set False then).
+
+    A key that holds no string (STRLEN: WRONGTYPE): metadata-named, it is bad metadata (size 0); payload-named, it
+    is not a payload. Returns the number of the latter (the caller counts them as other keys)."""
     keys = [m[0] for m in mine]
     metas = [m[0] for m in mine if m[2] == "m"]
     pipe = client.pipeline(transaction=False)
@@ -246,19 +300,26 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> 
     if any(isinstance(r, Exception) for r in replies[:1 + script[0]]):
         raise RedisFailure(f"Redis read failed: {next(r for r in replies if isinstance(r, Exception))}")
     facts = replies[-1] if script[0] else replies[int(bool(metas)):]
-    values, width = iter(replies[0] if metas else ()), 2 + with_memory
+    values, width, foreign = iter(replies[0] if metas else ()), 2 + with_memory, 0
     for i, (_, head, kind, h) in enumerate(mine):
         space = spaces[head]
-        pttl, size = int(facts[width * i]), int(facts[width * i + 1])
+        pttl, size = int(facts[width * i]), facts[width * i + 1]
+        wrong_type = isinstance(size, Exception) or int(size) < 0
         if kind == "p":
+            if wrong_type:
+                foreign += 1
+                continue
             if pttl != -2:  # -2: gone since SCAN saw it
-                space.payload[h] = (size, pttl)
+                space.payload[h] = (int(size), pttl)
         else:
             raw = next(values)
             if raw is not None:
                 space.meta[h] = (_parse(raw), len(raw), pttl)
-        if with_memory and facts[width * i + 2] is not None:
+            elif wrong_type and pttl != -2:  # MGET answers nil for a key of another type
+                space.meta[h] = (None, 0, pttl)
+        if with_memory and facts[width * i + 2] is not None and not isinstance(facts[width * i + 2], Exception):
             space.memory[(kind, h)] = int(facts[width * i + 2])
+    return foreign
 
 
 def _parse(raw: bytes) -> ChunkMeta | None:
@@ -268,26 +329,52 @@ def _parse(raw: bytes) -> ChunkMeta | None:
         return None
 
 
-def _reservoir(reservoir: list[bytes], keys: list[bytes], size: int, seen: int) -> None:
-    """Algorithm R over the kvcli keys seen so far (``seen`` counts them, this batch included), vectorized."""
-    take = max(0, min(len(keys), size - len(reservoir)))
-    reservoir.extend(keys[:take])
-    if take == len(keys):
-        return
-    first = seen - len(keys) + take  # keys already seen before keys[take]
-    slots = (_RNG.random(len(keys) - take) * np.arange(first + 1, seen + 1)).astype(np.int64)
-    for i in np.flatnonzero(slots < size):
-        reservoir[slots[i]] = keys[take + i]
+def _strata(space: _Space) -> dict[str, list[tuple[str, str]]]:
+    """One space's keys ``(kind, hash)`` by the group (model) :func:`_groups` puts them in."""
+    models = {m.model for m, _, _ in space.meta.values() if m}
+    payload_model = next(iter(models)) if len(models) == 1 else "?"
+    out: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for h, (meta, _, _) in space.meta.items():
+        out[meta.model if meta else "?"].append(("m", h))
+    for h in space.payload:
+        out[payload_model].append(("p", h))
+    return out
 
 
-def _sampled_memory(client, reservoir: list[bytes], spaces) -> None:
+def quotas(sizes: list[int], n: int) -> list[int]:
+    """How many of each group's keys to sample, ``n`` in all: every key when ``n`` covers them; else one per group
+    (the largest groups first when ``n`` is smaller than the number of groups), the rest in proportion to the
+    groups' sizes beyond that first key (largest remainders). Never more than a group holds."""
+    total = sum(sizes)
+    if n >= total:
+        return list(sizes)
+    if n <= len(sizes):
+        order = sorted(range(len(sizes)), key=lambda i: -sizes[i])[:n]
+        return [int(i in order) for i in range(len(sizes))]
+    rest, spare = n - len(sizes), total - len(sizes)
+    exact = [rest * (s - 1) / spare for s in sizes]
+    out = [1 + int(e) for e in exact]
+    for i in sorted(range(len(sizes)), key=lambda i: int(exact[i]) - exact[i])[:n - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _sampled_memory(client, spaces, n: int) -> int:
+    """MEMORY USAGE of ``n`` kvcli keys spread over the groups (:func:`quotas`), uniform within each; pipelined.
+    Returns the number of keys sampled."""
+    strata = [((ns, cs), kind_hashes) for (ns, cs), space in sorted(spaces.items())
+              for _, kind_hashes in sorted(_strata(space).items())]
+    picks = []
+    for ((ns, cs), keys), take in zip(strata, quotas([len(k) for _, k in strata], n)):
+        for i in sorted(_RNG.choice(len(keys), size=take, replace=False)) if take < len(keys) else range(len(keys)):
+            picks.append(((ns, cs), keys[i]))
     pipe = client.pipeline(transaction=False)
-    for key in reservoir:
-        pipe.memory_usage(key)
-    for key, usage in zip(reservoir, _call(pipe)):
-        parts = parse_key(key)
-        if usage is not None and (parts.namespace, parts.chunk_size) in spaces:
-            spaces[(parts.namespace, parts.chunk_size)].memory[(parts.kind, parts.hash_hex)] = int(usage)
+    for (ns, cs), (kind, h) in picks:
+        pipe.memory_usage(f"{key_prefix(ns, cs)}{kind}:{h}")
+    for ((ns, cs), (kind, h)), usage in zip(picks, _call(pipe) if picks else []):
+        if usage is not None:
+            spaces[(ns, cs)].memory[(kind, h)] = int(usage)
+    return len(picks)
 
 
 def _verify(client, ns: str, cs: int, space: _Space, batch_bytes: int = 1 << 20) -> None:
@@ -399,7 +486,7 @@ def _memory(groups: dict[str, Group], space: _Space, models: set[str]) -> None:
         model = (entry[0].model if entry and entry[0] else "?") if kind == "m" else (
             next(iter(models)) if len(models) == 1 else "?")
         if model in groups:
-            groups[model].memory_bytes += usage
+            groups[model].memory_bytes = (groups[model].memory_bytes or 0) + usage
             groups[model].memory_keys += 1
     for g in groups.values():
         keys = g.metadata_entries + g.payload_objects

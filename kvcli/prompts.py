@@ -1,7 +1,8 @@
 """Prompts to warm, read from prompt files, trace files, directories and stdin, tokenized into Requests.
 
 A source is a lines file (one prompt per line, blank lines skipped, no chat template), a trace in any format
-:mod:`kvcli.traces` reads (``.gz`` accepted), a directory of trace files, or ``-`` (stdin; a trace on stdin is
+:mod:`kvcli.traces` reads (``.gz`` accepted), a directory of prompt files (``.txt``) and trace files, or ``-``
+(stdin; a trace on stdin is
 spooled to a temporary file, since the trace readers read regular files only). Output: :class:`kvcli.traces.Request`
 objects, ``token_ids`` ``[tokens]`` uint32, ids ``file:line`` for lines. Cost: one pass over each source; all
 prompts are held in memory (warm plans the whole run before it writes).
@@ -23,30 +24,48 @@ from .traces import Request, read_trace
 
 def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: str = "cl100k_base",
                  stdin: TextIO | None = None) -> list[Request]:
-    """Prompts from files, directories (their trace files, as replay reads them) and ``-`` (stdin), tokenized.
+    """Prompts from files, directories (their ``.txt`` prompt files and trace files) and ``-`` (stdin), tokenized.
 
     A source is a prompt file, one prompt per line (blank lines skipped, line ends stripped, no chat template),
     or a trace in any format replay reads (traces.py: native JSONL with ``prompt``/``messages``/``token_ids``,
-    Mooncake, ShareGPT, SWE-agent; ``.gz`` accepted). ``fmt="auto"`` reads a source as a trace when its first
-    non-blank character is ``{`` or ``[`` (or it ends in ``.traj``), else as lines; ``"lines"`` or a trace format
-    name forces one. All prompts are held in memory (warm plans the whole run before it writes).
+    Mooncake, ShareGPT, SWE-agent; ``.gz`` accepted). ``fmt="auto"`` reads a ``.txt`` (``.txt.gz``) file as
+    lines, and any other source as a trace when its first non-blank character is ``{`` or ``[`` (or it ends in
+    ``.traj``), else as lines; ``"lines"`` or a trace format name forces one. A directory contributes its files
+    in name order: ``.txt`` prompt files and the trace files replay reads (hidden files, notes, scripts and plots
+    skipped). All prompts are held in memory (warm plans the whole run before it writes).
 
     Raises:
-        BadInputError: a missing or unreadable source, or a bad record (with ``file:line``).
+        BadInputError: a missing or unreadable source, a directory with neither prompt nor trace files, or a bad
+            record (with ``file:line``).
     """
-    from .runner import expand_paths
-
     out: list[Request] = []
     for source in sources:
         if source == "-":
             out.extend(_from_stdin((stdin or sys.stdin).read(), fmt, tokenizer))
             continue
-        for path in expand_paths([Path(source)]):
-            if fmt == "lines" or (fmt == "auto" and _looks_like_lines(path)):
+        for path in _expand(Path(source)):
+            if fmt == "lines" or (fmt == "auto" and (_is_txt(path) or _looks_like_lines(path))):
                 out.extend(_lines(_read_text(path).splitlines(), str(path), tokenizer))
             else:
                 out.extend(read_trace(path, fmt, tokenizer))
     return out
+
+
+def _is_txt(path: Path) -> bool:
+    return path.name.lower().removesuffix(".gz").endswith(".txt")
+
+
+def _expand(path: Path) -> list[Path]:
+    """A file as given; a directory's prompt (``.txt``) and trace files, sorted (replay's skip list otherwise)."""
+    from .runner import _NOT_TRACES, expand_paths
+
+    if not path.is_dir():
+        return expand_paths([path])
+    found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                   and (_is_txt(p) or p.suffix.lower() not in _NOT_TRACES))
+    if not found:
+        raise BadInputError("directory holds no prompt (.txt) or trace files", path=str(path))
+    return found
 
 
 def _read_text(path: Path, limit: int = -1) -> str:

@@ -2,8 +2,11 @@
 
 Same key layout, namespaces and values as replay's store (store.py), so a warmed chunk is a replay hit.
 
-* **Idempotent.** Each prompt's chunks are checked first (EXISTS on both keys, one pipelined round trip); a chunk
-  whose metadata and payload are both present is neither recomputed nor rewritten (``SET NX`` guards races too).
+* **Idempotent.** Each prompt's chunks are checked first (GET of the metadata, EXISTS of the payload, one pipelined
+  round trip); a chunk whose payload exists and whose metadata says ``"stored":"real"`` is *present*: neither
+  recomputed nor rewritten. Any other chunk (a half missing, or "accounted" metadata that replay writes, with no
+  payload behind it) is written whole: payload and metadata both with a plain ``SET`` (``EX ttl``), so the metadata
+  always describes the payload beside it and both halves carry the same TTL.
 * **Prefill only what is missing.** The longest stored prefix (under any chunk size being warmed) is retrieved,
   checksum-verified, and passed as ``past_kv``; only the tokens after it, up to the end of the last full chunk that
   needs writing, run through the model. Prompts that share a prefix (a fleet's system prompt) compute it once.
@@ -15,12 +18,14 @@ Same key layout, namespaces and values as replay's store (store.py), so a warmed
   plan first too, for the preflight: its Redis-memory estimate against ``maxmemory - used_memory``.
 
 ``ttl`` expires each chunk's metadata and payload together (``SET ... EX`` on both, in one transaction). Chunks
-already present keep their own TTL.
+already present keep their own TTL. The server's ``evicted_keys`` counter is read before and after a real run:
+:attr:`WarmResult.evicted_keys` is the difference (evictions by the server during the run, whoever caused them).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,16 +35,22 @@ import torch
 
 from .errors import BadInputError, RedisFailure
 from .hashing import ChunkedPrompt
-from .inspection import server_memory
+from .inspection import ServerMemory, server_memory
+from .layout import parse_metadata
 from .model import ModelSpec, model_spec  # noqa: F401  (re-exported: warm's public API)
 from .prompts import read_prompts  # noqa: F401  (re-exported: warm's public API)
+from .serde import PayloadError
 from .store import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
 from .traces import Request
+
 
 # -- config and results ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WarmConfig:
-    """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; batch limits per EXEC."""
+    """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; batch limits per EXEC.
+
+    ``chunk_sizes`` is deduplicated (first occurrence kept): ``(16, 16)`` is one store, counted once.
+    """
 
     namespace: str = "default"
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -50,10 +61,13 @@ class WarmConfig:
     batch_bytes: int = 8 << 20
     batch_chunks: int = 64
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(self.chunk_sizes)))
+
 
 @dataclass
 class SizeTotals:
-    """One chunk size's totals (counts; bytes). A chunk is "written" when this run created any of its objects."""
+    """One chunk size's totals (counts; bytes). A chunk is "written" when this run wrote it (both its objects)."""
 
     chunk_size: int
     prompts: int = 0
@@ -72,15 +86,14 @@ class SizeTotals:
         """Value bytes written: payload data + payload headers + metadata."""
         return self.payload_bytes + self.header_bytes + self.metadata_bytes
 
-    def add(self, store: ChunkStore, new_payload: bool, new_meta: bool, meta_len: int) -> None:
-        """Count one chunk's created objects."""
-        self.chunks_written += new_payload or new_meta
-        self.chunks_present += not (new_payload or new_meta)
-        self.objects_written += new_payload + new_meta
-        self.payload_objects += new_payload
-        self.payload_bytes += new_payload * store.config.payload_bytes
-        self.header_bytes += new_payload * store.config.header_bytes
-        self.metadata_bytes += new_meta * meta_len
+    def add(self, store: ChunkStore, meta_len: int) -> None:
+        """Count one written chunk: its payload and its metadata (``meta_len`` bytes)."""
+        self.chunks_written += 1
+        self.objects_written += 2
+        self.payload_objects += 1
+        self.payload_bytes += store.config.payload_bytes
+        self.header_bytes += store.config.header_bytes
+        self.metadata_bytes += meta_len
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,11 @@ class Preflight:
 
 @dataclass
 class WarmResult:
-    """What a warm run wrote (dry run: would write). ``stopped`` is "" or why it stopped early; tokens; seconds."""
+    """What a warm run wrote (dry run: would write). ``stopped`` is "" or why it stopped early; tokens; seconds.
+
+    ``evicted_keys``: keys the server evicted while the run wrote (INFO ``evicted_keys`` after minus before; None
+    for a dry run, or when the counter could not be read afterwards). Above 0, what was written may be gone.
+    """
 
     namespace: str
     model_id: str
@@ -112,6 +129,7 @@ class WarmResult:
     write_seconds: float = 0.0  # serializing + writing chunks (MULTI/EXEC round trips)
     stopped: str = ""
     estimate: list[SizeTotals] = field(default_factory=list)
+    evicted_keys: int | None = None
 
     def total(self, name: str) -> int:
         """Sum of one :class:`SizeTotals` field (or ``"bytes"``) over chunk sizes."""
@@ -132,13 +150,11 @@ class WarmResult:
 # -- plan (read-only) -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Plan:
-    """One prompt under one store: chunks to write (ascending), which object of each is missing, intact prefix."""
+    """One prompt under one store: chunks to write (ascending; each written whole), intact prefix."""
 
     prompt: ChunkedPrompt
     write: tuple[int, ...]
-    need_payload: tuple[bool, ...]
-    need_meta: tuple[bool, ...]
-    intact: int  # leading chunks with both objects present
+    intact: int  # leading chunks that are present (real metadata and a payload)
 
 
 def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> list[ChunkStore]:
@@ -148,29 +164,40 @@ def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> lis
 
 
 def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None) -> _Plan:
-    """Which of the prompt's full chunks lack metadata or payload: one pipelined round trip of EXISTS, read-only.
+    """Which of the prompt's full chunks are not present: one pipelined round trip (GET of each metadata value,
+    EXISTS of each payload), read-only. Present: the payload exists and the metadata parses and says
+    ``"stored":"real"``; a chunk with "accounted" metadata (replay's, no payload), unreadable metadata or a half
+    missing is to be written whole.
 
     ``planned`` (dry run) holds hashes an earlier prompt of the run would write; they count as present.
     """
     prompt = store.chunk(request.token_ids, request.cache_salt)
     if not prompt.hashes:
-        return _Plan(prompt, (), (), (), 0)
+        return _Plan(prompt, (), 0)
     pipe = store.client.pipeline(transaction=False)
     for h in prompt.hashes:
-        pipe.exists(store.meta_key(h))
+        pipe.get(store.meta_key(h))
         pipe.exists(store.payload_key(h))
     try:
-        found = pipe.execute()
+        found = pipe.execute(raise_on_error=False)
     except redis.RedisError as exc:
-        raise RedisFailure(f"Redis EXISTS failed: {exc}") from None
-    write, need_p, need_m = [], [], []
-    for k, h in enumerate(prompt.hashes):
-        has_m, has_p = (True, True) if planned and h in planned else (bool(found[2 * k]), bool(found[2 * k + 1]))
-        if not (has_m and has_p):
-            write.append(k)
-            need_p.append(not has_p)
-            need_m.append(not has_m)
-    return _Plan(prompt, tuple(write), tuple(need_p), tuple(need_m), write[0] if write else len(prompt.hashes))
+        raise RedisFailure(f"Redis read failed: {exc}") from None
+    errors = [r for r in found[1::2] if isinstance(r, Exception)]
+    if errors:
+        raise RedisFailure(f"Redis EXISTS failed: {errors[0]}")
+    write = [k for k, h in enumerate(prompt.hashes)
+             if not (planned and h in planned) and not (found[2 * k + 1] and _real(found[2 * k]))]
+    return _Plan(prompt, tuple(write), write[0] if write else len(prompt.hashes))
+
+
+def _real(meta) -> bool:
+    """True for a metadata value that parses and records a real payload (not "accounted", not another type)."""
+    if not isinstance(meta, bytes):  # None (no key) or an error reply (a key of another type)
+        return False
+    try:
+        return parse_metadata(meta).stored == "real"
+    except PayloadError:
+        return False
 
 
 def estimate(stores: Sequence[ChunkStore], requests: Sequence[Request]) -> list[SizeTotals]:
@@ -181,8 +208,8 @@ def estimate(stores: Sequence[ChunkStore], requests: Sequence[Request]) -> list[
         for request in requests:
             p = plan(store, request, planned)
             _count_prompt(tot, p)
-            for k, need_p, need_m in zip(p.write, p.need_payload, p.need_meta):
-                tot.add(store, need_p, need_m, len(chunk_metadata(store, p.prompt, k)))
+            for k in p.write:
+                tot.add(store, len(chunk_metadata(store, p.prompt, k)))
             planned.update(p.prompt.hashes[k] for k in p.write)
         totals.append(tot)
     return totals
@@ -214,16 +241,17 @@ def _alloc(n: int) -> int:
     return -(-n // step) * step
 
 
-def preflight(client: redis.Redis, stores: Sequence[ChunkStore], planned: Sequence[SizeTotals]) -> Preflight:
+def preflight(client: redis.Redis, stores: Sequence[ChunkStore], planned: Sequence[SizeTotals],
+              mem: ServerMemory | None = None) -> Preflight:
     """Estimate the Redis memory the plan needs (allocator-rounded values, keys, ~64 B per key of bookkeeping) and
-    compare it with ``maxmemory - used_memory``. Read-only (INFO)."""
+    compare it with ``maxmemory - used_memory`` (``mem``: the server's state, read now with INFO when None)."""
     need = 0
     for store, tot in zip(stores, planned):
         key = len(store.prefix) + 34 + 64
         metas = tot.objects_written - tot.payload_objects
         need += tot.payload_objects * (_alloc(store.config.payload_bytes + store.config.header_bytes) + key)
         need += metas * (_alloc(tot.metadata_bytes // max(metas, 1)) + key)
-    mem = server_memory(client)
+    mem = mem or server_memory(client)
     free = mem.maxmemory - mem.used_memory
     where = f"{fmt_bytes(need)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
     if not mem.maxmemory:
@@ -271,7 +299,8 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
     if model is not None and not config.dry_run:
         _check_vocab(requests, model.config.vocab)
     planned = estimate(stores, requests)
-    check = preflight(client, stores, planned)
+    before = server_memory(client)
+    check = preflight(client, stores, planned, before)
     per_size = planned if config.dry_run else [SizeTotals(s.config.chunk_size) for s in stores]
     result = WarmResult(config.namespace, spec.model_id, len(requests), per_size, config.dry_run, check,
                         estimate=planned)
@@ -281,6 +310,10 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
         raise RedisFailure(f"warm refused (--strict): {check.message}")
     if not config.dry_run:
         _run(stores, requests, model, config, result, progress)
+        try:
+            result.evicted_keys = max(0, server_memory(client).evicted_keys - before.evicted_keys)
+        except RedisFailure:  # the summary still says what was written
+            result.evicted_keys = None
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -309,7 +342,7 @@ def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progre
         result.compute_seconds += t1 - t0
         with _one_thread():
             for tot, store, p in zip(result.per_size, stores, plans):
-                result.stopped = _write(store, p, kv, tot, config, done, progress)
+                result.stopped = _write(store, p, kv, tot, config, done, progress, request)
                 if result.stopped:
                     break
         result.write_seconds += time.perf_counter() - t1
@@ -348,8 +381,12 @@ def _compute(stores, plans, request: Request, model, result: WarmResult) -> torc
 
 
 def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, config: WarmConfig,
-           done: list[int], progress: Progress | None) -> str:
-    """Write the plan's chunks in order, one MULTI/EXEC batch at a time; returns "" or why it stopped."""
+           done: list[int], progress: Progress | None, request: Request) -> str:
+    """Write the plan's chunks in order, one MULTI/EXEC batch at a time; returns "" or why it stopped.
+
+    Each chunk is written whole with plain SETs (payload, then metadata; ``EX ttl`` on both): a chunk that was
+    half there, or had "accounted" metadata, gets metadata that matches the payload written and one TTL for both.
+    """
     cfg, cs, created = store.config, store.config.chunk_size, int(time.time())
     per_batch = max(1, min(config.batch_chunks, config.batch_bytes // (cfg.payload_bytes + cfg.header_bytes)))
     for start in range(0, len(p.write), per_batch):
@@ -359,18 +396,31 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
         for k in batch:
             value, checksum = chunk_payload(store, kv[:, :, :, k * cs:(k + 1) * cs])
             metas.append(chunk_metadata(store, p.prompt, k, checksum, created))
-            pipe.set(store.payload_key(p.prompt.hashes[k]), value, nx=True, ex=cfg.ttl)
-            pipe.set(store.meta_key(p.prompt.hashes[k]), metas[-1], nx=True, ex=cfg.ttl)
+            pipe.set(store.payload_key(p.prompt.hashes[k]), value, ex=cfg.ttl)
+            pipe.set(store.meta_key(p.prompt.hashes[k]), metas[-1], ex=cfg.ttl)
         try:
-            replies = pipe.execute()
+            pipe.execute()
         except redis.RedisError as exc:
-            return (f"the server refused chunk {batch[0]} of a prompt at chunk size {cs} ({exc}); "
-                    f"stopped there, everything before it is stored")
+            first, last = batch[0], batch[-1]
+            chunks = f"chunk {first}" if first == last else f"chunks {first}-{last}"
+            return (f"the server refused the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of "
+                    f"{request.source or request.id} at chunk size {cs}: {_reason(exc)}; stopped there, "
+                    f"everything before it is stored")
         before = (tot.chunks_written, tot.bytes)
-        for i, meta in enumerate(metas):
-            tot.add(store, bool(replies[2 * i]), bool(replies[2 * i + 1]), len(meta))
+        for meta in metas:
+            tot.add(store, len(meta))
         done[0] += tot.chunks_written - before[0]
         done[1] += tot.bytes - before[1]
         if progress:
             progress(*done)
     return ""
+
+
+def _reason(exc: redis.RedisError) -> str:
+    """The server's own words for a refused batch, without redis-py's echo of the command (``<memory at 0x…>``)."""
+    text = str(exc)
+    text = text.split(" caused error: ", 1)[1] if " caused error: " in text else text
+    text = re.sub(r"<memory at 0x[0-9a-fA-F]+>", "<value>", text).strip().rstrip(".")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        text = f"OOM, {text}"
+    return text or type(exc).__name__

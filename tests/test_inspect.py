@@ -217,3 +217,119 @@ def test_read_only_acl_user_without_scripts_gets_the_same_answer(make_server, mo
         for g in doc["groups"]:
             g.pop("age_seconds"), g.pop("ttl_seconds")
     assert (got["keys"], got["groups"]) == (expected["keys"], expected["groups"])
+
+
+def test_keys_with_kvcli_names_that_hold_no_string(make_server, model):
+    """A hash at a chunk's metadata name is bad metadata; at its payload name it is not a payload (other). Both
+    read paths (one EVAL_RO per SCAN step; per-key commands for a user without scripts) agree; no traceback."""
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    admin.acl_setuser("reader", enabled=True, passwords=["+s3cret"], keys=["*"],
+                      commands=["+@read", "+@connection", "+info", "-@scripting"])
+    tokens = np.arange(1, 33)  # 2 chunks of 16
+    warm(admin, [req(tokens)], model, WarmConfig("wt", (16,)))
+    store = store16(admin, "wt")
+    h = store.chunk(tokens).hashes
+    admin.delete(store.meta_key(h[0]), store.payload_key(h[1]))
+    admin.hset(store.meta_key(h[0]), "a", 1)
+    admin.hset(store.payload_key(h[1]), "a", 1)
+    admin.hset("kvcli:v1:wt:16:m:0123456789abcdef0123456789abcdef", "a", 1)
+    reader_client = redis.Redis.from_url(f"redis://reader:s3cret@{url.split('//', 1)[1]}")
+    docs = []
+    for client in (admin, reader_client):
+        found = inspect_cache(client, verify=True)
+        assert (found.kvcli_keys, found.other_keys) == (4, 1)
+        bad, tiny = found.groups  # models "?" and tiny
+        assert (bad.model, bad.metadata_entries, bad.metadata_bytes, bad.payload_objects) == ("?", 2, 0, 0)
+        assert sorted(bad.issues["bad_metadata"]) == sorted([h[0].hex(), "0123456789abcdef0123456789abcdef"])
+        assert (tiny.chunks, tiny.metadata_entries, tiny.payload_objects) == (0, 1, 1)
+        assert {k: v for k, v in tiny.issues.items() if v} == {"orphan_metadata": [h[1].hex()],
+                                                               "unreachable": [h[1].hex()]}
+        docs.append(found.to_dict())
+        m = chunk_map(client, tokens, "wt", 16, TINY.model_id, "cl100k_base")
+        assert [r.status for r in m.rows] == ["bad-metadata", "no-payload"]
+    for doc in docs:
+        for g in doc["groups"]:
+            g.pop("age_seconds"), g.pop("ttl_seconds")
+    assert docs[0]["groups"] == docs[1]["groups"]
+    res = CliRunner().invoke(cli_app(), ["inspect", "--redis-url", url])
+    assert res.exit_code == 0, res.output
+    assert "bad_metadata 2" in res.stdout
+
+
+def test_markup_in_namespace_names_is_printed_as_is(redis_url, redis_client):
+    redis_client.set(f"kvcli:v1:[/]:16:m:{'ab' * 16}", "not metadata")
+    redis_client.set(f"kvcli:v1:[bold]x:16:p:{'cd' * 16}", "payload")
+    res = CliRunner().invoke(cli_app(), ["inspect", "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    rows = [line for line in res.stdout.splitlines() if "[/]" in line or "[bold]x" in line]
+    assert len(rows) == 2 and "bad_metadata 1" in rows[0] + rows[1] and "orphan_payloads 1" in rows[0] + rows[1]
+
+
+def test_tokens_file_that_is_not_utf8_is_bad_input(redis_url, tmp_path):
+    tokens = tmp_path / "ids.bin"
+    tokens.write_bytes(b"1 2 3 \xff\xfe 4")
+    res = CliRunner().invoke(cli_app(), ["inspect", "--tokens", str(tokens), "--model", "tiny", "--redis-url",
+                                         redis_url])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.startswith(f"kvcli: error: {tokens}: not UTF-8 text (byte 6)") and res.stderr.count("\n") == 1
+
+
+def test_quotas_spread_a_sample_over_groups():
+    from kvcli.inspection import quotas
+
+    assert quotas([8, 4], 2) == [1, 1]
+    assert quotas([8, 4], 5) == [3, 2]  # one each, then 3 more in proportion to 7 : 3 (largest remainders)
+    assert quotas([8, 4], 1) == [1, 0]
+    assert quotas([8, 4], 12) == quotas([8, 4], 100) == [8, 4]
+    assert quotas([1, 1, 30], 4) == [1, 1, 2]
+    assert sum(quotas([5, 7, 11, 13], 17)) == 17
+
+
+def test_sampled_memory_reaches_every_group_and_unmeasured_is_null(redis_url, redis_client, model):
+    warm(redis_client, [req(range(1, 65))], model, WarmConfig("s1", (16,)))  # 4 chunks: 8 keys
+    warm(redis_client, [req(range(1, 33))], model, WarmConfig("s2", (16,)))  # 2 chunks: 4 keys
+    full = {g.namespace: g for g in inspect_cache(redis_client).groups}
+    assert {ns: g.memory_keys for ns, g in full.items()} == {"s1": 8, "s2": 4}
+    for sample, keys in ((2, (1, 1)), (5, (3, 2)), (1, (1, 0)), (0, (0, 0))):
+        found = inspect_cache(redis_client, sample=sample)
+        got = {g.namespace: g for g in found.groups}
+        assert found.memory_sampled == sum(keys)
+        assert (got["s1"].memory_keys, got["s2"].memory_keys) == keys
+        for ns, k in zip(("s1", "s2"), keys):
+            assert (got[ns].memory_bytes is None) == (k == 0)
+    res = CliRunner().invoke(cli_app(), ["inspect", "--sample", "0", "--json", "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    assert [g["memory_bytes"] for g in json.loads(res.stdout)["groups"]] == [None, None]
+    res = CliRunner().invoke(cli_app(), ["inspect", "--sample", "0", "--redis-url", redis_url])
+    rows = [line for line in res.stdout.splitlines() if " s1 " in line or " s2 " in line]
+    assert len(rows) == 2 and all(" - " in r and "0 B" not in r for r in rows), res.stdout
+
+
+def test_inspect_leaves_lfu_counters_alone_over_one_connection(make_server, model, tmp_path):
+    """CLIENT NO-TOUCH ON, on the one connection every read of inspect goes over: LFU counters are unchanged
+    (lfu-log-factor 0: every touching read would add 1; lfu-decay-time 0: no decay while the test runs)."""
+    url = make_server(**{"maxmemory-policy": "allkeys-lfu", "lfu-log-factor": "0", "lfu-decay-time": "0"})
+    client = redis.Redis.from_url(url)
+    tokens = np.arange(1, 50)
+    warm(client, [req(tokens)], model, WarmConfig("nt", (16,)))
+    keys = sorted(client.scan_iter("kvcli:*"))
+
+    def freqs():
+        return [client.object("freq", k) for k in keys]
+
+    before = freqs()
+    connections = client.info("stats")["total_connections_received"]
+    found = inspect_cache(client, verify=True)
+    inspect_cache(client, sample=3, verify=True)
+    m = chunk_map(client, tokens, "nt", 16, TINY.model_id, "cl100k_base")
+    assert client.info("stats")["total_connections_received"] - connections == 3  # one connection per call
+    assert found.no_touch is True and found.verified and [r.status for r in m.rows] == ["hit"] * 3
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(map(str, tokens)))
+    res = CliRunner().invoke(cli_app(), ["inspect", "--tokens", str(ids), "--model", "tiny", "--namespace", "nt",
+                                         "--chunk-size", "16,32", "--redis-url", url])
+    assert res.exit_code == 0, res.output
+    assert freqs() == before
+    client.get(keys[0])  # a read without NO-TOUCH does count: the check above can see a touch
+    assert freqs()[0] == before[0] + 1

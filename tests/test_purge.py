@@ -85,3 +85,18 @@ def test_cli_purge_needs_yes_and_shows_the_count_first(redis_url, redis_client, 
     assert json.loads(res.stdout)["deleted"] == 6 and redis_client.dbsize() == 6 + len(filled[1])
     res = runner.invoke(cli_app(), ["purge", "--redis-url", redis_url])
     assert res.exit_code == 2  # --namespace is required
+
+
+def test_cli_prints_namespaces_with_markup_characters_as_they_are(redis_url, redis_client):
+    redis_client.set(key("[/]", 16, "m", 0), b"v")
+    redis_client.set(key("[p]", 16, "p", 0), b"v")
+    runner = CliRunner()
+    res = runner.invoke(cli_app(), ["purge", "--namespace", "[/]", "--redis-url", redis_url])
+    assert res.exit_code == 2, res.output
+    assert "1 kvcli keys in namespace '[/]' (1 metadata, 0 payloads)\n" in res.stderr
+    res = runner.invoke(cli_app(), ["purge", "--namespace", "[p]", "--redis-url", redis_url])
+    assert res.exit_code == 2 and "1 kvcli keys in namespace '[p]' (0 metadata, 1 payloads)\n" in res.stderr
+    res = runner.invoke(cli_app(), ["purge", "--namespace", "[/]", "--yes", "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == "deleted 1 keys of namespace '[/]'\n"
+    assert redis_client.exists(key("[p]", 16, "p", 0)) and not redis_client.exists(key("[/]", 16, "m", 0))

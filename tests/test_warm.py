@@ -159,6 +159,15 @@ def test_out_of_memory_stops_cleanly_with_no_gap(make_server, model):
         written += sum(meta)
     assert 0 < written == result.total("chunks_written") < 128
     assert client.dbsize() == 2 * written
+    # the stop names the prompt and the refused batch, never redis-py's echo of the value (<memory at 0x...>)
+    for p in prompts:
+        has = [client.exists(store.meta_key(h)) for h in store.chunk(p.token_ids).hashes]
+        if not all(has):
+            k = has.index(0)
+            break
+    assert "<memory at" not in result.stopped
+    assert f"the batch of chunks {k}-{k + 3} (tokens {16 * k}-{16 * (k + 4)}) of {p.source} at chunk size 16: OOM" \
+        in result.stopped
 
 
 def test_token_outside_the_vocabulary_is_refused_before_any_write(redis_client, model):
@@ -218,3 +227,144 @@ def test_cli_warm_strict_refuses_then_oom_exits_3_with_the_summary(make_server, 
     assert res.exit_code == 3
     assert res.stderr.index("does not fit") < res.stderr.index("refused")  # said before writing, then the stop
     assert "stopped" in res.stdout and "does not fit" in res.stdout
+
+
+def test_rewarm_writes_a_half_present_chunk_whole_with_one_ttl(redis_client, model):
+    """A chunk that lost its payload (or its metadata) is written whole: both keys SET, the same TTL on both, the
+    metadata's checksum that of the payload beside it; chunks that are present keep their value and no TTL."""
+    from kvcli.inspection import payload_ok
+
+    warm(redis_client, PROMPTS[:1], model, WarmConfig("h", (16,)))  # 70 tokens: 4 chunks, no TTL
+    store = make_stores(redis_client, TINY, WarmConfig("h", (16,)))[0]
+    h = store.chunk(PROMPTS[0].token_ids).hashes
+    redis_client.delete(store.payload_key(h[1]), store.meta_key(h[3]))
+    kept = {k: redis_client.get(k) for x in (h[0], h[2]) for k in (store.meta_key(x), store.payload_key(x))}
+    dry = warm(redis_client, PROMPTS[:1], None, WarmConfig("h", (16,), ttl=100, dry_run=True), spec=TINY)
+    real = warm(redis_client, PROMPTS[:1], model, WarmConfig("h", (16,), ttl=100))
+    assert dry.per_size == real.per_size
+    t = real.per_size[0]
+    assert (t.chunks_written, t.chunks_present, t.objects_written, t.payload_objects) == (2, 2, 4, 2)
+    assert (real.tokens_reused, real.tokens_prefilled) == (16, 48)  # chunk 0 reused, chunks 1-3 prefilled
+    for k in (1, 3):
+        m, p_ = redis_client.get(store.meta_key(h[k])), redis_client.get(store.payload_key(h[k]))
+        assert payload_ok(parse_metadata(m), p_) and parse_metadata(m).stored == "real"
+        assert 0 < redis_client.pttl(store.meta_key(h[k])) <= 100_000
+        assert 0 < redis_client.pttl(store.payload_key(h[k])) <= 100_000
+    assert {k: redis_client.get(k) for k in kept} == kept
+    assert {redis_client.pttl(k) for k in kept} == {-1}  # present chunks: untouched, no TTL given
+    (g,) = inspect_cache(redis_client, verify=True).groups
+    assert (g.chunks, g.metadata_entries, g.payload_objects, dict(g.issues)) == (4, 4, 4, {})
+    again = warm(redis_client, PROMPTS[:1], model, WarmConfig("h", (16,), ttl=100))
+    assert again.total("objects_written") == 0 and again.total("chunks_present") == 4
+
+
+def test_accounted_metadata_is_not_present_and_gets_a_real_payload(redis_client, model):
+    """replay --payload accounted leaves metadata with no payload behind it: warm writes those chunks whole."""
+    from dataclasses import replace
+
+    from kvcli.inspection import payload_ok
+    from kvcli.store import ChunkStore
+
+    real_store = make_stores(redis_client, TINY, WarmConfig("acc", (16,)))[0]
+    accounted = ChunkStore(redis_client, replace(real_store.config, payload="accounted"))
+    tokens = PROMPTS[0].token_ids  # 4 full chunks
+    accounted.store(tokens, None)
+    h = real_store.chunk(tokens).hashes
+    assert [b'"stored":"accounted"' in redis_client.get(real_store.meta_key(x)) for x in h] == [True] * 4
+    assert redis_client.dbsize() == 4
+    dry = warm(redis_client, PROMPTS[:1], None, WarmConfig("acc", (16,), dry_run=True), spec=TINY)
+    assert (dry.total("chunks_written"), dry.total("chunks_present"), dry.total("objects_written")) == (4, 0, 8)
+    real = warm(redis_client, PROMPTS[:1], model, WarmConfig("acc", (16,)))
+    assert real.per_size == dry.per_size and real.tokens_prefilled == 64 and real.tokens_reused == 0
+    for x in h:
+        meta = parse_metadata(redis_client.get(real_store.meta_key(x)))
+        assert meta.stored == "real" and payload_ok(meta, redis_client.get(real_store.payload_key(x)))
+    assert real_store.retrieve(tokens).hit_tokens == 64
+    assert warm(redis_client, PROMPTS[:1], model, WarmConfig("acc", (16,))).total("objects_written") == 0
+
+
+def test_warm_reports_the_servers_evictions(make_server, redis_client, model, tmp_path):
+    assert warm(redis_client, PROMPTS, model, WarmConfig("e", (16,))).evicted_keys == 0
+    assert warm(redis_client, PROMPTS, None, WarmConfig("e", (16,), dry_run=True), spec=TINY).evicted_keys is None
+    url = small_server(make_server, 1_000_000, **{"maxmemory-policy": "allkeys-lru"})  # < a third of the chunks
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"token_ids": list(range(i * 1000, i * 1000 + 512))})
+                                 for i in range(4)) + "\n")
+    res = CliRunner().invoke(cli_app(), ["warm", str(prompts), "--model", "tiny", "--chunk-size", "16",
+                                         "--redis-url", url, "--json"])
+    assert res.exit_code == 0, res.output
+    evicted = redis.Redis.from_url(url).info("stats")["evicted_keys"]  # a fresh server: all of them this run's
+    assert evicted > 0 and json.loads(res.stdout)["evicted_keys"] == evicted
+    assert (f"warning: the server evicted {evicted:,} keys during this warm; what was written may already be gone"
+            in res.stderr)
+
+
+def test_duplicate_chunk_sizes_are_counted_once(redis_url, redis_client, model, tmp_path):
+    assert WarmConfig("dup", (16, 64, 16)).chunk_sizes == (16, 64)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("You are a helpful assistant. Answer briefly and cite sources when you can. " * 3 + "\n")
+    runner = CliRunner()
+    base = ["warm", str(prompts), "--model", "tiny", "--namespace", "dup", "--redis-url", redis_url, "--json"]
+    once = json.loads(runner.invoke(cli_app(), base + ["--chunk-size", "16", "--dry-run"]).stdout)
+    res = runner.invoke(cli_app(), base + ["--chunk-size", "16,16", "--dry-run"])
+    assert res.exit_code == 0, res.output
+    twice = json.loads(res.stdout)
+    assert len(twice["per_size"]) == 1 and twice["per_size"] == once["per_size"]
+    chunks = len(get_tokenizer("cl100k_base").encode(prompts.read_text().rstrip("\n"))) // 16
+    assert twice["totals"] == once["totals"] and once["totals"]["objects_written"] == 2 * chunks > 0
+    res = runner.invoke(cli_app(), base + ["--chunk-size", "16,16"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["totals"] == once["totals"] and redis_client.dbsize() == 2 * chunks
+
+
+def test_directory_of_txt_prompt_files(tmp_path, redis_url):
+    tok = get_tokenizer("cl100k_base")
+    d = tmp_path / "prompts"
+    d.mkdir()
+    (d / "b.txt").write_text("second file\n")
+    (d / "a.txt").write_text("[INST] be brief [/INST]\n\nsecond line\n")  # .txt: lines, even if it starts with [
+    (d / "c.jsonl").write_text(json.dumps({"prompt": "from a trace"}) + "\n")
+    (d / "README.md").write_text("notes, skipped\n")
+    (d / ".hidden.txt").write_text("skipped\n")
+    got = read_prompts([str(d)])
+    assert [list(r.token_ids) for r in got] == [list(tok.encode(t)) for t in (
+        "[INST] be brief [/INST]", "second line", "second file", "from a trace")]
+    assert [r.source for r in got] == [f"{d / 'a.txt'}:1", f"{d / 'a.txt'}:3", f"{d / 'b.txt'}:1", f"{d / 'c.jsonl'}:1"]
+    only_txt = tmp_path / "only_txt"
+    only_txt.mkdir()
+    (only_txt / "system.txt").write_text("You are a helpful assistant.\n")
+    res = CliRunner().invoke(cli_app(), ["warm", str(only_txt), "--model", "tiny", "--chunk-size", "4",
+                                         "--dry-run", "--json", "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["prompts"] == 1
+    empty = tmp_path / "notes"
+    empty.mkdir()
+    (empty / "README.md").write_text("x\n")
+    with pytest.raises(BadInputError, match="no prompt"):
+        read_prompts([str(empty)])
+
+
+def test_summary_says_already_present_only_when_it_is_true(make_server, redis_url, tmp_path):
+    runner = CliRunner()
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    res = runner.invoke(cli_app(), ["warm", str(empty), "--model", "tiny", "--redis-url", redis_url],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "wrote 0 objects, 0 B: no prompts" in res.stdout and "already present" not in res.stdout
+    short = tmp_path / "short.txt"
+    short.write_text("hi\n")
+    res = runner.invoke(cli_app(), ["warm", str(short), "--model", "tiny", "--chunk-size", "16",
+                                    "--redis-url", redis_url], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "no prompt is as long as a chunk" in res.stdout, res.output
+    url = small_server(make_server, 1000)  # noeviction, no room: the first batch is refused
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"token_ids": list(range(1, 65))}) + "\n")
+    res = runner.invoke(cli_app(), ["warm", str(prompts), "--model", "tiny", "--chunk-size", "16",
+                                    "--redis-url", url], env={"COLUMNS": "200"})
+    assert res.exit_code == 3, res.output
+    assert "wrote 0 objects, 0 B;" in res.stdout and "already present" not in res.stdout
+    assert "stopped: the server refused" in res.stdout and "<memory at" not in res.stdout + res.stderr
+    assert (f"kvcli: error: the server refused the batch of chunks 0-3 (tokens 0-64) of {prompts}:1 at chunk size "
+            f"16: OOM, command not allowed when used memory > 'maxmemory'; stopped there, everything before it is "
+            f"stored\n") in res.stderr
