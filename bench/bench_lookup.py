@@ -48,8 +48,8 @@ def main() -> None:
             print(f"{chunks:5d} chunks/prompt: MGET lookup {rps(fast[0]):8.0f} / {rps(fast[1]):8.0f} req/s; "
                   f"EXISTS loop {rps(slow[0]):6.1f} / {rps(slow[1]):6.1f} req/s; "
                   f"ratio {slow[0] / fast[0]:.0f}x (min) / {slow[1] / fast[1]:.0f}x (median)")
-            from kvcli.replay import delete_prefix
-            delete_prefix(client, store.prefix)
+            from kvcli.purge import purge
+            purge(client, store.config.namespace)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import redis
 from .costcurve import CostCurve, PrefillSample
 from .errors import BadInputError
 from .model import ModelSpec
+from .purge import matching_keys, purge
 from .radix import RadixUpperBound
 from .store import ChunkStore, StoreConfig
 from .traces import Request
@@ -243,8 +244,7 @@ class Replayer:
             return self._run(name, reader, lengths, measured, stores, progress)
         finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
             if not cfg.keep:
-                for store in stores:
-                    delete_prefix(self.client, store.prefix)
+                purge(self.client, namespace)
 
     def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
         cfg = self.config
@@ -456,7 +456,7 @@ class Replayer:
             ms = np.asarray(st.lookup_seconds) * 1e3
             res.lookup_p50_ms, res.lookup_p99_ms = (float(x) for x in np.percentile(ms, [50, 99]))
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            self.client, store.prefix, self.config.memory_sample)
+            self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
 
 
 def curve_check(curve: CostCurve, samples) -> dict:
@@ -487,25 +487,13 @@ def _where(request: Request) -> tuple[str | None, int | None]:
     return (path, int(line)) if line.isdigit() else (request.source or None, None)
 
 
-def scan_prefix(client: redis.Redis, prefix: str, count: int = 1000):
-    """Yield kvcli keys under ``prefix`` with SCAN (never KEYS), in batches."""
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=prefix + "*", count=count)
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
-
-
-def redis_memory(client: redis.Redis, prefix: str, sample: int) -> tuple[int, int]:
-    """Redis's own memory for the keys under ``prefix``: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to all.
-
-    Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
+    """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
+    all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in scan_prefix(client, prefix):
+    for keys in matching_keys(client, namespace, chunk_size):
         for key in keys:
             seen += 1
             if sampled < sample:
@@ -514,12 +502,3 @@ def redis_memory(client: redis.Redis, prefix: str, sample: int) -> tuple[int, in
     if sampled:
         total = sum(int(x or 0) for x in pipe.execute())
     return (int(total * seen / sampled) if sampled else 0), sampled
-
-
-def delete_prefix(client: redis.Redis, prefix: str) -> int:
-    """Delete (UNLINK) every key under one of kvcli's prefixes; returns the count. Only kvcli's own keys."""
-    assert prefix.startswith("kvcli:"), prefix
-    deleted = 0
-    for keys in scan_prefix(client, prefix):
-        deleted += int(client.unlink(*keys))
-    return deleted
