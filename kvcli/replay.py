@@ -423,7 +423,8 @@ class Replayer:
         size = store.config.payload_bytes + store.config.header_bytes
         probe = min(size, cap)
         value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
-        keys = [f"{store.prefix}calibration:{i}" for i in range(chunks)]
+        # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
+        keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(chunks)]
         best_set = best_get = float("inf")
         for _ in range(3):
             t0 = time.perf_counter()
