@@ -286,3 +286,29 @@ def test_measured_hits_count_what_was_retrieved(redis_client, monkeypatch):
     res = replayer.replay("t", [Request("r3", np.asarray(tok(1, 12), dtype="<u4"))] * 3).per_chunk_size[0]
     # two estimated requests hit 12 by metadata; the measured one retrieves only [1-4]: [5-8] is a real miss
     assert (res.measured_requests, res.hit_tokens, res.materialized_chunks) == (1, 12 + 12 + 4, 0)
+
+
+def test_sigterm_mid_replay_leaves_no_keys_behind(make_server, tmp_path):
+    """A replay stopped by SIGTERM deletes its own namespace on the way out; foreign keys stay."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    url = make_server()
+    client = redis.Redis.from_url(url)
+    client.set("foreign", "1")
+    trace = Path(__file__).resolve().parents[1] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+    proc = subprocess.Popen([sys.executable, "-m", "kvcli.cli", "replay", str(trace), "--chunk-sizes", "16",
+                             "--measure", "0", "--prefill-tps", "1000", "--payload", "accounted",
+                             "--redis-url", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while client.dbsize() < 1000 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the replay ended before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert b"Traceback" not in stderr
+    assert [k for k in client.scan_iter("*")] == [b"foreign"]
