@@ -1,7 +1,7 @@
 """Guarded delete of kvcli's keys of ONE namespace (and optionally one chunk size); nothing else on the server.
 
 Keys are found with SCAN ``MATCH kvcli:v1:{namespace}:{chunk_size or *}:*`` (glob characters in the namespace
-escaped; never KEYS), and each one is parsed back (store.parse_key) and kept only when its namespace (and chunk
+escaped; never KEYS), and each one is parsed back (layout.parse_key's rules) and kept only when its namespace (and chunk
 size) is exactly the one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outside kvcli's
 layout is never deleted. Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
 FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires ``--yes`` between the two).
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import redis
 
 from .errors import BadInputError, RedisFailure
-from .layout import KEY_ROOT, KEY_VERSION, parse_key
+from .layout import KEY_ROOT, KEY_VERSION
 
 BATCH = 1000
 
@@ -53,40 +53,54 @@ def _check(namespace: str, chunk_size: int | None) -> None:
         raise BadInputError(f"chunk size must be >= 1, got {chunk_size}")
 
 
-def matching_keys(client: redis.Redis, namespace: str, chunk_size: int | None = None) -> Iterator[list[bytes]]:
-    """Batches of the keys :func:`purge` would delete (SCAN with a cursor; read-only). Raises RedisFailure."""
+def _matching(client: redis.Redis, namespace: str, chunk_size: int | None):
+    """Batches of ``(key, chunk size, kind)`` of exactly this namespace's chunk keys."""
     _check(namespace, chunk_size)
-    cursor, pattern = 0, _pattern(namespace, chunk_size)
+    cursor, pattern, start = 0, _pattern(namespace, chunk_size), len(_prefix(namespace))
     while True:
         try:
             cursor, keys = client.scan(cursor, match=pattern, count=BATCH)
         except redis.RedisError as exc:
             raise RedisFailure(f"Redis SCAN failed: {exc}") from None
-        mine = [k for k in keys if _ours(k, namespace, chunk_size)]
+        mine = [(key, *tail) for key in keys
+                if (tail := _tail(key, start)) is not None and chunk_size in (None, tail[0])]
         if mine:
             yield mine
         if cursor == 0:
             return
 
 
-def _ours(key: bytes, namespace: str, chunk_size: int | None) -> bool:
-    parts = parse_key(key)
-    return parts is not None and parts.namespace == namespace and chunk_size in (None, parts.chunk_size)
+_HEX32 = re.compile(rb"[0-9a-f]{32}")
 
 
-def _tally(result: PurgeCount, keys: list[bytes]) -> None:
-    for key in keys:
-        parts = parse_key(key)
-        result.by_chunk_size[parts.chunk_size] = result.by_chunk_size.get(parts.chunk_size, 0) + 1
-        result.metadata += parts.kind == "m"
-        result.payloads += parts.kind == "p"
+def _tail(key: bytes, start: int) -> tuple[int, bytes] | None:
+    """``(chunk size, kind)`` when ``key[start:]`` is exactly ``{chunk_size}:{m|p}:{32 hex}``, else None.
+
+    The same rules as ``layout.parse_key`` for a key whose namespace prefix is already known to match (the SCAN
+    pattern), without a regex over the whole key: a run's cleanup checks hundreds of thousands of keys.
+    """
+    rest = key[start:].split(b":")
+    if len(rest) != 3 or not rest[0].isdigit() or rest[1] not in (b"m", b"p") or not _HEX32.fullmatch(rest[2]):
+        return None
+    return int(rest[0]), rest[1]
+
+
+def _tally(result: PurgeCount, batch) -> None:
+    for _, size, kind in batch:
+        result.by_chunk_size[size] = result.by_chunk_size.get(size, 0) + 1
+        result.metadata += kind == b"m"
+        result.payloads += kind == b"p"
+
+
+def _prefix(namespace: str) -> bytes:
+    return f"{KEY_ROOT}:{KEY_VERSION}:{namespace}:".encode()
 
 
 def count(client: redis.Redis, namespace: str, chunk_size: int | None = None) -> PurgeCount:
     """How many keys :func:`purge` would delete now, by kind and chunk size. Read-only."""
     result = PurgeCount(namespace, chunk_size)
-    for keys in matching_keys(client, namespace, chunk_size):
-        _tally(result, keys)
+    for batch in _matching(client, namespace, chunk_size):
+        _tally(result, batch)
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
 
@@ -104,9 +118,9 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
     """
     result = PurgeCount(namespace, chunk_size)
     pipe, queued = client.pipeline(transaction=False), 0
-    for keys in matching_keys(client, namespace, chunk_size):
-        _tally(result, keys)
-        pipe.unlink(*keys)
+    for batch in _matching(client, namespace, chunk_size):
+        _tally(result, batch)
+        pipe.unlink(*[key for key, _, _ in batch])
         queued += 1
         if queued == pipeline_batches:
             result.deleted += _flush(pipe)

@@ -31,9 +31,9 @@ import redis
 from .costcurve import CostCurve, PrefillSample
 from .errors import BadInputError
 from .model import ModelSpec
-from .purge import matching_keys, purge
+from .purge import purge
 from .radix import RadixUpperBound
-from .store import ChunkStore, StoreConfig
+from .store import ChunkStore, StoreConfig, key_prefix
 from .traces import Request
 
 
@@ -488,13 +488,23 @@ def _where(request: Request) -> tuple[str | None, int | None]:
     return (path, int(line)) if line.isdigit() else (request.source or None, None)
 
 
+def _scan(client: redis.Redis, pattern: str, count: int = 2000):
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor, match=pattern, count=count)
+        if keys:
+            yield keys
+        if cursor == 0:
+            return
+
+
 def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
     """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
     all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in matching_keys(client, namespace, chunk_size):
+    for keys in _scan(client, key_prefix(namespace, chunk_size) + "*"):  # a validated name: no glob characters
         for key in keys:
             seen += 1
             if sampled < sample:
