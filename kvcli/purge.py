@@ -9,7 +9,6 @@ FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import redis
