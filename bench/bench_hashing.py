@@ -13,7 +13,7 @@ import xxhash
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import timed  # noqa: E402
 
-from kvcli.hashing import chunk_prompt, namespace_root  # noqa: E402
+from kvcli.store.hashing import chunk_prompt, namespace_root  # noqa: E402
 
 TOKENS = 32768
 

@@ -18,9 +18,9 @@ import numpy as np
 import redis
 import torch
 
-from kvcli.inspection import inspect_cache
-from kvcli.server import embedded_server
-from kvcli.store import ChunkStore, StoreConfig, chunk_metadata
+from kvcli.live.inspect import inspect_cache
+from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata
+from kvcli.store.server import embedded_server
 
 CHAIN = 1000
 

@@ -14,8 +14,8 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import timed  # noqa: E402
 
-from kvcli.server import open_redis  # noqa: E402
-from kvcli.store import ChunkStore, StoreConfig  # noqa: E402
+from kvcli.store.chunkstore import ChunkStore, StoreConfig  # noqa: E402
+from kvcli.store.server import open_redis  # noqa: E402
 
 CHUNK = 16
 PROMPTS = 50
@@ -48,7 +48,7 @@ def main() -> None:
             print(f"{chunks:5d} chunks/prompt: MGET lookup {rps(fast[0]):8.0f} / {rps(fast[1]):8.0f} req/s; "
                   f"EXISTS loop {rps(slow[0]):6.1f} / {rps(slow[1]):6.1f} req/s; "
                   f"ratio {slow[0] / fast[0]:.0f}x (min) / {slow[1] / fast[1]:.0f}x (median)")
-            from kvcli.purge import purge
+            from kvcli.store.namespace import purge
             purge(client, store.config.namespace)
 
 

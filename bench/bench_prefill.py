@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from kvcli.model import build_model
+from kvcli.model.llama import build_model
 
 
 def _times(fns, repeats: int) -> list[list[float]]:

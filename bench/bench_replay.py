@@ -24,12 +24,13 @@ SIZES = (16, 64, 256, 1024)
 def child(trace: str, limit: int, upper: bool, sizes: tuple[int, ...]) -> None:
     import resource
 
-    from kvcli.costcurve import CostCurve
-    from kvcli.model import ModelSpec
-    from kvcli.replay import ReplayConfig, Replayer
-    from kvcli.server import open_redis
-    from kvcli.traces import read_trace
     import torch
+
+    from kvcli.model.costcurve import CostCurve
+    from kvcli.model.presets import ModelSpec
+    from kvcli.replay.replayer import ReplayConfig, Replayer
+    from kvcli.store.server import open_redis
+    from kvcli.traces.detect import read_trace
 
     config = ReplayConfig(chunk_sizes=sizes, payload="accounted", measure=0, limit=limit, upper_bound=upper)
     with open_redis(os.environ.get("REDIS_URL")) as (client, _):
@@ -44,8 +45,8 @@ def child(trace: str, limit: int, upper: bool, sizes: tuple[int, ...]) -> None:
 
 
 def baseline(trace: str, sizes: tuple[int, ...]) -> tuple[int, int, float]:
-    from kvcli.hashing import chunk_prompt, namespace_root
-    from kvcli.traces import read_trace
+    from kvcli.store.hashing import chunk_prompt, namespace_root
+    from kvcli.traces.detect import read_trace
 
     root = namespace_root("m", "cl100k_base")
     t0 = time.perf_counter()

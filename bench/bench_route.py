@@ -13,10 +13,10 @@ import statistics
 import time
 from pathlib import Path
 
-from kvcli.costcurve import CostCurve
-from kvcli.policies import POLICIES, make_policy
-from kvcli.route import SimConfig, load_requests, simulate
-from kvcli.server import open_redis
+from kvcli.model.costcurve import CostCurve
+from kvcli.route.policies import POLICIES, make_policy
+from kvcli.route.simulator import SimConfig, load_requests, simulate
+from kvcli.store.server import open_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = ROOT / "sample_traces" / "mooncake_conversation_head1000.jsonl.gz"

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from kvcli.tokenize import get_tokenizer
-from kvcli.traces import detect_format, read_trace
+from kvcli.model.tokenize import get_tokenizer
+from kvcli.traces.detect import detect_format, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 MOONCAKE_7500 = Path("/work/shared/traces/mooncake/conversation_trace.first7500.jsonl")

@@ -27,11 +27,11 @@ from urllib.parse import urlsplit
 import numpy as np
 import redis
 
-from kvcli.model import build_model
-from kvcli.purge import purge
-from kvcli.server import embedded_server
-from kvcli.traces import Request
-from kvcli.warm import WarmConfig, warm
+from kvcli.live.warm import WarmConfig, warm
+from kvcli.model.llama import build_model
+from kvcli.store.namespace import purge
+from kvcli.store.server import embedded_server
+from kvcli.traces.request import Request
 
 
 def redis_benchmark_set(port: int, size: int, requests: int, pipeline: int) -> float:

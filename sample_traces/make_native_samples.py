@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvcli.tokenize import get_tokenizer
+from kvcli.model.tokenize import get_tokenizer
 
 HERE = Path(__file__).resolve().parent
 

@@ -6,7 +6,7 @@ import contextlib
 import pytest
 import redis
 
-from kvcli.server import embedded_server
+from kvcli.store.server import embedded_server
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcli.costcurve import CostCurve, PrefillSample, calibrate
 from kvcli.errors import BadInputError
-from kvcli.model import build_model
+from kvcli.model.costcurve import CostCurve, PrefillSample, calibrate
+from kvcli.model.llama import build_model
 
 POINTS = [(64, 0), (256, 0), (1024, 0), (64, 512), (256, 512), (1024, 512), (256, 3840)]
 

@@ -6,14 +6,16 @@ import json
 import numpy as np
 import pytest
 import redis
+from test_warm import cli_app
 from typer.testing import CliRunner
 
-from kvcli.inspection import READ_COMMANDS, chunk_map, inspect_cache
-from kvcli.model import build_model
-from kvcli.traces import Request
-from kvcli.warm import WarmConfig, make_stores, model_spec, warm
-
-from test_warm import cli_app
+from kvcli.live.chunkmap import chunk_map
+from kvcli.live.inspect import inspect_cache
+from kvcli.live.reading import READ_COMMANDS
+from kvcli.live.warm import WarmConfig, make_stores, warm
+from kvcli.model.llama import build_model
+from kvcli.model.presets import model_spec
+from kvcli.traces.request import Request
 
 TINY = model_spec("tiny")
 CONNECTION_COMMANDS = {"ping", "client|setinfo", "hello", "select", "auth"}
@@ -276,7 +278,7 @@ def test_tokens_file_that_is_not_utf8_is_bad_input(redis_url, tmp_path):
 
 
 def test_quotas_spread_a_sample_over_groups():
-    from kvcli.inspection import quotas
+    from kvcli.live.inspect import quotas
 
     assert quotas([8, 4], 2) == [1, 1]
     assert quotas([8, 4], 5) == [3, 2]  # one each, then 3 more in proportion to 7 : 3 (largest remainders)

@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvcli import model as model_mod
 from kvcli.errors import BadInputError, ModelFailure
-from kvcli.model import PRESETS, build_model
+from kvcli.model import llama as model_mod
+from kvcli.model.llama import build_model
+from kvcli.model.presets import PRESETS
 
 PROMPT = 150
 # Chunked-vs-full tolerances. fp32: observed max |diff| about 3e-7 on logits of magnitude ~1 (GEMM blocking differs

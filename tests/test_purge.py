@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_warm import cli_app
 from typer.testing import CliRunner
 
 from kvcli.errors import BadInputError
-from kvcli.purge import count, purge
-
-from test_warm import cli_app
+from kvcli.store.namespace import count, purge
 
 H = "0123456789abcdef0123456789abcdef"
 

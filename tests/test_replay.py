@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 import redis
 
-from kvcli.costcurve import CostCurve
-from kvcli.model import ModelSpec, build_model
-from kvcli.radix import RadixUpperBound
-from kvcli.replay import ReplayConfig, Replayer, pick_measured
-from kvcli.traces import Request
+from kvcli.model.costcurve import CostCurve
+from kvcli.model.llama import build_model
+from kvcli.model.presets import ModelSpec
+from kvcli.replay.replayer import ReplayConfig, Replayer, pick_measured
+from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.traces.request import Request
 
 
 def tok(a: int, b: int) -> list[int]:
@@ -98,7 +99,7 @@ def test_replay_refuses_token_outside_vocab_before_writing(redis_client):
 def test_cli_replay_json(tmp_path, redis_url):
     from typer.testing import CliRunner
 
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     trace = tmp_path / "tokens.jsonl"
     trace.write_text("".join(json.dumps({"token_ids": p}) + "\n" for p in PROMPTS))
@@ -116,7 +117,7 @@ def test_cli_replay_json(tmp_path, redis_url):
 def test_cli_bad_trace_line_is_one_line_exit_2(tmp_path, redis_url):
     from typer.testing import CliRunner
 
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     trace = tmp_path / "bad.jsonl"
     trace.write_text('{"token_ids": [1, 2]}\n{"token_ids": [1, 2]\n')
@@ -130,7 +131,7 @@ def test_cli_bad_trace_line_is_one_line_exit_2(tmp_path, redis_url):
 def test_cli_redis_down_exit_3(tmp_path):
     from typer.testing import CliRunner
 
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"token_ids": [1, 2]}\n')
@@ -139,7 +140,7 @@ def test_cli_redis_down_exit_3(tmp_path):
 
 
 def test_measured_request_materializes_accounted_chunks(redis_client, monkeypatch):
-    import kvcli.replay as replay_mod
+    import kvcli.replay.replayer as replay_mod
 
     monkeypatch.setattr(replay_mod, "pick_measured", lambda *a: {2})  # only R3 = tok(1..12) runs the model
     model = build_model("tiny", "float32", "cpu", seed=0)
@@ -150,7 +151,7 @@ def test_measured_request_materializes_accounted_chunks(redis_client, monkeypatc
     assert (rows[4].materialized_chunks, rows[8].materialized_chunks) == (2, 1)
     import torch
 
-    from kvcli.store import StoreConfig
+    from kvcli.store.chunkstore import StoreConfig
     header = {cs: StoreConfig("x", cs, model.model_id, "raw", (2, 2, 2, 32), torch.float32).header_bytes
               for cs in (4, 8)}
     assert rows[4].serialized_bytes_read == 8 * 1024 + 2 * header[4]
@@ -168,7 +169,7 @@ def test_mooncake_sample_hits_equal_leading_seen_hash_ids(redis_client):
     import gzip
     from pathlib import Path
 
-    from kvcli.traces import read_trace
+    from kvcli.traces.detect import read_trace
 
     path = Path(__file__).resolve().parents[1] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
     records = [json.loads(line) for line in gzip.open(path, "rt")][:300]
@@ -194,7 +195,7 @@ def test_mooncake_sample_hits_equal_leading_seen_hash_ids(redis_client):
 def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     from typer.testing import CliRunner
 
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     url = make_server(**{"proto-max-bulk-len": "1mb"})
     trace = tmp_path / "t.jsonl"
@@ -220,7 +221,7 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
 def test_cli_rejects_bad_options_with_exit_2(tmp_path, redis_url, args, message):
     from typer.testing import CliRunner
 
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"token_ids": [1, 2, 3, 4, 5]}\n')
@@ -233,7 +234,7 @@ def test_cli_rejects_bad_options_with_exit_2(tmp_path, redis_url, args, message)
 def test_cli_trace_without_requests_is_bad_input(tmp_path, redis_url):
     from typer.testing import CliRunner
 
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     trace = tmp_path / "empty.json"
     trace.write_text("[]")
@@ -252,7 +253,7 @@ def test_no_chunk_size_pays_off_means_no_recommendation(redis_client):
 def test_replay_reads_a_named_namespace_and_never_writes_it(redis_client):
     import torch
 
-    from kvcli.store import ChunkStore, StoreConfig
+    from kvcli.store.chunkstore import ChunkStore, StoreConfig
 
     fleet = ChunkStore(redis_client, StoreConfig("fleet", 4, "m", "raw", (2, 2, 2, 32), torch.float32))
     fleet.store(tok(1, 12), torch.randn(2, 2, 2, 12, 32))  # warmed: [1-4] [5-8] [9-12], real payloads
@@ -271,8 +272,8 @@ def test_replay_reads_a_named_namespace_and_never_writes_it(redis_client):
 def test_measured_hits_count_what_was_retrieved(redis_client, monkeypatch):
     import torch
 
-    import kvcli.replay as replay_mod
-    from kvcli.store import ChunkStore, StoreConfig
+    import kvcli.replay.replayer as replay_mod
+    from kvcli.store.chunkstore import ChunkStore, StoreConfig
 
     model = build_model("tiny", "float32", "cpu", seed=0)
     fleet = ChunkStore(redis_client, StoreConfig("fleet", 4, model.model_id, "raw", (2, 2, 2, 32), torch.float32))
@@ -300,7 +301,7 @@ def test_sigterm_mid_replay_leaves_no_keys_behind(make_server, tmp_path):
     client = redis.Redis.from_url(url)
     client.set("foreign", "1")
     trace = Path(__file__).resolve().parents[1] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
-    proc = subprocess.Popen([sys.executable, "-m", "kvcli.cli", "replay", str(trace), "--chunk-sizes", "16",
+    proc = subprocess.Popen([sys.executable, "-m", "kvcli", "replay", str(trace), "--chunk-sizes", "16",
                              "--measure", "0", "--prefill-tps", "1000", "--payload", "accounted",
                              "--redis-url", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120

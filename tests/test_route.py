@@ -15,15 +15,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvcli.cachemanager import CacheManagerIndex, DelaySpec, parse_duration
-from kvcli.cli_route import route
-from kvcli.costcurve import CostCurve
+from kvcli.cli.route import route
 from kvcli.errors import BadInputError, KvcliError
-from kvcli.policies import POLICIES, make_policy, resolve_policies
-from kvcli.route import (ChunkIndex, LruChunkCache, SimConfig, parse_capacity, prepare_requests, simulate,
-                         single_node_hit_tokens)
-from kvcli.route_report import run_routes, summarize, sweep_points
-from kvcli.traces import Request
+from kvcli.model.costcurve import CostCurve
+from kvcli.route.cachemanager import CacheManagerIndex, DelaySpec, parse_duration
+from kvcli.route.nodecache import ChunkIndex, LruChunkCache
+from kvcli.route.policies import POLICIES, make_policy, resolve_policies
+from kvcli.route.report import run_routes, summarize, sweep_points
+from kvcli.route.simulator import SimConfig, parse_capacity, prepare_requests, simulate, single_node_hit_tokens
+from kvcli.traces.request import Request
 
 CS, TPS, TPOT = 4, 64.0, 1 / 64
 COST = CostCurve.from_tokens_per_second(TPS)
@@ -386,7 +386,7 @@ def test_cache_manager_needs_redis():
 
 def kvcli_route(*args, env=None):
     """``kvcli route ARGS`` through the real app (kvcli.cli, with its error handler)."""
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     return CliRunner().invoke(app, ["route", *map(str, args)], env=env)
 
@@ -432,7 +432,7 @@ def test_sweep_of_one_parameter_twice_is_an_error(serial_trace):
 def test_limit_below_one_is_a_one_line_error(serial_trace, limit):
     assert_one_line_error(kvcli_route(serial_trace, *FAST, "--limit", limit), f"--limit must be >= 1, got {limit}")
     with pytest.raises(BadInputError, match="--limit must be >= 1"):
-        from kvcli.route import load_requests
+        from kvcli.route.simulator import load_requests
         load_requests(serial_trace, limit=limit)
 
 
@@ -475,7 +475,7 @@ def test_invalid_option_values_are_one_line_errors(serial_trace, option, value, 
 
 
 def test_unknown_model_is_rejected_even_with_prefill_tps(serial_trace):
-    from kvcli.model import PRESETS
+    from kvcli.model.presets import PRESETS
 
     assert_one_line_error(kvcli_route(serial_trace, *FAST, "--model", "nope"),
                           f"unknown model preset 'nope'; valid: {', '.join(PRESETS)}")
@@ -508,7 +508,7 @@ def test_delay_spec_rejects_non_finite_delays():
 
 
 def test_sweep_runs_each_policy_only_where_the_parameter_matters():
-    from kvcli.route_report import plan_runs
+    from kvcli.route.report import plan_runs
 
     def plan(sweeps, policies, **kw):
         return [(name, labels) for name, labels, _ in plan_runs(policies, sweep_points(config(**kw), sweeps, 1))]
@@ -557,7 +557,7 @@ def test_summary_says_ties_with_on_a_tie(serial_trace):
 
 
 def test_summary_margin_wording():
-    from kvcli.route_report import margin
+    from kvcli.route.report import margin
 
     def entry(value, runner_up_value, by, runner_up="cost"):
         return {"policy": "prefix", "value": value, "runner_up": runner_up, "runner_up_value": runner_up_value,
@@ -587,7 +587,7 @@ def test_cli_count_rtt_and_its_old_name(serial_trace):
 def test_help_fits_80_columns():
     import re
 
-    from kvcli.cli import app
+    from kvcli.cli.app import app
 
     res = CliRunner().invoke(app, ["route", "--help"], env={"COLUMNS": "80"})
     assert res.exit_code == 0
@@ -616,7 +616,7 @@ def plot_report(trace: str) -> dict:
 def test_plot_layout_keeps_everything_readable_and_inside():
     import matplotlib.pyplot as plt
 
-    from kvcli.route_report import plot_figure
+    from kvcli.route.report import plot_figure
 
     name = "a_very_long_directory_name_and_an_even_longer_trace_file_name_2024-06-01_head1000.jsonl.gz"
     fig = plot_figure(plot_report(name))

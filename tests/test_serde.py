@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcli.serde import PayloadError, decode_kv, encode_kv
+from kvcli.store.serde import PayloadError, decode_kv, encode_kv
 
 
 def test_bf16_round_trip_is_bit_exact_in_12_payload_bytes():

@@ -6,8 +6,8 @@ import pytest
 import redis
 import torch
 
-from kvcli.hashing import chunk_prompt, namespace_root
-from kvcli.store import ChunkStore, ChunkTooLargeError, StoreConfig
+from kvcli.store.chunkstore import ChunkStore, ChunkTooLargeError, StoreConfig
+from kvcli.store.hashing import chunk_prompt, namespace_root
 
 KV_SHAPE = (2, 2, 2, 3)  # [layers, 2, kv_heads, head_dim] per token: 24 fp32 values = 96 bytes/token
 

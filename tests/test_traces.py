@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 from kvcli.errors import BadInputError
-from kvcli.tokenize import get_tokenizer
-from kvcli.traces import FORMATS, Request, detect_format, mooncake_token_ids, read_trace
+from kvcli.model.tokenize import get_tokenizer
+from kvcli.traces.detect import FORMATS, detect_format, read_trace
+from kvcli.traces.mooncake import mooncake_token_ids
+from kvcli.traces.request import Request
 
 SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
 

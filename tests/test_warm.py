@@ -11,22 +11,26 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from kvcli.costcurve import CostCurve
 from kvcli.errors import BadInputError
-from kvcli.inspection import inspect_cache
-from kvcli.model import build_model
-from kvcli.replay import ReplayConfig, Replayer
-from kvcli.store import chunk_metadata, chunk_payload, parse_metadata
-from kvcli.tokenize import get_tokenizer
-from kvcli.traces import Request
-from kvcli.warm import WarmConfig, make_stores, model_spec, read_prompts, warm
+from kvcli.live.inspect import inspect_cache
+from kvcli.live.warm import WarmConfig, make_stores, warm
+from kvcli.model.costcurve import CostCurve
+from kvcli.model.llama import build_model
+from kvcli.model.presets import model_spec
+from kvcli.model.tokenize import get_tokenizer
+from kvcli.replay.replayer import ReplayConfig, Replayer
+from kvcli.store.chunkstore import chunk_metadata, chunk_payload
+from kvcli.store.layout import parse_metadata
+from kvcli.traces.prompts import read_prompts
+from kvcli.traces.request import Request
 
 TINY = model_spec("tiny")
 
 
 def cli_app() -> typer.Typer:
     """kvcli's app when cli.py registers the cache commands, else a local app with them."""
-    from kvcli import cli, cli_cache
+    from kvcli.cli import app as cli
+    from kvcli.cli import cache as cli_cache
 
     names = {c.name for c in cli.app.registered_commands}
     if {"warm", "inspect", "purge"} <= names:
@@ -232,7 +236,7 @@ def test_cli_warm_strict_refuses_then_oom_exits_3_with_the_summary(make_server, 
 def test_rewarm_writes_a_half_present_chunk_whole_with_one_ttl(redis_client, model):
     """A chunk that lost its payload (or its metadata) is written whole: both keys SET, the same TTL on both, the
     metadata's checksum that of the payload beside it; chunks that are present keep their value and no TTL."""
-    from kvcli.inspection import payload_ok
+    from kvcli.live.inspect import payload_ok
 
     warm(redis_client, PROMPTS[:1], model, WarmConfig("h", (16,)))  # 70 tokens: 4 chunks, no TTL
     store = make_stores(redis_client, TINY, WarmConfig("h", (16,)))[0]
@@ -262,8 +266,8 @@ def test_accounted_metadata_is_not_present_and_gets_a_real_payload(redis_client,
     """replay --payload accounted leaves metadata with no payload behind it: warm writes those chunks whole."""
     from dataclasses import replace
 
-    from kvcli.inspection import payload_ok
-    from kvcli.store import ChunkStore
+    from kvcli.live.inspect import payload_ok
+    from kvcli.store.chunkstore import ChunkStore
 
     real_store = make_stores(redis_client, TINY, WarmConfig("acc", (16,)))[0]
     accounted = ChunkStore(redis_client, replace(real_store.config, payload="accounted"))

@@ -1,0 +1,4 @@
+"""``python -m kvcli``: the command line."""
+from kvcli.cli.app import main
+
+main()

@@ -1,0 +1,323 @@
+"""``kvcli warm``, ``kvcli inspect`` and ``kvcli purge``: thin typer commands over warm.py, inspection.py, purge.py.
+
+Registered by cli.py (``app.command("warm")(warm)``, ...). Results go to stdout (rich tables, or one JSON document
+with ``--json``), progress and notes to stderr. kvcli's errors propagate to cli.py, which prints one line and exits
+with the error's code.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console, Group
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from kvcli.errors import BadInputError, RedisFailure
+from kvcli.live.warm import fmt_bytes
+from kvcli.replay.report import stdout_console
+
+err = Console(stderr=True)
+_SIZES = "16,64,256,1024"
+RedisUrl = Annotated[Optional[str], typer.Option("--redis-url", envvar="REDIS_URL", show_default=False,
+                                                 help="Redis URL (redis://, rediss://, unix://). Default: an "
+                                                      "embedded server started (and stopped) for this command.")]
+Namespace = Annotated[str, typer.Option(help="Key namespace.")]
+ChunkSizes = Annotated[str, typer.Option("--chunk-size", "--chunk-sizes", help="Chunk sizes, tokens (comma list).")]
+Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...).")]
+Dtype = Annotated[Optional[str], typer.Option(help="Model/KV dtype (default: the preset's).")]
+Seed = Annotated[int, typer.Option(help="Model weight seed (part of the model id).")]
+Tokenizer = Annotated[str, typer.Option(help="tiktoken encoding for text prompts.")]
+Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, sharegpt, swe-agent.")]
+JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def warm(
+    sources: Annotated[list[str], typer.Argument(help="Prompt files (one prompt per line), traces (JSONL with "
+                                                 "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
+    namespace: Namespace = "default", chunk_size: ChunkSizes = _SIZES, model: Model = "cpu", dtype: Dtype = None,
+    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto", seed: Seed = 0,
+    tokenizer: Tokenizer = "cl100k_base", fmt: Format = "auto",
+    ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1)] = None,
+    dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
+    strict: Annotated[bool, typer.Option(help="Refuse to write when the estimate does not fit maxmemory.")] = False,
+    redis_url: RedisUrl = None, json_out: JsonOut = False,
+) -> None:
+    """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
+
+    Idempotent (chunks already there are neither recomputed nor rewritten); prompts sharing a prefix compute it once.
+
+    Examples:
+
+      kvcli warm system_prompts.txt --redis-url redis://cache:6379 --chunk-size 256 --ttl 86400
+
+      cat preambles.jsonl | kvcli warm - --namespace fleet --dry-run --json
+    """
+    from kvcli.live.warm import WarmConfig
+    from kvcli.live.warm import warm as run_warm
+    from kvcli.model.llama import build_model
+    from kvcli.model.presets import model_spec
+    from kvcli.store.server import open_redis
+    from kvcli.traces.prompts import read_prompts
+
+    config = WarmConfig(namespace, _sizes(chunk_size), tokenizer, ttl, dry_run, strict)
+    requests = read_prompts(sources, fmt, tokenizer)
+    spec = model_spec(model, dtype, seed)
+    local = None if dry_run else build_model(model, dtype, device, seed)
+    with open_redis(redis_url) as (client, target), _WarmBar() as bar:
+        if target.embedded and not dry_run:
+            err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
+        say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+        result = run_warm(client, requests, local, config, bar.update, spec, say)
+    _print(result, json_out, _warm_view)
+    if result.evicted_keys:
+        err.print(f"warning: the server evicted {result.evicted_keys:,} keys during this warm; what was written may "
+                  f"already be gone", markup=False, highlight=False, soft_wrap=True)
+    if result.stopped:
+        raise RedisFailure(result.stopped)
+
+
+def inspect(
+    namespace: Annotated[Optional[str], typer.Option(help="Only this namespace (map: default 'default').")] = None,
+    chunk_size: Annotated[Optional[str], typer.Option("--chunk-size", "--chunk-sizes", help="Chunk sizes for "
+                                                      f"--prompt/--tokens/--request (default {_SIZES}).")] = None,
+    sample: Annotated[Optional[int], typer.Option(help="MEMORY USAGE of N sampled keys (0: none; default: all).",
+                                                  min=0)] = None,
+    verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Check payload checksums "
+                                                   "(default: when payloads total <= 256 MiB).")] = None,
+    prompt: Annotated[Optional[str], typer.Option(help="Map this prompt text's chunks.")] = None,
+    tokens: Annotated[Optional[Path], typer.Option(help="Map the token ids in FILE (integers).")] = None,
+    request: Annotated[Optional[str], typer.Option(help="Map a trace request: TRACE:LINE.")] = None,
+    model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = "cl100k_base",
+    cache_salt: Annotated[str, typer.Option(help="Tenant salt for --prompt/--tokens.")] = "", fmt: Format = "auto",
+    redis_url: RedisUrl = None, json_out: JsonOut = False,
+) -> None:
+    """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
+    integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map.
+
+    Examples:
+
+      kvcli inspect --redis-url redis://cache:6379 --sample 1000
+
+      kvcli inspect --namespace fleet --prompt "You are a helpful assistant." --chunk-size 16 --json
+    """
+    from kvcli.live.chunkmap import chunk_map
+    from kvcli.live.inspect import inspect_cache
+    from kvcli.live.reading import reader, server_memory
+    from kvcli.model.presets import model_spec
+    from kvcli.store.server import open_redis
+
+    ids = _prompt_ids(prompt, tokens, request, tokenizer, fmt)
+    with open_redis(redis_url) as (client, target):
+        if target.embedded:
+            err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
+        if ids is None:
+            result = inspect_cache(client, namespace, sample, verify)
+            return _print(result, json_out, _inspect_view)
+        model_id = model if "/" in model else model_spec(model, dtype, seed).model_id
+        with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
+            server = server_memory(conn)
+            maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tokenizer, ids[1], server)
+                    for cs in _sizes(chunk_size or _SIZES)]
+    _print(maps, json_out, _map_view)
+
+
+def purge(
+    namespace: Annotated[str, typer.Option(help="The namespace to delete (required).", show_default=False)],
+    chunk_size: Annotated[Optional[int], typer.Option(help="Only this chunk size.", min=1)] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
+    redis_url: RedisUrl = None, json_out: JsonOut = False,
+) -> None:
+    """Delete kvcli's keys of ONE namespace (and optionally one chunk size): shows the count first, deletes only
+    with --yes; SCAN + UNLINK, never FLUSHDB/FLUSHALL; foreign keys and other namespaces are never touched.
+
+    Examples:
+
+      kvcli purge --namespace fleet --redis-url redis://cache:6379
+
+      kvcli purge --namespace fleet --chunk-size 16 --yes
+    """
+    from kvcli.store.namespace import count
+    from kvcli.store.namespace import purge as run_purge
+    from kvcli.store.server import open_redis
+
+    with open_redis(redis_url) as (client, _):
+        found = count(client, namespace, chunk_size)
+        where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
+        err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)",
+                  markup=False, highlight=False, soft_wrap=True)
+        if found.keys and not yes:
+            raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
+        done = run_purge(client, namespace, chunk_size) if yes else found
+    _print(done, json_out, lambda r: Text(f"deleted {r.deleted:,} keys of {where}"))
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------------
+def _sizes(text: str) -> tuple[int, ...]:
+    """``"16,64,16"`` -> ``(16, 64)``: positive integers, duplicates dropped (first kept)."""
+    try:
+        sizes = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        sizes = ()
+    if not sizes or min(sizes) < 1:
+        raise BadInputError(f"--chunk-size must be positive integers separated by commas, got {text!r}")
+    return tuple(dict.fromkeys(sizes))
+
+
+def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
+    """``(token ids, cache salt)`` of the one prompt to map, or None for the summary."""
+    if sum(x is not None for x in (prompt, tokens, request)) > 1:
+        raise BadInputError("give one of --prompt, --tokens, --request")
+    if prompt is not None:
+        from kvcli.model.tokenize import get_tokenizer
+
+        return get_tokenizer(tokenizer).encode(prompt), ""
+    if tokens is not None:
+        try:
+            ids = [int(x) for x in re.findall(r"-?\d+", tokens.read_text(encoding="utf-8"))]
+        except OSError as exc:
+            raise BadInputError(f"cannot read: {exc.strerror or exc}", path=str(tokens)) from None
+        except UnicodeDecodeError as exc:
+            raise BadInputError(f"not UTF-8 text (byte {exc.start}): --tokens wants token ids as text, e.g. "
+                                f"'1 2 3'", path=str(tokens)) from None
+        if any(not 0 <= i < 2**32 for i in ids):
+            raise BadInputError("token ids must be integers in [0, 2**32)", path=str(tokens))
+        return ids, ""
+    if request is not None:
+        from kvcli.traces.detect import read_trace
+
+        path, _, line = request.rpartition(":")
+        if not path or not line.isdigit():
+            raise BadInputError(f"--request must be TRACE:LINE, got {request!r}")
+        for r in read_trace(path, fmt, tokenizer):
+            if r.source.rpartition(":")[2] == line:
+                return r.token_ids, r.cache_salt
+        raise BadInputError(f"no request at line {line}", path=path)
+    return None
+
+
+def _print(result, json_out: bool, view) -> None:
+    if json_out:
+        typer.echo(json.dumps(_jsonable(result), indent=1, default=str))
+    else:
+        stdout_console().print(view(result))
+
+
+def _jsonable(obj):
+    if isinstance(obj, list):
+        return [_jsonable(x) for x in obj]
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    import dataclasses
+
+    return dataclasses.asdict(obj)
+
+
+def _table(title: str, columns: list[str], rows: list[list]) -> Table:
+    """A table whose title and cells are plain text: names from the server (namespaces, models) are never read as
+    rich markup (``[/]`` would raise, ``[p]`` would vanish)."""
+    table = Table(title=Text(title), title_justify="left")
+    for i, c in enumerate(columns):
+        table.add_column(c, justify="left" if i == 0 else "right")
+    for row in rows:
+        table.add_row(*(Text(f"{x:,}" if isinstance(x, int) else str(x)) for x in row))
+    return table
+
+
+def _warm_view(r) -> Group:
+    rows = [[t.chunk_size, t.prompts, t.full_chunks, t.chunks_written, t.chunks_present, t.objects_written,
+             fmt_bytes(t.payload_bytes + t.header_bytes), fmt_bytes(t.metadata_bytes)] for t in r.per_size]
+    verb = "would write" if r.dry_run else "wrote"
+    note = (f"{verb} {r.total('objects_written'):,} objects, {fmt_bytes(r.total('bytes'))}" + _why_nothing(r)
+            + ("" if r.dry_run else f"; prefilled {r.tokens_prefilled:,} tokens, reused {r.tokens_reused:,} "
+               f"(model {r.compute_seconds:.2f} s, writes {r.write_seconds:.2f} s)") + f"; {r.seconds:.2f} s"
+            + f"\npreflight: {r.preflight.message}"
+            + ("" if not r.evicted_keys else f"\nevicted: the server evicted {r.evicted_keys:,} keys during this "
+               f"warm; what was written may already be gone")
+            + (f"\nstopped: {r.stopped}" if r.stopped else ""))
+    table = _table(f"warm {r.namespace} ({r.model_id}){' — dry run' if r.dry_run else ''}",
+                   ["chunk size", "prompts", "full chunks", "written", "present", "objects", "payload",
+                    "metadata"], rows)
+    return Group(table, Text(note))
+
+
+def _why_nothing(r) -> str:
+    """Why nothing was written, when nothing was and nothing failed: no prompts, no full chunk, all present."""
+    if r.total("objects_written") or r.stopped:
+        return ""
+    if not r.prompts:
+        return ": no prompts"
+    if not r.total("full_chunks"):
+        return ": no prompt is as long as a chunk"
+    return ": everything was already present"
+
+
+def _inspect_view(r) -> Group:
+    s = r.server
+    rows = []
+    for g in r.groups:
+        d = g.to_dict(keys=False)
+        ttl, age = d["ttl_seconds"], d["age_seconds"]
+        rows.append([g.namespace, g.model, g.chunk_size, g.chunks, g.metadata_entries, g.payload_objects,
+                     fmt_bytes(g.payload_bytes), fmt_bytes(g.metadata_bytes), fmt_bytes(g.memory_bytes),
+                     f"{ttl['none']:,} none" + (f"; {ttl['min']:.0f}/{ttl['median']:.0f}/{ttl['max']:.0f} s"
+                                                 if ttl["with_ttl"] else ""),
+                     "-" if age["median"] is None else f"{age['median']:.0f} s",
+                     ", ".join(f"{k} {v:,}" for k, v in d["integrity"].items() if v) or "ok"])
+    table = _table(f"kvcli keys: {r.kvcli_keys:,}; other keys: {r.other_keys:,}",
+                   ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
+                    "redis memory", "ttl min/med/max", "age med", "integrity"], rows)
+    memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
+              else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
+    maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
+    return Group(table, Text(f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} "
+                             f"({s.policy}), evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}; "
+                             f"MEMORY USAGE: {memory}; checksums "
+                             f"{'verified' if r.verified else 'not verified (--verify)'}; "
+                             f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
+                             f"{r.seconds:.2f} s"))
+
+
+def _map_view(maps) -> Group:
+    parts = []
+    for m in maps:
+        rows = [[r.index, r.hash[:16], f"{r.start}-{r.end}", r.status, "-" if r.ttl is None else f"{r.ttl:.0f} s"]
+                for r in m.rows]
+        table = _table(f"{m.namespace} / chunk size {m.chunk_size} / {m.model_id}",
+                       ["chunk", "hash", "tokens", "status", "ttl"], rows)
+        where = "no break" if m.break_index is None else f"breaks at chunk {m.break_index}: {m.break_reason}"
+        parts += [table, Text(f"{m.prompt_tokens:,} tokens: {m.hit_tokens:,} reused, {m.prefill_tokens:,} to "
+                              f"prefill; {where}")]
+    return Group(*parts)
+
+
+class _WarmBar:
+    """Progress on stderr: chunks written of the plan, chunks/s and MB/s; nothing when stderr is not a terminal."""
+
+    def __enter__(self):
+        self.bar = Progress(TextColumn("warm"), BarColumn(), MofNCompleteColumn(), _Rates(), TimeElapsedColumn(),
+                            console=err, transient=True, disable=not err.is_terminal)
+        self.bar.__enter__()
+        self.task = None
+        return self
+
+    def update(self, chunks: int, nbytes: int, total_chunks: int, total_bytes: int) -> None:
+        if self.task is None:
+            self.task = self.bar.add_task("warm", total=total_chunks or 1, bytes=0)
+        self.bar.update(self.task, completed=chunks, bytes=nbytes)
+
+    def __exit__(self, *exc):
+        self.bar.__exit__(*exc)
+        return False
+
+
+class _Rates(ProgressColumn):
+    def render(self, task) -> Text:
+        elapsed = task.elapsed or 0.0
+        if not elapsed:
+            return Text("")
+        return Text(f"{task.completed / elapsed:,.0f} chunks/s {task.fields.get('bytes', 0) / elapsed / 1e6:,.1f} MB/s")

@@ -1,0 +1,144 @@
+"""``kvcli route``: the typer command (registered by kvcli.cli as ``app.command("route")(route)``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+
+from kvcli.errors import BadInputError, KvcliError
+from kvcli.route.cachemanager import DelaySpec, parse_duration
+from kvcli.route.simulator import (
+    SimConfig,
+    check_prefill_tps,
+    kv_bytes_per_token,
+    load_requests,
+    parse_capacity,
+    prefill_cost,
+)
+
+Opt = typer.Option
+
+
+CLUSTER, POLICY, MANAGER, IO = "Cluster and workload", "Policies and sweep", "cache-manager", "Input and output"
+
+
+def route(
+    trace: Annotated[Path, typer.Argument(help="Trace: native JSONL, mooncake, sharegpt, swe-agent (.gz ok).")],
+    policy: Annotated[list[str], Opt("--policy", "-p", metavar="<names>", help="round-robin, least-loaded, random, "
+                                     "prefix, cache-manager, cache-aware, cost, or all; repeat or comma-separate.",
+                                     rich_help_panel=POLICY)] = ["all"],
+    nodes: Annotated[int, Opt(help="Serving nodes.", rich_help_panel=CLUSTER)] = 4,
+    node_capacity: Annotated[str, Opt(metavar="<size>", help="KV cache per node: tokens (3M, 500k) or bytes (40GB, "
+                                      "64GiB, at --model's KV bytes/token), or 'unlimited'.",
+                                      rich_help_panel=CLUSTER)] = "3M",
+    chunk_size: Annotated[int, Opt(help="Tokens per chunk (Mooncake traces: 512-token blocks).",
+                                   rich_help_panel=CLUSTER)] = 256,
+    prefill_tps: Annotated[Optional[float], Opt(help="Prefill tokens/s per node; default: measure the "
+                                                "--model's cost curve now.", rich_help_panel=CLUSTER)] = None,
+    model: Annotated[str, Opt(help="Model preset for the cost curve and byte capacities.",
+                              rich_help_panel=CLUSTER)] = "cpu",
+    decode_tpot: Annotated[float, Opt(help="Seconds per output token after the first.",
+                                      rich_help_panel=CLUSTER)] = 0.02,
+    max_batch: Annotated[int, Opt(help="Requests a node serves at once; prefill runs one at a time.",
+                                  rich_help_panel=CLUSTER)] = 64,
+    output_length: Annotated[int, Opt(help="Output tokens of requests whose trace gives none.",
+                                      rich_help_panel=CLUSTER)] = 128,
+    rate: Annotated[Optional[float], Opt(help="Poisson arrivals, requests/s (default: trace timestamps).",
+                                         rich_help_panel=CLUSTER)] = None,
+    seed: Annotated[int, Opt(help="Seed of every random choice (arrivals, random, cost, delays).",
+                             rich_help_panel=POLICY)] = 0,
+    abs_threshold: Annotated[float, Opt(help="cache-aware: balance when max-min load > this (requests).",
+                                        rich_help_panel=POLICY)] = 32,
+    rel_threshold: Annotated[float, Opt(help="cache-aware: ...and max > this x min (>= 1).",
+                                        rich_help_panel=POLICY)] = 1.0001,
+    cache_threshold: Annotated[float, Opt(help="cache-aware: prefix route above this match ratio (0-1).",
+                                          rich_help_panel=POLICY)] = 0.5,
+    w: Annotated[float, Opt("--w", help="cost: weight of tokens to prefill vs outstanding load.",
+                            rich_help_panel=POLICY)] = 1.0,
+    temperature: Annotated[float, Opt(help="cost: softmax temperature in tokens (0 = lowest wins).",
+                                      rich_help_panel=POLICY)] = 0.0,
+    lookup_delay: Annotated[str, Opt(metavar="<delay>", help="Injected lookup delay: 5ms, or lognormal:MEDIAN:P99 "
+                                     "(e.g. lognormal:1ms:50ms).", rich_help_panel=MANAGER)] = "0",
+    lookup_timeout: Annotated[Optional[str], Opt(metavar="<time>", help="Fall back to least-loaded after this "
+                                                 "(e.g. 20ms; default: wait).", rich_help_panel=MANAGER)] = None,
+    count_rtt: Annotated[bool, Opt("--count-rtt/--no-count-rtt", help="Add the measured Redis round trip to TTFT "
+                                   "(--no-count-rtt: exact, repeatable runs). Old names: --count-lookup-latency, --no-count-lookup-latency.",
+                                   rich_help_panel=MANAGER, show_default=False)] = True,
+    count_lookup_latency: Annotated[Optional[bool], Opt("--count-lookup-latency/--no-count-lookup-latency",
+                                                        hidden=True)] = None,
+    redis_url: Annotated[Optional[str], Opt(envvar="REDIS_URL", metavar="<url>", help="Redis for cache-manager "
+                                            "(default: embedded).", show_default=False,
+                                            rich_help_panel=MANAGER)] = None,
+    sweep: Annotated[list[str], Opt(metavar="<p=v1,v2>", help="Repeatable; PARAM: nodes, node-capacity, max-batch, "
+                                    "decode-tpot, rate, seed, abs-threshold, rel-threshold, cache-threshold, w, "
+                                    "temperature, lookup-delay, lookup-timeout.", rich_help_panel=POLICY)] = [],
+    limit: Annotated[Optional[int], Opt(help="Only the first N requests (N >= 1).", rich_help_panel=IO)] = None,
+    fmt: Annotated[str, Opt("--format", help="auto, native, mooncake, sharegpt, swe-agent.",
+                            rich_help_panel=IO)] = "auto",
+    tokenizer: Annotated[str, Opt(help="tiktoken encoding for text prompts.", rich_help_panel=IO)] = "cl100k_base",
+    json_out: Annotated[bool, Opt("--json", help="Print one JSON document on stdout.", rich_help_panel=IO)] = False,
+    plot: Annotated[Optional[Path], Opt(metavar="<file>", help="Write hit ratio vs TTFT p99 to FILE.png or FILE.svg.",
+                                        rich_help_panel=IO)] = None,
+) -> None:
+    """Simulate KV-cache-aware routing across serving nodes and its conflict with load balance: per policy (and
+    sweep point) hit token ratio, per-node load spread, queue wait, TTFT and end-to-end percentiles, lookups.
+
+    Examples:
+
+      kvcli route sample_traces/mooncake_conversation_head1000.jsonl.gz --chunk-size 512 --prefill-tps 10000
+
+      kvcli route chat.jsonl --rate 4 --policy prefix,cache-aware --sweep abs-threshold=2,8,32 --plot ca.png
+
+      kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
+    """
+    from kvcli.model.presets import get_preset
+    from kvcli.route.policies import resolve_policies
+    from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
+    from kvcli.route.report import plot as write_plot
+
+    err = Console(stderr=True)
+    try:
+        get_preset(model)  # also with --prefill-tps: a typo should not pass silently
+        if limit is not None and limit < 1:
+            raise BadInputError(f"--limit must be >= 1, got {limit}")
+        kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)
+        config = SimConfig(
+            nodes=nodes, capacity_tokens=parse_capacity(node_capacity, kv), chunk_size=chunk_size,
+            max_batch=max_batch, decode_tpot=decode_tpot, default_output_tokens=output_length, rate=rate, seed=seed,
+            abs_threshold=abs_threshold, rel_threshold=rel_threshold, cache_threshold=cache_threshold, cost_weight=w,
+            temperature=temperature, lookup_delay=DelaySpec.parse(lookup_delay), count_measured_latency=
+            count_rtt if count_lookup_latency is None else count_lookup_latency,
+            lookup_timeout=None if lookup_timeout is None else parse_duration(lookup_timeout))
+        points, names = sweep_points(config, sweep, kv), resolve_policies(policy)
+        check_prefill_tps(prefill_tps)
+        check_plot_path(plot)
+        planned = plan_runs(names, points)
+        unused = [s.partition("=")[0].strip() for s in sweep]
+        unused = [p for p in unused if not any(p in labels for _, labels, _ in planned)]
+        if unused:
+            err.print(f"kvcli: note: --sweep {escape(', '.join(unused))} changes none of the policies run "
+                      f"({', '.join(names)}); each runs once", highlight=False, soft_wrap=True)
+        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+            track = lambda it: bar.track(it, description="hashing trace")  # noqa: E731
+            requests = load_requests(trace, fmt, tokenizer, chunk_size, limit, track)
+            cost, cost_info = prefill_cost(prefill_tps, model)
+            task = bar.add_task("simulating", total=len(planned))
+            runs = run_routes(requests, names, points, cost, redis_url,
+                              lambda what: bar.update(task, advance=1, description=f"simulating {what}"))
+        report = report_dict(trace.name, runs, cost_info)
+        if plot is not None:
+            write_plot(report, plot)
+    except KvcliError as exc:  # also handled by kvcli.cli.handle_errors; here for apps that mount route alone
+        err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(exc.exit_code) from None
+    if json_out:
+        typer.echo(json.dumps(report, indent=1))
+    else:
+        from kvcli.replay.report import stdout_console
+
+        render(report, stdout_console())  # pipes and files: wide, no 80-column cut

@@ -1,0 +1,5 @@
+"""Commands over a live cache: ``kvcli warm`` (fill ahead of traffic), ``kvcli inspect`` (read-only summary,
+integrity, one prompt's chunk map). ``kvcli purge`` is :mod:`kvcli.store.namespace` (replay cleans up with it too).
+
+May import: kvcli.traces, kvcli.store, kvcli.model, kvcli.errors, kvcli.units. Not replay, route or cli.
+"""

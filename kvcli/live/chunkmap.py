@@ -1,0 +1,132 @@
+"""One prompt's chunk map on a live cache: chunk by chunk, where its hit run would break, and why. Read-only.
+
+For a prompt (``token_ids`` ``[tokens]``) under one namespace, model and chunk size (tokens), :func:`chunk_map`
+hashes the prompt's full chunks (:mod:`kvcli.hashing`) and reads each chunk's metadata, payload and PTTL in one
+pipelined round trip (plus INFO and DBSIZE when the cause of a missing chunk is inferred and no ``server`` state
+was passed): O(chunks) commands, payload bytes included. The result is a :class:`ChunkMap` with one
+:class:`MapRow` per full chunk (tokens ``[start, end)``, status, TTL in seconds) and the hit / prefill split in
+tokens.
+
+The read helpers it shares with inspect live in :mod:`kvcli.live.reading`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from kvcli.errors import RedisFailure
+from kvcli.live.reading import ServerMemory, execute_read, parse_or_none, payload_ok, reader, server_memory
+from kvcli.store.hashing import chunk_prompt, namespace_root
+from kvcli.store.layout import key_prefix
+
+
+@dataclass(frozen=True)
+class MapRow:
+    """One full chunk of a prompt: index, hash hex, tokens ``[start, end)``, status, remaining TTL (s, None: none).
+
+    ``status``: "hit"; for the chunk that breaks the hit run, why ("missing", "expired", "evicted", "no-payload",
+    "no-metadata", "checksum", "token-mismatch", "bad-metadata"); after the break, "unreachable" for a chunk that
+    is present but can never be reached, else its own problem.
+    """
+
+    index: int
+    hash: str
+    start: int
+    end: int
+    status: str
+    ttl: float | None
+
+
+@dataclass(frozen=True)
+class ChunkMap:
+    """A prompt's chunk-by-chunk map under one namespace, model and chunk size (tokens)."""
+
+    namespace: str
+    chunk_size: int
+    model_id: str
+    prompt_tokens: int
+    rows: tuple[MapRow, ...]
+    hit_tokens: int
+    prefill_tokens: int
+    break_index: int | None
+    break_reason: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {**{k: v for k, v in self.__dict__.items() if k != "rows"}, "rows": [r.__dict__ for r in self.rows]}
+
+
+def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
+              cache_salt: str = "", server: ServerMemory | None = None) -> ChunkMap:
+    """Where a prompt's hit run would break, and why; read-only (two pipelined round trips, payloads included), over
+    one connection in ``CLIENT NO-TOUCH`` mode where the server has it (:func:`kvcli.live.reading.reader`).
+
+    A key of another type than a string at a chunk's metadata name makes it "bad-metadata"; at its payload name,
+    "no-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of the prompt
+    is still present (so this one was stored) and the server's counters show only expiries or only evictions (Redis
+    keeps no record of a removed key, so this is inferred).
+
+    Raises:
+        RedisFailure: the server refused a read.
+    """
+
+    with reader(client) as conn:
+        return _chunk_map(conn, token_ids, namespace, chunk_size, model_id, tokenizer, cache_salt, server)
+
+
+def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
+               cache_salt: str, server: ServerMemory | None) -> ChunkMap:
+
+    prompt = chunk_prompt(token_ids, chunk_size, namespace_root(model_id, tokenizer, cache_salt))
+    prefix = key_prefix(namespace, chunk_size)
+    pipe = client.pipeline(transaction=False)
+    for h in prompt.hashes:
+        pipe.get(f"{prefix}m:{h.hex()}")
+        pipe.get(f"{prefix}p:{h.hex()}")
+        pipe.pttl(f"{prefix}m:{h.hex()}")
+    replies = execute_read(pipe, raise_on_error=False) if prompt.hashes else []
+    for r in replies[2::3]:
+        if isinstance(r, Exception):
+            raise RedisFailure(f"Redis read failed: {r}")
+    states = [_state(prompt, k, *replies[3 * k:3 * k + 2]) for k in range(len(prompt.hashes))]
+    hits = next((k for k, s in enumerate(states) if s != "ok"), len(states))
+    reason = "" if hits == len(states) else states[hits]
+    if reason == "missing" and any(s != "missing" for s in states[hits:]):
+        server = server or server_memory(client)
+        if bool(server.expired_keys) != bool(server.evicted_keys):
+            reason = "expired" if server.expired_keys else "evicted"
+    rows = []
+    for k, (h, state) in enumerate(zip(prompt.hashes, states)):
+        status = "hit" if k < hits else reason if k == hits else "unreachable" if state == "ok" else state
+        pttl = replies[3 * k + 2]
+        rows.append(MapRow(k, h.hex(), k * chunk_size, (k + 1) * chunk_size, status,
+                           pttl / 1000 if pttl >= 0 else None))
+    n = len(prompt.tokens)
+    return ChunkMap(namespace, chunk_size, model_id, n, tuple(rows), hits * chunk_size, n - hits * chunk_size,
+                    None if hits == len(states) else hits, reason)
+
+
+def _state(prompt, k: int, meta_raw, payload) -> str:
+    """One chunk on its own: "ok" or what is wrong with it. A read error (WRONGTYPE: not a string) is bad metadata
+    at the metadata key, no payload at the payload key; any other error is raised."""
+
+    for reply in (meta_raw, payload):
+        if isinstance(reply, Exception) and "WRONGTYPE" not in str(reply):
+            raise RedisFailure(f"Redis read failed: {reply}")
+    if isinstance(payload, Exception):
+        payload = None
+    if isinstance(meta_raw, Exception):
+        return "bad-metadata"
+    if meta_raw is None:
+        return "missing" if payload is None else "no-metadata"
+    meta = parse_or_none(meta_raw)
+    if meta is None:
+        return "bad-metadata"
+    if meta.token_digest != prompt.token_digest(k):
+        return "token-mismatch"
+    if meta.stored != "real":
+        return "ok"
+    if payload is None:
+        return "no-payload"
+    return "ok" if payload_ok(meta, payload) else "checksum"

@@ -1,0 +1,412 @@
+"""Read a live cache without touching it: kvcli's keys by namespace, model and chunk size, and their integrity.
+
+Strictly read-only: the only commands sent are those in :data:`READ_COMMANDS` (SCAN, MGET, GET, EXISTS, STRLEN,
+PTTL, MEMORY USAGE, INFO, DBSIZE, and EVAL_RO, whose script the server forbids to write; plus CLIENT NO-TOUCH ON,
+which only sets the connection's own mode); a test checks at the server that nothing else ran. It does not
+change eviction state either, where the server allows it: every read goes over one dedicated connection
+(:func:`reader`) that first sends ``CLIENT NO-TOUCH ON`` (Redis >= 7.2, Valkey), so the keys' LRU idle time and
+LFU counters stay as they were; older servers refuse it, and their reads touch keys as any client's do.
+Keys are listed with SCAN and a cursor (never KEYS); each SCAN step's reads go out in
+one round trip (MGET of the metadata values plus one EVAL_RO for every key's PTTL, STRLEN and MEMORY USAGE, or,
+where scripts are refused, the same commands pipelined one per key). Foreign keys (anything that is not
+``kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash}``) are counted as "other" and nothing else is done with them; so
+is a payload-named key that does not hold a string, while a metadata-named key that does not hold a string is
+bad metadata.
+
+Integrity, per namespace and chunk size:
+  * orphan metadata: metadata whose payload is gone (a "real" chunk); orphan payloads: payload without metadata
+    (both are left by eviction, expiry of one half, or a crash);
+  * checksum failures: payloads whose tensor bytes no longer match the checksum in their metadata (verified when
+    ``verify``; by default when the payloads total at most 256 MiB);
+  * unreachable: chunks whose chain back to chunk 0 is broken (an ancestor is missing, orphaned or corrupted), so
+    no lookup can ever reach them. A chunk can be in more than one list.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import redis
+
+from kvcli.errors import RedisFailure
+from kvcli.live.reading import (
+    ServerMemory,
+    execute_read,
+    parse_or_none,
+    payload_ok,
+    reader,
+    server_memory,
+)
+from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
+
+VERIFY_AUTO_BYTES = 256 << 20
+SCAN_COUNT = 1000
+_RNG = np.random.default_rng()
+
+
+def spread(values: list[float]) -> dict:
+    """``{"min", "median", "max"}`` of a list (None each when empty)."""
+    if not values:
+        return {"min": None, "median": None, "max": None}
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+@dataclass
+class Group:
+    """One (namespace, model, chunk size): counts, bytes, Redis memory (extrapolated when sampled), TTLs (seconds),
+    ages (seconds since ``created``) and integrity counts. ``model`` is "?" for orphan payloads it cannot name."""
+
+    namespace: str
+    model: str
+    chunk_size: int
+    chunks: int = 0
+    metadata_entries: int = 0
+    payload_objects: int = 0
+    payload_bytes: int = 0
+    metadata_bytes: int = 0
+    memory_bytes: int | None = None  # None: not measured (--sample 0, or no key of this group in the sample)
+    memory_keys: int = 0
+    ttl_none: int = 0
+    ttls: list[float] = field(default_factory=list)
+    ages: list[float] = field(default_factory=list)
+    issues: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def to_dict(self, keys: bool = True) -> dict:
+        """JSON-ready; ``keys`` lists the integrity problems' chunk hashes, else only their counts."""
+        out = {k: v for k, v in self.__dict__.items() if k not in ("ttls", "ages", "issues")}
+        out["ttl_seconds"] = {"none": self.ttl_none, "with_ttl": len(self.ttls), **spread(self.ttls)}
+        out["age_seconds"] = spread(self.ages)
+        out["integrity"] = {name: (sorted(v) if keys else len(v)) for name, v in self.issues.items()}
+        return out
+
+
+@dataclass
+class Inspection:
+    """The whole read: server state, key counts (kvcli / other), groups, and how memory and checksums were read."""
+
+    server: ServerMemory
+    scanned_keys: int = 0
+    kvcli_keys: int = 0
+    other_keys: int = 0
+    groups: list[Group] = field(default_factory=list)
+    memory_sampled: int | None = None  # None: MEMORY USAGE of every kvcli key; 0: not read; N: a sample of N
+    verified: bool = False
+    seconds: float = 0.0
+    no_touch: bool | None = None  # the server accepted CLIENT NO-TOUCH ON (reads left LRU/LFU state alone)
+
+    def to_dict(self) -> dict:
+        """JSON-ready, integrity problems listed by chunk hash."""
+        return {"server": self.server.__dict__, "keys": {"scanned": self.scanned_keys, "kvcli": self.kvcli_keys,
+                "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "checksums_verified":
+                self.verified, "no_touch": self.no_touch, "seconds": self.seconds,
+                "groups": [g.to_dict() for g in self.groups]}
+
+
+class _Space:
+    """Raw per-key facts of one (namespace, chunk size), gathered during the scan."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, tuple[ChunkMeta | None, int, int]] = {}  # hash -> (parsed, value bytes, pttl ms)
+        self.payload: dict[str, tuple[int, int]] = {}  # hash -> (value bytes, pttl ms)
+        self.memory: dict[tuple[str, str], int] = {}  # (kind, hash) -> MEMORY USAGE bytes
+        self.bad_checksum: set[str] = set()
+
+
+def scan_batches(client: redis.Redis, count: int = SCAN_COUNT) -> Iterator[list[bytes]]:
+    """Every key of the current database, a SCAN step at a time (cursor; never KEYS). Raises RedisFailure."""
+    cursor = 0
+    while True:
+        try:
+            cursor, keys = client.scan(cursor, count=count)
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
+        if keys:
+            yield keys
+        if cursor == 0:
+            return
+
+
+def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int | None = None,
+                  verify: bool | None = None) -> Inspection:
+    """Read every kvcli key once (read-only, over one NO-TOUCH connection: :func:`reader`) and summarise it.
+
+    Args:
+        namespace: only this namespace's keys are read (others still count in ``kvcli_keys``).
+        sample: MEMORY USAGE of every kvcli key (None), of none (0), or of N keys spread over the groups (one per
+            group when N >= the number of groups, the rest in proportion to the groups' key counts), each group's
+            reading scaled up to its key count.
+        verify: read payloads to check their checksums (None: only when they total <= 256 MiB).
+
+    Raises:
+        RedisFailure: the server refused a read.
+    """
+    with reader(client) as conn:
+        result = _inspect(conn, namespace, sample, verify)
+        result.no_touch = bool(getattr(conn, "kvcli_no_touch", False))
+    return result
+
+
+def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, verify: bool | None) -> Inspection:
+    t0 = time.perf_counter()
+    result = Inspection(server_memory(client), memory_sampled=sample)
+    spaces: dict[tuple[str, int], _Space] = defaultdict(_Space)
+    script = [True]
+    heads: dict[bytes, tuple | None] = {}  # "kvcli:v1:{ns}:{cs}" -> (ns, cs), or None when filtered out
+    for keys in scan_batches(client):
+        result.scanned_keys += len(keys)
+        mine = []
+        for key in keys:
+            parts = _split(key)
+            if parts is None:
+                result.other_keys += 1
+                continue
+            result.kvcli_keys += 1
+            head = heads.get(parts[0], 0)
+            if head == 0:
+                full = parse_key(key)
+                head = heads[parts[0]] = ((full.namespace, full.chunk_size)
+                                          if namespace is None or full.namespace == namespace else None)
+            if head is not None:
+                mine.append((key, head, parts[1], parts[2]))
+        if mine:
+            foreign = _read_batch(client, mine, spaces, sample is None, script)
+            result.kvcli_keys -= foreign
+            result.other_keys += foreign
+    if sample:
+        result.memory_sampled = _sampled_memory(client, spaces, sample)
+    payload_total = sum(n for s in spaces.values() for n, _ in s.payload.values())
+    result.verified = verify if verify is not None else payload_total <= VERIFY_AUTO_BYTES
+    for (ns, cs), space in sorted(spaces.items()):
+        if result.verified:
+            _verify(client, ns, cs, space)
+        result.groups.extend(_groups(ns, cs, space, sample))
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+# PTTL, STRLEN (and MEMORY USAGE when ARGV[1] is "1") of every key, in one EVAL_RO: the server refuses any write
+# inside it, and one command per SCAN step instead of two or three per key is 4-5x faster (bench/bench_inspect.py).
+# STRLEN of a key that holds no string (WRONGTYPE) is -1.
+_FACTS = """local o = {}
+for _, k in ipairs(KEYS) do
+  o[#o + 1] = redis.call('PTTL', k)
+  local n = redis.pcall('STRLEN', k)
+  if type(n) == 'table' then n = -1 end
+  o[#o + 1] = n
+  if ARGV[1] == '1' then o[#o + 1] = redis.call('MEMORY', 'USAGE', k) or false end
+end
+return o"""
+
+
+def _split(key: bytes) -> tuple[bytes, str, str] | None:
+    """``(b"kvcli:v1:{ns}:{cs}", kind, hash hex)`` of a kvcli chunk key, else None (store.parse_key's rules)."""
+    if not key.startswith(b"kvcli:v1:") or _KEY_RE.fullmatch(key) is None:
+        return None
+    head, kind, h = key.rsplit(b":", 2)
+    return head, kind.decode(), h.decode()
+
+
+def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> int:
+    """One round trip per SCAN step: MGET of the metadata values, and each key's PTTL, STRLEN (and MEMORY USAGE)
+    in one EVAL_RO, or pipelined one by one where scripts are refused (``script[0]`` is set False then).
+
+    A key that holds no string (STRLEN: WRONGTYPE): metadata-named, it is bad metadata (size 0); payload-named, it
+    is not a payload. Returns the number of the latter (the caller counts them as other keys)."""
+    keys = [m[0] for m in mine]
+    metas = [m[0] for m in mine if m[2] == "m"]
+    pipe = client.pipeline(transaction=False)
+    if metas:
+        pipe.mget(metas)
+    if script[0]:
+        pipe.execute_command("EVAL_RO", _FACTS, len(keys), *keys, "1" if with_memory else "0")
+    else:
+        for key in keys:
+            pipe.pttl(key)
+            pipe.strlen(key)
+            if with_memory:
+                pipe.memory_usage(key)
+    replies = execute_read(pipe, raise_on_error=False)
+    if script[0] and isinstance(replies[-1], redis.ResponseError):
+        script[0] = False  # no EVAL_RO (Redis < 7, scripting disabled, ACL): per-key commands from now on
+        return _read_batch(client, mine, spaces, with_memory, script)
+    if any(isinstance(r, Exception) for r in replies[:1 + script[0]]):
+        raise RedisFailure(f"Redis read failed: {next(r for r in replies if isinstance(r, Exception))}")
+    facts = replies[-1] if script[0] else replies[int(bool(metas)):]
+    values, width, foreign = iter(replies[0] if metas else ()), 2 + with_memory, 0
+    for i, (_, head, kind, h) in enumerate(mine):
+        space = spaces[head]
+        pttl, size = int(facts[width * i]), facts[width * i + 1]
+        wrong_type = isinstance(size, Exception) or int(size) < 0
+        if kind == "p":
+            if wrong_type:
+                foreign += 1
+                continue
+            if pttl != -2:  # -2: gone since SCAN saw it
+                space.payload[h] = (int(size), pttl)
+        else:
+            raw = next(values)
+            if raw is not None:
+                space.meta[h] = (parse_or_none(raw), len(raw), pttl)
+            elif wrong_type and pttl != -2:  # MGET answers nil for a key of another type
+                space.meta[h] = (None, 0, pttl)
+        if with_memory and facts[width * i + 2] is not None and not isinstance(facts[width * i + 2], Exception):
+            space.memory[(kind, h)] = int(facts[width * i + 2])
+    return foreign
+
+
+def _strata(space: _Space) -> dict[str, list[tuple[str, str]]]:
+    """One space's keys ``(kind, hash)`` by the group (model) :func:`_groups` puts them in."""
+    models = {m.model for m, _, _ in space.meta.values() if m}
+    payload_model = next(iter(models)) if len(models) == 1 else "?"
+    out: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for h, (meta, _, _) in space.meta.items():
+        out[meta.model if meta else "?"].append(("m", h))
+    for h in space.payload:
+        out[payload_model].append(("p", h))
+    return out
+
+
+def quotas(sizes: list[int], n: int) -> list[int]:
+    """How many of each group's keys to sample, ``n`` in all: every key when ``n`` covers them; else one per group
+    (the largest groups first when ``n`` is smaller than the number of groups), the rest in proportion to the
+    groups' sizes beyond that first key (largest remainders). Never more than a group holds."""
+    total = sum(sizes)
+    if n >= total:
+        return list(sizes)
+    if n <= len(sizes):
+        order = sorted(range(len(sizes)), key=lambda i: -sizes[i])[:n]
+        return [int(i in order) for i in range(len(sizes))]
+    rest, spare = n - len(sizes), total - len(sizes)
+    exact = [rest * (s - 1) / spare for s in sizes]
+    out = [1 + int(e) for e in exact]
+    for i in sorted(range(len(sizes)), key=lambda i: int(exact[i]) - exact[i])[:n - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _sampled_memory(client, spaces, n: int) -> int:
+    """MEMORY USAGE of ``n`` kvcli keys spread over the groups (:func:`quotas`), uniform within each; pipelined.
+    Returns the number of keys sampled."""
+    strata = [((ns, cs), kind_hashes) for (ns, cs), space in sorted(spaces.items())
+              for _, kind_hashes in sorted(_strata(space).items())]
+    picks = []
+    for ((ns, cs), keys), take in zip(strata, quotas([len(k) for _, k in strata], n)):
+        for i in sorted(_RNG.choice(len(keys), size=take, replace=False)) if take < len(keys) else range(len(keys)):
+            picks.append(((ns, cs), keys[i]))
+    pipe = client.pipeline(transaction=False)
+    for (ns, cs), (kind, h) in picks:
+        pipe.memory_usage(f"{key_prefix(ns, cs)}{kind}:{h}")
+    for ((ns, cs), (kind, h)), usage in zip(picks, execute_read(pipe) if picks else []):
+        if usage is not None:
+            spaces[(ns, cs)].memory[(kind, h)] = int(usage)
+    return len(picks)
+
+
+def _verify(client, ns: str, cs: int, space: _Space, batch_bytes: int = 1 << 20) -> None:
+    """GET the payloads that have metadata, in pipelines of about ``batch_bytes`` (small: reply buffers count in
+    the server's used_memory, and a full LRU cache evicts to make room for them), and check each checksum."""
+    prefix = key_prefix(ns, cs)
+    todo = [h for h, (meta, _, _) in space.meta.items() if meta and meta.stored == "real" and h in space.payload]
+    start = 0
+    while start < len(todo):
+        pipe, size, end = client.pipeline(transaction=False), 0, start
+        while end < len(todo) and (end == start or size < batch_bytes):
+            pipe.get(f"{prefix}p:{todo[end]}")
+            size, end = size + space.payload[todo[end]][0], end + 1
+        for h, value in zip(todo[start:end], execute_read(pipe)):
+            if value is not None and not payload_ok(space.meta[h][0], value):
+                space.bad_checksum.add(h)
+        start = end
+
+
+def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
+    """Fold one space's facts into groups by model, with integrity (see the module docstring)."""
+    now = time.time()
+    groups: dict[str, Group] = {}
+    models = {m.model for m, _, _ in space.meta.values() if m}
+
+    def group(model: str) -> Group:
+        return groups.setdefault(model, Group(ns, model, cs))
+
+    payload, bad = space.payload, space.bad_checksum
+
+    def intact(h: str) -> bool:
+        entry = space.meta.get(h)
+        if entry is None or entry[0] is None:
+            return False
+        return entry[0].stored != "real" or (h in payload and h not in bad)
+
+    reachable = _reachable(space, intact)
+    g = None
+    for h, (meta, size, pttl) in space.meta.items():
+        model = meta.model if meta else "?"
+        if g is None or g.model != model:
+            g = group(model)
+        g.metadata_entries += 1
+        g.metadata_bytes += size
+        _ttl(g, pttl)
+        if meta is None:
+            g.issues["bad_metadata"].append(h)
+            continue
+        real_ok = meta.stored != "real" or (h in payload and h not in bad)
+        g.chunks += real_ok
+        if meta.created is not None:
+            g.ages.append(max(0.0, now - meta.created))
+        if meta.stored == "real" and h not in payload:
+            g.issues["orphan_metadata"].append(h)
+        if h in bad:
+            g.issues["checksum_failures"].append(h)
+        if not reachable[h]:
+            g.issues["unreachable"].append(h)
+    g = group(next(iter(models)) if len(models) == 1 else "?") if space.payload else None
+    for h, (size, pttl) in space.payload.items():
+        g.payload_objects += 1
+        g.payload_bytes += size
+        _ttl(g, pttl)
+        if h not in space.meta:
+            g.issues["orphan_payloads"].append(h)
+    _memory(groups, space, models)
+    return [groups[m] for m in sorted(groups)]
+
+
+def _ttl(g: Group, pttl: int) -> None:
+    if pttl < 0:
+        g.ttl_none += 1
+    else:
+        g.ttls.append(pttl / 1000)
+
+
+def _reachable(space: _Space, intact) -> dict[str, bool]:
+    """For each parsed metadata entry: is every ancestor intact, so a lookup from chunk 0 can reach it? Iterative."""
+    memo: dict[str, bool] = {}
+    for start, (meta, _, _) in space.meta.items():
+        path, h = [], start
+        while h not in memo:
+            meta = space.meta[h][0]
+            path.append(h)
+            if meta is None or not meta.parent or not intact(meta.parent):
+                memo[h] = meta is not None and not meta.parent
+                break
+            h = meta.parent
+        for p in path:
+            memo[p] = memo[h]
+    return memo
+
+
+def _memory(groups: dict[str, Group], space: _Space, models: set[str]) -> None:
+    """Attribute MEMORY USAGE readings to groups; a sample is scaled up to the group's key count."""
+    for (kind, h), usage in space.memory.items():
+        entry = space.meta.get(h)
+        model = (entry[0].model if entry and entry[0] else "?") if kind == "m" else (
+            next(iter(models)) if len(models) == 1 else "?")
+        if model in groups:
+            groups[model].memory_bytes = (groups[model].memory_bytes or 0) + usage
+            groups[model].memory_keys += 1
+    for g in groups.values():
+        keys = g.metadata_entries + g.payload_objects
+        if g.memory_keys and g.memory_keys < keys:
+            g.memory_bytes = int(g.memory_bytes * keys / g.memory_keys)

@@ -1,0 +1,104 @@
+"""Read-only access to a live server shared by inspect, the chunk map and warm: a NO-TOUCH reader connection,
+the server's memory facts, and checks of a chunk's metadata and payload.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import redis
+import xxhash
+
+from kvcli.errors import RedisFailure
+from kvcli.store.layout import ChunkMeta, parse_metadata
+from kvcli.store.serde import PayloadError, decode_kv
+
+READ_COMMANDS = frozenset({"scan", "mget", "get", "exists", "strlen", "pttl", "memory|usage", "info", "dbsize",
+                           "eval_ro", "client|no-touch"})
+
+
+@dataclass(frozen=True)
+class ServerMemory:
+    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE."""
+
+    used_memory: int
+    maxmemory: int
+    policy: str
+    evicted_keys: int
+    expired_keys: int
+    keys: int
+    version: str
+
+
+@contextlib.contextmanager
+def reader(client: redis.Redis) -> Iterator[redis.Redis]:
+    """A client for inspect's reads: ONE connection to ``client``'s server (a pool of one, so every command and
+    pipeline goes over it; a second connection would be an error, not a silent bypass), in ``CLIENT NO-TOUCH ON``
+    mode from its first command on (sent again after a reconnect), so reads leave the keys' LRU/LFU state as it
+    was. Servers without NO-TOUCH (Redis < 7.2) or an ACL that refuses it: the error is ignored and the reads
+    touch keys as any client's reads do. ``.no_touch`` on the yielded client says whether the server accepted it
+    (None until connected). A client from :func:`reader` is yielded as is. Closed on exit."""
+    if getattr(client, "kvcli_no_touch", False) is not False:
+        yield client
+        return
+    pool = client.connection_pool
+
+    def on_connect(conn) -> None:
+        conn.on_connect()
+        try:
+            conn.send_command("CLIENT", "NO-TOUCH", "ON")
+            conn.read_response()
+            ours.kvcli_no_touch = True
+        except redis.ResponseError:  # unknown subcommand (Redis < 7.2) or refused by an ACL
+            ours.kvcli_no_touch = ours.kvcli_no_touch or False
+
+    ours = redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=1,
+        **{**pool.connection_kwargs, "redis_connect_func": on_connect}))
+    ours.kvcli_no_touch = None
+    try:
+        yield ours
+    finally:
+        ours.close()
+        ours.connection_pool.disconnect()
+
+
+def server_memory(client: redis.Redis) -> ServerMemory:
+    """INFO memory/stats/server and DBSIZE, read-only. Raises RedisFailure."""
+    try:
+        info = client.info("memory", "stats", "server")
+        keys = client.dbsize()
+    except redis.RedisError as exc:
+        raise RedisFailure(f"Redis INFO failed: {exc}") from None
+    return ServerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
+                        str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
+                        int(info.get("expired_keys", 0)), int(keys),
+                        str(info.get("valkey_version") or info.get("redis_version", "?")))
+
+
+def execute_read(pipe, raise_on_error: bool = True):
+    """Run a read pipeline; a Redis error becomes RedisFailure (one line at the CLI)."""
+    try:
+        return pipe.execute(raise_on_error=raise_on_error)
+    except redis.RedisError as exc:
+        raise RedisFailure(f"Redis read failed: {exc}") from None
+
+
+def parse_or_none(raw: bytes) -> ChunkMeta | None:
+    """Parsed metadata, or None when it is not kvcli metadata (bad or truncated)."""
+    try:
+        return parse_metadata(raw)
+    except PayloadError:
+        return None
+
+
+def payload_ok(meta: ChunkMeta, value: bytes) -> bool:
+    """True when ``value`` decodes to the metadata's shape and its tensor bytes match the metadata's checksum."""
+    try:
+        tensor, _ = decode_kv(value)
+    except PayloadError:
+        return False
+    data = memoryview(value)[len(value) - meta.payload:]
+    return (tuple(tensor.shape) == meta.shape and tensor.numel() * tensor.element_size() == meta.payload
+            and xxhash.xxh3_64_digest(data) == meta.checksum)

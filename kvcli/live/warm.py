@@ -1,0 +1,425 @@
+"""Warm a live cache ahead of traffic: compute prompts' KV with the local model and store their full chunks.
+
+Same key layout, namespaces and values as replay's store (store.py), so a warmed chunk is a replay hit.
+
+* **Idempotent.** Each prompt's chunks are checked first (GET of the metadata, EXISTS of the payload, one pipelined
+  round trip); a chunk whose payload exists and whose metadata says ``"stored":"real"`` is *present*: neither
+  recomputed nor rewritten. Any other chunk (a half missing, or "accounted" metadata that replay writes, with no
+  payload behind it) is written whole: payload and metadata both with a plain ``SET`` (``EX ttl``), so the metadata
+  always describes the payload beside it and both halves carry the same TTL.
+* **Prefill only what is missing.** The longest stored prefix (under any chunk size being warmed) is retrieved,
+  checksum-verified, and passed as ``past_kv``; only the tokens after it, up to the end of the last full chunk that
+  needs writing, run through the model. Prompts that share a prefix (a fleet's system prompt) compute it once.
+* **No self-made gaps.** A prompt's chunks are written in order in ``MULTI``/``EXEC`` batches (all of a batch or
+  none of it), each sent after the one before it was stored. An out-of-memory reply (or any Redis error) stops the
+  run there; :attr:`WarmResult.stopped` says why and the totals say what was written.
+* **Dry run**: the same plan, read-only; chunks, objects, payload, header and metadata bytes a real run would
+  write now (a chunk planned for an earlier prompt counts as present for later ones). A real run computes this
+  plan first too, for the preflight: its Redis-memory estimate against ``maxmemory - used_memory``.
+
+``ttl`` expires each chunk's metadata and payload together (``SET ... EX`` on both, in one transaction). Chunks
+already present keep their own TTL. The server's ``evicted_keys`` counter is read before and after a real run:
+:attr:`WarmResult.evicted_keys` is the difference (evictions by the server during the run, whoever caused them).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import redis
+import torch
+
+from kvcli.errors import BadInputError, RedisFailure
+from kvcli.live.reading import ServerMemory, server_memory
+from kvcli.model.presets import ModelSpec
+from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
+from kvcli.store.hashing import ChunkedPrompt
+from kvcli.store.layout import parse_metadata
+from kvcli.store.serde import PayloadError
+from kvcli.traces.request import Request
+
+
+# -- config and results ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WarmConfig:
+    """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; batch limits per EXEC.
+
+    ``chunk_sizes`` is deduplicated (first occurrence kept): ``(16, 16)`` is one store, counted once.
+    """
+
+    namespace: str = "default"
+    chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
+    tokenizer: str = "cl100k_base"
+    ttl: int | None = None
+    dry_run: bool = False
+    strict: bool = False
+    batch_bytes: int = 8 << 20
+    batch_chunks: int = 64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(self.chunk_sizes)))
+
+
+@dataclass
+class SizeTotals:
+    """One chunk size's totals (counts; bytes). A chunk is "written" when this run wrote it (both its objects)."""
+
+    chunk_size: int
+    prompts: int = 0
+    short_prompts: int = 0
+    full_chunks: int = 0
+    chunks_written: int = 0
+    chunks_present: int = 0
+    objects_written: int = 0
+    payload_objects: int = 0
+    payload_bytes: int = 0
+    header_bytes: int = 0
+    metadata_bytes: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Value bytes written: payload data + payload headers + metadata."""
+        return self.payload_bytes + self.header_bytes + self.metadata_bytes
+
+    def add(self, store: ChunkStore, meta_len: int) -> None:
+        """Count one written chunk: its payload and its metadata (``meta_len`` bytes)."""
+        self.chunks_written += 1
+        self.objects_written += 2
+        self.payload_objects += 1
+        self.payload_bytes += store.config.payload_bytes
+        self.header_bytes += store.config.header_bytes
+        self.metadata_bytes += meta_len
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory."""
+
+    estimate_bytes: int
+    used_memory: int
+    maxmemory: int
+    policy: str
+    fits: bool | None
+    message: str
+
+
+@dataclass
+class WarmResult:
+    """What a warm run wrote (dry run: would write). ``stopped`` is "" or why it stopped early; tokens; seconds.
+
+    ``evicted_keys``: keys the server evicted while the run wrote (INFO ``evicted_keys`` after minus before; None
+    for a dry run, or when the counter could not be read afterwards). Above 0, what was written may be gone.
+    """
+
+    namespace: str
+    model_id: str
+    prompts: int
+    per_size: list[SizeTotals]
+    dry_run: bool
+    preflight: Preflight
+    tokens_prefilled: int = 0
+    tokens_reused: int = 0
+    seconds: float = 0.0
+    compute_seconds: float = 0.0  # retrieving stored prefixes + prefill
+    write_seconds: float = 0.0  # serializing + writing chunks (MULTI/EXEC round trips)
+    stopped: str = ""
+    estimate: list[SizeTotals] = field(default_factory=list)
+    evicted_keys: int | None = None
+
+    def total(self, name: str) -> int:
+        """Sum of one :class:`SizeTotals` field (or ``"bytes"``) over chunk sizes."""
+        return sum(getattr(t, name) for t in self.per_size)
+
+    def to_dict(self) -> dict:
+        """JSON-ready, with per-size and total ``bytes``."""
+        out = dataclasses.asdict(self)
+        for key in ("per_size", "estimate"):
+            for row, tot in zip(out[key], getattr(self, key)):
+                row["bytes"] = tot.bytes
+        out["totals"] = {name: self.total(name) for name in (
+            "chunks_written", "chunks_present", "objects_written", "payload_bytes", "header_bytes",
+            "metadata_bytes", "bytes")}
+        return out
+
+
+# -- plan (read-only) -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Plan:
+    """One prompt under one store: chunks to write (ascending; each written whole), intact prefix."""
+
+    prompt: ChunkedPrompt
+    write: tuple[int, ...]
+    intact: int  # leading chunks that are present (real metadata and a payload)
+
+
+def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> list[ChunkStore]:
+    """One :class:`ChunkStore` per chunk size: real payloads, the run's namespace, tokenizer and TTL."""
+    return [ChunkStore(client, StoreConfig(config.namespace, cs, spec.model_id, config.tokenizer, spec.kv_shape,
+                                           spec.dtype, ttl=config.ttl)) for cs in config.chunk_sizes]
+
+
+def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None) -> _Plan:
+    """Which of the prompt's full chunks are not present: one pipelined round trip (GET of each metadata value,
+    EXISTS of each payload), read-only. Present: the payload exists and the metadata parses and says
+    ``"stored":"real"``; a chunk with "accounted" metadata (replay's, no payload), unreadable metadata or a half
+    missing is to be written whole.
+
+    ``planned`` (dry run) holds hashes an earlier prompt of the run would write; they count as present.
+    """
+    prompt = store.chunk(request.token_ids, request.cache_salt)
+    if not prompt.hashes:
+        return _Plan(prompt, (), 0)
+    pipe = store.client.pipeline(transaction=False)
+    for h in prompt.hashes:
+        pipe.get(store.meta_key(h))
+        pipe.exists(store.payload_key(h))
+    try:
+        found = pipe.execute(raise_on_error=False)
+    except redis.RedisError as exc:
+        raise RedisFailure(f"Redis read failed: {exc}") from None
+    errors = [r for r in found[1::2] if isinstance(r, Exception)]
+    if errors:
+        raise RedisFailure(f"Redis EXISTS failed: {errors[0]}")
+    write = [k for k, h in enumerate(prompt.hashes)
+             if not (planned and h in planned) and not (found[2 * k + 1] and _real(found[2 * k]))]
+    return _Plan(prompt, tuple(write), write[0] if write else len(prompt.hashes))
+
+
+def _real(meta) -> bool:
+    """True for a metadata value that parses and records a real payload (not "accounted", not another type)."""
+    if not isinstance(meta, bytes):  # None (no key) or an error reply (a key of another type)
+        return False
+    try:
+        return parse_metadata(meta).stored == "real"
+    except PayloadError:
+        return False
+
+
+def estimate(stores: Sequence[ChunkStore], requests: Sequence[Request]) -> list[SizeTotals]:
+    """The dry run: what a real run would write now, per chunk size (exact counts and bytes). Read-only."""
+    totals = []
+    for store in stores:
+        tot, planned = SizeTotals(store.config.chunk_size), set()
+        for request in requests:
+            p = plan(store, request, planned)
+            _count_prompt(tot, p)
+            for k in p.write:
+                tot.add(store, len(chunk_metadata(store, p.prompt, k)))
+            planned.update(p.prompt.hashes[k] for k in p.write)
+        totals.append(tot)
+    return totals
+
+
+def _count_prompt(tot: SizeTotals, p: _Plan) -> None:
+    tot.prompts += 1
+    tot.short_prompts += not p.prompt.hashes
+    tot.full_chunks += len(p.prompt.hashes)
+    tot.chunks_present += len(p.prompt.hashes) - len(p.write)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (binary units; "-" for None)."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _alloc(n: int) -> int:
+    """jemalloc's size class for ``n`` bytes (16-byte steps to 128, then 4 classes per power of two)."""
+    if n <= 128:
+        return max(8, -(-n // 16) * 16)
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
+def preflight(client: redis.Redis, stores: Sequence[ChunkStore], planned: Sequence[SizeTotals],
+              mem: ServerMemory | None = None) -> Preflight:
+    """Estimate the Redis memory the plan needs (allocator-rounded values, keys, ~64 B per key of bookkeeping) and
+    compare it with ``maxmemory - used_memory`` (``mem``: the server's state, read now with INFO when None)."""
+    need = 0
+    for store, tot in zip(stores, planned):
+        key = len(store.prefix) + 34 + 64
+        metas = tot.objects_written - tot.payload_objects
+        need += tot.payload_objects * (_alloc(store.config.payload_bytes + store.config.header_bytes) + key)
+        need += metas * (_alloc(tot.metadata_bytes // max(metas, 1)) + key)
+    mem = mem or server_memory(client)
+    free = mem.maxmemory - mem.used_memory
+    where = f"{fmt_bytes(need)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
+    if not mem.maxmemory:
+        return Preflight(need, mem.used_memory, 0, mem.policy, None, f"{where}, no maxmemory set")
+    fits = need <= free
+    message = f"{where}, maxmemory {fmt_bytes(mem.maxmemory)} ({mem.policy})"
+    if not fits:
+        message += (": does not fit; writes will stop at the first out-of-memory reply" if mem.policy == "noeviction"
+                    else ": does not fit; the server will evict keys (maybe other data, maybe these chunks)")
+    return Preflight(need, mem.used_memory, mem.maxmemory, mem.policy, fits, message)
+
+
+# -- run --------------------------------------------------------------------------------------------------------------
+#: ``progress(chunks written, value bytes written, chunks planned, value bytes planned)``, after each batch.
+Progress = Callable[[int, int, int, int], None]
+
+
+def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmConfig,
+         progress: Progress | None = None, spec: ModelSpec | None = None,
+         notify: Callable[[str], None] | None = None) -> WarmResult:
+    """Warm ``requests`` into ``config.namespace`` for every chunk size (or only estimate it, ``dry_run``).
+
+    Args:
+        client: the server to fill.
+        requests: prompts (``token_ids`` ``[tokens]`` uint32, ``cache_salt``), e.g. from :func:`read_prompts`.
+        model: a ``LocalModel`` (``prefill``, ``model_id``, ``dtype``, ``config``); None for a dry run with ``spec``.
+        progress: called once the plan is known, then after each stored batch (see :data:`Progress`).
+        spec: the model's :class:`ModelSpec` (default: taken from ``model``).
+        notify: called with one line before anything is written when the estimate does not fit.
+
+    Returns:
+        A :class:`WarmResult`; ``estimate`` is the dry-run plan checked before writing.
+
+    Raises:
+        RedisFailure: a read failed; or ``strict`` and the estimate does not fit the server's free memory.
+        ChunkTooLargeError: a chunk's value exceeds the server's proto-max-bulk-len (before any write).
+        BadInputError: a token id outside the model's vocabulary (before any write).
+        ModelFailure: from the model.
+    """
+    t0 = time.perf_counter()
+    spec = spec or model.spec
+    stores = make_stores(client, spec, config)
+    for store in stores:
+        store.check_value_size()
+    if model is not None and not config.dry_run:
+        _check_vocab(requests, model.config.vocab)
+    planned = estimate(stores, requests)
+    before = server_memory(client)
+    check = preflight(client, stores, planned, before)
+    per_size = planned if config.dry_run else [SizeTotals(s.config.chunk_size) for s in stores]
+    result = WarmResult(config.namespace, spec.model_id, len(requests), per_size, config.dry_run, check,
+                        estimate=planned)
+    if check.fits is False and notify:
+        notify(f"preflight: {check.message}")
+    if config.strict and check.fits is False and not config.dry_run:
+        raise RedisFailure(f"warm refused (--strict): {check.message}")
+    if not config.dry_run:
+        _run(stores, requests, model, config, result, progress)
+        try:
+            result.evicted_keys = max(0, server_memory(client).evicted_keys - before.evicted_keys)
+        except RedisFailure:  # the summary still says what was written
+            result.evicted_keys = None
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _check_vocab(requests: Sequence[Request], vocab: int) -> None:
+    for r in requests:
+        if len(r.token_ids) and int(r.token_ids.max()) >= vocab:
+            path, _, line = r.source.rpartition(":")
+            raise BadInputError(f"token id {int(r.token_ids.max())} is outside the model's vocabulary of {vocab}",
+                                path or r.source, int(line) if line.isdigit() else None)
+
+
+def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progress: Progress | None) -> None:
+    done = [0, 0, sum(t.chunks_written for t in result.estimate), sum(t.bytes for t in result.estimate)]
+    if progress:
+        progress(*done)
+    for request in requests:
+        plans = [plan(store, request) for store in stores]
+        for tot, p in zip(result.per_size, plans):
+            _count_prompt(tot, p)
+        if not any(p.write for p in plans):
+            continue
+        t0 = time.perf_counter()
+        kv = _compute(stores, plans, request, model, result)
+        t1 = time.perf_counter()
+        result.compute_seconds += t1 - t0
+        with _one_thread():
+            for tot, store, p in zip(result.per_size, stores, plans):
+                result.stopped = _write(store, p, kv, tot, config, done, progress, request)
+                if result.stopped:
+                    break
+        result.write_seconds += time.perf_counter() - t1
+        if result.stopped:
+            return
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Serialize on one torch thread: chunk copies are small and memory-bound, and intra-op threads only add wake-up
+    latency (a 256 KiB copy took 11.8 ms with 2 threads on a busy 2-vCPU machine, 0.012 ms with one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compute(stores, plans, request: Request, model, result: WarmResult) -> torch.Tensor:
+    """KV ``[layers, 2, kv_heads, end, head_dim]`` (CPU) up to the last chunk to write: stored prefix + prefill."""
+    end = max((p.write[-1] + 1) * s.config.chunk_size for s, p in zip(stores, plans) if p.write)
+    best = max(range(len(stores)), key=lambda i: plans[i].intact * stores[i].config.chunk_size)
+    past, cs = None, stores[best].config.chunk_size
+    if plans[best].intact:  # fetch only the chunks that cover tokens [0, end)
+        chunks = min(plans[best].intact, -(-end // cs))
+        got = stores[best].retrieve(request.token_ids[:chunks * cs], request.cache_salt)
+        past = None if got.kv is None else got.kv[:, :, :, :end]
+    reused = 0 if past is None else past.shape[3]
+    result.tokens_reused += reused
+    if reused >= end:
+        return past
+    result.tokens_prefilled += end - reused
+    _, kv = model.prefill(request.token_ids[reused:end], past_kv=past)
+    return kv.cpu()
+
+
+def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, config: WarmConfig,
+           done: list[int], progress: Progress | None, request: Request) -> str:
+    """Write the plan's chunks in order, one MULTI/EXEC batch at a time; returns "" or why it stopped.
+
+    Each chunk is written whole with plain SETs (payload, then metadata; ``EX ttl`` on both): a chunk that was
+    half there, or had "accounted" metadata, gets metadata that matches the payload written and one TTL for both.
+    """
+    cfg, cs, created = store.config, store.config.chunk_size, int(time.time())
+    per_batch = max(1, min(config.batch_chunks, config.batch_bytes // (cfg.payload_bytes + cfg.header_bytes)))
+    for start in range(0, len(p.write), per_batch):
+        batch = p.write[start:start + per_batch]
+        pipe = store.client.pipeline(transaction=True)
+        metas = []
+        for k in batch:
+            value, checksum = chunk_payload(store, kv[:, :, :, k * cs:(k + 1) * cs])
+            metas.append(chunk_metadata(store, p.prompt, k, checksum, created))
+            pipe.set(store.payload_key(p.prompt.hashes[k]), value, ex=cfg.ttl)
+            pipe.set(store.meta_key(p.prompt.hashes[k]), metas[-1], ex=cfg.ttl)
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:
+            first, last = batch[0], batch[-1]
+            chunks = f"chunk {first}" if first == last else f"chunks {first}-{last}"
+            return (f"the server refused the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of "
+                    f"{request.source or request.id} at chunk size {cs}: {_reason(exc)}; stopped there, "
+                    f"everything before it is stored")
+        before = (tot.chunks_written, tot.bytes)
+        for meta in metas:
+            tot.add(store, len(meta))
+        done[0] += tot.chunks_written - before[0]
+        done[1] += tot.bytes - before[1]
+        if progress:
+            progress(*done)
+    return ""
+
+
+def _reason(exc: redis.RedisError) -> str:
+    """The server's own words for a refused batch, without redis-py's echo of the command (``<memory at 0x…>``)."""
+    text = str(exc)
+    text = text.split(" caused error: ", 1)[1] if " caused error: " in text else text
+    text = re.sub(r"<memory at 0x[0-9a-fA-F]+>", "<value>", text).strip().rstrip(".")
+    if isinstance(exc, redis.exceptions.OutOfMemoryError):
+        text = f"OOM, {text}"
+    return text or type(exc).__name__

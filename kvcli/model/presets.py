@@ -1,0 +1,110 @@
+"""Model presets and what the store needs of a model without its weights: shapes, dtype, model id.
+
+Presets reproduce real models' shapes (KV bytes per token, FLOPs) with seeded random weights (:mod:`kvcli.model.llama`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvcli.errors import BadInputError
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of a Llama-style decoder. ``dtype`` is the preset's default dtype name."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rope_theta: float = 500000.0
+    norm_eps: float = 1e-5
+    dtype: str = "bfloat16"
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
+        """Shape of the KV of ``tokens`` tokens: ``(layers, 2, kv_heads, tokens, head_dim)``."""
+        return (self.layers, 2, self.kv_heads, tokens, self.head_dim)
+
+    def params(self) -> int:
+        """Number of parameters (embedding and LM head counted separately: they are untied)."""
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        block = attn + 3 * self.hidden * self.ffn + 2 * self.hidden
+        return self.layers * block + 2 * self.vocab * self.hidden + self.hidden
+
+
+PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
+    # 1,024 KV bytes per token in fp32; for tests.
+    ModelConfig("tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=100352,
+                dtype="float32"),
+    # The default for replays on a 2-vCPU machine: a 1,024-token bf16 prefill takes ~0.4 s on AVX512-BF16 without
+    # AMX, ~0.1-0.9 s with AMX (shared/MEASURED.md section 5, same shapes). 4,096 KV bytes/token: 1 MiB per
+    # 256-token chunk. bf16 for a serving-like KV size; fp32 is ~1.6x faster where there is no AMX.
+    ModelConfig("cpu", layers=8, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1408, vocab=100352,
+                dtype="bfloat16"),
+    ModelConfig("qwen2.5-0.5b", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64, ffn=4864,
+                vocab=151936, rope_theta=1e6, norm_eps=1e-6),
+    ModelConfig("llama-3.2-1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192,
+                vocab=128256),
+    ModelConfig("llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                vocab=128256),
+)}
+
+
+def get_preset(name: str) -> ModelConfig:
+    """The preset called ``name``. Raises BadInputError listing the valid names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise BadInputError(f"unknown model preset {name!r}; valid: {', '.join(PRESETS)}") from None
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch dtype. Raises BadInputError."""
+    try:
+        return _DTYPES[name.lower()]
+    except (KeyError, AttributeError):
+        raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
+
+
+def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
+    """The model id a built model carries, e.g. ``"kvcli/cpu@seed0:bf16"``: part of every chunk hash's root, so
+    KV of two ids never mixes. Known without building the model (for accounted replays and dry runs)."""
+    return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype]}"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the store needs of a model, without its weights: id, per-token KV shape, dtype."""
+
+    model_id: str
+    kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
+    dtype: torch.dtype
+
+
+def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:
+    """The spec of ``build_model(preset, dtype, seed=seed)`` (same ``model_id``) from its shapes alone.
+
+    Raises:
+        BadInputError: unknown preset or dtype.
+    """
+    config = get_preset(preset)
+    torch_dtype = parse_dtype(dtype if dtype is not None else config.dtype)
+    layers, two, heads, _, dim = config.kv_shape(1)
+    return ModelSpec(model_id_for(config.name, torch_dtype, seed), (layers, two, heads, dim), torch_dtype)

@@ -1,0 +1,119 @@
+"""What ``kvcli replay`` needs besides the replay itself: the model, the cost curve, the traces, the context.
+
+Kept apart from the CLI so the library can run a whole replay (``run_replay``) without typer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from kvcli.errors import BadInputError
+from kvcli.model.costcurve import CostCurve, calibrate
+from kvcli.model.llama import build_model
+from kvcli.model.presets import model_spec
+from kvcli.model.tokenize import get_tokenizer
+from kvcli.replay.replayer import ReplayConfig, Replayer, TraceResult, curve_check
+from kvcli.store.server import RedisTarget
+from kvcli.traces.detect import read_trace
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which local model: ``preset`` (see model.PRESETS), ``dtype`` name or None for the preset's, ``device``,
+    ``seed``; ``prefill_tps`` replaces the calibrated cost curve with a constant tokens/s when given."""
+
+    preset: str = "cpu"
+    dtype: str | None = None
+    device: str = "auto"
+    seed: int = 0
+    prefill_tps: float | None = None
+
+
+# Prefill points timed before replaying (new tokens x cached tokens), each twice: a few seconds on 2 CPU cores.
+CALIBRATION_LENGTHS = (32, 128, 512)
+CALIBRATION_CACHED = (0, 512)
+_NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
+
+
+def expand_paths(paths: list[Path]) -> list[Path]:
+    """Files as given; a directory contributes its trace files (sorted; notes, scripts and plots skipped).
+
+    Raises:
+        BadInputError: a path does not exist, or a directory holds no trace file.
+    """
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+                           and p.suffix.lower() not in _NOT_TRACES)
+            if not found:
+                raise BadInputError("directory holds no trace files", path=str(path))
+            out.extend(found)
+        elif path.exists():
+            out.append(path)
+        else:
+            raise BadInputError("no such file", path=str(path))
+    return out
+
+
+def prepare_model(options: ModelOptions, measure: int | None):
+    """Build the model when anything will run it, and the cost curve (calibrated now, or from ``prefill_tps``).
+
+    Returns ``(model or None, curve, calibration samples, spec)``.
+
+    Raises:
+        BadInputError: unknown preset or dtype; no way to estimate prefill (nothing measured, no tps).
+        ModelFailure: the model does not fit in memory.
+    """
+    spec = model_spec(options.preset, options.dtype, options.seed)  # validates preset and dtype first
+    if options.prefill_tps is not None and measure == 0:
+        return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
+    model = build_model(options.preset, options.dtype, options.device, options.seed)
+    if options.prefill_tps is not None:
+        return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
+    samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=3, seed=options.seed)
+    return model, CostCurve.fit(samples), samples, spec
+
+
+def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
+               model_options: ModelOptions, fmt: str = "auto", tokenizer: str = "cl100k_base",
+               progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
+    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
+    files = expand_paths(paths)
+    get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
+    model, curve, _, spec = prepare_model(model_options, config.measure)
+    replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
+    results = []
+    for path in files:
+        def step(done: int, total: int, _name=path.name) -> None:
+            if progress:
+                progress(_name, done, total)
+        results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
+    layers, two, heads, dim = spec.kv_shape
+    context = {
+        "model": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
+        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tokenizer,
+        "device": str(model.device) if model is not None else "no device (model not run)",
+        "redis": target.display + (" (embedded)" if target.embedded else ""),
+        "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
+        "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
+        "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
+        "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
+        "metadata_placement": "beside the payload (its own key)",
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
+    }
+    return results, context
+
+
+def _itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _server_version(client: redis.Redis) -> str:
+    info = client.info("server")
+    return str(info.get("valkey_version") or info.get("redis_version", "?"))

@@ -1,0 +1,173 @@
+"""The KV cache manager: a real Redis index of chunk hash -> nodes holding it, and the delay of asking it.
+
+The notes' second design: the router asks a cache-management service which node holds the longest reusable
+prefix. Here that service is a Redis (or Valkey) server:
+
+* Layout: one set per chunk, key ``kvcli:route:<run>:`` + the 16 raw hash bytes, members the node numbers as
+  decimal strings (``b"0"``, ``b"1"``...). ``<run>`` is random per index, so runs never see each other's keys.
+* Writes (nodes, :meth:`CacheManagerIndex.publish`): after a prefill a node SADDs itself to the chunks it newly
+  cached and SREMs itself from the ones it evicted, in one pipelined round trip.
+* Reads (router, :meth:`CacheManagerIndex.query`): ONE round trip per request, whatever its chunk count: an
+  EVALSHA of a small Lua script that walks the chunks in order, keeps the nodes that hold every chunk so far
+  (SMEMBERS on chunk 0, then SMISMEMBER of the survivors), stops at the first chunk no survivor holds, and
+  returns each node's depth (leading chunks held).
+
+The injected delay (:class:`DelaySpec`) models a slow manager: fixed, or lognormal given its median and p99.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import redis
+
+from kvcli.errors import BadInputError, RedisFailure
+
+_Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
+_PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 200/1e6 is the double nearest 0.0002
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``"5ms"``, ``"200us"``, ``"1.5s"`` or a bare number (seconds). Raises BadInputError."""
+    m = _DURATION.fullmatch(str(text).strip().lower())
+    if not m:
+        raise BadInputError(f"bad duration {text!r}; use e.g. 5ms, 200us, 0.5s")
+    seconds = float(m[1]) / _PER_SECOND[m[2] or "s"]
+    if not math.isfinite(seconds):
+        raise BadInputError(f"bad duration {text!r}: not a finite number")
+    return seconds
+
+
+@dataclass(frozen=True)
+class DelaySpec:
+    """An injected lookup delay: ``fixed`` at ``median_s``, or ``lognormal`` with median ``median_s`` and 99th
+    percentile ``p99_s`` (so ``sigma = ln(p99/median) / z_0.99``, ``mu = ln(median)``).
+
+    Text form (:meth:`parse`): ``"0"``, ``"5ms"``, ``"fixed:5ms"``, ``"lognormal:1ms:40ms"`` (median, p99).
+    """
+
+    kind: str = "fixed"
+    median_s: float = 0.0
+    p99_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "lognormal"):
+            raise BadInputError(f"unknown delay kind {self.kind!r}; valid: fixed, lognormal")
+        if not (math.isfinite(self.median_s) and math.isfinite(self.p99_s)):
+            raise BadInputError("a lookup delay must be a finite number of seconds")
+        if self.median_s < 0 or (self.kind == "lognormal" and not 0 < self.median_s <= self.p99_s):
+            raise BadInputError("a lookup delay needs 0 <= fixed delay, or 0 < median <= p99 for lognormal")
+
+    @classmethod
+    def parse(cls, text: str) -> DelaySpec:
+        """Parse the text form above. Raises BadInputError."""
+        parts = str(text).strip().split(":")
+        if parts[0] == "lognormal" and len(parts) == 3:
+            return cls("lognormal", parse_duration(parts[1]), parse_duration(parts[2]))
+        if parts[0] == "fixed" and len(parts) == 2:
+            parts = parts[1:]
+        if len(parts) != 1:
+            raise BadInputError(f"bad lookup delay {text!r}; use 5ms, fixed:5ms or lognormal:MEDIAN:P99")
+        value = parse_duration(parts[0])
+        return cls("fixed", value, value)
+
+    def sample(self, rng) -> float:
+        """One delay in seconds (``rng``: a numpy Generator; unused for a fixed delay)."""
+        if self.kind == "fixed":
+            return self.median_s
+        sigma = math.log(self.p99_s / self.median_s) / _Z99
+        return float(rng.lognormal(math.log(self.median_s), sigma))
+
+    def __str__(self) -> str:
+        if self.kind == "fixed":
+            return f"{self.median_s * 1e3:g}ms"
+        return f"lognormal:{self.median_s * 1e3:g}ms:{self.p99_s * 1e3:g}ms"
+
+
+# KEYS: the request's chunk keys in order. Returns a flat array node, depth, node, depth... for depth >= 1.
+_QUERY_LUA = """
+local out = {}
+local alive = redis.call('SMEMBERS', KEYS[1])
+if #alive == 0 then return out end
+for i = 2, #KEYS do
+  local held = redis.call('SMISMEMBER', KEYS[i], unpack(alive))
+  local keep = {}
+  for j, node in ipairs(alive) do
+    if held[j] == 1 then keep[#keep + 1] = node else out[#out + 1] = node; out[#out + 1] = i - 1 end
+  end
+  alive = keep
+  if #alive == 0 then return out end
+end
+for _, node in ipairs(alive) do out[#out + 1] = node; out[#out + 1] = #KEYS end
+return out
+"""
+
+
+class CacheManagerIndex:
+    """The Redis index chunk hash -> nodes of one simulation (see the module docstring for the layout).
+
+    Args:
+        client: a redis-py client (e.g. from :func:`kvcli.server.open_redis`).
+        nodes: number of nodes (depth lists have this length).
+
+    Raises:
+        RedisFailure: any Redis error, here or in a later call (wrapped, with the command that failed).
+    """
+
+    def __init__(self, client: redis.Redis, nodes: int) -> None:
+        self.client, self.nodes = client, nodes
+        self.prefix = b"kvcli:route:" + os.urandom(6).hex().encode() + b":"
+        self.queries = self.writes = 0
+        self._sha = self._call("SCRIPT LOAD", client.script_load, _QUERY_LUA)
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except redis.RedisError as exc:
+            raise RedisFailure(f"cache manager {what} failed: {exc}") from None
+
+    def publish(self, node: int, stored, evicted) -> None:
+        """Node ``node`` newly cached ``stored`` and evicted ``evicted`` (chunk hashes): one pipelined round trip."""
+        if not stored and not evicted:
+            return
+        pipe, member, prefix = self.client.pipeline(transaction=False), str(node), self.prefix
+        for h in stored:
+            pipe.sadd(prefix + h, member)
+        for h in evicted:
+            pipe.srem(prefix + h, member)
+        self._call("publish", pipe.execute)
+        self.writes += 1
+
+    def query(self, hashes) -> tuple[list[int], float]:
+        """Leading chunks of ``hashes`` held by each node, in ONE round trip (EVALSHA).
+
+        Returns:
+            (depths ``[nodes]``, measured seconds of the round trip, ``time.perf_counter``).
+        """
+        depths = [0] * self.nodes
+        if not hashes:
+            return depths, 0.0
+        keys = [self.prefix + h for h in hashes]
+        start = time.perf_counter()
+        flat = self._call("query", self.client.evalsha, self._sha, len(keys), *keys)
+        seconds = time.perf_counter() - start
+        self.queries += 1
+        for k in range(0, len(flat), 2):
+            depths[int(flat[k])] = int(flat[k + 1])
+        return depths, seconds
+
+    def drop(self) -> int:
+        """Delete this index's keys (SCAN + UNLINK in batches of 1,000). Returns the number deleted."""
+        deleted, batch = 0, []
+        for key in self._call("scan", lambda: list(self.client.scan_iter(match=self.prefix + b"*", count=1000))):
+            batch.append(key)
+            if len(batch) == 1000:
+                deleted += self._call("unlink", self.client.unlink, *batch)
+                batch = []
+        if batch:
+            deleted += self._call("unlink", self.client.unlink, *batch)
+        return deleted

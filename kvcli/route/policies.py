@@ -1,0 +1,276 @@
+"""Routing policies: which node serves a request. A registry maps each name to a factory.
+
+Interface (:class:`Policy`; the simulator in :mod:`kvcli.route` calls it):
+
+* ``lookup(request) -> Lookup | None`` at arrival: only a policy that asks a cache manager returns a
+  :class:`~kvcli.route.Lookup` (the router then waits ``wait_s`` simulated seconds); it may do real I/O.
+* ``choose(request, view, lookup) -> node`` at dispatch; ``view`` (:class:`~kvcli.route.ClusterView`) gives each
+  node's outstanding requests and prefill tokens. May mutate the policy's own state (counters, router index).
+* ``on_cache_change(node, stored, evicted)`` after a node's prefill changed its cache (the cache manager's feed).
+* ``close()`` at the end (drops the cache manager's keys).
+
+Load measures and ties: "least loaded" means fewest outstanding prefill tokens, then fewest outstanding requests,
+then the lowest node number; ``cache-aware`` counts load in outstanding requests (as the SGLang router does), then
+prefill tokens, then node number. The router-side index of ``prefix``, ``cache-aware`` and ``cost`` is fed by the
+router's own decisions (it assumes a node caches what it was sent, at once) and mirrors each node's capacity with
+its own LRU, so it can be wrong: it never hears of a real eviction, nor of a chunk still being prefilled.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcli.errors import BadInputError, KvcliError
+from kvcli.route.cachemanager import CacheManagerIndex
+from kvcli.route.nodecache import ChunkIndex
+from kvcli.route.simulator import STREAM_LOOKUP, STREAM_POLICY, ClusterView, Lookup, SimConfig, SimRequest
+
+
+def least_loaded(view: ClusterView, nodes=None) -> int:
+    """The node of ``nodes`` (default all) with the fewest outstanding prefill tokens, then requests, then number."""
+    tokens, reqs = view.load_tokens, view.load_requests
+    return min(range(len(tokens)) if nodes is None else nodes, key=lambda k: (tokens[k], reqs[k], k))
+
+
+def fewest_requests(view: ClusterView, nodes=None) -> int:
+    """The node of ``nodes`` (default all) with the fewest outstanding requests, then prefill tokens, then number."""
+    tokens, reqs = view.load_tokens, view.load_requests
+    return min(range(len(reqs)) if nodes is None else nodes, key=lambda k: (reqs[k], tokens[k], k))
+
+
+def best_matches(depths: list[int]) -> tuple[int, list[int]]:
+    """(longest depth, the nodes that have it)."""
+    best = max(depths)
+    return best, [k for k, d in enumerate(depths) if d == best]
+
+
+class Policy:
+    """Base: no lookup, no reaction to cache changes, nothing to close. Subclasses implement :meth:`choose`."""
+
+    name = ""
+
+    def lookup(self, request: SimRequest) -> Lookup | None:
+        return None
+
+    def choose(self, request: SimRequest, view: ClusterView, lookup: Lookup | None) -> int:
+        raise NotImplementedError
+
+    def on_cache_change(self, node: int, stored: list[bytes], evicted: list[bytes]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def stats(self) -> dict:
+        """Extra figures for the report's ``lookups`` block (none by default)."""
+        return {}
+
+
+class RoundRobin(Policy):
+    name = "round-robin"
+
+    def __init__(self, config: SimConfig) -> None:
+        self.nodes, self.next = config.nodes, 0
+
+    def choose(self, request, view, lookup) -> int:
+        node, self.next = self.next, (self.next + 1) % self.nodes
+        return node
+
+
+class Random(Policy):
+    """Uniform over nodes, from stream ``STREAM_POLICY`` of the seed."""
+
+    name = "random"
+
+    def __init__(self, config: SimConfig) -> None:
+        self.nodes, self.rng = config.nodes, np.random.default_rng([config.seed, STREAM_POLICY])
+
+    def choose(self, request, view, lookup) -> int:
+        return int(self.rng.integers(self.nodes))
+
+
+class LeastLoaded(Policy):
+    name = "least-loaded"
+
+    def __init__(self, config: SimConfig) -> None:
+        pass
+
+    def choose(self, request, view, lookup) -> int:
+        return least_loaded(view)
+
+
+class _RouterIndexed(Policy):
+    """A policy with the router's own prefix index, fed by its own decisions (the notes' first design)."""
+
+    def __init__(self, config: SimConfig) -> None:
+        self.config = config
+        self.index = ChunkIndex(config.nodes, config.capacity_chunks)
+
+    def choose(self, request, view, lookup) -> int:
+        node = self.pick(request, view, self.index.depths(request.hashes))
+        self.index.store(node, request.hashes)
+        return node
+
+    def pick(self, request: SimRequest, view: ClusterView, depths: list[int]) -> int:
+        raise NotImplementedError
+
+
+class Prefix(_RouterIndexed):
+    """Longest prefix match in the router's index wins; ties (and no match at all) go to the least loaded."""
+
+    name = "prefix"
+
+    def pick(self, request, view, depths) -> int:
+        return least_loaded(view, best_matches(depths)[1])
+
+
+class CacheAware(_RouterIndexed):
+    """SGLang router's cache-aware policy: if ``max - min > abs_threshold`` and ``max > rel_threshold * min``
+    (outstanding requests), the node with the fewest requests; else the best prefix match if its match ratio
+    (matched tokens / prompt tokens) is above ``cache_threshold`` (ties: fewest requests), else the fewest requests.
+    (SGLang's last case picks the worker with the smallest tree; here it is the least loaded.)"""
+
+    name = "cache-aware"
+
+    def pick(self, request, view, depths) -> int:
+        c, loads = self.config, view.load_requests
+        high, low = max(loads), min(loads)
+        if high - low > c.abs_threshold and high > c.rel_threshold * low:
+            return fewest_requests(view)
+        best, nodes = best_matches(depths)
+        ratio = best * c.chunk_size / request.prompt_tokens if request.prompt_tokens else 0.0
+        return fewest_requests(view, nodes) if ratio > c.cache_threshold else fewest_requests(view)
+
+
+class Cost(_RouterIndexed):
+    """Score each node ``w * (tokens it would prefill) + (its outstanding prefill tokens)``; the lowest wins (ties:
+    least loaded). With ``temperature`` T > 0 (tokens), sample node k with probability proportional to
+    ``exp(-(score_k - min score) / T)`` from stream ``STREAM_POLICY``."""
+
+    name = "cost"
+
+    def __init__(self, config: SimConfig) -> None:
+        super().__init__(config)
+        self.rng = np.random.default_rng([config.seed, STREAM_POLICY])
+
+    def pick(self, request, view, depths) -> int:
+        c = self.config
+        scores = [c.cost_weight * (request.prompt_tokens - d * c.chunk_size) + load
+                  for d, load in zip(depths, view.load_tokens)]
+        low = min(scores)
+        if c.temperature == 0:
+            return least_loaded(view, [k for k, s in enumerate(scores) if s == low])
+        weights = np.cumsum([math.exp(-(s - low) / c.temperature) for s in scores])
+        return int(np.searchsorted(weights, self.rng.random() * weights[-1], side="right"))
+
+
+class CacheManager(Policy):
+    """Ask the Redis cache manager (:class:`~kvcli.cachemanager.CacheManagerIndex`) which node holds the longest
+    prefix, after an injected delay (stream ``STREAM_LOOKUP``). If the wait (injected + measured, the measured part
+    only when ``count_measured_latency``) exceeds ``lookup_timeout``, the router waits the timeout and sends the
+    request to the least loaded node. Ties and no match at all: least loaded."""
+
+    name = "cache-manager"
+
+    def __init__(self, config: SimConfig, redis_client) -> None:
+        if redis_client is None:
+            raise KvcliError("the cache-manager policy needs a Redis server (--redis-url, or the embedded one)")
+        self.config = config
+        self.index = CacheManagerIndex(redis_client, config.nodes)
+        self.rng = np.random.default_rng([config.seed, STREAM_LOOKUP])
+
+    def lookup(self, request) -> Lookup:
+        c = self.config
+        injected = c.lookup_delay.sample(self.rng)
+        depths, measured = self.index.query(request.hashes)
+        wait = injected + (measured if c.count_measured_latency else 0.0)
+        if c.lookup_timeout is not None and wait > c.lookup_timeout:
+            return Lookup(None, injected, measured, c.lookup_timeout, True)
+        return Lookup(depths, injected, measured, wait, False)
+
+    def choose(self, request, view, lookup) -> int:
+        if lookup is None or lookup.depths is None:
+            return least_loaded(view)
+        return least_loaded(view, best_matches(lookup.depths)[1])
+
+    def on_cache_change(self, node, stored, evicted) -> None:
+        self.index.publish(node, stored, evicted)
+
+    def stats(self) -> dict:
+        """Round trips to the manager: ``query_round_trips`` (lookups) and ``index_writes`` (node updates)."""
+        return {"query_round_trips": self.index.queries, "index_writes": self.index.writes}
+
+    def close(self) -> None:
+        self.index.drop()
+
+
+# SimConfig fields that change every policy's run: the cluster, the workload and the arrivals (``seed`` joins them
+# when ``rate`` draws Poisson arrivals; see :func:`config_fields`).
+COMMON_FIELDS = ("nodes", "capacity_tokens", "chunk_size", "max_batch", "decode_tpot", "default_output_tokens",
+                 "rate")
+
+
+def _never(config: SimConfig) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A registry entry: ``factory(config, redis_client) -> Policy``; ``needs_redis`` says whether it uses Redis.
+    ``reads``: the SimConfig fields besides :data:`COMMON_FIELDS` that change its run; ``seeded(config)``: whether it
+    draws random numbers at ``config`` (then ``seed`` changes its run)."""
+
+    name: str
+    factory: Callable[[SimConfig, object], Policy]
+    needs_redis: bool = False
+    reads: tuple[str, ...] = ()
+    seeded: Callable[[SimConfig], bool] = _never
+
+
+POLICIES: dict[str, PolicySpec] = {s.name: s for s in (
+    PolicySpec("round-robin", lambda c, r: RoundRobin(c)),
+    PolicySpec("least-loaded", lambda c, r: LeastLoaded(c)),
+    PolicySpec("random", lambda c, r: Random(c), seeded=lambda c: True),
+    PolicySpec("prefix", lambda c, r: Prefix(c)),
+    PolicySpec("cache-manager", CacheManager, needs_redis=True,
+               reads=("lookup_delay", "lookup_timeout", "count_measured_latency"),
+               seeded=lambda c: c.lookup_delay.kind != "fixed"),
+    PolicySpec("cache-aware", lambda c, r: CacheAware(c), reads=("abs_threshold", "rel_threshold", "cache_threshold")),
+    PolicySpec("cost", lambda c, r: Cost(c), reads=("cost_weight", "temperature"),
+               seeded=lambda c: c.temperature > 0),
+)}
+
+
+def config_fields(name: str, config: SimConfig) -> tuple[str, ...]:
+    """The SimConfig fields a run of policy ``name`` at ``config`` depends on: two configs that agree on these give
+    the same run (so a sweep runs it once). :data:`COMMON_FIELDS`, the policy's ``reads``, and ``seed`` when
+    arrivals are Poisson (``rate``) or the policy draws random numbers at ``config``."""
+    spec = POLICIES[name]
+    seed = ("seed",) if config.rate is not None or spec.seeded(config) else ()
+    return COMMON_FIELDS + spec.reads + seed
+
+
+def resolve_policies(names) -> list[str]:
+    """Policy names from options (``["prefix", "cost"]``, ``["prefix,cost"]``, ``["all"]``), deduplicated, in the
+    given order (``all``: registry order). Raises BadInputError on an unknown name, listing the valid ones."""
+    out: list[str] = []
+    for part in (p.strip() for n in names for p in n.split(",")):
+        for name in (POLICIES if part == "all" else [part]):
+            if name not in POLICIES:
+                raise BadInputError(f"unknown policy {name!r}; valid: all, {', '.join(POLICIES)}")
+            if name not in out:
+                out.append(name)
+    if not out:
+        raise BadInputError(f"no policy given; valid: all, {', '.join(POLICIES)}")
+    return out
+
+
+def make_policy(name: str, config: SimConfig, redis_client=None) -> Policy:
+    """A fresh policy called ``name``. Raises BadInputError listing the valid names; KvcliError if it needs Redis
+    and ``redis_client`` is None; RedisFailure if Redis refuses."""
+    if name not in POLICIES:
+        raise BadInputError(f"unknown policy {name!r}; valid: all, {', '.join(POLICIES)}")
+    return POLICIES[name].factory(config, redis_client)

@@ -1,0 +1,5 @@
+"""The chunk-hash KV-cache store: chunk hashes, key layout and metadata, KV serialization, the store on Redis
+(lookup, retrieve, store), the one LRU over chunks, namespace scans, connections and the embedded server.
+
+May import: kvcli.errors (and torch/numpy/redis/xxhash). Nothing else of kvcli.
+"""

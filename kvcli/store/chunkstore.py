@@ -1,0 +1,519 @@
+"""The chunk-hash KV-cache store on Redis: ``lookup``, ``retrieve`` and ``store`` of per-chunk KV tensors.
+
+Key layout and metadata format: :mod:`kvcli.layout` (README, "The store").
+
+Round trips: ``lookup`` is one MGET of the metadata keys, whatever the number of chunks; ``retrieve`` adds one MGET
+of the hit chunks' payloads; ``store`` writes the missed full chunks in one pipelined round trip, payload before
+metadata for each chunk, so a metadata hit always means its payload was written.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import redis
+import torch
+import xxhash
+
+from kvcli.errors import BadInputError, KvcliError, RedisFailure
+from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
+from kvcli.store.layout import _NAMESPACE_RE, key_prefix
+from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
+
+
+class ChunkTooLargeError(BadInputError):
+    """One chunk's value would exceed the server's ``proto-max-bulk-len``; raised before any write (exit 2)."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """What a store writes and where.
+
+    Attributes:
+        namespace: the key namespace (e.g. "default", or one per replay run and chunk size).
+        chunk_size: tokens per chunk.
+        model_id: the model whose KV is stored (part of the hash root and of each chunk's metadata).
+        tokenizer: tokenizer name (part of the hash root).
+        kv_shape: per-token KV shape ``(layers, 2, kv_heads, head_dim)``.
+        dtype: KV dtype.
+        payload: "real" writes the KV bytes; "accounted" writes metadata only and counts the payload bytes.
+        capacity_tokens / capacity_bytes: client-side LRU capacity over chunks (None: unlimited). Bytes count
+            payload data bytes (stored or accounted).
+        ttl: seconds to expire each chunk's metadata and payload (together), or None.
+        read_namespace: another namespace whose chunks are read as hits too but never written (a cache someone
+            warmed, replayed without changing it). Lookups stay one MGET (both namespaces' keys).
+    """
+
+    namespace: str
+    chunk_size: int
+    model_id: str
+    tokenizer: str
+    kv_shape: tuple[int, int, int, int]
+    dtype: torch.dtype
+    payload: str = "real"
+    capacity_tokens: int | None = None
+    capacity_bytes: int | None = None
+    ttl: int | None = None
+    read_namespace: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in filter(None, (self.namespace, self.read_namespace)):
+            if not _NAMESPACE_RE.fullmatch(name):
+                raise BadInputError(f"namespace {name!r}: use letters, digits and . _ - @ + = (no ':' or glob "
+                                    f"characters, so one namespace's keys never match another's)")
+        if not self.namespace:
+            raise BadInputError("namespace must not be empty")
+        if self.chunk_size < 1:
+            raise BadInputError(f"chunk size must be >= 1, got {self.chunk_size}")
+        for name in ("capacity_tokens", "capacity_bytes", "ttl"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise BadInputError(f"{name.replace('_', ' ')} must be > 0, got {value}")
+
+    @property
+    def chunk_shape(self) -> tuple[int, int, int, int, int]:
+        """``[layers, 2, kv_heads, chunk_size, head_dim]``."""
+        layers, two, heads, dim = self.kv_shape
+        return (layers, two, heads, self.chunk_size, dim)
+
+    @functools.cached_property
+    def payload_bytes(self) -> int:
+        """Tensor bytes of one chunk (bytes)."""
+        n = 1
+        for d in self.chunk_shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+    @functools.cached_property
+    def header_bytes(self) -> int:
+        """Serialization header bytes of one chunk's payload."""
+        return header_size(self.chunk_shape, self.dtype, _payload_metadata(self))
+
+
+def _payload_metadata(config: StoreConfig) -> dict[str, str]:
+    return {"format": "kvcli-kv/1", "model": config.model_id, "tokens": str(config.chunk_size)}
+
+
+@dataclass(frozen=True, slots=True)
+class LookupResult:
+    """Result of one lookup: ``hit_chunks`` consecutive chunks from chunk 0 are present.
+
+    ``hit_tokens`` = hit_chunks × chunk_size (tokens; never more than the prompt's full-chunk tokens).
+    ``break_reason`` is "missing", "token-mismatch" or "" (every full chunk hit). ``seconds`` is wall time.
+    """
+
+    hit_chunks: int
+    hit_tokens: int
+    full_chunks: int
+    break_reason: str
+    seconds: float
+    metadata: tuple[bytes, ...] = ()
+    present_after: frozenset[int] = frozenset()
+    from_read: tuple[bool, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieveResult:
+    """Result of one retrieve: the KV of the hit run, ``[layers, 2, kv_heads, hit_tokens, head_dim]`` (or None).
+
+    ``hit_tokens`` may be less than the lookup's when a payload is missing (``break_reason`` "no-payload") or its
+    checksum fails ("checksum"); those chunks count as misses and are never returned. Times in seconds.
+    """
+
+    hit_tokens: int
+    kv: torch.Tensor | None
+    lookup: LookupResult
+    payload_bytes: int
+    header_bytes: int
+    transfer_seconds: float
+    deserialize_seconds: float
+    break_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreResult:
+    """Result of one store: objects (keys) and metadata entries created, bytes, evictions, wall seconds."""
+
+    chunks_written: int
+    chunks_present: int
+    objects_created: int
+    metadata_entries: int
+    payload_bytes: int
+    header_bytes: int
+    metadata_bytes: int
+    evicted_chunks: int
+    seconds: float
+
+
+@dataclass
+class StoreStats:
+    """Running totals of one store (counts; bytes; seconds)."""
+
+    round_trips: int = 0
+    lookups: int = 0
+    chunks_written: int = 0
+    objects_created: int = 0
+    metadata_entries: int = 0
+    payload_bytes_written: int = 0
+    payload_bytes_accounted: int = 0
+    header_bytes_written: int = 0
+    metadata_bytes_written: int = 0
+    payload_bytes_read: int = 0
+    header_bytes_read: int = 0
+    evicted_chunks: int = 0
+    checksum_failures: int = 0
+    lookup_seconds: list[float] = field(default_factory=list)
+
+
+class ChunkStore:
+    """A chunk-hash KV-cache store for one namespace, chunk size and model on one Redis server.
+
+    Not thread-safe. Read-only calls: :meth:`lookup`, :meth:`retrieve` (apart from the client-side LRU's recency).
+    Errors from Redis are raised as :class:`~kvcli.errors.RedisFailure` (one line, no traceback at the CLI).
+    """
+
+    def __init__(self, client: redis.Redis, config: StoreConfig) -> None:
+        self.client = client
+        self.config = config
+        self.prefix = key_prefix(config.namespace, config.chunk_size)
+        self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
+        self.stats = StoreStats()
+        self._roots: dict[str, bytes] = {}
+        self._lru: OrderedDict[bytes, None] | None = (
+            OrderedDict() if config.capacity_tokens or config.capacity_bytes else None)
+        static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
+                  "model": config.model_id, "payload": config.payload_bytes}
+        self._meta_json_head = json.dumps(static, separators=(",", ":")).encode()[:-1] + b","
+
+    # -- keys ---------------------------------------------------------------------------------------------------
+    def meta_key(self, chunk_hash: bytes) -> str:
+        """The metadata key of a chunk."""
+        return f"{self.prefix}m:{chunk_hash.hex()}"
+
+    def payload_key(self, chunk_hash: bytes) -> str:
+        """The payload key of a chunk."""
+        return f"{self.prefix}p:{chunk_hash.hex()}"
+
+    def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
+        """Cut and hash a prompt under this store's namespace root (model, tokenizer, ``cache_salt``)."""
+        root = self._roots.get(cache_salt)
+        if root is None:
+            root = self._roots[cache_salt] = namespace_root(self.config.model_id, self.config.tokenizer, cache_salt)
+        return chunk_prompt(tokens, self.config.chunk_size, root)
+
+    def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
+        return tokens if isinstance(tokens, ChunkedPrompt) else self.chunk(tokens, cache_salt)
+
+    # -- checks -------------------------------------------------------------------------------------------------
+    def check_value_size(self) -> int:
+        """Refuse a chunk whose value would exceed the server's ``proto-max-bulk-len``, before any write.
+
+        Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
+
+        Raises:
+            ChunkTooLargeError: header + payload bytes of one chunk exceed the limit.
+        """
+        try:
+            limit = int(self._call(self.client.config_get, "proto-max-bulk-len", record=False)
+                        .get("proto-max-bulk-len", 0))
+        except RedisFailure:
+            limit = 0
+        limit = limit or 512 * 1024 * 1024
+        value = self.config.header_bytes + self.config.payload_bytes
+        if self.config.payload == "real" and value > limit:
+            raise ChunkTooLargeError(
+                f"chunk size {self.config.chunk_size} makes {value:,}-byte values, over the server's "
+                f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size, raise proto-max-bulk-len, or "
+                f"--payload accounted")
+        return limit
+
+    # -- read ---------------------------------------------------------------------------------------------------
+    def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
+        """The longest run of consecutive chunk hits from chunk 0, in ONE round trip (MGET of metadata keys).
+
+        A missing chunk stops the run: later chunks never fill a gap. A chunk whose stored token digest differs
+        from the prompt's (a hash collision) stops it too. Only full chunks count, so ``hit_tokens`` never
+        exceeds the prompt length.
+
+        Args:
+            tokens: token ids ``[tokens]`` or a :class:`ChunkedPrompt` from :meth:`chunk`.
+            cache_salt: tenant salt (ignored when ``tokens`` is already chunked).
+            record: count this lookup in :attr:`stats` (False for bookkeeping lookups outside the measured path).
+        """
+        prompt = self._prompt(tokens, cache_salt)
+        n = len(prompt.hashes)
+        t0 = time.perf_counter()
+        pre = self.prefix + "m:"
+        keys = [pre + x for x in prompt.hexes]
+        if self.read_prefix:  # the read-only namespace's keys too, in the same MGET
+            keys += [self.read_prefix + "m:" + x for x in prompt.hexes]
+        metas = self._call(self.client.mget, keys, record=record) if n else []
+        seconds = time.perf_counter() - t0
+        from_read = ()
+        if self.read_prefix and n:
+            from_read = tuple(own is None and other is not None for own, other in zip(metas[:n], metas[n:]))
+            metas = [own if own is not None else other for own, other in zip(metas[:n], metas[n:])]
+        if record:
+            self.stats.lookups += 1
+            self.stats.lookup_seconds.append(seconds)
+        k, reason = 0, ""
+        for k, meta in enumerate(metas):
+            if meta is None:
+                reason = "missing"
+                break
+            if meta[:8] != prompt.token_digest(k):
+                reason = "token-mismatch"
+                break
+        else:
+            k = n
+        cs = self.config.chunk_size
+        later = frozenset(i for i in range(k + 1, n) if metas[i] is not None)
+        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]), later, from_read[:k])
+
+    def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
+        """Lookup (one round trip, skipped when ``lookup`` is given), then fetch the hit chunks' KV in one more.
+
+        Returns the KV ``[layers, 2, kv_heads, hit_tokens, head_dim]`` of the hit run, verified chunk by chunk:
+        a missing payload or a failed checksum ends the run there, and those chunks are never returned.
+        """
+        prompt = self._prompt(tokens, cache_salt)
+        found = lookup or self.lookup(prompt)
+        k = found.hit_chunks
+        if k == 0:
+            return RetrieveResult(0, None, found, 0, 0, 0.0, 0.0, found.break_reason)
+        t0 = time.perf_counter()
+        own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
+        read = found.from_read or (False,) * k
+        payloads = self._call(self.client.mget, [(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
+        t1 = time.perf_counter()
+        tensors, data_bytes, head_bytes, reason = [], 0, 0, found.break_reason
+        for meta, payload in zip(found.metadata, payloads):
+            if payload is None:
+                reason = "no-payload"
+                break
+            tensor, size = self._verified(meta, payload)
+            if tensor is None:
+                reason = "checksum"
+                self.stats.checksum_failures += 1
+                break
+            tensors.append(tensor)
+            data_bytes += size
+            head_bytes += len(payload) - size
+        kv = torch.cat(tensors, dim=3) if tensors else None
+        t2 = time.perf_counter()
+        self.stats.payload_bytes_read += data_bytes
+        self.stats.header_bytes_read += head_bytes
+        hit = len(tensors) * self.config.chunk_size
+        return RetrieveResult(hit, kv, found, data_bytes, head_bytes, t1 - t0, t2 - t1, reason)
+
+    def _verified(self, meta: bytes, payload: bytes) -> tuple[torch.Tensor | None, int]:
+        try:
+            tensor, _ = decode_kv(payload)
+        except PayloadError:
+            return None, 0
+        size = tensor.numel() * tensor.element_size()
+        data = memoryview(payload)[len(payload) - size:]
+        if xxhash.xxh3_64_digest(data) != meta[8:16] or tuple(tensor.shape) != self.config.chunk_shape:
+            return None, 0
+        return tensor, size
+
+    # -- write --------------------------------------------------------------------------------------------------
+    def store(self, tokens, kv: torch.Tensor | None, cache_salt: str = "", start_chunk: int = 0,
+              end_chunk: int | None = None, overwrite: bool = False,
+              lookup: LookupResult | None = None) -> StoreResult:
+        """Write the prompt's full chunks ``[start_chunk, end_chunk)`` in one pipelined round trip.
+
+        Args:
+            tokens: token ids ``[tokens]`` or a :class:`ChunkedPrompt`.
+            kv: ``[layers, 2, kv_heads, >= end_chunk*chunk_size, head_dim]`` KV of the prompt from token 0 (any
+                device); None writes "accounted" chunks (metadata only; payload bytes counted, not written).
+            start_chunk: first chunk to write (chunks before it are known present, e.g. the lookup's hit run).
+            end_chunk: one past the last chunk to write (default: every full chunk).
+            overwrite: replace existing chunks (used to give accounted chunks a real payload).
+            lookup: this prompt's lookup, just made. Its view of which chunks exist lets the write skip them and
+                go out as one atomic MSET (no TTL) instead of a pipeline of ``SET NX``: ~5x less client time.
+
+        Each chunk is written payload first, then metadata, both ``SET NX`` unless ``overwrite`` (an existing
+        chunk is left as it is and counted present). With a capacity, least recently used chunks are deleted
+        first (their keys only).
+
+        Raises:
+            KvcliError: ``kv`` is missing or too short for real payloads.
+            RedisFailure: the server refused a write (e.g. OOM); earlier chunks of the pipeline stay written.
+        """
+        prompt = self._prompt(tokens, cache_salt)
+        cfg, cs = self.config, self.config.chunk_size
+        n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
+        if start_chunk >= n:
+            return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+        real = kv is not None
+        if real and kv.shape[3] < n * cs:
+            raise KvcliError(f"store needs KV for {n * cs} tokens, got {None if kv is None else kv.shape[3]}")
+        if lookup is not None and not overwrite and cfg.ttl is None:
+            return self._store_known(prompt, kv, start_chunk, n, lookup)
+        t0 = time.perf_counter()
+        pipe = self.client.pipeline(transaction=False)
+        evicted, admitted = (0, n - start_chunk) if overwrite else self._make_room(pipe, n - start_chunk,
+                                                                                     protected=start_chunk)
+        n = start_chunk + admitted
+        if n == start_chunk:
+            if evicted:
+                self._call(pipe.execute)
+            return StoreResult(0, 0, 0, 0, 0, 0, 0, evicted, 0.0)
+        now = int(time.time())
+        head = cfg.header_bytes if real else 0
+        meta_bytes, layout = 0, []
+        for k in range(start_chunk, n):
+            h = prompt.hashes[k]
+            if real:
+                value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
+                checksum = xxhash.xxh3_64_digest(value[head:])
+                pipe.set(self.payload_key(h), value, nx=not overwrite, ex=cfg.ttl)
+            else:
+                checksum = b"\0" * 8
+            meta = self._meta_value(prompt, k, checksum, real, now)
+            meta_bytes += len(meta)
+            pipe.set(self.meta_key(h), meta, nx=not overwrite, ex=cfg.ttl)
+            layout.append(h)
+        replies = self._call(pipe.execute)
+        replies = replies[-len(layout) * (2 if real else 1):]
+        if overwrite:  # a rewrite adds payload objects to chunks whose metadata already existed
+            replies = [r if i % 2 == 0 else None for i, r in enumerate(replies)]
+            if real:  # their payload bytes move from "accounted" to "written"
+                self.stats.payload_bytes_accounted -= len(layout) * cfg.payload_bytes
+        return self._account(layout, replies, evicted, meta_bytes, real, time.perf_counter() - t0)
+
+    def _store_known(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> StoreResult:
+        """Write the chunks the lookup saw missing in one MSET (payload and metadata of each chunk together)."""
+        t0 = time.perf_counter()
+        cfg, cs, real = self.config, self.config.chunk_size, kv is not None
+        missing = [k for k in range(start, n) if k not in lookup.present_after]
+        if real and kv.shape[3] < n * cs:
+            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
+        pipe = self.client.pipeline(transaction=False)
+        evicted, admitted = self._make_room(pipe, len(missing), protected=min(start, lookup.hit_chunks))
+        missing = missing[:admitted]
+        now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
+        meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
+        for k in missing:
+            checksum = b"\0" * 8
+            if real:
+                value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
+                checksum = xxhash.xxh3_64_digest(value[head:])
+                args += (payload_pre + prompt.hexes[k], value)
+            meta = self._meta_value(prompt, k, checksum, real, now)
+            meta_bytes += len(meta)
+            args += (meta_pre + prompt.hexes[k], meta)
+        if args:
+            pipe.execute_command("MSET", *args)
+        if args or evicted:
+            self._call(pipe.execute)
+        replies = [True] * len(missing) * (2 if real else 1)
+        return self._account([prompt.hashes[k] for k in missing], replies, evicted, meta_bytes, real,
+                             time.perf_counter() - t0, present=n - start - len(missing))
+
+    def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
+        """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
+        parent = prompt.hexes[k - 1] if k else ""
+        stored = "real" if real else "accounted"
+        head = self.config.header_bytes if real else 0
+        return (prompt.token_digest(k) + checksum + self._meta_json_head
+                + f'"parent":"{parent}","header":{head},"stored":"{stored}","created":{now}}}'.encode())
+
+    def _account(self, hashes, replies, evicted, meta_bytes, real, seconds, present: int = 0) -> StoreResult:
+        cfg = self.config
+        per = 2 if real else 1
+        head = cfg.header_bytes if real else 0
+        created = sum(1 for r in replies if r)
+        new_meta = sum(1 for r in replies[per - 1::per] if r)
+        written = len(hashes)
+        if self._lru is not None:
+            for h in hashes:
+                self._lru[h] = None
+        st = self.stats
+        st.chunks_written += new_meta
+        st.objects_created += created
+        st.metadata_entries += new_meta
+        if real:
+            st.payload_bytes_written += written * cfg.payload_bytes
+            st.header_bytes_written += written * head
+        else:
+            st.payload_bytes_accounted += written * cfg.payload_bytes
+        st.metadata_bytes_written += meta_bytes
+        return StoreResult(new_meta, written - new_meta + present, created, new_meta, written * cfg.payload_bytes,
+                           written * head, meta_bytes, evicted, seconds)
+
+    # -- capacity (client-side LRU over chunks) -------------------------------------------------------------------
+    def touch(self, prompt: ChunkedPrompt, hit_chunks: int) -> None:
+        """Mark a hit run as most recently used, deepest chunk first, so a prefix outlives its extensions."""
+        if self._lru is None:
+            return
+        for h in reversed(prompt.hashes[:hit_chunks]):
+            if h in self._lru:
+                self._lru.move_to_end(h)
+
+    def _capacity_chunks(self) -> int:
+        cfg = self.config
+        limits = []
+        if cfg.capacity_tokens:
+            limits.append(cfg.capacity_tokens // cfg.chunk_size)
+        if cfg.capacity_bytes:
+            limits.append(cfg.capacity_bytes // cfg.payload_bytes)
+        return min(limits)
+
+    def _make_room(self, pipe, incoming: int, protected: int = 0) -> tuple[int, int]:
+        """Evict least recently used chunks so ``incoming`` new ones fit; returns ``(evicted, admitted)``.
+
+        The capacity is strict: at most ``capacity - protected`` of the incoming chunks are admitted (the prompt's
+        first ones, so what is stored stays a reachable prefix), where ``protected`` is the prompt's own hit run,
+        just touched and so the last in line for eviction: a prompt never evicts the prefix it extends.
+        """
+        if self._lru is None:
+            return 0, incoming
+        capacity = self._capacity_chunks()
+        admitted = max(0, min(incoming, capacity - protected))
+        excess = len(self._lru) + admitted - capacity
+        victims = [self._lru.popitem(last=False)[0] for _ in range(min(max(excess, 0), len(self._lru)))]
+        if victims:
+            pipe.delete(*[k for h in victims for k in (self.meta_key(h), self.payload_key(h))])
+        self.stats.evicted_chunks += len(victims)
+        return len(victims), admitted
+
+    @property
+    def resident_chunks(self) -> int | None:
+        """Chunks held under the client-side capacity, or None without a capacity."""
+        return None if self._lru is None else len(self._lru)
+
+    # -- plumbing -------------------------------------------------------------------------------------------------
+    def _call(self, fn, *args, record: bool = True):
+        self.stats.round_trips += record
+        try:
+            return fn(*args)
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis {getattr(fn, '__name__', 'command')} failed: {exc}") from None
+
+
+# -- chunk values, for warm (same bytes as ChunkStore.store writes) ------------------------------------------------
+def chunk_payload(store: ChunkStore, chunk_kv: torch.Tensor) -> tuple[memoryview, bytes]:
+    """One chunk's payload value as :meth:`ChunkStore.store` writes it, and the 8-byte checksum it records.
+
+    Args:
+        chunk_kv: ``[layers, 2, kv_heads, chunk_size, head_dim]`` in the store's dtype (any device; a view is fine).
+
+    Returns:
+        ``(value, checksum)``: ``header_bytes + payload_bytes`` bytes, and xxh3_64 of the tensor bytes.
+    """
+    value = encode_kv(chunk_kv, _payload_metadata(store.config))
+    return value, xxhash.xxh3_64_digest(value[store.config.header_bytes:])
+
+
+def chunk_metadata(store: ChunkStore, prompt: ChunkedPrompt, k: int, checksum: bytes = b"\0" * 8,
+                   created: int | None = None, real: bool = True) -> bytes:
+    """Chunk ``k``'s metadata value as :meth:`ChunkStore.store` writes it (``created``: unix seconds, now if None).
+
+    Its length does not depend on ``checksum`` (always 8 bytes), so a dry run counts metadata bytes exactly.
+    """
+    return store._meta_value(prompt, k, checksum, real, int(time.time()) if created is None else created)

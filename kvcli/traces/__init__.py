@@ -1,0 +1,65 @@
+"""Trace readers: a prompt trace file in, :class:`Request` objects (prompt token ids) out, lazily, in trace order.
+
+Entry point: ``read_trace(path, fmt="auto", tokenizer="cl100k_base")``. Every format may be gzip-compressed
+(detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line; JSON documents
+(ShareGPT lists, SWE-agent ``.traj``) are a single JSON value and are loaded whole. Text is UTF-8.
+
+Formats (``fmt`` names; ``FORMATS`` maps each to its reader):
+
+``native`` -- kvcli's own JSONL. One JSON object per line; blank lines are skipped. Each object has exactly one of
+
+* ``prompt``: a string, tokenized as ordinary text (no chat template);
+* ``messages``: a list of OpenAI chat messages, tokenized with the chat template of :mod:`kvcli.tokenize`
+  plus the generation prompt (``<|im_start|>assistant\\n``);
+* ``token_ids``: a list of integer token ids in ``[0, 2**32)``, used as given;
+
+and optionally ``id`` (string or integer; default ``"<file name>:<line>"``), ``timestamp`` (arrival time in
+**seconds** from the trace's start, a finite number >= 0), ``session_id`` (string or integer), ``cache_salt``
+(string; tenant isolation, default ``""``) and ``output_length`` (integer >= 0, tokens generated). Other keys
+are ignored. An empty prompt (``""``, ``[]`` messages without generation content, ``token_ids: []``) is not an
+error here: the request comes out with an empty (or header-only) token array. Example::
+
+    {"id": "r1", "timestamp": 0.5, "session_id": "s1", "cache_salt": "acme", "output_length": 40,
+     "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]}
+
+``mooncake`` -- Mooncake (FAST'25) JSONL: ``timestamp`` (ms; converted to seconds), ``input_length``,
+``output_length``, ``hash_ids`` (prefix-chained block ids, 512 tokens per block). There is no text, so token
+ids are synthesized by :func:`mooncake_token_ids`: equal hash ids give equal 512-token blocks. ``id`` is
+``"<file name>:<line>"``; an optional ``session_id`` is kept.
+
+``sharegpt`` -- a JSON list of conversations (or one conversation object, or JSONL with one per line), each
+``{"id"|"conversation_id", "conversations": [{"from": ..., "value": str}, ...], "system"?: str, "tools"?: str}``
+(``role``/``content`` are accepted in place of ``from``/``value``). ``from`` maps to a chat role (human/user ->
+user, gpt/assistant/chatgpt/bing/bard -> assistant, system -> system, function_call -> assistant,
+observation/tool -> tool). A non-empty ``system`` becomes a leading
+system message, then non-empty ``tools`` (glaive tool-use format, a JSON string; not ``"[]"``) a system message
+``"Tools available:\\n" + tools``. **Each assistant turn is one request**: its prompt is the whole
+conversation before it (chat template + generation prompt), so the turns of a conversation share their history
+as a token prefix. ``session_id`` is the conversation id (else ``"<file name>#<record number>"``), ``id`` is
+``"<session_id>:<k>"`` (k = 1-based assistant turn), ``output_length`` is the token count of that turn's text.
+
+``swe-agent`` -- a SWE-agent trajectory (``.traj``, a JSON object whose ``history`` is the ordered list of chat
+messages with ``role`` and ``content``, sometimes ``tool_calls``). Each ``assistant`` message (not marked
+``is_demo``) is one LLM call; its prompt is every earlier message of the same ``agent`` (chat template +
+generation prompt); ``output_length`` is its token count; ``session_id`` is the file stem; ``id`` is
+``"<stem>:<k>"`` (k = 1-based call number).
+
+Auto-detection (:func:`detect_format`, reads only the first record of a JSONL file): a ``.traj`` suffix ->
+swe-agent; a first non-space character ``[`` -> sharegpt; otherwise the first record (the first non-blank line,
+or the whole document when that line is a lone ``{``) decides: ``hash_ids`` -> mooncake, ``conversations`` ->
+sharegpt, ``history`` -> swe-agent, ``prompt``/``messages``/``token_ids`` -> native.
+
+Errors: every problem with the input is a :class:`~kvcli.errors.BadInputError` carrying the path and, where
+there is one, the 1-based line (JSONL) or record number (JSON lists; the ``history`` position for swe-agent), so
+that ``str(err)`` reads ``"<path>:<line>: <message>"``. Record errors are raised when iteration reaches them;
+a missing file, an unknown format name or an undetectable format are raised by :func:`read_trace` itself.
+"""
+# Owns: trace readers (one module per format), format detection, warm's prompt sources. Imports: kvcli.errors and
+# kvcli.model.tokenize only (no store, no torch).
+from kvcli.traces.detect import FORMATS, detect_format, read_trace
+from kvcli.traces.mooncake import MOONCAKE_BLOCK_TOKENS, mooncake_token_ids
+from kvcli.traces.native import token_array
+from kvcli.traces.request import Request
+
+__all__ = ["FORMATS", "MOONCAKE_BLOCK_TOKENS", "Request", "detect_format", "mooncake_token_ids", "read_trace",
+           "token_array"]

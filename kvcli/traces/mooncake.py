@@ -1,0 +1,133 @@
+"""Mooncake (FAST'25) JSONL traces: ``hash_ids`` of 512-token blocks; token ids synthesized per block."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvcli.errors import BadInputError
+from kvcli.model.tokenize import DEFAULT_TOKENIZER, TOKEN_DTYPE
+from kvcli.traces.records import (
+    _iter_jsonl,
+    _located,
+    _optional_count,
+    _optional_id,
+    _optional_seconds,
+    _require_object,
+    _short,
+)
+from kvcli.traces.request import Request, TokenizerArg
+
+MOONCAKE_BLOCK_TOKENS = 512
+#: synthesized Mooncake token ids are < this, so they are ordinary (non-special) cl100k_base ids.
+MOONCAKE_VOCAB = 100_256
+_MAX_HASH_ID = 2**55  # hash_id * 512 + 511 must fit in uint64
+
+
+
+def read_mooncake(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
+    """Requests of a Mooncake JSONL trace; token ids synthesized by :func:`mooncake_token_ids`.
+
+    ``tokenizer`` is not used (there is no text); the ids are valid ordinary cl100k_base ids.
+    """
+    del tokenizer
+    for line_no, record in _iter_jsonl(path):
+        try:
+            request = _mooncake_request(record, path, line_no)
+        except BadInputError as err:
+            raise _located(err, path, line_no) from None
+        yield request
+
+
+def _mooncake_request(record: Any, path: Path, line_no: int) -> Request:
+    record = _require_object(record)
+    input_length = _optional_count(record.get("input_length"), "input_length")
+    if input_length is None:
+        raise BadInputError("a mooncake record needs input_length (an integer >= 0)")
+    if "hash_ids" not in record:
+        raise BadInputError("a mooncake record needs hash_ids (a list of block ids)")
+    return Request(
+        id=f"{path.name}:{line_no}",
+        token_ids=mooncake_token_ids(record["hash_ids"], input_length),
+        timestamp=_optional_seconds(record.get("timestamp"), "timestamp", divisor=1000),
+        session_id=_optional_id(record, "session_id"),
+        output_length=_optional_count(record.get("output_length"), "output_length"),
+        source=f"{path}:{line_no}",
+    )
+
+
+def mooncake_token_ids(hash_ids: list[int], input_length: int) -> np.ndarray:
+    """Deterministic token ids for a Mooncake request: equal hash ids give equal 512-token blocks.
+
+    Token ``j`` (0 <= j < 512) of block ``b`` is ``((splitmix64(hash_ids[b] * 512 + j) >> 32) * 100256) >> 32``,
+    all in wrapping uint64 arithmetic, where ``splitmix64`` is the output function of Vigna's SplitMix64::
+
+        z = x + 0x9E3779B97F4A7C15
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+        z = z ^ (z >> 31)
+
+    (the high 32 bits of the mix, mapped onto ``[0, 100256)`` by multiply-shift -- Lemire's range reduction,
+    uniform like ``% 100256`` but without a 64-bit division). The blocks are concatenated and cut to
+    ``input_length`` tokens. Ids are < 100,256, i.e. ordinary (non-special) cl100k_base ids. Vectorized: no
+    Python loop per block or token.
+
+    Args:
+        hash_ids: block ids, integers in ``[0, 2**55)``; ``len(hash_ids) * 512 >= input_length``.
+        input_length: prompt length in tokens, >= 0.
+
+    Returns:
+        ``[input_length]`` ``'<u4'`` array.
+
+    Raises:
+        BadInputError: a hash id that is not such an integer, or too few blocks for ``input_length``.
+    """
+    if not isinstance(hash_ids, list):
+        raise BadInputError(f"hash_ids must be a list of integers, not {type(hash_ids).__name__}")
+    if len(hash_ids) * MOONCAKE_BLOCK_TOKENS < input_length:
+        raise BadInputError(f"{len(hash_ids)} hash_ids cover {len(hash_ids) * MOONCAKE_BLOCK_TOKENS} tokens, "
+                            f"fewer than input_length {input_length} ({MOONCAKE_BLOCK_TOKENS} tokens per block)")
+    n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
+    blocks = _hash_id_array(hash_ids)[:n_blocks]
+    x = (blocks[:, None] * np.uint64(MOONCAKE_BLOCK_TOKENS) + _BLOCK_OFFSETS).reshape(-1)[:input_length]
+    x = _splitmix64_(x)
+    x >>= _S32
+    x *= _VOCAB
+    x >>= _S32
+    return x.astype(TOKEN_DTYPE)
+
+
+_BLOCK_OFFSETS = np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.uint64)
+_SM64_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_SM64_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_SM64_M2 = np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+_VOCAB = np.uint64(MOONCAKE_VOCAB)
+
+
+def _hash_id_array(hash_ids: list) -> np.ndarray:
+    try:
+        arr = np.array(hash_ids) if hash_ids else np.zeros(0, dtype=np.int64)
+    except (ValueError, OverflowError, TypeError):
+        arr = None
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+        bad = np.flatnonzero((arr < 0) | (arr >= _MAX_HASH_ID))
+        if not bad.size:
+            return arr.astype(np.uint64)
+        i = int(bad[0])
+    else:
+        i = next((i for i, h in enumerate(hash_ids) if type(h) is not int or not 0 <= h < _MAX_HASH_ID), 0)
+    raise BadInputError(f"hash_ids[{i}] = {_short(hash_ids[i])} is not an integer in [0, 2**55)")
+
+
+def _splitmix64_(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on a contiguous uint64 array, elementwise, wrapping, **in place**; returns ``x``."""
+    x += _SM64_GAMMA
+    x ^= x >> _S30
+    x *= _SM64_M1
+    x ^= x >> _S27
+    x *= _SM64_M2
+    x ^= x >> _S31
+    return x

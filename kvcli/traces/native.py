@@ -1,0 +1,91 @@
+"""kvcli's own JSONL trace format (one request per line; ``prompt``, ``messages`` or ``token_ids``).
+
+Format: :mod:`kvcli.traces` (package docstring)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvcli.errors import BadInputError
+from kvcli.model.tokenize import DEFAULT_TOKENIZER, TOKEN_DTYPE, get_tokenizer
+from kvcli.traces.records import (
+    _iter_jsonl,
+    _located,
+    _optional_count,
+    _optional_id,
+    _optional_seconds,
+    _require_object,
+    _short,
+)
+from kvcli.traces.request import Request, TokenizerArg
+
+_NATIVE_PROMPT_KEYS = ("prompt", "messages", "token_ids")
+
+
+def read_native(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
+    """Requests of a native JSONL trace (format in the module docstring)."""
+    for line_no, record in _iter_jsonl(path):
+        try:
+            request = _native_request(record, tokenizer, path, line_no)
+        except BadInputError as err:
+            raise _located(err, path, line_no) from None
+        yield request
+
+
+def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: int) -> Request:
+    record = _require_object(record)
+    present = [k for k in _NATIVE_PROMPT_KEYS if k in record]
+    if len(present) != 1:
+        found = ", ".join(present) if present else "none"
+        raise BadInputError(f"a native record needs exactly one of prompt, messages, token_ids (found: {found})")
+    key = present[0]
+    value = record[key]
+    if key == "prompt":
+        if not isinstance(value, str):
+            raise BadInputError(f"prompt must be a string, not {type(value).__name__}")
+        tokens = get_tokenizer(tokenizer).encode(value)
+    elif key == "messages":
+        if not isinstance(value, list):
+            raise BadInputError(f"messages must be a list of chat messages, not {type(value).__name__}")
+        tokens = get_tokenizer(tokenizer).encode_chat(value, add_generation_prompt=True)
+    else:
+        tokens = token_array(value)
+    salt = record.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadInputError(f"cache_salt must be a string, not {type(salt).__name__}")
+    return Request(
+        id=_optional_id(record, "id") or f"{path.name}:{line_no}",
+        token_ids=tokens,
+        timestamp=_optional_seconds(record.get("timestamp"), "timestamp", divisor=1),
+        session_id=_optional_id(record, "session_id"),
+        cache_salt=salt or "",
+        output_length=_optional_count(record.get("output_length"), "output_length"),
+        source=f"{path}:{line_no}",
+    )
+
+
+def token_array(value: Any) -> np.ndarray:
+    """Validated token ids: a list of integers in ``[0, 2**32)`` as a ``[tokens]`` ``'<u4'`` array.
+
+    Raises:
+        BadInputError: not a list, or an element that is not such an integer (its index is named).
+    """
+    if not isinstance(value, list):
+        raise BadInputError(f"token_ids must be a list of integers, not {type(value).__name__}")
+    if not value:
+        return np.zeros(0, dtype=TOKEN_DTYPE)
+    try:
+        arr = np.array(value)
+    except (ValueError, OverflowError, TypeError):
+        arr = None
+    if arr is not None and arr.ndim == 1 and arr.dtype.kind in "iu":
+        bad = np.flatnonzero((arr < 0) | (arr > 0xFFFFFFFF))
+        if not bad.size:
+            return arr.astype(TOKEN_DTYPE)
+        i = int(bad[0])
+    else:
+        i = next((i for i, t in enumerate(value) if type(t) is not int or not 0 <= t <= 0xFFFFFFFF), 0)
+    raise BadInputError(f"token_ids[{i}] = {_short(value[i])} is not an integer in [0, 2**32)")

@@ -1,0 +1,206 @@
+"""Shared pieces of the trace readers: opening (gzip by magic bytes), streaming JSONL lines, loading JSON
+documents, and validating a record's optional fields, with errors that name the file and line."""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import math
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from kvcli.errors import BadInputError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def _require_object(record: Any) -> dict:
+    if not isinstance(record, dict):
+        raise BadInputError(f"expected a JSON object, got {_json_type(record)}")
+    return record
+
+
+def _optional_id(record: dict, key: str) -> str | None:
+    value = record.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise BadInputError(f"{key} must be a string or an integer, not {_json_type(value)}")
+    return str(value)
+
+
+def _optional_count(value: Any, key: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise BadInputError(f"{key} must be an integer >= 0, got {_short(value)}")
+    return value
+
+
+def _optional_seconds(value: Any, key: str, divisor: int) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise BadInputError(f"{key} must be a finite number >= 0, got {_short(value)}")
+    return float(value) / divisor
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _located(err: BadInputError, path: Path, line: int) -> BadInputError:
+    """``err`` again, located at ``path:line`` (unless it already has a location)."""
+    if err.path:
+        return err
+    return BadInputError(err.reason, path=str(path), line=line)
+
+
+# --------------------------------------------------------------------------------------------- file helpers
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise BadInputError("file not found", path=str(path))
+    if not path.is_file():
+        raise BadInputError("not a regular file", path=str(path))
+
+
+def _stem_and_suffix(path: Path) -> tuple[str, str]:
+    """``(stem, suffix)`` of ``path`` with a trailing ``.gz`` removed first: ``a.traj.gz`` -> ``("a", ".traj")``."""
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    p = Path(name)
+    return p.stem, p.suffix
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    """``path`` opened for reading bytes, through gzip when it starts with the gzip magic bytes."""
+    try:
+        with open(path, "rb") as raw:
+            magic = raw.read(2)
+        return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+    except OSError as exc:
+        raise BadInputError(f"cannot open: {exc.strerror or exc}", path=str(path)) from None
+
+
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def _read_error(exc: Exception) -> str:
+    return f"cannot read ({type(exc).__name__}: {exc})"
+
+
+def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line_no, line)`` for each non-blank line (bytes; decoded by the JSON parser), 1-based, streamed."""
+    line_no = 0
+    try:
+        with _open_binary(path) as f:
+            for line_no, line in enumerate(f, 1):
+                if line.strip():
+                    yield line_no, line
+    except _READ_ERRORS as exc:
+        raise BadInputError(_read_error(exc), path=str(path), line=line_no + 1) from None
+
+
+def _first_line(path: Path) -> tuple[int, bytes] | None:
+    """``(line_no, line)`` of the first non-blank line, or None for a blank file."""
+    with contextlib.closing(_iter_lines(path)) as lines:
+        return next(lines, None)
+
+
+def _parse_line(path: Path, line_no: int, line: bytes) -> Any:
+    """The JSON value of one line (UTF-8; a BOM is allowed).
+
+    Raises:
+        BadInputError: at ``path:line_no``, invalid JSON or not UTF-8.
+    """
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise BadInputError("JSON nested too deeply", path=str(path), line=line_no) from None
+    except json.JSONDecodeError as exc:
+        raise BadInputError(f"invalid JSON: {exc.msg} (column {exc.colno})", path=str(path), line=line_no) from None
+    except UnicodeDecodeError as exc:
+        raise BadInputError(f"not UTF-8 text ({exc.reason} at byte {exc.start + 1} of the line)",
+                            path=str(path), line=line_no) from None
+
+
+def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line_no, value)`` of each non-blank line of a JSONL file, streamed."""
+    for line_no, line in _iter_lines(path):
+        yield line_no, _parse_line(path, line_no, line)
+
+
+def _load_json(path: Path) -> Any:
+    """The single JSON value of a file (loaded whole)."""
+    try:
+        with _open_binary(path) as f:
+            return json.load(f)
+    except RecursionError:
+        raise BadInputError("JSON nested too deeply", path=str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise BadInputError(f"invalid JSON: {exc.msg} (column {exc.colno})", path=str(path),
+                            line=exc.lineno) from None
+    except UnicodeDecodeError as exc:
+        raise BadInputError(f"not UTF-8 text ({exc.reason} at byte {exc.start + 1})", path=str(path)) from None
+    except _READ_ERRORS as exc:
+        raise BadInputError(_read_error(exc), path=str(path)) from None
+
+
+def _first_char(path: Path) -> bytes | None:
+    """The first non-whitespace byte of the file, after any UTF-8 BOM (reads a few KiB at a time), or None."""
+    try:
+        with _open_binary(path) as f:
+            chunk = f.read(4096)
+            if chunk.startswith(_UTF8_BOM):
+                chunk = chunk[len(_UTF8_BOM):]
+            while chunk:
+                stripped = chunk.lstrip()
+                if stripped:
+                    return stripped[:1]
+                chunk = f.read(4096)
+    except _READ_ERRORS as exc:
+        raise BadInputError(_read_error(exc), path=str(path)) from None
+    return None
+
+
+def _is_json_document(path: Path) -> bool:
+    """True when the file is one JSON value rather than JSONL: it starts with ``[`` or with a lone ``{`` line."""
+    if _first_char(path) == b"[":
+        return True
+    first = _first_line(path)
+    return first is not None and first[1].strip().removeprefix(_UTF8_BOM) == b"{"
+
+
+def _first_record(path: Path) -> tuple[int, Any]:
+    """``(line_no, value)`` of the first record: the first non-blank JSONL line, or the whole JSON document."""
+    if _is_json_document(path):
+        return 1, _load_json(path)
+    first = _first_line(path)
+    if first is None:
+        raise BadInputError("empty file: no records, so no format to detect", path=str(path))
+    return first[0], _parse_line(path, *first)
+
+
+def _iter_records(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(record_no, value)``: the elements of a JSON list (1-based index), a JSON object as record 1, or the
+    lines of a JSONL file (1-based line)."""
+    if not _is_json_document(path):
+        yield from _iter_jsonl(path)
+        return
+    document = _load_json(path)
+    if isinstance(document, list):
+        yield from enumerate(document, 1)
+    else:
+        yield 1, document
+
+
+#: format name -> reader ``(path, tokenizer) -> Iterator[Request]``.

@@ -1,0 +1,37 @@
+"""One request of a trace, tokenized, and the reader signature every format implements."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvcli.model.tokenize import Tokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a trace, tokenized.
+
+    Attributes:
+        id: the trace's id for it, else ``"<file>:<line>"``.
+        token_ids: ``[tokens]`` little-endian uint32 prompt token ids.
+        timestamp: arrival time in seconds from the trace's start, or None.
+        session_id: conversation/session id, or None.
+        cache_salt: tenant salt ("" when none); requests of different salts never share cache.
+        output_length: tokens the request generated (for routing's decode time), or None.
+        source: ``"<file>:<line>"`` (1-based record number) for error messages.
+    """
+
+    id: str
+    token_ids: np.ndarray
+    timestamp: float | None = None
+    session_id: str | None = None
+    cache_salt: str = ""
+    output_length: int | None = None
+    source: str = ""
+
+
+TokenizerArg = str | Tokenizer
+Reader = Callable[[Path, TokenizerArg], Iterator[Request]]

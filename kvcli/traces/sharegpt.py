@@ -1,0 +1,69 @@
+"""ShareGPT conversations (and glaive tool-use): one request per assistant turn."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvcli.errors import BadInputError
+from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
+from kvcli.traces.chat import _chat_requests
+from kvcli.traces.records import (
+    _iter_records,
+    _located,
+    _optional_id,
+    _require_object,
+    _short,
+)
+from kvcli.traces.request import Request, TokenizerArg
+
+_SHAREGPT_ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant", "bard": "assistant",
+    "system": "system",
+    "function_call": "assistant",
+    "observation": "tool", "tool": "tool",
+}
+
+
+def read_sharegpt(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
+    """Requests of a ShareGPT file (JSON list, one object, or JSONL): one per assistant turn."""
+    tok = get_tokenizer(tokenizer)
+    for record_no, record in _iter_records(path):
+        try:
+            session_id, messages = _sharegpt_conversation(record, path, record_no)
+            requests = _chat_requests(messages, tok, session_id, f"{path}:{record_no}")
+        except BadInputError as err:
+            raise _located(err, path, record_no) from None
+        yield from requests
+
+
+def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str, list[dict]]:
+    """``(session_id, messages)`` of one ShareGPT conversation, roles mapped to chat roles."""
+    record = _require_object(record)
+    turns = record.get("conversations")
+    if not isinstance(turns, list):
+        raise BadInputError("a sharegpt record needs 'conversations', a list of {from, value} turns")
+    session_id = (_optional_id(record, "id") or _optional_id(record, "conversation_id")
+                  or f"{path.name}#{record_no}")
+    messages = []
+    system, tools = record.get("system"), record.get("tools")
+    if isinstance(system, str) and system:
+        messages.append({"role": "system", "content": system})
+    if tools and not isinstance(tools, str):
+        tools = json.dumps(tools, ensure_ascii=False)
+    if isinstance(tools, str) and tools.strip() not in ("", "[]"):
+        messages.append({"role": "system", "content": "Tools available:\n" + tools})
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise BadInputError(f"conversations[{i}] must be an object with from and value")
+        speaker, value = turn.get("from", turn.get("role")), turn.get("value", turn.get("content"))
+        role = _SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
+        if role is None:
+            raise BadInputError(f"conversations[{i}].from = {_short(speaker)} is not one of "
+                                f"{', '.join(_SHAREGPT_ROLES)}")
+        if not isinstance(value, str):
+            raise BadInputError(f"conversations[{i}].value must be a string, not {type(value).__name__}")
+        messages.append({"role": role, "content": value})
+    return session_id, messages
