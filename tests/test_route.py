@@ -19,10 +19,11 @@ from kvcli.cli.route import route
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.costcurve import CostCurve
 from kvcli.route.cachemanager import CacheManagerIndex, DelaySpec, parse_duration
-from kvcli.route.nodecache import ChunkIndex, LruChunkCache
+from kvcli.route.nodecache import ChunkIndex
 from kvcli.route.policies import POLICIES, make_policy, resolve_policies
 from kvcli.route.report import run_routes, summarize, sweep_points
 from kvcli.route.simulator import SimConfig, parse_capacity, prepare_requests, simulate, single_node_hit_tokens
+from kvcli.store.lru import ChunkLru
 from kvcli.traces.request import Request
 
 CS, TPS, TPOT = 4, 64.0, 1 / 64
@@ -194,7 +195,7 @@ def test_manager_depths_stop_at_the_first_gap(redis_client):
 # --- LRU capacity ---------------------------------------------------------------------------------------------
 
 def test_lru_evicts_the_tail_of_the_least_recent_request():
-    cache = LruChunkCache(capacity=4)
+    cache = ChunkLru(capacity=4)
     assert cache.store(["a0", "a1", "a2"]) == (["a2", "a1", "a0"], [])
     assert cache.store(["b0", "b1"]) == (["b1", "b0"], ["a2"])  # a's tail goes first, never its head
     assert cache.match(["a0", "a1", "a2", "a3"]) == 2

@@ -124,10 +124,9 @@ def test_corrupted_payload_is_a_miss_never_returned(redis_client):
 
 def test_lru_capacity_evicts_least_recent_chunk(redis_client):
     store = make_store(redis_client, capacity_tokens=12)  # 3 chunks of 4
-    put(store, tok(1, 8))                 # A=[1..4], B=[5..8]
-    store.touch(store.chunk(tok(1, 8)), store.lookup(tok(1, 8)).hit_chunks)
+    put(store, tok(1, 8))                 # A=[1..4], B=[5..8]; recency (oldest first): B, A
     put(store, [100, 101, 102, 103, 104, 105, 106, 107])  # C, D: one over capacity -> evict LRU
-    # recency after touch (oldest first): B, A; then C, D arrive -> B is evicted (deepest chunk first)
+    # recency (oldest first): B, A, D, C -> B is evicted (a chain's tail before its head)
     assert store.stats.evicted_chunks == 1
     assert store.lookup(tok(1, 8)).hit_tokens == 4
     assert store.resident_chunks == 3
@@ -187,7 +186,6 @@ def test_a_prompt_never_evicts_the_prefix_it_extends(redis_client):
     store = make_store(redis_client, capacity_tokens=8)  # two chunks
     put(store, tok(1, 8))
     look = store.lookup(tok(1, 16))
-    store.touch(store.chunk(tok(1, 16)), look.hit_chunks)
     res = store.store(tok(1, 16), fake_kv(tok(1, 16)), start_chunk=look.hit_chunks, lookup=look)
     assert (res.chunks_written, res.evicted_chunks) == (0, 0)  # full: the hit run [1..8] stays, nothing admitted
     assert store.lookup(tok(1, 16)).hit_tokens == 8
@@ -201,3 +199,28 @@ def test_store_config_is_validated(bad):
     args = dict(namespace="ok", chunk_size=4, model_id="m", tokenizer="raw", kv_shape=KV_SHAPE, dtype=torch.float32)
     with pytest.raises(BadInputError):
         StoreConfig(**{**args, **bad})
+
+
+def test_lru_keeps_a_chains_head_over_its_tail(redis_client):
+    """Issue 10's smallest case: chunk size 4, capacity 16 tokens; tok(1..16), [101..104], tok(1..16).
+
+    After the first request its chunks are ordered (most recent first) c0, c1, c2, c3; the second evicts c3, so the
+    third hits c0..c2: 12 of its 16 tokens (0 before the fix, which evicted the head c0 first).
+    """
+    store = make_store(redis_client, capacity_tokens=16)
+    hits = []
+    for tokens in (tok(1, 16), tok(101, 104), tok(1, 16)):
+        look = store.lookup(tokens)
+        hits.append(look.hit_tokens)
+        store.store(tokens, fake_kv(tokens), start_chunk=look.hit_chunks, lookup=look)
+    assert hits == [0, 0, 12]
+    assert store.stats.evicted_chunks == 2  # c3 for [101..104]; then [101..104] when c3 is stored again
+    assert store.resident_chunks == 4
+
+
+def test_lru_request_longer_than_capacity_keeps_its_head(redis_client):
+    store = make_store(redis_client, capacity_tokens=8)  # 2 chunks
+    res = put(store, tok(1, 16))  # 4 chunks: only c0, c1 fit; c2, c3 are never written
+    assert (res.chunks_written, res.evicted_chunks) == (2, 0)
+    assert store.lookup(tok(1, 16)).hit_tokens == 8
+    assert redis_client.dbsize() == 4  # metadata + payload of c0 and c1

@@ -324,7 +324,6 @@ class Replayer:
         for store, res, pend, seen in zip(stores, results, pending, unlimited):
             prompt = store.chunk(request.token_ids, request.cache_salt)
             look = store.lookup(prompt)
-            store.touch(prompt, look.hit_chunks)
             written = store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
             self._count(res, store, prompt, look, seen, n, upper)
             res.store_seconds += written.seconds
@@ -340,7 +339,6 @@ class Replayer:
         for store, res, rate, seen in zip(stores, results, rates, unlimited):
             prompt = store.chunk(tokens, request.cache_salt)
             look = store.lookup(prompt)
-            store.touch(prompt, look.hit_chunks)
             past, hit_chunks = self._fetch(store, res, prompt, look, kv_full, rate)
             self._count(res, store, prompt, look, seen, n, upper, hit_chunks)  # hits = what was retrieved
             reuse = 0 if past is None else past.shape[3]

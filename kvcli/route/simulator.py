@@ -36,8 +36,9 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.route.cachemanager import DelaySpec
-from kvcli.route.nodecache import ChunkIndex, LruChunkCache
+from kvcli.route.nodecache import ChunkIndex
 from kvcli.store.hashing import chunk_prompt, namespace_root
+from kvcli.store.lru import ChunkLru
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
@@ -356,7 +357,7 @@ def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int
     """Hit tokens of one node holding the whole cluster's capacity (``nodes x capacity``), serving every request
     in arrival order with no overlap: the ceiling no routing policy can beat with the same total cache."""
     capacity = None if config.capacity_chunks is None else config.capacity_chunks * config.nodes
-    cache = LruChunkCache(capacity)
+    cache = ChunkLru(capacity)
     order = np.argsort(arrival_times(requests, config.rate, config.seed), kind="stable")
     hit = 0
     for i in order.tolist():

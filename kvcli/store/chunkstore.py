@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import redis
@@ -21,6 +20,7 @@ import xxhash
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
+from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
 
 
@@ -103,6 +103,9 @@ class LookupResult:
 
     ``hit_tokens`` = hit_chunks × chunk_size (tokens; never more than the prompt's full-chunk tokens).
     ``break_reason`` is "missing", "token-mismatch" or "" (every full chunk hit). ``seconds`` is wall time.
+    ``present_after``: chunks after the hit run that exist anyway (unreachable now; a store skips them).
+    ``from_read``: per hit chunk, whether it came from the read-only namespace; ``read_only``: every chunk index
+    present only there (never written to, nor counted in, the store's own namespace).
     """
 
     hit_chunks: int
@@ -113,6 +116,7 @@ class LookupResult:
     metadata: tuple[bytes, ...] = ()
     present_after: frozenset[int] = frozenset()
     from_read: tuple[bool, ...] = ()
+    read_only: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +186,7 @@ class ChunkStore:
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
         self._roots: dict[str, bytes] = {}
-        self._lru: OrderedDict[bytes, None] | None = (
-            OrderedDict() if config.capacity_tokens or config.capacity_bytes else None)
+        self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
                   "model": config.model_id, "payload": config.payload_bytes}
         self._meta_json_head = json.dumps(static, separators=(",", ":")).encode()[:-1] + b","
@@ -256,6 +259,7 @@ class ChunkStore:
         if self.read_prefix and n:
             from_read = tuple(own is None and other is not None for own, other in zip(metas[:n], metas[n:]))
             metas = [own if own is not None else other for own, other in zip(metas[:n], metas[n:])]
+        read_only = frozenset(i for i, r in enumerate(from_read) if r)
         if record:
             self.stats.lookups += 1
             self.stats.lookup_seconds.append(seconds)
@@ -271,7 +275,7 @@ class ChunkStore:
             k = n
         cs = self.config.chunk_size
         later = frozenset(i for i in range(k + 1, n) if metas[i] is not None)
-        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]), later, from_read[:k])
+        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]), later, from_read[:k], read_only)
 
     def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
         """Lookup (one round trip, skipped when ``lookup`` is given), then fetch the hit chunks' KV in one more.
@@ -347,26 +351,23 @@ class ChunkStore:
         prompt = self._prompt(tokens, cache_salt)
         cfg, cs = self.config, self.config.chunk_size
         n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
-        if start_chunk >= n:
-            return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
         real = kv is not None
-        if real and kv.shape[3] < n * cs:
-            raise KvcliError(f"store needs KV for {n * cs} tokens, got {None if kv is None else kv.shape[3]}")
+        if real and start_chunk < n and kv.shape[3] < n * cs:
+            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
         if lookup is not None and not overwrite and cfg.ttl is None:
             return self._store_known(prompt, kv, start_chunk, n, lookup)
         t0 = time.perf_counter()
         pipe = self.client.pipeline(transaction=False)
-        evicted, admitted = (0, n - start_chunk) if overwrite else self._make_room(pipe, n - start_chunk,
-                                                                                     protected=start_chunk)
-        n = start_chunk + admitted
-        if n == start_chunk:
+        evicted, dropped = (0, frozenset()) if overwrite else self._admit(pipe, prompt, n, lookup)
+        todo = [k for k in range(start_chunk, n) if k not in dropped]
+        if not todo:
             if evicted:
                 self._call(pipe.execute)
             return StoreResult(0, 0, 0, 0, 0, 0, 0, evicted, 0.0)
         now = int(time.time())
         head = cfg.header_bytes if real else 0
         meta_bytes, layout = 0, []
-        for k in range(start_chunk, n):
+        for k in todo:
             h = prompt.hashes[k]
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
@@ -390,12 +391,9 @@ class ChunkStore:
         """Write the chunks the lookup saw missing in one MSET (payload and metadata of each chunk together)."""
         t0 = time.perf_counter()
         cfg, cs, real = self.config, self.config.chunk_size, kv is not None
-        missing = [k for k in range(start, n) if k not in lookup.present_after]
-        if real and kv.shape[3] < n * cs:
-            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
         pipe = self.client.pipeline(transaction=False)
-        evicted, admitted = self._make_room(pipe, len(missing), protected=min(start, lookup.hit_chunks))
-        missing = missing[:admitted]
+        evicted, dropped = self._admit(pipe, prompt, n, lookup)
+        missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
         now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
         meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
         for k in missing:
@@ -413,7 +411,8 @@ class ChunkStore:
             self._call(pipe.execute)
         replies = [True] * len(missing) * (2 if real else 1)
         return self._account([prompt.hashes[k] for k in missing], replies, evicted, meta_bytes, real,
-                             time.perf_counter() - t0, present=n - start - len(missing))
+                             time.perf_counter() - t0,
+                             present=sum(1 for k in range(start, n) if k in lookup.present_after))
 
     def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
         """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
@@ -430,9 +429,6 @@ class ChunkStore:
         created = sum(1 for r in replies if r)
         new_meta = sum(1 for r in replies[per - 1::per] if r)
         written = len(hashes)
-        if self._lru is not None:
-            for h in hashes:
-                self._lru[h] = None
         st = self.stats
         st.chunks_written += new_meta
         st.objects_created += created
@@ -447,14 +443,6 @@ class ChunkStore:
                            written * head, meta_bytes, evicted, seconds)
 
     # -- capacity (client-side LRU over chunks) -------------------------------------------------------------------
-    def touch(self, prompt: ChunkedPrompt, hit_chunks: int) -> None:
-        """Mark a hit run as most recently used, deepest chunk first, so a prefix outlives its extensions."""
-        if self._lru is None:
-            return
-        for h in reversed(prompt.hashes[:hit_chunks]):
-            if h in self._lru:
-                self._lru.move_to_end(h)
-
     def _capacity_chunks(self) -> int:
         cfg = self.config
         limits = []
@@ -464,23 +452,27 @@ class ChunkStore:
             limits.append(cfg.capacity_bytes // cfg.payload_bytes)
         return min(limits)
 
-    def _make_room(self, pipe, incoming: int, protected: int = 0) -> tuple[int, int]:
-        """Evict least recently used chunks so ``incoming`` new ones fit; returns ``(evicted, admitted)``.
+    def _admit(self, pipe, prompt: ChunkedPrompt, n: int, lookup: LookupResult | None) -> tuple[int, frozenset]:
+        """One request's LRU bookkeeping (:class:`~kvcli.store.lru.ChunkLru`): its chunks ``[0, n)`` held in this
+        namespace become the most recent, chunk 0 first, and the least recent chunks over the capacity are deleted
+        (their keys only, queued on ``pipe``). Chunks present only in the read-only namespace are not held here.
 
-        The capacity is strict: at most ``capacity - protected`` of the incoming chunks are admitted (the prompt's
-        first ones, so what is stored stays a reachable prefix), where ``protected`` is the prompt's own hit run,
-        just touched and so the last in line for eviction: a prompt never evicts the prefix it extends.
+        Returns ``(evicted, dropped)``: chunks deleted from the store, and the indices of this request's chunks
+        the capacity leaves no room for (its tail, when the request alone exceeds the capacity): not written.
         """
         if self._lru is None:
-            return 0, incoming
-        capacity = self._capacity_chunks()
-        admitted = max(0, min(incoming, capacity - protected))
-        excess = len(self._lru) + admitted - capacity
-        victims = [self._lru.popitem(last=False)[0] for _ in range(min(max(excess, 0), len(self._lru)))]
+            return 0, frozenset()
+        skip = lookup.read_only if lookup is not None else frozenset()
+        held = [k for k in range(n) if k not in skip]
+        new, evicted = self._lru.store([prompt.hashes[k] for k in held])
+        if not evicted:
+            return 0, frozenset()
+        gone, fresh = set(evicted), set(new)
+        victims = [h for h in evicted if h not in fresh]
         if victims:
             pipe.delete(*[k for h in victims for k in (self.meta_key(h), self.payload_key(h))])
         self.stats.evicted_chunks += len(victims)
-        return len(victims), admitted
+        return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone)
 
     @property
     def resident_chunks(self) -> int | None:

@@ -1,0 +1,67 @@
+"""The one LRU over chunks, used by the replay's capacity limit, the routing simulation's node caches and the
+capacity curve: chunk hashes in recency order, at most ``capacity`` chunks (None: unlimited). No KV data is held.
+
+Order rule (the prefix must outlive its extensions): after a request, its chunks are ordered most recent = chunk 0
+... least recent = its last chunk. :meth:`ChunkLru.store` touches a request's chunks last-to-first, so eviction
+takes a chain's tail before its head (as vLLM frees a request's blocks in reverse order) and never leaves a hole in
+front of a kept chunk. Because the order does not depend on the capacity, the resident sets at two capacities are
+nested (Mattson's inclusion property), which is what makes a one-pass hit curve over all capacities exact.
+
+Complexity: ``match`` O(c) dict lookups for a request of ``c`` chunks; ``store`` O(c + e) for ``e`` evictions.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class ChunkLru:
+    """Chunk hashes (bytes) in LRU order, at most ``capacity`` chunks (None: unlimited). Not thread-safe."""
+
+    __slots__ = ("capacity", "_order")
+
+    def __init__(self, capacity: int | None) -> None:
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"capacity must be >= 0 chunks, got {capacity}")
+        self.capacity = capacity
+        self._order: OrderedDict[bytes, None] = OrderedDict()  # least recent first
+
+    def __contains__(self, chunk_hash: bytes) -> bool:
+        return chunk_hash in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def match(self, hashes: Sequence[bytes]) -> int:
+        """Chunks of the longest run of ``hashes`` held from chunk 0 (read-only: the order is unchanged)."""
+        order, k = self._order, 0
+        for h in hashes:
+            if h not in order:
+                break
+            k += 1
+        return k
+
+    def store(self, hashes: Sequence[bytes]) -> tuple[list[bytes], list[bytes]]:
+        """Make a request's chunks (``hashes``, in prompt order) the most recent, chunk 0 first; evict to capacity.
+
+        Returns:
+            ``(new, evicted)``: hashes not held before, in the order they were put in (last chunk first), and hashes
+            evicted, least recent first. A new chunk of a request longer than the capacity can be in both (it was
+            never kept).
+        """
+        order, new = self._order, []
+        for h in reversed(hashes):
+            if h in order:
+                order.move_to_end(h)
+            else:
+                order[h] = None
+                new.append(h)
+        evicted = []
+        if self.capacity is not None:
+            while len(order) > self.capacity:
+                evicted.append(order.popitem(last=False)[0])
+        return new, evicted
+
+    def discard(self, chunk_hash: bytes) -> None:
+        """Forget a chunk (it left the cache some other way, e.g. expiry)."""
+        self._order.pop(chunk_hash, None)
