@@ -196,7 +196,9 @@ def test_cli_inspect_json_and_request_map(redis_url, redis_client, model, tmp_pa
     res = runner.invoke(cli_app(), ["inspect", "--request", f"{trace}:2", "--model", "tiny", "--chunk-size", "16",
                                     "--json", "--redis-url", redis_url])
     assert res.exit_code == 0, res.output
-    (m,) = json.loads(res.stdout)
+    doc = json.loads(res.stdout)
+    assert (doc["schema_version"], doc["command"]) == (1, "inspect")
+    (m,) = doc["chunk_maps"]
     assert (m["hit_tokens"], m["prefill_tokens"], m["break_index"]) == (32, 2, None)
     res = runner.invoke(cli_app(), ["inspect", "--prompt", "x", "--tokens", str(trace), "--redis-url", redis_url])
     assert res.exit_code == 2 and "one of" in res.stderr

@@ -18,13 +18,14 @@ from typer.testing import CliRunner
 from kvcli.cli.route import route
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.costcurve import CostCurve
-from kvcli.route.cachemanager import CacheManagerIndex, DelaySpec, parse_duration
+from kvcli.route.cachemanager import CacheManagerIndex, DelaySpec
 from kvcli.route.nodecache import ChunkIndex
 from kvcli.route.policies import POLICIES, make_policy, resolve_policies
 from kvcli.route.report import run_routes, summarize, sweep_points
-from kvcli.route.simulator import SimConfig, parse_capacity, prepare_requests, simulate, single_node_hit_tokens
+from kvcli.route.simulator import SimConfig, prepare_requests, simulate, single_node_hit_tokens
 from kvcli.store.lru import ChunkLru
 from kvcli.traces.request import Request
+from kvcli.units import parse_capacity, parse_duration
 
 CS, TPS, TPOT = 4, 64.0, 1 / 64
 COST = CostCurve.from_tokens_per_second(TPS)
@@ -77,7 +78,7 @@ def test_round_robin_alternates_and_hits_once():
     assert r.hit_tokens.tolist() == [0, 0, 12, 0]  # A3 finds A1's prefix on node 0; A2 and B find nothing
     s = summarize(r, config(), single_node_hit_tokens(requests(**SERIAL), config()))
     assert s["hit_tokens"] == 12 and s["prefill_tokens"] == 4 * 18 - 12
-    assert s["hit_ratio"] == 12 / 72 and s["single_node_hit_ratio"] == 24 / 72
+    assert s["hit_token_ratio"] == 12 / 72 and s["single_node_hit_token_ratio"] == 24 / 72
     assert s["per_node"]["requests"] == [2, 2] and s["per_node"]["prefill_tokens"] == [24, 36]
 
 
@@ -240,7 +241,7 @@ def runs_for(seed, client, rate=None):
                  lookup_delay=DelaySpec.parse("lognormal:1ms:20ms"), lookup_timeout=0.01)
     runs = run_routes(mixed_trace(), list(POLICIES), [({}, cfg)], COST, client_url(client))
     for r in runs:
-        r["lookups"].pop("measured_ms")  # wall clock: the one non-simulated figure
+        r["lookups"].pop("measured_seconds")  # wall clock: the one non-simulated figure
     return {r["policy"]: r for r in runs}
 
 
@@ -260,7 +261,7 @@ def test_other_seed_changes_only_the_random_parts(redis_client):
         assert {k: v for k, v in one[name].items() if k != "config"} == \
                {k: v for k, v in two[name].items() if k != "config"}
     for name in ("random", "cost", "cache-manager"):  # node draws, softmax draws, lognormal delays
-        assert one[name]["ttft_s"] != two[name]["ttft_s"]
+        assert one[name]["ttft_seconds"] != two[name]["ttft_seconds"]
 
 
 # --- options --------------------------------------------------------------------------------------------------
@@ -341,9 +342,9 @@ def test_cli_json_matches_the_hand_computed_runs(cli, serial_trace):
     by = {r["policy"]: r for r in report["runs"]}
     assert by["prefix"]["hit_tokens"] == 24 and by["round-robin"]["hit_tokens"] == 12
     assert by["prefix"]["per_node"]["requests"] == [4, 0]
-    assert by["prefix"]["ttft_s"]["p50"] == 12 / 64  # median of 18, 6, 6, 18 (/64)
-    assert report["winners"][0]["hit_ratio"]["policy"] == "prefix"
-    assert report["winners"][0]["hit_ratio"]["by"] == 2.0
+    assert by["prefix"]["ttft_seconds"]["p50"] == 12 / 64  # median of 18, 6, 6, 18 (/64)
+    assert report["winners"][0]["hit_token_ratio"]["policy"] == "prefix"
+    assert report["winners"][0]["hit_token_ratio"]["by"] == 2.0
 
 
 def test_cli_cache_manager_with_sweep_and_plots(cli, serial_trace, redis_url, tmp_path):
@@ -356,8 +357,8 @@ def test_cli_cache_manager_with_sweep_and_plots(cli, serial_trace, redis_url, tm
     runs = json.loads(res.stdout)["runs"]
     assert [(r["policy"], r["sweep"]) for r in runs] == [  # the delay does not change prefix: it runs once
         ("cache-manager", {"lookup-delay": "0"}), ("cache-manager", {"lookup-delay": "250ms"}), ("prefix", {})]
-    assert runs[1]["ttft_s"]["p50"] == runs[0]["ttft_s"]["p50"] + 0.25
-    assert runs[1]["lookups"]["count"] == 4 and runs[1]["lookups"]["injected_ms"]["p99"] == 250.0
+    assert runs[1]["ttft_seconds"]["p50"] == runs[0]["ttft_seconds"]["p50"] + 0.25
+    assert runs[1]["lookups"]["count"] == 4 and runs[1]["lookups"]["injected_seconds"]["p99"] == 0.25
 
 
 def test_cli_table_and_errors(cli, serial_trace, tmp_path):
@@ -541,7 +542,7 @@ def test_cli_sweep_has_no_duplicate_rows_and_compares_every_policy(serial_trace)
         ("prefix", {}), ("cache-aware", {"abs-threshold": "2"}), ("cache-aware", {"abs-threshold": "8"})]
     assert [w["sweep"] for w in report["winners"]] == [{"abs-threshold": "2"}, {"abs-threshold": "8"}]
     for w in report["winners"]:  # serial arrivals: cache-aware routes as prefix does, so the two tie
-        assert w["hit_ratio"] == {"policy": "prefix", "value": 24 / 72, "runner_up": "cache-aware",
+        assert w["hit_token_ratio"] == {"policy": "prefix", "value": 24 / 72, "runner_up": "cache-aware",
                                   "runner_up_value": 24 / 72, "by": 1.0}
     res = kvcli_route(serial_trace, "-p", "prefix", *COMMON, "--sweep", "w=1,2")
     assert res.exit_code == 0 and [r["sweep"] for r in json.loads(res.stdout)["runs"]] == [{}]
@@ -604,8 +605,8 @@ def test_help_fits_80_columns():
 def plot_report(trace: str) -> dict:
     """Runs shaped like the Mooncake sample's: TTFT p99 from 8.67 s to 866 s (two decades), labels at the right edge."""
     def run(policy, nodes, p99, hit):
-        return {"policy": policy, "sweep": {"nodes": nodes}, "ttft_s": {"p99": p99}, "hit_ratio": hit,
-                "single_node_hit_ratio": 0.215}
+        return {"policy": policy, "sweep": {"nodes": nodes}, "ttft_seconds": {"p99": p99}, "hit_token_ratio": hit,
+                "single_node_hit_token_ratio": 0.215}
 
     return {"trace": trace, "runs": [
         run("round-robin", "4", 32.3, 0.090), run("round-robin", "8", 12.4, 0.060),

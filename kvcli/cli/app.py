@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvcli.errors import BadInputError, KvcliError
+from kvcli.units import parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Chunk-hash KV-cache analysis for LLM serving: replay traces, warm and inspect caches, "
@@ -68,20 +69,6 @@ def parse_measure(text: str) -> int | None:
     if not text.strip().isdigit():
         raise BadInputError(f"--measure must be a count or 'all', got {text!r}")
     return int(text)
-
-
-def parse_size(text: str | None) -> int | None:
-    """``"512MiB"``/``"2GB"``/``"1000000"`` -> bytes."""
-    if text is None:
-        return None
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-             "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-    t = text.strip().lower()
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz ")
-    try:
-        return int(float(num) * units[t[len(num):].strip()])
-    except (ValueError, KeyError):
-        raise BadInputError(f"cannot read size {text!r} (e.g. 1000000, 512MiB, 2GB)") from None
 
 
 @app.command()

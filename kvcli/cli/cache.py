@@ -6,7 +6,6 @@ with the error's code.
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Annotated, Optional
@@ -18,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.live.warm import fmt_bytes
 from kvcli.replay.report import stdout_console
+from kvcli.units import fmt_bytes, json_document
 
 err = Console(stderr=True)
 _SIZES = "16,64,256,1024"
@@ -73,7 +72,7 @@ def warm(
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
         say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
         result = run_warm(client, requests, local, config, bar.update, spec, say)
-    _print(result, json_out, _warm_view)
+    _print("warm", result, json_out, _warm_view)
     if result.evicted_keys:
         err.print(f"warning: the server evicted {result.evicted_keys:,} keys during this warm; what was written may "
                   f"already be gone", markup=False, highlight=False, soft_wrap=True)
@@ -117,13 +116,13 @@ def inspect(
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         if ids is None:
             result = inspect_cache(client, namespace, sample, verify)
-            return _print(result, json_out, _inspect_view)
+            return _print("inspect", result, json_out, _inspect_view)
         model_id = model if "/" in model else model_spec(model, dtype, seed).model_id
         with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
             server = server_memory(conn)
             maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tokenizer, ids[1], server)
                     for cs in _sizes(chunk_size or _SIZES)]
-    _print(maps, json_out, _map_view)
+    _print("inspect", maps, json_out, _map_view)
 
 
 def purge(
@@ -153,7 +152,7 @@ def purge(
         if found.keys and not yes:
             raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
         done = run_purge(client, namespace, chunk_size) if yes else found
-    _print(done, json_out, lambda r: Text(f"deleted {r.deleted:,} keys of {where}"))
+    _print("purge", done, json_out, lambda r: Text(f"deleted {r.deleted:,} keys of {where}"))
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
@@ -200,9 +199,10 @@ def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
     return None
 
 
-def _print(result, json_out: bool, view) -> None:
+def _print(command: str, result, json_out: bool, view) -> None:
     if json_out:
-        typer.echo(json.dumps(_jsonable(result), indent=1, default=str))
+        body = _jsonable(result)
+        typer.echo(json_document(command, {"chunk_maps": body} if isinstance(body, list) else body, indent=1))
     else:
         stdout_console().print(view(result))
 

@@ -1,7 +1,6 @@
 """``kvcli route``: the typer command (registered by kvcli.cli as ``app.command("route")(route)``)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,15 +10,9 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from kvcli.errors import BadInputError, KvcliError
-from kvcli.route.cachemanager import DelaySpec, parse_duration
-from kvcli.route.simulator import (
-    SimConfig,
-    check_prefill_tps,
-    kv_bytes_per_token,
-    load_requests,
-    parse_capacity,
-    prefill_cost,
-)
+from kvcli.route.cachemanager import DelaySpec
+from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
+from kvcli.units import json_document, parse_capacity, parse_duration
 
 Opt = typer.Option
 
@@ -137,7 +130,7 @@ def route(
         err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     if json_out:
-        typer.echo(json.dumps(report, indent=1))
+        typer.echo(json_document("route", report, indent=1))
     else:
         from kvcli.replay.report import stdout_console
 

@@ -77,7 +77,8 @@ class Group:
 
     def to_dict(self, keys: bool = True) -> dict:
         """JSON-ready; ``keys`` lists the integrity problems' chunk hashes, else only their counts."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("ttls", "ages", "issues")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("ttls", "ages", "issues", "model")}
+        out["model_id"] = self.model
         out["ttl_seconds"] = {"none": self.ttl_none, "with_ttl": len(self.ttls), **spread(self.ttls)}
         out["age_seconds"] = spread(self.ages)
         out["integrity"] = {name: (sorted(v) if keys else len(v)) for name, v in self.issues.items()}

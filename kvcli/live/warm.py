@@ -41,6 +41,7 @@ from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import parse_metadata
 from kvcli.store.serde import PayloadError
 from kvcli.traces.request import Request
+from kvcli.units import fmt_bytes
 
 
 # -- config and results ---------------------------------------------------------------------------------------------
@@ -219,17 +220,6 @@ def _count_prompt(tot: SizeTotals, p: _Plan) -> None:
     tot.short_prompts += not p.prompt.hashes
     tot.full_chunks += len(p.prompt.hashes)
     tot.chunks_present += len(p.prompt.hashes) - len(p.write)
-
-
-def fmt_bytes(n: float | None) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (binary units; "-" for None)."""
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} B" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return ""
 
 
 def _alloc(n: int) -> int:

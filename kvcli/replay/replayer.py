@@ -96,8 +96,8 @@ class ChunkSizeResult:
     redis_memory_sampled_keys: int = 0
     round_trips: int = 0
     lookups: int = 0
-    lookup_p50_ms: float = 0.0
-    lookup_p99_ms: float = 0.0
+    lookup_p50_seconds: float = 0.0
+    lookup_p99_seconds: float = 0.0
     evicted_chunks: int = 0
     materialized_chunks: int = 0
     checksum_failures: int = 0
@@ -453,8 +453,8 @@ class Replayer:
                      "lookups", "evicted_chunks", "checksum_failures"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
-            ms = np.asarray(st.lookup_seconds) * 1e3
-            res.lookup_p50_ms, res.lookup_p99_ms = (float(x) for x in np.percentile(ms, [50, 99]))
+            res.lookup_p50_seconds, res.lookup_p99_seconds = (
+                float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
 

@@ -1,13 +1,11 @@
 """Replay reports: a rich table per trace for the terminal, one JSON document for scripts."""
 from __future__ import annotations
 
-import json
-import math
-
 from rich.console import Console
 from rich.table import Table
 
 from kvcli.replay.replayer import ChunkSizeResult, TraceResult
+from kvcli.units import fmt_bytes, json_document
 
 
 def stdout_console() -> Console:
@@ -15,14 +13,6 @@ def stdout_console() -> Console:
     otherwise cut tables to 80 columns)."""
     out = Console()
     return out if out.is_terminal else Console(width=160)
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def _secs(s: float) -> str:
@@ -46,14 +36,14 @@ ROWS: list[tuple[str, callable]] = [
     ("objects created", lambda r: f"{r.objects_created:,}"),
     ("metadata entries", lambda r: f"{r.metadata_entries:,}"),
     ("evicted chunks", lambda r: f"{r.evicted_chunks:,}"),
-    ("payload bytes written", lambda r: _bytes(r.payload_bytes_written)),
-    ("payload bytes accounted", lambda r: _bytes(r.payload_bytes_accounted)),
-    ("serialization header bytes", lambda r: _bytes(r.header_bytes_written)),
-    ("metadata bytes", lambda r: _bytes(r.metadata_bytes_written)),
-    ("serialized bytes read", lambda r: _bytes(r.serialized_bytes_read)),
-    ("Redis memory (MEMORY USAGE)", lambda r: _bytes(r.redis_memory_bytes)),
+    ("payload bytes written", lambda r: fmt_bytes(r.payload_bytes_written)),
+    ("payload bytes accounted", lambda r: fmt_bytes(r.payload_bytes_accounted)),
+    ("serialization header bytes", lambda r: fmt_bytes(r.header_bytes_written)),
+    ("metadata bytes", lambda r: fmt_bytes(r.metadata_bytes_written)),
+    ("serialized bytes read", lambda r: fmt_bytes(r.serialized_bytes_read)),
+    ("Redis memory (MEMORY USAGE)", lambda r: fmt_bytes(r.redis_memory_bytes)),
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
-    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_ms:.2f} / {r.lookup_p99_ms:.2f} ms"),
+    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
     ("lookup time", lambda r: _secs(r.lookup_seconds)),
     ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),
     ("transfer time estimated", lambda r: _secs(r.transfer_seconds_estimated)),
@@ -96,7 +86,7 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
             console.print(f"  note: {note}")
     curve = context.get("cost_curve", {})
     check = context.get("cost_curve_vs_measured", {})
-    console.print(f"model {context.get('model')} on {context.get('device')}, KV {context.get('kv_bytes_per_token'):,} "
+    console.print(f"model {context.get('model_id')} on {context.get('device')}, KV {context.get('kv_bytes_per_token'):,} "
                   f"bytes/token; Redis {context.get('redis')} {context.get('redis_version')}; metadata "
                   f"{context.get('metadata_placement')}", highlight=False)
     if curve:
@@ -109,16 +99,6 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
         console.print(line, highlight=False)
 
 
-def _clean(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def to_json(results: list[TraceResult], context: dict) -> str:
     """One JSON document: ``{"context": {...}, "traces": [{..., "per_chunk_size": [...]}]}``."""
     traces = []
@@ -129,7 +109,7 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "used_memory_delta_bytes": t.used_memory_delta_bytes, "notes": t.notes,
             "recommended_chunk_size": t.recommended_chunk_size,
             "per_chunk_size": [r.to_dict() for r in t.per_chunk_size]})
-    return json.dumps(_clean({"context": context, "traces": traces}), indent=2)
+    return json_document("replay", {"context": context, "traces": traces})
 
 
 def summary_line(result: TraceResult) -> str:

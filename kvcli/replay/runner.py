@@ -94,7 +94,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
-        "model": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
+        "model_id": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
         "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),

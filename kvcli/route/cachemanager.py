@@ -18,30 +18,15 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from dataclasses import dataclass
 
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.units import parse_duration
 
 _Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
-_PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 200/1e6 is the double nearest 0.0002
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)?")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds from ``"5ms"``, ``"200us"``, ``"1.5s"`` or a bare number (seconds). Raises BadInputError."""
-    m = _DURATION.fullmatch(str(text).strip().lower())
-    if not m:
-        raise BadInputError(f"bad duration {text!r}; use e.g. 5ms, 200us, 0.5s")
-    seconds = float(m[1]) / _PER_SECOND[m[2] or "s"]
-    if not math.isfinite(seconds):
-        raise BadInputError(f"bad duration {text!r}: not a finite number")
-    return seconds
-
-
 @dataclass(frozen=True)
 class DelaySpec:
     """An injected lookup delay: ``fixed`` at ``median_s``, or ``lognormal`` with median ``median_s`` and 99th

@@ -22,10 +22,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kvcli.errors import BadInputError
-from kvcli.route.cachemanager import DelaySpec, parse_duration
+from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.policies import POLICIES, config_fields, make_policy
-from kvcli.route.simulator import SimConfig, SimRequest, SimResult, parse_capacity, simulate, single_node_hit_tokens
+from kvcli.route.simulator import SimConfig, SimRequest, SimResult, simulate, single_node_hit_tokens
 from kvcli.store.server import open_redis
+from kvcli.units import parse_capacity, parse_duration
 
 # Sweepable CLI names -> the SimConfig field each sets. Which policies a parameter affects follows from the field
 # (kvcli.policies.config_fields): cluster, workload and arrival fields affect all; the others only their policy.
@@ -135,21 +136,21 @@ def summarize(result: SimResult, config: SimConfig, bound_hit_tokens: int) -> di
     looked = result.looked_up
     return {
         "requests": int(result.node.size), "prompt_tokens": prompt, "hit_tokens": hit,
-        "hit_ratio": hit / prompt if prompt else 0.0,
-        "single_node_hit_ratio": bound_hit_tokens / prompt if prompt else 0.0,
+        "hit_token_ratio": hit / prompt if prompt else 0.0,
+        "single_node_hit_token_ratio": bound_hit_tokens / prompt if prompt else 0.0,
         "prefill_tokens": prompt - hit,
         "per_node": {"requests": reqs.tolist(), "prefill_tokens": [int(t) for t in toks],
                      "requests_spread": _spread(reqs), "prefill_tokens_spread": _spread(toks),
                      "peak_request_imbalance": result.peak_imbalance},
-        "queue_wait_s": _pcts(result.prefill_start - result.dispatch),
-        "ttft_s": _pcts(result.first_token - result.arrival),
-        "e2e_s": _pcts(result.finish - result.arrival, (50, 99)),
-        "throughput": {"makespan_s": span, "requests_per_s": result.node.size / span if span else 0.0,
-                       "prompt_tokens_per_s": prompt / span if span else 0.0},
+        "queue_wait_seconds": _pcts(result.prefill_start - result.dispatch),
+        "ttft_seconds": _pcts(result.first_token - result.arrival),
+        "e2e_seconds": _pcts(result.finish - result.arrival, (50, 99)),
+        "throughput": {"makespan_seconds": span, "requests_per_second": result.node.size / span if span else 0.0,
+                       "prompt_tokens_per_second": prompt / span if span else 0.0},
         "lookups": {"count": int(looked.sum()), "timeouts": int(result.timed_out.sum()),
                     "measured_latency_counted": config.count_measured_latency,
-                    "measured_ms": _pcts(result.measured[looked], (50, 99, 100), 1e3),
-                    "injected_ms": _pcts(result.injected[looked], (50, 99), 1e3)},
+                    "measured_seconds": _pcts(result.measured[looked], (50, 99, 100)),
+                    "injected_seconds": _pcts(result.injected[looked], (50, 99))},
         "evictions": result.evictions,
     }
 
@@ -212,8 +213,8 @@ def winners(runs: list[dict]) -> list[dict]:
     for point in sweep_grid(runs):
         group = runs_at(runs, point)
         entry = {"sweep": point}
-        for metric, get, lower in (("ttft_p99_s", lambda r: r["ttft_s"]["p99"], True),
-                                   ("hit_ratio", lambda r: r["hit_ratio"], False)):
+        for metric, get, lower in (("ttft_p99_seconds", lambda r: r["ttft_seconds"]["p99"], True),
+                                   ("hit_token_ratio", lambda r: r["hit_token_ratio"], False)):
             ranked = sorted(group, key=lambda r: get(r) if lower else -get(r))
             best, second = ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
             num, den = (get(second), get(best)) if lower else (get(best), get(second))
@@ -230,6 +231,11 @@ def report_dict(trace: str, runs: list[dict], cost_info: dict) -> dict:
 
 def _fmt(x, spec=".3g") -> str:
     return "-" if x is None else format(x, spec)
+
+
+def _ms(seconds, spec: str) -> str:
+    """Seconds shown as milliseconds (``-`` for None)."""
+    return "-" if seconds is None else format(seconds * 1e3, spec)
 
 
 def _count(n: float) -> str:
@@ -254,8 +260,8 @@ def render(report: dict, console: Console) -> None:
     Per sweep point the best hit ratio and the best TTFT p99 are bold green."""
     runs, sweep = report["runs"], any(r["sweep"] for r in report["runs"])
     point = lambda r: json.dumps(r["sweep"], sort_keys=True)  # noqa: E731
-    best_p99 = {(w["ttft_p99_s"]["policy"], json.dumps(w["sweep"], sort_keys=True)) for w in report["winners"]}
-    best_hit = {(w["hit_ratio"]["policy"], json.dumps(w["sweep"], sort_keys=True)) for w in report["winners"]}
+    best_p99 = {(w["ttft_p99_seconds"]["policy"], json.dumps(w["sweep"], sort_keys=True)) for w in report["winners"]}
+    best_hit = {(w["hit_token_ratio"]["policy"], json.dumps(w["sweep"], sort_keys=True)) for w in report["winners"]}
     head = ["policy"] + (["sweep"] if sweep else [])
     cache = _table(f"{report['trace']}: cache and throughput", head, [
         "hit %", "1-node bound %", "prefill tokens", "evicted chunks", "req/s"])
@@ -269,24 +275,24 @@ def render(report: dict, console: Console) -> None:
     for r in runs:
         first = [r["policy"]] + ([" ".join(f"{k}={v}" for k, v in r["sweep"].items()) or "any"] if sweep else [])
         n, lk, key = r["per_node"], r["lookups"], (r["policy"], point(r))
-        cache.add_row(*first, mark(f"{100 * r['hit_ratio']:.1f}", key in best_hit),
-                      f"{100 * r['single_node_hit_ratio']:.1f}", _count(r["prefill_tokens"]), _count(r["evictions"]),
-                      _fmt(r["throughput"]["requests_per_s"]))
+        cache.add_row(*first, mark(f"{100 * r['hit_token_ratio']:.1f}", key in best_hit),
+                      f"{100 * r['single_node_hit_token_ratio']:.1f}", _count(r["prefill_tokens"]), _count(r["evictions"]),
+                      _fmt(r["throughput"]["requests_per_second"]))
         balance.add_row(*first, f"{n['requests_spread']['max_over_mean']:.2f}", f"{n['requests_spread']['cv']:.2f}",
                         f"{n['prefill_tokens_spread']['max_over_mean']:.2f}",
                         f"{n['prefill_tokens_spread']['cv']:.2f}", str(n["peak_request_imbalance"]))
-        w, t, e = r["queue_wait_s"], r["ttft_s"], r["e2e_s"]
+        w, t, e = r["queue_wait_seconds"], r["ttft_seconds"], r["e2e_seconds"]
         lat.add_row(*first, _fmt(w["p50"]), _fmt(w["p99"]), _fmt(t["p50"]), _fmt(t["p90"]),
                     mark(_fmt(t["p99"]), key in best_p99), _fmt(e["p50"]), _fmt(e["p99"]))
         if lk["count"]:
-            looks.add_row(*first, str(lk["count"]), str(lk["timeouts"]), _fmt(lk["measured_ms"]["p50"], ".2f"),
-                          _fmt(lk["measured_ms"]["p99"], ".2f"), _fmt(lk["injected_ms"]["p50"], ".3g"),
-                          _fmt(lk["injected_ms"]["p99"], ".3g"), str(lk.get("index_writes", "-")))
+            looks.add_row(*first, str(lk["count"]), str(lk["timeouts"]), _ms(lk["measured_seconds"]["p50"], ".2f"),
+                          _ms(lk["measured_seconds"]["p99"], ".2f"), _ms(lk["injected_seconds"]["p50"], ".3g"),
+                          _ms(lk["injected_seconds"]["p99"], ".3g"), str(lk.get("index_writes", "-")))
     for table in (cache, balance, lat) + ((looks,) if looks.row_count else ()):
         console.print(table)
     for w in report["winners"]:
         where = " ".join(f"{k}={v}" for k, v in w["sweep"].items())
-        t, h = w["ttft_p99_s"], w["hit_ratio"]
+        t, h = w["ttft_p99_seconds"], w["hit_token_ratio"]
         console.print(f"{where + ': ' if where else ''}lowest TTFT p99: [bold]{t['policy']}[/] {t['value']:.3g} s"
                       f"{margin(t, 'below ', lambda v: f'{v:.3g} s')}; highest hit ratio: [bold]{h['policy']}[/] "
                       f"{100 * h['value']:.1f}%{margin(h, '', lambda v: f'{100 * v:.1f}%')}", highlight=False,
@@ -392,18 +398,18 @@ def plot_figure(report: dict):
     labels: dict[tuple[float, float], list[str]] = {}  # sweep points that land on one spot share a label
     for name in dict.fromkeys(r["policy"] for r in report["runs"]):
         runs = [r for r in report["runs"] if r["policy"] == name]
-        x = [r["ttft_s"]["p99"] for r in runs]
-        y = [100 * r["hit_ratio"] for r in runs]
+        x = [r["ttft_seconds"]["p99"] for r in runs]
+        y = [100 * r["hit_token_ratio"] for r in runs]
         ax.plot(x, y, marker=markers.get(name, "o"), label=name, alpha=0.85)
         for r, xi, yi in zip(runs, x, y):
             if r["sweep"]:
                 text = " ".join(f"{k}={v}" for k, v in r["sweep"].items())
                 if text not in labels.setdefault((xi, yi), []):
                     labels[(xi, yi)].append(text)
-    bounds = sorted({100 * r["single_node_hit_ratio"] for r in report["runs"]})
+    bounds = sorted({100 * r["single_node_hit_token_ratio"] for r in report["runs"]})
     if len(bounds) == 1:
         ax.axhline(bounds[0], color="grey", ls="--", lw=1, label="1-node bound")
-    p99s = [r["ttft_s"]["p99"] for r in report["runs"] if r["ttft_s"]["p99"]]
+    p99s = [r["ttft_seconds"]["p99"] for r in report["runs"] if r["ttft_seconds"]["p99"]]
     log = bool(p99s) and max(p99s) > 10 * min(p99s)  # log only when the points span a decade or more
     if log:
         ax.set_xscale("log")
@@ -421,5 +427,5 @@ def plot_figure(report: dict):
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.canvas.draw()  # final limits and layout, so the labels can be placed in display space
     _place_labels(fig, ax, [(xi, yi, ", ".join(texts)) for (xi, yi), texts in labels.items()],
-                  [(r["ttft_s"]["p99"], 100 * r["hit_ratio"]) for r in report["runs"]])
+                  [(r["ttft_seconds"]["p99"], 100 * r["hit_token_ratio"]) for r in report["runs"]])
     return fig

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -114,33 +113,6 @@ class SimConfig:
     def capacity_chunks(self) -> int | None:
         """Chunks a node's cache holds (None = unlimited)."""
         return None if self.capacity_tokens is None else self.capacity_tokens // self.chunk_size
-
-
-_CAPACITY = re.compile(r"([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kmgt]?)\s*(ib|b|tokens|token|tok)?")
-
-
-def parse_capacity(text: str, kv_bytes_per_token) -> int | None:
-    """A node's cache capacity in tokens, from ``"3M"``/``"500k"``/``"250000"`` (tokens, decimal suffixes),
-    ``"40GB"``/``"64GiB"`` (bytes, divided by ``kv_bytes_per_token``, an int or a function returning one, called
-    only for bytes) or ``"unlimited"`` (None).
-
-    Raises:
-        BadInputError: any other text.
-    """
-    text = text.strip().lower()
-    if text in ("unlimited", "inf", "none"):
-        return None
-    m = _CAPACITY.fullmatch(text)
-    if not m:
-        raise BadInputError(f"bad capacity {text!r}; use tokens (3M, 500k, 250000), bytes (40GB, 64GiB) "
-                            "or 'unlimited'")
-    value, prefix, unit = float(m[1]), "kmgt".find(m[2]) + 1 if m[2] else 0, m[3] or ""
-    if not math.isfinite(value):
-        raise BadInputError(f"bad capacity {text!r}: not a finite number")
-    if unit.endswith("b"):
-        per_token = kv_bytes_per_token() if callable(kv_bytes_per_token) else kv_bytes_per_token
-        return int(value * (1024 if unit == "ib" else 1000) ** prefix // per_token)
-    return int(value * 1000 ** prefix)
 
 
 @dataclass(frozen=True, slots=True)

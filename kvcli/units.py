@@ -1,0 +1,104 @@
+"""Units in one place: the size parser, the capacity parser (tokens or bytes), the duration parser, the byte
+formatter, and the JSON document envelope every command's ``--json`` output shares.
+
+JSON field names carry their unit (``_seconds``, ``_bytes``, ``_tokens``; ratios are plain ``_ratio`` numbers in
+[0, 1]); the same name means the same thing in every command (``model_id``, ``hit_token_ratio``, ...). Every
+document starts with ``schema_version`` (bumped when a field changes meaning or disappears) and ``command``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+
+from kvcli.errors import BadInputError
+
+SCHEMA_VERSION = 1
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_NUMBER = r"([0-9]*\.?[0-9]+(?:e\+?[0-9]+)?)"
+_SIZE = re.compile(_NUMBER + r"\s*([kmgt]?i?b)?")
+_CAPACITY = re.compile(_NUMBER + r"\s*([kmgt]?)\s*(ib|b|tokens|token|tok)?")
+_PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 200/1e6 is the double nearest 0.0002
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)?")
+
+
+def _finite(value: float, text: str, what: str) -> float:
+    if not math.isfinite(value):
+        raise BadInputError(f"bad {what} {text!r}: not a finite number")
+    return value
+
+
+def parse_size(text: str | None) -> int | None:
+    """Bytes from ``"512MiB"``, ``"2GB"``, ``"1e6"`` or ``"1000000"`` (decimal kB/MB/GB/TB, binary KiB/MiB/GiB/TiB).
+
+    Raises:
+        BadInputError: anything else, or a number that is not finite.
+    """
+    if text is None:
+        return None
+    m = _SIZE.fullmatch(text.strip().lower())
+    if not m:
+        raise BadInputError(f"cannot read size {text!r} (e.g. 1000000, 512MiB, 2GB)")
+    return int(_finite(float(m[1]) * _SIZE_UNITS[m[2] or ""], text, "size"))
+
+
+def parse_capacity(text: str, kv_bytes_per_token: int | Callable[[], int]) -> int | None:
+    """A cache capacity in tokens, from ``"3M"``/``"500k"``/``"250000"`` (tokens, decimal suffixes),
+    ``"40GB"``/``"64GiB"`` (bytes, divided by ``kv_bytes_per_token``, an int or a function returning one, called
+    only for bytes) or ``"unlimited"`` (None).
+
+    Raises:
+        BadInputError: any other text, or a number that is not finite.
+    """
+    text = text.strip().lower()
+    if text in ("unlimited", "inf", "none"):
+        return None
+    m = _CAPACITY.fullmatch(text)
+    if not m:
+        raise BadInputError(f"bad capacity {text!r}; use tokens (3M, 500k, 250000), bytes (40GB, 64GiB) "
+                            "or 'unlimited'")
+    value, prefix, unit = _finite(float(m[1]), text, "capacity"), "kmgt".find(m[2]) + 1 if m[2] else 0, m[3] or ""
+    if unit.endswith("b"):
+        per_token = kv_bytes_per_token() if callable(kv_bytes_per_token) else kv_bytes_per_token
+        return int(value * (1024 if unit == "ib" else 1000) ** prefix // per_token)
+    return int(value * 1000 ** prefix)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``"5ms"``, ``"200us"``, ``"1.5s"`` or a bare number (seconds). Raises BadInputError."""
+    m = _DURATION.fullmatch(str(text).strip().lower())
+    if not m:
+        raise BadInputError(f"bad duration {text!r}; use e.g. 5ms, 200us, 0.5s")
+    return _finite(float(m[1]) / _PER_SECOND[m[2] or "s"], text, "duration")
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1536`` -> ``"1.5 KiB"`` (binary units; ``"-"`` for None)."""
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:,.0f} B" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _clean(obj):
+    """NaN and infinities become null (JSON has neither)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def json_document(command: str, body: dict, indent: int | None = 2) -> str:
+    """The one JSON document a command prints: ``{"schema_version", "command", **body}``, non-finite floats as
+    null, anything else not JSON-native as its ``str``."""
+    return json.dumps(_clean({"schema_version": SCHEMA_VERSION, "command": command, **body}), indent=indent,
+                      default=str)
