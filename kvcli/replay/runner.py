@@ -10,7 +10,6 @@ from pathlib import Path
 
 import redis
 
-from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve, calibrate
 from kvcli.model.llama import build_model
 from kvcli.model.presets import model_spec
@@ -18,6 +17,7 @@ from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.replayer import ReplayConfig, Replayer, TraceResult, curve_check
 from kvcli.store.server import RedisTarget
 from kvcli.traces.detect import read_trace
+from kvcli.traces.paths import expand_paths
 
 
 @dataclass(frozen=True)
@@ -35,28 +35,6 @@ class ModelOptions:
 # Prefill points timed before replaying (new tokens x cached tokens), each twice: a few seconds on 2 CPU cores.
 CALIBRATION_LENGTHS = (32, 128, 512)
 CALIBRATION_CACHED = (0, 512)
-_NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
-
-
-def expand_paths(paths: list[Path]) -> list[Path]:
-    """Files as given; a directory contributes its trace files (sorted; notes, scripts and plots skipped).
-
-    Raises:
-        BadInputError: a path does not exist, or a directory holds no trace file.
-    """
-    out: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                           and p.suffix.lower() not in _NOT_TRACES)
-            if not found:
-                raise BadInputError("directory holds no trace files", path=str(path))
-            out.extend(found)
-        elif path.exists():
-            out.append(path)
-        else:
-            raise BadInputError("no such file", path=str(path))
-    return out
 
 
 def prepare_model(options: ModelOptions, measure: int | None):

@@ -1,4 +1,7 @@
-"""Trace readers: a prompt trace file in, :class:`Request` objects (prompt token ids) out, lazily, in trace order.
+"""Trace readers (one module per format), format detection, and warm's prompt sources. May import: kvcli.errors,
+kvcli.units and kvcli.model.tokenize (no store, no torch).
+
+Trace readers: a prompt trace file in, :class:`Request` objects (prompt token ids) out, lazily, in trace order.
 
 Entry point: ``read_trace(path, fmt="auto", tokenizer="cl100k_base")``. Every format may be gzip-compressed
 (detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line; JSON documents
@@ -54,8 +57,6 @@ there is one, the 1-based line (JSONL) or record number (JSON lists; the ``histo
 that ``str(err)`` reads ``"<path>:<line>: <message>"``. Record errors are raised when iteration reaches them;
 a missing file, an unknown format name or an undetectable format are raised by :func:`read_trace` itself.
 """
-# Owns: trace readers (one module per format), format detection, warm's prompt sources. Imports: kvcli.errors and
-# kvcli.model.tokenize only (no store, no torch).
 from kvcli.traces.detect import FORMATS, detect_format, read_trace
 from kvcli.traces.mooncake import MOONCAKE_BLOCK_TOKENS, mooncake_token_ids
 from kvcli.traces.native import token_array

@@ -20,6 +20,7 @@ from typing import TextIO
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.traces.detect import read_trace
+from kvcli.traces.paths import _NOT_TRACES, expand_paths
 from kvcli.traces.request import Request
 
 
@@ -58,7 +59,6 @@ def _is_txt(path: Path) -> bool:
 
 def _expand(path: Path) -> list[Path]:
     """A file as given; a directory's prompt (``.txt``) and trace files, sorted (replay's skip list otherwise)."""
-    from kvcli.replay.runner import _NOT_TRACES, expand_paths
 
     if not path.is_dir():
         return expand_paths([path])

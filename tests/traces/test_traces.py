@@ -14,7 +14,7 @@ from kvcli.traces.detect import FORMATS, detect_format, read_trace
 from kvcli.traces.mooncake import mooncake_token_ids
 from kvcli.traces.request import Request
 
-SAMPLES = Path(__file__).resolve().parent.parent / "sample_traces"
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 
 @pytest.fixture(scope="module")

@@ -171,7 +171,7 @@ def test_mooncake_sample_hits_equal_leading_seen_hash_ids(redis_client):
 
     from kvcli.traces.detect import read_trace
 
-    path = Path(__file__).resolve().parents[1] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+    path = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
     records = [json.loads(line) for line in gzip.open(path, "rt")][:300]
     seen: set[int] = set()
     expected = 0
@@ -300,7 +300,7 @@ def test_sigterm_mid_replay_leaves_no_keys_behind(make_server, tmp_path):
     url = make_server()
     client = redis.Redis.from_url(url)
     client.set("foreign", "1")
-    trace = Path(__file__).resolve().parents[1] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+    trace = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
     proc = subprocess.Popen([sys.executable, "-m", "kvcli", "replay", str(trace), "--chunk-sizes", "16",
                              "--measure", "0", "--prefill-tps", "1000", "--payload", "accounted",
                              "--redis-url", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
