@@ -28,7 +28,8 @@ def child(trace: str, limit: int, upper: bool, sizes: tuple[int, ...]) -> None:
 
     from kvcli.model.costcurve import CostCurve
     from kvcli.model.presets import ModelSpec
-    from kvcli.replay.replayer import ReplayConfig, Replayer
+    from kvcli.replay.replayer import Replayer
+    from kvcli.replay.results import ReplayConfig
     from kvcli.store.server import open_redis
     from kvcli.traces.detect import read_trace
 

@@ -113,8 +113,8 @@ def replay(
 
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --capacity-bytes 64GiB
     """
-    from kvcli.replay.replayer import ReplayConfig
     from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
+    from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
     from kvcli.store.server import open_redis
 

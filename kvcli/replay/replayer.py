@@ -31,141 +31,12 @@ import redis
 from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelSpec
+from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured, timed_prefill
+from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
-from kvcli.store.layout import key_prefix
-from kvcli.store.namespace import purge
+from kvcli.store.namespace import purge, redis_memory
 from kvcli.traces.request import Request
-
-
-@dataclass(frozen=True)
-class ReplayConfig:
-    """Options of one replay (frozen; built at the CLI edge).
-
-    Attributes:
-        chunk_sizes: chunk sizes to compare (tokens), each in its own namespace.
-        payload: "real" (measured requests write and read real KV) or "accounted" (no payload is ever written).
-        measure: requests per trace that run the model (None: all of them).
-        measure_max_tokens: longest prompt picked for measuring (tokens); longer ones are estimated.
-        capacity_tokens / capacity_bytes: LRU capacity per chunk size (None: unlimited).
-        namespace: an existing namespace (e.g. one ``kvcli warm`` filled) whose chunks count as hits; it is only
-            read, never written. None: a cold cache. Either way the run writes into a fresh namespace of its own.
-        keep: keep the run's own namespace (its keys) on the server after the report; deleted by default.
-        limit: replay only the first N requests of each trace.
-        memory_sample: keys per chunk size sampled with MEMORY USAGE.
-        seed: seed for picking measured requests.
-        upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
-            4 bytes per token: the one part of a replay whose memory grows with the trace).
-    """
-
-    chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
-    payload: str = "real"
-    measure: int | None = 2
-    measure_max_tokens: int = 512
-    capacity_tokens: int | None = None
-    capacity_bytes: int | None = None
-    namespace: str | None = None
-    keep: bool = False
-    limit: int | None = None
-    memory_sample: int = 200
-    seed: int = 0
-    upper_bound: bool = True
-
-
-@dataclass
-class ChunkSizeResult:
-    """Everything measured for one chunk size (tokens, bytes, seconds, counts)."""
-
-    chunk_size: int
-    namespace: str
-    requests: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    hit_tokens_unlimited: int = 0
-    upper_bound_tokens: int = 0
-    chunks_hit: int = 0
-    objects_created: int = 0
-    metadata_entries: int = 0
-    chunks_written: int = 0
-    payload_bytes_written: int = 0
-    payload_bytes_accounted: int = 0
-    header_bytes_written: int = 0
-    metadata_bytes_written: int = 0
-    serialized_bytes_read: int = 0
-    redis_memory_bytes: int = 0
-    redis_memory_sampled_keys: int = 0
-    round_trips: int = 0
-    lookups: int = 0
-    lookup_p50_seconds: float = 0.0
-    lookup_p99_seconds: float = 0.0
-    evicted_chunks: int = 0
-    materialized_chunks: int = 0
-    checksum_failures: int = 0
-    measured_requests: int = 0
-    full_prefill_seconds_measured: float = 0.0
-    suffix_prefill_seconds_measured: float = 0.0
-    saved_prefill_seconds_measured: float = 0.0
-    saved_prefill_seconds_estimated: float = 0.0
-    lookup_seconds: float = 0.0
-    transfer_seconds_measured: float = 0.0
-    transfer_seconds_estimated: float = 0.0
-    deserialize_seconds: float = 0.0
-    store_seconds: float = 0.0
-    store_seconds_estimated: float = 0.0
-    max_logit_diff: float = 0.0
-
-    @property
-    def hit_token_ratio(self) -> float:
-        """hit tokens / prompt tokens."""
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def saved_prefill_seconds(self) -> float:
-        """Prefill compute saved, measured + estimated (seconds)."""
-        return self.saved_prefill_seconds_measured + self.saved_prefill_seconds_estimated
-
-    @property
-    def overhead_seconds(self) -> float:
-        """Lookup + transfer + deserialize + store (management) seconds."""
-        return (self.lookup_seconds + self.transfer_seconds_measured + self.transfer_seconds_estimated
-                + self.deserialize_seconds + self.store_seconds + self.store_seconds_estimated)
-
-    @property
-    def net_benefit_seconds(self) -> float:
-        """Saved prefill compute − lookup, transfer and management overhead (seconds): the design notes' goal."""
-        return self.saved_prefill_seconds - self.overhead_seconds
-
-    def to_dict(self) -> dict:
-        """All fields plus the derived ratios and totals, JSON-ready."""
-        out = dict(self.__dict__)
-        out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
-                   overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
-                   loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
-                   upper_bound_ratio=self.upper_bound_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-                   hit_token_ratio_unlimited=(self.hit_tokens_unlimited / self.prompt_tokens
-                                              if self.prompt_tokens else 0.0))
-        return out
-
-
-@dataclass
-class TraceResult:
-    """One trace's replay: per chunk size results, the recommendation and run-level facts."""
-
-    trace: str
-    requests: int
-    skipped_empty: int
-    measured_requests: int
-    payload: str
-    per_chunk_size: list[ChunkSizeResult]
-    used_memory_delta_bytes: int = 0
-    seconds: float = 0.0
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def recommended_chunk_size(self) -> int | None:
-        """The chunk size with the largest net benefit; None when no chunk size has a positive net benefit."""
-        rows = [r for r in self.per_chunk_size if r.requests and r.net_benefit_seconds > 0]
-        return max(rows, key=lambda r: r.net_benefit_seconds).chunk_size if rows else None
 
 
 @dataclass
@@ -176,24 +47,6 @@ class _Pending:
     reuse: list[int] = field(default_factory=list)
     hit_chunks: list[int] = field(default_factory=list)
     new_chunks: list[int] = field(default_factory=list)
-
-
-def pick_measured(lengths: np.ndarray, count: int | None, max_tokens: int, seed: int) -> set[int]:
-    """Indices of the requests that run the model: ``count`` of those with 1..max_tokens tokens, evenly spread.
-
-    ``count`` None picks every non-empty request. Deterministic for a seed (a seeded jitter inside each stride).
-    """
-    if count is None:
-        return set(np.flatnonzero(lengths > 0).tolist())
-    eligible = np.flatnonzero((lengths > 0) & (lengths <= max_tokens))
-    if count <= 0 or eligible.size == 0:
-        return set()
-    if count >= eligible.size:
-        return set(eligible.tolist())
-    edges = np.linspace(0, eligible.size, count + 1)
-    rng = np.random.default_rng(seed)
-    picks = [int(eligible[int(lo + rng.random() * (hi - lo))]) for lo, hi in zip(edges[:-1], edges[1:])]
-    return set(picks)
 
 
 class Replayer:
@@ -250,7 +103,7 @@ class Replayer:
     def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
-        rates = [self._calibrate_transfer(store) for store in stores]
+        rates = [calibrate_transfer(self.client, store) for store in stores]
         used_before = int(self.client.info("memory").get("used_memory", 0))
         results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
         pending = [_Pending() for _ in stores]
@@ -334,7 +187,7 @@ class Replayer:
 
     def _measured(self, request, stores, results, rates, unlimited, upper) -> None:
         tokens, n = request.token_ids, len(request.token_ids)
-        t_full, (logits_full, kv_full) = self._timed_prefill(tokens, None)
+        t_full, (logits_full, kv_full) = timed_prefill(self.model, tokens, None)
         self.measured_samples.append(PrefillSample(n, 0, t_full))
         for store, res, rate, seen in zip(stores, results, rates, unlimited):
             prompt = store.chunk(tokens, request.cache_salt)
@@ -345,7 +198,7 @@ class Replayer:
             if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
                 kv, t_suffix = kv_full, t_full
             else:
-                t_suffix, (logits, kv) = self._timed_prefill(tokens[reuse:], past)
+                t_suffix, (logits, kv) = timed_prefill(self.model, tokens[reuse:], past)
                 self.measured_samples.append(PrefillSample(n - reuse, reuse, t_suffix))
                 res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
             real = self.config.payload == "real"
@@ -357,17 +210,6 @@ class Replayer:
             res.full_prefill_seconds_measured += t_full
             res.suffix_prefill_seconds_measured += t_suffix
             res.saved_prefill_seconds_measured += t_full - t_suffix
-
-    def _timed_prefill(self, tokens, past, repeats: int = 2):
-        """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills (this VM stalls for
-        hundreds of ms at random; the least-disturbed run is the measurement, as for the cost curve)."""
-        best, out = float("inf"), None
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            out = self.model.prefill(tokens, past)
-            self.model.synchronize()  # a GPU runs asynchronously: time the work, not its launch
-            best = min(best, time.perf_counter() - t0)
-        return best, out
 
     def _fetch(self, store, res, prompt, look, kv_full, rate):
         """KV of the reusable prefix ``[layers, 2, kv_heads, reuse, head_dim]`` and the hit chunk count."""
@@ -413,32 +255,6 @@ class Replayer:
         seen.update(prompt.hashes[k:])
 
     # -- calibration and totals -----------------------------------------------------------------------------------
-    def _calibrate_transfer(self, store: ChunkStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
-        """Seconds per chunk to (SET, GET) one chunk-sized value on this server, measured now (min of 3).
-
-        Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth
-        bound at that size; MEASURED.md).
-        """
-        size = store.config.payload_bytes + store.config.header_bytes
-        probe = min(size, cap)
-        value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
-        # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
-        keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(chunks)]
-        best_set = best_get = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                pipe.set(key, value)
-            pipe.execute()
-            t1 = time.perf_counter()
-            self.client.mget(keys)
-            t2 = time.perf_counter()
-            best_set, best_get = min(best_set, t1 - t0), min(best_get, t2 - t1)
-        self.client.delete(*keys)
-        scale = size / probe / chunks
-        return best_set * scale, best_get * scale
-
     def _finish(self, store: ChunkStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
         st = store.stats
         if pend.prompt:
@@ -459,16 +275,6 @@ class Replayer:
             self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
 
 
-def curve_check(curve: CostCurve, samples) -> dict:
-    """How well the cost curve predicts measured prefills: median and max of measured / predicted seconds."""
-    ratios = sorted(s.seconds / p for s in samples
-                    if (p := float(curve.predict(s.new_tokens, s.cached_tokens))) > 0)
-    if not ratios:
-        return {"samples": 0}
-    return {"samples": len(ratios), "median_measured_over_predicted": ratios[len(ratios) // 2],
-            "max_measured_over_predicted": ratios[-1]}
-
-
 def _accounted(metadata: bytes) -> bool:
     """Whether a chunk's metadata says its payload was accounted, not written (layout.py)."""
     return b'"stored":"accounted"' in metadata
@@ -487,28 +293,3 @@ def _where(request: Request) -> tuple[str | None, int | None]:
     return (path, int(line)) if line.isdigit() else (request.source or None, None)
 
 
-def _scan(client: redis.Redis, pattern: str, count: int = 2000):
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=pattern, count=count)
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
-
-
-def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
-    """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
-    all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
-    """
-    total = sampled = seen = 0
-    pipe = client.pipeline(transaction=False)
-    for keys in _scan(client, key_prefix(namespace, chunk_size) + "*"):  # a validated name: no glob characters
-        for key in keys:
-            seen += 1
-            if sampled < sample:
-                pipe.memory_usage(key, samples=0)
-                sampled += 1
-    if sampled:
-        total = sum(int(x or 0) for x in pipe.execute())
-    return (int(total * seen / sampled) if sampled else 0), sampled

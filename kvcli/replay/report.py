@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from kvcli.replay.replayer import ChunkSizeResult, TraceResult
+from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.units import fmt_bytes, json_document
 
 

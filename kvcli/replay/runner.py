@@ -14,7 +14,9 @@ from kvcli.model.costcurve import CostCurve, calibrate
 from kvcli.model.llama import build_model
 from kvcli.model.presets import model_spec
 from kvcli.model.tokenize import get_tokenizer
-from kvcli.replay.replayer import ReplayConfig, Replayer, TraceResult, curve_check
+from kvcli.replay.measure import curve_check
+from kvcli.replay.replayer import Replayer
+from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.store.server import RedisTarget
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import expand_paths

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.store.layout import KEY_ROOT, KEY_VERSION
+from kvcli.store.layout import KEY_ROOT, KEY_VERSION, key_prefix
 
 BATCH = 1000
 
@@ -135,3 +135,30 @@ def _flush(pipe) -> int:
         return sum(int(n) for n in pipe.execute())
     except redis.RedisError as exc:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
+
+
+def _scan(client: redis.Redis, pattern: str, count: int = 2000):
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor, match=pattern, count=count)
+        if keys:
+            yield keys
+        if cursor == 0:
+            return
+
+
+def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
+    """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
+    all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+    """
+    total = sampled = seen = 0
+    pipe = client.pipeline(transaction=False)
+    for keys in _scan(client, key_prefix(namespace, chunk_size) + "*"):  # a validated name: no glob characters
+        for key in keys:
+            seen += 1
+            if sampled < sample:
+                pipe.memory_usage(key, samples=0)
+                sampled += 1
+    if sampled:
+        total = sum(int(x or 0) for x in pipe.execute())
+    return (int(total * seen / sampled) if sampled else 0), sampled

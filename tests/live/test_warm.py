@@ -18,7 +18,8 @@ from kvcli.model.costcurve import CostCurve
 from kvcli.model.llama import build_model
 from kvcli.model.presets import model_spec
 from kvcli.model.tokenize import get_tokenizer
-from kvcli.replay.replayer import ReplayConfig, Replayer
+from kvcli.replay.replayer import Replayer
+from kvcli.replay.results import ReplayConfig
 from kvcli.store.chunkstore import chunk_metadata, chunk_payload
 from kvcli.store.layout import parse_metadata
 from kvcli.traces.prompts import read_prompts

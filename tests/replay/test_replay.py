@@ -10,7 +10,9 @@ import redis
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.llama import build_model
 from kvcli.model.presets import ModelSpec
-from kvcli.replay.replayer import ReplayConfig, Replayer, pick_measured
+from kvcli.replay.measure import pick_measured
+from kvcli.replay.replayer import Replayer
+from kvcli.replay.results import ReplayConfig
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.traces.request import Request
 
