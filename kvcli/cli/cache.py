@@ -106,8 +106,9 @@ def inspect(
     """
     from kvcli.live.chunkmap import chunk_map
     from kvcli.live.inspect import inspect_cache
-    from kvcli.live.reading import reader, server_memory
+    from kvcli.live.reading import reader
     from kvcli.model.presets import model_spec
+    from kvcli.store.preflight import server_memory
     from kvcli.store.server import open_redis
 
     ids = _prompt_ids(prompt, tokens, request, tokenizer, fmt)

@@ -33,15 +33,9 @@ import numpy as np
 import redis
 
 from kvcli.errors import RedisFailure
-from kvcli.live.reading import (
-    ServerMemory,
-    execute_read,
-    parse_or_none,
-    payload_ok,
-    reader,
-    server_memory,
-)
+from kvcli.live.reading import execute_read, parse_or_none, payload_ok, reader
 from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
+from kvcli.store.preflight import ServerMemory, server_memory
 
 VERIFY_AUTO_BYTES = 256 << 20
 SCAN_COUNT = 1000

@@ -1,11 +1,10 @@
-"""Read-only access to a live server shared by inspect, the chunk map and warm: a NO-TOUCH reader connection,
-the server's memory facts, and checks of a chunk's metadata and payload.
+"""Read-only access to a live server shared by inspect and the chunk map: a NO-TOUCH reader connection and checks
+of a chunk's metadata and payload. The server's memory facts are :mod:`kvcli.store.preflight` (replay uses them too).
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import redis
 import xxhash
@@ -16,19 +15,6 @@ from kvcli.store.serde import PayloadError, decode_kv
 
 READ_COMMANDS = frozenset({"scan", "mget", "get", "exists", "strlen", "pttl", "memory|usage", "info", "dbsize",
                            "eval_ro", "client|no-touch"})
-
-
-@dataclass(frozen=True)
-class ServerMemory:
-    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE."""
-
-    used_memory: int
-    maxmemory: int
-    policy: str
-    evicted_keys: int
-    expired_keys: int
-    keys: int
-    version: str
 
 
 @contextlib.contextmanager
@@ -62,19 +48,6 @@ def reader(client: redis.Redis) -> Iterator[redis.Redis]:
     finally:
         ours.close()
         ours.connection_pool.disconnect()
-
-
-def server_memory(client: redis.Redis) -> ServerMemory:
-    """INFO memory/stats/server and DBSIZE, read-only. Raises RedisFailure."""
-    try:
-        info = client.info("memory", "stats", "server")
-        keys = client.dbsize()
-    except redis.RedisError as exc:
-        raise RedisFailure(f"Redis INFO failed: {exc}") from None
-    return ServerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
-                        str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
-                        int(info.get("expired_keys", 0)), int(keys),
-                        str(info.get("valkey_version") or info.get("redis_version", "?")))
 
 
 def execute_read(pipe, raise_on_error: bool = True):
