@@ -1,5 +1,6 @@
-"""Measuring in a replay: which requests run the model, timed prefills (fastest of repeats), chunk transfer
-rates calibrated on the replay's own server, and how well the cost curve predicts what was measured.
+"""Measuring in a replay: which requests run the model and on how many of their tokens, timed prefills (fastest
+of repeats), chunk transfer rates calibrated on the replay's own server, and how well the cost curve predicts what
+was measured.
 """
 from __future__ import annotations
 
@@ -8,27 +9,50 @@ import time
 
 import numpy as np
 import redis
+import torch
+import xxhash
 
 from kvcli.model.costcurve import CostCurve
+from kvcli.replay.network import ServerRates
 from kvcli.store.chunkstore import ChunkStore
+from kvcli.store.serde import decode_kv, encode_kv
 
 
-def pick_measured(lengths: np.ndarray, count: int | None, max_tokens: int, seed: int) -> set[int]:
-    """Indices of the requests that run the model: ``count`` of those with 1..max_tokens tokens, evenly spread.
-
-    ``count`` None picks every non-empty request. Deterministic for a seed (a seeded jitter inside each stride).
-    """
+def pick_measured(lengths: np.ndarray, count: int | None, seed: int) -> set[int]:
+    """Indices of the requests that run the model: ``count`` non-empty requests spread evenly over the trace (one
+    at a seeded position inside each of ``count`` equal strides of them; deterministic for a seed). ``count`` None picks every non-empty request.
+    Long prompts are picked too: :func:`measure_length` says how many of their tokens run."""
+    eligible = np.flatnonzero(lengths > 0)
     if count is None:
-        return set(np.flatnonzero(lengths > 0).tolist())
-    eligible = np.flatnonzero((lengths > 0) & (lengths <= max_tokens))
+        return set(eligible.tolist())
     if count <= 0 or eligible.size == 0:
         return set()
     if count >= eligible.size:
         return set(eligible.tolist())
-    edges = np.linspace(0, eligible.size, count + 1)
+    edges = np.arange(count + 1) * eligible.size // count  # integer strides, each at least one request long
     rng = np.random.default_rng(seed)
-    picks = [int(eligible[int(lo + rng.random() * (hi - lo))]) for lo, hi in zip(edges[:-1], edges[1:])]
-    return set(picks)
+    return {int(eligible[lo + int(rng.integers(hi - lo))]) for lo, hi in zip(edges[:-1], edges[1:])}
+
+
+#: Lengths a measured prompt is truncated to (tokens), longest first: the longest whose predicted cost fits.
+MEASURE_LENGTHS = (8192, 4096, 2048, 1024, 512, 256, 128)
+
+
+def measure_length(curve: CostCurve, longest: int, requests: int, chunk_sizes: int, budget_seconds: float,
+                   max_tokens: int) -> int:
+    """How many tokens of each measured prompt run the model (tokens; prompts are truncated to it).
+
+    The longest of ``min(max_tokens, longest)`` (the longest prompt picked, so a trace of short prompts runs them
+    whole) and the :data:`MEASURE_LENGTHS` below it whose predicted measuring time fits ``budget_seconds`` for ``requests`` requests: per request, the full prefill twice
+    and, per chunk size, the suffix prefill twice, taken at half a full prefill (a hit of half the prompt). At least
+    the shortest length, so every trace gets measured requests.
+    """
+    cap = max(1, min(max_tokens, longest))
+    for length in (cap,) + tuple(x for x in MEASURE_LENGTHS if x < cap):
+        cost = requests * 2 * float(curve.predict(length, 0)) * (1 + chunk_sizes / 2)
+        if cost <= budget_seconds:
+            return length
+    return min(cap, MEASURE_LENGTHS[-1])
 
 
 def curve_check(curve: CostCurve, samples) -> dict:
@@ -53,19 +77,23 @@ def timed_prefill(model, tokens, past, repeats: int = 2):
     return best, out
 
 
-def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
-    """Seconds per chunk to (SET, GET) one chunk-sized value on this server, measured now (min of 3).
+def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, cap: int = 8 << 20) -> ServerRates:
+    """Seconds per chunk to SET and GET one chunk-sized value on this server, and to serialize and deserialize it
+    here, measured now (min of 3 after one warm-up round; :class:`~kvcli.replay.network.ServerRates`).
 
-    Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth
-    bound at that size; MEASURED.md).
+    Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth bound at
+    that size; MEASURED.md). Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor
+    bytes (xxh3_64), copy them into the prefix KV.
     """
     size = store.config.payload_bytes + store.config.header_bytes
     probe = min(size, cap)
     value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
+    itemsize = torch.empty((), dtype=store.config.dtype).element_size()
+    tensor = torch.frombuffer(bytearray(value[:probe - probe % itemsize]), dtype=store.config.dtype)
     # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
     keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(chunks)]
-    best_set = best_get = float("inf")
-    for _ in range(3):
+    sets, gets, sers, desers = [], [], [], []
+    for repeat in range(4):  # the first round warms up (allocations, connection buffers): not kept
         t0 = time.perf_counter()
         pipe = client.pipeline(transaction=False)
         for key in keys:
@@ -74,7 +102,28 @@ def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, 
         t1 = time.perf_counter()
         client.mget(keys)
         t2 = time.perf_counter()
-        best_set, best_get = min(best_set, t1 - t0), min(best_get, t2 - t1)
+        encoded = encode_kv(tensor)
+        t3 = time.perf_counter()
+        decoded, _ = decode_kv(encoded)
+        xxhash.xxh3_64_digest(encoded[len(encoded) - decoded.numel() * itemsize:])
+        decoded.clone()
+        t4 = time.perf_counter()
+        if repeat:
+            sets.append(t1 - t0)
+            gets.append(t2 - t1)
+            sers.append(t3 - t2)
+            desers.append(t4 - t3)
     client.delete(*keys)
-    scale = size / probe / chunks
-    return best_set * scale, best_get * scale
+    scale, local = size / probe / chunks, size / probe
+    spread = tuple(float(t / np.median(ts) - 1) for ts in (sets, gets) for t in ts)
+    return ServerRates(min(sets) * scale, min(gets) * scale, min(sers) * local, min(desers) * local, spread)
+
+
+def ping_seconds(client: redis.Redis, repeats: int = 5) -> float:
+    """The server's round trip (seconds): the fastest of ``repeats`` PINGs."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        client.ping()
+        best = min(best, time.perf_counter() - t0)
+    return best

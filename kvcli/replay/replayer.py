@@ -3,14 +3,22 @@
 Per request, in trace order, for every chunk size: lookup (one round trip), retrieve the hit run's KV (one more),
 prefill only the missed suffix with the real model, store the new full chunks (one pipelined round trip).
 
-Measured vs estimated: ``measure`` requests (spread evenly over the trace, prompts up to ``measure_max_tokens``)
-run the model: their full prefill is timed once, and per chunk size the cached path (lookup + transfer +
-deserialize + suffix prefill, plus the store) is timed for real, with the largest logit difference against the
-full prefill recorded. The other requests do the real lookup and write real metadata, but their payload bytes are
-accounted, not written, and their prefill times come from a cost curve fitted to every prefill timed in the same
-run (calibration + measured requests), their transfer times from chunk SET/GET timings calibrated on the same
-server. When a measured request hits chunks whose payload was only accounted, their KV is taken from its own full
-prefill and written first, untimed ("materialized"), so the timed retrieve reads real bytes.
+Before anything is written: the trace is validated, the cost curve is extended to cover its prompt lengths
+(:class:`~kvcli.model.calibration.Calibration`, within ``calibrate_seconds``), and the server's memory is checked
+(:mod:`kvcli.store.preflight`, the same preflight as warm): a run that would make an evicting server go over
+maxmemory is refused unless ``allow_evictions``. The server's ``evicted_keys`` delta is reported; with evictions
+allowed, an estimated request's hit on a chunk whose real payload was evicted counts as a miss.
+
+Measured vs estimated: ``measure`` requests (spread evenly over the trace) run the model on their first ``L``
+tokens, ``L`` the longest length the ``measure_seconds`` budget allows (:func:`~kvcli.replay.measure.measure_length`,
+at most ``measure_max_tokens``; shorter prompts run whole): their full prefill is timed once, and per chunk size the
+cached path (lookup + transfer + deserialize + suffix prefill, plus the store) is timed for real, with the largest
+logit difference against the full prefill recorded. The other requests do the real lookup and write real metadata,
+but their payload bytes are accounted, not written, and their prefill times come from the cost curve, their
+transfer times from chunk SET/GET timings calibrated on the same server (or the network model). When a measured
+request hits chunks whose payload was only accounted, their KV is taken from its own full prefill and written
+first, untimed ("materialized"), so the timed retrieve reads real bytes. Savings, intervals and the recommendation:
+:mod:`kvcli.replay.savings`.
 
 ``payload="accounted"`` writes no payload at all (index and metadata only): traces whose KV would never fit the
 server replay in seconds; measured requests then use their own prefix KV and an estimated transfer time.
@@ -20,33 +28,37 @@ logits, so a prompt that hits entirely reuses ``len - 1`` tokens in the timing (
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 import redis
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, RedisFailure
+from kvcli.model.calibration import Calibration
 from kvcli.model.costcurve import CostCurve, PrefillSample
-from kvcli.model.presets import ModelSpec
-from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured, timed_prefill
+from kvcli.model.presets import ModelConfig, ModelSpec
+from kvcli.replay.measure import (
+    calibrate_transfer,
+    curve_check,
+    measure_length,
+    pick_measured,
+    ping_seconds,
+    timed_prefill,
+)
+from kvcli.replay.network import Link, overheads
+from kvcli.replay.plan import distinct_chunks, plan_bytes
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
+from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
 from kvcli.store.namespace import purge, redis_memory
+from kvcli.store.preflight import Preflight, evicted_since, keys_bytes, preflight, server_memory
 from kvcli.traces.request import Request
 
-
-@dataclass
-class _Pending:
-    """Unmeasured requests' (new tokens, cached tokens, hit chunks, new chunks), estimated at the end."""
-
-    prompt: list[int] = field(default_factory=list)
-    reuse: list[int] = field(default_factory=list)
-    hit_chunks: list[int] = field(default_factory=list)
-    new_chunks: list[int] = field(default_factory=list)
+PROBE_CHUNKS, PROBE_CAP = 4, 8 << 20  # the transfer calibration's values per store, and their largest size
 
 
 class Replayer:
@@ -56,19 +68,27 @@ class Replayer:
         client: a redis-py client.
         model: the local model (``prefill``, ``spec``), or None when nothing is measured (then ``spec`` names
             the model id, per-token KV shape and dtype the store accounts for).
-        curve: the prefill cost curve (fitted to calibration points, min of repeats, in the same run); the
-            measured requests' single timings are kept in ``measured_samples`` to check it, not fitted (one noisy
-            timing per point would drag the fit around: see MEASURED.md on this machine's stalls).
+        curve: the prefill cost curve when it is fixed (e.g. a flat ``--prefill-tps`` rate); with ``calibration``
+            it is replaced, per trace, by the calibration's fit after covering the trace. The measured requests'
+            single timings are kept in ``measured_samples`` to check it, not fitted (one noisy timing per point
+            would drag the fit around: see MEASURED.md on this machine's stalls).
         tokenizer: tokenizer name (part of the hash root).
+        calibration: the pool of timed prefills that covers each trace (None: ``curve`` as given).
+        model_config: the model's shapes, for exact FLOPs (default: the model's; None without a model: no FLOPs).
     """
 
     def __init__(self, client: redis.Redis, model, curve: CostCurve, tokenizer: str, config: ReplayConfig,
-                 spec: ModelSpec | None = None) -> None:
+                 spec: ModelSpec | None = None, calibration: Calibration | None = None,
+                 model_config: ModelConfig | None = None) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
+        self.calibration = calibration
+        self.model_config = model_config or (model.config if model is not None else None)
         spec = model.spec if model is not None else spec
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
+        self._may_evict = False
+        self._measured_log: list[dict] = []
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -80,61 +100,153 @@ class Replayer:
         Raises:
             BadInputError: a token id is outside the model's vocabulary (before any write).
             ChunkTooLargeError: a chunk's value exceeds the server's proto-max-bulk-len (before any write).
-            RedisFailure, ModelFailure: the server or the model failed.
+            RedisFailure: the server failed, or the run would make it evict keys and ``allow_evictions`` is off
+                (before any write).
+            ModelFailure: the model failed.
         """
         cfg = self.config
         if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
             raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
         reader = (lambda: iter(requests)) if isinstance(requests, list) else requests
         lengths = self._validate(reader, name)
-        measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
-                                 cfg.seed)
+        coverage = self._cover(lengths)
+        measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.seed)
+        measure_tokens = 0
+        if measured:
+            measure_tokens = measure_length(self.curve, int(max(lengths[i] for i in measured)), len(measured),
+                                            len(cfg.chunk_sizes), cfg.measure_seconds, cfg.measure_max_tokens)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
         stores = [self._make_store(namespace, cs) for cs in cfg.chunk_sizes]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
+        check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         try:
-            return self._run(name, reader, lengths, measured, stores, progress)
+            result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress)
         finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
             if not cfg.keep:
                 purge(self.client, namespace)
+        result.calibration = coverage
+        return result
 
-    def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
+    def _cover(self, lengths: np.ndarray) -> dict:
+        """Extend the calibration to the trace's prompt lengths (95th percentile), within the time budget."""
+        if self.calibration is None:
+            return {}
+        target = int(np.percentile(lengths[lengths > 0], 95)) if (lengths > 0).any() else 1
+        coverage = self.calibration.cover(target, self.config.calibrate_seconds)
+        self.curve = self.calibration.curve()
+        return coverage.to_dict()
+
+    def _preflight(self, stores, reader, lengths, measured, measure_tokens) -> Preflight:
+        """The server's memory against what this trace's replay will write (:mod:`kvcli.replay.plan`); refuse
+        when it would make the server evict keys, unless allowed."""
+        cfg = self.config
+        mem = server_memory(self.client)
+        probe = [keys_bytes(PROBE_CHUNKS, len(s.prefix) + 34, self._probe_size(s, mem)) for s in stores]
+        need = 0
+        if mem.maxmemory:
+            distinct = distinct_chunks(stores, reader, len(lengths))
+            payload = [0] * len(stores)
+            if cfg.payload == "real":
+                payload = [sum(min(int(lengths[i]), measure_tokens) // s.config.chunk_size for i in measured)
+                           for s in stores]
+            need = plan_bytes(stores, distinct, payload, 0) + sum(probe)
+        check = preflight(self.client, need, mem)
+        self._may_evict = check.evicts
+        if check.evicts and not cfg.allow_evictions:
+            raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
+                               f"--allow-evictions to run anyway (evicted chunks then count as misses), a server "
+                               f"with room, or --capacity-bytes to bound what the replay keeps")
+        return check
+
+    @staticmethod
+    def _probe_size(store: ChunkStore, mem) -> int:
+        """Bytes of one transfer-calibration value: one chunk's value, at most 8 MiB, and at most 1/64 of the room
+        under maxmemory (so calibrating never pushes a small server over)."""
+        size = min(store.config.payload_bytes + store.config.header_bytes, PROBE_CAP)
+        if mem.maxmemory:
+            size = min(size, max(4096, (mem.maxmemory - mem.used_memory) // (64 * PROBE_CHUNKS)))
+        return size
+
+    def _link(self) -> Link | None:
+        """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server."""
+        cfg = self.config
+        if cfg.link_gbps is None and cfg.rtt_seconds is None:
+            return None
+        rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
+        return Link(cfg.link_gbps if cfg.link_gbps is not None else self._measured_gbps, rtt)
+
+    def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
-        rates = [calibrate_transfer(self.client, store) for store in stores]
-        used_before = int(self.client.info("memory").get("used_memory", 0))
+        mem = server_memory(self.client)
+        rates = [calibrate_transfer(self.client, store, PROBE_CHUNKS, self._probe_size(store, mem))
+                 for store in stores]
+        big = max(range(len(stores)), key=lambda i: stores[i].config.payload_bytes)
+        value = stores[big].config.payload_bytes + stores[big].config.header_bytes
+        self._measured_gbps = value * 8 / rates[big].get_seconds / 1e9 if rates[big].get_seconds > 0 else 10.0
+        link = self._link()
+        used_before = mem.used_memory
         results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
-        pending = [_Pending() for _ in stores]
+        ledgers = [Ledger() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
+        self._measured_log = []
         t0 = time.perf_counter()
-        skipped = 0
+        skipped, stamps = 0, []
         for index, request in enumerate(reader()):
             if index >= len(lengths):
                 break
+            if request.timestamp is not None:
+                stamps.append(request.timestamp)
             if len(request.token_ids) == 0:
                 skipped += 1
             else:
                 upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
-                    self._measured(request, stores, results, rates, unlimited, upper)
+                    self._measured(index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens)
                 else:
-                    self._estimated(request, stores, results, pending, unlimited, upper)
+                    self._estimated(request, stores, results, ledgers, rates, unlimited, upper)
             if progress:
                 progress(index + 1, len(lengths))
-        for store, res, pend, rate in zip(stores, results, pending, rates):
-            self._finish(store, res, pend, rate)
+        for store, res in zip(stores, results):
+            self._finish(store, res)
+        evicted = evicted_since(self.client, check)
         used_after = int(self.client.info("memory").get("used_memory", 0))
         requests = len(lengths) - skipped
-        return TraceResult(name, requests, skipped, len(measured),
-                           _payload_label(cfg.payload, len(measured), requests), results,
-                           used_after - used_before, time.perf_counter() - t0,
-                           notes=self._notes(lengths, measured))
+        span = max(stamps) - min(stamps) if len(stamps) > 1 else None
+        result = TraceResult(name, requests, skipped, len(measured),
+                             _payload_label(cfg.payload, len(measured), requests), results,
+                             used_after - used_before, time.perf_counter() - t0)
+        self._savings(result, stores, ledgers, rates, link)
+        result.preflight = check.to_dict()
+        result.server_evicted_keys = evicted
+        result.measure_tokens = measure_tokens
+        result.measured = self._measured_log
+        result.span_seconds = span
+        result.network = link.to_dict() if link else None
+        result.cost_curve = self.curve.to_dict()
+        result.notes = self._notes(result, lengths, measured, measure_tokens)
+        return result
 
-    def _notes(self, lengths: np.ndarray, measured: set[int]) -> list[str]:
-        """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
-        range the cost curve was fitted on."""
+    def _savings(self, result: TraceResult, stores, ledgers, rates, link) -> None:
+        """Overheads, savings with intervals and the verdict (:mod:`kvcli.replay.savings`)."""
+        cfg = self.config
+        draws = self.curve.draws(DRAWS, cfg.seed)
+        for i, (store, res, ledger, rate) in enumerate(zip(stores, result.per_chunk_size, ledgers, rates)):
+            value = store.config.payload_bytes + store.config.header_bytes
+            res.overheads = overheads(res, value, rate, link)
+            res.savings = summarize(ledger, self.curve, res.overheads.critical, res.overheads.background,
+                                    self.curve.residuals, self.model_config, cfg.seed, draws, stream=i)
+            res.saved_prefill_seconds_estimated = res.savings.saved_estimated
+            res.store_mode = cfg.store_mode
+        result.store_mode = cfg.store_mode
+        result.verdict = recommend({r.chunk_size: r.savings.net(cfg.store_mode) for r in result.per_chunk_size
+                                    if r.requests}, cfg.store_mode)
+
+    def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int) -> list[str]:
+        """Warnings a reader of the report needs: estimates far from what was measured or beyond the calibrated
+        range, truncated measurements, evictions, background work a trace's span cannot absorb."""
         notes = []
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
@@ -142,11 +254,23 @@ class Replayer:
         if ratio is not None and not 0.5 <= ratio <= 2.0:
             notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
                          f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
-        fitted = self.curve.max_tokens
-        longest = int(lengths.max()) if len(lengths) else 0
-        if fitted and longest > 4 * fitted and len(measured) < len(lengths):
-            notes.append(f"prompts reach {longest:,} tokens but the cost curve was fitted up to {fitted:,}: "
-                         f"estimated savings of long prompts are extrapolated")
+        beyond = max((r.savings.beyond_share for r in result.per_chunk_size if r.savings), default=0.0)
+        if beyond > 0:
+            notes.append(f"up to {100 * beyond:.3g}% of a chunk size's saving comes from prompts longer than the "
+                         f"longest calibrated full prefill ({self.curve.longest_full_tokens:,} tokens; prompts reach "
+                         f"{int(lengths.max()):,}): extrapolated, with the calibration's spread in its interval")
+        longer = sum(1 for i in measured if lengths[i] > measure_tokens)
+        if longer:
+            notes.append(f"{longer} of {len(measured)} measured requests ran their first {measure_tokens:,} tokens "
+                         f"(the measuring budget's length); the rest of each prompt is estimated")
+        if result.server_evicted_keys:
+            notes.append(f"the server evicted {result.server_evicted_keys:,} keys during this replay (whoever's): "
+                         f"evicted chunks counted as misses, other data on the server may be gone")
+        for r in result.per_chunk_size:
+            if r.overheads and result.span_seconds and r.overheads.background > result.span_seconds:
+                notes.append(f"chunk size {r.chunk_size}: background stores take {sig(r.overheads.background)} s "
+                             f"over a trace of {sig(result.span_seconds)} s: asynchronous storing cannot keep up, "
+                             f"the synchronous net benefit applies")
         return notes
 
     # -- passes ---------------------------------------------------------------------------------------------------
@@ -172,67 +296,123 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
 
-    def _estimated(self, request, stores, results, pending, unlimited, upper) -> None:
+    def _estimated(self, request, stores, results, ledgers, rates, unlimited, upper) -> None:
         n = len(request.token_ids)
-        for store, res, pend, seen in zip(stores, results, pending, unlimited):
+        for store, res, ledger, rate, seen in zip(stores, results, ledgers, rates, unlimited):
+            crit, back = _critical(res), _background(res)
             prompt = store.chunk(request.token_ids, request.cache_salt)
             look = store.lookup(prompt)
             written = store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
-            self._count(res, store, prompt, look, seen, n, upper)
+            hit_chunks = self._payloads_left(store, prompt, look) if self._may_evict else look.hit_chunks
+            self._count(res, store, prompt, look, seen, n, upper, hit_chunks)
             res.store_seconds += written.seconds
-            pend.prompt.append(n)
-            pend.reuse.append(min(look.hit_tokens, n - 1))
-            pend.hit_chunks.append(look.hit_chunks)
-            pend.new_chunks.append(len(prompt.hashes) - look.hit_chunks)
+            new_chunks = len(prompt.hashes) - look.hit_chunks
+            res.transfer_seconds_estimated += hit_chunks * rate.get_seconds
+            res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
+            res.store_seconds_estimated += new_chunks * (rate.set_seconds + rate.serialize_seconds)
+            res.hit_requests += hit_chunks > 0
+            res.store_requests += written.chunks_written > 0
+            ledger.add(n, min(hit_chunks * store.config.chunk_size, n - 1), critical=_critical(res) - crit,
+                       background=_background(res) - back)
 
-    def _measured(self, request, stores, results, rates, unlimited, upper) -> None:
+    def _payloads_left(self, store: ChunkStore, prompt, look) -> int:
+        """Hit chunks whose payload is still there, for an evicting server: a chunk whose metadata says it has a
+        real payload but the payload key is gone (evicted) ends the hit run, as a retrieve would. One pipelined
+        EXISTS round trip, only when such chunks are hit (this run's measured requests wrote them)."""
+        if self.config.payload != "real":
+            return look.hit_chunks
+        real = [k for k in range(look.hit_chunks) if not _accounted(look.metadata[k])]
+        if not real:
+            return look.hit_chunks
+        read = look.from_read or (False,) * look.hit_chunks
+        pipe = self.client.pipeline(transaction=False)
+        for k in real:
+            prefix = store.read_prefix if read[k] else store.prefix
+            pipe.exists(prefix + "p:" + prompt.hexes[k])
+        for k, there in zip(real, pipe.execute()):
+            if not there:
+                return k
+        return look.hit_chunks
+
+    def _measured(self, index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens) -> None:
         tokens, n = request.token_ids, len(request.token_ids)
-        t_full, (logits_full, kv_full) = timed_prefill(self.model, tokens, None)
-        self.measured_samples.append(PrefillSample(n, 0, t_full))
-        for store, res, rate, seen in zip(stores, results, rates, unlimited):
+        length = min(n, measure_tokens) if measure_tokens else n
+        head = tokens[:length]
+        t_full, (logits_full, kv_full) = timed_prefill(self.model, head, None)
+        self.measured_samples.append(PrefillSample(length, 0, t_full))
+        log = {"index": index, "id": request.id, "prompt_tokens": n, "measured_tokens": length,
+               "full_prefill_seconds": t_full, "per_chunk_size": []}
+        real = self.config.payload == "real"
+        for store, res, ledger, rate, seen in zip(stores, results, ledgers, rates, unlimited):
+            cs = store.config.chunk_size
+            crit, back = _critical(res), _background(res)
             prompt = store.chunk(tokens, request.cache_salt)
             look = store.lookup(prompt)
-            past, hit_chunks = self._fetch(store, res, prompt, look, kv_full, rate)
-            self._count(res, store, prompt, look, seen, n, upper, hit_chunks)  # hits = what was retrieved
+            past, got = self._fetch(store, res, prompt, look, kv_full, rate, length)
+            inside = min(look.hit_chunks, length // cs)
+            hit_chunks = look.hit_chunks if got >= inside else got  # hits = what could be retrieved
+            self._count(res, store, prompt, look, seen, n, upper, hit_chunks)
             reuse = 0 if past is None else past.shape[3]
             if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
                 kv, t_suffix = kv_full, t_full
             else:
-                t_suffix, (logits, kv) = timed_prefill(self.model, tokens[reuse:], past)
-                self.measured_samples.append(PrefillSample(n - reuse, reuse, t_suffix))
+                t_suffix, (logits, kv) = timed_prefill(self.model, head[reuse:], past)
+                self.measured_samples.append(PrefillSample(length - reuse, reuse, t_suffix))
                 res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
-            real = self.config.payload == "real"
-            written = store.store(prompt, kv if real else None, start_chunk=hit_chunks, lookup=look)
+            if real and length < n:  # real KV for the measured tokens' chunks, the rest accounted
+                written = store.store(prompt, kv, start_chunk=hit_chunks, end_chunk=length // cs, lookup=look)
+                rest = store.store(prompt, None, start_chunk=max(hit_chunks, length // cs), lookup=look)
+                res.store_seconds += rest.seconds
+                res.store_seconds_estimated += rest.chunks_written * (rate.set_seconds + rate.serialize_seconds)
+                stored = written.chunks_written + rest.chunks_written
+            else:
+                written = store.store(prompt, kv if real else None, start_chunk=hit_chunks, lookup=look)
+                stored = written.chunks_written
+                if not real:
+                    res.store_seconds_estimated += written.chunks_written * (rate.set_seconds
+                                                                             + rate.serialize_seconds)
             res.store_seconds += written.seconds
-            if not real:
-                res.store_seconds_estimated += written.chunks_written * rate[0]
+            res.hit_requests += hit_chunks > 0
+            res.store_requests += stored > 0
             res.measured_requests += 1
             res.full_prefill_seconds_measured += t_full
             res.suffix_prefill_seconds_measured += t_suffix
             res.saved_prefill_seconds_measured += t_full - t_suffix
+            ledger.add(n, min(hit_chunks * cs, n - 1), length, reuse, (index, t_full, t_suffix),
+                       _critical(res) - crit, _background(res) - back)
+            log["per_chunk_size"].append({"chunk_size": cs, "hit_tokens": hit_chunks * cs, "reused_tokens": reuse,
+                                          "suffix_prefill_seconds": t_suffix, "saved_seconds": t_full - t_suffix})
+        self._measured_log.append(log)
 
-    def _fetch(self, store, res, prompt, look, kv_full, rate):
-        """KV of the reusable prefix ``[layers, 2, kv_heads, reuse, head_dim]`` and the hit chunk count."""
-        n = len(prompt.tokens)
-        if look.hit_chunks == 0:
+    def _fetch(self, store, res, prompt, look, kv_full, rate, length: int):
+        """KV of the reusable part of the measured tokens ``[layers, 2, kv_heads, reuse, head_dim]`` (reuse at most
+        ``length - 1``) and the hit chunks retrieved among the first ``length`` tokens. Hit chunks beyond them
+        (a truncated measurement) are priced, not moved."""
+        cs = store.config.chunk_size
+        inside = min(look.hit_chunks, length // cs)
+        outside = look.hit_chunks - inside
+        res.transfer_seconds_estimated += outside * rate.get_seconds
+        res.deserialize_seconds_estimated += outside * rate.deserialize_seconds
+        if inside == 0:
             return None, 0
         if self.config.payload != "real":
-            res.transfer_seconds_estimated += look.hit_chunks * rate[1]
-            return kv_full[:, :, :, :min(look.hit_tokens, n - 1)], look.hit_chunks
-        got = store.retrieve(prompt, lookup=look)
-        start = end = got.hit_tokens // store.config.chunk_size
-        while got.break_reason == "no-payload" and end < look.hit_chunks and _accounted(look.metadata[end]):
+            res.transfer_seconds_estimated += inside * rate.get_seconds
+            res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
+            return kv_full[:, :, :, :min(inside * cs, length - 1)], inside
+        got = store.retrieve(prompt, lookup=_first(look, inside))
+        start = end = got.hit_tokens // cs
+        while got.break_reason == "no-payload" and end < inside and _accounted(look.metadata[end]):
             end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
         if end > start:
             done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
             res.materialized_chunks += done.chunks_present
-            got = store.retrieve(prompt, lookup=store.lookup(prompt, record=False))
+            got = store.retrieve(prompt, lookup=_first(store.lookup(prompt, record=False), inside))
         res.transfer_seconds_measured += got.transfer_seconds
         res.deserialize_seconds += got.deserialize_seconds
         res.serialized_bytes_read += got.payload_bytes + got.header_bytes
         if got.kv is None:
             return None, 0
-        return got.kv[:, :, :, :min(got.hit_tokens, n - 1)], got.hit_tokens // store.config.chunk_size
+        return got.kv[:, :, :, :min(got.hit_tokens, length - 1)], got.hit_tokens // cs
 
     @staticmethod
     def _count(res, store, prompt, look, seen, n, upper, hit_chunks: int | None = None) -> None:
@@ -255,15 +435,8 @@ class Replayer:
         seen.update(prompt.hashes[k:])
 
     # -- calibration and totals -----------------------------------------------------------------------------------
-    def _finish(self, store: ChunkStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
+    def _finish(self, store: ChunkStore, res: ChunkSizeResult) -> None:
         st = store.stats
-        if pend.prompt:
-            n, reuse = np.asarray(pend.prompt), np.asarray(pend.reuse)
-            saved = self.curve.predict(n, np.zeros_like(n)) - self.curve.predict(n - reuse, reuse)
-            res.saved_prefill_seconds_estimated = float(np.sum(saved))
-            set_s, get_s = rate
-            res.transfer_seconds_estimated += float(np.sum(pend.hit_chunks) * get_s)
-            res.store_seconds_estimated += float(np.sum(pend.new_chunks) * set_s)
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
                      "lookups", "evicted_chunks", "checksum_failures"):
@@ -273,6 +446,25 @@ class Replayer:
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
+
+
+def _critical(res: ChunkSizeResult) -> float:
+    """Critical-path seconds accounted so far on the given server: lookup, transfer, deserialize."""
+    return (res.lookup_seconds + res.transfer_seconds_measured + res.transfer_seconds_estimated
+            + res.deserialize_seconds + res.deserialize_seconds_estimated)
+
+
+def _background(res: ChunkSizeResult) -> float:
+    """Background seconds accounted so far: serialize and store."""
+    return res.store_seconds + res.store_seconds_estimated
+
+
+def _first(look, chunks: int):
+    """The lookup cut to its first ``chunks`` hit chunks (what a truncated measurement retrieves)."""
+    if chunks >= look.hit_chunks:
+        return look
+    return dataclasses.replace(look, hit_chunks=chunks, hit_tokens=chunks * (look.hit_tokens // look.hit_chunks),
+                               break_reason="", metadata=look.metadata[:chunks], from_read=look.from_read[:chunks])
 
 
 def _accounted(metadata: bytes) -> bool:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvcli.replay.network import Overheads
+from kvcli.replay.savings import Savings, Verdict
+
 
 @dataclass(frozen=True)
 class ReplayConfig:
@@ -14,7 +17,14 @@ class ReplayConfig:
         chunk_sizes: chunk sizes to compare (tokens), each in its own namespace.
         payload: "real" (measured requests write and read real KV) or "accounted" (no payload is ever written).
         measure: requests per trace that run the model (None: all of them).
-        measure_max_tokens: longest prompt picked for measuring (tokens); longer ones are estimated.
+        measure_max_tokens: the most tokens of a measured prompt that run the model; longer prompts are measured on
+            their first tokens (at most this many, fewer when ``measure_seconds`` does not allow it).
+        measure_seconds: model time per trace for measured requests (predicted from the cost curve).
+        calibrate_seconds: model time per trace for extending the cost curve's calibration to its prompts.
+        store_mode: "async" (stores off the request's path, as LMCache and vLLM's offloading connectors do) or
+            "sync": which net benefit picks the chunk size. Both are reported.
+        link_gbps / rtt_seconds: the network model (None for both: what was measured on the given server).
+        allow_evictions: run even when the preflight says the server will evict keys (maybe other people's).
         capacity_tokens / capacity_bytes: LRU capacity per chunk size (None: unlimited).
         namespace: an existing namespace (e.g. one ``kvcli warm`` filled) whose chunks count as hits; it is only
             read, never written. None: a cold cache. Either way the run writes into a fresh namespace of its own.
@@ -29,7 +39,13 @@ class ReplayConfig:
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
     payload: str = "real"
     measure: int | None = 2
-    measure_max_tokens: int = 512
+    measure_max_tokens: int = 2048
+    measure_seconds: float = 2.0
+    calibrate_seconds: float = 6.0
+    store_mode: str = "async"
+    link_gbps: float | None = None
+    rtt_seconds: float | None = None
+    allow_evictions: bool = False
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
     namespace: str | None = None
@@ -80,7 +96,13 @@ class ChunkSizeResult:
     deserialize_seconds: float = 0.0
     store_seconds: float = 0.0
     store_seconds_estimated: float = 0.0
+    deserialize_seconds_estimated: float = 0.0
+    hit_requests: int = 0
+    store_requests: int = 0
     max_logit_diff: float = 0.0
+    overheads: Overheads | None = None
+    savings: Savings | None = None
+    store_mode: str = "async"
 
     @property
     def hit_token_ratio(self) -> float:
@@ -90,22 +112,33 @@ class ChunkSizeResult:
     @property
     def saved_prefill_seconds(self) -> float:
         """Prefill compute saved, measured + estimated (seconds)."""
+        if self.savings is not None:
+            return self.savings.saved.value
         return self.saved_prefill_seconds_measured + self.saved_prefill_seconds_estimated
 
     @property
     def overhead_seconds(self) -> float:
-        """Lookup + transfer + deserialize + store (management) seconds."""
+        """Critical path + background (lookup, transfer, deserialize, serialize and store) seconds."""
+        if self.overheads is not None:
+            return self.overheads.critical + self.overheads.background
         return (self.lookup_seconds + self.transfer_seconds_measured + self.transfer_seconds_estimated
-                + self.deserialize_seconds + self.store_seconds + self.store_seconds_estimated)
+                + self.deserialize_seconds + self.deserialize_seconds_estimated + self.store_seconds
+                + self.store_seconds_estimated)
 
     @property
     def net_benefit_seconds(self) -> float:
-        """Saved prefill compute − lookup, transfer and management overhead (seconds): the design notes' goal."""
+        """Saved prefill compute − overhead (seconds), for ``store_mode``: async leaves background stores out."""
+        if self.savings is not None:
+            return self.savings.net(self.store_mode).value
         return self.saved_prefill_seconds - self.overhead_seconds
 
     def to_dict(self) -> dict:
         """All fields plus the derived ratios and totals, JSON-ready."""
-        out = dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
+        if self.savings is not None:
+            out["savings"] = self.savings.to_dict()
+        if self.overheads is not None:
+            out["overheads"] = self.overheads.to_dict()
         out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
                    overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
                    loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
@@ -128,9 +161,22 @@ class TraceResult:
     used_memory_delta_bytes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    verdict: Verdict | None = None
+    store_mode: str = "async"
+    calibration: dict = field(default_factory=dict)
+    cost_curve: dict = field(default_factory=dict)
+    preflight: dict = field(default_factory=dict)
+    server_evicted_keys: int | None = None
+    measure_tokens: int = 0
+    measured: list[dict] = field(default_factory=list)
+    span_seconds: float | None = None
+    network: dict | None = None
 
     @property
     def recommended_chunk_size(self) -> int | None:
-        """The chunk size with the largest net benefit; None when no chunk size has a positive net benefit."""
+        """The recommended chunk size (:func:`kvcli.replay.savings.recommend`: it beats the runner-up by more
+        than their intervals), or None: a tie, or nothing pays off."""
+        if self.verdict is not None:
+            return self.verdict.chunk_size
         rows = [r for r in self.per_chunk_size if r.requests and r.net_benefit_seconds > 0]
         return max(rows, key=lambda r: r.net_benefit_seconds).chunk_size if rows else None

@@ -4,15 +4,17 @@ Kept apart from the CLI so the library can run a whole replay (``run_replay``) w
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
-from kvcli.model.costcurve import CostCurve, calibrate
+from kvcli.model.calibration import Calibration
+from kvcli.model.costcurve import CostCurve
 from kvcli.model.llama import build_model
-from kvcli.model.presets import model_spec
+from kvcli.model.presets import get_preset, model_spec
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
@@ -25,24 +27,23 @@ from kvcli.traces.paths import expand_paths
 @dataclass(frozen=True)
 class ModelOptions:
     """Which local model: ``preset`` (see model.PRESETS), ``dtype`` name or None for the preset's, ``device``,
-    ``seed``; ``prefill_tps`` replaces the calibrated cost curve with a constant tokens/s when given."""
+    ``seed``; ``prefill_tps`` replaces the calibrated cost curve with a constant tokens/s when given; ``threads``:
+    torch threads while the replay runs on a CPU (1 by default: on a small machine shared with other work, one
+    thread's timings repeat within a few percent; two threads' swing several-fold with the machine's load)."""
 
     preset: str = "cpu"
     dtype: str | None = None
     device: str = "auto"
     seed: int = 0
     prefill_tps: float | None = None
-
-
-# Prefill points timed before replaying (new tokens x cached tokens), each twice: a few seconds on 2 CPU cores.
-CALIBRATION_LENGTHS = (32, 128, 512)
-CALIBRATION_CACHED = (0, 512)
+    threads: int | None = 1
 
 
 def prepare_model(options: ModelOptions, measure: int | None):
-    """Build the model when anything will run it, and the cost curve (calibrated now, or from ``prefill_tps``).
+    """Build the model when anything will run it, and the cost curve: the calibration's base points timed now
+    (:class:`~kvcli.model.calibration.Calibration`, extended per trace by the replay), or ``prefill_tps``.
 
-    Returns ``(model or None, curve, calibration samples, spec)``.
+    Returns ``(model or None, curve, calibration or None, spec)``.
 
     Raises:
         BadInputError: unknown preset or dtype; no way to estimate prefill (nothing measured, no tps).
@@ -50,12 +51,13 @@ def prepare_model(options: ModelOptions, measure: int | None):
     """
     spec = model_spec(options.preset, options.dtype, options.seed)  # validates preset and dtype first
     if options.prefill_tps is not None and measure == 0:
-        return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
+        return None, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
     model = build_model(options.preset, options.dtype, options.device, options.seed)
     if options.prefill_tps is not None:
-        return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
-    samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=3, seed=options.seed)
-    return model, CostCurve.fit(samples), samples, spec
+        return model, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
+    calibration = Calibration(model, seed=options.seed)
+    calibration.cover(1, 0.0)  # the base points
+    return model, calibration.curve(), calibration, spec
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
@@ -64,14 +66,16 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
     files = expand_paths(paths)
     get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
-    model, curve, _, spec = prepare_model(model_options, config.measure)
-    replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
-    results = []
-    for path in files:
-        def step(done: int, total: int, _name=path.name) -> None:
-            if progress:
-                progress(_name, done, total)
-        results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
+    with _threads(model_options.threads):
+        model, curve, calibration, spec = prepare_model(model_options, config.measure)
+        replayer = Replayer(client, model, curve, tokenizer, config, spec=spec, calibration=calibration,
+                            model_config=get_preset(model_options.preset))
+        results = []
+        for path in files:
+            def step(done: int, total: int, _name=path.name) -> None:
+                if progress:
+                    progress(_name, done, total)
+            results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
@@ -81,11 +85,27 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
         "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
+        "calibration_seconds": calibration.spent_seconds if calibration else 0.0,
+        "torch_threads": model_options.threads, "store_mode": config.store_mode,
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
         "metadata_placement": "beside the payload (its own key)",
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
+
+
+@contextlib.contextmanager
+def _threads(threads: int | None):
+    """torch's intra-op threads set to ``threads`` for the block (None: unchanged), then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _itemsize(dtype) -> int:

@@ -1,0 +1,46 @@
+"""What a replay will write, before it writes: the Redis memory its preflight compares with the server's room.
+
+Per chunk size: one metadata key per distinct chunk of the trace (counted exactly by hashing every prompt; capped
+by the LRU capacity), a payload key per chunk the measured requests write for real, and the transfer calibration's
+probe values. Sizes are :func:`kvcli.store.preflight.keys_bytes` estimates (allocator-rounded values, keys, server
+bookkeeping). Only computed when the server has a ``maxmemory``: without one there is nothing to compare with.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+
+from kvcli.store.chunkstore import ChunkStore, chunk_metadata
+from kvcli.store.preflight import CHUNK_KEY_TAIL, keys_bytes
+from kvcli.traces.request import Request
+
+
+def distinct_chunks(stores: Sequence[ChunkStore], reader: Callable[[], Iterable[Request]], limit: int) -> list[int]:
+    """Distinct full chunks per store over the first ``limit`` requests (exact: 64-bit prefixes of the chunk
+    hashes, collected as arrays and counted with ``np.unique``)."""
+    seen: list[list[np.ndarray]] = [[] for _ in stores]
+    for index, request in enumerate(reader()):
+        if index >= limit:
+            break
+        for store, acc in zip(stores, seen):
+            hashes = store.chunk(request.token_ids, request.cache_salt).hashes
+            if hashes:
+                acc.append(np.frombuffer(b"".join(h[:8] for h in hashes), dtype="<u8"))
+    return [int(np.unique(np.concatenate(acc)).size) if acc else 0 for acc in seen]
+
+
+def plan_bytes(stores: Sequence[ChunkStore], distinct: Sequence[int], payload_chunks: Sequence[int],
+               probe_bytes: int) -> int:
+    """Estimated Redis memory of a replay (bytes): metadata of ``distinct`` chunks per store (capped by its LRU
+    capacity), real payloads of ``payload_chunks`` per store, and the transfer probe (``probe_bytes`` per store)."""
+    need = 0
+    for store, chunks, payloads in zip(stores, distinct, payload_chunks):
+        cfg = store.config
+        resident = chunks if store.resident_chunks is None else min(chunks, store._capacity_chunks())
+        key = len(store.prefix) + CHUNK_KEY_TAIL
+        meta = len(chunk_metadata(store, store.chunk(np.zeros(cfg.chunk_size, dtype="<u4")), 0))
+        need += keys_bytes(resident, key, meta)
+        need += keys_bytes(min(payloads, resident), key, cfg.payload_bytes + cfg.header_bytes)
+        need += probe_bytes
+    return need

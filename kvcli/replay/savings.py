@@ -1,0 +1,255 @@
+"""What a chunk size saves, with an interval, and the recommendation that follows: :class:`Ledger` (per request
+records, kept during the replay), :func:`summarize` (savings, shares, FLOPs, net benefit with intervals) and
+:func:`recommend` (a chunk size only when it beats the runner-up by more than their intervals).
+
+Savings, per request of ``n`` prompt tokens reusing ``r`` (hit tokens, at most ``n - 1``: the last token is always
+computed): ``t(n, 0) - t(n - r, r)``. A measured request contributes its timed difference on the ``L`` tokens it ran
+(its prompt, or its first ``L`` tokens when the measuring budget truncated it); the cost curve gives the rest:
+``curve(n, r) - curve(L, r_L)`` (0 when nothing was truncated; everything for an estimated request). The curve part
+is linear in the curve's coefficients, so the ledger keeps feature sums (:func:`kvcli.model.costcurve.features`) and
+any coefficient draw prices them in one dot product.
+
+Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inputs give the same interval):
+
+* the curve part: coefficient draws from the calibration's residual bootstrap (:meth:`CostCurve.draws`);
+* every timing: multiplied by ``1 + x`` with ``x`` drawn from this run's relative timing noise: for a measured
+  prefill, the calibration's relative residuals (how far a timed prefill strays from the curve); for an overhead
+  total (critical path, background), the transfer calibration's repeat spread (``t / median - 1`` of chunk SETs
+  and GETs on the same server). A measured full prefill shared by the chunk sizes gets one draw, so the sizes'
+  comparison stays paired; suffix prefills draw independently per chunk size;
+* an overhead total (critical path, background): a sum over requests, so its spread is the sum's standard error
+  from the per-request overheads (``sqrt(N) * std``, the normal approximation of resampling the requests); a
+  network-modelled overhead keeps the relative spread of the measured one.
+
+Saved FLOPs are exact (:func:`kvcli.model.flops.saved_prefill_flops` on the model's shapes): no interval.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvcli.model.costcurve import CostCurve, features
+from kvcli.model.flops import prefill_flops, saved_prefill_flops
+from kvcli.model.presets import ModelConfig
+
+DRAWS = 400
+LEVEL = 95.0
+
+
+@dataclass
+class Ledger:
+    """One chunk size's per-request records (tokens; seconds). ``measured_tokens`` is 0 for an estimated request."""
+
+    prompt_tokens: list[int] = field(default_factory=list)
+    reused_tokens: list[int] = field(default_factory=list)
+    measured_tokens: list[int] = field(default_factory=list)
+    measured_reused: list[int] = field(default_factory=list)
+    # (index of the measured full prefill, its seconds, the suffix prefill's seconds), one per measured request
+    timings: list[tuple[int, float, float]] = field(default_factory=list)
+    critical_seconds: list[float] = field(default_factory=list)
+    background_seconds: list[float] = field(default_factory=list)
+
+    def add(self, prompt: int, reused: int, measured: int = 0, measured_reused: int = 0,
+            timing: tuple[int, float, float] | None = None, critical: float = 0.0, background: float = 0.0) -> None:
+        """Record one request: ``prompt`` tokens reusing ``reused``; measured on its first ``measured`` tokens
+        reusing ``measured_reused``, with ``timing = (full id, full seconds, suffix seconds)``; its critical-path
+        and background overhead as accounted on the given server (seconds)."""
+        self.prompt_tokens.append(prompt)
+        self.reused_tokens.append(reused)
+        self.measured_tokens.append(measured)
+        self.measured_reused.append(measured_reused)
+        self.critical_seconds.append(critical)
+        self.background_seconds.append(background)
+        if timing is not None:
+            self.timings.append(timing)
+
+    def overhead_spread(self, part: str) -> float:
+        """Relative standard error of the ``part`` ("critical" or "background") total: ``sqrt(N) * std / sum``."""
+        x = np.asarray(getattr(self, f"{part}_seconds"), dtype=np.float64)
+        total = float(x.sum())
+        return float(np.sqrt(x.size) * x.std() / total) if x.size > 1 and total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its interval (same unit)."""
+
+    value: float
+    low: float
+    high: float
+
+    def to_dict(self, unit: str = "") -> dict:
+        """``{"value_<unit>", "low_<unit>", "high_<unit>"}``."""
+        suffix = f"_{unit}" if unit else ""
+        return {f"value{suffix}": self.value, f"low{suffix}": self.low, f"high{suffix}": self.high}
+
+
+@dataclass(frozen=True)
+class Savings:
+    """One chunk size's savings and net benefit (seconds unless named otherwise).
+
+    ``saved`` = ``saved_measured`` + ``saved_estimated``; ``share`` = saved / ``trace_prefill`` (the whole trace's
+    prefill time without a cache); ``beyond_share``: the share of ``saved`` from prompts longer than the longest
+    calibrated full prefill; ``critical`` (lookup, transfer, deserialize) delays the first token, ``background``
+    (serialize, store) occupies the server and the link; ``net_sync`` = saved - critical - background,
+    ``net_async`` = saved - critical. FLOPs exact.
+    """
+
+    saved: Interval
+    saved_measured: float
+    saved_estimated: float
+    trace_prefill: Interval
+    share: Interval
+    beyond_share: float
+    saved_flops: float
+    trace_flops: float
+    critical: float
+    background: float
+    net_sync: Interval
+    net_async: Interval
+
+    def net(self, mode: str) -> Interval:
+        """The net benefit for ``mode`` "async" or "sync"."""
+        return self.net_async if mode == "async" else self.net_sync
+
+    def to_dict(self) -> dict:
+        """JSON-ready, unit-suffixed."""
+        return {"saved_prefill_seconds": self.saved.to_dict("seconds"),
+                "saved_prefill_seconds_measured": self.saved_measured,
+                "saved_prefill_seconds_estimated": self.saved_estimated,
+                "trace_prefill_seconds": self.trace_prefill.to_dict("seconds"),
+                "saved_prefill_share": self.share.to_dict(),
+                "saved_beyond_calibration_share": self.beyond_share,
+                "saved_prefill_flops": self.saved_flops, "trace_prefill_flops": self.trace_flops,
+                "saved_prefill_flops_share": self.saved_flops / self.trace_flops if self.trace_flops else 0.0,
+                "critical_path_seconds": self.critical, "background_seconds": self.background,
+                "net_benefit_sync_seconds": self.net_sync.to_dict("seconds"),
+                "net_benefit_async_seconds": self.net_async.to_dict("seconds")}
+
+
+def _interval(point: float, draws: np.ndarray) -> Interval:
+    lo, hi = np.percentile(draws, [(100 - LEVEL) / 2, 100 - (100 - LEVEL) / 2])
+    return Interval(float(point), float(min(lo, point)), float(max(hi, point)))
+
+
+def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: float, noise,
+              model: ModelConfig | None, seed: int = 0, coef_draws: np.ndarray | None = None,
+              stream: int = 0) -> Savings:
+    """Savings, shares, FLOPs and net benefits of one chunk size, with intervals (module docstring).
+
+    Args:
+        ledger: the chunk size's per-request records.
+        curve: the cost curve that prices what was not measured.
+        critical, background: overhead totals (seconds) of the critical path and of background work.
+        noise: relative noise samples of a timed prefill (e.g. ``[0.05, -0.02, ...]``); empty for none.
+        model: the model's shapes for exact FLOPs (None: FLOPs reported as 0).
+        seed: for the draws. coef_draws: ``curve.draws(DRAWS, seed)``, passed in to share them across chunk sizes.
+        stream: this chunk size's own stream of timing-noise draws (its index): overhead and suffix-prefill noise
+            is independent between chunk sizes; a measured full prefill's noise is the same for all of them.
+    """
+    n = np.asarray(ledger.prompt_tokens, dtype=np.int64)
+    r = np.asarray(ledger.reused_tokens, dtype=np.int64)
+    m = np.asarray(ledger.measured_tokens, dtype=np.int64)
+    mr = np.asarray(ledger.measured_reused, dtype=np.int64)
+    full_f = features(n, 0) - features(m, 0)
+    saved_f = full_f - (features(n - r, r) - features(m - mr, mr))
+    beyond = n > curve.longest_full_tokens if curve.points_data else np.zeros(len(n), dtype=bool)
+    coef = curve.coefficients
+    draws = curve.draws(DRAWS, seed) if coef_draws is None else coef_draws
+    rng = np.random.default_rng([seed, 1, stream])
+    noise = np.asarray(noise, dtype=np.float64)
+
+    def jitter(shape, gen=rng) -> np.ndarray:
+        return 1.0 + (gen.choice(noise, size=shape) if noise.size else np.zeros(shape))
+
+    ids = sorted({t[0] for t in ledger.timings})
+    t_full = {i: s for i, s, _ in ledger.timings}
+    full_j = {i: jitter(DRAWS, np.random.default_rng([seed, 2, i])) for i in ids}
+    measured_full = sum(t_full.values())
+    measured_saved = sum(f - s for _, f, s in ledger.timings)
+    saved_draws = draws @ saved_f.sum(axis=0) if len(n) else np.zeros(DRAWS)
+    full_draws = draws @ full_f.sum(axis=0) if len(n) else np.zeros(DRAWS)
+    for i, f, s in ledger.timings:
+        saved_draws = saved_draws + f * full_j[i] - s * jitter(DRAWS)
+    for i in ids:
+        full_draws = full_draws + t_full[i] * full_j[i]
+    estimated = float(coef @ saved_f.sum(axis=0)) if len(n) else 0.0
+    saved = measured_saved + estimated
+    trace_prefill = measured_full + (float(coef @ full_f.sum(axis=0)) if len(n) else 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share_draws = np.where(full_draws > 0, saved_draws / full_draws, 0.0)
+    beyond_saved = float(coef @ saved_f[beyond].sum(axis=0)) if beyond.any() else 0.0
+    crit_draws = critical * (1.0 + ledger.overhead_spread("critical") * rng.standard_normal(DRAWS))
+    back_draws = background * (1.0 + ledger.overhead_spread("background") * rng.standard_normal(DRAWS))
+    flops_saved = flops_total = 0.0
+    if model is not None and len(n):
+        flops_saved = float(np.sum(saved_prefill_flops(model, n, r)))
+        flops_total = float(np.sum(prefill_flops(model, n, 0)))
+    return Savings(
+        saved=_interval(saved, saved_draws), saved_measured=measured_saved, saved_estimated=estimated,
+        trace_prefill=_interval(trace_prefill, full_draws),
+        share=_interval(saved / trace_prefill if trace_prefill > 0 else 0.0, share_draws),
+        beyond_share=beyond_saved / saved if saved > 0 else 0.0,
+        saved_flops=flops_saved, trace_flops=flops_total, critical=critical, background=background,
+        net_sync=_interval(saved - critical - background, saved_draws - crit_draws - back_draws),
+        net_async=_interval(saved - critical, saved_draws - crit_draws))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The recommendation of one trace.
+
+    ``chunk_size``: recommended, or None. ``kind``: "clear" (beats the runner-up by more than their intervals),
+    "tie" (``tied`` sizes' intervals overlap the best one's), "noise" (the best net benefit's interval reaches 0:
+    not distinguishable from not caching), "none" (no chunk size has a positive net benefit). ``text``: one line.
+    """
+
+    chunk_size: int | None
+    kind: str
+    tied: tuple[int, ...]
+    text: str
+
+
+def recommend(nets: dict[int, Interval], mode: str = "async") -> Verdict:
+    """Pick a chunk size from net benefits with intervals (``{chunk size: Interval}``, seconds).
+
+    Not caching is a candidate too, with a net benefit of exactly 0. The best chunk size (largest point value) is
+    recommended only when its interval's low end is above the runner-up's high end (the runner-up being the next
+    best chunk size or not caching); otherwise every size whose interval reaches the best one's low end ties with it.
+    """
+    how = "stores in the background" if mode == "async" else "stores on the request's path"
+    if not nets:
+        return Verdict(None, "none", (), "no chunk size was replayed")
+    order = sorted(nets, key=lambda cs: (-nets[cs].value, cs))
+    best = order[0]
+    top = nets[best]
+    if top.value <= 0 and top.high <= 0:
+        return Verdict(None, "none", (), f"no chunk size pays off ({how}): every net benefit is <= 0")
+    if top.low <= 0:
+        return Verdict(None, "noise", (best,), f"no chunk size pays off beyond noise ({how}): the best, {best}, "
+                                               f"nets {fmt_interval(top)} s, an interval that reaches 0")
+    runner = max((nets[cs].high for cs in order[1:]), default=0.0)
+    if top.low > max(runner, 0.0):
+        return Verdict(best, "clear", (best,), f"chunk size {best} ({how}): its net benefit beats the runner-up by "
+                                               f"more than their intervals")
+    tied = tuple(sorted(cs for cs in order if nets[cs].high >= top.low))
+    fewest = max(tied)
+    return Verdict(None, "tie", tied, f"chunk sizes {', '.join(map(str, tied))} tie ({how}): their net-benefit "
+                                      f"intervals overlap; of them, {fewest} writes the fewest objects")
+
+
+def sig(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant digits with thousands separators: 268355 -> "268,000", 0.01234 -> "0.0123",
+    -2.2 -> "-2.20"."""
+    if x == 0 or not np.isfinite(x):
+        return "0" if x == 0 else str(x)
+    decimals = digits - 1 - int(np.floor(np.log10(abs(x))))
+    if decimals >= 0:
+        return f"{x:,.{decimals}f}"
+    return f"{round(x, decimals):,.0f}"
+
+
+def fmt_interval(iv: Interval, digits: int = 3) -> str:
+    """``"value [low, high]"`` to ``digits`` significant digits (the value's magnitude sets the rounding)."""
+    return f"{sig(iv.value, digits)} [{sig(iv.low, digits)}, {sig(iv.high, digits)}]"
