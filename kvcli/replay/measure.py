@@ -43,13 +43,16 @@ def measure_length(curve: CostCurve, longest: int, requests: int, chunk_sizes: i
     """How many tokens of each measured prompt run the model (tokens; prompts are truncated to it).
 
     The longest of ``min(max_tokens, longest)`` (the longest prompt picked, so a trace of short prompts runs them
-    whole) and the :data:`MEASURE_LENGTHS` below it whose predicted measuring time fits ``budget_seconds`` for ``requests`` requests: per request, the full prefill twice
-    and, per chunk size, the suffix prefill twice, taken at half a full prefill (a hit of half the prompt). At least
-    the shortest length, so every trace gets measured requests.
+    whole) and the :data:`MEASURE_LENGTHS` below it whose predicted measuring time fits ``budget_seconds`` for
+    ``requests`` requests: per request, the full prefill twice and, per chunk size, the suffix prefill twice, taken
+    as the last quarter of the prompt after three quarters cached (a typical hit). At least the shortest length, so
+    every trace gets measured requests.
     """
     cap = max(1, min(max_tokens, longest))
     for length in (cap,) + tuple(x for x in MEASURE_LENGTHS if x < cap):
-        cost = requests * 2 * float(curve.predict(length, 0)) * (1 + chunk_sizes / 2)
+        quarter = max(1, length // 4)
+        cost = requests * 2 * (float(curve.predict(length, 0))
+                               + chunk_sizes * float(curve.predict(quarter, length - quarter)))
         if cost <= budget_seconds:
             return length
     return min(cap, MEASURE_LENGTHS[-1])

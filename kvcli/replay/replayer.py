@@ -241,8 +241,9 @@ class Replayer:
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
             res.store_mode = cfg.store_mode
         result.store_mode = cfg.store_mode
-        result.verdict = recommend({r.chunk_size: r.savings.net(cfg.store_mode) for r in result.per_chunk_size
-                                    if r.requests}, cfg.store_mode)
+        rows = [r for r in result.per_chunk_size if r.requests]
+        result.verdict = recommend({r.chunk_size: r.savings.net(cfg.store_mode) for r in rows}, cfg.store_mode,
+                                   {r.chunk_size: r.savings.net_draws(cfg.store_mode) for r in rows})
 
     def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured or beyond the calibrated
@@ -378,7 +379,7 @@ class Replayer:
             res.full_prefill_seconds_measured += t_full
             res.suffix_prefill_seconds_measured += t_suffix
             res.saved_prefill_seconds_measured += t_full - t_suffix
-            ledger.add(n, min(hit_chunks * cs, n - 1), length, reuse, (index, t_full, t_suffix),
+            ledger.add(n, min(hit_chunks * cs, n - 1), length, reuse, (index, t_full, t_suffix if reuse else None),
                        _critical(res) - crit, _background(res) - back)
             log["per_chunk_size"].append({"chunk_size": cs, "hit_tokens": hit_chunks * cs, "reused_tokens": reuse,
                                           "suffix_prefill_seconds": t_suffix, "saved_seconds": t_full - t_suffix})

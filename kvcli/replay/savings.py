@@ -45,13 +45,15 @@ class Ledger:
     reused_tokens: list[int] = field(default_factory=list)
     measured_tokens: list[int] = field(default_factory=list)
     measured_reused: list[int] = field(default_factory=list)
-    # (index of the measured full prefill, its seconds, the suffix prefill's seconds), one per measured request
-    timings: list[tuple[int, float, float]] = field(default_factory=list)
+    # (index of the measured full prefill, its seconds, the suffix prefill's seconds or None when nothing was
+    # reused: the cached path was the full prefill itself, saving exactly 0), one per measured request
+    timings: list[tuple[int, float, float | None]] = field(default_factory=list)
     critical_seconds: list[float] = field(default_factory=list)
     background_seconds: list[float] = field(default_factory=list)
 
     def add(self, prompt: int, reused: int, measured: int = 0, measured_reused: int = 0,
-            timing: tuple[int, float, float] | None = None, critical: float = 0.0, background: float = 0.0) -> None:
+            timing: tuple[int, float, float | None] | None = None, critical: float = 0.0,
+            background: float = 0.0) -> None:
         """Record one request: ``prompt`` tokens reusing ``reused``; measured on its first ``measured`` tokens
         reusing ``measured_reused``, with ``timing = (full id, full seconds, suffix seconds)``; its critical-path
         and background overhead as accounted on the given server (seconds)."""
@@ -108,10 +110,16 @@ class Savings:
     background: float
     net_sync: Interval
     net_async: Interval
+    draws_sync: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    draws_async: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
 
     def net(self, mode: str) -> Interval:
         """The net benefit for ``mode`` "async" or "sync"."""
         return self.net_async if mode == "async" else self.net_sync
+
+    def net_draws(self, mode: str) -> np.ndarray:
+        """The net benefit's bootstrap draws ``[DRAWS]`` for ``mode`` (paired with other chunk sizes' draws)."""
+        return self.draws_async if mode == "async" else self.draws_sync
 
     def to_dict(self) -> dict:
         """JSON-ready, unit-suffixed."""
@@ -167,11 +175,12 @@ def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: flo
     t_full = {i: s for i, s, _ in ledger.timings}
     full_j = {i: jitter(DRAWS, np.random.default_rng([seed, 2, i])) for i in ids}
     measured_full = sum(t_full.values())
-    measured_saved = sum(f - s for _, f, s in ledger.timings)
+    measured_saved = sum(f - s for _, f, s in ledger.timings if s is not None)
     saved_draws = draws @ saved_f.sum(axis=0) if len(n) else np.zeros(DRAWS)
     full_draws = draws @ full_f.sum(axis=0) if len(n) else np.zeros(DRAWS)
     for i, f, s in ledger.timings:
-        saved_draws = saved_draws + f * full_j[i] - s * jitter(DRAWS)
+        if s is not None:
+            saved_draws = saved_draws + f * full_j[i] - s * jitter(DRAWS)
     for i in ids:
         full_draws = full_draws + t_full[i] * full_j[i]
     estimated = float(coef @ saved_f.sum(axis=0)) if len(n) else 0.0
@@ -193,16 +202,18 @@ def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: flo
         beyond_share=beyond_saved / saved if saved > 0 else 0.0,
         saved_flops=flops_saved, trace_flops=flops_total, critical=critical, background=background,
         net_sync=_interval(saved - critical - background, saved_draws - crit_draws - back_draws),
-        net_async=_interval(saved - critical, saved_draws - crit_draws))
+        net_async=_interval(saved - critical, saved_draws - crit_draws),
+        draws_sync=saved_draws - crit_draws - back_draws, draws_async=saved_draws - crit_draws)
 
 
 @dataclass(frozen=True)
 class Verdict:
     """The recommendation of one trace.
 
-    ``chunk_size``: recommended, or None. ``kind``: "clear" (beats the runner-up by more than their intervals),
-    "tie" (``tied`` sizes' intervals overlap the best one's), "noise" (the best net benefit's interval reaches 0:
-    not distinguishable from not caching), "none" (no chunk size has a positive net benefit). ``text``: one line.
+    ``chunk_size``: recommended, or None. ``kind``: "clear" (it beats every other chunk size by more than the
+    interval of their difference), "tie" (``tied``: the sizes the best one does not beat that way), "noise" (the
+    best net benefit's own interval reaches 0: not distinguishable from not caching), "none" (no chunk size has a
+    positive net benefit). ``text``: one line.
     """
 
     chunk_size: int | None
@@ -211,12 +222,16 @@ class Verdict:
     text: str
 
 
-def recommend(nets: dict[int, Interval], mode: str = "async") -> Verdict:
+def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, np.ndarray] | None = None
+              ) -> Verdict:
     """Pick a chunk size from net benefits with intervals (``{chunk size: Interval}``, seconds).
 
-    Not caching is a candidate too, with a net benefit of exactly 0. The best chunk size (largest point value) is
-    recommended only when its interval's low end is above the runner-up's high end (the runner-up being the next
-    best chunk size or not caching); otherwise every size whose interval reaches the best one's low end ties with it.
+    Not caching is a candidate too, with a net benefit of exactly 0: when the best size's interval reaches 0, no
+    size is recommended ("noise"). Otherwise the best size (largest point value) is recommended when it beats each
+    other size by more than their intervals: with ``draws`` (each size's bootstrap draws of its net benefit, drawn
+    with the same cost-curve coefficients), when the 95 % interval of the paired difference is above 0 (the curve's
+    common uncertainty, the same for every size of a trace, cancels in a comparison); without draws, when the best
+    one's interval lies above the other's. Sizes it does not beat tie with it.
     """
     how = "stores in the background" if mode == "async" else "stores on the request's path"
     if not nets:
@@ -229,14 +244,19 @@ def recommend(nets: dict[int, Interval], mode: str = "async") -> Verdict:
     if top.low <= 0:
         return Verdict(None, "noise", (best,), f"no chunk size pays off beyond noise ({how}): the best, {best}, "
                                                f"nets {fmt_interval(top)} s, an interval that reaches 0")
-    runner = max((nets[cs].high for cs in order[1:]), default=0.0)
-    if top.low > max(runner, 0.0):
-        return Verdict(best, "clear", (best,), f"chunk size {best} ({how}): its net benefit beats the runner-up by "
-                                               f"more than their intervals")
-    tied = tuple(sorted(cs for cs in order if nets[cs].high >= top.low))
-    fewest = max(tied)
-    return Verdict(None, "tie", tied, f"chunk sizes {', '.join(map(str, tied))} tie ({how}): their net-benefit "
-                                      f"intervals overlap; of them, {fewest} writes the fewest objects")
+
+    def beaten(cs: int) -> bool:
+        if draws is not None and cs in draws and best in draws and len(draws[cs]) and len(draws[best]):
+            return float(np.percentile(draws[best] - draws[cs], (100 - LEVEL) / 2)) > 0
+        return top.low > nets[cs].high
+
+    tied = tuple(sorted([best] + [cs for cs in order[1:] if not beaten(cs)]))
+    if len(tied) == 1:
+        return Verdict(best, "clear", tied, f"chunk size {best} ({how}): its net benefit beats every other size's "
+                                            f"by more than their intervals")
+    return Verdict(None, "tie", tied, f"chunk sizes {', '.join(map(str, tied))} tie ({how}): the differences "
+                                      f"between their net benefits are within their intervals; of them, "
+                                      f"{max(tied)} writes the fewest objects")
 
 
 def sig(x: float, digits: int = 3) -> str:

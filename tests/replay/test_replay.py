@@ -51,11 +51,11 @@ def test_pick_measured_spreads_over_non_empty_requests():
 
 
 def test_measure_length_fits_the_budget():
-    # 1,000 tokens/s, 2 requests, 4 chunk sizes: predicted 2 x 2 x (L / 1000) x (1 + 4/2) = 0.012 L seconds
+    # 1,000 tokens/s, 2 requests, 4 chunk sizes: predicted 2 x 2 x (L + 4 x L/4) / 1000 = 0.008 L seconds
     curve = CostCurve.from_tokens_per_second(1000.0)
-    assert measure_length(curve, 5000, 2, 4, 2.0, 2048) == 128  # 0.012 x 166 = 2 s: 128 is the longest that fits
-    assert measure_length(curve, 5000, 2, 4, 13.0, 2048) == 1024  # <= 1083
-    assert measure_length(curve, 700, 2, 4, 13.0, 2048) == 700  # the longest prompt, whole
+    assert measure_length(curve, 5000, 2, 4, 2.0, 2048) == 128  # L <= 250: 128 is the longest ladder length
+    assert measure_length(curve, 5000, 2, 4, 9.0, 2048) == 1024  # L <= 1125
+    assert measure_length(curve, 700, 2, 4, 9.0, 2048) == 700  # the longest prompt, whole
     assert measure_length(curve, 5000, 2, 4, 100.0, 300) == 300  # --measure-max-tokens caps it
     assert measure_length(curve, 5000, 2, 4, 0.0, 2048) == 128  # nothing fits: still 128, never 0
 
