@@ -17,9 +17,17 @@ Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inpu
   total (critical path, background), the transfer calibration's repeat spread (``t / median - 1`` of chunk SETs
   and GETs on the same server). A measured full prefill shared by the chunk sizes gets one draw, so the sizes'
   comparison stays paired; suffix prefills draw independently per chunk size;
-* an overhead total (critical path, background): a sum over requests, so its spread is the sum's standard error
-  from the per-request overheads (``sqrt(N) * std``, the normal approximation of resampling the requests); a
-  network-modelled overhead keeps the relative spread of the measured one.
+* an overhead total (critical path, background): Redis timings drift with the machine's load over a run, so its
+  relative spread is that of the overhead per prompt token across ``BLOCKS`` consecutive blocks of the trace's
+  requests (normal draws with that relative standard deviation); a network-modelled overhead keeps the relative
+  spread of the measured one.
+
+Recommendation (:func:`recommend`): chunk sizes are compared in pairs with the same coefficient draws (the curve's
+uncertainty is common to every size of a trace and cancels in a comparison); a size beats another when the 95 %
+interval of their difference is above 0 and the difference is at least ``TIE_TOLERANCE`` of the best net benefit.
+That tolerance is this machine's run-to-run drift, which a single run's intervals do not see: two runs of the
+README's main job moved the timing scale of compute and of Redis by up to 40 % and several-fold respectively
+(docs/measurements.md), which moves relative differences between sizes by a few percent.
 
 Saved FLOPs are exact (:func:`kvcli.model.flops.saved_prefill_flops` on the model's shapes): no interval.
 """
@@ -35,6 +43,8 @@ from kvcli.model.presets import ModelConfig
 
 DRAWS = 400
 LEVEL = 95.0
+BLOCKS = 10
+TIE_TOLERANCE = 0.10
 
 
 @dataclass
@@ -67,10 +77,16 @@ class Ledger:
             self.timings.append(timing)
 
     def overhead_spread(self, part: str) -> float:
-        """Relative standard error of the ``part`` ("critical" or "background") total: ``sqrt(N) * std / sum``."""
+        """Relative standard deviation of the ``part`` ("critical" or "background") overhead per prompt token across
+        up to :data:`BLOCKS` consecutive blocks of requests (0 with fewer than 2 requests or no overhead)."""
         x = np.asarray(getattr(self, f"{part}_seconds"), dtype=np.float64)
-        total = float(x.sum())
-        return float(np.sqrt(x.size) * x.std() / total) if x.size > 1 and total > 0 else 0.0
+        w = np.asarray(self.prompt_tokens, dtype=np.float64)
+        blocks = min(BLOCKS, x.size)
+        if blocks < 2 or x.sum() <= 0:
+            return 0.0
+        edges = np.arange(blocks + 1) * x.size // blocks
+        rates = np.array([x[a:b].sum() / max(w[a:b].sum(), 1.0) for a, b in zip(edges[:-1], edges[1:])])
+        return float(rates.std(ddof=1) / rates.mean()) if rates.mean() > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -231,7 +247,8 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     other size by more than their intervals: with ``draws`` (each size's bootstrap draws of its net benefit, drawn
     with the same cost-curve coefficients), when the 95 % interval of the paired difference is above 0 (the curve's
     common uncertainty, the same for every size of a trace, cancels in a comparison); without draws, when the best
-    one's interval lies above the other's. Sizes it does not beat tie with it.
+    one's interval lies above the other's. Either way the difference must also be at least :data:`TIE_TOLERANCE`
+    of the best net benefit (module docstring). Sizes it does not beat tie with it.
     """
     how = "stores in the background" if mode == "async" else "stores on the request's path"
     if not nets:
@@ -246,6 +263,8 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
                                                f"nets {fmt_interval(top)} s, an interval that reaches 0")
 
     def beaten(cs: int) -> bool:
+        if top.value - nets[cs].value < TIE_TOLERANCE * top.value:
+            return False
         if draws is not None and cs in draws and best in draws and len(draws[cs]) and len(draws[best]):
             return float(np.percentile(draws[best] - draws[cs], (100 - LEVEL) / 2)) > 0
         return top.low > nets[cs].high
