@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvcli.model.costcurve import CostCurve, PrefillSample
+from kvcli.model.costcurve import CostCurve, PrefillSample, prefill_clock
 
 BASE_POINTS = ((32, 0), (128, 0), (512, 0), (1024, 0), (256, 256), (512, 512), (64, 960))
 THIN_NEW_TOKENS = 64
@@ -146,10 +146,11 @@ class Calibration:
         model = self.model
         tokens = self._rng.integers(0, model.config.vocab, new, dtype=np.uint32)
         past = self._past(cached)
+        clock = prefill_clock(model)
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = clock()
             model.prefill(tokens, past)
             model.synchronize()
-            self.samples.append(PrefillSample(new, cached, time.perf_counter() - start))
+            self.samples.append(PrefillSample(new, cached, clock() - start))
         self._timed.add((new, cached))
         self._curve = None

@@ -79,6 +79,19 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best / scale
 
 
+def prefill_clock(model):
+    """The clock that times a prefill of ``model`` (seconds): the calling thread's CPU time when the model runs on
+    the CPU with one torch thread (the work is all in this thread; time the machine gave to other processes is not
+    counted, so timings repeat within a few percent on a loaded machine where wall time swings several-fold), else
+    wall time (``time.perf_counter``: several threads, or a GPU, whose work the caller waits for)."""
+    import torch
+
+    device = getattr(model, "device", None)
+    if getattr(device, "type", "cpu") == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 def _weighted_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`_nnls` minimizing relative errors: rows scaled by 1 / y (y > 0)."""
     w = 1.0 / np.where(y > 0, y, 1.0)
@@ -228,12 +241,13 @@ def calibrate(model, lengths=(64, 256, 1024), cached=(0, 512), repeats: int = 2,
     prefixes = {c: (model.prefill(tokens[:c])[1] if c else None) for c in sorted(set(cached))}
     model.prefill(tokens[:min(lengths)])
     model.synchronize()
+    clock = prefill_clock(model)
     samples = []
     for _ in range(repeats):
         for c in cached:
             for n in lengths:
-                start = time.perf_counter()
+                start = clock()
                 model.prefill(tokens[c:c + n], prefixes[c])
                 model.synchronize()
-                samples.append(PrefillSample(n, c, time.perf_counter() - start))
+                samples.append(PrefillSample(n, c, clock() - start))
     return samples

@@ -12,7 +12,7 @@ import redis
 import torch
 import xxhash
 
-from kvcli.model.costcurve import CostCurve
+from kvcli.model.costcurve import CostCurve, prefill_clock
 from kvcli.replay.network import ServerRates
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.serde import decode_kv, encode_kv
@@ -69,14 +69,16 @@ def curve_check(curve: CostCurve, samples) -> dict:
 
 
 def timed_prefill(model, tokens, past, repeats: int = 2):
-    """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills (this VM stalls for
-    hundreds of ms at random; the least-disturbed run is the measurement, as for the cost curve)."""
+    """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills, timed with
+    :func:`~kvcli.model.costcurve.prefill_clock` (this VM stalls for hundreds of ms at random; the least-disturbed
+    run is the measurement, as for the cost curve)."""
     best, out = float("inf"), None
+    clock = prefill_clock(model)
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = clock()
         out = model.prefill(tokens, past)
         model.synchronize()  # a GPU runs asynchronously: time the work, not its launch
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best, out
 
 

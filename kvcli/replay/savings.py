@@ -205,8 +205,9 @@ def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: flo
     with np.errstate(divide="ignore", invalid="ignore"):
         share_draws = np.where(full_draws > 0, saved_draws / full_draws, 0.0)
     beyond_saved = float(coef @ saved_f[beyond].sum(axis=0)) if beyond.any() else 0.0
-    crit_draws = critical * (1.0 + ledger.overhead_spread("critical") * rng.standard_normal(DRAWS))
-    back_draws = background * (1.0 + ledger.overhead_spread("background") * rng.standard_normal(DRAWS))
+    crit_draws = critical * np.maximum(0.0, 1.0 + ledger.overhead_spread("critical") * rng.standard_normal(DRAWS))
+    back_draws = background * np.maximum(0.0, 1.0 + ledger.overhead_spread("background")
+                                         * rng.standard_normal(DRAWS))
     flops_saved = flops_total = 0.0
     if model is not None and len(n):
         flops_saved = float(np.sum(saved_prefill_flops(model, n, r)))
