@@ -84,11 +84,12 @@ def replay(
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'.")] = "2",
     measure_max_tokens: Annotated[int, typer.Option(help="Most tokens of a measured prompt that run the model; "
                                                          "longer prompts run their first tokens.")] = 2048,
-    measure_seconds: Annotated[float, typer.Option(help="Model time per trace for measured requests: sets how many "
-                                                        "tokens of each run (at most --measure-max-tokens).")] = 2.0,
+    measure_seconds: Annotated[float, typer.Option(help="Model time per trace for measured requests (CPU seconds "
+                                                        "of the model's thread on a CPU): sets how many tokens of "
+                                                        "each run (at most --measure-max-tokens).")] = 2.0,
     calibrate_seconds: Annotated[float, typer.Option(help="Model time per trace for extending the cost curve to "
                                                           "the trace's prompt lengths (up to their 95th "
-                                                          "percentile).")] = 6.0,
+                                                          "percentile; CPU seconds on a CPU).")] = 4.0,
     store_mode: Annotated[str, typer.Option(help="async: stores run off the request's path (LMCache, vLLM "
                                                  "offloading); sync: on it. Picks the net benefit that "
                                                  "recommends; both are shown.")] = "async",

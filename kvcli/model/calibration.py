@@ -103,10 +103,12 @@ class Calibration:
 
     def cover(self, target_tokens: int, budget_seconds: float) -> Coverage:
         """Time the points that cover prompts up to ``target_tokens`` (module docstring), spending at most about
-        ``budget_seconds`` of wall time on points not yet in the pool (the base points always run). A point is
+        ``budget_seconds`` of model time (the prefill clock's seconds: CPU time on a CPU, so the same points are
+        timed however loaded the machine is) on points not yet in the pool; the base points always run. A point is
         skipped when its predicted time x repeats would overrun what is left; larger points of the same kind are
-        skipped with it."""
+        skipped with it. ``Coverage.seconds`` is the wall time the call took."""
         t0 = time.perf_counter()
+        used = 0.0
         if not self.samples:  # one untimed warm-up: the first call allocates and initializes
             self.model.prefill(self._rng.integers(0, self.model.config.vocab, 32, dtype=np.uint32))
             self.model.synchronize()
@@ -116,12 +118,12 @@ class Calibration:
                 continue
             predicted = self.curve().predict(n, c) if self.samples else 0.0
             repeats = 3 if predicted < 0.25 else 2
-            left = budget_seconds - (time.perf_counter() - t0)
-            if kind != "base" and (kind in blocked or predicted * repeats > left or not self._past_fits(c)):
+            if kind != "base" and (kind in blocked or predicted * repeats > budget_seconds - used
+                                    or not self._past_fits(c)):
                 blocked.add(kind)
                 skipped.append((n, c))
                 continue
-            self._time_point(n, c, repeats)
+            used += self._time_point(n, c, repeats)
             added += 1
         seconds = time.perf_counter() - t0
         self.spent_seconds += seconds
@@ -142,7 +144,8 @@ class Calibration:
         reps = -(-cached // _BLOCK)
         return self._block.repeat(1, 1, 1, reps, 1)[:, :, :, :cached]
 
-    def _time_point(self, new: int, cached: int, repeats: int) -> None:
+    def _time_point(self, new: int, cached: int, repeats: int) -> float:
+        """Time one point ``repeats`` times; returns the model time spent (seconds)."""
         model = self.model
         tokens = self._rng.integers(0, model.config.vocab, new, dtype=np.uint32)
         past = self._past(cached)
@@ -154,3 +157,4 @@ class Calibration:
             self.samples.append(PrefillSample(new, cached, clock() - start))
         self._timed.add((new, cached))
         self._curve = None
+        return sum(s.seconds for s in self.samples[-repeats:])

@@ -127,6 +127,11 @@ class Replayer:
             if not cfg.keep:
                 purge(self.client, namespace)
         result.calibration = coverage
+        # read after the cleanup: a server over maxmemory evicts on any command, reads included
+        result.server_evicted_keys = evicted_since(self.client, check)
+        if result.server_evicted_keys:
+            result.notes.append(f"the server evicted {result.server_evicted_keys:,} keys during this replay "
+                                f"(whoever's): evicted chunks counted as misses, other data on the server may be gone")
         return result
 
     def _cover(self, lengths: np.ndarray) -> dict:
@@ -211,7 +216,6 @@ class Replayer:
                 progress(index + 1, len(lengths))
         for store, res in zip(stores, results):
             self._finish(store, res)
-        evicted = evicted_since(self.client, check)
         used_after = int(self.client.info("memory").get("used_memory", 0))
         requests = len(lengths) - skipped
         span = max(stamps) - min(stamps) if len(stamps) > 1 else None
@@ -220,11 +224,11 @@ class Replayer:
                              used_after - used_before, time.perf_counter() - t0)
         self._savings(result, stores, ledgers, rates, link)
         result.preflight = check.to_dict()
-        result.server_evicted_keys = evicted
         result.measure_tokens = measure_tokens
         result.measured = self._measured_log
         result.span_seconds = span
         result.network = link.to_dict() if link else None
+        result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
         result.cost_curve = self.curve.to_dict()
         result.notes = self._notes(result, lengths, measured, measure_tokens)
         return result
@@ -264,9 +268,6 @@ class Replayer:
         if longer:
             notes.append(f"{longer} of {len(measured)} measured requests ran their first {measure_tokens:,} tokens "
                          f"(the measuring budget's length); the rest of each prompt is estimated")
-        if result.server_evicted_keys:
-            notes.append(f"the server evicted {result.server_evicted_keys:,} keys during this replay (whoever's): "
-                         f"evicted chunks counted as misses, other data on the server may be gone")
         for r in result.per_chunk_size:
             if r.overheads and result.span_seconds and r.overheads.background > result.span_seconds:
                 notes.append(f"chunk size {r.chunk_size}: background stores take {sig(r.overheads.background)} s "

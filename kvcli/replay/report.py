@@ -170,6 +170,7 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "store_mode": t.store_mode, "measure_tokens": t.measure_tokens, "measured": t.measured,
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
+            "server_rates_per_chunk": t.server_rates,
             "per_chunk_size": [r.to_dict() for r in t.per_chunk_size]})
     return json_document("replay", {"context": context, "traces": traces})
 

@@ -41,7 +41,7 @@ class ReplayConfig:
     measure: int | None = 2
     measure_max_tokens: int = 2048
     measure_seconds: float = 2.0
-    calibrate_seconds: float = 6.0
+    calibrate_seconds: float = 4.0
     store_mode: str = "async"
     link_gbps: float | None = None
     rtt_seconds: float | None = None
@@ -171,6 +171,7 @@ class TraceResult:
     measured: list[dict] = field(default_factory=list)
     span_seconds: float | None = None
     network: dict | None = None
+    server_rates: dict = field(default_factory=dict)
 
     @property
     def recommended_chunk_size(self) -> int | None:

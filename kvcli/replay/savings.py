@@ -25,9 +25,10 @@ Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inpu
 Recommendation (:func:`recommend`): chunk sizes are compared in pairs with the same coefficient draws (the curve's
 uncertainty is common to every size of a trace and cancels in a comparison); a size beats another when the 95 %
 interval of their difference is above 0 and the difference is at least ``TIE_TOLERANCE`` of the best net benefit.
-That tolerance is this machine's run-to-run drift, which a single run's intervals do not see: two runs of the
-README's main job moved the timing scale of compute and of Redis by up to 40 % and several-fold respectively
-(docs/measurements.md), which moves relative differences between sizes by a few percent.
+That tolerance is the run-to-run drift of such differences, which one run's intervals do not see: Redis timings
+(wall time) swing with the machine's load between runs, and the curve's shape with the points calibrated; across
+repeats of the README's main job the relative difference between two sizes moved by up to 2 percentage points
+(bench/bench_recommendation.py, docs/measurements.md).
 
 Saved FLOPs are exact (:func:`kvcli.model.flops.saved_prefill_flops` on the model's shapes): no interval.
 """
@@ -44,7 +45,7 @@ from kvcli.model.presets import ModelConfig
 DRAWS = 400
 LEVEL = 95.0
 BLOCKS = 10
-TIE_TOLERANCE = 0.10
+TIE_TOLERANCE = 0.05
 
 
 @dataclass

@@ -331,3 +331,108 @@ def test_sigterm_mid_replay_leaves_no_keys_behind(make_server, tmp_path):
     assert proc.returncode == 130, stderr
     assert b"Traceback" not in stderr
     assert [k for k in client.scan_iter("*")] == [b"foreign"]
+
+
+def test_truncated_measurement_measures_the_head_and_estimates_the_rest(redis_client, monkeypatch):
+    import kvcli.replay.replayer as replay_mod
+
+    monkeypatch.setattr(replay_mod, "pick_measured", lambda *a: {5})  # only R6 = tok(1..16) runs the model
+    model = build_model("tiny", "float32", "cpu", seed=0)
+    result = _replayer(redis_client, model=model, measure=1, measure_max_tokens=8).replay("t", requests())
+    rows = {r.chunk_size: r for r in result.per_chunk_size}
+    assert result.measure_tokens == 8
+    (log,) = result.measured
+    assert (log["prompt_tokens"], log["measured_tokens"]) == (16, 8)
+    # cs 4: R6 hits [1-4] [5-8] [9-12] by metadata; its first 8 tokens hold 2 of them: materialized (R1 wrote them
+    # accounted), retrieved, 7 tokens reused (the 8th is computed); the hit run counts all 3 chunks.
+    # cs 8: hits [1-8]: materialized, retrieved, 7 reused.
+    assert [(c["chunk_size"], c["hit_tokens"], c["reused_tokens"]) for c in log["per_chunk_size"]] == [
+        (4, 12, 7), (8, 8, 7)]
+    assert (rows[4].hit_tokens, rows[8].hit_tokens) == (28, 24)
+    assert (rows[4].materialized_chunks, rows[8].materialized_chunks) == (2, 1)
+    assert rows[4].payload_bytes_written == 2 * 4 * 1024 and rows[8].payload_bytes_written == 8 * 1024
+    # flat 1 ms/token: R2 and R3 reuse 8 each; R6's tokens beyond the measured 8: (16 - 4) - (8 - 1) = 5 at cs 4,
+    # (16 - 8) - (8 - 1) = 1 at cs 8
+    assert rows[4].saved_prefill_seconds_estimated == pytest.approx(0.016 + 0.005)
+    assert rows[8].saved_prefill_seconds_estimated == pytest.approx(0.016 + 0.001)
+    assert any("1 of 1 measured requests ran their first 8 tokens" in n for n in result.notes)
+
+
+def test_same_seed_same_verdict(redis_client):
+    runs = [_replayer(redis_client, measure=0, payload="accounted", seed=7).replay("t", requests() * 3)
+            for _ in range(2)]
+    a, b = (r.verdict for r in runs)
+    assert (a.kind, a.chunk_size, a.tied) == (b.kind, b.chunk_size, b.tied)
+    for x, y in zip(runs[0].per_chunk_size, runs[1].per_chunk_size):
+        assert x.savings.saved == y.savings.saved  # a flat curve: savings exact, identical
+
+
+def test_network_model_prices_transfers_and_stores(redis_client):
+    import torch
+
+    from kvcli.store.chunkstore import StoreConfig
+
+    replayer = _replayer(redis_client, measure=0, payload="accounted", link_gbps=10.0, rtt_seconds=0.001)
+    result = replayer.replay("t", requests())
+    assert result.network == {"link_gbps": 10.0, "rtt_seconds": 0.001}
+    for res in result.per_chunk_size:
+        cfg = StoreConfig("x", res.chunk_size, "m", "raw", (2, 2, 2, 32), torch.float32)
+        value = cfg.payload_bytes + cfg.header_bytes
+        # hits: cs 4: R2 (2 chunks), R3 (2), R6 (3); cs 8: R2, R3, R6 (1 each). Stores: cs 4: R1 R3 R6; cs 8: R1 R6
+        hits, hit_requests = {4: (7, 3), 8: (3, 3)}[res.chunk_size]
+        assert (res.chunks_hit, res.hit_requests) == (hits, hit_requests)
+        assert res.overheads.transfer == pytest.approx(hit_requests * 0.001 + hits * value * 8 / 10e9)
+        assert res.store_requests == {4: 3, 8: 2}[res.chunk_size]
+        stored = res.chunks_written * value + res.metadata_bytes_written
+        serialize = res.chunks_written * result.server_rates[res.chunk_size]["serialize_seconds"]  # measured here
+        assert res.overheads.serialize_store == pytest.approx(res.store_requests * 0.001 + stored * 8 / 10e9
+                                                              + serialize)
+        assert res.overheads.lookup == pytest.approx(res.lookup_seconds + 5 * 0.001)
+
+
+def _foreign(client, n: int = 200) -> dict:
+    for i in range(n):
+        client.set(f"foreign:{i}", f"{i:04d}" * 256)  # 1 KiB each
+    return {k: client.get(k) for k in client.scan_iter("foreign:*")}
+
+
+def test_cli_refuses_a_replay_that_would_evict_foreign_keys(tmp_path, make_server):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from kvcli.cli.app import app
+
+    url = make_server(maxmemory="3mb", **{"maxmemory-policy": "allkeys-lru"})
+    client = redis.Redis.from_url(url)
+    before = _foreign(client)
+    trace = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+    args = ["replay", str(trace), "--chunk-sizes", "16", "--limit", "100", "--measure", "0", "--prefill-tps",
+            "1000", "--payload", "accounted", "--redis-url", url, "--json"]
+    out = CliRunner().invoke(app, args)
+    assert out.exit_code == 3 and "replay refused" in out.stderr and "--allow-evictions" in out.stderr
+    assert "Traceback" not in out.output
+    assert {k: client.get(k) for k in client.scan_iter("*")} == before  # every foreign key, untouched; no others
+    assert client.info("stats")["evicted_keys"] == 0
+
+    ok = CliRunner().invoke(app, args + ["--allow-evictions"])
+    assert ok.exit_code == 0, ok.output
+    doc = json.loads(ok.stdout)["traces"][0]
+    evicted = client.info("stats")["evicted_keys"]
+    assert evicted > 0 and doc["server_evicted_keys"] == evicted
+    assert doc["preflight"]["fits"] is False and doc["preflight"]["policy"] == "allkeys-lru"
+    assert any("the server evicted" in n for n in doc["notes"])
+    # evicted metadata is a miss: fewer hits than the same replay on a server with room
+    roomy = CliRunner().invoke(app, args[:-3] + ["--redis-url", make_server(), "--json"])
+    assert roomy.exit_code == 0, roomy.output
+    full = json.loads(roomy.stdout)["traces"][0]["per_chunk_size"][0]["hit_tokens"]
+    assert 0 < doc["per_chunk_size"][0]["hit_tokens"] < full
+
+
+def test_replay_that_fits_runs_on_a_small_server_without_evicting(tmp_path, make_server):
+    url = make_server(maxmemory="64mb", **{"maxmemory-policy": "allkeys-lru"})
+    client = redis.Redis.from_url(url)
+    before = _foreign(client)
+    result = _replayer(client, measure=0, payload="accounted").replay("t", requests())
+    assert result.preflight["fits"] is True and result.server_evicted_keys == 0
+    assert {k: client.get(k) for k in client.scan_iter("*")} == before
