@@ -20,8 +20,9 @@ from kvcli.store.serde import decode_kv, encode_kv
 
 def pick_measured(lengths: np.ndarray, count: int | None, seed: int) -> set[int]:
     """Indices of the requests that run the model: ``count`` non-empty requests spread evenly over the trace (one
-    at a seeded position inside each of ``count`` equal strides of them; deterministic for a seed). ``count`` None picks every non-empty request.
-    Long prompts are picked too: :func:`measure_length` says how many of their tokens run."""
+    at a seeded position inside each of ``count`` equal strides of them; deterministic for a seed). ``count`` None
+    picks every non-empty request. Long prompts are picked too: :func:`measure_length` says how many of their
+    tokens run."""
     eligible = np.flatnonzero(lengths > 0)
     if count is None:
         return set(eligible.tolist())

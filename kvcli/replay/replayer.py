@@ -222,11 +222,11 @@ class Replayer:
         result = TraceResult(name, requests, skipped, len(measured),
                              _payload_label(cfg.payload, len(measured), requests), results,
                              used_after - used_before, time.perf_counter() - t0)
+        result.span_seconds = span
         self._savings(result, stores, ledgers, rates, link)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
         result.measured = self._measured_log
-        result.span_seconds = span
         result.network = link.to_dict() if link else None
         result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
         result.cost_curve = self.curve.to_dict()
@@ -243,11 +243,13 @@ class Replayer:
             res.savings = summarize(ledger, self.curve, res.overheads.critical, res.overheads.background,
                                     self.curve.residuals, self.model_config, cfg.seed, draws, stream=i)
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
-            res.store_mode = cfg.store_mode
+            # asynchronous stores only while the server and link keep up with them over the trace's span
+            late = cfg.store_mode == "async" and result.span_seconds and res.overheads.background > result.span_seconds
+            res.store_mode = "sync" if late else cfg.store_mode
         result.store_mode = cfg.store_mode
         rows = [r for r in result.per_chunk_size if r.requests]
-        result.verdict = recommend({r.chunk_size: r.savings.net(cfg.store_mode) for r in rows}, cfg.store_mode,
-                                   {r.chunk_size: r.savings.net_draws(cfg.store_mode) for r in rows})
+        result.verdict = recommend({r.chunk_size: r.savings.net(r.store_mode) for r in rows}, cfg.store_mode,
+                                   {r.chunk_size: r.savings.net_draws(r.store_mode) for r in rows})
 
     def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured or beyond the calibrated
@@ -272,7 +274,7 @@ class Replayer:
             if r.overheads and result.span_seconds and r.overheads.background > result.span_seconds:
                 notes.append(f"chunk size {r.chunk_size}: background stores take {sig(r.overheads.background)} s "
                              f"over a trace of {sig(result.span_seconds)} s: asynchronous storing cannot keep up, "
-                             f"the synchronous net benefit applies")
+                             f"so its synchronous net benefit is the one compared")
         return notes
 
     # -- passes ---------------------------------------------------------------------------------------------------

@@ -39,6 +39,11 @@ def _share(iv: Interval) -> str:
     return f"{sig(100 * iv.value)}% [{sig(100 * iv.low, 2)}, {sig(100 * iv.high, 2)}]"
 
 
+def _flops(r: ChunkSizeResult) -> str:
+    s = r.savings
+    return f"{s.saved_flops:.3g} ({_pct(s.saved_flops / s.trace_flops)})" if s and s.trace_flops else "-"
+
+
 def _over(r: ChunkSizeResult, part: str) -> str:
     return _s3(getattr(r.overheads, part)) if r.overheads is not None else "-"
 
@@ -75,8 +80,7 @@ ROWS: list[tuple[str, callable]] = [
     ("prefill saved [95% interval]", lambda r: _iv(r, lambda s: s.saved)),
     ("  share of the trace's prefill", lambda r: _share(r.savings.share) if r.savings else "-"),
     ("  from prompts beyond calibration", lambda r: _pct(r.savings.beyond_share) if r.savings else "-"),
-    ("prefill FLOPs saved", lambda r: (f"{r.savings.saved_flops:.3g} ({_pct(r.savings.saved_flops / r.savings.trace_flops)})"
-                                       if r.savings and r.savings.trace_flops else "-")),
+    ("prefill FLOPs saved", lambda r: _flops(r)),
     ("net benefit, async stores", lambda r: _iv(r, lambda s: s.net_async)),
     ("net benefit, sync stores", lambda r: _iv(r, lambda s: s.net_sync)),
     ("max logit diff", lambda r: f"{r.max_logit_diff:.2e}" if r.measured_requests else "-"),
