@@ -149,7 +149,7 @@ class Replayer:
         cfg = self.config
         mem = server_memory(self.client)
         probe = [keys_bytes(PROBE_CHUNKS, len(s.prefix) + 34, self._probe_size(s, mem)) for s in stores]
-        need = 0
+        need = None  # nothing to compare with on a server without maxmemory: not estimated
         if mem.maxmemory:
             distinct = distinct_chunks(stores, reader, len(lengths))
             payload = [0] * len(stores)

@@ -282,9 +282,11 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
 
 def sig(x: float, digits: int = 3) -> str:
     """``x`` to ``digits`` significant digits with thousands separators: 268355 -> "268,000", 0.01234 -> "0.0123",
-    -2.2 -> "-2.20"."""
+    -2.2 -> "-2.20"; below 0.001 in scientific notation: 0.0000143 -> "1.43e-05"."""
     if x == 0 or not np.isfinite(x):
         return "0" if x == 0 else str(x)
+    if abs(x) < 1e-3:
+        return f"{x:.{digits - 1}e}"
     decimals = digits - 1 - int(np.floor(np.log10(abs(x))))
     if decimals >= 0:
         return f"{x:,.{decimals}f}"

@@ -90,12 +90,13 @@ class Preflight:
                 "message": self.message}
 
 
-def preflight(client: redis.Redis, need_bytes: int, mem: ServerMemory | None = None) -> Preflight:
+def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | None = None) -> Preflight:
     """Compare ``need_bytes`` (from :func:`keys_bytes`) with ``maxmemory - used_memory``.
 
     Args:
         client: the server (read with INFO when ``mem`` is None).
-        need_bytes: estimated Redis memory the run adds.
+        need_bytes: estimated Redis memory the run adds; None when not estimated (a caller may skip the estimate
+            on a server without maxmemory: there is nothing to compare it with).
         mem: the server's state, read just before.
 
     Raises:
@@ -103,10 +104,13 @@ def preflight(client: redis.Redis, need_bytes: int, mem: ServerMemory | None = N
     """
     mem = mem or server_memory(client)
     free = mem.maxmemory - mem.used_memory
-    where = f"{fmt_bytes(need_bytes)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
     if not mem.maxmemory:
-        return Preflight(need_bytes, mem.used_memory, 0, mem.policy, None, f"{where}, no maxmemory set",
+        where = (f"used_memory {fmt_bytes(mem.used_memory)}" if need_bytes is None else
+                 f"{fmt_bytes(need_bytes)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}")
+        return Preflight(need_bytes or 0, mem.used_memory, 0, mem.policy, None, f"{where}, no maxmemory set",
                          mem.evicted_keys)
+    need_bytes = need_bytes or 0
+    where = f"{fmt_bytes(need_bytes)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
     fits = need_bytes <= free
     message = f"{where}, maxmemory {fmt_bytes(mem.maxmemory)} ({mem.policy})"
     if not fits:
