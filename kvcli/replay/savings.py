@@ -17,10 +17,12 @@ Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inpu
   total (critical path, background), the transfer calibration's repeat spread (``t / median - 1`` of chunk SETs
   and GETs on the same server). A measured full prefill shared by the chunk sizes gets one draw, so the sizes'
   comparison stays paired; suffix prefills draw independently per chunk size;
-* an overhead total (critical path, background): Redis timings drift with the machine's load over a run, so its
-  relative spread is that of the overhead per prompt token across ``BLOCKS`` consecutive blocks of the trace's
-  requests (normal draws with that relative standard deviation); a network-modelled overhead keeps the relative
-  spread of the measured one.
+* an overhead total (critical path, background): Redis timings are wall time and drift with the machine's load,
+  so its relative spread is that of the overhead per prompt token across ``BLOCKS`` consecutive blocks of the
+  trace's requests, and at least ``OVERHEAD_NOISE_FLOOR`` (normal draws with that relative standard deviation,
+  clipped at 0). The floor is what a round trip does between runs here: the same lookups' total moved by 2x
+  between two runs of a 5-request trace, and a lookup's p99 is 10-70x its p50 on this machine (one stall in a
+  small trace is most of its total). A network-modelled overhead keeps the same relative spread.
 
 Recommendation (:func:`recommend`): chunk sizes are compared in pairs with the same coefficient draws (the curve's
 uncertainty is common to every size of a trace and cancels in a comparison); a size beats another when the 95 %
@@ -45,6 +47,7 @@ from kvcli.model.presets import ModelConfig
 DRAWS = 400
 LEVEL = 95.0
 BLOCKS = 10
+OVERHEAD_NOISE_FLOOR = 0.5
 TIE_TOLERANCE = 0.05
 
 
@@ -206,9 +209,10 @@ def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: flo
     with np.errstate(divide="ignore", invalid="ignore"):
         share_draws = np.where(full_draws > 0, saved_draws / full_draws, 0.0)
     beyond_saved = float(coef @ saved_f[beyond].sum(axis=0)) if beyond.any() else 0.0
-    crit_draws = critical * np.maximum(0.0, 1.0 + ledger.overhead_spread("critical") * rng.standard_normal(DRAWS))
-    back_draws = background * np.maximum(0.0, 1.0 + ledger.overhead_spread("background")
-                                         * rng.standard_normal(DRAWS))
+    crit_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("critical"))
+    back_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("background"))
+    crit_draws = critical * np.maximum(0.0, 1.0 + crit_spread * rng.standard_normal(DRAWS))
+    back_draws = background * np.maximum(0.0, 1.0 + back_spread * rng.standard_normal(DRAWS))
     flops_saved = flops_total = 0.0
     if model is not None and len(n):
         flops_saved = float(np.sum(saved_prefill_flops(model, n, r)))
@@ -244,8 +248,8 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
               ) -> Verdict:
     """Pick a chunk size from net benefits with intervals (``{chunk size: Interval}``, seconds).
 
-    Not caching is a candidate too, with a net benefit of exactly 0: when the best size's interval reaches 0, no
-    size is recommended ("noise"). Otherwise the best size (largest point value) is recommended when it beats each
+    Not caching is a candidate too, with a net benefit of exactly 0: "none" when no size's interval reaches above
+    0, "noise" when the best size's interval reaches 0 (or its value is not above 0). Otherwise the best size (largest point value) is recommended when it beats each
     other size by more than their intervals: with ``draws`` (each size's bootstrap draws of its net benefit, drawn
     with the same cost-curve coefficients), when the 95 % interval of the paired difference is above 0 (the curve's
     common uncertainty, the same for every size of a trace, cancels in a comparison); without draws, when the best
@@ -258,11 +262,13 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     order = sorted(nets, key=lambda cs: (-nets[cs].value, cs))
     best = order[0]
     top = nets[best]
-    if top.value <= 0 and top.high <= 0:
+    if all(iv.high <= 0 for iv in nets.values()):
         return Verdict(None, "none", (), f"no chunk size pays off ({how}): every net benefit is <= 0")
     if top.low <= 0:
-        return Verdict(None, "noise", (best,), f"no chunk size pays off beyond noise ({how}): the best, {best}, "
-                                               f"nets {fmt_interval(top)} s, an interval that reaches 0")
+        hope = max(order, key=lambda cs: (nets[cs].high, -cs))
+        return Verdict(None, "noise", (hope,), f"no chunk size pays off beyond noise ({how}): the most hopeful, "
+                                               f"{hope}, nets {fmt_interval(nets[hope])} s, an interval that "
+                                               f"reaches 0")
 
     def beaten(cs: int) -> bool:
         if top.value - nets[cs].value < TIE_TOLERANCE * top.value:

@@ -35,8 +35,9 @@ def test_savings_by_hand_flat_curve():
     assert s.share.value == pytest.approx(0.051 / 0.086)
     assert s.net_async.value == pytest.approx(0.051 - 0.002)
     assert s.net_sync.value == pytest.approx(0.051 - 0.012)
-    # no spread anywhere (a flat rate, no timing noise, no per-request overheads recorded): zero width
+    # no spread in the saving (a flat rate, no timing noise): zero width; the overheads carry the noise floor
     assert (s.saved.low, s.saved.high) == pytest.approx((0.051, 0.051))
+    assert s.net_sync.low < s.net_sync.value < s.net_sync.high
     assert s.beyond_share == 0.0  # a flat rate is not a calibration: nothing is "beyond" it
 
 
@@ -110,6 +111,8 @@ def test_recommend_clear_tie_noise_none():
     assert (noise.kind, noise.chunk_size) == ("noise", None)
     none = recommend({16: iv(-1, -2, -0.5), 64: iv(-3, -4, -2)})
     assert (none.kind, none.chunk_size, none.tied) == ("none", None, ())
+    maybe = recommend({16: iv(-0.1, -2, 0.5), 1024: iv(0, 0, 0)})  # not caching (1024 never hits) is the best
+    assert (maybe.kind, maybe.tied) == ("noise", (16,))
 
 
 def test_recommend_paired_draws_cancel_common_uncertainty():
