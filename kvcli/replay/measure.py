@@ -83,46 +83,76 @@ def timed_prefill(model, tokens, past, repeats: int = 2):
     return best, out
 
 
-def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, cap: int = 8 << 20) -> ServerRates:
-    """Seconds per chunk to SET and GET one chunk-sized value on this server, and to serialize and deserialize it
-    here, measured now (min of 3 after one warm-up round; :class:`~kvcli.replay.network.ServerRates`).
+PROBE_CAP = 8 << 20  # the largest probe value (bytes); bigger chunks are timed at this size and scaled
+PROBE_BATCH_BYTES = 32 << 20  # the most one probe batch holds (bytes)
 
-    Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth bound at
-    that size; MEASURED.md). Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor
-    bytes (xxh3_64), copy them into the prefix KV.
+
+def probe_plan(value_bytes: int, room: int | None = None) -> tuple[int, int]:
+    """``(chunks, bytes)`` of the transfer calibration's larger batch: values of one chunk's size (at most
+    :data:`PROBE_CAP`), up to 16 of them and :data:`PROBE_BATCH_BYTES` in all; with ``room`` (bytes left under
+    maxmemory), at most 1/16 of it, so calibrating never pushes a small server over."""
+    size = min(value_bytes, PROBE_CAP)
+    if room is not None:
+        size = max(4096, min(size, room // 256))
+    chunks = max(2, min(16, PROBE_BATCH_BYTES // size))
+    if room is not None:
+        chunks = max(2, min(chunks, room // (16 * size)))
+    return chunks, size
+
+
+def calibrate_transfer(client: redis.Redis, store: ChunkStore, room: int | None = None) -> ServerRates:
+    """Chunk SET and GET costs on this server, as one round trip plus a cost per chunk, and serialize and
+    deserialize costs per chunk here, measured now (:class:`~kvcli.replay.network.ServerRates`).
+
+    A batch of 1 value and a batch of ``k`` (:func:`probe_plan`) are each written in one pipeline and read in one
+    MGET, 3 times after one warm-up round; from the fastest of each, the per-chunk cost is
+    ``(t_k - t_1) / (k - 1)`` and the round trip ``t_1 -`` that. Values over :data:`PROBE_CAP` are timed at that
+    size and their per-chunk cost scaled by size (loopback transfers are bandwidth bound at that size;
+    MEASURED.md). Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor bytes
+    (xxh3_64), copy them into the prefix KV.
     """
     size = store.config.payload_bytes + store.config.header_bytes
-    probe = min(size, cap)
+    k, probe = probe_plan(size, room)
     value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
     itemsize = torch.empty((), dtype=store.config.dtype).element_size()
     tensor = torch.frombuffer(bytearray(value[:probe - probe % itemsize]), dtype=store.config.dtype)
     # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
-    keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(chunks)]
-    sets, gets, sers, desers = [], [], [], []
+    keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(k)]
+    times: dict[tuple[str, int], list[float]] = {}
+    sers, desers = [], []
     for repeat in range(4):  # the first round warms up (allocations, connection buffers): not kept
-        t0 = time.perf_counter()
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.set(key, value)
-        pipe.execute()
-        t1 = time.perf_counter()
-        client.mget(keys)
-        t2 = time.perf_counter()
-        encoded = encode_kv(tensor)
+        for batch in (keys[:1], keys):
+            t0 = time.perf_counter()
+            pipe = client.pipeline(transaction=False)
+            for key in batch:
+                pipe.set(key, value)
+            pipe.execute()
+            t1 = time.perf_counter()
+            client.mget(batch)
+            t2 = time.perf_counter()
+            if repeat:
+                times.setdefault(("set", len(batch)), []).append(t1 - t0)
+                times.setdefault(("get", len(batch)), []).append(t2 - t1)
         t3 = time.perf_counter()
+        encoded = encode_kv(tensor)
+        t4 = time.perf_counter()
         decoded, _ = decode_kv(encoded)
         xxhash.xxh3_64_digest(encoded[len(encoded) - decoded.numel() * itemsize:])
         decoded.clone()
-        t4 = time.perf_counter()
+        t5 = time.perf_counter()
         if repeat:
-            sets.append(t1 - t0)
-            gets.append(t2 - t1)
-            sers.append(t3 - t2)
-            desers.append(t4 - t3)
+            sers.append(t4 - t3)
+            desers.append(t5 - t4)
     client.delete(*keys)
-    scale, local = size / probe / chunks, size / probe
-    spread = tuple(float(t / np.median(ts) - 1) for ts in (sets, gets) for t in ts)
-    return ServerRates(min(sets) * scale, min(gets) * scale, min(sers) * local, min(desers) * local, spread)
+    scale = size / probe
+    rates = {}
+    for op in ("set", "get"):
+        one, many = min(times[(op, 1)]), min(times[(op, k)])
+        per_chunk = max(0.0, (many - one) / (k - 1))
+        rates[op] = (per_chunk * scale, max(0.0, one - per_chunk))
+    spread = tuple(float(t / np.median(ts) - 1) for ts in times.values() for t in ts)
+    return ServerRates(rates["set"][0], rates["get"][0], min(sers) * scale, min(desers) * scale, spread,
+                       rates["set"][1], rates["get"][1])
 
 
 def ping_seconds(client: redis.Redis, repeats: int = 5) -> float:

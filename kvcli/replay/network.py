@@ -1,8 +1,9 @@
 """Transfer and store times: measured on the replay's own server, or modelled for a server across a network.
 
 Default (no ``--link-gbps``): what the replay measured on the given server. Measured requests move real KV and are
-timed; the others are priced per chunk with :class:`ServerRates`, chunk-sized SET/GET timings calibrated on that
-same server at the start of each trace (and serialize/deserialize timings of the same value on this machine).
+timed; the others are priced with :class:`ServerRates`, chunk-sized SET/GET timings calibrated on that same server
+at the start of each trace (one round trip per request plus a cost per chunk; serialize/deserialize timings of the
+same value on this machine).
 When the server is remote, its network is in those timings.
 
 Network model (``--link-gbps G``, ``--rtt-ms R``): a server across a link of ``G`` Gbit/s and ``R`` ms round trip.
@@ -29,9 +30,10 @@ from dataclasses import dataclass
 class ServerRates:
     """Seconds per chunk value on the replay's server and this machine (measured at the start of a trace).
 
-    ``set_seconds`` / ``get_seconds``: write / read one chunk's value (pipelined); ``serialize_seconds`` /
-    ``deserialize_seconds``: encode / decode-and-verify one value; ``spread``: relative spread of the repeats
-    (``t / median - 1``), a sample of this run's timing noise.
+    ``set_seconds`` / ``get_seconds``: write / read one more chunk's value in a batch (pipelined SETs, one MGET);
+    ``set_round_trip_seconds`` / ``get_round_trip_seconds``: the batch's own cost (one round trip), paid once per
+    request that stores / retrieves; ``serialize_seconds`` / ``deserialize_seconds``: encode / decode-and-verify
+    one value; ``spread``: relative spread of the repeats (``t / median - 1``), a sample of this run's timing noise.
     """
 
     set_seconds: float
@@ -39,6 +41,16 @@ class ServerRates:
     serialize_seconds: float = 0.0
     deserialize_seconds: float = 0.0
     spread: tuple[float, ...] = ()
+    set_round_trip_seconds: float = 0.0
+    get_round_trip_seconds: float = 0.0
+
+    def get(self, chunks: int) -> float:
+        """Seconds to retrieve ``chunks`` chunks in one request (0 for none)."""
+        return self.get_round_trip_seconds + chunks * self.get_seconds if chunks else 0.0
+
+    def put(self, chunks: int) -> float:
+        """Seconds to serialize and store ``chunks`` chunks in one request (0 for none)."""
+        return self.set_round_trip_seconds + chunks * (self.set_seconds + self.serialize_seconds) if chunks else 0.0
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from kvcli.replay.measure import (
     measure_length,
     pick_measured,
     ping_seconds,
+    probe_plan,
     timed_prefill,
 )
 from kvcli.replay.network import Link, overheads
@@ -55,10 +56,8 @@ from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
 from kvcli.store.namespace import purge, redis_memory
-from kvcli.store.preflight import Preflight, evicted_since, keys_bytes, preflight, server_memory
+from kvcli.store.preflight import CHUNK_KEY_TAIL, Preflight, evicted_since, keys_bytes, preflight, server_memory
 from kvcli.traces.request import Request
-
-PROBE_CHUNKS, PROBE_CAP = 4, 8 << 20  # the transfer calibration's values per store, and their largest size
 
 
 class Replayer:
@@ -148,7 +147,7 @@ class Replayer:
         when it would make the server evict keys, unless allowed."""
         cfg = self.config
         mem = server_memory(self.client)
-        probe = [keys_bytes(PROBE_CHUNKS, len(s.prefix) + 34, self._probe_size(s, mem)) for s in stores]
+        probe = [_probe_bytes(s, mem) for s in stores]
         need = None  # nothing to compare with on a server without maxmemory: not estimated
         if mem.maxmemory:
             distinct = distinct_chunks(stores, reader, len(lengths))
@@ -165,15 +164,6 @@ class Replayer:
                                f"with room, or --capacity-bytes to bound what the replay keeps")
         return check
 
-    @staticmethod
-    def _probe_size(store: ChunkStore, mem) -> int:
-        """Bytes of one transfer-calibration value: one chunk's value, at most 8 MiB, and at most 1/64 of the room
-        under maxmemory (so calibrating never pushes a small server over)."""
-        size = min(store.config.payload_bytes + store.config.header_bytes, PROBE_CAP)
-        if mem.maxmemory:
-            size = min(size, max(4096, (mem.maxmemory - mem.used_memory) // (64 * PROBE_CHUNKS)))
-        return size
-
     def _link(self) -> Link | None:
         """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server."""
         cfg = self.config
@@ -186,8 +176,7 @@ class Replayer:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         mem = server_memory(self.client)
-        rates = [calibrate_transfer(self.client, store, PROBE_CHUNKS, self._probe_size(store, mem))
-                 for store in stores]
+        rates = [calibrate_transfer(self.client, store, _room(mem)) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].config.payload_bytes)
         value = stores[big].config.payload_bytes + stores[big].config.header_bytes
         self._measured_gbps = value * 8 / rates[big].get_seconds / 1e9 if rates[big].get_seconds > 0 else 10.0
@@ -311,9 +300,9 @@ class Replayer:
             self._count(res, store, prompt, look, seen, n, upper, hit_chunks)
             res.store_seconds += written.seconds
             new_chunks = len(prompt.hashes) - look.hit_chunks
-            res.transfer_seconds_estimated += hit_chunks * rate.get_seconds
+            res.transfer_seconds_estimated += rate.get(hit_chunks)
             res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
-            res.store_seconds_estimated += new_chunks * (rate.set_seconds + rate.serialize_seconds)
+            res.store_seconds_estimated += rate.put(new_chunks)
             res.hit_requests += hit_chunks > 0
             res.store_requests += written.chunks_written > 0
             ledger.add(n, min(hit_chunks * store.config.chunk_size, n - 1), critical=_critical(res) - crit,
@@ -373,8 +362,7 @@ class Replayer:
                 written = store.store(prompt, kv if real else None, start_chunk=hit_chunks, lookup=look)
                 stored = written.chunks_written
                 if not real:
-                    res.store_seconds_estimated += written.chunks_written * (rate.set_seconds
-                                                                             + rate.serialize_seconds)
+                    res.store_seconds_estimated += rate.put(written.chunks_written)
             res.store_seconds += written.seconds
             res.hit_requests += hit_chunks > 0
             res.store_requests += stored > 0
@@ -400,7 +388,7 @@ class Replayer:
         if inside == 0:
             return None, 0
         if self.config.payload != "real":
-            res.transfer_seconds_estimated += inside * rate.get_seconds
+            res.transfer_seconds_estimated += rate.get(inside)
             res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
             return kv_full[:, :, :, :min(inside * cs, length - 1)], inside
         got = store.retrieve(prompt, lookup=_first(look, inside))
@@ -450,6 +438,17 @@ class Replayer:
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
+
+
+def _room(mem) -> int | None:
+    """Bytes left under maxmemory (None without one)."""
+    return max(0, mem.maxmemory - mem.used_memory) if mem.maxmemory else None
+
+
+def _probe_bytes(store: ChunkStore, mem) -> int:
+    """Estimated Redis memory of the transfer calibration's probe values for ``store``."""
+    chunks, size = probe_plan(store.config.payload_bytes + store.config.header_bytes, _room(mem))
+    return keys_bytes(chunks, len(store.prefix) + CHUNK_KEY_TAIL, size)
 
 
 def _critical(res: ChunkSizeResult) -> float:
