@@ -32,9 +32,8 @@ from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelSpec
 from kvcli.replay.upper_bound import RadixUpperBound
-from kvcli.store.chunkstore import ChunkStore, StoreConfig
-from kvcli.store.layout import key_prefix
-from kvcli.store.namespace import purge
+from kvcli.store.chunkstore import StoreConfig
+from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.traces.request import Request
 
 
@@ -56,6 +55,8 @@ class ReplayConfig:
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
             4 bytes per token: the one part of a replay whose memory grows with the trace).
+        layouts: key layouts to replay through, side by side (kvcli.store.kvstore.LAYOUTS: "kvcli", "lmcache");
+            the first one's results are the report's main table and recommendation.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -70,6 +71,13 @@ class ReplayConfig:
     memory_sample: int = 200
     seed: int = 0
     upper_bound: bool = True
+    layouts: tuple[str, ...] = ("kvcli",)
+
+    def __post_init__(self) -> None:
+        if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
+            raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
+                                "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "
+                                "to the server)")
 
 
 @dataclass
@@ -113,6 +121,9 @@ class ChunkSizeResult:
     store_seconds: float = 0.0
     store_seconds_estimated: float = 0.0
     max_logit_diff: float = 0.0
+    layout: str = "kvcli"
+    lookup_round_trips: int = 0
+    key_bytes_per_chunk: float = 0.0
 
     @property
     def hit_token_ratio(self) -> float:
@@ -143,7 +154,10 @@ class ChunkSizeResult:
                    loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
                    upper_bound_ratio=self.upper_bound_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
                    hit_token_ratio_unlimited=(self.hit_tokens_unlimited / self.prompt_tokens
-                                              if self.prompt_tokens else 0.0))
+                                              if self.prompt_tokens else 0.0),
+                   metadata_bytes_per_chunk=(self.metadata_bytes_written / self.chunks_written
+                                             if self.chunks_written else 0.0),
+                   lookup_round_trips_per_lookup=self.lookup_round_trips / self.lookups if self.lookups else 0.0)
         return out
 
 
@@ -160,6 +174,7 @@ class TraceResult:
     used_memory_delta_bytes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    by_layout: dict[str, list[ChunkSizeResult]] = field(default_factory=dict)
 
     @property
     def recommended_chunk_size(self) -> int | None:
@@ -197,7 +212,8 @@ def pick_measured(lengths: np.ndarray, count: int | None, max_tokens: int, seed:
 
 
 class Replayer:
-    """Replays traces through one :class:`ChunkStore` per chunk size on one Redis server.
+    """Replays traces through one store (:class:`~kvcli.store.kvstore.KVStore`) per layout and chunk size on one
+    Redis server.
 
     Args:
         client: a redis-py client.
@@ -237,7 +253,7 @@ class Replayer:
         measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
                                  cfg.seed)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
-        stores = [self._make_store(namespace, cs) for cs in cfg.chunk_sizes]
+        stores = [self._make_store(namespace, cs, layout) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
@@ -245,14 +261,15 @@ class Replayer:
             return self._run(name, reader, lengths, measured, stores, progress)
         finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
             if not cfg.keep:
-                purge(self.client, namespace)
+                purge_run(self.client, namespace, cfg.layouts)
 
     def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [self._calibrate_transfer(store) for store in stores]
         used_before = int(self.client.info("memory").get("used_memory", 0))
-        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
+        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout)
+                   for store in stores]
         pending = [_Pending() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
         t0 = time.perf_counter()
@@ -274,10 +291,11 @@ class Replayer:
             self._finish(store, res, pend, rate)
         used_after = int(self.client.info("memory").get("used_memory", 0))
         requests = len(lengths) - skipped
+        by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
         return TraceResult(name, requests, skipped, len(measured),
-                           _payload_label(cfg.payload, len(measured), requests), results,
+                           _payload_label(cfg.payload, len(measured), requests), by_layout[cfg.layouts[0]],
                            used_after - used_before, time.perf_counter() - t0,
-                           notes=self._notes(lengths, measured))
+                           notes=self._notes(lengths, measured), by_layout=by_layout)
 
     def _notes(self, lengths: np.ndarray, measured: set[int]) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
@@ -312,9 +330,9 @@ class Replayer:
             raise BadInputError("the trace holds no requests", path=name)
         return np.asarray(lengths, dtype=np.int64)
 
-    def _make_store(self, namespace: str, chunk_size: int) -> ChunkStore:
+    def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli") -> KVStore:
         cfg = self.config
-        return ChunkStore(self.client, StoreConfig(
+        return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
@@ -381,7 +399,7 @@ class Replayer:
             return kv_full[:, :, :, :min(look.hit_tokens, n - 1)], look.hit_chunks
         got = store.retrieve(prompt, lookup=look)
         start = end = got.hit_tokens // store.config.chunk_size
-        while got.break_reason == "no-payload" and end < look.hit_chunks and _accounted(look.metadata[end]):
+        while got.break_reason == "no-payload" and end < look.hit_chunks and store.accounted(prompt, look, end):
             end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
         if end > start:
             done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
@@ -415,13 +433,13 @@ class Replayer:
         seen.update(prompt.hashes[k:])
 
     # -- calibration and totals -----------------------------------------------------------------------------------
-    def _calibrate_transfer(self, store: ChunkStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
+    def _calibrate_transfer(self, store: KVStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
         """Seconds per chunk to (SET, GET) one chunk-sized value on this server, measured now (min of 3).
 
         Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth
         bound at that size; MEASURED.md).
         """
-        size = store.config.payload_bytes + store.config.header_bytes
+        size = store.value_bytes
         probe = min(size, cap)
         value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
         # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
@@ -441,7 +459,7 @@ class Replayer:
         scale = size / probe / chunks
         return best_set * scale, best_get * scale
 
-    def _finish(self, store: ChunkStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
+    def _finish(self, store: KVStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
         st = store.stats
         if pend.prompt:
             n, reuse = np.asarray(pend.prompt), np.asarray(pend.reuse)
@@ -452,13 +470,14 @@ class Replayer:
             res.store_seconds_estimated += float(np.sum(pend.new_chunks) * set_s)
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "evicted_chunks", "checksum_failures"):
+                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             ms = np.asarray(st.lookup_seconds) * 1e3
             res.lookup_p50_ms, res.lookup_p99_ms = (float(x) for x in np.percentile(ms, [50, 99]))
+        res.key_bytes_per_chunk = store.key_bytes_per_chunk
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
+            self.client, store.key_pattern, self.config.memory_sample)
 
 
 def curve_check(curve: CostCurve, samples) -> dict:
@@ -469,11 +488,6 @@ def curve_check(curve: CostCurve, samples) -> dict:
         return {"samples": 0}
     return {"samples": len(ratios), "median_measured_over_predicted": ratios[len(ratios) // 2],
             "max_measured_over_predicted": ratios[-1]}
-
-
-def _accounted(metadata: bytes) -> bool:
-    """Whether a chunk's metadata says its payload was accounted, not written (layout.py)."""
-    return b'"stored":"accounted"' in metadata
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:
@@ -499,13 +513,13 @@ def _scan(client: redis.Redis, pattern: str, count: int = 2000):
             return
 
 
-def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
-    """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
-    all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, int]:
+    """Redis's own memory for one store's keys (SCAN MATCH ``pattern``): ``MEMORY USAGE`` of up to ``sample``
+    keys, scaled to all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in _scan(client, key_prefix(namespace, chunk_size) + "*"):  # a validated name: no glob characters
+    for keys in _scan(client, pattern):
         for key in keys:
             seen += 1
             if sampled < sample:
