@@ -8,6 +8,9 @@ Module map (one concept each):
   server    Redis connections and the embedded server
   layout    key layout and chunk metadata format (names and parsing)
   store     the chunk-hash KV-cache store on Redis: lookup, retrieve, store, LRU capacity
+  kvstore   the store interface replay drives, and the layout registry (kvcli, lmcache)
+  lmcache   LMCache 0.5.6's Redis layout: key strings, the metadata record, KV bytes (names, parsing)
+  lmcache_store  a store in LMCache's layout and lookup protocol (one EXISTS per chunk)
   model     the local Llama-style decoder: prefill(token_ids, past_kv) -> (logits, kv)
   costcurve prefill time as a function of new and cached tokens, fitted from measurements
   radix     token-granular reuse upper bound (unlimited radix tree)
@@ -18,6 +21,7 @@ Module map (one concept each):
   prompts   warm's input: prompt files, trace files and stdin -> tokenized Requests
   inspection read a live cache without changing it: summary, integrity
   chunkmap  one prompt's chunk map on a live cache: where its hit run breaks, and why
+  inspect_lmcache  read an LMCache Redis backend without changing it: chunks, bytes, orphans by model
   purge     delete kvcli's keys of one namespace, nothing else
   route     KV-cache-aware routing simulation across serving nodes (discrete events)
   nodecache the simulated nodes' LRU chunk caches and the hash -> node-bitmask index

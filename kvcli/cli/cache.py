@@ -310,17 +310,20 @@ def _inspect_view(r) -> Group:
 def _lmcache_view(r) -> Group:
     from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_VERSION
 
-    def top(counter) -> str:
-        return ", ".join(f"{k} {n:,}" for k, n in counter.most_common(3)) or "-"
+    def top(counter) -> str:  # the 3 commonest values, with their chunk counts when there is more than one
+        common = counter.most_common(3)
+        return ", ".join(f"{k}" if len(counter) == 1 else f"{k} ({n:,})" for k, n in common) or "-"
 
-    rows = [[g.model_name, g.chunks, g.metadata_keys, g.kv_keys, fmt_bytes(g.kv_value_bytes),
+    short = {"orphan_metadata": "orphan meta", "orphan_kv_bytes": "orphan kv", "bad_metadata": "bad meta",
+             "length_mismatch": "bad length"}
+    rows = [[g.model_name, g.chunks, f"{g.metadata_keys:,} / {g.kv_keys:,}", fmt_bytes(g.kv_value_bytes),
              fmt_bytes(g.metadata_value_bytes), "-" if g.memory_bytes is None else fmt_bytes(g.memory_bytes),
              top(g.by_chunk_tokens), top(g.by_format), top(g.by_dtype),
              f"{top(g.by_world_size)} / {len(g.by_worker_id):,}",
-             ", ".join(f"{k} {len(v):,}" for k, v in sorted(g.issues.items())) or "ok"] for g in r.groups]
+             ", ".join(f"{short[k]} {len(v):,}" for k, v in sorted(g.issues.items())) or "ok"] for g in r.groups]
     table = _table(f"LMCache keys: {r.lmcache_keys:,}; other keys: {r.other_keys:,}",
-                   ["model", "chunks", "metadata", "kv_bytes", "kv bytes", "meta bytes", "redis memory",
-                    "tokens/chunk", "format", "dtype", "world size / workers", "integrity"], rows)
+                   ["model", "chunks", "keys meta / kv", "kv bytes", "meta bytes", "redis memory", "tokens/chunk",
+                    "format", "dtype", "world size / workers", "integrity"], rows)
     s = r.server
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the models, scaled")
