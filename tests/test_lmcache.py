@@ -295,3 +295,22 @@ def test_lmcache_store_refuses_options_it_has_no_counterpart_for(redis_client):
         LMCacheStore(redis_client, StoreConfig("n", 4, "m", "raw", (2, 2, 2, 32), torch.float32,
                                                read_namespace="w"))
     assert redis_client.dbsize() == 0
+
+
+def test_measured_request_materializes_accounted_chunks_in_both_layouts(redis_client, monkeypatch):
+    import kvcli.replay.replayer as replay_mod
+
+    monkeypatch.setattr(replay_mod, "pick_measured", lambda *a: {2})  # only R3 = tokens 1..12 runs the model
+    model = build_model("tiny", "float32", "cpu", seed=0)
+    result = _replayer(redis_client, model, measure=1).replay("t", requests())
+    for rows in result.by_layout.values():
+        cs4, cs8 = rows
+        # as in test_replay: R1 wrote [1-4] [5-8] accounted; R3 hits both and gives them real KV, reads 8 tokens
+        # back, stores [9-12] for real; R6 stores [13-16] accounted. cs 8: R3 materializes [1-8].
+        assert (cs4.materialized_chunks, cs8.materialized_chunks) == (2, 1)
+        assert (cs4.hit_tokens, cs8.hit_tokens) == (28, 24)
+        assert cs4.payload_bytes_written == 3 * 4 * 1024 and cs8.payload_bytes_written == 8 * 1024
+        assert cs4.payload_bytes_accounted == 4 * 1024 and cs8.payload_bytes_accounted == 8 * 1024
+        assert cs4.max_logit_diff < 1e-4
+    lmc4, lmc8 = result.by_layout["lmcache"]
+    assert lmc4.serialized_bytes_read == lmc8.serialized_bytes_read == 8 * 1024  # KV bytes, no header

@@ -68,7 +68,7 @@ class LMCacheStore:
 
     Raises:
         BadInputError: options the layout has no counterpart for (a read-only namespace, an LRU capacity, a TTL),
-            or a KV dtype LMCache's metadata record cannot name.
+            a namespace with '@', or a KV dtype LMCache's metadata record cannot name.
     """
 
     layout = "lmcache"
@@ -79,6 +79,8 @@ class LMCacheStore:
         if config.capacity_tokens or config.capacity_bytes or config.ttl:
             raise BadInputError("a capacity or TTL is not supported with --layout lmcache (LMCache's Redis backend "
                                 "leaves eviction to the server)")
+        if "@" in config.namespace:
+            raise BadInputError(f"namespace {config.namespace!r}: LMCache's keys are split on '@'; use another name")
         if config.dtype not in KEY_DTYPES:
             raise BadInputError(f"LMCache's keys have no name for KV dtype {config.dtype}")
         try:
