@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import redis
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -179,6 +180,23 @@ def test_inspect_sampled_memory_and_cli(redis_url, redis_client):
     assert group["kv_value_bytes"] == 8292 and group["by_chunk_tokens"] == {"4": 5}
     table = CliRunner().invoke(cli_app(), ["inspect", "--layout", "lmcache", "--redis-url", redis_url])
     assert table.exit_code == 0 and "LMCache keys: 14; other keys: 3" in table.stdout
+
+
+def test_inspect_as_a_read_only_acl_user_without_scripts_gets_the_same_answer(make_server):
+    """Only reads allowed (no EVAL_RO): the pipelined per-key fallback gives the same counts and bytes."""
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    admin.acl_setuser("reader", enabled=True, passwords=["+s3cret"], keys=["*"],
+                      commands=["+@read", "+@connection", "+info", "-@scripting"])
+    fill_lmcache(admin)
+    expected = inspect_lmcache(admin).to_dict()
+    host_port = url.split("//", 1)[1]
+    out = CliRunner().invoke(cli_app(), ["inspect", "--layout", "lmcache", "--json", "--redis-url",
+                                         f"redis://reader:s3cret@{host_port}"])
+    assert out.exit_code == 0, out.output
+    got = json.loads(out.stdout)
+    assert (got["keys"], got["groups"]) == (expected["keys"], expected["groups"])
+    assert got["groups"][0]["integrity"] == {"length_mismatch": 1, "orphan_kv_bytes": 1, "orphan_metadata": 1}
 
 
 @pytest.mark.parametrize("args", [["--namespace", "x"], ["--prompt", "hi"], ["--verify"], ["--layout", "vllm"]])

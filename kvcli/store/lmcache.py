@@ -90,17 +90,24 @@ class LMCacheKey:
 
     def to_string(self) -> str:
         """The key string as ``CacheEngineKey.to_string()`` writes it (without the Redis suffix)."""
-        s = f"{self.model_name}@{self.world_size}@{self.worker_id}@{self.chunk_hash:x}@{self.dtype}"
-        if self.layer_id is not None:
-            s += f"@{self.layer_id}"
-        if self.tags:
-            s += "@" + "@".join(f"{k}%{v}" for k, v in self.tags)
-        return s
+        head, tail = key_affixes(self.model_name, self.world_size, self.worker_id, self.dtype, self.layer_id,
+                                 self.tags)
+        return f"{head}{self.chunk_hash:x}{tail}"
 
     def redis_keys(self) -> tuple[str, str]:
         """``(metadata key, kv_bytes key)`` of this chunk."""
         base = self.to_string()
         return base + METADATA_SUFFIX, base + KV_SUFFIX
+
+
+def key_affixes(model_name: str, world_size: int, worker_id: int, dtype: str, layer_id: int | None = None,
+                tags: tuple[tuple[str, str], ...] = ()) -> tuple[str, str]:
+    """``(head, tail)``: the key string of a chunk with these fields is ``head + f"{chunk_hash:x}" + tail`` (so a
+    store formats one key per chunk without building an :class:`LMCacheKey`)."""
+    tail = f"@{dtype}" + ("" if layer_id is None else f"@{layer_id}")
+    if tags:
+        tail += "@" + "@".join(f"{k}%{v}" for k, v in tags)
+    return f"{model_name}@{world_size}@{worker_id}@", tail
 
 
 def parse_key(text: str) -> LMCacheKey:

@@ -46,6 +46,7 @@ from kvcli.store.lmcache import (
     METADATA_SUFFIX,
     fold_hash,
     from_kv_2ltd,
+    key_affixes,
     kv_record,
     pack_record,
     split_redis_key,
@@ -89,8 +90,7 @@ class LMCacheStore:
             raise BadInputError(str(exc)) from None
         self.client, self.config = client, config
         self.model_name = run_model_name(config.namespace, config.chunk_size, config.model_id)
-        self._head = f"{self.model_name}@{world_size}@{worker_id}@"
-        self._tail = f"@{KEY_DTYPES[config.dtype]}"
+        self._head, self._tail = key_affixes(self.model_name, world_size, worker_id, KEY_DTYPES[config.dtype])
         self.stats = StoreStats()
         self._roots: dict[str, bytes] = {}
         self._with_metadata: set[int] = set()
@@ -278,7 +278,7 @@ class LMCacheStore:
     @property
     def key_pattern(self) -> str:
         """SCAN MATCH pattern of this store's keys."""
-        return _glob_escape(self._head.split("@", 1)[0]) + "@*"
+        return _glob_escape(self.model_name) + "@*"
 
     @property
     def value_bytes(self) -> int:
