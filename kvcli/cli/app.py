@@ -100,6 +100,8 @@ def replay(
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
+    layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
+                                             "lookup), or kvcli,lmcache side by side.")] = "kvcli",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
@@ -112,10 +114,13 @@ def replay(
       kvcli replay trace.jsonl --chunk-sizes 64,256 --measure all --json > report.json
 
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --capacity-bytes 64GiB
+
+      kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
     """
     from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
     from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
+    from kvcli.store.kvstore import parse_layouts
     from kvcli.store.server import open_redis
 
     if payload not in ("real", "accounted"):
@@ -130,7 +135,7 @@ def replay(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
-        upper_bound=upper_bound)
+        upper_bound=upper_bound, layouts=parse_layouts(layout))
     options = ModelOptions(model, dtype, device, seed, prefill_tps)
     with open_redis(redis_url) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)

@@ -93,16 +93,21 @@ def inspect(
     request: Annotated[Optional[str], typer.Option(help="Map a trace request: TRACE:LINE.")] = None,
     model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = "cl100k_base",
     cache_salt: Annotated[str, typer.Option(help="Tenant salt for --prompt/--tokens.")] = "", fmt: Format = "auto",
+    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: an LMCache Redis backend's "
+                                             "keys (LMCache 0.5.6 layout), by model.")] = "kvcli",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
-    integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map.
+    integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map; or, with
+    --layout lmcache, what an LMCache Redis backend holds (chunks, bytes, orphans, memory by model).
 
     Examples:
 
       kvcli inspect --redis-url redis://cache:6379 --sample 1000
 
       kvcli inspect --namespace fleet --prompt "You are a helpful assistant." --chunk-size 16 --json
+
+      kvcli inspect --layout lmcache --redis-url redis://lmcache-redis:6379 --sample 2000
     """
     from kvcli.live.chunkmap import chunk_map
     from kvcli.live.inspect import inspect_cache
@@ -110,6 +115,11 @@ def inspect(
     from kvcli.model.presets import model_spec
     from kvcli.store.server import open_redis
 
+    if layout not in ("kvcli", "lmcache"):
+        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    if layout == "lmcache":
+        return _inspect_lmcache(redis_url, sample, json_out, namespace=namespace, verify=verify, prompt=prompt,
+                                tokens=tokens, request=request)
     ids = _prompt_ids(prompt, tokens, request, tokenizer, fmt)
     with open_redis(redis_url) as (client, target):
         if target.embedded:
@@ -123,6 +133,21 @@ def inspect(
             maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tokenizer, ids[1], server)
                     for cs in _sizes(chunk_size or _SIZES)]
     _print("inspect", maps, json_out, _map_view)
+
+
+def _inspect_lmcache(redis_url, sample, json_out, **kvcli_only) -> None:
+    """``inspect --layout lmcache``: refuses kvcli-layout options, then reads and prints the LMCache summary."""
+    from kvcli.live.inspect_lmcache import inspect_lmcache
+    from kvcli.store.server import open_redis
+
+    given = [f"--{k}" for k, v in kvcli_only.items() if v is not None]
+    if given:
+        raise BadInputError(f"{', '.join(given)}: not with --layout lmcache (they read kvcli's own layout)")
+    with open_redis(redis_url) as (client, target):
+        if target.embedded:
+            err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
+        result = inspect_lmcache(client, sample)
+    _print("inspect", result, json_out, _lmcache_view)
 
 
 def purge(
@@ -278,6 +303,33 @@ def _inspect_view(r) -> Group:
                              f"({s.policy}), evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}; "
                              f"MEMORY USAGE: {memory}; checksums "
                              f"{'verified' if r.verified else 'not verified (--verify)'}; "
+                             f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
+                             f"{r.seconds:.2f} s"))
+
+
+def _lmcache_view(r) -> Group:
+    from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_VERSION
+
+    def top(counter) -> str:  # the 3 commonest values, with their chunk counts when there is more than one
+        common = counter.most_common(3)
+        return ", ".join(f"{k}" if len(counter) == 1 else f"{k} ({n:,})" for k, n in common) or "-"
+
+    short = {"orphan_metadata": "orphan meta", "orphan_kv_bytes": "orphan kv", "bad_metadata": "bad meta",
+             "length_mismatch": "bad length"}
+    rows = [[g.model_name, g.chunks, f"{g.metadata_keys:,} / {g.kv_keys:,}", fmt_bytes(g.kv_value_bytes),
+             fmt_bytes(g.metadata_value_bytes), "-" if g.memory_bytes is None else fmt_bytes(g.memory_bytes),
+             top(g.by_chunk_tokens), top(g.by_format), top(g.by_dtype),
+             f"{top(g.by_world_size)} / {len(g.by_worker_id):,}",
+             ", ".join(f"{short[k]} {len(v):,}" for k, v in sorted(g.issues.items())) or "ok"] for g in r.groups]
+    table = _table(f"LMCache keys: {r.lmcache_keys:,}; other keys: {r.other_keys:,}",
+                   ["model", "chunks", "keys meta / kv", "kv bytes", "meta bytes", "redis memory", "tokens/chunk",
+                    "format", "dtype", "world size / workers", "integrity"], rows)
+    s = r.server
+    memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
+              else f"sampled {r.memory_sampled:,} keys across the models, scaled")
+    return Group(table, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector)\n"
+                             f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, evicted_keys "
+                             f"{s.evicted_keys:,}; MEMORY USAGE: {memory}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
                              f"{r.seconds:.2f} s"))
 

@@ -10,7 +10,7 @@ import numpy as np
 import redis
 
 from kvcli.model.costcurve import CostCurve
-from kvcli.store.chunkstore import ChunkStore
+from kvcli.store.kvstore import KVStore
 
 
 def pick_measured(lengths: np.ndarray, count: int | None, max_tokens: int, seed: int) -> set[int]:
@@ -53,13 +53,13 @@ def timed_prefill(model, tokens, past, repeats: int = 2):
     return best, out
 
 
-def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
+def calibrate_transfer(client: redis.Redis, store: KVStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
     """Seconds per chunk to (SET, GET) one chunk-sized value on this server, measured now (min of 3).
 
     Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth
     bound at that size; MEASURED.md).
     """
-    size = store.config.payload_bytes + store.config.header_bytes
+    size = store.value_bytes
     probe = min(size, cap)
     value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
     # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too

@@ -34,8 +34,9 @@ from kvcli.model.presets import ModelSpec
 from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured, timed_prefill
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.upper_bound import RadixUpperBound
-from kvcli.store.chunkstore import ChunkStore, StoreConfig
-from kvcli.store.namespace import purge, redis_memory
+from kvcli.store.chunkstore import StoreConfig
+from kvcli.store.kvstore import KVStore, make_store, purge_run
+from kvcli.store.namespace import redis_memory
 from kvcli.traces.request import Request
 
 
@@ -50,7 +51,8 @@ class _Pending:
 
 
 class Replayer:
-    """Replays traces through one :class:`ChunkStore` per chunk size on one Redis server.
+    """Replays traces through one store (:class:`~kvcli.store.kvstore.KVStore`) per layout and chunk size on one
+    Redis server.
 
     Args:
         client: a redis-py client.
@@ -90,7 +92,7 @@ class Replayer:
         measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
                                  cfg.seed)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
-        stores = [self._make_store(namespace, cs) for cs in cfg.chunk_sizes]
+        stores = [self._make_store(namespace, cs, layout) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
@@ -98,14 +100,15 @@ class Replayer:
             return self._run(name, reader, lengths, measured, stores, progress)
         finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
             if not cfg.keep:
-                purge(self.client, namespace)
+                purge_run(self.client, namespace, cfg.layouts)
 
     def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [calibrate_transfer(self.client, store) for store in stores]
         used_before = int(self.client.info("memory").get("used_memory", 0))
-        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
+        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout)
+                   for store in stores]
         pending = [_Pending() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
         t0 = time.perf_counter()
@@ -127,10 +130,11 @@ class Replayer:
             self._finish(store, res, pend, rate)
         used_after = int(self.client.info("memory").get("used_memory", 0))
         requests = len(lengths) - skipped
+        by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
         return TraceResult(name, requests, skipped, len(measured),
-                           _payload_label(cfg.payload, len(measured), requests), results,
+                           _payload_label(cfg.payload, len(measured), requests), by_layout[cfg.layouts[0]],
                            used_after - used_before, time.perf_counter() - t0,
-                           notes=self._notes(lengths, measured))
+                           notes=self._notes(lengths, measured), by_layout=by_layout)
 
     def _notes(self, lengths: np.ndarray, measured: set[int]) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
@@ -165,9 +169,9 @@ class Replayer:
             raise BadInputError("the trace holds no requests", path=name)
         return np.asarray(lengths, dtype=np.int64)
 
-    def _make_store(self, namespace: str, chunk_size: int) -> ChunkStore:
+    def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli") -> KVStore:
         cfg = self.config
-        return ChunkStore(self.client, StoreConfig(
+        return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
@@ -221,7 +225,7 @@ class Replayer:
             return kv_full[:, :, :, :min(look.hit_tokens, n - 1)], look.hit_chunks
         got = store.retrieve(prompt, lookup=look)
         start = end = got.hit_tokens // store.config.chunk_size
-        while got.break_reason == "no-payload" and end < look.hit_chunks and _accounted(look.metadata[end]):
+        while got.break_reason == "no-payload" and end < look.hit_chunks and store.accounted(prompt, look, end):
             end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
         if end > start:
             done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
@@ -255,7 +259,7 @@ class Replayer:
         seen.update(prompt.hashes[k:])
 
     # -- calibration and totals -----------------------------------------------------------------------------------
-    def _finish(self, store: ChunkStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
+    def _finish(self, store: KVStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
         st = store.stats
         if pend.prompt:
             n, reuse = np.asarray(pend.prompt), np.asarray(pend.reuse)
@@ -266,18 +270,14 @@ class Replayer:
             res.store_seconds_estimated += float(np.sum(pend.new_chunks) * set_s)
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "evicted_chunks", "checksum_failures"):
+                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
+        res.key_bytes_per_chunk = store.key_bytes_per_chunk
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
-
-
-def _accounted(metadata: bytes) -> bool:
-    """Whether a chunk's metadata says its payload was accounted, not written (layout.py)."""
-    return b'"stored":"accounted"' in metadata
+            self.client, store.key_pattern, self.config.memory_sample)
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

@@ -17,6 +17,7 @@ from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
+from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.server import RedisTarget
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import expand_paths
@@ -83,9 +84,18 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
         "metadata_placement": "beside the payload (its own key)",
+        "layouts": {name: LAYOUT_NOTES[name] for name in config.layouts},
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
+
+
+LAYOUT_NOTES = {
+    "kvcli": {"keys": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}", "lookup": "one MGET per request"},
+    "lmcache": {"keys": KEY_FORMAT, "lookup": "one EXISTS per chunk, in order, until the first miss",
+                "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
+                "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
+}
 
 
 def _itemsize(dtype) -> int:
