@@ -10,7 +10,8 @@ Rules, chosen to give the token ids a serving engine (vLLM, SGLang, TGI) prefill
   of parts becomes the text of its parts joined with ``"\\n"`` (other parts as compact JSON, as
   :func:`~kvcli.model.tokenizer_base.message_text` renders them); a tool call's ``arguments`` JSON string becomes
   an object (``{}`` when it is not a JSON object). A conversation the template refuses (many templates raise on
-  roles that do not alternate) is a one-line BadInputError.
+  roles that do not alternate) is a one-line BadInputError. No messages (e.g. a ShareGPT conversation that opens
+  with the assistant) render to no tokens: an engine refuses an empty conversation, and replay skips the request.
 * a ``prompt`` (completion) text is tokenized as vLLM's ``/v1/completions`` does: with the tokenizer's own
   special tokens added (e.g. a BOS), and special-token text in it recognized as special tokens.
 * message pieces (``encode``, used for output lengths) get no special tokens added.
@@ -88,12 +89,15 @@ class HFTokenizer(Tokenizer):
         return self._tok.decode([int(t) for t in token_ids])
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> np.ndarray:
-        """``apply_chat_template`` of the normalized messages (module docstring). Returns ``[tokens]`` ``'<u4'``.
+        """``apply_chat_template`` of the normalized messages (module docstring). Returns ``[tokens]`` ``'<u4'``;
+        empty for no messages (an empty request, which replay skips: engines refuse an empty conversation).
 
         Raises:
             BadInputError: invalid messages; the folder has no chat template; the template refuses them.
         """
         engine_messages = [engine_message(m) for m in check_messages(messages)]
+        if not engine_messages:  # transformers (and an OpenAI-compatible server) refuse an empty conversation
+            return np.zeros(0, dtype=TOKEN_DTYPE)
         if self.chat_template is None:
             raise BadInputError(f"tokenizer {self.path} has no chat template, so it cannot render messages; use a "
                                 f"checkpoint whose tokenizer_config.json or chat_template.jinja has one")
