@@ -152,3 +152,27 @@ def test_wrong_past_kv_is_a_model_failure(model, prompt):
         model.prefill(prompt[4:], torch.zeros(2, 2, 2, 4, 16, dtype=torch.bfloat16))
     with pytest.raises(BadInputError, match=r"\[0, 512\)"):
         model.prefill([5, 512])
+
+
+@pytest.mark.parametrize("arch, kwargs, kv_shape", [
+    # Qwen2: biases on Q/K/V, tied embeddings, one KV head for four query heads; head_dim = 64 / 4 from hidden.
+    ("Qwen2Config", {"num_key_value_heads": 1, "tie_word_embeddings": True}, (2, 2, 1, 16)),
+    # Qwen3: head_dim set apart from hidden / heads (32, not 16), Q/K norms.
+    ("Qwen3Config", {"num_key_value_heads": 2, "head_dim": 32}, (2, 2, 2, 32)),
+])
+def test_other_architectures_take_shapes_from_their_config(tmp_path, arch, kwargs, kv_shape):
+    from kvcli.model.hf_offline import transformers
+
+    tf = transformers()
+    config = getattr(tf, arch)(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                               num_attention_heads=4, **kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        tf.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    assert resolve_spec(str(tmp_path)).kv_shape == kv_shape
+    model = load_model(str(tmp_path), device="cpu")
+    ids = np.arange(1, 60, dtype=np.uint32)
+    full_logits, full_kv = model.prefill(ids, logits_for="all")
+    assert full_kv.shape == (2, 2, kv_shape[2], 59, kv_shape[3])
+    logits, _ = model.prefill(ids[20:], full_kv[:, :, :, :20], logits_for="all")
+    assert (logits - full_logits[20:]).abs().max().item() <= FP32_ATOL

@@ -100,7 +100,8 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     tok_source = context.get("tokenizer_source")
     tok_source = f" from {tok_source}" if tok_source and tok_source != context.get("tokenizer") else ""
     console.print(f"model {context.get('model')}{source} on {context.get('device')}, KV "
-                  f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}{tok_source}; "
+                  f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
+                  f"{tok_source}; "
                   f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
                   f"{context.get('metadata_placement')}", highlight=False)
     if curve:
