@@ -78,8 +78,10 @@ def replay(
                                                   "ShareGPT, SWE-agent .traj; .gz accepted).")],
     chunk_sizes: Annotated[str, typer.Option(help="Chunk sizes to compare, tokens.")] = "16,64,256,1024",
     redis_url: RedisUrl = None,
-    model: Annotated[str, typer.Option(help="Model preset: tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...")] = "cpu",
-    dtype: Annotated[Optional[str], typer.Option(help="KV/model dtype (float32, bfloat16, float16).")] = None,
+    model: Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local "
+                                            "Hugging Face checkpoint folder.")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="KV/model dtype (float32, bfloat16, float16; default: "
+                                                      "the model's).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'.")] = "2",
     measure_max_tokens: Annotated[int, typer.Option(help="Longest prompt picked for measuring.")] = 512,
@@ -89,7 +91,9 @@ def replay(
     capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, payload bytes (e.g. 2GiB).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
                                                              "calibrating the model.")] = None,
-    tokenizer: Annotated[str, typer.Option(help="tiktoken encoding for text prompts.")] = "cl100k_base",
+    tokenizer: Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
+                                                          "(default: the --model folder's own, else cl100k_base).",
+                                                     show_default=False)] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
@@ -116,6 +120,7 @@ def replay(
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --capacity-bytes 64GiB
 
       kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
+      kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
     """
     from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
     from kvcli.replay.results import ReplayConfig

@@ -46,9 +46,10 @@ def timed_prefill(model, tokens, past, repeats: int = 2):
     hundreds of ms at random; the least-disturbed run is the measurement, as for the cost curve)."""
     best, out = float("inf"), None
     for _ in range(repeats):
+        model.synchronize()  # a GPU runs asynchronously: nothing queued earlier may land in this timing
         t0 = time.perf_counter()
-        out = model.prefill(tokens, past)
-        model.synchronize()  # a GPU runs asynchronously: time the work, not its launch
+        out = model.prefill(tokens, past)  # past_kv on the CPU: its copy to the device is timed too
+        model.synchronize()  # ...and the work itself is timed, not its launch
         best = min(best, time.perf_counter() - t0)
     return best, out
 

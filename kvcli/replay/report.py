@@ -128,8 +128,13 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
             console.print(f"  note: {note}")
     curve = context.get("cost_curve", {})
     check = context.get("cost_curve_vs_measured", {})
-    console.print(f"model {context.get('model_id')} on {context.get('device')}, KV {context.get('kv_bytes_per_token'):,} "
-                  f"bytes/token; Redis {context.get('redis')} {context.get('redis_version')}; metadata "
+    source = f" (checkpoint {context['checkpoint']})" if context.get("checkpoint") else ""
+    tok_source = context.get("tokenizer_source")
+    tok_source = f" from {tok_source}" if tok_source and tok_source != context.get("tokenizer") else ""
+    console.print(f"model {context.get('model_id')}{source} on {context.get('device')}, KV "
+                  f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
+                  f"{tok_source}; "
+                  f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
                   f"{context.get('metadata_placement')}", highlight=False)
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "

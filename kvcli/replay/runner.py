@@ -11,8 +11,7 @@ from pathlib import Path
 import redis
 
 from kvcli.model.costcurve import CostCurve, calibrate
-from kvcli.model.llama import build_model
-from kvcli.model.presets import model_spec
+from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
@@ -25,10 +24,11 @@ from kvcli.traces.paths import expand_paths
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Which local model: ``preset`` (see model.PRESETS), ``dtype`` name or None for the preset's, ``device``,
-    ``seed``; ``prefill_tps`` replaces the calibrated cost curve with a constant tokens/s when given."""
+    """Which local model: ``model`` (a preset name, see model.PRESETS, or a Hugging Face checkpoint folder),
+    ``dtype`` name or None for the model's own, ``device``, ``seed`` (presets' weights); ``prefill_tps`` replaces
+    the calibrated cost curve with a constant tokens/s when given."""
 
-    preset: str = "cpu"
+    model: str = "cpu"
     dtype: str | None = None
     device: str = "auto"
     seed: int = 0
@@ -46,13 +46,14 @@ def prepare_model(options: ModelOptions, measure: int | None):
     Returns ``(model or None, curve, calibration samples, spec)``.
 
     Raises:
-        BadInputError: unknown preset or dtype; no way to estimate prefill (nothing measured, no tps).
-        ModelFailure: the model does not fit in memory.
+        BadInputError: unknown preset, checkpoint folder or dtype; no way to estimate prefill (nothing measured,
+            no tps).
+        ModelFailure: the model does not fit in memory or cannot be loaded.
     """
-    spec = model_spec(options.preset, options.dtype, options.seed)  # validates preset and dtype first
+    spec = resolve_spec(options.model, options.dtype, options.seed)  # validates model and dtype first
     if options.prefill_tps is not None and measure == 0:
         return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
-    model = build_model(options.preset, options.dtype, options.device, options.seed)
+    model = load_model(options.model, options.dtype, options.device, options.seed)
     if options.prefill_tps is not None:
         return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
     samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=3, seed=options.seed)
@@ -60,23 +61,29 @@ def prepare_model(options: ModelOptions, measure: int | None):
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
-               model_options: ModelOptions, fmt: str = "auto", tokenizer: str = "cl100k_base",
+               model_options: ModelOptions, fmt: str = "auto", tokenizer: str | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
-    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
+    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
+
+    ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when
+    ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
+    """
     files = expand_paths(paths)
-    get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
+    tokenizer = resolve_tokenizer(tokenizer, model_options.model)
+    tok = get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
     model, curve, _, spec = prepare_model(model_options, config.measure)
-    replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
+    replayer = Replayer(client, model, curve, tok.name, config, spec=spec)
     results = []
     for path in files:
         def step(done: int, total: int, _name=path.name) -> None:
             if progress:
                 progress(_name, done, total)
-        results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
+        results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tok), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
-        "model_id": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
-        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tokenizer,
+        "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
+        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tok.name,
+        "tokenizer_source": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
