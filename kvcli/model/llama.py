@@ -2,8 +2,10 @@
 
 Architecture (Llama 3 / Qwen2 family, without biases): token embedding, ``layers`` blocks of
 (RMSNorm -> grouped-query attention with rotary positions -> residual, RMSNorm -> SwiGLU MLP -> residual),
-a final RMSNorm and an untied LM head. RoPE uses the "rotate half" layout of Hugging Face's Llama code, so the
-weights of a real checkpoint would load without permutation.
+a final RMSNorm and an untied LM head. Attention after a cached prefix runs on unmasked fast kernels
+(:func:`kvcli.model.attention.prefix_attention`), so a suffix prefill costs what is left to compute. RoPE uses the
+"rotate half" layout of Hugging Face's Llama code, so the weights of a real checkpoint would load without
+permutation.
 
 Weights are random but seeded (``torch.Generator``, normal with std 0.02, as a fresh Llama is initialised), so the
 same preset, seed and dtype always give the same model, logits and KV. Real-model presets (``qwen2.5-0.5b``,
