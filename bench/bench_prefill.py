@@ -11,26 +11,16 @@ The machine is noisy: min is the least-disturbed run (near the hardware), median
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import time
+import sys
 
 import numpy as np
 
 from kvcli.model.llama import build_model
 
-
-def _times(fns, repeats: int) -> list[list[float]]:
-    """Seconds of ``repeats`` calls of each function, after one warm-up each. Calls are interleaved, so a slow
-    spell of the machine lands on both sides of a comparison instead of on one."""
-    for fn in fns:
-        fn()
-    out: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeats):
-        for fn, times in zip(fns, out):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-    return out
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import interleaved  # noqa: E402
 
 
 def main() -> None:
@@ -60,7 +50,7 @@ def main() -> None:
                 model.prefill(tokens[cached:length], prefix_kv)
                 model.synchronize()
 
-            tf, tc = _times([full, hit], args.repeats)
+            tf, tc = interleaved([full, hit], args.repeats)
             fmin, fmed, cmin, cmed = min(tf), statistics.median(tf), min(tc), statistics.median(tc)
             print(f"{model.model_id:<24} {length:>6} {cached:>6} | {fmin:>7.3f}/{fmed:<7.3f} "
                   f"{length / fmin:>9,.0f}/{length / fmed:<9,.0f} | {cmin:>8.3f}/{cmed:<7.3f} "

@@ -14,17 +14,16 @@ Attention is kvcli's, registered with transformers' ``AttentionInterface`` as ``
 loaded with ``attn_implementation="kvcli_prefix"``). transformers builds no mask for an implementation it has
 no mask function for, so the registered function gets queries of the ``n`` new tokens and keys of all
 ``past + n`` tokens of one sequence, and applies the causal rule itself: new token ``i`` attends keys
-``0 .. past + i``. It calls :data:`prefix_attention`, the swap point for a faster cached-prefix kernel.
+``0 .. past + i``. It calls :func:`prefix_attention` (looked up at every call, so tests can spy on it).
 """
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from kvcli.errors import BadInputError, ModelFailure
+from kvcli.model import attention
 from kvcli.model.checkpoint import Checkpoint, read_checkpoint
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.llama import available_bytes, check_past_kv, resolve_device, token_tensor
@@ -33,9 +32,11 @@ from kvcli.model.presets import _SHORT
 ATTENTION_NAME = "kvcli_prefix"
 
 
-def sdpa_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                          scale: float | None = None) -> torch.Tensor:
-    """Causal attention of ``n`` new queries over ``past + n`` keys, exact, with torch's SDPA.
+def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
+    """Causal attention of ``n`` new queries over ``past + n`` keys, for transformers' attention interface:
+    :func:`kvcli.model.attention.prefix_attention` (the cached prefix unmasked plus a causal block over the new
+    keys, merged by log-sum-exp, on the fast kernels) with ``past = key length - n``.
 
     Args:
         query: ``[batch, heads, n, head_dim]``. key, value: ``[batch, kv_heads, past + n, head_dim]``
@@ -44,23 +45,8 @@ def sdpa_prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 
     Returns:
         ``[batch, heads, n, head_dim]``: query ``i`` attends keys ``0 .. past + i``.
-
-    Without a past (``n == past + n``) SDPA's ``is_causal`` path runs (its fast kernels); one new token
-    attends every key unmasked; otherwise an explicit lower-right causal boolean mask is passed, which is
-    exact but keeps SDPA off its fastest kernels (the slowdown of issue 8).
     """
-    n, total = query.shape[-2], key.shape[-2]
-    if n == total or n == 1:
-        return F.scaled_dot_product_attention(query, key, value, is_causal=n > 1, scale=scale, enable_gqa=True)
-    mask = (torch.arange(total, device=query.device)[None, :]
-            <= torch.arange(total - n, total, device=query.device)[:, None])
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale, enable_gqa=True)
-
-
-#: The cached-prefix attention the registered ``"kvcli_prefix"`` implementation calls (looked up at every call,
-#: so assigning ``kvcli.model.hf.prefix_attention = f`` swaps it). Signature and shapes as
-#: :func:`sdpa_prefix_attention`. Plug ``kvcli.model.attention.prefix_attention`` in here when it exists.
-prefix_attention: Callable[..., torch.Tensor] = sdpa_prefix_attention
+    return attention.prefix_attention(query, key, value, None, scale)
 
 
 def _kvcli_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -2,8 +2,10 @@
 
 Architecture (Llama 3 / Qwen2 family, without biases): token embedding, ``layers`` blocks of
 (RMSNorm -> grouped-query attention with rotary positions -> residual, RMSNorm -> SwiGLU MLP -> residual),
-a final RMSNorm and an untied LM head. RoPE uses the "rotate half" layout of Hugging Face's Llama code, so the
-weights of a real checkpoint would load without permutation.
+a final RMSNorm and an untied LM head. Attention after a cached prefix runs on unmasked fast kernels
+(:func:`kvcli.model.attention.prefix_attention`), so a suffix prefill costs what is left to compute. RoPE uses the
+"rotate half" layout of Hugging Face's Llama code, so the weights of a real checkpoint would load without
+permutation.
 
 Weights are random but seeded (``torch.Generator``, normal with std 0.02, as a fresh Llama is initialised), so the
 same preset, seed and dtype always give the same model, logits and KV. Real-model presets (``qwen2.5-0.5b``,
@@ -23,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from kvcli.errors import BadInputError, ModelFailure
+from kvcli.model.attention import prefix_attention
 from kvcli.model.presets import _SHORT, ModelConfig, ModelSpec, get_preset, model_id_for, parse_dtype
 
 
@@ -125,6 +128,7 @@ class LocalModel:
         layers, two, heads, _, dim = config.kv_shape(1)
         self.spec = ModelSpec(self.model_id, (layers, two, heads, dim), dtype)
         self.kv_bytes_per_token = config.kv_bytes_per_token(dtype)
+        self._masked_attention = False  # True: the old explicit-mask attention (bench/bench_cached_attention.py)
         c = config
         # Drawn on the CPU in float32 in a fixed order, then cast and moved: the same seed gives the same weights
         # whatever the device. std 0.02 as a fresh Llama; norm weights 1.
@@ -200,8 +204,6 @@ class LocalModel:
         angles = positions[:, None].float() * self._inv_freq
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos(), angles.sin()
-        # Query i (absolute position past + i) sees keys 0 .. past + i: causal, aligned to the lower right.
-        mask = torch.arange(total, device=self.device)[None, :] <= positions[:, None] if past and n > 1 else None
         q_rows, kv_rows = c.heads * c.head_dim, c.kv_heads * c.head_dim
         x = self.embed[ids]
         for layer, b in enumerate(self.blocks):
@@ -210,9 +212,9 @@ class LocalModel:
             k = qkv[:, q_rows:q_rows + kv_rows].view(n, c.kv_heads, c.head_dim).transpose(0, 1)
             kv[layer, 0, :, past:] = _rope(k, cos, sin)
             kv[layer, 1, :, past:] = qkv[:, q_rows + kv_rows:].view(n, c.kv_heads, c.head_dim).transpose(0, 1)
-            att = F.scaled_dot_product_attention(q[None], kv[layer, 0][None], kv[layer, 1][None], attn_mask=mask,
-                                                 is_causal=(past == 0 and n > 1), enable_gqa=True)
-            x = x + F.linear(att[0].transpose(0, 1).reshape(n, q_rows), b.w_o)
+            # Query i (absolute position past + i) sees keys 0 .. past + i: causal, aligned to the lower right.
+            att = prefix_attention(q, kv[layer, 0], kv[layer, 1], past, _masked=self._masked_attention)
+            x = x + F.linear(att.transpose(0, 1).reshape(n, q_rows), b.w_o)
             gate, up = F.linear(_rmsnorm(x, b.mlp_norm, c.norm_eps), b.w_gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, b.w_down)
         rows = x[-1:] if logits_for == "last" else x

@@ -72,9 +72,11 @@ def test_cached_prefill_equals_full_prefill_bf16(tiny_checkpoint, prompt):
 def test_the_cached_path_runs_kvcli_attention(model, prompt, monkeypatch):
     calls = []
 
+    real = hf.prefix_attention
+
     def spy(query, key, value, scale=None):
         calls.append((query.shape[-2], key.shape[-2]))
-        return hf.sdpa_prefix_attention(query, key, value, scale)
+        return real(query, key, value, scale)
 
     monkeypatch.setattr(hf, "prefix_attention", spy)
     _, kv = model.prefill(prompt[:40])
@@ -87,7 +89,7 @@ def test_prefix_attention_matches_a_masked_reference():
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 4, 5, 16, generator=g), torch.randn(1, 2, 12, 16, generator=g), \
         torch.randn(1, 2, 12, 16, generator=g)
-    out = hf.sdpa_prefix_attention(q, k, v)
+    out = hf.prefix_attention(q, k, v)
     kr, vr = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
     scores = q @ kr.transpose(-1, -2) / 4.0  # head_dim 16: scale 1/4
     allowed = torch.arange(12)[None, :] <= torch.arange(7, 12)[:, None]  # query i (position 7 + i) sees 0..7+i

@@ -1,0 +1,117 @@
+"""Exact prefill FLOPs from a model's shapes: ``prefill_flops(config, new_tokens, cached_tokens)``.
+
+Accounting: every matrix multiply of an ``[m, k]`` by a ``[k, n]`` matrix costs ``2 * m * k * n`` FLOPs (one
+multiply-add is 2 FLOPs), the standard "2 x parameters x tokens" accounting of Kaplan et al. 2020, "Scaling Laws
+for Neural Language Models" (arXiv:2001.08361), Table 1, and of Hoffmann et al. 2022 (Chinchilla, arXiv:2203.15556),
+Appendix F. As there, only matrix multiplies count: embeddings (a gather) cost 0, and norms, rotary embedding,
+softmax, SiLU and residual adds (``O(hidden)`` per token, under 1 % of a block) are left out. This is also what
+``torch.utils.flop_counter.FlopCounterMode`` counts (``mm``, ``bmm``, attention), so the two agree exactly on
+kvcli's forward pass (tests/test_flops.py).
+
+Per new token, for a Llama-style decoder (:class:`~kvcli.model.presets.ModelConfig`: ``layers``, ``hidden``,
+``heads``, ``kv_heads``, ``head_dim``, ``ffn``, ``vocab``):
+
+- Q, K, V projections: ``2 * hidden * (heads + 2 * kv_heads) * head_dim`` per layer (grouped-query attention: K and
+  V have ``kv_heads`` heads);
+- output projection: ``2 * heads * head_dim * hidden`` per layer;
+- SwiGLU MLP, three matrices (gate, up, down): ``2 * 3 * hidden * ffn`` per layer;
+- attention: per (query, key) pair and query head, ``2 * head_dim`` for the score ``q . k`` and ``2 * head_dim``
+  for the weighted sum of values, so ``4 * heads * head_dim`` per pair per layer. Causal attention after ``c``
+  cached tokens: new token ``i`` (0-based) sees ``c + i + 1`` keys, so ``n`` new tokens make
+  ``n * c + n * (n + 1) / 2`` pairs (:func:`attention_pairs`), counted exactly rather than Kaplan's
+  ``n_ctx / 2`` average;
+- LM head: ``2 * hidden * vocab`` per row of logits computed: 1 row for a prefill that returns the last token's
+  logits (what serving needs), ``n`` for all.
+
+Saved prefill FLOPs of a cache hit of ``c`` tokens on a prompt of ``p``: ``prefill_flops(cfg, p, 0) -
+prefill_flops(cfg, p - c, c)`` (:func:`saved_prefill_flops`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvcli.errors import BadInputError
+from kvcli.model.presets import ModelConfig
+
+
+def _counts(new_tokens, cached_tokens) -> tuple[np.ndarray, np.ndarray]:
+    n = np.asarray(new_tokens, dtype=np.float64)
+    c = np.asarray(cached_tokens, dtype=np.float64)
+    if (n < 0).any() or (c < 0).any():
+        raise BadInputError("token counts must be >= 0")
+    return n, c
+
+
+def attention_pairs(new_tokens, cached_tokens=0) -> np.ndarray:
+    """(query, key) pairs of causal attention for ``new_tokens`` after ``cached_tokens``, per head and layer:
+    ``n * c + n * (n + 1) / 2`` (new token ``i`` sees ``c + i + 1`` keys). Vectorized (numpy broadcasting);
+    float64, exact below ``2**53``.
+
+    Raises:
+        BadInputError: a negative count.
+    """
+    n, c = _counts(new_tokens, cached_tokens)
+    return n * c + n * (n + 1) / 2
+
+
+def prefill_flops_breakdown(config: ModelConfig, new_tokens, cached_tokens=0,
+                            logits_for: str = "last") -> dict[str, np.ndarray]:
+    """FLOPs of a prefill of ``new_tokens`` after ``cached_tokens``, by part (module docstring: the formula).
+
+    Args:
+        config: the model's shapes.
+        new_tokens: tokens computed, ``>= 0`` (int or numpy array).
+        cached_tokens: tokens before them whose KV is reused, ``>= 0`` (broadcast with ``new_tokens``).
+        logits_for: ``"last"`` (one row of logits when ``new_tokens >= 1``) or ``"all"`` (one per new token), as
+            :meth:`kvcli.model.llama.LocalModel.prefill`.
+
+    Returns:
+        ``{"qkv", "out_proj", "mlp", "attention", "lm_head"}`` -> FLOPs, float64 arrays of the broadcast shape
+        (exact integers below ``2**53`` = 9.0e15; float64 so that sums over a trace cannot overflow).
+
+    Raises:
+        BadInputError: a negative count or a bad ``logits_for``.
+    """
+    if logits_for not in ("last", "all"):
+        raise BadInputError(f"logits_for must be 'last' or 'all', got {logits_for!r}")
+    n, c = _counts(new_tokens, cached_tokens)
+    g = config
+    per_layer = {
+        "qkv": 2.0 * g.hidden * (g.heads + 2 * g.kv_heads) * g.head_dim * n,
+        "out_proj": 2.0 * g.heads * g.head_dim * g.hidden * n,
+        "mlp": 2.0 * 3 * g.hidden * g.ffn * n,
+        "attention": 4.0 * g.heads * g.head_dim * attention_pairs(n, c),
+    }
+    out = {k: g.layers * v for k, v in per_layer.items()}
+    rows = np.minimum(n, 1) if logits_for == "last" else n
+    out["lm_head"] = 2.0 * g.hidden * g.vocab * rows
+    return {k: np.broadcast_to(v, np.broadcast(n, c).shape).copy() for k, v in out.items()}
+
+
+def prefill_flops(config: ModelConfig, new_tokens, cached_tokens=0, logits_for: str = "last") -> np.ndarray:
+    """Total FLOPs of a prefill of ``new_tokens`` after ``cached_tokens``: the sum of
+    :func:`prefill_flops_breakdown` (projections, MLP, causal attention pairs, LM head rows; embeddings 0).
+
+    Example: the ``tiny`` preset, 4 new tokens, none cached: 2 layers x (QKV 131,072 + output 65,536 +
+    MLP 196,608 + attention 5,120) + LM head 12,845,056 = 13,641,728.
+
+    Returns:
+        FLOPs, float64 of the broadcast shape of ``new_tokens`` and ``cached_tokens``.
+
+    Raises:
+        BadInputError: a negative count or a bad ``logits_for``.
+    """
+    return sum(prefill_flops_breakdown(config, new_tokens, cached_tokens, logits_for).values())
+
+
+def saved_prefill_flops(config: ModelConfig, prompt_tokens, hit_tokens) -> np.ndarray:
+    """FLOPs a cache hit of ``hit_tokens`` saves on a prompt of ``prompt_tokens`` (last-row logits):
+    ``prefill_flops(config, prompt, 0) - prefill_flops(config, prompt - hit, hit)``. Vectorized; float64.
+
+    Raises:
+        BadInputError: a negative count, or ``hit_tokens > prompt_tokens``.
+    """
+    p, h = _counts(prompt_tokens, hit_tokens)
+    if (h > p).any():
+        raise BadInputError("hit_tokens must be <= prompt_tokens")
+    return prefill_flops(config, p, 0) - prefill_flops(config, p - h, h)
