@@ -8,7 +8,9 @@ tokens; "suffix" prefills the last ``new = total - cached`` after the KV of the 
 prefill, untimed), as a cache hit would, with kvcli's attention (kvcli.model.attention: unmasked cached part plus a
 causal block, merged by log-sum-exp); "old" is the same suffix through the explicit-mask attention kvcli used before.
 Last-token logits only, as serving. The FLOP ratio is ``prefill_flops(new, cached) / prefill_flops(total, 0)``
-(kvcli.model.flops): a suffix whose time tracks the work left has a time ratio near it.
+(kvcli.model.flops): a suffix whose time tracks the work left has a time ratio near it. The pairs ratio is
+attention's alone (causal (query, key) pairs). Where attention runs at fewer FLOP/s than the matrix multiplies (bf16
+on this CPU: ~30 vs ~180 GFLOP/s, torch.profiler), the time ratio lies between the FLOP ratio and the pairs ratio.
 
 Ratios: "min" is min(suffix) / min(full), the least-disturbed runs; "med" is median / median. All calls of one prompt
 length are interleaved, so a slow spell of this noisy machine lands on every column. One torch thread by default
@@ -24,7 +26,7 @@ import sys
 import numpy as np
 import torch
 
-from kvcli.model.flops import prefill_flops
+from kvcli.model.flops import attention_pairs, prefill_flops
 from kvcli.model.llama import build_model
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -61,7 +63,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {args.repeats} repeats; "
           f"ratios are suffix / full, min/med")
     print(f"{'model':<24} {'total':>6} {'cached':>6} {'share':>5} {'new':>6} | {'full s min/med':>15} | "
-          f"{'FLOP ratio':>10} | {'suffix ratio':>12} | {'old masked':>10}")
+          f"{'FLOP ratio':>10} {'pairs ratio':>11} | {'suffix ratio':>12} | {'old masked':>10}")
     for preset in args.presets:
         model = build_model(preset, dtype=args.dtype, device="cpu")
         tokens = np.random.default_rng(0).integers(0, model.config.vocab, max(args.totals), dtype=np.uint32)
@@ -80,9 +82,10 @@ def main() -> None:
             for i, cached in enumerate(splits):
                 new = total - cached
                 flop_ratio = prefill_flops(model.config, new, cached) / prefill_flops(model.config, total, 0)
+                pairs_ratio = attention_pairs(new, cached) / attention_pairs(total)
                 old = "-" if args.no_old else _ratio(rest[per * i + 1], full)
                 print(f"{model.model_id:<24} {total:>6} {cached:>6} {cached / total:>5.0%} {new:>6} | "
-                      f"{min(full):>7.3f}/{statistics.median(full):<7.3f} | {flop_ratio:>10.2f} | "
+                      f"{min(full):>7.3f}/{statistics.median(full):<7.3f} | {flop_ratio:>10.2f} {pairs_ratio:>11.2f} | "
                       f"{_ratio(rest[per * i], full):>12} | {old:>10}", flush=True)
             del full_kv, fns
 

@@ -42,3 +42,20 @@ def make_server():
 
     with stack:
         yield start
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A tiny random Llama checkpoint folder with its own tokenizer and Llama-3-style chat template (2 layers,
+    2 KV heads of 16, fp32, 512-row vocabulary, seed 0), written at test time: nothing is downloaded."""
+    from kvcli.model.hf_tiny import write_tiny_checkpoint
+
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-a"), vocab=512, seed=0))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint_b(tmp_path_factory):
+    """The same as :func:`tiny_checkpoint` with weight seed 1: same config.json and file sizes, other weights."""
+    from kvcli.model.hf_tiny import write_tiny_checkpoint
+
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-b"), vocab=512, seed=1))

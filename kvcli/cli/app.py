@@ -78,8 +78,10 @@ def replay(
                                                   "ShareGPT, SWE-agent .traj; .gz accepted).")],
     chunk_sizes: Annotated[str, typer.Option(help="Chunk sizes to compare, tokens.")] = "16,64,256,1024",
     redis_url: RedisUrl = None,
-    model: Annotated[str, typer.Option(help="Model preset: tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...")] = "cpu",
-    dtype: Annotated[Optional[str], typer.Option(help="KV/model dtype (float32, bfloat16, float16).")] = None,
+    model: Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local "
+                                            "Hugging Face checkpoint folder.")] = "cpu",
+    dtype: Annotated[Optional[str], typer.Option(help="KV/model dtype (float32, bfloat16, float16; default: "
+                                                      "the model's).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'.")] = "2",
     measure_max_tokens: Annotated[int, typer.Option(help="Most tokens of a measured prompt that run the model; "
@@ -107,7 +109,9 @@ def replay(
     capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, payload bytes (e.g. 2GiB).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
                                                              "calibrating the model.")] = None,
-    tokenizer: Annotated[str, typer.Option(help="tiktoken encoding for text prompts.")] = "cl100k_base",
+    tokenizer: Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
+                                                          "(default: the --model folder's own, else cl100k_base).",
+                                                     show_default=False)] = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
@@ -118,6 +122,8 @@ def replay(
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
+    layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
+                                             "lookup), or kvcli,lmcache side by side.")] = "kvcli",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
@@ -132,10 +138,13 @@ def replay(
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --capacity-bytes 64GiB
 
       kvcli replay trace.jsonl --link-gbps 25 --rtt-ms 0.2     # a Redis across a 25 Gbit/s network
+      kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
+      kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
     """
     from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
     from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
+    from kvcli.store.kvstore import parse_layouts
     from kvcli.store.server import open_redis
 
     if payload not in ("real", "accounted"):
@@ -159,7 +168,7 @@ def replay(
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
         upper_bound=upper_bound, measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds,
         store_mode=store_mode, link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3,
-        allow_evictions=allow_evictions)
+        allow_evictions=allow_evictions, layouts=parse_layouts(layout))
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads)
     with open_redis(redis_url) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)

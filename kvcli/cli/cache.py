@@ -27,10 +27,13 @@ RedisUrl = Annotated[Optional[str], typer.Option("--redis-url", envvar="REDIS_UR
                                                       "embedded server started (and stopped) for this command.")]
 Namespace = Annotated[str, typer.Option(help="Key namespace.")]
 ChunkSizes = Annotated[str, typer.Option("--chunk-size", "--chunk-sizes", help="Chunk sizes, tokens (comma list).")]
-Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...).")]
-Dtype = Annotated[Optional[str], typer.Option(help="Model/KV dtype (default: the preset's).")]
-Seed = Annotated[int, typer.Option(help="Model weight seed (part of the model id).")]
-Tokenizer = Annotated[str, typer.Option(help="tiktoken encoding for text prompts.")]
+Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local Hugging "
+                                         "Face checkpoint folder.")]
+Dtype = Annotated[Optional[str], typer.Option(help="Model/KV dtype (default: the model's).")]
+Seed = Annotated[int, typer.Option(help="Model weight seed of a preset (part of its model id).")]
+Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
+                                                       "(default: the --model folder's own, else cl100k_base).",
+                                                  show_default=False)]
 Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, sharegpt, swe-agent.")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
@@ -40,7 +43,7 @@ def warm(
                                                  "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
     namespace: Namespace = "default", chunk_size: ChunkSizes = _SIZES, model: Model = "cpu", dtype: Dtype = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto", seed: Seed = 0,
-    tokenizer: Tokenizer = "cl100k_base", fmt: Format = "auto",
+    tokenizer: Tokenizer = None, fmt: Format = "auto",
     ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1)] = None,
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
     strict: Annotated[bool, typer.Option(help="Refuse to write when the estimate does not fit maxmemory.")] = False,
@@ -58,15 +61,15 @@ def warm(
     """
     from kvcli.live.warm import WarmConfig
     from kvcli.live.warm import warm as run_warm
-    from kvcli.model.llama import build_model
-    from kvcli.model.presets import model_spec
+    from kvcli.model.load import load_model, open_tokenizer, resolve_spec
     from kvcli.store.server import open_redis
     from kvcli.traces.prompts import read_prompts
 
-    config = WarmConfig(namespace, _sizes(chunk_size), tokenizer, ttl, dry_run, strict)
-    requests = read_prompts(sources, fmt, tokenizer)
-    spec = model_spec(model, dtype, seed)
-    local = None if dry_run else build_model(model, dtype, device, seed)
+    tok = open_tokenizer(tokenizer, model)
+    config = WarmConfig(namespace, _sizes(chunk_size), tok.name, ttl, dry_run, strict)
+    requests = read_prompts(sources, fmt, tok)
+    spec = resolve_spec(model, dtype, seed)
+    local = None if dry_run else load_model(model, dtype, device, seed)
     with open_redis(redis_url) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
@@ -91,39 +94,65 @@ def inspect(
     prompt: Annotated[Optional[str], typer.Option(help="Map this prompt text's chunks.")] = None,
     tokens: Annotated[Optional[Path], typer.Option(help="Map the token ids in FILE (integers).")] = None,
     request: Annotated[Optional[str], typer.Option(help="Map a trace request: TRACE:LINE.")] = None,
-    model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = "cl100k_base",
+    model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = None,
     cache_salt: Annotated[str, typer.Option(help="Tenant salt for --prompt/--tokens.")] = "", fmt: Format = "auto",
+    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: an LMCache Redis backend's "
+                                             "keys (LMCache 0.5.6 layout), by model.")] = "kvcli",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
-    integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map.
+    integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map; or, with
+    --layout lmcache, what an LMCache Redis backend holds (chunks, bytes, orphans, memory by model).
 
     Examples:
 
       kvcli inspect --redis-url redis://cache:6379 --sample 1000
 
       kvcli inspect --namespace fleet --prompt "You are a helpful assistant." --chunk-size 16 --json
+
+      kvcli inspect --layout lmcache --redis-url redis://lmcache-redis:6379 --sample 2000
     """
     from kvcli.live.chunkmap import chunk_map
     from kvcli.live.inspect import inspect_cache
     from kvcli.live.reading import reader
-    from kvcli.model.presets import model_spec
+    from kvcli.model.load import model_id_of, open_tokenizer
     from kvcli.store.preflight import server_memory
     from kvcli.store.server import open_redis
 
-    ids = _prompt_ids(prompt, tokens, request, tokenizer, fmt)
+    if layout not in ("kvcli", "lmcache"):
+        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    if layout == "lmcache":
+        return _inspect_lmcache(redis_url, sample, json_out, namespace=namespace, verify=verify, prompt=prompt,
+                                tokens=tokens, request=request)
+    tok = open_tokenizer(tokenizer, model) if any(x is not None for x in (prompt, tokens, request)) else None
+    ids = _prompt_ids(prompt, tokens, request, tok, fmt)
     with open_redis(redis_url) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         if ids is None:
             result = inspect_cache(client, namespace, sample, verify)
             return _print("inspect", result, json_out, _inspect_view)
-        model_id = model if "/" in model else model_spec(model, dtype, seed).model_id
+        model_id = model_id_of(model, dtype, seed)
         with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
             server = server_memory(conn)
-            maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tokenizer, ids[1], server)
+            maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tok.name, ids[1], server)
                     for cs in _sizes(chunk_size or _SIZES)]
     _print("inspect", maps, json_out, _map_view)
+
+
+def _inspect_lmcache(redis_url, sample, json_out, **kvcli_only) -> None:
+    """``inspect --layout lmcache``: refuses kvcli-layout options, then reads and prints the LMCache summary."""
+    from kvcli.live.inspect_lmcache import inspect_lmcache
+    from kvcli.store.server import open_redis
+
+    given = [f"--{k}" for k, v in kvcli_only.items() if v is not None]
+    if given:
+        raise BadInputError(f"{', '.join(given)}: not with --layout lmcache (they read kvcli's own layout)")
+    with open_redis(redis_url) as (client, target):
+        if target.embedded:
+            err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
+        result = inspect_lmcache(client, sample)
+    _print("inspect", result, json_out, _lmcache_view)
 
 
 def purge(
@@ -168,14 +197,13 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
-    """``(token ids, cache salt)`` of the one prompt to map, or None for the summary."""
+def _prompt_ids(prompt, tokens, request, tok, fmt: str):
+    """``(token ids, cache salt)`` of the one prompt to map (text tokenized with ``tok``), or None for the
+    summary."""
     if sum(x is not None for x in (prompt, tokens, request)) > 1:
         raise BadInputError("give one of --prompt, --tokens, --request")
     if prompt is not None:
-        from kvcli.model.tokenize import get_tokenizer
-
-        return get_tokenizer(tokenizer).encode(prompt), ""
+        return tok.encode_prompt(prompt), ""
     if tokens is not None:
         try:
             ids = [int(x) for x in re.findall(r"-?\d+", tokens.read_text(encoding="utf-8"))]
@@ -193,7 +221,7 @@ def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
         path, _, line = request.rpartition(":")
         if not path or not line.isdigit():
             raise BadInputError(f"--request must be TRACE:LINE, got {request!r}")
-        for r in read_trace(path, fmt, tokenizer):
+        for r in read_trace(path, fmt, tok):
             if r.source.rpartition(":")[2] == line:
                 return r.token_ids, r.cache_salt
         raise BadInputError(f"no request at line {line}", path=path)
@@ -279,6 +307,33 @@ def _inspect_view(r) -> Group:
                              f"({s.policy}), evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}; "
                              f"MEMORY USAGE: {memory}; checksums "
                              f"{'verified' if r.verified else 'not verified (--verify)'}; "
+                             f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
+                             f"{r.seconds:.2f} s"))
+
+
+def _lmcache_view(r) -> Group:
+    from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_VERSION
+
+    def top(counter) -> str:  # the 3 commonest values, with their chunk counts when there is more than one
+        common = counter.most_common(3)
+        return ", ".join(f"{k}" if len(counter) == 1 else f"{k} ({n:,})" for k, n in common) or "-"
+
+    short = {"orphan_metadata": "orphan meta", "orphan_kv_bytes": "orphan kv", "bad_metadata": "bad meta",
+             "length_mismatch": "bad length"}
+    rows = [[g.model_name, g.chunks, f"{g.metadata_keys:,} / {g.kv_keys:,}", fmt_bytes(g.kv_value_bytes),
+             fmt_bytes(g.metadata_value_bytes), "-" if g.memory_bytes is None else fmt_bytes(g.memory_bytes),
+             top(g.by_chunk_tokens), top(g.by_format), top(g.by_dtype),
+             f"{top(g.by_world_size)} / {len(g.by_worker_id):,}",
+             ", ".join(f"{short[k]} {len(v):,}" for k, v in sorted(g.issues.items())) or "ok"] for g in r.groups]
+    table = _table(f"LMCache keys: {r.lmcache_keys:,}; other keys: {r.other_keys:,}",
+                   ["model", "chunks", "keys meta / kv", "kv bytes", "meta bytes", "redis memory", "tokens/chunk",
+                    "format", "dtype", "world size / workers", "integrity"], rows)
+    s = r.server
+    memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
+              else f"sampled {r.memory_sampled:,} keys across the models, scaled")
+    return Group(table, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector)\n"
+                             f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, evicted_keys "
+                             f"{s.evicted_keys:,}; MEMORY USAGE: {memory}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
                              f"{r.seconds:.2f} s"))
 

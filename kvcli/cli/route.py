@@ -33,7 +33,8 @@ def route(
                                    rich_help_panel=CLUSTER)] = 256,
     prefill_tps: Annotated[Optional[float], Opt(help="Prefill tokens/s per node; default: measure the "
                                                 "--model's cost curve now.", rich_help_panel=CLUSTER)] = None,
-    model: Annotated[str, Opt(help="Model preset for the cost curve and byte capacities.",
+    model: Annotated[str, Opt(help="Model preset or Hugging Face checkpoint folder for the cost curve and byte "
+                                   "capacities.",
                               rich_help_panel=CLUSTER)] = "cpu",
     decode_tpot: Annotated[float, Opt(help="Seconds per output token after the first.",
                                       rich_help_panel=CLUSTER)] = 0.02,
@@ -73,7 +74,9 @@ def route(
     limit: Annotated[Optional[int], Opt(help="Only the first N requests (N >= 1).", rich_help_panel=IO)] = None,
     fmt: Annotated[str, Opt("--format", help="auto, native, mooncake, sharegpt, swe-agent.",
                             rich_help_panel=IO)] = "auto",
-    tokenizer: Annotated[str, Opt(help="tiktoken encoding for text prompts.", rich_help_panel=IO)] = "cl100k_base",
+    tokenizer: Annotated[Optional[str], Opt(help="tiktoken encoding or tokenizer folder for text prompts (default: "
+                                             "the --model folder's own, else cl100k_base).", show_default=False,
+                                             rich_help_panel=IO)] = None,
     json_out: Annotated[bool, Opt("--json", help="Print one JSON document on stdout.", rich_help_panel=IO)] = False,
     plot: Annotated[Optional[Path], Opt(metavar="<file>", help="Write hit ratio vs TTFT p99 to FILE.png or FILE.svg.",
                                         rich_help_panel=IO)] = None,
@@ -89,14 +92,14 @@ def route(
 
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
     """
-    from kvcli.model.presets import get_preset
+    from kvcli.model.load import open_tokenizer, resolve_spec
     from kvcli.route.policies import resolve_policies
     from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
 
     err = Console(stderr=True)
     try:
-        get_preset(model)  # also with --prefill-tps: a typo should not pass silently
+        resolve_spec(model)  # also with --prefill-tps: a typo should not pass silently
         if limit is not None and limit < 1:
             raise BadInputError(f"--limit must be >= 1, got {limit}")
         kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)
@@ -118,7 +121,7 @@ def route(
                       f"({', '.join(names)}); each runs once", highlight=False, soft_wrap=True)
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
             track = lambda it: bar.track(it, description="hashing trace")  # noqa: E731
-            requests = load_requests(trace, fmt, tokenizer, chunk_size, limit, track)
+            requests = load_requests(trace, fmt, open_tokenizer(tokenizer, model), chunk_size, limit, track)
             cost, cost_info = prefill_cost(prefill_tps, model)
             task = bar.add_task("simulating", total=len(planned))
             runs = run_routes(requests, names, points, cost, redis_url,

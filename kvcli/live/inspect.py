@@ -33,7 +33,7 @@ import numpy as np
 import redis
 
 from kvcli.errors import RedisFailure
-from kvcli.live.reading import execute_read, parse_or_none, payload_ok, reader
+from kvcli.live.reading import KEY_FACTS, execute_read, parse_or_none, payload_ok, reader
 from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
 from kvcli.store.preflight import ServerMemory, server_memory
 
@@ -183,20 +183,6 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
     return result
 
 
-# PTTL, STRLEN (and MEMORY USAGE when ARGV[1] is "1") of every key, in one EVAL_RO: the server refuses any write
-# inside it, and one command per SCAN step instead of two or three per key is 4-5x faster (bench/bench_inspect.py).
-# STRLEN of a key that holds no string (WRONGTYPE) is -1.
-_FACTS = """local o = {}
-for _, k in ipairs(KEYS) do
-  o[#o + 1] = redis.call('PTTL', k)
-  local n = redis.pcall('STRLEN', k)
-  if type(n) == 'table' then n = -1 end
-  o[#o + 1] = n
-  if ARGV[1] == '1' then o[#o + 1] = redis.call('MEMORY', 'USAGE', k) or false end
-end
-return o"""
-
-
 def _split(key: bytes) -> tuple[bytes, str, str] | None:
     """``(b"kvcli:v1:{ns}:{cs}", kind, hash hex)`` of a kvcli chunk key, else None (store.parse_key's rules)."""
     if not key.startswith(b"kvcli:v1:") or _KEY_RE.fullmatch(key) is None:
@@ -217,7 +203,7 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> 
     if metas:
         pipe.mget(metas)
     if script[0]:
-        pipe.execute_command("EVAL_RO", _FACTS, len(keys), *keys, "1" if with_memory else "0")
+        pipe.execute_command("EVAL_RO", KEY_FACTS, len(keys), *keys, "1" if with_memory else "0")
     else:
         for key in keys:
             pipe.pttl(key)

@@ -49,6 +49,7 @@ class WarmConfig:
     """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; batch limits per EXEC.
 
     ``chunk_sizes`` is deduplicated (first occurrence kept): ``(16, 16)`` is one store, counted once.
+    ``tokenizer`` is the tokenizer's identity (``Tokenizer.name``) that goes into the chunk hashes.
     """
 
     namespace: str = "default"

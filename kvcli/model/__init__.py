@@ -1,5 +1,7 @@
-"""The model side: presets and the local decoder (prefill with a cached prefix), tokenizers and the chat template,
-and the prefill cost curve calibrated on this machine.
+"""The model side: presets and the local decoder (prefill with a cached prefix), Hugging Face checkpoints
+(``checkpoint``, ``hf``, ``hf_tiny``) behind the same interface, ``--model``/``--tokenizer`` resolution (``load``),
+tokenizers (tiktoken with kvcli's ChatML template, or a checkpoint's own tokenizer and chat template), and the
+prefill cost curve calibrated on this machine.
 
 May import: kvcli.errors. Not the store, traces or anything above them.
 """

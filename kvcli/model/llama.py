@@ -2,8 +2,10 @@
 
 Architecture (Llama 3 / Qwen2 family, without biases): token embedding, ``layers`` blocks of
 (RMSNorm -> grouped-query attention with rotary positions -> residual, RMSNorm -> SwiGLU MLP -> residual),
-a final RMSNorm and an untied LM head. RoPE uses the "rotate half" layout of Hugging Face's Llama code, so the
-weights of a real checkpoint would load without permutation.
+a final RMSNorm and an untied LM head. Attention after a cached prefix runs on unmasked fast kernels
+(:func:`kvcli.model.attention.prefix_attention`), so a suffix prefill costs what is left to compute. RoPE uses the
+"rotate half" layout of Hugging Face's Llama code, so the weights of a real checkpoint would load without
+permutation.
 
 Weights are random but seeded (``torch.Generator``, normal with std 0.02, as a fresh Llama is initialised), so the
 same preset, seed and dtype always give the same model, logits and KV. Real-model presets (``qwen2.5-0.5b``,
@@ -27,7 +29,51 @@ from kvcli.model.attention import prefix_attention
 from kvcli.model.presets import _SHORT, ModelConfig, ModelSpec, get_preset, model_id_for, parse_dtype
 
 
-def _available_bytes(device: torch.device) -> int:
+def token_tensor(token_ids, vocab: int, model_id: str, device: torch.device) -> torch.Tensor:
+    """``token_ids`` (numpy array, torch tensor or list) checked and as an int64 ``[n]`` tensor on ``device``.
+
+    Raises:
+        BadInputError: not a non-empty 1-D integer sequence, or an id outside ``[0, vocab)``.
+    """
+    ids = token_ids.detach().cpu().numpy() if isinstance(token_ids, torch.Tensor) else np.asarray(token_ids)
+    if ids.ndim != 1 or ids.size == 0:
+        raise BadInputError(f"token_ids must be a non-empty 1-D sequence, got shape {ids.shape}")
+    if ids.dtype.kind not in "iu":
+        raise BadInputError(f"token_ids must be integers, got {ids.dtype}")
+    if ids.min() < 0 or ids.max() >= vocab:
+        raise BadInputError(f"token ids must be in [0, {vocab}) for {model_id}; got min {ids.min()}, max {ids.max()}")
+    return torch.from_numpy(ids.astype(np.int64)).to(device)
+
+
+def check_past_kv(past_kv: torch.Tensor, config: ModelConfig, dtype: torch.dtype, model_id: str) -> None:
+    """Raise ModelFailure unless ``past_kv`` is ``[layers, 2, kv_heads, tokens, head_dim]`` of ``config`` in
+    ``dtype``."""
+    c = config
+    expected = (c.layers, 2, c.kv_heads, "tokens", c.head_dim)
+    if past_kv.dim() != 5 or past_kv.shape[:3] != expected[:3] or past_kv.shape[4] != c.head_dim:
+        raise ModelFailure(f"past_kv shape {tuple(past_kv.shape)} does not fit {model_id}: expected {expected}")
+    if past_kv.dtype != dtype:
+        raise ModelFailure(f"past_kv dtype {past_kv.dtype} does not match {model_id} ({dtype})")
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` (``"cuda"`` when available, else ``"cpu"``) or any torch device string, checked usable.
+
+    Raises:
+        BadInputError: an unknown or unusable device.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError) as e:
+        raise BadInputError(f"unusable device {device!r}: {str(e).splitlines()[0]}") from None
+    return dev
+
+
+def available_bytes(device: torch.device) -> int:
+    """Bytes free on ``device``: ``cudaMemGetInfo`` on a GPU, ``MemAvailable`` of /proc/meminfo on the CPU."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
@@ -112,24 +158,10 @@ class LocalModel:
             torch.cuda.synchronize(self.device)
 
     def _token_tensor(self, token_ids) -> torch.Tensor:
-        ids = token_ids.detach().cpu().numpy() if isinstance(token_ids, torch.Tensor) else np.asarray(token_ids)
-        if ids.ndim != 1 or ids.size == 0:
-            raise BadInputError(f"token_ids must be a non-empty 1-D sequence, got shape {ids.shape}")
-        if ids.dtype.kind not in "iu":
-            raise BadInputError(f"token_ids must be integers, got {ids.dtype}")
-        if ids.min() < 0 or ids.max() >= self.config.vocab:
-            raise BadInputError(f"token ids must be in [0, {self.config.vocab}) for {self.model_id}; "
-                                f"got min {ids.min()}, max {ids.max()}")
-        return torch.from_numpy(ids.astype(np.int64)).to(self.device)
+        return token_tensor(token_ids, self.config.vocab, self.model_id, self.device)
 
     def _check_past(self, past_kv: torch.Tensor) -> None:
-        c = self.config
-        expected = (c.layers, 2, c.kv_heads, "tokens", c.head_dim)
-        if past_kv.dim() != 5 or past_kv.shape[:3] != expected[:3] or past_kv.shape[4] != c.head_dim:
-            raise ModelFailure(f"past_kv shape {tuple(past_kv.shape)} does not fit {self.model_id}: "
-                               f"expected {expected}")
-        if past_kv.dtype != self.dtype:
-            raise ModelFailure(f"past_kv dtype {past_kv.dtype} does not match {self.model_id} ({self.dtype})")
+        check_past_kv(past_kv, self.config, self.dtype, self.model_id)
 
     def prefill(self, token_ids, past_kv: torch.Tensor | None = None,
                 logits_for: str = "last") -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,17 +237,11 @@ def build_model(preset: str = "cpu", dtype: str | None = None, device: str = "au
     """
     config = get_preset(preset)
     torch_dtype = parse_dtype(dtype if dtype is not None else config.dtype)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        dev = torch.device(device)
-        torch.empty(0, device=dev)
-    except (RuntimeError, AssertionError) as e:
-        raise BadInputError(f"unusable device {device!r}: {str(e).splitlines()[0]}") from None
+    dev = resolve_device(device)
     # Weights in the target dtype plus one float32 matrix being drawn on the CPU, with 10 % headroom.
     need = config.params() * torch.empty((), dtype=torch_dtype).element_size()
     largest = config.vocab * config.hidden * 4
-    available = _available_bytes(dev)
+    available = available_bytes(dev)
     if (need + (largest if dev.type == "cpu" else 0)) * 1.1 > available:
         raise ModelFailure(f"model {preset} in {_SHORT[torch_dtype]} needs about {need / 2**30:.1f} GiB of "
                            f"weights but {dev.type} has {available / 2**30:.1f} GiB available; pick a smaller preset")

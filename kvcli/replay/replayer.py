@@ -54,14 +54,16 @@ from kvcli.replay.plan import distinct_chunks, plan_bytes
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
-from kvcli.store.chunkstore import ChunkStore, StoreConfig
-from kvcli.store.namespace import purge, redis_memory
-from kvcli.store.preflight import CHUNK_KEY_TAIL, Preflight, evicted_since, keys_bytes, preflight, server_memory
+from kvcli.store.chunkstore import StoreConfig
+from kvcli.store.kvstore import KVStore, make_store, purge_run
+from kvcli.store.namespace import redis_memory
+from kvcli.store.preflight import Preflight, evicted_since, keys_bytes, preflight, server_memory
 from kvcli.traces.request import Request
 
 
 class Replayer:
-    """Replays traces through one :class:`ChunkStore` per chunk size on one Redis server.
+    """Replays traces through one store (:class:`~kvcli.store.kvstore.KVStore`) per layout and chunk size on one
+    Redis server.
 
     Args:
         client: a redis-py client.
@@ -115,7 +117,7 @@ class Replayer:
             measure_tokens = measure_length(self.curve, int(max(lengths[i] for i in measured)), len(measured),
                                             len(cfg.chunk_sizes), cfg.measure_seconds, cfg.measure_max_tokens)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
-        stores = [self._make_store(namespace, cs) for cs in cfg.chunk_sizes]
+        stores = [self._make_store(namespace, cs, layout) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
@@ -124,7 +126,7 @@ class Replayer:
             result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress)
         finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
             if not cfg.keep:
-                purge(self.client, namespace)
+                purge_run(self.client, namespace, cfg.layouts)
         result.calibration = coverage
         # read after the cleanup: a server over maxmemory evicts on any command, reads included
         result.server_evicted_keys = evicted_since(self.client, check)
@@ -177,12 +179,13 @@ class Replayer:
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         mem = server_memory(self.client)
         rates = [calibrate_transfer(self.client, store, _room(mem)) for store in stores]
-        big = max(range(len(stores)), key=lambda i: stores[i].config.payload_bytes)
-        value = stores[big].config.payload_bytes + stores[big].config.header_bytes
+        big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
+        value = stores[big].value_bytes
         self._measured_gbps = value * 8 / rates[big].get_seconds / 1e9 if rates[big].get_seconds > 0 else 10.0
         link = self._link()
         used_before = mem.used_memory
-        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
+        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout)
+                   for store in stores]
         ledgers = [Ledger() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
         self._measured_log = []
@@ -208,11 +211,12 @@ class Replayer:
         used_after = int(self.client.info("memory").get("used_memory", 0))
         requests = len(lengths) - skipped
         span = max(stamps) - min(stamps) if len(stamps) > 1 else None
+        by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
         result = TraceResult(name, requests, skipped, len(measured),
-                             _payload_label(cfg.payload, len(measured), requests), results,
-                             used_after - used_before, time.perf_counter() - t0)
+                             _payload_label(cfg.payload, len(measured), requests), by_layout[cfg.layouts[0]],
+                             used_after - used_before, time.perf_counter() - t0, by_layout=by_layout)
         result.span_seconds = span
-        self._savings(result, stores, ledgers, rates, link)
+        self._savings(result, stores, results, ledgers, rates, link)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
         result.measured = self._measured_log
@@ -222,18 +226,20 @@ class Replayer:
         result.notes = self._notes(result, lengths, measured, measure_tokens)
         return result
 
-    def _savings(self, result: TraceResult, stores, ledgers, rates, link) -> None:
-        """Overheads, savings with intervals and the verdict (:mod:`kvcli.replay.savings`)."""
+    def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
+        """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
+        layout's (:mod:`kvcli.replay.savings`)."""
         cfg = self.config
         draws = self.curve.draws(DRAWS, cfg.seed)
-        for i, (store, res, ledger, rate) in enumerate(zip(stores, result.per_chunk_size, ledgers, rates)):
-            value = store.config.payload_bytes + store.config.header_bytes
+        for i, (store, res, ledger, rate) in enumerate(zip(stores, results, ledgers, rates)):
+            value = store.value_bytes
             res.overheads = overheads(res, value, rate, link)
             res.savings = summarize(ledger, self.curve, res.overheads.critical, res.overheads.background,
                                     self.curve.residuals, self.model_config, cfg.seed, draws, stream=i)
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
             # asynchronous stores only while the server and link keep up with them over the trace's span
-            late = cfg.store_mode == "async" and result.span_seconds and res.overheads.background > result.span_seconds
+            late = (cfg.store_mode == "async" and result.span_seconds is not None
+                    and res.overheads.background > result.span_seconds)
             res.store_mode = "sync" if late else cfg.store_mode
         result.store_mode = cfg.store_mode
         rows = [r for r in result.per_chunk_size if r.requests]
@@ -282,9 +288,9 @@ class Replayer:
             raise BadInputError("the trace holds no requests", path=name)
         return np.asarray(lengths, dtype=np.int64)
 
-    def _make_store(self, namespace: str, chunk_size: int) -> ChunkStore:
+    def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli") -> KVStore:
         cfg = self.config
-        return ChunkStore(self.client, StoreConfig(
+        return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
@@ -308,20 +314,19 @@ class Replayer:
             ledger.add(n, min(hit_chunks * store.config.chunk_size, n - 1), critical=_critical(res) - crit,
                        background=_background(res) - back)
 
-    def _payloads_left(self, store: ChunkStore, prompt, look) -> int:
+    def _payloads_left(self, store: KVStore, prompt, look) -> int:
         """Hit chunks whose payload is still there, for an evicting server: a chunk whose metadata says it has a
         real payload but the payload key is gone (evicted) ends the hit run, as a retrieve would. One pipelined
         EXISTS round trip, only when such chunks are hit (this run's measured requests wrote them)."""
         if self.config.payload != "real":
             return look.hit_chunks
-        real = [k for k in range(look.hit_chunks) if not _accounted(look.metadata[k])]
+        real = [k for k in range(look.hit_chunks) if not store.accounted(prompt, look, k)]
         if not real:
             return look.hit_chunks
         read = look.from_read or (False,) * look.hit_chunks
         pipe = self.client.pipeline(transaction=False)
         for k in real:
-            prefix = store.read_prefix if read[k] else store.prefix
-            pipe.exists(prefix + "p:" + prompt.hexes[k])
+            pipe.exists(store.read_prefix + "p:" + prompt.hexes[k] if read[k] else store.payload_key(prompt.hashes[k]))
         for k, there in zip(real, pipe.execute()):
             if not there:
                 return k
@@ -393,7 +398,7 @@ class Replayer:
             return kv_full[:, :, :, :min(inside * cs, length - 1)], inside
         got = store.retrieve(prompt, lookup=_first(look, inside))
         start = end = got.hit_tokens // cs
-        while got.break_reason == "no-payload" and end < inside and _accounted(look.metadata[end]):
+        while got.break_reason == "no-payload" and end < inside and store.accounted(prompt, look, end):
             end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
         if end > start:
             done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
@@ -427,17 +432,18 @@ class Replayer:
         seen.update(prompt.hashes[k:])
 
     # -- calibration and totals -----------------------------------------------------------------------------------
-    def _finish(self, store: ChunkStore, res: ChunkSizeResult) -> None:
+    def _finish(self, store: KVStore, res: ChunkSizeResult) -> None:
         st = store.stats
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "evicted_chunks", "checksum_failures"):
+                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
+        res.key_bytes_per_chunk = store.key_bytes_per_chunk
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
+            self.client, store.key_pattern, self.config.memory_sample)
 
 
 def _room(mem) -> int | None:
@@ -445,10 +451,10 @@ def _room(mem) -> int | None:
     return max(0, mem.maxmemory - mem.used_memory) if mem.maxmemory else None
 
 
-def _probe_bytes(store: ChunkStore, mem) -> int:
+def _probe_bytes(store: KVStore, mem) -> int:
     """Estimated Redis memory of the transfer calibration's probe values for ``store``."""
-    chunks, size = probe_plan(store.config.payload_bytes + store.config.header_bytes, _room(mem))
-    return keys_bytes(chunks, len(store.prefix) + CHUNK_KEY_TAIL, size)
+    chunks, size = probe_plan(store.value_bytes, _room(mem))
+    return keys_bytes(chunks, int(store.key_bytes_per_chunk / 2), size)
 
 
 def _critical(res: ChunkSizeResult) -> float:
@@ -468,11 +474,6 @@ def _first(look, chunks: int):
         return look
     return dataclasses.replace(look, hit_chunks=chunks, hit_tokens=chunks * (look.hit_tokens // look.hit_chunks),
                                break_reason="", metadata=look.metadata[:chunks], from_read=look.from_read[:chunks])
-
-
-def _accounted(metadata: bytes) -> bool:
-    """Whether a chunk's metadata says its payload was accounted, not written (layout.py)."""
-    return b'"stored":"accounted"' in metadata
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

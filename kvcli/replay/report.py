@@ -91,8 +91,10 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
     """A table for one trace: one column per chunk size, the recommended one marked (tied ones marked "=")."""
     best = result.recommended_chunk_size
     tied = set(result.verdict.tied) if result.verdict and result.verdict.kind == "tie" else set()
+    layout = result.per_chunk_size[0].layout if result.per_chunk_size else "kvcli"
     table = Table(title=f"{result.trace}: {result.requests:,} requests, {result.skipped_empty} empty skipped; "
-                        f"payload {result.payload}", title_justify="left")
+                        f"payload {result.payload}" + ("" if layout == "kvcli" else f"; layout {layout}"),
+                  title_justify="left")
     table.add_column("chunk size", style="bold", no_wrap=True)
     for r in result.per_chunk_size:
         mark = " *" if r.chunk_size == best else (" =" if r.chunk_size in tied else "")
@@ -135,19 +137,64 @@ def _facts(result: TraceResult) -> str:
     return line
 
 
+# (label, function of a ChunkSizeResult) — the rows that compare key layouts side by side.
+LAYOUT_ROWS: list[tuple[str, callable]] = [
+    ("hit tokens", lambda r: f"{r.hit_tokens:,}"),
+    ("hit token ratio", lambda r: _pct(r.hit_token_ratio)),
+    ("lookups", lambda r: f"{r.lookups:,}"),
+    ("lookup round trips", lambda r: f"{r.lookup_round_trips:,}"),
+    ("  per lookup", lambda r: f"{r.to_dict()['lookup_round_trips_per_lookup']:.2f}"),
+    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
+    ("lookup time", lambda r: _secs(r.lookup_seconds)),
+    ("Redis round trips (all)", lambda r: f"{r.round_trips:,}"),
+    ("objects created", lambda r: f"{r.objects_created:,}"),
+    ("key bytes per chunk", lambda r: f"{r.key_bytes_per_chunk:,.0f} B"),
+    ("metadata bytes per chunk", lambda r: f"{r.to_dict()['metadata_bytes_per_chunk']:,.0f} B"),
+    ("metadata bytes", lambda r: fmt_bytes(r.metadata_bytes_written)),
+    ("payload bytes written", lambda r: fmt_bytes(r.payload_bytes_written)),
+    ("serialized bytes read", lambda r: fmt_bytes(r.serialized_bytes_read)),
+    ("Redis memory (MEMORY USAGE)", lambda r: fmt_bytes(r.redis_memory_bytes)),
+]
+
+
+def layout_table(result: TraceResult) -> Table:
+    """The key layouts side by side (``--layout kvcli,lmcache``): one column per chunk size and layout."""
+    cols = sorted((r for rows in result.by_layout.values() for r in rows),
+                  key=lambda r: (r.chunk_size, list(result.by_layout).index(r.layout)))
+    table = Table(title=f"{result.trace}: key layouts side by side", title_justify="left")
+    table.add_column("chunk size / layout", style="bold", no_wrap=True)
+    for r in cols:
+        table.add_column(f"{r.chunk_size} {r.layout}", justify="right")
+    for label, fn in LAYOUT_ROWS:
+        table.add_row(label, *[fn(r) for r in cols])
+    same = all(len({r.hit_tokens for r in cols if r.chunk_size == c.chunk_size}) == 1 for c in cols)
+    table.caption = ("Hit tokens " + ("are equal in every layout" if same else "DIFFER between layouts (a payload "
+                     "could not be retrieved)") + ": same chunk hashes, same prefix rule. kvcli: one MGET per "
+                     "lookup; lmcache: one EXISTS per chunk until the first miss (LMCache 0.5.6, redis://).")
+    table.caption_justify = "left"
+    return table
+
+
 def print_report(results: list[TraceResult], console: Console, context: dict) -> None:
-    """Print every trace's table, then the run context (model, server, cost curve)."""
+    """Print every trace's table (and its layout comparison), then the run context (model, server, cost curve)."""
     for result in results:
         console.print(trace_table(result, context.get("cost_curve_source", "")))
         console.print(_facts(result), highlight=False)
         if result.preflight:
             console.print(f"  preflight: {result.preflight['message']}", highlight=False)
+        if len(result.by_layout) > 1:
+            console.print(layout_table(result))
         for note in result.notes:
             console.print(f"  note: {note}", highlight=False)
     curve = context.get("cost_curve", {})
     check = context.get("cost_curve_vs_measured", {})
-    console.print(f"model {context.get('model_id')} on {context.get('device')}, KV {context.get('kv_bytes_per_token'):,} "
-                  f"bytes/token; Redis {context.get('redis')} {context.get('redis_version')}; metadata "
+    source = f" (checkpoint {context['checkpoint']})" if context.get("checkpoint") else ""
+    tok_source = context.get("tokenizer_source")
+    tok_source = f" from {tok_source}" if tok_source and tok_source != context.get("tokenizer") else ""
+    console.print(f"model {context.get('model_id')}{source} on {context.get('device')}, KV "
+                  f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
+                  f"{tok_source}; "
+                  f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
                   f"{context.get('metadata_placement')}", highlight=False)
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
@@ -161,7 +208,8 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
 
 
 def to_json(results: list[TraceResult], context: dict) -> str:
-    """One JSON document: ``{"context": {...}, "traces": [{..., "per_chunk_size": [...]}]}``."""
+    """One JSON document: ``{"context": {...}, "traces": [{..., "per_chunk_size": [...]}]}`` (and, with more than
+    one layout, ``"by_layout": {"kvcli": [...], "lmcache": [...]}`` per trace)."""
     traces = []
     for t in results:
         traces.append({
@@ -175,7 +223,9 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
             "server_rates_per_chunk": t.server_rates,
-            "per_chunk_size": [r.to_dict() for r in t.per_chunk_size]})
+            "per_chunk_size": [r.to_dict() for r in t.per_chunk_size],
+            **({"by_layout": {name: [r.to_dict() for r in rows] for name, rows in t.by_layout.items()}}
+               if len(t.by_layout) > 1 else {})})
     return json_document("replay", {"context": context, "traces": traces})
 
 
@@ -196,4 +246,4 @@ def summary_line(result: TraceResult) -> str:
             f"{result.measured_requests} measured)")
 
 
-__all__ = ["print_report", "to_json", "trace_table", "summary_line", "ChunkSizeResult"]
+__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line"]

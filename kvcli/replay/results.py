@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvcli.errors import BadInputError
 from kvcli.replay.network import Overheads
 from kvcli.replay.savings import Savings, Verdict
 
@@ -34,6 +35,8 @@ class ReplayConfig:
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
             4 bytes per token: the one part of a replay whose memory grows with the trace).
+        layouts: key layouts to replay through, side by side (kvcli.store.kvstore.LAYOUTS: "kvcli", "lmcache");
+            the first one's results are the report's main table and recommendation.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -54,6 +57,13 @@ class ReplayConfig:
     memory_sample: int = 200
     seed: int = 0
     upper_bound: bool = True
+    layouts: tuple[str, ...] = ("kvcli",)
+
+    def __post_init__(self) -> None:
+        if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
+            raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
+                                "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "
+                                "to the server)")
 
 
 @dataclass
@@ -100,6 +110,9 @@ class ChunkSizeResult:
     hit_requests: int = 0
     store_requests: int = 0
     max_logit_diff: float = 0.0
+    layout: str = "kvcli"
+    lookup_round_trips: int = 0
+    key_bytes_per_chunk: float = 0.0
     overheads: Overheads | None = None
     savings: Savings | None = None
     store_mode: str = "async"
@@ -144,7 +157,10 @@ class ChunkSizeResult:
                    loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
                    upper_bound_ratio=self.upper_bound_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
                    hit_token_ratio_unlimited=(self.hit_tokens_unlimited / self.prompt_tokens
-                                              if self.prompt_tokens else 0.0))
+                                              if self.prompt_tokens else 0.0),
+                   metadata_bytes_per_chunk=(self.metadata_bytes_written / self.chunks_written
+                                             if self.chunks_written else 0.0),
+                   lookup_round_trips_per_lookup=self.lookup_round_trips / self.lookups if self.lookups else 0.0)
         return out
 
 
@@ -161,6 +177,7 @@ class TraceResult:
     used_memory_delta_bytes: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    by_layout: dict[str, list[ChunkSizeResult]] = field(default_factory=dict)
     verdict: Verdict | None = None
     store_mode: str = "async"
     calibration: dict = field(default_factory=dict)

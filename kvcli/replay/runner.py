@@ -12,13 +12,15 @@ from pathlib import Path
 import redis
 
 from kvcli.model.calibration import Calibration
+from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
 from kvcli.model.costcurve import CostCurve
-from kvcli.model.llama import build_model
-from kvcli.model.presets import get_preset, model_spec
+from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
+from kvcli.model.presets import ModelConfig, get_preset
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
+from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.server import RedisTarget
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import expand_paths
@@ -26,12 +28,13 @@ from kvcli.traces.paths import expand_paths
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Which local model: ``preset`` (see model.PRESETS), ``dtype`` name or None for the preset's, ``device``,
-    ``seed``; ``prefill_tps`` replaces the calibrated cost curve with a constant tokens/s when given; ``threads``:
-    torch threads while the replay runs on a CPU (1 by default: on a small machine shared with other work, one
-    thread's timings repeat within a few percent; two threads' swing several-fold with the machine's load)."""
+    """Which local model: ``model`` (a preset name, see model.PRESETS, or a Hugging Face checkpoint folder),
+    ``dtype`` name or None for the model's own, ``device``, ``seed`` (presets' weights); ``prefill_tps`` replaces
+    the calibrated cost curve with a constant tokens/s when given; ``threads``: torch threads while the replay runs
+    on a CPU (1 by default: on a small machine shared with other work, one thread's timings repeat within a few
+    percent; two threads' swing several-fold with the machine's load)."""
 
-    preset: str = "cpu"
+    model: str = "cpu"
     dtype: str | None = None
     device: str = "auto"
     seed: int = 0
@@ -46,13 +49,14 @@ def prepare_model(options: ModelOptions, measure: int | None):
     Returns ``(model or None, curve, calibration or None, spec)``.
 
     Raises:
-        BadInputError: unknown preset or dtype; no way to estimate prefill (nothing measured, no tps).
-        ModelFailure: the model does not fit in memory.
+        BadInputError: unknown preset, checkpoint folder or dtype; no way to estimate prefill (nothing measured,
+            no tps).
+        ModelFailure: the model does not fit in memory or cannot be loaded.
     """
-    spec = model_spec(options.preset, options.dtype, options.seed)  # validates preset and dtype first
+    spec = resolve_spec(options.model, options.dtype, options.seed)  # validates model and dtype first
     if options.prefill_tps is not None and measure == 0:
         return None, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
-    model = build_model(options.preset, options.dtype, options.device, options.seed)
+    model = load_model(options.model, options.dtype, options.device, options.seed)
     if options.prefill_tps is not None:
         return model, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
     calibration = Calibration(model, seed=options.seed)
@@ -61,25 +65,31 @@ def prepare_model(options: ModelOptions, measure: int | None):
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
-               model_options: ModelOptions, fmt: str = "auto", tokenizer: str = "cl100k_base",
+               model_options: ModelOptions, fmt: str = "auto", tokenizer: str | None = None,
                progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
-    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
+    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
+
+    ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when
+    ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
+    """
     files = expand_paths(paths)
-    get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
+    tokenizer = resolve_tokenizer(tokenizer, model_options.model)
+    tok = get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
     with _threads(model_options.threads):
         model, curve, calibration, spec = prepare_model(model_options, config.measure)
-        replayer = Replayer(client, model, curve, tokenizer, config, spec=spec, calibration=calibration,
-                            model_config=get_preset(model_options.preset))
+        replayer = Replayer(client, model, curve, tok.name, config, spec=spec, calibration=calibration,
+                            model_config=model_shapes(model_options.model))
         results = []
         for path in files:
             def step(done: int, total: int, _name=path.name) -> None:
                 if progress:
                     progress(_name, done, total)
-            results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
+            results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tok), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
-        "model_id": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
-        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tokenizer,
+        "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
+        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tok.name,
+        "tokenizer_source": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
@@ -89,9 +99,23 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "torch_threads": model_options.threads, "store_mode": config.store_mode,
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
         "metadata_placement": "beside the payload (its own key)",
+        "layouts": {name: LAYOUT_NOTES[name] for name in config.layouts},
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
+
+
+LAYOUT_NOTES = {
+    "kvcli": {"keys": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}", "lookup": "one MGET per request"},
+    "lmcache": {"keys": KEY_FORMAT, "lookup": "one EXISTS per chunk, in order, until the first miss",
+                "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
+                "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
+}
+
+
+def model_shapes(model: str) -> ModelConfig:
+    """The shapes of ``model`` (a preset, or a checkpoint folder's config) for exact FLOPs, without weights."""
+    return read_checkpoint(model).shapes if is_checkpoint_name(model) else get_preset(model)
 
 
 @contextlib.contextmanager

@@ -339,28 +339,29 @@ def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int
     return hit * config.chunk_size
 
 
-def kv_bytes_per_token(preset: str) -> int:
-    """KV bytes per token of a model preset in its default dtype (:mod:`kvcli.model`; imports torch).
-    Raises BadInputError for an unknown preset."""
-    from kvcli.model.presets import get_preset, parse_dtype
+def kv_bytes_per_token(model: str) -> int:
+    """KV bytes per token of a model preset or checkpoint folder in its default dtype (:mod:`kvcli.model.load`;
+    imports torch). Raises BadInputError for an unknown preset or an unusable folder."""
+    from kvcli.model.load import kv_bytes_per_token as per_token
 
-    config = get_preset(preset)
-    return config.kv_bytes_per_token(parse_dtype(config.dtype))
+    return per_token(model)
 
 
-def load_requests(path, fmt: str = "auto", tokenizer: str = "cl100k_base", chunk_size: int = 256,
+def load_requests(path, fmt: str = "auto", tokenizer="cl100k_base", chunk_size: int = 256,
                   limit: int | None = None, track=None) -> list[SimRequest]:
     """Read (:func:`kvcli.traces.read_trace`), cut to the first ``limit`` requests, and hash a trace.
-    ``track(iterable) -> iterable`` may wrap the stream for progress. Raises BadInputError (also on no requests, or
-    ``limit`` < 1)."""
+    ``tokenizer``: a name, folder or loaded Tokenizer. ``track(iterable) -> iterable`` may wrap the stream for
+    progress. Raises BadInputError (also on no requests, or ``limit`` < 1)."""
     import itertools
 
+    from kvcli.model.tokenize import get_tokenizer
     from kvcli.traces.detect import read_trace
 
     if limit is not None and limit < 1:
         raise BadInputError(f"--limit must be >= 1, got {limit}")
-    stream = itertools.islice(read_trace(path, fmt, tokenizer), limit)
-    requests = prepare_requests(track(stream) if track else stream, chunk_size, tokenizer)
+    tok = get_tokenizer(tokenizer)
+    stream = itertools.islice(read_trace(path, fmt, tok), limit)
+    requests = prepare_requests(track(stream) if track else stream, chunk_size, tok.name)
     if not requests:
         raise BadInputError("the trace has no requests", path=str(path))
     return requests
@@ -372,9 +373,10 @@ def check_prefill_tps(prefill_tps: float | None) -> None:
         raise BadInputError(f"--prefill-tps must be a finite number > 0, got {prefill_tps}")
 
 
-def prefill_cost(prefill_tps: float | None, preset: str = "cpu"):
+def prefill_cost(prefill_tps: float | None, model: str = "cpu"):
     """The prefill cost curve: a flat ``prefill_tps`` tokens/s when given, else measured now on the local model
-    (:func:`kvcli.costcurve.calibrate` on ``build_model(preset)``, a few seconds on CPU).
+    (:func:`kvcli.costcurve.calibrate` on ``load_model(model)``, a preset or checkpoint folder; a few seconds on
+    CPU).
 
     Returns:
         (CostCurve, JSON-ready description). Raises BadInputError, ModelFailure.
@@ -385,8 +387,8 @@ def prefill_cost(prefill_tps: float | None, preset: str = "cpu"):
         check_prefill_tps(prefill_tps)
         curve = CostCurve.from_tokens_per_second(prefill_tps)
         return curve, {"source": f"--prefill-tps {prefill_tps:g}", **curve.to_dict()}
-    from kvcli.model.llama import build_model
+    from kvcli.model.load import load_model
 
-    model = build_model(preset)
-    curve = CostCurve.fit(calibrate(model))
-    return curve, {"source": f"measured on model preset {preset!r} ({model.device})", **curve.to_dict()}
+    local = load_model(model)
+    curve = CostCurve.fit(calibrate(local))
+    return curve, {"source": f"measured on model {local.model_id} ({local.device})", **curve.to_dict()}

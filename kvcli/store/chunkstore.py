@@ -158,6 +158,7 @@ class StoreStats:
 
     round_trips: int = 0
     lookups: int = 0
+    lookup_round_trips: int = 0
     chunks_written: int = 0
     objects_created: int = 0
     metadata_entries: int = 0
@@ -177,7 +178,10 @@ class ChunkStore:
 
     Not thread-safe. Read-only calls: :meth:`lookup`, :meth:`retrieve` (apart from the client-side LRU's recency).
     Errors from Redis are raised as :class:`~kvcli.errors.RedisFailure` (one line, no traceback at the CLI).
+    Implements :class:`kvcli.store.kvstore.KVStore` (layout "kvcli").
     """
+
+    layout = "kvcli"
 
     def __init__(self, client: redis.Redis, config: StoreConfig) -> None:
         self.client = client
@@ -219,19 +223,7 @@ class ChunkStore:
         Raises:
             ChunkTooLargeError: header + payload bytes of one chunk exceed the limit.
         """
-        try:
-            limit = int(self._call(self.client.config_get, "proto-max-bulk-len", record=False)
-                        .get("proto-max-bulk-len", 0))
-        except RedisFailure:
-            limit = 0
-        limit = limit or 512 * 1024 * 1024
-        value = self.config.header_bytes + self.config.payload_bytes
-        if self.config.payload == "real" and value > limit:
-            raise ChunkTooLargeError(
-                f"chunk size {self.config.chunk_size} makes {value:,}-byte values, over the server's "
-                f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size, raise proto-max-bulk-len, or "
-                f"--payload accounted")
-        return limit
+        return check_value_size(self.client, self.config, self.value_bytes)
 
     # -- read ---------------------------------------------------------------------------------------------------
     def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
@@ -262,6 +254,7 @@ class ChunkStore:
         read_only = frozenset(i for i, r in enumerate(from_read) if r)
         if record:
             self.stats.lookups += 1
+            self.stats.lookup_round_trips += bool(n)
             self.stats.lookup_seconds.append(seconds)
         k, reason = 0, ""
         for k, meta in enumerate(metas):
@@ -474,6 +467,26 @@ class ChunkStore:
         self.stats.evicted_chunks += len(victims)
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone)
 
+    # -- what the replay compares across layouts (kvcli.store.kvstore.KVStore) ---------------------------------------
+    @property
+    def key_pattern(self) -> str:
+        """SCAN MATCH pattern of this store's keys (a validated namespace holds no glob character)."""
+        return self.prefix + "*"
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one chunk's payload value: serialization header + tensor bytes."""
+        return self.config.header_bytes + self.config.payload_bytes
+
+    @property
+    def key_bytes_per_chunk(self) -> float:
+        """Bytes of one chunk's two key names (metadata and payload)."""
+        return 2 * (len(self.prefix) + 2 + 32)
+
+    def accounted(self, prompt: ChunkedPrompt, lookup: LookupResult, k: int) -> bool:
+        """Whether hit chunk ``k``'s metadata says its payload was accounted, not written (layout.py)."""
+        return b'"stored":"accounted"' in lookup.metadata[k]
+
     @property
     def resident_chunks(self) -> int | None:
         """Chunks held under the client-side capacity, or None without a capacity."""
@@ -486,6 +499,27 @@ class ChunkStore:
             return fn(*args)
         except redis.RedisError as exc:
             raise RedisFailure(f"Redis {getattr(fn, '__name__', 'command')} failed: {exc}") from None
+
+
+def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int) -> int:
+    """Refuse ``value_bytes``-byte chunk values (real payloads only) over the server's ``proto-max-bulk-len``.
+
+    Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
+
+    Raises:
+        ChunkTooLargeError: ``value_bytes`` exceeds the limit and ``config.payload`` is "real".
+    """
+    try:
+        limit = int(client.config_get("proto-max-bulk-len").get("proto-max-bulk-len", 0))
+    except redis.RedisError:
+        limit = 0
+    limit = limit or 512 * 1024 * 1024
+    if config.payload == "real" and value_bytes > limit:
+        raise ChunkTooLargeError(
+            f"chunk size {config.chunk_size} makes {value_bytes:,}-byte values, over the server's "
+            f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size, raise proto-max-bulk-len, or "
+            f"--payload accounted")
+    return limit
 
 
 # -- chunk values, for warm (same bytes as ChunkStore.store writes) ------------------------------------------------

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.store.layout import KEY_ROOT, KEY_VERSION, key_prefix
+from kvcli.store.layout import KEY_ROOT, KEY_VERSION
 
 BATCH = 1000
 
@@ -147,13 +147,13 @@ def _scan(client: redis.Redis, pattern: str, count: int = 2000):
             return
 
 
-def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
+def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, int]:
     """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
     all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in _scan(client, key_prefix(namespace, chunk_size) + "*"):  # a validated name: no glob characters
+    for keys in _scan(client, pattern):
         for key in keys:
             seen += 1
             if sampled < sample:

@@ -3,17 +3,20 @@ kvcli.units and kvcli.model.tokenize (no store, no torch).
 
 Trace readers: a prompt trace file in, :class:`Request` objects (prompt token ids) out, lazily, in trace order.
 
-Entry point: ``read_trace(path, fmt="auto", tokenizer="cl100k_base")``. Every format may be gzip-compressed
-(detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line; JSON documents
-(ShareGPT lists, SWE-agent ``.traj``) are a single JSON value and are loaded whole. Text is UTF-8.
+Entry point: ``read_trace(path, fmt="auto", tokenizer="cl100k_base")``; ``tokenizer`` is a tiktoken name, a Hugging
+Face tokenizer folder or a loaded :class:`~kvcli.model.tokenizer_base.Tokenizer`. Every format may be
+gzip-compressed (detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line;
+JSON documents (ShareGPT lists, SWE-agent ``.traj``) are a single JSON value and are loaded whole. Text is UTF-8.
 
 Formats (``fmt`` names; ``FORMATS`` maps each to its reader):
 
 ``native`` -- kvcli's own JSONL. One JSON object per line; blank lines are skipped. Each object has exactly one of
 
-* ``prompt``: a string, tokenized as ordinary text (no chat template);
-* ``messages``: a list of OpenAI chat messages, tokenized with the chat template of :mod:`kvcli.tokenize`
-  plus the generation prompt (``<|im_start|>assistant\\n``);
+* ``prompt``: a string, tokenized as a completion prompt (no chat template; a Hugging Face tokenizer adds its
+  special tokens, e.g. a BOS, as vLLM does);
+* ``messages``: a list of OpenAI chat messages, tokenized with the tokenizer's chat template plus the generation
+  prompt (tiktoken: kvcli's ChatML, :mod:`kvcli.model.tokenize`, ``<|im_start|>assistant\\n``; a Hugging Face
+  tokenizer: its own ``apply_chat_template``, :mod:`kvcli.model.hf_tokenizer`);
 * ``token_ids``: a list of integer token ids in ``[0, 2**32)``, used as given;
 
 and optionally ``id`` (string or integer; default ``"<file name>:<line>"``), ``timestamp`` (arrival time in
@@ -33,13 +36,14 @@ ids are synthesized by :func:`mooncake_token_ids`: equal hash ids give equal 512
 ``sharegpt`` -- a JSON list of conversations (or one conversation object, or JSONL with one per line), each
 ``{"id"|"conversation_id", "conversations": [{"from": ..., "value": str}, ...], "system"?: str, "tools"?: str}``
 (``role``/``content`` are accepted in place of ``from``/``value``). ``from`` maps to a chat role (human/user ->
-user, gpt/assistant/chatgpt/bing/bard -> assistant, system -> system, function_call -> assistant,
-observation/tool -> tool). A non-empty ``system`` becomes a leading
-system message, then non-empty ``tools`` (glaive tool-use format, a JSON string; not ``"[]"``) a system message
-``"Tools available:\\n" + tools``. **Each assistant turn is one request**: its prompt is the whole
-conversation before it (chat template + generation prompt), so the turns of a conversation share their history
-as a token prefix. ``session_id`` is the conversation id (else ``"<file name>#<record number>"``), ``id`` is
-``"<session_id>:<k>"`` (k = 1-based assistant turn), ``output_length`` is the token count of that turn's text.
+user, gpt/assistant/chatgpt/bing/bard -> assistant, system -> system, function_call -> assistant, observation/tool
+-> tool). A non-empty ``system`` becomes a leading system message, then non-empty ``tools`` (glaive tool-use
+format, a JSON string; not ``"[]"``) a system message ``"Tools available:\\n" + tools``. **Each assistant turn is
+one request**: its prompt is the whole conversation before it (chat template + generation prompt), so the turns of
+a conversation share their history as a token prefix (with a Hugging Face template each prompt renders its whole
+message prefix, as the engine does, and the sharing is the template's: :mod:`kvcli.model.hf_tokenizer`).
+``session_id`` is the conversation id (else ``"<file name>#<record number>"``), ``id`` is ``"<session_id>:<k>"``
+(k = 1-based assistant turn), ``output_length`` is the token count of that turn's text.
 
 ``swe-agent`` -- a SWE-agent trajectory (``.traj``, a JSON object whose ``history`` is the ordered list of chat
 messages with ``role`` and ``content``, sometimes ``tool_calls``). Each ``assistant`` message (not marked

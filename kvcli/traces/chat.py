@@ -3,10 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from kvcli.errors import BadInputError
-from kvcli.model.tokenize import Tokenizer, message_role, message_text
+from kvcli.model.tokenizer_base import Conversation, Tokenizer, message_role, message_text
 from kvcli.traces.request import Request
 
 
@@ -20,33 +18,40 @@ class _MessageError(Exception):
 
 def _chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
                    per_agent: bool = False) -> list[Request]:
-    """One request per assistant message: prompt = the earlier messages + generation prompt.
+    """One request per assistant message: prompt = the earlier messages under the chat template + generation
+    prompt (:meth:`Conversation.prompt`).
 
-    Each message is encoded once (header, text, footer separately), so prompts are exact token prefixes of
-    later prompts. With ``per_agent`` the history is kept per ``message["agent"]`` (SWE-agent), and messages
-    with ``is_demo`` are context only. ``source`` gets ``:<index + 1>`` appended when ``per_agent``.
+    With the tiktoken backend each message is encoded once (header, text, footer separately), so prompts are
+    exact token prefixes of later prompts. With a Hugging Face template each prompt renders its whole message
+    prefix, as the serving engine does; whether turn k's prompt is a prefix of turn k+1's is then the template's
+    doing (:mod:`kvcli.model.hf_tokenizer`). With ``per_agent`` the history is kept per ``message["agent"]``
+    (SWE-agent), and messages with ``is_demo`` are context only. ``source`` gets ``:<index + 1>`` appended when
+    ``per_agent``. ``output_length`` is the token count of the assistant message's text (no special tokens).
 
     Raises:
-        BadInputError (plain lists) / _MessageError (``per_agent``): a bad message.
+        BadInputError (plain lists) / _MessageError (``per_agent``): a bad message, or one the template refuses.
     """
-    histories: dict[Any, list[np.ndarray]] = {}
+    conversations: dict[Any, Conversation] = {}
     requests = []
     for index, message in enumerate(messages):
         try:
-            role, text_ids = message_role(message), tok.encode(message_text(message))
+            role = message_role(message)
+            agent = message.get("agent") if per_agent else None
+            conversation = conversations.get(agent)
+            if conversation is None:
+                conversation = conversations[agent] = tok.conversation()
+            if role == "assistant" and not (per_agent and message.get("is_demo")):
+                k = len(requests) + 1
+                requests.append(Request(
+                    id=f"{session_id}:{k}",
+                    token_ids=conversation.prompt(),
+                    session_id=session_id,
+                    output_length=len(tok.encode(message_text(message))),
+                    source=f"{source}:{index + 1}" if per_agent else source,
+                ))
+            conversation.append(message)
         except BadInputError as err:
             if per_agent:
                 raise _MessageError(index, err.reason) from None
             raise BadInputError(f"message {index + 1}: {err.reason}") from None
-        history = histories.setdefault(message.get("agent") if per_agent else None, [])
-        if role == "assistant" and not (per_agent and message.get("is_demo")):
-            k = len(requests) + 1
-            requests.append(Request(
-                id=f"{session_id}:{k}",
-                token_ids=np.concatenate(history + [tok.generation_prompt]),
-                session_id=session_id,
-                output_length=len(text_ids),
-                source=f"{source}:{index + 1}" if per_agent else source,
-            ))
-        history.append(np.concatenate((tok.header(role), text_ids, tok.footer)))
     return requests

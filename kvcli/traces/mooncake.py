@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 
 from kvcli.errors import BadInputError
-from kvcli.model.tokenize import DEFAULT_TOKENIZER, TOKEN_DTYPE
+from kvcli.model.tokenize import DEFAULT_TOKENIZER
+from kvcli.model.tokenizer_base import TOKEN_DTYPE
 from kvcli.traces.records import (
     _iter_jsonl,
     _located,

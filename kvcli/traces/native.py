@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from kvcli.errors import BadInputError
-from kvcli.model.tokenize import DEFAULT_TOKENIZER, TOKEN_DTYPE, get_tokenizer
+from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
+from kvcli.model.tokenizer_base import TOKEN_DTYPE
 from kvcli.traces.records import (
     _iter_jsonl,
     _located,
@@ -46,7 +47,7 @@ def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: i
     if key == "prompt":
         if not isinstance(value, str):
             raise BadInputError(f"prompt must be a string, not {type(value).__name__}")
-        tokens = get_tokenizer(tokenizer).encode(value)
+        tokens = get_tokenizer(tokenizer).encode_prompt(value)
     elif key == "messages":
         if not isinstance(value, list):
             raise BadInputError(f"messages must be a list of chat messages, not {type(value).__name__}")

@@ -21,14 +21,15 @@ from kvcli.errors import BadInputError
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import _NOT_TRACES, expand_paths
-from kvcli.traces.request import Request
+from kvcli.traces.request import Request, TokenizerArg
 
 
-def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: str = "cl100k_base",
+def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: TokenizerArg = "cl100k_base",
                  stdin: TextIO | None = None) -> list[Request]:
     """Prompts from files, directories (their ``.txt`` prompt files and trace files) and ``-`` (stdin), tokenized.
 
-    A source is a prompt file, one prompt per line (blank lines skipped, line ends stripped, no chat template),
+    A source is a prompt file, one prompt per line (blank lines skipped, line ends stripped, no chat template;
+    tokenized as a completion prompt, :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_prompt`),
     or a trace in any format replay reads (traces.py: native JSONL with ``prompt``/``messages``/``token_ids``,
     Mooncake, ShareGPT, SWE-agent; ``.gz`` accepted). ``fmt="auto"`` reads a ``.txt`` (``.txt.gz``) file as
     lines, and any other source as a trace when its first non-blank character is ``{`` or ``[`` (or it ends in
@@ -86,13 +87,13 @@ def _looks_like_lines(path: Path) -> bool:
     return _read_text(path, 4096).lstrip()[:1] not in ("{", "[")
 
 
-def _lines(lines: list[str], name: str, tokenizer: str) -> list[Request]:
+def _lines(lines: list[str], name: str, tokenizer: TokenizerArg) -> list[Request]:
     tok = get_tokenizer(tokenizer)
-    return [Request(f"{name}:{i}", tok.encode(line.rstrip("\r")), source=f"{name}:{i}")
+    return [Request(f"{name}:{i}", tok.encode_prompt(line.rstrip("\r")), source=f"{name}:{i}")
             for i, line in enumerate(lines, 1) if line.strip()]
 
 
-def _from_stdin(text: str, fmt: str, tokenizer: str) -> list[Request]:
+def _from_stdin(text: str, fmt: str, tokenizer: TokenizerArg) -> list[Request]:
     if fmt == "lines" or (fmt == "auto" and text.lstrip()[:1] not in ("{", "[")):
         return _lines(text.splitlines(), "<stdin>", tokenizer)
     with tempfile.TemporaryDirectory() as tmp:  # read_trace reads regular files only

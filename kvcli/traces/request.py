@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvcli.model.tokenize import Tokenizer
+from kvcli.model.tokenizer_base import Tokenizer
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,7 @@ def test_unusable_device():
 
 
 def test_too_big_raises_before_allocating(monkeypatch):
-    monkeypatch.setattr(model_mod, "_available_bytes", lambda device: 4 * 2**30)
+    monkeypatch.setattr(model_mod, "available_bytes", lambda device: 4 * 2**30)
     with pytest.raises(ModelFailure, match=r"llama-3-8b in bf16 needs about 15\.0 GiB"):
         build_model("llama-3-8b", device="cpu")
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from kvcli.errors import BadInputError
-from kvcli.model.tokenize import encode_chat, get_tokenizer, message_text, render_chat
+from kvcli.model.tokenize import encode_chat, get_tokenizer, render_chat
+from kvcli.model.tokenizer_base import message_text
 
 # Token ids below were read off tiktoken's cl100k_base once and are fixed facts of that vocabulary.
 USER_HEADER = [27, 91, 318, 5011, 91, 29, 882, 198]            # "<|im_start|>user\n"

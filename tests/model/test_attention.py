@@ -13,7 +13,7 @@ def _reference(q, k, v, past):
     q, k, v = q.double(), k.double(), v.double()
     group = q.shape[-3] // k.shape[-3]
     k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
-    new, total = q.shape[-2], k.shape[-2]
+    total = k.shape[-2]
     visible = torch.arange(total)[None, :] <= torch.arange(past, total)[:, None]
     scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
     return scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v

@@ -1,0 +1,126 @@
+"""Write a tiny random Hugging Face checkpoint folder with its own tokenizer and chat template, offline.
+
+For trying ``--model PATH`` without downloading weights, and for the tests::
+
+    python -m kvcli.model.hf_tiny /tmp/tiny-llama
+    kvcli replay sample_traces/ --model /tmp/tiny-llama
+
+The folder is what ``save_pretrained`` writes for a ``LlamaForCausalLM`` (``config.json``, ``model.safetensors``)
+and a ``PreTrainedTokenizerFast`` (``tokenizer.json``, ``tokenizer_config.json``, the chat template):
+
+* model: Llama, 2 layers, hidden 64, 4 query heads and 2 KV heads of head_dim 16 (grouped-query attention),
+  MLP 128, RoPE theta 500,000, untied LM head, weights drawn with ``torch.manual_seed(seed)`` (std 0.02), saved
+  in ``dtype``. KV bytes per token: ``2 * 2 layers * 2 heads * 16 * element size`` = 512 in float32.
+  ``vocab`` (default 100,352, as kvcli's presets) is the embedding size: at least 100,256 so the synthesized
+  token ids of Mooncake traces fit; the tokenizer itself uses the first few hundred ids.
+* tokenizer: byte-level BPE (any text encodes) trained in memory on :data:`CORPUS` with Llama 3's
+  pre-tokenization regex, special tokens ``<|begin_of_text|>`` (BOS, added to completion prompts),
+  ``<|end_of_text|>``, ``<|start_header_id|>``, ``<|end_header_id|>``, ``<|eot_id|>``, and a Llama-3-style
+  chat template (:data:`CHAT_TEMPLATE`).
+
+The weights are random: prefill time, KV shapes and bytes are real, the text it would generate is not.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from kvcli.model.hf_offline import transformers
+
+SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+                  "<|eot_id|>"]
+#: Llama 3's chat template in substance: BOS, then per message a role header and the stripped content ended by
+#: <|eot_id|>, then the assistant header as the generation prompt.
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + (message['content'] or '') | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+#: Llama 3's pre-tokenization regex (its tokenizer.json ``Split`` pattern).
+_PRETOKENIZE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+CORPUS = [
+    "You are a helpful assistant. Answer briefly and accurately.",
+    "A KV cache stores the keys and values of every token a transformer has already seen.",
+    "Prefix caching reuses the KV cache of a shared prompt prefix, so only the new suffix is prefilled.",
+    "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.",
+    "def main():\n    for i in range(10):\n        print(i, 'hello world')\n    return 0\n",
+    "User: What is the capital of France?\nAssistant: The capital of France is Paris.",
+    "Please summarize the following document in three sentences, then list the open questions.",
+    "Error: file not found. Traceback (most recent call last): File \"main.py\", line 3, in <module>",
+]
+
+
+def build_tokenizer(vocab_size: int = 512):
+    """A ``PreTrainedTokenizerFast`` trained in memory on :data:`CORPUS` (module docstring)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_PRETOKENIZE), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    bos = SPECIAL_TOKENS[0]
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                       special_tokens=[(bos, tok.token_to_id(bos))])
+    fast = transformers().PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token="<|eot_id|>")
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0, dtype: str = "float32",
+                          layers: int = 2, tokenizer_vocab: int = 512) -> Path:
+    """Write the tiny checkpoint and tokenizer into ``folder`` (created; existing files overwritten).
+
+    Args:
+        vocab: embedding rows (>= the tokenizer's size). seed: weight seed (two seeds, two checkpoints).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``: the weights' dtype and the config's default.
+        layers: decoder layers. tokenizer_vocab: BPE vocabulary target (the corpus may stop it earlier).
+
+    Returns:
+        The folder's path.
+    """
+    tf = transformers()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(tokenizer_vocab)
+    if vocab < len(tokenizer):
+        raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
+    config = tf.LlamaConfig(
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=131072, rope_theta=500000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.LlamaForCausalLM(config)
+    model.to(getattr(torch, dtype)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kvcli.model.hf_tiny DIR [--vocab N] [--seed S] [--dtype D]``."""
+    parser = argparse.ArgumentParser(prog="python -m kvcli.model.hf_tiny", description=__doc__.split("\n")[0])
+    parser.add_argument("folder")
+    parser.add_argument("--vocab", type=int, default=100352, help="embedding rows (default 100352)")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    args = parser.parse_args(argv)
+    folder = write_tiny_checkpoint(args.folder, args.vocab, args.seed, args.dtype)
+    print(f"wrote a tiny random Llama checkpoint and tokenizer to {folder}; try: kvcli replay sample_traces/ "
+          f"--model {folder}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

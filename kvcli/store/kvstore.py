@@ -1,0 +1,115 @@
+"""The chunk-store interface the replay drives, and the registry of key layouts that implement it.
+
+Two layouts: ``kvcli`` (:class:`kvcli.store.chunkstore.ChunkStore`: one MGET per lookup, metadata with a token
+digest and checksum) and ``lmcache`` (:class:`kvcli.store.lmcache_store.LMCacheStore`: LMCache 0.5.6's Redis keys
+and its one-EXISTS-per-chunk lookup). Both cut and hash prompts the same way, so on the same trace they hit the
+same chunks; what differs is what goes over the wire and what sits in Redis.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import redis
+import torch
+
+from kvcli.errors import BadInputError
+from kvcli.store.chunkstore import ChunkStore, LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
+from kvcli.store.hashing import ChunkedPrompt
+from kvcli.store.lmcache_store import LMCacheStore, purge_namespace
+from kvcli.store.namespace import purge
+
+
+class KVStore(Protocol):
+    """A chunk-hash KV-cache store for one namespace, chunk size and model (what replay needs of one).
+
+    ``lookup`` and ``retrieve`` are read-only on the server; ``store`` writes; ``touch`` updates client-side
+    recency only. Shapes: KV ``[layers, 2, kv_heads, tokens, head_dim]``; sizes in bytes; times in seconds.
+    Redis errors are raised as :class:`~kvcli.errors.RedisFailure`.
+    """
+
+    layout: str
+    config: StoreConfig
+    stats: StoreStats
+
+    def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
+        """Cut and hash a prompt (the same chunks and hashes in every layout)."""
+
+    def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
+        """Consecutive hit chunks from chunk 0."""
+
+    def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
+        """The hit run's KV, verified; a chunk that fails ends the run."""
+
+    def store(self, tokens, kv: torch.Tensor | None, cache_salt: str = "", start_chunk: int = 0,
+              end_chunk: int | None = None, overwrite: bool = False,
+              lookup: LookupResult | None = None) -> StoreResult:
+        """Write full chunks ``[start_chunk, end_chunk)``; ``kv`` None: payload accounted, not written."""
+
+    def touch(self, prompt: ChunkedPrompt, hit_chunks: int) -> None:
+        """Mark a hit run as recently used (client-side capacity only)."""
+
+    def accounted(self, prompt: ChunkedPrompt, lookup: LookupResult, k: int) -> bool:
+        """Whether hit chunk ``k``'s payload was accounted, not written."""
+
+    def check_value_size(self) -> int:
+        """Refuse chunk values over the server's limit before any write; returns the limit (bytes)."""
+
+    def payload_key(self, chunk_hash: bytes) -> str:
+        """The key a chunk's payload is written under."""
+
+    @property
+    def resident_chunks(self) -> int | None:
+        """Chunks held under a client-side capacity (None: no capacity)."""
+
+    @property
+    def key_pattern(self) -> str:
+        """SCAN MATCH pattern covering this store's keys."""
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one chunk's payload value as written."""
+
+    @property
+    def key_bytes_per_chunk(self) -> float:
+        """Bytes of one chunk's key names."""
+
+
+LAYOUTS: dict[str, Callable[[redis.Redis, StoreConfig], KVStore]] = {
+    "kvcli": ChunkStore,
+    "lmcache": LMCacheStore,
+}
+
+
+def parse_layouts(text: str) -> tuple[str, ...]:
+    """``"kvcli,lmcache"`` -> ``("kvcli", "lmcache")`` (duplicates dropped, order kept).
+
+    Raises:
+        BadInputError: an unknown layout name (the message lists the valid ones), or none.
+    """
+    names = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+    unknown = [x for x in names if x not in LAYOUTS]
+    if unknown or not names:
+        raise BadInputError(f"--layout must be one or more of {', '.join(LAYOUTS)} (comma-separated), got {text!r}")
+    return names
+
+
+def make_store(layout: str, client: redis.Redis, config: StoreConfig) -> KVStore:
+    """The store of ``layout`` for ``config``.
+
+    Raises:
+        BadInputError: an unknown layout, or options the layout does not support.
+    """
+    if layout not in LAYOUTS:
+        raise BadInputError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+    return LAYOUTS[layout](client, config)
+
+
+def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...]) -> int:
+    """Delete what a run wrote under ``namespace`` in each of ``layouts`` (its own keys only). Returns the count."""
+    deleted = 0
+    if "kvcli" in layouts:
+        deleted += purge(client, namespace).deleted
+    if "lmcache" in layouts:
+        deleted += purge_namespace(client, namespace)
+    return deleted

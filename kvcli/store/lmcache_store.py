@@ -1,0 +1,320 @@
+"""The chunk store in LMCache's Redis layout and lookup protocol, for replaying a trace the way LMCache would.
+
+Layout (:mod:`kvcli.store.lmcache`, LMCache 0.5.6's ``redis://`` connector): two keys per chunk, ``<key>kv_bytes``
+(the KV bytes, ``KV_2LTD``, no header) and ``<key>metadata`` (the 28-byte record), written kv_bytes first.
+
+Protocol, mirroring LMCache's calls on the wire:
+
+* **lookup** -- one ``EXISTS <key>metadata`` per chunk, in chunk order, each awaited before the next, stopping at
+  the first miss (``RedisConnector._batched_async_contains``; the synchronous ``lookup`` path reaches the same
+  per-key ``exists`` through ``AbstractBackend.batched_contains``). A prompt of ``n`` full chunks with ``h`` hits
+  costs ``min(h + 1, n)`` round trips. No token check on a hit (LMCache trusts the hash).
+* **retrieve** -- LMCache gathers one coroutine per chunk, each ``GET <key>metadata`` then ``GET <key>kv_bytes``:
+  two round trips deep. Here: a pipeline of the metadata GETs, then one of the kv_bytes GETs (two round trips).
+* **store** -- LMCache gathers one coroutine per chunk, each ``SET <key>kv_bytes`` then ``SET <key>metadata``
+  (plain SETs: a present chunk is rewritten). Here: a pipeline of the kv_bytes SETs, then one of the metadata SETs
+  (two round trips; one when the payload is only accounted: metadata only). Every chunk from ``start_chunk`` on is
+  written, as LMCache stores everything after the hit run; kvcli's store skips chunks its lookup saw present.
+
+Chunk hashes are kvcli's prefix hashes (:mod:`kvcli.store.hashing`, same root and chain), folded to LMCache's int
+(first 8 bytes) so hits are the same chunks in both layouts. The key's ``model_name`` is
+``{namespace}/{chunk_size}/{model id}`` (``@`` replaced: LMCache splits keys on it), so a replay's keys are its
+own and :func:`purge_namespace` can delete exactly them; in a real deployment it is the served model's name.
+"""
+from __future__ import annotations
+
+import re
+import time
+import warnings
+
+import redis
+import torch
+
+from kvcli.errors import BadInputError, KvcliError, RedisFailure
+from kvcli.store.chunkstore import (
+    LookupResult,
+    RetrieveResult,
+    StoreConfig,
+    StoreResult,
+    StoreStats,
+    check_value_size,
+)
+from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
+from kvcli.store.lmcache import (
+    KEY_DTYPES,
+    KV_SUFFIX,
+    METADATA_SUFFIX,
+    fold_hash,
+    from_kv_2ltd,
+    key_affixes,
+    kv_record,
+    pack_record,
+    split_redis_key,
+    to_kv_2ltd,
+)
+
+_DELETE_BATCH = 1000
+
+
+def run_model_name(namespace: str, chunk_size: int, model_id: str) -> str:
+    """The ``model_name`` field of a replay's LMCache keys: ``{namespace}/{chunk_size}/{model id}``."""
+    return f"{namespace}/{chunk_size}/{model_id.replace('@', '-').replace('%', '-')}"
+
+
+class LMCacheStore:
+    """A chunk store for one namespace, chunk size and model in LMCache's Redis layout (module docstring).
+
+    Implements :class:`kvcli.store.kvstore.KVStore` (layout "lmcache"). Not thread-safe. Read-only calls:
+    :meth:`lookup`, :meth:`retrieve`.
+
+    Raises:
+        BadInputError: options the layout has no counterpart for (a read-only namespace, an LRU capacity, a TTL),
+            a namespace with '@', or a KV dtype LMCache's metadata record cannot name.
+    """
+
+    layout = "lmcache"
+
+    def __init__(self, client: redis.Redis, config: StoreConfig, world_size: int = 1, worker_id: int = 0) -> None:
+        if config.read_namespace:
+            raise BadInputError("--namespace reads kvcli's own layout; it cannot be read with --layout lmcache")
+        if config.capacity_tokens or config.capacity_bytes or config.ttl:
+            raise BadInputError("a capacity or TTL is not supported with --layout lmcache (LMCache's Redis backend "
+                                "leaves eviction to the server)")
+        if "@" in config.namespace:
+            raise BadInputError(f"namespace {config.namespace!r}: LMCache's keys are split on '@'; use another name")
+        if config.dtype not in KEY_DTYPES:
+            raise BadInputError(f"LMCache's keys have no name for KV dtype {config.dtype}")
+        try:
+            self._record = pack_record(kv_record(config.kv_shape, config.chunk_size, config.dtype))
+        except ValueError as exc:
+            raise BadInputError(str(exc)) from None
+        self.client, self.config = client, config
+        self.model_name = run_model_name(config.namespace, config.chunk_size, config.model_id)
+        self._head, self._tail = key_affixes(self.model_name, world_size, worker_id, KEY_DTYPES[config.dtype])
+        self.stats = StoreStats()
+        self._roots: dict[str, bytes] = {}
+        self._with_metadata: set[int] = set()
+        self._with_kv: set[int] = set()
+        self._accounted: set[int] = set()
+        self._base_bytes = self._bases = 0
+
+    # -- keys ---------------------------------------------------------------------------------------------------
+    def base_key(self, chunk_hash: bytes) -> str:
+        """The chunk's LMCache key string (``CacheEngineKey.to_string()``), without the Redis suffix."""
+        return f"{self._head}{fold_hash(chunk_hash):x}{self._tail}"
+
+    def payload_key(self, chunk_hash: bytes) -> str:
+        """The chunk's ``kv_bytes`` key."""
+        return self.base_key(chunk_hash) + KV_SUFFIX
+
+    def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
+        """Cut and hash a prompt exactly as :meth:`kvcli.store.ChunkStore.chunk` does (same root and chain)."""
+        root = self._roots.get(cache_salt)
+        if root is None:
+            root = self._roots[cache_salt] = namespace_root(self.config.model_id, self.config.tokenizer, cache_salt)
+        return chunk_prompt(tokens, self.config.chunk_size, root)
+
+    def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
+        return tokens if isinstance(tokens, ChunkedPrompt) else self.chunk(tokens, cache_salt)
+
+    # -- read ---------------------------------------------------------------------------------------------------
+    def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
+        """Hit chunks from chunk 0: one ``EXISTS <key>metadata`` per chunk, sequential, stopping at the first miss.
+
+        Args:
+            tokens: token ids ``[tokens]`` or a :class:`ChunkedPrompt` from :meth:`chunk`.
+            record: count this lookup in :attr:`stats`.
+
+        Raises:
+            RedisFailure: the server refused an EXISTS.
+        """
+        prompt = self._prompt(tokens, cache_salt)
+        n, k = len(prompt.hashes), 0
+        t0 = time.perf_counter()
+        try:
+            while k < n and self.client.exists(self.base_key(prompt.hashes[k]) + METADATA_SUFFIX):
+                k += 1
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis EXISTS failed: {exc}") from None
+        seconds = time.perf_counter() - t0
+        if record:
+            trips = min(k + 1, n)
+            self.stats.lookups += 1
+            self.stats.round_trips += trips
+            self.stats.lookup_round_trips += trips
+            self.stats.lookup_seconds.append(seconds)
+        cs = self.config.chunk_size
+        return LookupResult(k, k * cs, n, "missing" if k < n else "", seconds)
+
+    def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
+        """Lookup (skipped when ``lookup`` is given), then the hit chunks' metadata and KV bytes (two round trips).
+
+        Returns the KV ``[layers, 2, kv_heads, hit_tokens, head_dim]`` of the hit run. A chunk without KV bytes
+        ends the run ("no-payload"), so does one whose record does not describe this store's chunks or whose
+        ``length`` differs from its KV bytes ("bad-record", counted in ``stats.checksum_failures``).
+        """
+        prompt = self._prompt(tokens, cache_salt)
+        found = lookup or self.lookup(prompt)
+        k = found.hit_chunks
+        if k == 0:
+            return RetrieveResult(0, None, found, 0, 0, 0.0, 0.0, found.break_reason)
+        bases = [self.base_key(h) for h in prompt.hashes[:k]]
+        t0 = time.perf_counter()
+        records = self._pipelined("get", [b + METADATA_SUFFIX for b in bases])
+        values = self._pipelined("get", [b + KV_SUFFIX for b in bases])
+        t1 = time.perf_counter()
+        tensors, data, reason = [], 0, found.break_reason
+        for record, value in zip(records, values):
+            if record is None or value is None:
+                reason = "no-payload"
+                break
+            tensor = self._decode(record, value)
+            if tensor is None:
+                reason = "bad-record"
+                self.stats.checksum_failures += 1
+                break
+            tensors.append(tensor)
+            data += len(value)
+        kv = torch.cat(tensors, dim=3) if tensors else None
+        t2 = time.perf_counter()
+        self.stats.payload_bytes_read += data
+        return RetrieveResult(len(tensors) * self.config.chunk_size, kv, found, data, 0, t1 - t0, t2 - t1, reason)
+
+    def _decode(self, record: bytes, value: bytes) -> torch.Tensor | None:
+        if record != self._record or len(value) != self.config.payload_bytes:
+            return None  # a record that does not describe this store's chunks, or KV bytes of another length
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only buffer: never written into
+            flat = torch.frombuffer(value, dtype=self.config.dtype)
+        layers, two, heads, dim = self.config.kv_shape
+        return from_kv_2ltd(flat.view(two, layers, self.config.chunk_size, heads * dim), heads)
+
+    # -- write --------------------------------------------------------------------------------------------------
+    def store(self, tokens, kv: torch.Tensor | None, cache_salt: str = "", start_chunk: int = 0,
+              end_chunk: int | None = None, overwrite: bool = False,
+              lookup: LookupResult | None = None) -> StoreResult:
+        """Write chunks ``[start_chunk, end_chunk)`` as LMCache does: every kv_bytes SET, then every metadata SET.
+
+        Args:
+            kv: ``[layers, 2, kv_heads, >= end_chunk*chunk_size, head_dim]`` KV of the prompt from token 0 (any
+                device); None writes metadata only (the payload is accounted: counted, not written).
+            overwrite, lookup: accepted for the common interface; LMCache's SETs always overwrite and it does not
+                skip chunks present after the hit run.
+
+        Raises:
+            KvcliError: ``kv`` is too short.
+            RedisFailure: the server refused a write.
+        """
+        prompt = self._prompt(tokens, cache_salt)
+        cs = self.config.chunk_size
+        n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
+        if start_chunk >= n:
+            return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+        real = kv is not None
+        if real and kv.shape[3] < n * cs:
+            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
+        t0 = time.perf_counter()
+        ids = [fold_hash(h) for h in prompt.hashes[start_chunk:n]]
+        bases = [f"{self._head}{x:x}{self._tail}" for x in ids]
+        if real:
+            values = [memoryview(to_kv_2ltd(kv[:, :, :, k * cs:(k + 1) * cs, :]).view(torch.uint8).numpy())
+                      for k in range(start_chunk, n)]
+            self._pipelined("set", [b + KV_SUFFIX for b in bases], values)
+        self._pipelined("set", [b + METADATA_SUFFIX for b in bases], [self._record] * len(bases))
+        seconds = time.perf_counter() - t0
+        return self._account(ids, bases, real, seconds)
+
+    def _account(self, ids: list[int], bases: list[str], real: bool, seconds: float) -> StoreResult:
+        cfg, st = self.config, self.stats
+        new_meta = sum(1 for x in ids if x not in self._with_metadata)
+        new_kv = sum(1 for x in ids if x not in self._with_kv) if real else 0
+        self._with_metadata.update(ids)
+        payload = len(ids) * cfg.payload_bytes
+        if real:
+            self._with_kv.update(ids)
+            st.payload_bytes_accounted -= sum(1 for x in ids if x in self._accounted) * cfg.payload_bytes
+            self._accounted.difference_update(ids)
+            st.payload_bytes_written += payload
+        else:
+            self._accounted.update(x for x in ids if x not in self._with_kv)
+            st.payload_bytes_accounted += payload
+        st.chunks_written += new_meta
+        st.metadata_entries += new_meta
+        st.objects_created += new_meta + new_kv
+        st.metadata_bytes_written += len(ids) * len(self._record)
+        self._base_bytes += sum(len(b.encode()) for b in bases)
+        self._bases += len(bases)
+        return StoreResult(new_meta, len(ids) - new_meta, new_meta + new_kv, new_meta, payload, 0,
+                           len(ids) * len(self._record), 0, seconds)
+
+    def _pipelined(self, command: str, keys: list[str], values: list | None = None) -> list:
+        """One round trip: ``command`` for every key (with its value), pipelined without a transaction."""
+        pipe = self.client.pipeline(transaction=False)
+        for i, key in enumerate(keys):
+            getattr(pipe, command)(key, *(() if values is None else (values[i],)))
+        self.stats.round_trips += 1
+        try:
+            return pipe.execute()
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis {command.upper()} failed: {exc}") from None
+
+    # -- the common interface (kvcli.store.kvstore.KVStore) -------------------------------------------------------
+    def touch(self, prompt: ChunkedPrompt, hit_chunks: int) -> None:
+        """No client-side recency: LMCache's Redis backend leaves eviction to the server."""
+
+    def accounted(self, prompt: ChunkedPrompt, lookup: LookupResult, k: int) -> bool:
+        """Whether hit chunk ``k`` was written with its payload only accounted (its metadata key alone)."""
+        return fold_hash(prompt.hashes[k]) in self._accounted
+
+    def check_value_size(self) -> int:
+        """Refuse KV values over the server's ``proto-max-bulk-len`` before any write (ChunkTooLargeError)."""
+        return check_value_size(self.client, self.config, self.value_bytes)
+
+    @property
+    def resident_chunks(self) -> int | None:
+        """None: no client-side capacity."""
+        return None
+
+    @property
+    def key_pattern(self) -> str:
+        """SCAN MATCH pattern of this store's keys."""
+        return _glob_escape(self.model_name) + "@*"
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one chunk's kv_bytes value (no header)."""
+        return self.config.payload_bytes
+
+    @property
+    def key_bytes_per_chunk(self) -> float:
+        """Bytes of one chunk's two key names, averaged over the chunks written (16 hex digits before any)."""
+        base = self._base_bytes / self._bases if self._bases else len((self._head + "0" * 16 + self._tail).encode())
+        return 2 * base + len(METADATA_SUFFIX) + len(KV_SUFFIX)
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def purge_namespace(client: redis.Redis, namespace: str) -> int:
+    """Delete a replay's LMCache-layout keys: those whose ``model_name`` starts with ``{namespace}/`` and that
+    parse as LMCache keys (SCAN MATCH, never KEYS; UNLINK in batches). Returns the number deleted.
+
+    Raises:
+        RedisFailure: the server refused a command.
+    """
+    prefix, deleted, cursor, batch = namespace + "/", 0, 0, []
+    try:
+        while True:
+            cursor, keys = client.scan(cursor, match=_glob_escape(prefix) + "*@*", count=_DELETE_BATCH)
+            for key in keys:
+                parsed = split_redis_key(key)
+                if parsed is not None and parsed[0].model_name.startswith(prefix):
+                    batch.append(key)
+            if len(batch) >= _DELETE_BATCH or (cursor == 0 and batch):
+                deleted += client.unlink(*batch)
+                batch = []
+            if cursor == 0:
+                return deleted
+    except redis.RedisError as exc:
+        raise RedisFailure(f"Redis cleanup failed: {exc}") from None
