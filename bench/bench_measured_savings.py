@@ -60,7 +60,7 @@ def main() -> None:
     if rows:
         ratios = [r[4] for r in rows]
         print(f"suffix / full time: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}, "
-              f"max {max(ratios):.2f}; FLOP ratio median {statistics.median(r[5] for r in rows):.2f}")
+              f"max {max(ratios):.2f}; FLOP ratio median {statistics.median(r[5] for r in rows):.3g}")
     for name, n, reused, cs, ratio, flops in bad:
         print(f"  NOT SAVED: {name} {reused}/{n} tokens at chunk size {cs}: time ratio {ratio:.2f}, "
               f"FLOP ratio {flops:.2f}")

@@ -46,18 +46,17 @@ from kvcli.replay.measure import (
     measure_length,
     pick_measured,
     ping_seconds,
-    probe_plan,
     timed_prefill,
 )
 from kvcli.replay.network import Link, overheads
-from kvcli.replay.plan import distinct_chunks, plan_bytes
+from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import redis_memory
-from kvcli.store.preflight import Preflight, evicted_since, keys_bytes, preflight, server_memory
+from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.traces.request import Request
 
 
@@ -148,17 +147,8 @@ class Replayer:
         """The server's memory against what this trace's replay will write (:mod:`kvcli.replay.plan`); refuse
         when it would make the server evict keys, unless allowed."""
         cfg = self.config
-        mem = server_memory(self.client)
-        probe = [_probe_bytes(s, mem) for s in stores]
-        need = None  # nothing to compare with on a server without maxmemory: not estimated
-        if mem.maxmemory:
-            distinct = distinct_chunks(stores, reader, len(lengths))
-            payload = [0] * len(stores)
-            if cfg.payload == "real":
-                payload = [sum(min(int(lengths[i]), measure_tokens) // s.config.chunk_size for i in measured)
-                           for s in stores]
-            need = plan_bytes(stores, distinct, payload, 0) + sum(probe)
-        check = preflight(self.client, need, mem)
+        heads = [min(int(lengths[i]), measure_tokens) for i in measured] if cfg.payload == "real" else []
+        check = replay_preflight(self.client, stores, reader, len(lengths), heads)
         self._may_evict = check.evicts
         if check.evicts and not cfg.allow_evictions:
             raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
@@ -178,7 +168,7 @@ class Replayer:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         mem = server_memory(self.client)
-        rates = [calibrate_transfer(self.client, store, _room(mem)) for store in stores]
+        rates = [calibrate_transfer(self.client, store, room(mem)) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
         value = stores[big].value_bytes
         self._measured_gbps = value * 8 / rates[big].get_seconds / 1e9 if rates[big].get_seconds > 0 else 10.0
@@ -444,17 +434,6 @@ class Replayer:
         res.key_bytes_per_chunk = store.key_bytes_per_chunk
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.key_pattern, self.config.memory_sample)
-
-
-def _room(mem) -> int | None:
-    """Bytes left under maxmemory (None without one)."""
-    return max(0, mem.maxmemory - mem.used_memory) if mem.maxmemory else None
-
-
-def _probe_bytes(store: KVStore, mem) -> int:
-    """Estimated Redis memory of the transfer calibration's probe values for ``store``."""
-    chunks, size = probe_plan(store.value_bytes, _room(mem))
-    return keys_bytes(chunks, int(store.key_bytes_per_chunk / 2), size)
 
 
 def _critical(res: ChunkSizeResult) -> float:

@@ -235,6 +235,10 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     (["--prefill-tps", "inf"], "--prefill-tps must be a positive number"),
     (["--redis-url", "http://127.0.0.1:1"], "not a Redis URL"),
     (["--namespace", "a:b"], "namespace 'a:b'"),
+    (["--store-mode", "later"], "--store-mode must be async or sync"),
+    (["--link-gbps", "0"], "--link-gbps must be a positive number"),
+    (["--rtt-ms", "-1"], "--rtt-ms must be a number >= 0"),
+    (["--calibrate-seconds", "nan"], "--calibrate-seconds must be a number >= 0"),
 ])
 def test_cli_rejects_bad_options_with_exit_2(tmp_path, redis_url, args, message):
     from typer.testing import CliRunner
