@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.replay.report import stdout_console
 from kvcli.units import fmt_bytes, json_document
@@ -45,6 +46,7 @@ def warm(
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
     strict: Annotated[bool, typer.Option(help="Refuse to write when the estimate does not fit maxmemory.")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
 
@@ -67,7 +69,7 @@ def warm(
     requests = read_prompts(sources, fmt, tokenizer)
     spec = model_spec(model, dtype, seed)
     local = None if dry_run else build_model(model, dtype, device, seed)
-    with open_redis(redis_url) as (client, target), _WarmBar() as bar:
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
         say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
@@ -94,6 +96,7 @@ def inspect(
     model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = "cl100k_base",
     cache_salt: Annotated[str, typer.Option(help="Tenant salt for --prompt/--tokens.")] = "", fmt: Format = "auto",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
     integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map.
@@ -111,7 +114,7 @@ def inspect(
     from kvcli.store.server import open_redis
 
     ids = _prompt_ids(prompt, tokens, request, tokenizer, fmt)
-    with open_redis(redis_url) as (client, target):
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         if ids is None:
@@ -130,6 +133,7 @@ def purge(
     chunk_size: Annotated[Optional[int], typer.Option(help="Only this chunk size.", min=1)] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Delete kvcli's keys of ONE namespace (and optionally one chunk size): shows the count first, deletes only
     with --yes; SCAN + UNLINK, never FLUSHDB/FLUSHALL; foreign keys and other namespaces are never touched.
@@ -144,7 +148,7 @@ def purge(
     from kvcli.store.namespace import purge as run_purge
     from kvcli.store.server import open_redis
 
-    with open_redis(redis_url) as (client, _):
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, _):
         found = count(client, namespace, chunk_size)
         where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
         err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)",
@@ -274,8 +278,9 @@ def _inspect_view(r) -> Group:
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
-    return Group(table, Text(f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} "
-                             f"({s.policy}), evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}; "
+    server = (f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} ({s.policy}), "
+              f"evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}" if s.known else f"server: {s.note}")
+    return Group(table, Text(f"{server}; "
                              f"MEMORY USAGE: {memory}; checksums "
                              f"{'verified' if r.verified else 'not verified (--verify)'}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "

@@ -40,6 +40,7 @@ from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chun
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import parse_metadata
 from kvcli.store.serde import PayloadError
+from kvcli.store.server import INFO_REFUSED
 from kvcli.traces.request import Request
 from kvcli.units import fmt_bytes
 
@@ -101,9 +102,9 @@ class Preflight:
     """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory."""
 
     estimate_bytes: int
-    used_memory: int
-    maxmemory: int
-    policy: str
+    used_memory: int | None  # None: INFO not permitted (preflight skipped)
+    maxmemory: int | None
+    policy: str | None
     fits: bool | None
     message: str
 
@@ -241,6 +242,9 @@ def preflight(client: redis.Redis, stores: Sequence[ChunkStore], planned: Sequen
         need += tot.payload_objects * (_alloc(store.config.payload_bytes + store.config.header_bytes) + key)
         need += metas * (_alloc(tot.metadata_bytes // max(metas, 1)) + key)
     mem = mem or server_memory(client)
+    if not mem.known:
+        return Preflight(need, None, None, None, None, f"{fmt_bytes(need)} of Redis memory estimated; skipped the "
+                                                       f"check against maxmemory: {INFO_REFUSED}")
     free = mem.maxmemory - mem.used_memory
     where = f"{fmt_bytes(need)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
     if not mem.maxmemory:
@@ -300,7 +304,9 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
     if not config.dry_run:
         _run(stores, requests, model, config, result, progress)
         try:
-            result.evicted_keys = max(0, server_memory(client).evicted_keys - before.evicted_keys)
+            after = server_memory(client)
+            result.evicted_keys = (max(0, after.evicted_keys - before.evicted_keys)
+                                   if after.known and before.known else None)
         except RedisFailure:  # the summary still says what was written
             result.evicted_keys = None
     result.seconds = time.perf_counter() - t0

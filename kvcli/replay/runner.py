@@ -4,6 +4,9 @@ Kept apart from the CLI so the library can run a whole replay (``run_replay``) w
 """
 from __future__ import annotations
 
+import functools
+import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,7 @@ from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
-from kvcli.store.server import RedisTarget
+from kvcli.store.server import ENV_URL, INFO_REFUSED, RedisTarget, server_info
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import expand_paths
 
@@ -60,12 +63,17 @@ def prepare_model(options: ModelOptions, measure: int | None):
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
                model_options: ModelOptions, fmt: str = "auto", tokenizer: str = "cl100k_base",
-               progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
-    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
+               progress: Callable[[str, int, int], None] | None = None,
+               notify: Callable[[str], None] | None = None) -> tuple[list[TraceResult], dict]:
+    """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
+
+    ``notify`` gets one line at a time for the user (the cleanup after an interruption, what was left).
+    """
     files = expand_paths(paths)
     get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
     model, curve, _, spec = prepare_model(model_options, config.measure)
     replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
+    replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
     results = []
     for path in files:
         def step(done: int, total: int, _name=path.name) -> None:
@@ -95,5 +103,20 @@ def _itemsize(dtype) -> int:
 
 
 def _server_version(client: redis.Redis) -> str:
-    info = client.info("server")
+    info = server_info(client, "server")
+    if info is None:
+        return f"? ({INFO_REFUSED})"
     return str(info.get("valkey_version") or info.get("redis_version", "?"))
+
+
+def purge_remedy(target: RedisTarget, namespace: str) -> str:
+    """How to remove a namespace a run left on ``target``: the exact ``kvcli purge`` command (password masked:
+    put it back, or set REDIS_URL), or, on the embedded server, that the keys go with it."""
+    if target.embedded:
+        return "they go with the embedded server, which stops now"
+    secret = target.display != target.url
+    if secret and os.environ.get(ENV_URL) == target.url:  # the password stays in REDIS_URL: the command is exact
+        return f"remove them with: kvcli purge --namespace {namespace} --yes"
+    note = " (put the password back in place of ***, or set REDIS_URL)" if secret else ""
+    return (f"remove them with: kvcli purge --namespace {namespace} --yes --redis-url "
+            f"{shlex.quote(target.display)}{note}")

@@ -1,9 +1,11 @@
 """Guarded delete of kvcli's keys of ONE namespace (and optionally one chunk size); nothing else on the server.
 
-Keys are found with SCAN ``MATCH kvcli:v1:{namespace}:{chunk_size or *}:*`` (glob characters in the namespace
-escaped; never KEYS), and each one is parsed back (layout.parse_key's rules) and kept only when its namespace (and chunk
-size) is exactly the one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outside kvcli's
-layout is never deleted. Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
+Keys are found with SCAN ``MATCH kvcli:v1:{namespace}:{chunk_size or *}:* TYPE string`` (glob characters in the
+namespace escaped; never KEYS; servers without SCAN's TYPE option (Redis < 6) get a pipelined TYPE per batch), and
+each one is parsed back (layout.parse_key's rules) and kept only when its namespace (and chunk size) is exactly the
+one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outside kvcli's layout is never deleted:
+not a chunk size kvcli would write (``0``, ``04``), not 32 lowercase hex digits, not ``m``/``p``, or not a string
+(kvcli writes nothing else). Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
 FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires ``--yes`` between the two).
 """
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.store.layout import KEY_ROOT, KEY_VERSION, key_prefix
+from kvcli.store.layout import KEY_ROOT, KEY_VERSION
 
 BATCH = 1000
 
@@ -53,33 +55,57 @@ def _check(namespace: str, chunk_size: int | None) -> None:
 
 
 def _matching(client: redis.Redis, namespace: str, chunk_size: int | None):
-    """Batches of ``(key, chunk size, kind)`` of exactly this namespace's chunk keys."""
+    """Batches of ``(key, chunk size, kind)`` of exactly this namespace's chunk keys (strings only).
+
+    Raises:
+        RedisFailure: SCAN (or TYPE) failed: refused by an ACL, no reply within the timeout, connection gone.
+    """
     _check(namespace, chunk_size)
-    cursor, pattern, start = 0, _pattern(namespace, chunk_size), len(_prefix(namespace))
+    cursor, pattern, start, typed = 0, _pattern(namespace, chunk_size), len(_prefix(namespace)), True
     while True:
         try:
-            cursor, keys = client.scan(cursor, match=pattern, count=BATCH)
+            cursor, keys = client.scan(cursor, match=pattern, count=BATCH, **({"_type": "string"} if typed else {}))
+        except redis.exceptions.ResponseError as exc:
+            if typed and "syntax" in str(exc).lower():  # Redis < 6: no TYPE option; check each key below
+                typed = False
+                continue
+            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
         except redis.RedisError as exc:
             raise RedisFailure(f"Redis SCAN failed: {exc}") from None
         mine = [(key, *tail) for key in keys
                 if (tail := _tail(key, start)) is not None and chunk_size in (None, tail[0])]
+        if mine and not typed:
+            mine = _strings(client, mine)
         if mine:
             yield mine
         if cursor == 0:
             return
 
 
+def _strings(client: redis.Redis, batch):
+    pipe = client.pipeline(transaction=False)
+    for key, _, _ in batch:
+        pipe.type(key)
+    try:
+        kinds = pipe.execute()
+    except redis.RedisError as exc:
+        raise RedisFailure(f"Redis TYPE failed: {exc}") from None
+    return [entry for entry, kind in zip(batch, kinds) if kind in (b"string", "string")]
+
+
 _HEX32 = re.compile(rb"[0-9a-f]{32}")
 
 
 def _tail(key: bytes, start: int) -> tuple[int, bytes] | None:
-    """``(chunk size, kind)`` when ``key[start:]`` is exactly ``{chunk_size}:{m|p}:{32 hex}``, else None.
+    """``(chunk size, kind)`` when ``key[start:]`` is exactly ``{chunk_size}:{m|p}:{32 hex}`` with a chunk size as
+    kvcli writes it (decimal, >= 1, no leading zero), else None.
 
     The same rules as ``layout.parse_key`` for a key whose namespace prefix is already known to match (the SCAN
     pattern), without a regex over the whole key: a run's cleanup checks hundreds of thousands of keys.
     """
     rest = key[start:].split(b":")
-    if len(rest) != 3 or not rest[0].isdigit() or rest[1] not in (b"m", b"p") or not _HEX32.fullmatch(rest[2]):
+    if (len(rest) != 3 or not rest[0].isdigit() or rest[0].startswith(b"0") or rest[1] not in (b"m", b"p")
+            or not _HEX32.fullmatch(rest[2])):
         return None
     return int(rest[0]), rest[1]
 
@@ -137,28 +163,24 @@ def _flush(pipe) -> int:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
 
 
-def _scan(client: redis.Redis, pattern: str, count: int = 2000):
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=pattern, count=count)
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
-
-
 def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
     """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
     all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+
+    Raises:
+        RedisFailure: SCAN or MEMORY USAGE failed (e.g. refused by an ACL).
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in _scan(client, key_prefix(namespace, chunk_size) + "*"):  # a validated name: no glob characters
-        for key in keys:
+    for batch in _matching(client, namespace, chunk_size):
+        for key, _, _ in batch:
             seen += 1
             if sampled < sample:
                 pipe.memory_usage(key, samples=0)
                 sampled += 1
     if sampled:
-        total = sum(int(x or 0) for x in pipe.execute())
+        try:
+            total = sum(int(x or 0) for x in pipe.execute())
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis MEMORY USAGE failed: {exc}") from None
     return (int(total * seen / sampled) if sampled else 0), sampled
