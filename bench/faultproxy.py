@@ -9,7 +9,8 @@ that connection:
 * ``stall``: forward nothing more in either direction on that connection; the client waits for a reply that never
   comes until it gives up (its timeout) and closes;
 * ``kill``: close the proxy itself, every connection and the listening port (a server that died: connections are
-  refused from then on).
+  refused from then on);
+* ``on``: call a function (e.g. kill the real server, or send it ``CLIENT PAUSE``), then forward the packet.
 
 ``skip`` matches pass before a rule acts, then it acts ``times`` times (None: for good). ``match=()`` matches every
 packet, so ``stall(times=None)`` is a server that stops answering, new connections included;
@@ -24,6 +25,7 @@ import select
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -34,6 +36,7 @@ class _Rule:
     skip: int
     times: int | None
     for_good: bool = False
+    hook: Callable[[], None] | None = None
     fired: int = 0
 
 
@@ -42,13 +45,13 @@ class FaultProxy:
 
     Attributes:
         port: the proxy's listening port; ``url(...)`` builds a Redis URL on it.
-        dropped / stalled: connections the rules dropped / stalled so far.
+        dropped / stalled: connections the rules dropped / stalled so far; fired: rule actions of any kind.
     """
 
     def __init__(self, target_host: str, target_port: int, max_seconds: float = 300.0) -> None:
         self.target = (target_host, target_port)
         self.deadline = time.monotonic() + max_seconds
-        self.dropped = self.stalled = 0
+        self.dropped = self.stalled = self.fired = 0
         self._rules: list[_Rule] = []
         self._all_stalled = False
         self._lock = threading.Lock()
@@ -81,6 +84,11 @@ class FaultProxy:
         """Close the proxy and every connection on a packet holding every ``match`` (after ``skip`` such packets)."""
         with self._lock:
             self._rules.append(_Rule("kill", match, skip, 1))
+
+    def on(self, *match: bytes, skip: int = 0, call: Callable[[], None]) -> None:
+        """Call ``call()`` once, on a packet holding every ``match`` (after ``skip``), then forward the packet."""
+        with self._lock:
+            self._rules.append(_Rule("on", match, skip, 1, hook=call))
 
     def heal(self) -> None:
         """Remove every rule (connections already stalled stay stalled until their clients close them)."""
@@ -131,6 +139,7 @@ class FaultProxy:
             threading.Thread(target=self._pump, args=(server, client, state, False), daemon=True).start()
 
     def _action(self, data: bytes) -> str:
+        hook = None
         with self._lock:
             if self._all_stalled:
                 return "stall"
@@ -142,8 +151,14 @@ class FaultProxy:
                         rule.skip -= 1
                         continue
                     rule.fired += 1
+                    self.fired += 1
                     self._all_stalled = rule.for_good
-                    return rule.action
+                    if rule.action != "on":
+                        return rule.action
+                    hook = rule.hook
+                    break
+        if hook is not None:
+            hook()
         return ""
 
     def _pump(self, src: socket.socket, dst: socket.socket, state: dict, from_client: bool) -> None:

@@ -41,7 +41,7 @@ def handle_errors(fn):
     passwords are masked in every message."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from kvcli.store.server import ENV_URL, redact
+        from kvcli.store.server import ENV_URL, error_text, redact
 
         url = kwargs.get("redis_url") or os.environ.get(ENV_URL)
         try:
@@ -50,7 +50,7 @@ def handle_errors(fn):
             err.print(f"[red]kvcli: error:[/] {escape(redact(str(exc), url))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except redis.RedisError as exc:
-            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(str(exc), url))}", highlight=False,
+            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(error_text(exc), url))}", highlight=False,
                       soft_wrap=True)
             raise typer.Exit(3) from None
         except MemoryError:

@@ -144,18 +144,22 @@ def purge(
 
       kvcli purge --namespace fleet --chunk-size 16 --yes
     """
-    from kvcli.store.namespace import count
+    from kvcli.store.namespace import count, purge_command
     from kvcli.store.namespace import purge as run_purge
     from kvcli.store.server import open_redis
 
-    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, _):
-        found = count(client, namespace, chunk_size)
-        where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
-        err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)",
-                  markup=False, highlight=False, soft_wrap=True)
-        if found.keys and not yes:
-            raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
-        done = run_purge(client, namespace, chunk_size) if yes else found
+    where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
+        try:
+            found = count(client, namespace, chunk_size)
+            err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} "
+                      f"payloads)", markup=False, highlight=False, soft_wrap=True)
+            if found.keys and not yes:
+                raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
+            done = run_purge(client, namespace, chunk_size) if yes else found
+        except RedisFailure as exc:  # what is left is still there: say how to finish
+            again = purge_command(target, namespace, chunk_size) if yes else ""
+            raise RedisFailure(f"{exc}" + (f"; remove them with: {again} (again)" if yes else "")) from None
     _print("purge", done, json_out, lambda r: Text(f"deleted {r.deleted:,} keys of {where}"))
 
 

@@ -5,8 +5,6 @@ Kept apart from the CLI so the library can run a whole replay (``run_replay``) w
 from __future__ import annotations
 
 import functools
-import os
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +18,8 @@ from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
-from kvcli.store.server import ENV_URL, INFO_REFUSED, RedisTarget, server_info
+from kvcli.store.namespace import purge_command
+from kvcli.store.server import INFO_REFUSED, RedisTarget, server_info
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import expand_paths
 
@@ -110,13 +109,8 @@ def _server_version(client: redis.Redis) -> str:
 
 
 def purge_remedy(target: RedisTarget, namespace: str) -> str:
-    """How to remove a namespace a run left on ``target``: the exact ``kvcli purge`` command (password masked:
-    put it back, or set REDIS_URL), or, on the embedded server, that the keys go with it."""
+    """How to remove what a run left: the exact ``kvcli purge`` command, or, on the embedded server, that the keys
+    go with it."""
     if target.embedded:
         return "they go with the embedded server, which stops now"
-    secret = target.display != target.url
-    if secret and os.environ.get(ENV_URL) == target.url:  # the password stays in REDIS_URL: the command is exact
-        return f"remove them with: kvcli purge --namespace {namespace} --yes"
-    note = " (put the password back in place of ***, or set REDIS_URL)" if secret else ""
-    return (f"remove them with: kvcli purge --namespace {namespace} --yes --redis-url "
-            f"{shlex.quote(target.display)}{note}")
+    return f"remove them with: {purge_command(target, namespace)}"

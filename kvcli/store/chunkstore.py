@@ -31,7 +31,7 @@ from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
-from kvcli.store.server import FaultCounts, fault_counts
+from kvcli.store.server import FaultCounts, error_text, fault_counts
 
 MAX_FAILURES_IN_ROW = 3  # calls failing after retries, in a row, before a tolerant store gives up
 
@@ -551,7 +551,7 @@ class ChunkStore:
                                        final=True) from None
             raise RedisUnavailable(f"Redis {name} failed after retries ({why}): {exc}", timeout) from None
         except redis.RedisError as exc:
-            raise RedisFailure(f"Redis {name} failed: {exc}") from None
+            raise RedisFailure(f"Redis {name} failed: {error_text(exc)}") from None
         finally:
             st.redis_retries += faults.retries - retries
             st.redis_timeouts += faults.timeouts - timeouts

@@ -10,13 +10,16 @@ FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires 
 """
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from dataclasses import dataclass, field
 
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION
+from kvcli.store.server import ENV_URL, RedisTarget
 
 BATCH = 1000
 
@@ -139,21 +142,37 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
 
     Raises:
         BadInputError: empty namespace or bad chunk size.
-        RedisFailure: the server refused a command; keys of earlier batches are deleted.
+        RedisFailure: a command failed (refused, no reply within the timeout, connection gone); keys of earlier
+            batches are deleted, and the message says how many.
     """
     result = PurgeCount(namespace, chunk_size)
     pipe, queued = client.pipeline(transaction=False), 0
-    for batch in _matching(client, namespace, chunk_size):
-        _tally(result, batch)
-        pipe.unlink(*[key for key, _, _ in batch])
-        queued += 1
-        if queued == pipeline_batches:
+    try:
+        for batch in _matching(client, namespace, chunk_size):
+            _tally(result, batch)
+            pipe.unlink(*[key for key, _, _ in batch])
+            queued += 1
+            if queued == pipeline_batches:
+                result.deleted += _flush(pipe)
+                queued = 0
+        if queued:
             result.deleted += _flush(pipe)
-            queued = 0
-    if queued:
-        result.deleted += _flush(pipe)
+    except RedisFailure as exc:
+        raise RedisFailure(f"{exc}; {result.deleted:,} keys deleted before it") from None
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
+
+
+def purge_command(target: RedisTarget, namespace: str, chunk_size: int | None = None) -> str:
+    """The exact ``kvcli purge`` command that deletes ``namespace`` on ``target``, for messages. The password is
+    never printed: it is masked (``***``, with a note to put it back), or left out when ``REDIS_URL`` holds it."""
+    command = f"kvcli purge --namespace {shlex.quote(namespace)}"
+    command += f" --chunk-size {chunk_size}" if chunk_size else ""
+    secret = target.display != target.url
+    if secret and os.environ.get(ENV_URL) == target.url:  # the password stays in REDIS_URL: the command is exact
+        return f"{command} --yes"
+    note = " (put the password back in place of ***, or set REDIS_URL)" if secret else ""
+    return f"{command} --yes --redis-url {shlex.quote(target.display)}{note}"
 
 
 def _flush(pipe) -> int:
