@@ -13,7 +13,8 @@ of inspect and purge):
 * ``killed``: the server process is killed (SIGKILL), then restarted from its append-only file to count;
 * ``pause``: ``CLIENT PAUSE 3000 ALL`` from another client (``--redis-timeout 1s``: calls time out);
 * ``noeviction`` / ``allkeys-lru``: ``maxmemory`` a little above what the server holds, with either policy (while
-  a background client keeps reading the foreign keys, as a live application would).
+  a background client keeps reading the foreign keys, as a live application would); inspect and purge then run
+  on a cache a warm filled up to the limit (stopped by OOM, or evicting).
 
 The table: fault, command, exit code and its message, kvcli keys the command left that it should have deleted (the
 replay's own namespace; purge's namespace), whether the message names them with the command that removes them
@@ -150,8 +151,7 @@ def command_args(command: str, paths: dict, url: str, timeout: str | None) -> li
 def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
     admin = redis.Redis(port=server.port, socket_timeout=10)
     prepare(admin, f"redis://127.0.0.1:{server.port}", paths)
-    fleet_before = len(list(admin.scan_iter("kvcli:v1:fleet:*", count=1000)))
-    stop_reader = threading.Event()
+    stop_reader, prep_err = threading.Event(), ""
     match, skip = TRIGGER[command]
     timeout = "1s" if fault in ("stall 1", "stall", "pause") else None
     with FaultProxy("127.0.0.1", server.port, max_seconds=600) as proxy:
@@ -167,10 +167,11 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
             proxy.on(*match, skip=skip, call=lambda: admin.execute_command("CLIENT", "PAUSE", 3000, "ALL"))
         elif fault in ("noeviction", "allkeys-lru"):
             used = int(admin.info("memory")["used_memory"])
-            margin = {"replay": 300_000, "warm": 2_000_000}.get(command, 1_000_000)  # inspect, purge: near full
             admin.config_set("maxmemory-policy", fault)
-            admin.config_set("maxmemory", used + margin)
+            admin.config_set("maxmemory", used + {"replay": 300_000}.get(command, 2_000_000))
             threading.Thread(target=_touch, args=(server.port, stop_reader), daemon=True).start()
+            if command in ("inspect", "purge"):  # a cache a warm filled up to the limit (OOM, or evictions)
+                _, prep_err, _ = kvcli(*command_args("warm", paths, f"redis://127.0.0.1:{server.port}", None))
         t0 = time.monotonic()
         code, err, out = kvcli(*command_args(command, paths, proxy.url(), timeout))
         seconds = time.monotonic() - t0
@@ -196,13 +197,13 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
     half = orphans if not evicted else None  # with evictions, the server removed halves itself: not kvcli's
     message = next((line for line in reversed(err.strip().splitlines()) if line.startswith("kvcli:")), "")
     if command == "purge" and code == 0:
-        message = message or f"deleted {fleet_before:,} keys"
+        message = out.strip() or message
     if command == "replay" and code == 0:
         row = json.loads(out)["traces"][0]["per_chunk_size"][0]
         message = (f"hit {row['hit_token_ratio']:.1%}; Redis retries {row['redis_retries']}, errors "
                    f"{row['redis_errors']}, timeouts {row['redis_timeouts']}")
-    if fault in ("noeviction", "allkeys-lru"):  # did the server reach its limit?
-        fired = int(evicted > 0 or "maxmemory" in err)
+    if fault in ("noeviction", "allkeys-lru"):  # did the server reach its limit (in this command or the warm)?
+        fired = int(evicted > 0 or "maxmemory" in err + (prep_err if command in ("inspect", "purge") else ""))
     return {"fault": fault, "command": command, "fired": fired, "exit": code, "message": message or "-",
             "seconds": seconds,
             "keys_left": owed, "named": bool(named), "left_after_named": after, "half_written": half,

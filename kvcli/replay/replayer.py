@@ -125,10 +125,12 @@ class Replayer:
             return ""
         except (KeyboardInterrupt, KvcliError) as exc:
             keys = sum(store.stats.objects_created for store in stores)
-            why = "interrupted again" if isinstance(exc, KeyboardInterrupt) else str(exc)
+            why = (("interrupted again" if interrupted else "interrupted") if isinstance(exc, KeyboardInterrupt)
+                   else str(exc))
             refused = "permission" in why.lower() or "noperm" in why.lower()
             left = (f"namespace {namespace} was not deleted ({why}): up to about {keys:,} keys this run wrote are "
-                    f"left; {self.remedy(namespace)}" + ("; run it as a user allowed SCAN and UNLINK" if refused else ""))
+                    f"left; {self.remedy(namespace)}")
+            left += "; run it as a user allowed SCAN and UNLINK" if refused else ""
             if interrupted or isinstance(exc, KeyboardInterrupt):
                 say(left)
             if isinstance(exc, KeyboardInterrupt):
