@@ -1,11 +1,11 @@
 """Connections (kvcli/store/server.py): passwords never printed, explicit timeouts and redis-py's own retries
 whatever redis-py is installed, counted per call. Faults come from the ``fault_proxy`` fixture (bench/faultproxy.py).
 
-The lowest redis-py declared in pyproject.toml (5.0.8) is tested by running this file and tests/replay/test_faults.py
-with it first on the path (README, "Exit codes and failures")::
+The lowest redis-py declared in pyproject.toml (5.0.8) is tested by running the suite with it first on the path
+(README, "Exit codes and failures")::
 
     pip install --target /tmp/redis508 --no-deps "redis==5.0.8"
-    PYTHONPATH=/tmp/redis508 python -m pytest -q tests/store/test_server.py tests/replay/test_faults.py
+    PYTHONPATH=/tmp/redis508 python -m pytest -q
 """
 from __future__ import annotations
 
