@@ -1,9 +1,11 @@
 """The kvcli command line (typer). Thin: parse options, call the library, print. Results on stdout, progress on
-stderr, one-line errors with exit codes: 0 done, 2 bad input, 3 Redis failure, 4 model failure, 1 other kvcli error.
+stderr, one-line errors with exit codes: 0 done, 2 bad input, 3 Redis failure, 4 model failure, 1 other kvcli error,
+130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM). Passwords in a Redis URL never reach the output.
 """
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from pathlib import Path
@@ -14,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kvcli.errors import BadInputError, KvcliError
+from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
+from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.units import parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -34,16 +37,21 @@ RedisUrl = Annotated[Optional[str], typer.Option(
 
 
 def handle_errors(fn):
-    """Turn kvcli's errors into one line on stderr and their exit code (never a traceback)."""
+    """Turn kvcli's errors into one line on stderr and their exit code (never a traceback); the Redis URL's
+    passwords are masked in every message."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from kvcli.store.server import ENV_URL, error_text, redact
+
+        url = kwargs.get("redis_url") or os.environ.get(ENV_URL)
         try:
             return fn(*args, **kwargs)
         except KvcliError as exc:
-            err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            err.print(f"[red]kvcli: error:[/] {escape(redact(str(exc), url))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except redis.RedisError as exc:
-            err.print(f"[red]kvcli: error:[/] Redis: {escape(str(exc))}", highlight=False, soft_wrap=True)
+            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(error_text(exc), url))}", highlight=False,
+                      soft_wrap=True)
             raise typer.Exit(3) from None
         except MemoryError:
             err.print("[red]kvcli: error:[/] out of memory running the model; try a smaller --model or --measure")
@@ -107,6 +115,7 @@ def replay(
     layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
                                              "lookup), or kvcli,lmcache side by side.")] = "kvcli",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
     ratio, objects, bytes, round trips, measured prefill savings and the net benefit that picks the chunk size.
@@ -142,14 +151,18 @@ def replay(
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
         upper_bound=upper_bound, layouts=parse_layouts(layout))
     options = ModelOptions(model, dtype, device, seed, prefill_tps)
-    with open_redis(redis_url) as (client, target), _progress() as progress:
-        results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)
+    say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _progress() as progress:
+        results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress, say)
     if json_out:
         typer.echo(to_json(results, context))
     else:
         print_report(results, stdout_console(), context)
     for result in results:
         err.print(summary_line(result), highlight=False)
+    left = [r.left_behind for r in results if r.left_behind]
+    if left:  # the report stands; the run's keys could not be deleted
+        raise RedisFailure("; ".join(left))
 
 
 class _progress:
@@ -185,19 +198,29 @@ def _register() -> None:
 _register()
 
 
-def _terminate(signum, frame) -> None:
-    """SIGTERM unwinds like Ctrl-C, so the embedded server is stopped and a fresh namespace deleted."""
+_signals: list[int] = []  # every SIGINT / SIGTERM received, in order
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGINT and SIGTERM unwind the same way (KeyboardInterrupt), so the embedded server is stopped and the run's
+    namespace deleted; a second one during that cleanup interrupts it (the replay then names what was left)."""
+    _signals.append(signum)
     raise KeyboardInterrupt
 
 
 def main() -> None:
-    """Console-script entry point."""
-    signal.signal(signal.SIGTERM, _terminate)
+    """Console-script entry point: exit 130 after SIGINT, 143 after SIGTERM (128 + the last signal's number)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         app()
-    except KeyboardInterrupt:
-        err.print("kvcli: interrupted")
-        sys.exit(130)
+    except (SystemExit, KeyboardInterrupt) as exc:  # typer turns KeyboardInterrupt into exit 130
+        interrupted = isinstance(exc, KeyboardInterrupt) or (exc.code == 130 and _signals)
+        if not interrupted:
+            raise
+        signum = _signals[-1] if _signals else signal.SIGINT
+        err.print("kvcli: interrupted" if signum == signal.SIGINT else "kvcli: terminated (SIGTERM)")
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

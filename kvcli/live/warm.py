@@ -40,6 +40,7 @@ from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chun
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import parse_metadata
 from kvcli.store.serde import PayloadError
+from kvcli.store.server import INFO_REFUSED
 from kvcli.traces.request import Request
 from kvcli.units import fmt_bytes
 
@@ -102,9 +103,9 @@ class Preflight:
     """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory."""
 
     estimate_bytes: int
-    used_memory: int
-    maxmemory: int
-    policy: str
+    used_memory: int | None  # None: INFO not permitted (preflight skipped)
+    maxmemory: int | None
+    policy: str | None
     fits: bool | None
     message: str
 
@@ -242,6 +243,9 @@ def preflight(client: redis.Redis, stores: Sequence[ChunkStore], planned: Sequen
         need += tot.payload_objects * (_alloc(store.config.payload_bytes + store.config.header_bytes) + key)
         need += metas * (_alloc(tot.metadata_bytes // max(metas, 1)) + key)
     mem = mem or server_memory(client)
+    if not mem.known:
+        return Preflight(need, None, None, None, None, f"{fmt_bytes(need)} of Redis memory estimated; skipped the "
+                                                       f"check against maxmemory: {INFO_REFUSED}")
     free = mem.maxmemory - mem.used_memory
     where = f"{fmt_bytes(need)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
     if not mem.maxmemory:
@@ -301,7 +305,9 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
     if not config.dry_run:
         _run(stores, requests, model, config, result, progress)
         try:
-            result.evicted_keys = max(0, server_memory(client).evicted_keys - before.evicted_keys)
+            after = server_memory(client)
+            result.evicted_keys = (max(0, after.evicted_keys - before.evicted_keys)
+                                   if after.known and before.known else None)
         except RedisFailure:  # the summary still says what was written
             result.evicted_keys = None
     result.seconds = time.perf_counter() - t0
@@ -393,9 +399,14 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
         except redis.RedisError as exc:
             first, last = batch[0], batch[-1]
             chunks = f"chunk {first}" if first == last else f"chunks {first}-{last}"
-            return (f"the server refused the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of "
-                    f"{request.source or request.id} at chunk size {cs}: {_reason(exc)}; stopped there, "
-                    f"everything before it is stored")
+            what = f"the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of {request.source or request.id}"
+            if isinstance(exc, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+                why = ("got no reply within the timeout" if isinstance(exc, redis.exceptions.TimeoutError)
+                       else "lost its connection (after retries)")
+                return (f"{what} at chunk size {cs} {why}: {_reason(exc)}; stopped there: that batch is stored "
+                        f"whole or not at all (MULTI/EXEC), everything before it is stored")
+            return (f"the server refused {what} at chunk size {cs}: {_reason(exc)}; stopped there, everything "
+                    f"before it is stored")
         before = (tot.chunks_written, tot.bytes)
         for meta in metas:
             tot.add(store, len(meta))

@@ -17,6 +17,11 @@ server replay in seconds; measured requests then use their own prefix KV and an 
 
 Hit tokens never exceed the prompt: only full chunks hit. A request needs at least one token of compute for its
 logits, so a prompt that hits entirely reuses ``len - 1`` tokens in the timing (vLLM recomputes the last token).
+
+Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
+miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
+own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace X…"); when
+that deletion fails or is interrupted again, what was left and the command that removes it are said.
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelSpec
 from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured, timed_prefill
@@ -37,6 +42,7 @@ from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import redis_memory
+from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.traces.request import Request
 
 
@@ -71,6 +77,9 @@ class Replayer:
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
+        self.notify: Callable[[str], None] | None = None  # one line to the user (cleanup after an interruption)
+        self.remedy: Callable[[str], str] = lambda ns: f"remove them with: kvcli purge --namespace {ns} --yes"
+        self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -97,16 +106,45 @@ class Replayer:
             if cfg.payload == "real":
                 store.check_value_size()
         try:
-            return self._run(name, reader, lengths, measured, stores, progress)
-        finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
+            result = self._run(name, reader, lengths, measured, stores, progress)
+        except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
-                purge_run(self.client, namespace, cfg.layouts)
+                self._cleanup(namespace, stores, interrupted=True)
+            raise
+        if not cfg.keep:
+            result.left_behind = self._cleanup(namespace, stores, interrupted=False)
+            result.notes += [result.left_behind] if result.left_behind else []
+        return result
+
+    def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool) -> str:
+        """Delete the run's namespace; "" when done, else what was left and how to remove it (said at once after
+        an interruption or an error; a second Ctrl-C or SIGTERM during the deletion propagates after saying it)."""
+        say = self.notify or (lambda line: None)
+        if interrupted:
+            say(f"deleting namespace {namespace}…")
+        try:
+            purge_run(self.client, namespace, self.config.layouts)
+            return ""
+        except (KeyboardInterrupt, KvcliError) as exc:
+            keys = sum(store.stats.objects_created for store in stores)
+            why = (("interrupted again" if interrupted else "interrupted") if isinstance(exc, KeyboardInterrupt)
+                   else str(exc))
+            refused = "permission" in why.lower() or "noperm" in why.lower()
+            left = (f"namespace {namespace} was not deleted ({why}): up to about {keys:,} keys this run wrote are "
+                    f"left; {self.remedy(namespace)}")
+            left += "; run it as a user allowed SCAN and UNLINK" if refused else ""
+            if interrupted or isinstance(exc, KeyboardInterrupt):
+                say(left)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return left
 
     def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [calibrate_transfer(self.client, store) for store in stores]
-        used_before = int(self.client.info("memory").get("used_memory", 0))
+        self._degraded = []
+        used_before = self._used_memory()
         results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout)
                    for store in stores]
         pending = [_Pending() for _ in stores]
@@ -128,13 +166,23 @@ class Replayer:
                 progress(index + 1, len(lengths))
         for store, res, pend, rate in zip(stores, results, pending, rates):
             self._finish(store, res, pend, rate)
-        used_after = int(self.client.info("memory").get("used_memory", 0))
+        used_after = self._used_memory()
         requests = len(lengths) - skipped
+        delta = None if used_before is None or used_after is None else used_after - used_before
         by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
         return TraceResult(name, requests, skipped, len(measured),
                            _payload_label(cfg.payload, len(measured), requests), by_layout[cfg.layouts[0]],
-                           used_after - used_before, time.perf_counter() - t0,
-                           notes=self._notes(lengths, measured), by_layout=by_layout)
+                           delta, time.perf_counter() - t0,
+                           notes=self._notes(lengths, measured) + self._degraded, by_layout=by_layout)
+
+    def _used_memory(self) -> int | None:
+        """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
+        info = server_info(self.client, "memory")
+        if info is None:
+            note = f"used_memory not read: {INFO_REFUSED}"
+            self._degraded += [] if note in self._degraded else [note]
+            return None
+        return int(info.get("used_memory", 0))
 
     def _notes(self, lengths: np.ndarray, measured: set[int]) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
@@ -174,7 +222,7 @@ class Replayer:
         return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
-            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
+            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
     def _estimated(self, request, stores, results, pending, unlimited, upper) -> None:
         n = len(request.token_ids)
@@ -270,14 +318,18 @@ class Replayer:
             res.store_seconds_estimated += float(np.sum(pend.new_chunks) * set_s)
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures"):
+                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "redis_retries",
+                     "redis_errors", "redis_timeouts"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
         res.key_bytes_per_chunk = store.key_bytes_per_chunk
-        res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            self.client, store.key_pattern, self.config.memory_sample)
+        try:
+            res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
+                self.client, store.key_pattern, self.config.memory_sample)
+        except KvcliError as exc:  # e.g. a user without SCAN or MEMORY: the rest of the report stands
+            self._degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

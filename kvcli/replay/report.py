@@ -43,6 +43,8 @@ ROWS: list[tuple[str, callable]] = [
     ("serialized bytes read", lambda r: fmt_bytes(r.serialized_bytes_read)),
     ("Redis memory (MEMORY USAGE)", lambda r: fmt_bytes(r.redis_memory_bytes)),
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
+    ("Redis retries / errors / timeouts",
+     lambda r: f"{r.redis_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
     ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
     ("lookup time", lambda r: _secs(r.lookup_seconds)),
     ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),

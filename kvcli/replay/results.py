@@ -80,6 +80,9 @@ class ChunkSizeResult:
     evicted_chunks: int = 0
     materialized_chunks: int = 0
     checksum_failures: int = 0
+    redis_retries: int = 0  # commands re-sent after a dropped connection (redis-py Retry)
+    redis_errors: int = 0  # lookups/retrieves/stores that failed after retries: misses, nothing stored
+    redis_timeouts: int = 0  # replies that did not come within --redis-timeout
     measured_requests: int = 0
     full_prefill_seconds_measured: float = 0.0
     suffix_prefill_seconds_measured: float = 0.0
@@ -142,10 +145,11 @@ class TraceResult:
     measured_requests: int
     payload: str
     per_chunk_size: list[ChunkSizeResult]
-    used_memory_delta_bytes: int = 0
+    used_memory_delta_bytes: int | None = 0  # None: INFO not permitted
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     by_layout: dict[str, list[ChunkSizeResult]] = field(default_factory=dict)
+    left_behind: str = ""  # the run's namespace could not be deleted: what was left and how to remove it
 
     @property
     def recommended_chunk_size(self) -> int | None:
