@@ -99,6 +99,12 @@ def replay(
                                             "deleted after the report by default.")] = False,
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
+    curve: Annotated[bool, typer.Option(help="Compute the hit-token curve over every cache capacity and a grid "
+                                             "of TTLs (memory grows about 50 bytes per distinct chunk).")] = True,
+    ttl_refresh: Annotated[bool, typer.Option(help="TTL curve: an entry lives from its last access, not its last "
+                                                   "write.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Write the curve (hit ratio vs cache bytes and vs TTL) to "
+                                                      "FILE.png or FILE.svg; one file per trace.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
@@ -112,7 +118,10 @@ def replay(
       kvcli replay trace.jsonl --chunk-sizes 64,256 --measure all --json > report.json
 
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --capacity-bytes 64GiB
+
+      kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
     """
+    from kvcli.replay.curvereport import check_plot_path, write_plots
     from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
     from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
@@ -126,14 +135,20 @@ def replay(
             raise BadInputError(f"{flag} must be >= 1, got {value}")
     if prefill_tps is not None and not 0 < prefill_tps < float("inf"):
         raise BadInputError(f"--prefill-tps must be a positive number, got {prefill_tps}")
+    check_plot_path(plot)
+    if plot is not None and (not curve or namespace is not None):
+        raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
-        upper_bound=upper_bound)
+        upper_bound=upper_bound, curve=curve, ttl_refresh=ttl_refresh)
     options = ModelOptions(model, dtype, device, seed, prefill_tps)
     with open_redis(redis_url) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)
+    if plot is not None:
+        for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
+            err.print(f"plot written: {path}", highlight=False)
     if json_out:
         typer.echo(to_json(results, context))
     else:

@@ -4,6 +4,10 @@ and the options that produced them (:class:`ReplayConfig`). Plain data, JSON-rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvcli.replay.curve import CurveResult
 
 
 @dataclass(frozen=True)
@@ -23,7 +27,10 @@ class ReplayConfig:
         memory_sample: keys per chunk size sampled with MEMORY USAGE.
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
-            4 bytes per token: the one part of a replay whose memory grows with the trace).
+            4 bytes per token).
+        curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; about
+            40-60 bytes per distinct chunk per chunk size, plus 168 per chunk seen twice for TTLs after write).
+        ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -38,6 +45,8 @@ class ReplayConfig:
     memory_sample: int = 200
     seed: int = 0
     upper_bound: bool = True
+    curve: bool = True
+    ttl_refresh: bool = False
 
 
 @dataclass
@@ -81,6 +90,7 @@ class ChunkSizeResult:
     store_seconds: float = 0.0
     store_seconds_estimated: float = 0.0
     max_logit_diff: float = 0.0
+    curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
 
     @property
     def hit_token_ratio(self) -> float:
@@ -106,6 +116,7 @@ class ChunkSizeResult:
     def to_dict(self) -> dict:
         """All fields plus the derived ratios and totals, JSON-ready."""
         out = dict(self.__dict__)
+        out["curve"] = self.curve.to_dict() if self.curve is not None else None
         out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
                    overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
                    loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
