@@ -97,7 +97,7 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     (seconds, log); one line per chunk size, the token-granular upper bound dashed. Returns a matplotlib Figure
     (Agg backend; the caller closes it)."""
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     rows = [r for r in result.per_chunk_size if r.curve is not None]
     if not rows:
@@ -105,21 +105,23 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     fig, (cap, ttl) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
     bound = 100 * rows[0].to_dict()["upper_bound_ratio"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    widths = np.linspace(3.2, 1.2, len(rows)) if len(rows) > 1 else [1.6]  # lines that coincide stay visible
     for i, r in enumerate(rows):
-        c, color = r.curve, colors[i % len(colors)]
+        c, color, lw = r.curve, colors[i % len(colors)], widths[i]
         caps = c.capacities(400)[1:]
         if caps.size:
             x = caps * c.payload_bytes_per_chunk
-            y = [100 * c.hit_tokens(k) / max(r.prompt_tokens, 1) for k in caps]
-            cap.plot(x, y, drawstyle="steps-post", color=color, label=f"chunk {r.chunk_size}")
+            y = 100 * c.hit_chunks_by_capacity[caps] * c.chunk_size / max(r.prompt_tokens, 1)
+            cap.plot(x, y, drawstyle="steps-post", color=color, lw=lw, label=f"chunk size {r.chunk_size}")
             k90 = c.capacity_for(0.9)
             if k90:
                 cap.plot([k90 * c.payload_bytes_per_chunk], [100 * c.hit_tokens(k90) / r.prompt_tokens], "o",
-                         color=color, ms=5)
+                         color=color, ms=4 + 2 * lw, mec="white", zorder=3)
         if c.ttl_hit_chunks is not None:
             keep = _ttl_range(c)
             ratio = 100 * c.ttl_hit_chunks[keep] * c.chunk_size / max(r.prompt_tokens, 1)
-            ttl.plot(c.ttl_seconds[keep], ratio, marker=".", color=color, label=f"chunk {r.chunk_size}")
+            ttl.plot(c.ttl_seconds[keep], ratio, marker="o", ms=2 + lw, color=color, lw=lw,
+                     label=f"chunk size {r.chunk_size}")
     for ax in (cap, ttl):
         if bound > 0:
             ax.axhline(bound, color="grey", ls="--", lw=1, label="token-granular bound")
@@ -128,7 +130,13 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
         ax.set_ylim(0, max(5.0, min(100.0, 1.1 * top_ratio)))
         ax.grid(True, which="major", alpha=0.3)
         ax.set_xscale("log")
+    lo, hi = cap.get_xlim()
+    span2 = np.log2(hi / lo)
+    step = 5 if span2 > 20 else 2 if span2 > 8 else 1  # 1 KiB, 32 KiB, 1 MiB, ... or 1, 4, 16 KiB, ...
+    ticks = [2.0 ** e for e in range(0, 70, step) if lo <= 2.0 ** e <= hi]
+    cap.xaxis.set_major_locator(FixedLocator(ticks))
     cap.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_bytes(v).replace(".0 ", " ")))
+    cap.xaxis.set_minor_formatter(NullFormatter())
     cap.set_xlabel(f"cache size: KV payload bytes for {model_id} ({kv_bytes_per_token:,} bytes/token), log")
     top = cap.secondary_xaxis("top", functions=(lambda b: b / kv_bytes_per_token, lambda t: t * kv_bytes_per_token))
     top.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens(v)))

@@ -5,10 +5,11 @@ Two expiry rules, as a chunk store would apply them with Redis expiry (``SET ...
 * **after write** (default; what :class:`~kvcli.store.chunkstore.ChunkStore` and ``kvcli warm --ttl`` do): a chunk
   lives ``T`` seconds from the write that stored it. A request writes every chunk of its prompt that is absent
   (never stored, or expired) and leaves present ones as they are (``SET NX``: a hit does not extend the life).
-  Whether a chunk is present depends on ``T``, so its write times do too, and the hit ratio need not rise with
-  ``T`` (accesses at 0, 6 and 11 s: ``T`` = 5 s hits at 11 s, after a rewrite at 6 s; ``T`` = 7 s hits at 6 s and
-  so misses at 11 s). The curve is therefore exact at each TTL of the grid (one write time per chunk and grid TTL,
-  kept only for chunks seen twice), not between them.
+  Whether a chunk is present depends on ``T``, so its write times do too; and since a hit leaves a chain's head with
+  its older write time while its tail is written anew, the hit ratio need not rise with ``T`` (requests ``[a]`` at
+  0 s, ``[a, b]`` at 2 s and at 3 s hit 2 chunks with ``T`` = 1 s, ``a`` rewritten at 2 s, but 1 with ``T`` = 2 s:
+  ``a`` hit at 2 s, expired at 3 s). The curve is therefore exact at each TTL of the grid (one write time per chunk
+  and grid TTL, kept only for chunks seen twice), not between them.
 * **after access** (``--ttl-refresh``): every request renews the life of all its chunks (rewrites the absent
   ones, refreshes the present ones), so a chunk is present at time ``t`` iff ``t - (its last request) <= T``: one
   gap per chunk decides every ``T`` at once, exactly as a stack distance decides every capacity.
