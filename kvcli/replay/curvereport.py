@@ -106,8 +106,13 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     bound = 100 * rows[0].to_dict()["upper_bound_ratio"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     widths = np.linspace(3.2, 1.2, len(rows)) if len(rows) > 1 else [1.6]  # lines that coincide stay visible
+    timed = any(r.curve.ttl_hit_chunks is not None for r in rows)
     for i, r in enumerate(rows):
         c, color, lw = r.curve, colors[i % len(colors)], widths[i]
+        if c.unlimited_hit_tokens == 0:  # nothing to draw; still named in the legends
+            for ax in (cap, ttl) if timed else (cap,):
+                ax.plot([], [], color=color, lw=lw, label=f"chunk size {r.chunk_size}: no hits")
+            continue
         caps = c.capacities(400)[1:]
         if caps.size:
             x = caps * c.payload_bytes_per_chunk
@@ -122,7 +127,7 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
             ratio = 100 * c.ttl_hit_chunks[keep] * c.chunk_size / max(r.prompt_tokens, 1)
             ttl.plot(c.ttl_seconds[keep], ratio, marker="o", ms=2 + lw, color=color, lw=lw,
                      label=f"chunk size {r.chunk_size}")
-    for ax in (cap, ttl):
+    for ax in (cap, ttl) if timed else (cap,):
         if bound > 0:
             ax.axhline(bound, color="grey", ls="--", lw=1, label="token-granular bound")
         ax.set_ylabel("hit token ratio (%)")
@@ -144,7 +149,7 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     cap.set_title("LRU: hit ratio by cache size (dot: 90% of unlimited)", fontsize=10)
     cap.legend(fontsize=8, loc="upper left")
     span = next((r.curve.span_seconds for r in rows if r.curve.span_seconds), None)
-    if any(r.curve.ttl_hit_chunks is not None for r in rows):
+    if timed:
         if span:
             ttl.axvline(span, color="grey", ls=":", lw=1, label=f"trace span {span:,.0f} s")
         ttl.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
@@ -153,7 +158,8 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     else:
         ttl.text(0.5, 0.5, "no TTL curve: the trace has no timestamps", ha="center", va="center",
                  transform=ttl.transAxes)
-        ttl.set_xlabel("TTL (s)")
+        ttl.set_xticks([])
+        ttl.set_yticks([])
     ttl.set_title("TTL: hit ratio by entry lifetime", fontsize=10)
     name = Path(result.trace).name
     fig.suptitle(f"{name}: {result.requests:,} requests", fontsize=11)

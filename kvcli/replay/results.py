@@ -28,8 +28,8 @@ class ReplayConfig:
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
             4 bytes per token).
-        curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; about
-            40-60 bytes per distinct chunk per chunk size, plus 168 per chunk seen twice for TTLs after write).
+        curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
+            grows ~75-95 bytes per distinct chunk per chunk size).
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
     """
 
