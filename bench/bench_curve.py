@@ -31,7 +31,7 @@ def replay(client, trace: str, curve: bool, refresh: bool = False):
     from kvcli.replay.results import ReplayConfig
     from kvcli.traces.detect import read_trace
 
-    config = ReplayConfig(chunk_sizes=SIZES, payload="accounted", measure=0, curve=curve, ttl_refresh=refresh)
+    config = ReplayConfig(chunk_sizes=SIZES, payload="accounted", measure=0, hit_curve=curve, ttl_refresh=refresh)
     r = Replayer(client, None, CostCurve.from_tokens_per_second(1000), "cl100k_base", config,
                  spec=ModelSpec("m", (8, 2, 2, 64), torch.bfloat16))
     requests = list(read_trace(trace))  # read once, outside the timing: the replay is what is compared
@@ -59,14 +59,14 @@ def main() -> None:
     print(f"replay without the curve: {_mm(base)} s")
     for rule, got in runs.items():
         total = [t for t, _ in got]
-        own = [sum(r.curve.seconds for r in res.per_chunk_size) for _, res in got]
+        own = [sum(r.hit_curve.seconds for r in res.per_chunk_size) for _, res in got]
         share = [o / b for o, b in zip(own, base)]
         end = [(t - b) / b for t, b in zip(total, base)]
         print(f"TTL {rule}: replay with the curve {_mm(total)} s; curve's own time {_mm(own)} s = "
               f"{_mm([100 * s for s in share], '.1f')}% of the replay without it "
               f"(end to end: {_mm([100 * e for e in end], '.1f')}%)")
         for r in got[-1][1].per_chunk_size:
-            c = r.curve
+            c = r.hit_curve
             print(f"  chunk size {r.chunk_size:5d}: {c.distinct_chunks:>9,} distinct chunks, curve memory "
                   f"{c.memory_bytes / 2**20:7.1f} MiB = {c.memory_bytes / max(c.distinct_chunks, 1):5.0f} B/chunk, "
                   f"curve time {c.seconds:.2f} s")

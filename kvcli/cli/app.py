@@ -143,7 +143,7 @@ def replay(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
-        upper_bound=upper_bound, curve=curve, ttl_refresh=ttl_refresh)
+        upper_bound=upper_bound, hit_curve=curve, ttl_refresh=ttl_refresh)
     options = ModelOptions(model, dtype, device, seed, prefill_tps)
     with open_redis(redis_url) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)

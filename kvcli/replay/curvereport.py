@@ -20,10 +20,10 @@ from kvcli.units import fmt_bytes
 
 
 def _capacity_cell(r: ChunkSizeResult, fraction: float) -> str:
-    c = r.curve.capacity_for(fraction)
+    c = r.hit_curve.capacity_for(fraction)
     if c is None:
         return "no hits"
-    return f"{fmt_bytes(c * r.curve.payload_bytes_per_chunk)} / {c * r.chunk_size:,} tok"
+    return f"{fmt_bytes(c * r.hit_curve.payload_bytes_per_chunk)} / {c * r.chunk_size:,} tok"
 
 
 def _ttl(seconds: float | None) -> str:
@@ -31,7 +31,7 @@ def _ttl(seconds: float | None) -> str:
 
 
 def _ttl_cell(r: ChunkSizeResult) -> str:
-    curve = r.curve
+    curve = r.hit_curve
     if curve.ttl_hit_chunks is None:
         return "no timestamps"
     if curve.unlimited_hit_tokens == 0:
@@ -43,14 +43,14 @@ def curve_rows(results: list[ChunkSizeResult]) -> list[tuple[str, callable]]:
     """Rows for the replay table (label, function of a result): the cache size (payload bytes for the model /
     tokens) that reaches 50, 90 and 99% of the unlimited hit tokens, the TTLs that do, and the curve's memory.
     Empty when no result has a curve (``--no-curve``)."""
-    if not any(r.curve is not None for r in results):
+    if not any(r.hit_curve is not None for r in results):
         return []
-    rule = next(r.curve.ttl_rule for r in results if r.curve is not None)
+    rule = next(r.hit_curve.ttl_rule for r in results if r.hit_curve is not None)
     rows = [(f"cache for {round(100 * f)}% of unlimited hits", lambda r, f=f: _capacity_cell(r, f))
             for f in (0.5, 0.9, 0.99)]
     rows += [(f"TTL ({rule}) for 50 / 90 / 99%", _ttl_cell),
-             ("curve memory", lambda r: fmt_bytes(r.curve.memory_bytes))]
-    return [(label, lambda r, fn=fn: "-" if r.curve is None else fn(r)) for label, fn in rows]
+             ("curve memory", lambda r: fmt_bytes(r.hit_curve.memory_bytes))]
+    return [(label, lambda r, fn=fn: "-" if r.hit_curve is None else fn(r)) for label, fn in rows]
 
 
 def check_plot_path(path: str | Path | None) -> None:
@@ -99,16 +99,16 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
-    rows = [r for r in result.per_chunk_size if r.curve is not None]
+    rows = [r for r in result.per_chunk_size if r.hit_curve is not None]
     if not rows:
         raise BadInputError("--plot needs the curve: drop --no-curve (and --namespace)")
     fig, (cap, ttl) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
     bound = 100 * rows[0].to_dict()["upper_bound_ratio"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     widths = np.linspace(3.2, 1.2, len(rows)) if len(rows) > 1 else [1.6]  # lines that coincide stay visible
-    timed = any(r.curve.ttl_hit_chunks is not None for r in rows)
+    timed = any(r.hit_curve.ttl_hit_chunks is not None for r in rows)
     for i, r in enumerate(rows):
-        c, color, lw = r.curve, colors[i % len(colors)], widths[i]
+        c, color, lw = r.hit_curve, colors[i % len(colors)], widths[i]
         if c.unlimited_hit_tokens == 0:  # nothing to draw; still named in the legends
             for ax in (cap, ttl) if timed else (cap,):
                 ax.plot([], [], color=color, lw=lw, label=f"chunk size {r.chunk_size}: no hits")
@@ -131,7 +131,7 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
         if bound > 0:
             ax.axhline(bound, color="grey", ls="--", lw=1, label="token-granular bound")
         ax.set_ylabel("hit token ratio (%)")
-        top_ratio = max([bound] + [100 * r.curve.unlimited_hit_tokens / max(r.prompt_tokens, 1) for r in rows])
+        top_ratio = max([bound] + [100 * r.hit_curve.unlimited_hit_tokens / max(r.prompt_tokens, 1) for r in rows])
         ax.set_ylim(0, max(5.0, min(100.0, 1.1 * top_ratio)))
         ax.grid(True, which="major", alpha=0.3)
         ax.set_xscale("log")
@@ -148,12 +148,12 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     top.set_xlabel("cache size (tokens)")
     cap.set_title("LRU: hit ratio by cache size (dot: 90% of unlimited)", fontsize=10)
     cap.legend(fontsize=8, loc="upper left")
-    span = next((r.curve.span_seconds for r in rows if r.curve.span_seconds), None)
+    span = next((r.hit_curve.span_seconds for r in rows if r.hit_curve.span_seconds), None)
     if timed:
         if span:
             ttl.axvline(span, color="grey", ls=":", lw=1, label=f"trace span {span:,.0f} s")
         ttl.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
-        ttl.set_xlabel(f"TTL (s, expiry {rows[0].curve.ttl_rule}), log; unlimited capacity")
+        ttl.set_xlabel(f"TTL (s, expiry {rows[0].hit_curve.ttl_rule}), log; unlimited capacity")
         ttl.legend(fontsize=8, loc="upper left")
     else:
         ttl.text(0.5, 0.5, "no TTL curve: the trace has no timestamps", ha="center", va="center",

@@ -28,7 +28,7 @@ class ReplayConfig:
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
             4 bytes per token).
-        curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
+        hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
             grows ~75-95 bytes per distinct chunk per chunk size).
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
     """
@@ -45,7 +45,7 @@ class ReplayConfig:
     memory_sample: int = 200
     seed: int = 0
     upper_bound: bool = True
-    curve: bool = True
+    hit_curve: bool = True
     ttl_refresh: bool = False
 
 
@@ -90,7 +90,7 @@ class ChunkSizeResult:
     store_seconds: float = 0.0
     store_seconds_estimated: float = 0.0
     max_logit_diff: float = 0.0
-    curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
+    hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
 
     @property
     def hit_token_ratio(self) -> float:
@@ -116,7 +116,7 @@ class ChunkSizeResult:
     def to_dict(self) -> dict:
         """All fields plus the derived ratios and totals, JSON-ready."""
         out = dict(self.__dict__)
-        out["curve"] = self.curve.to_dict() if self.curve is not None else None
+        out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
         out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
                    overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
                    loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,

@@ -52,7 +52,7 @@ SMALLEST = [tok(1, 16), tok(101, 104), tok(1, 16)]  # issue 10's smallest case, 
 def test_issue_10_smallest_case_replay_hits_12_and_the_curve_agrees(redis_client):
     limited = replay(redis_client, reqs(SMALLEST), capacity_tokens=16).per_chunk_size[0]
     assert (limited.hit_tokens, limited.prompt_tokens, limited.evicted_chunks) == (12, 36, 2)
-    curve = replay(redis_client, reqs(SMALLEST)).per_chunk_size[0].curve
+    curve = replay(redis_client, reqs(SMALLEST)).per_chunk_size[0].hit_curve
     # third request's chain distances 2, 3, 4, 5: hits 0, 0, 4, 8, 12, 16 tokens at capacities 0..5 chunks
     assert [curve.hit_tokens(c) for c in range(7)] == [0, 0, 4, 8, 12, 16, 16]
     assert curve.distinct_chunks == 5 and curve.unlimited_hit_tokens == 16
@@ -66,10 +66,10 @@ def test_issue_10_smallest_case_replay_hits_12_and_the_curve_agrees(redis_client
 def test_curve_equals_a_replay_at_every_capacity(redis_client, prompts, capacities):
     """Totals: --capacity-tokens C*chunk_size gives the curve's hit tokens at C, per chunk size."""
     requests = reqs(prompts)
-    curves = {r.chunk_size: r.curve for r in replay(redis_client, requests, (2, 3)).per_chunk_size}
+    curves = {r.chunk_size: r.hit_curve for r in replay(redis_client, requests, (2, 3)).per_chunk_size}
     for c in capacities:
         for cs in (2, 3):
-            got = replay(redis_client, requests, (cs,), capacity_tokens=c * cs, curve=False).per_chunk_size[0]
+            got = replay(redis_client, requests, (cs,), capacity_tokens=c * cs, hit_curve=False).per_chunk_size[0]
             assert got.hit_tokens == curves[cs].hit_tokens(c), (cs, c)
 
 
@@ -104,13 +104,13 @@ def test_curve_equals_replays_on_the_mooncake_sample(redis_client):
         return {x.chunk_size: x for x in r.replay(str(MOONCAKE), read).per_chunk_size}
 
     full = run()
-    curves = {cs: r.curve for cs, r in full.items()}
+    curves = {cs: r.hit_curve for cs, r in full.items()}
     assert curves[256].unlimited_hit_tokens == full[256].hit_tokens > 0
     half = curves[1024].capacity_for(0.5) * 1024
     quarter = curves[256].capacity_for(0.25) * 256
     hits = {}
     for capacity_tokens in (quarter, half, 3 * half):
-        limited = run(capacity_tokens=capacity_tokens, curve=False)
+        limited = run(capacity_tokens=capacity_tokens, hit_curve=False)
         for cs in (256, 1024):
             hits[cs, capacity_tokens] = limited[cs].hit_tokens
             assert limited[cs].hit_tokens == curves[cs].hit_tokens(capacity_tokens // cs), (cs, capacity_tokens)
@@ -167,12 +167,12 @@ def test_ttl_curve_equals_a_simulation_per_ttl(trace, refresh):
 
 def test_replay_reports_the_ttl_curve_from_timestamps(redis_client):
     res = replay(redis_client, reqs([A, AB, AB], [0.0, 2.0, 3.0])).per_chunk_size[0]
-    c = res.curve
+    c = res.hit_curve
     assert (c.span_seconds, c.ttl_rule) == (3.0, "after write")
     ttl = dict(zip(c.ttl_seconds.tolist(), (c.ttl_hit_chunks * 4).tolist()))
     assert (ttl[0.5], ttl[1.0], ttl[2.0], ttl[5.0]) == (0, 8, 4, 12)  # the by-hand test above, in tokens
     assert (c.ttl_for(0.5), c.ttl_for(0.9), c.ttl_for(1.0)) == (1.0, 5.0, 5.0)  # of 12 unlimited hit tokens
-    refreshed = replay(redis_client, reqs([A, AB, AB], [0.0, 2.0, 3.0]), ttl_refresh=True).per_chunk_size[0].curve
+    refreshed = replay(redis_client, reqs([A, AB, AB], [0.0, 2.0, 3.0]), ttl_refresh=True).per_chunk_size[0].hit_curve
     assert refreshed.ttl_rule == "after access" and refreshed.ttl_for(1.0) == 2.0
 
 
@@ -193,7 +193,7 @@ def _cli(*args):
 def test_cli_json_table_and_plot(tmp_path, redis_url):
     out = _cli(_trace(tmp_path), "--redis-url", redis_url, "--json", "--plot", tmp_path / "c.png")
     assert out.exit_code == 0, out.output
-    curve = json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]["curve"]
+    curve = json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]["hit_curve"]
     assert curve["unlimited_hit_tokens"] == 16 and curve["distinct_chunks"] == 5
     # tiny model: 1,024 KV bytes per token, so a chunk of 4 tokens is 4,096 payload bytes
     assert curve["capacity_for_fraction"]["0.9"] == {
@@ -210,7 +210,7 @@ def test_cli_json_table_and_plot(tmp_path, redis_url):
 
 def test_cli_no_curve_and_bad_plot_paths(tmp_path, redis_url):
     off = _cli(_trace(tmp_path), "--redis-url", redis_url, "--no-curve", "--json")
-    assert off.exit_code == 0 and json.loads(off.stdout)["traces"][0]["per_chunk_size"][0]["curve"] is None
+    assert off.exit_code == 0 and json.loads(off.stdout)["traces"][0]["per_chunk_size"][0]["hit_curve"] is None
     bad = _cli(_trace(tmp_path), "--redis-url", redis_url, "--plot", tmp_path / "c.txt")
     assert bad.exit_code == 2 and "--plot must end in .png or .svg" in bad.stderr
     both = _cli(_trace(tmp_path), "--redis-url", redis_url, "--plot", tmp_path / "c.svg", "--no-curve")
