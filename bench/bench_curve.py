@@ -49,7 +49,8 @@ def main() -> None:
 
     trace = sys.argv[1] if len(sys.argv) > 1 else str(SAMPLE)
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    print(f"{trace}; index-only replay, chunk sizes {', '.join(map(str, SIZES))}; {repeats} repeats; min / median")
+    print(f"{trace}; index-only replay, chunk sizes {', '.join(map(str, SIZES))}; {repeats} repeat(s); "
+          f"min / median")
     base, runs = [], {"after write": [], "after access": []}
     with open_redis(os.environ.get("REDIS_URL")) as (client, _):
         for _ in range(repeats):

@@ -100,7 +100,7 @@ def replay(
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
     curve: Annotated[bool, typer.Option(help="Compute the hit-token curve over every cache capacity and a grid "
-                                             "of TTLs (memory: ~75-95 bytes per distinct chunk per chunk "
+                                             "of TTLs (memory: ~55-95 bytes per distinct chunk per chunk "
                                              "size).")] = True,
     ttl_refresh: Annotated[bool, typer.Option(help="TTL curve: an entry lives from its last access, not its last "
                                                    "write.")] = False,

@@ -73,8 +73,8 @@ class HitCurve:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held for the curve (numpy state): ~75-95 per distinct chunk on the Mooncake sample (arrays double as
-        they grow; TTLs after write add 84 per chunk seen twice)."""
+        """Bytes held for the curve (numpy state): ~55-95 per distinct chunk on the Mooncake traces (arrays
+        double as they grow; TTLs after write add 84 per chunk seen twice)."""
         ttl = self._ttl.nbytes if self._ttl is not None else 0
         return self._ids.nbytes + self._stack.nbytes + self._by_distance.nbytes + ttl
 

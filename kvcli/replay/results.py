@@ -29,7 +29,7 @@ class ReplayConfig:
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
             4 bytes per token).
         hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
-            grows ~75-95 bytes per distinct chunk per chunk size).
+            grows ~55-95 bytes per distinct chunk per chunk size).
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
     """
 
