@@ -111,6 +111,13 @@ def replay(
                                             "deleted after the report by default.")] = False,
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
+    curve: Annotated[bool, typer.Option(help="Compute the hit-token curve over every cache capacity and a grid "
+                                             "of TTLs (memory: ~55-95 bytes per distinct chunk per chunk "
+                                             "size).")] = True,
+    ttl_refresh: Annotated[bool, typer.Option(help="TTL curve: an entry lives from its last access, not its last "
+                                                   "write.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Write the curve (hit ratio vs cache bytes and vs TTL) to "
+                                                      "FILE.png or FILE.svg; one file per trace.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
     layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
                                              "lookup), or kvcli,lmcache side by side.")] = "kvcli",
@@ -130,7 +137,9 @@ def replay(
 
       kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
       kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
+      kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
     """
+    from kvcli.replay.curvereport import check_plot_path, write_plots
     from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
     from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
@@ -145,15 +154,21 @@ def replay(
             raise BadInputError(f"{flag} must be >= 1, got {value}")
     if prefill_tps is not None and not 0 < prefill_tps < float("inf"):
         raise BadInputError(f"--prefill-tps must be a positive number, got {prefill_tps}")
+    check_plot_path(plot)
+    if plot is not None and (not curve or namespace is not None):
+        raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
-        upper_bound=upper_bound, layouts=parse_layouts(layout))
+        upper_bound=upper_bound, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh)
     options = ModelOptions(model, dtype, device, seed, prefill_tps)
     say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress, say)
+    if plot is not None:
+        for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
+            err.print(f"plot written: {path}", highlight=False)
     if json_out:
         typer.echo(to_json(results, context))
     else:

@@ -36,6 +36,7 @@ import redis
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelSpec
+from kvcli.replay.curve import HitCurve
 from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured, timed_prefill
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.upper_bound import RadixUpperBound
@@ -149,6 +150,9 @@ class Replayer:
                    for store in stores]
         pending = [_Pending() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
+        hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
+                      if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
+                      for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
         t0 = time.perf_counter()
         skipped = 0
         for index, request in enumerate(reader()):
@@ -159,13 +163,14 @@ class Replayer:
             else:
                 upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
-                    self._measured(request, stores, results, rates, unlimited, upper)
+                    self._measured(request, stores, results, rates, unlimited, upper, hit_curves)
                 else:
-                    self._estimated(request, stores, results, pending, unlimited, upper)
+                    self._estimated(request, stores, results, pending, unlimited, upper, hit_curves)
             if progress:
                 progress(index + 1, len(lengths))
-        for store, res, pend, rate in zip(stores, results, pending, rates):
+        for store, res, pend, rate, hit_curve in zip(stores, results, pending, rates, hit_curves):
             self._finish(store, res, pend, rate)
+            res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
         used_after = self._used_memory()
         requests = len(lengths) - skipped
         delta = None if used_before is None or used_after is None else used_after - used_before
@@ -188,6 +193,8 @@ class Replayer:
         """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
         range the cost curve was fitted on."""
         notes = []
+        if self.config.hit_curve and self.config.namespace is not None:
+            notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
         ratio = check.get("median_measured_over_predicted")
@@ -224,10 +231,12 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, request, stores, results, pending, unlimited, upper) -> None:
+    def _estimated(self, request, stores, results, pending, unlimited, upper, hit_curves) -> None:
         n = len(request.token_ids)
-        for store, res, pend, seen in zip(stores, results, pending, unlimited):
+        for store, res, pend, seen, hit_curve in zip(stores, results, pending, unlimited, hit_curves):
             prompt = store.chunk(request.token_ids, request.cache_salt)
+            if hit_curve:
+                hit_curve.observe(prompt.hashes, request.timestamp)
             look = store.lookup(prompt)
             written = store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
             self._count(res, store, prompt, look, seen, n, upper)
@@ -237,12 +246,14 @@ class Replayer:
             pend.hit_chunks.append(look.hit_chunks)
             pend.new_chunks.append(len(prompt.hashes) - look.hit_chunks)
 
-    def _measured(self, request, stores, results, rates, unlimited, upper) -> None:
+    def _measured(self, request, stores, results, rates, unlimited, upper, hit_curves) -> None:
         tokens, n = request.token_ids, len(request.token_ids)
         t_full, (logits_full, kv_full) = timed_prefill(self.model, tokens, None)
         self.measured_samples.append(PrefillSample(n, 0, t_full))
-        for store, res, rate, seen in zip(stores, results, rates, unlimited):
+        for store, res, rate, seen, hit_curve in zip(stores, results, rates, unlimited, hit_curves):
             prompt = store.chunk(tokens, request.cache_salt)
+            if hit_curve:
+                hit_curve.observe(prompt.hashes, request.timestamp)
             look = store.lookup(prompt)
             past, hit_chunks = self._fetch(store, res, prompt, look, kv_full, rate)
             self._count(res, store, prompt, look, seen, n, upper, hit_chunks)  # hits = what was retrieved

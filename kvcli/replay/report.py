@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from kvcli.replay.curvereport import curve_rows
 from kvcli.replay.results import TraceResult
 from kvcli.units import fmt_bytes, json_document
 
@@ -72,7 +73,7 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
     for r in result.per_chunk_size:
         table.add_column(f"{r.chunk_size}{' *' if r.chunk_size == best else ''}", justify="right",
                          style="green" if r.chunk_size == best else None)
-    for label, fn in ROWS:
+    for label, fn in ROWS + curve_rows(result.per_chunk_size):
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
     verdict = (f"* recommended chunk size by net benefit: {best}." if best is not None
                else "No chunk size pays off here: every net benefit is <= 0.")

@@ -4,6 +4,10 @@ and the options that produced them (:class:`ReplayConfig`). Plain data, JSON-rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvcli.replay.curve import CurveResult
 
 from kvcli.errors import BadInputError
 
@@ -25,9 +29,12 @@ class ReplayConfig:
         memory_sample: keys per chunk size sampled with MEMORY USAGE.
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
-            4 bytes per token: the one part of a replay whose memory grows with the trace).
+            4 bytes per token).
         layouts: key layouts to replay through, side by side (kvcli.store.kvstore.LAYOUTS: "kvcli", "lmcache");
             the first one's results are the report's main table and recommendation.
+        hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
+            grows ~55-95 bytes per distinct chunk per chunk size).
+        ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -43,6 +50,8 @@ class ReplayConfig:
     seed: int = 0
     upper_bound: bool = True
     layouts: tuple[str, ...] = ("kvcli",)
+    hit_curve: bool = True
+    ttl_refresh: bool = False
 
     def __post_init__(self) -> None:
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
@@ -98,6 +107,7 @@ class ChunkSizeResult:
     layout: str = "kvcli"
     lookup_round_trips: int = 0
     key_bytes_per_chunk: float = 0.0
+    hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
 
     @property
     def hit_token_ratio(self) -> float:
@@ -123,6 +133,7 @@ class ChunkSizeResult:
     def to_dict(self) -> dict:
         """All fields plus the derived ratios and totals, JSON-ready."""
         out = dict(self.__dict__)
+        out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
         out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
                    overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
                    loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
