@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -59,3 +62,14 @@ def tiny_checkpoint_b(tmp_path_factory):
     from kvcli.model.hf_tiny import write_tiny_checkpoint
 
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-b"), vocab=512, seed=1))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from faultproxy import FaultProxy  # noqa: E402  (bench/faultproxy.py: shared with bench/bench_faults.py)
+
+
+@pytest.fixture
+def fault_proxy(redis_url):
+    """A :class:`FaultProxy` in front of the private server of :func:`redis_url` (``proxy.url()``; rules via
+    ``proxy.drop(...)`` / ``proxy.stall(...)``); closed at teardown, and after 300 s at most."""
+    parts = urlsplit(redis_url)
+    with FaultProxy(parts.hostname, parts.port) as proxy:
+        yield proxy

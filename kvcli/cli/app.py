@@ -1,9 +1,11 @@
 """The kvcli command line (typer). Thin: parse options, call the library, print. Results on stdout, progress on
-stderr, one-line errors with exit codes: 0 done, 2 bad input, 3 Redis failure, 4 model failure, 1 other kvcli error.
+stderr, one-line errors with exit codes: 0 done, 2 bad input, 3 Redis failure, 4 model failure, 1 other kvcli error,
+130 interrupted (SIGINT, Ctrl-C), 143 terminated (SIGTERM). Passwords in a Redis URL never reach the output.
 """
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from pathlib import Path
@@ -14,7 +16,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from kvcli.errors import BadInputError, KvcliError
+from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
+from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.units import parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
@@ -34,16 +37,21 @@ RedisUrl = Annotated[Optional[str], typer.Option(
 
 
 def handle_errors(fn):
-    """Turn kvcli's errors into one line on stderr and their exit code (never a traceback)."""
+    """Turn kvcli's errors into one line on stderr and their exit code (never a traceback); the Redis URL's
+    passwords are masked in every message."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from kvcli.store.server import ENV_URL, error_text, redact
+
+        url = kwargs.get("redis_url") or os.environ.get(ENV_URL)
         try:
             return fn(*args, **kwargs)
         except KvcliError as exc:
-            err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+            err.print(f"[red]kvcli: error:[/] {escape(redact(str(exc), url))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except redis.RedisError as exc:
-            err.print(f"[red]kvcli: error:[/] Redis: {escape(str(exc))}", highlight=False, soft_wrap=True)
+            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(error_text(exc), url))}", highlight=False,
+                      soft_wrap=True)
             raise typer.Exit(3) from None
         except MemoryError:
             err.print("[red]kvcli: error:[/] out of memory running the model; try a smaller --model or --measure")
@@ -121,10 +129,18 @@ def replay(
                                             "deleted after the report by default.")] = False,
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
+    curve: Annotated[bool, typer.Option(help="Compute the hit-token curve over every cache capacity and a grid "
+                                             "of TTLs (memory: ~55-95 bytes per distinct chunk per chunk "
+                                             "size).")] = True,
+    ttl_refresh: Annotated[bool, typer.Option(help="TTL curve: an entry lives from its last access, not its last "
+                                                   "write.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="Write the curve (hit ratio vs cache bytes and vs TTL) to "
+                                                      "FILE.png or FILE.svg; one file per trace.")] = None,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
     layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
                                              "lookup), or kvcli,lmcache side by side.")] = "kvcli",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
     ratio, objects, bytes, round trips, measured prefill savings and the net benefit that picks the chunk size.
@@ -140,7 +156,9 @@ def replay(
       kvcli replay trace.jsonl --link-gbps 25 --rtt-ms 0.2     # a Redis across a 25 Gbit/s network
       kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
       kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
+      kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
     """
+    from kvcli.replay.curvereport import check_plot_path, write_plots
     from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
     from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
@@ -162,22 +180,32 @@ def replay(
             raise BadInputError(f"{flag} must be a number >= 0, got {value}")
     if store_mode not in ("async", "sync"):
         raise BadInputError(f"--store-mode must be async or sync, got {store_mode!r}")
+    check_plot_path(plot)
+    if plot is not None and (not curve or namespace is not None):
+        raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
         upper_bound=upper_bound, measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds,
         store_mode=store_mode, link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3,
-        allow_evictions=allow_evictions, layouts=parse_layouts(layout))
+        allow_evictions=allow_evictions, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh)
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads)
-    with open_redis(redis_url) as (client, target), _progress() as progress:
-        results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)
+    say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _progress() as progress:
+        results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress, say)
+    if plot is not None:
+        for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
+            err.print(f"plot written: {path}", highlight=False)
     if json_out:
         typer.echo(to_json(results, context))
     else:
         print_report(results, stdout_console(), context)
     for result in results:
         err.print(summary_line(result), highlight=False)
+    left = [r.left_behind for r in results if r.left_behind]
+    if left:  # the report stands; the run's keys could not be deleted
+        raise RedisFailure("; ".join(left))
 
 
 class _progress:
@@ -213,19 +241,29 @@ def _register() -> None:
 _register()
 
 
-def _terminate(signum, frame) -> None:
-    """SIGTERM unwinds like Ctrl-C, so the embedded server is stopped and a fresh namespace deleted."""
+_signals: list[int] = []  # every SIGINT / SIGTERM received, in order
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGINT and SIGTERM unwind the same way (KeyboardInterrupt), so the embedded server is stopped and the run's
+    namespace deleted; a second one during that cleanup interrupts it (the replay then names what was left)."""
+    _signals.append(signum)
     raise KeyboardInterrupt
 
 
 def main() -> None:
-    """Console-script entry point."""
-    signal.signal(signal.SIGTERM, _terminate)
+    """Console-script entry point: exit 130 after SIGINT, 143 after SIGTERM (128 + the last signal's number)."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     try:
         app()
-    except KeyboardInterrupt:
-        err.print("kvcli: interrupted")
-        sys.exit(130)
+    except (SystemExit, KeyboardInterrupt) as exc:  # typer turns KeyboardInterrupt into exit 130
+        interrupted = isinstance(exc, KeyboardInterrupt) or (exc.code == 130 and _signals)
+        if not interrupted:
+            raise
+        signum = _signals[-1] if _signals else signal.SIGINT
+        err.print("kvcli: interrupted" if signum == signal.SIGINT else "kvcli: terminated (SIGTERM)")
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.table import Table
 from rich.text import Text
 
+from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.replay.report import stdout_console
 from kvcli.units import fmt_bytes, json_document
@@ -48,6 +49,7 @@ def warm(
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
     strict: Annotated[bool, typer.Option(help="Refuse to write when the estimate does not fit maxmemory.")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
 
@@ -70,7 +72,7 @@ def warm(
     requests = read_prompts(sources, fmt, tok)
     spec = resolve_spec(model, dtype, seed)
     local = None if dry_run else load_model(model, dtype, device, seed)
-    with open_redis(redis_url) as (client, target), _WarmBar() as bar:
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
         say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
@@ -99,6 +101,7 @@ def inspect(
     layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: an LMCache Redis backend's "
                                              "keys (LMCache 0.5.6 layout), by model.")] = "kvcli",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
     integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map; or, with
@@ -126,7 +129,7 @@ def inspect(
                                 tokens=tokens, request=request)
     tok = open_tokenizer(tokenizer, model) if any(x is not None for x in (prompt, tokens, request)) else None
     ids = _prompt_ids(prompt, tokens, request, tok, fmt)
-    with open_redis(redis_url) as (client, target):
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         if ids is None:
@@ -160,6 +163,7 @@ def purge(
     chunk_size: Annotated[Optional[int], typer.Option(help="Only this chunk size.", min=1)] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
+    redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
     """Delete kvcli's keys of ONE namespace (and optionally one chunk size): shows the count first, deletes only
     with --yes; SCAN + UNLINK, never FLUSHDB/FLUSHALL; foreign keys and other namespaces are never touched.
@@ -170,18 +174,22 @@ def purge(
 
       kvcli purge --namespace fleet --chunk-size 16 --yes
     """
-    from kvcli.store.namespace import count
+    from kvcli.store.namespace import count, purge_command
     from kvcli.store.namespace import purge as run_purge
     from kvcli.store.server import open_redis
 
-    with open_redis(redis_url) as (client, _):
-        found = count(client, namespace, chunk_size)
-        where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
-        err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)",
-                  markup=False, highlight=False, soft_wrap=True)
-        if found.keys and not yes:
-            raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
-        done = run_purge(client, namespace, chunk_size) if yes else found
+    where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
+    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
+        try:
+            found = count(client, namespace, chunk_size)
+            err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} "
+                      f"payloads)", markup=False, highlight=False, soft_wrap=True)
+            if found.keys and not yes:
+                raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
+            done = run_purge(client, namespace, chunk_size) if yes else found
+        except RedisFailure as exc:  # what is left is still there: say how to finish
+            again = purge_command(target, namespace, chunk_size) if yes else ""
+            raise RedisFailure(f"{exc}" + (f"; remove them with: {again} (again)" if yes else "")) from None
     _print("purge", done, json_out, lambda r: Text(f"deleted {r.deleted:,} keys of {where}"))
 
 
@@ -303,8 +311,9 @@ def _inspect_view(r) -> Group:
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
-    return Group(table, Text(f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} "
-                             f"({s.policy}), evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}; "
+    server = (f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} ({s.policy}), "
+              f"evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}" if s.known else f"server: {s.note}")
+    return Group(table, Text(f"{server}; "
                              f"MEMORY USAGE: {memory}; checksums "
                              f"{'verified' if r.verified else 'not verified (--verify)'}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "

@@ -95,7 +95,7 @@ def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, 
     reason = "" if hits == len(states) else states[hits]
     if reason == "missing" and any(s != "missing" for s in states[hits:]):
         server = server or server_memory(client)
-        if bool(server.expired_keys) != bool(server.evicted_keys):
+        if server.known and bool(server.expired_keys) != bool(server.evicted_keys):
             reason = "expired" if server.expired_keys else "evicted"
     rows = []
     for k, (h, state) in enumerate(zip(prompt.hashes, states)):

@@ -358,9 +358,14 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
         except redis.RedisError as exc:
             first, last = batch[0], batch[-1]
             chunks = f"chunk {first}" if first == last else f"chunks {first}-{last}"
-            return (f"the server refused the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of "
-                    f"{request.source or request.id} at chunk size {cs}: {_reason(exc)}; stopped there, "
-                    f"everything before it is stored")
+            what = f"the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of {request.source or request.id}"
+            if isinstance(exc, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
+                why = ("got no reply within the timeout" if isinstance(exc, redis.exceptions.TimeoutError)
+                       else "lost its connection (after retries)")
+                return (f"{what} at chunk size {cs} {why}: {_reason(exc)}; stopped there: that batch is stored "
+                        f"whole or not at all (MULTI/EXEC), everything before it is stored")
+            return (f"the server refused {what} at chunk size {cs}: {_reason(exc)}; stopped there, everything "
+                    f"before it is stored")
         before = (tot.chunks_written, tot.bytes)
         for meta in metas:
             tot.add(store, len(meta))

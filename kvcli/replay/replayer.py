@@ -25,6 +25,11 @@ server replay in seconds; measured requests then use their own prefix KV and an 
 
 Hit tokens never exceed the prompt: only full chunks hit. A request needs at least one token of compute for its
 logits, so a prompt that hits entirely reuses ``len - 1`` tokens in the timing (vLLM recomputes the last token).
+
+Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
+miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
+own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace X…"); when
+that deletion fails or is interrupted again, what was left and the command that removes it are said.
 """
 from __future__ import annotations
 
@@ -36,10 +41,11 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import redis
 
-from kvcli.errors import BadInputError, RedisFailure
+from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.model.calibration import Calibration
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelConfig, ModelSpec
+from kvcli.replay.curve import HitCurve
 from kvcli.replay.measure import (
     calibrate_transfer,
     curve_check,
@@ -57,6 +63,7 @@ from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import redis_memory
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
+from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.traces.request import Request
 
 
@@ -89,6 +96,9 @@ class Replayer:
         self._samples_seen = 0
         self._may_evict = False
         self._measured_log: list[dict] = []
+        self.notify: Callable[[str], None] | None = None  # one line to the user (cleanup after an interruption)
+        self.remedy: Callable[[str], str] = lambda ns: f"remove them with: kvcli purge --namespace {ns} --yes"
+        self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -123,9 +133,13 @@ class Replayer:
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         try:
             result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress)
-        finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
+        except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
-                purge_run(self.client, namespace, cfg.layouts)
+                self._cleanup(namespace, stores, interrupted=True)
+            raise
+        if not cfg.keep:
+            result.left_behind = self._cleanup(namespace, stores, interrupted=False)
+            result.notes += [result.left_behind] if result.left_behind else []
         result.calibration = coverage
         # read after the cleanup: a server over maxmemory evicts on any command, reads included
         result.server_evicted_keys = evicted_since(self.client, check)
@@ -133,6 +147,29 @@ class Replayer:
             result.notes.append(f"the server evicted {result.server_evicted_keys:,} keys during this replay "
                                 f"(whoever's): evicted chunks counted as misses, other data on the server may be gone")
         return result
+
+    def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool) -> str:
+        """Delete the run's namespace; "" when done, else what was left and how to remove it (said at once after
+        an interruption or an error; a second Ctrl-C or SIGTERM during the deletion propagates after saying it)."""
+        say = self.notify or (lambda line: None)
+        if interrupted:
+            say(f"deleting namespace {namespace}…")
+        try:
+            purge_run(self.client, namespace, self.config.layouts)
+            return ""
+        except (KeyboardInterrupt, KvcliError) as exc:
+            keys = sum(store.stats.objects_created for store in stores)
+            why = (("interrupted again" if interrupted else "interrupted") if isinstance(exc, KeyboardInterrupt)
+                   else str(exc))
+            refused = "permission" in why.lower() or "noperm" in why.lower()
+            left = (f"namespace {namespace} was not deleted ({why}): up to about {keys:,} keys this run wrote are "
+                    f"left; {self.remedy(namespace)}")
+            left += "; run it as a user allowed SCAN and UNLINK" if refused else ""
+            if interrupted or isinstance(exc, KeyboardInterrupt):
+                say(left)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return left
 
     def _cover(self, lengths: np.ndarray) -> dict:
         """Extend the calibration to the trace's prompt lengths (95th percentile), within the time budget."""
@@ -173,11 +210,15 @@ class Replayer:
         value = stores[big].value_bytes
         self._measured_gbps = value * 8 / rates[big].get_seconds / 1e9 if rates[big].get_seconds > 0 else 10.0
         link = self._link()
+        self._degraded = []
         used_before = mem.used_memory
         results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout)
                    for store in stores]
         ledgers = [Ledger() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
+        hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
+                      if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
+                      for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
         self._measured_log = []
         t0 = time.perf_counter()
         skipped, stamps = 0, []
@@ -191,20 +232,23 @@ class Replayer:
             else:
                 upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
-                    self._measured(index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens)
+                    self._measured(index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens,
+                                   hit_curves)
                 else:
-                    self._estimated(request, stores, results, ledgers, rates, unlimited, upper)
+                    self._estimated(request, stores, results, ledgers, rates, unlimited, upper, hit_curves)
             if progress:
                 progress(index + 1, len(lengths))
-        for store, res in zip(stores, results):
+        for store, res, hit_curve in zip(stores, results, hit_curves):
             self._finish(store, res)
-        used_after = int(self.client.info("memory").get("used_memory", 0))
+            res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
+        used_after = self._used_memory()
         requests = len(lengths) - skipped
         span = max(stamps) - min(stamps) if len(stamps) > 1 else None
         by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
         result = TraceResult(name, requests, skipped, len(measured),
                              _payload_label(cfg.payload, len(measured), requests), by_layout[cfg.layouts[0]],
-                             used_after - used_before, time.perf_counter() - t0, by_layout=by_layout)
+                             None if used_before is None or used_after is None else used_after - used_before,
+                             time.perf_counter() - t0, by_layout=by_layout)
         result.span_seconds = span
         self._savings(result, stores, results, ledgers, rates, link)
         result.preflight = check.to_dict()
@@ -213,8 +257,17 @@ class Replayer:
         result.network = link.to_dict() if link else None
         result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
         result.cost_curve = self.curve.to_dict()
-        result.notes = self._notes(result, lengths, measured, measure_tokens)
+        result.notes = self._notes(result, lengths, measured, measure_tokens) + self._degraded
         return result
+
+    def _used_memory(self) -> int | None:
+        """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
+        info = server_info(self.client, "memory")
+        if info is None:
+            note = f"used_memory not read: {INFO_REFUSED}"
+            self._degraded += [] if note in self._degraded else [note]
+            return None
+        return int(info.get("used_memory", 0))
 
     def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
         """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
@@ -240,6 +293,8 @@ class Replayer:
         """Warnings a reader of the report needs: estimates far from what was measured or beyond the calibrated
         range, truncated measurements, evictions, background work a trace's span cannot absorb."""
         notes = []
+        if self.config.hit_curve and self.config.namespace is not None:
+            notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
         ratio = check.get("median_measured_over_predicted")
@@ -283,13 +338,15 @@ class Replayer:
         return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
-            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
+            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, request, stores, results, ledgers, rates, unlimited, upper) -> None:
+    def _estimated(self, request, stores, results, ledgers, rates, unlimited, upper, hit_curves) -> None:
         n = len(request.token_ids)
-        for store, res, ledger, rate, seen in zip(stores, results, ledgers, rates, unlimited):
+        for store, res, ledger, rate, seen, hit_curve in zip(stores, results, ledgers, rates, unlimited, hit_curves):
             crit, back = _critical(res), _background(res)
             prompt = store.chunk(request.token_ids, request.cache_salt)
+            if hit_curve:
+                hit_curve.observe(prompt.hashes, request.timestamp)
             look = store.lookup(prompt)
             written = store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
             hit_chunks = self._payloads_left(store, prompt, look) if self._may_evict else look.hit_chunks
@@ -322,7 +379,8 @@ class Replayer:
                 return k
         return look.hit_chunks
 
-    def _measured(self, index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens) -> None:
+    def _measured(self, index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens,
+                  hit_curves) -> None:
         tokens, n = request.token_ids, len(request.token_ids)
         length = min(n, measure_tokens) if measure_tokens else n
         head = tokens[:length]
@@ -331,10 +389,12 @@ class Replayer:
         log = {"index": index, "id": request.id, "prompt_tokens": n, "measured_tokens": length,
                "full_prefill_seconds": t_full, "per_chunk_size": []}
         real = self.config.payload == "real"
-        for store, res, ledger, rate, seen in zip(stores, results, ledgers, rates, unlimited):
+        for store, res, ledger, rate, seen, hit_curve in zip(stores, results, ledgers, rates, unlimited, hit_curves):
             cs = store.config.chunk_size
             crit, back = _critical(res), _background(res)
             prompt = store.chunk(tokens, request.cache_salt)
+            if hit_curve:
+                hit_curve.observe(prompt.hashes, request.timestamp)
             look = store.lookup(prompt)
             past, got = self._fetch(store, res, prompt, look, kv_full, rate, length)
             inside = min(look.hit_chunks, length // cs)
@@ -426,14 +486,18 @@ class Replayer:
         st = store.stats
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures"):
+                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "redis_retries",
+                     "redis_errors", "redis_timeouts"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
         res.key_bytes_per_chunk = store.key_bytes_per_chunk
-        res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            self.client, store.key_pattern, self.config.memory_sample)
+        try:
+            res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
+                self.client, store.key_pattern, self.config.memory_sample)
+        except KvcliError as exc:  # e.g. a user without SCAN or MEMORY: the rest of the report stands
+            self._degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
 
 
 def _critical(res: ChunkSizeResult) -> float:

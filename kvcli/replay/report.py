@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from kvcli.replay.curvereport import curve_rows
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.units import fmt_bytes, json_document
@@ -67,6 +68,8 @@ ROWS: list[tuple[str, callable]] = [
     ("serialized bytes read", lambda r: fmt_bytes(r.serialized_bytes_read)),
     ("Redis memory (MEMORY USAGE)", lambda r: fmt_bytes(r.redis_memory_bytes)),
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
+    ("Redis retries / errors / timeouts",
+     lambda r: f"{r.redis_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
     ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
     ("lookup time", lambda r: _over(r, "lookup")),
     ("transfer time", lambda r: _over(r, "transfer")),
@@ -99,7 +102,7 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
     for r in result.per_chunk_size:
         mark = " *" if r.chunk_size == best else (" =" if r.chunk_size in tied else "")
         table.add_column(f"{r.chunk_size}{mark}", justify="right", style="green" if r.chunk_size == best else None)
-    for label, fn in ROWS:
+    for label, fn in ROWS + curve_rows(result.per_chunk_size):
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
     verdict = _verdict_line(result)
     transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")

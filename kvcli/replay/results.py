@@ -4,6 +4,10 @@ and the options that produced them (:class:`ReplayConfig`). Plain data, JSON-rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvcli.replay.curve import CurveResult
 
 from kvcli.errors import BadInputError
 from kvcli.replay.network import Overheads
@@ -34,9 +38,12 @@ class ReplayConfig:
         memory_sample: keys per chunk size sampled with MEMORY USAGE.
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
-            4 bytes per token: the one part of a replay whose memory grows with the trace).
+            4 bytes per token).
         layouts: key layouts to replay through, side by side (kvcli.store.kvstore.LAYOUTS: "kvcli", "lmcache");
             the first one's results are the report's main table and recommendation.
+        hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
+            grows ~55-95 bytes per distinct chunk per chunk size).
+        ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -58,6 +65,8 @@ class ReplayConfig:
     seed: int = 0
     upper_bound: bool = True
     layouts: tuple[str, ...] = ("kvcli",)
+    hit_curve: bool = True
+    ttl_refresh: bool = False
 
     def __post_init__(self) -> None:
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
@@ -95,6 +104,9 @@ class ChunkSizeResult:
     evicted_chunks: int = 0
     materialized_chunks: int = 0
     checksum_failures: int = 0
+    redis_retries: int = 0  # commands re-sent after a dropped connection (redis-py Retry)
+    redis_errors: int = 0  # lookups/retrieves/stores that failed after retries: misses, nothing stored
+    redis_timeouts: int = 0  # replies that did not come within --redis-timeout
     measured_requests: int = 0
     full_prefill_seconds_measured: float = 0.0
     suffix_prefill_seconds_measured: float = 0.0
@@ -116,6 +128,7 @@ class ChunkSizeResult:
     overheads: Overheads | None = None
     savings: Savings | None = None
     store_mode: str = "async"
+    hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
 
     @property
     def hit_token_ratio(self) -> float:
@@ -148,6 +161,7 @@ class ChunkSizeResult:
     def to_dict(self) -> dict:
         """All fields plus the derived ratios and totals, JSON-ready."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
+        out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
         if self.savings is not None:
             out["savings"] = self.savings.to_dict()
         if self.overheads is not None:
@@ -174,7 +188,7 @@ class TraceResult:
     measured_requests: int
     payload: str
     per_chunk_size: list[ChunkSizeResult]
-    used_memory_delta_bytes: int = 0
+    used_memory_delta_bytes: int | None = 0  # None: INFO not permitted
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     by_layout: dict[str, list[ChunkSizeResult]] = field(default_factory=dict)
@@ -189,6 +203,7 @@ class TraceResult:
     span_seconds: float | None = None
     network: dict | None = None
     server_rates: dict = field(default_factory=dict)
+    left_behind: str = ""  # the run's namespace could not be deleted: what was left and how to remove it
 
     @property
     def recommended_chunk_size(self) -> int | None:

@@ -5,6 +5,7 @@ Kept apart from the CLI so the library can run a whole replay (``run_replay``) w
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,8 @@ from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
-from kvcli.store.server import RedisTarget
+from kvcli.store.namespace import purge_command
+from kvcli.store.server import INFO_REFUSED, RedisTarget, server_info
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import expand_paths
 
@@ -66,11 +68,13 @@ def prepare_model(options: ModelOptions, measure: int | None):
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
                model_options: ModelOptions, fmt: str = "auto", tokenizer: str | None = None,
-               progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
+               progress: Callable[[str, int, int], None] | None = None,
+               notify: Callable[[str], None] | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
 
     ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when
     ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
+    ``notify`` gets one line at a time for the user (the cleanup after an interruption, what was left).
     """
     files = expand_paths(paths)
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
@@ -79,6 +83,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         model, curve, calibration, spec = prepare_model(model_options, config.measure)
         replayer = Replayer(client, model, curve, tok.name, config, spec=spec, calibration=calibration,
                             model_config=model_shapes(model_options.model))
+        replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
         results = []
         for path in files:
             def step(done: int, total: int, _name=path.name) -> None:
@@ -139,5 +144,15 @@ def _itemsize(dtype) -> int:
 
 
 def _server_version(client: redis.Redis) -> str:
-    info = client.info("server")
+    info = server_info(client, "server")
+    if info is None:
+        return f"? ({INFO_REFUSED})"
     return str(info.get("valkey_version") or info.get("redis_version", "?"))
+
+
+def purge_remedy(target: RedisTarget, namespace: str) -> str:
+    """How to remove what a run left: the exact ``kvcli purge`` command, or, on the embedded server, that the keys
+    go with it."""
+    if target.embedded:
+        return "they go with the embedded server, which stops now"
+    return f"remove them with: {purge_command(target, namespace)}"

@@ -5,6 +5,15 @@ Key layout and metadata format: :mod:`kvcli.layout` (README, "The store").
 Round trips: ``lookup`` is one MGET of the metadata keys, whatever the number of chunks; ``retrieve`` adds one MGET
 of the hit chunks' payloads; ``store`` writes the missed full chunks in one pipelined round trip, payload before
 metadata for each chunk, so a metadata hit always means its payload was written.
+
+Faults: the client's connections retry a dropped connection themselves (redis-py's Retry, set up in
+:mod:`kvcli.store.server`); a call that still fails (the connection kept dropping, or no reply within the client's
+timeout) raises :class:`RedisUnavailable`, or, in a store made with ``tolerate_unavailable`` (replay's), is
+absorbed by the documented rule: a failed lookup is a miss (``break_reason`` "redis-error") and that request
+stores nothing, a failed retrieve returns no KV, a failed store writes nothing more; each is counted in
+:class:`StoreStats` (``redis_errors``, ``redis_timeouts``, ``redis_retries``), and after
+:data:`MAX_FAILURES_IN_ROW` such failures in a row (across every store on the client) the server is taken as gone
+and :class:`RedisUnavailable` is raised anyway. Other errors (out of memory, permissions) always raise.
 """
 from __future__ import annotations
 
@@ -22,6 +31,18 @@ from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
+from kvcli.store.server import FaultCounts, error_text, fault_counts
+
+MAX_FAILURES_IN_ROW = 3  # calls failing after retries, in a row, before a tolerant store gives up
+
+
+class RedisUnavailable(RedisFailure):
+    """A call failed after redis-py's retries: the connection kept dropping, or no reply came within the timeout
+    (``timeout`` True). Exit code 3."""
+
+    def __init__(self, message: str, timeout: bool = False, final: bool = False) -> None:
+        super().__init__(message)
+        self.timeout, self.final = timeout, final  # final: MAX_FAILURES_IN_ROW reached, never absorbed
 
 
 class ChunkTooLargeError(BadInputError):
@@ -111,12 +132,13 @@ class LookupResult:
     hit_chunks: int
     hit_tokens: int
     full_chunks: int
-    break_reason: str
+    break_reason: str  # "missing", "token-mismatch", "redis-error" (a failed lookup) or ""
     seconds: float
     metadata: tuple[bytes, ...] = ()
     present_after: frozenset[int] = frozenset()
     from_read: tuple[bool, ...] = ()
     read_only: frozenset[int] = frozenset()
+    failed: bool = False  # the lookup itself failed (tolerant store): a miss whose chunks are not stored
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +192,9 @@ class StoreStats:
     header_bytes_read: int = 0
     evicted_chunks: int = 0
     checksum_failures: int = 0
+    redis_retries: int = 0  # commands redis-py re-sent on a fresh connection after a drop
+    redis_errors: int = 0  # calls that failed after retries (tolerant store: absorbed, see the module docstring)
+    redis_timeouts: int = 0  # replies that did not come within the client's timeout
     lookup_seconds: list[float] = field(default_factory=list)
 
 
@@ -183,9 +208,11 @@ class ChunkStore:
 
     layout = "kvcli"
 
-    def __init__(self, client: redis.Redis, config: StoreConfig) -> None:
+    def __init__(self, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False) -> None:
         self.client = client
         self.config = config
+        self.tolerate_unavailable = tolerate_unavailable
+        self._faults = fault_counts(client) or FaultCounts()
         self.prefix = key_prefix(config.namespace, config.chunk_size)
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
@@ -245,7 +272,11 @@ class ChunkStore:
         keys = [pre + x for x in prompt.hexes]
         if self.read_prefix:  # the read-only namespace's keys too, in the same MGET
             keys += [self.read_prefix + "m:" + x for x in prompt.hexes]
-        metas = self._call(self.client.mget, keys, record=record) if n else []
+        try:
+            metas = self._call(self.client.mget, keys, record=record) if n else []
+        except RedisUnavailable as exc:
+            self._absorb(exc)
+            return LookupResult(0, 0, n, "redis-error", time.perf_counter() - t0, failed=True)
         seconds = time.perf_counter() - t0
         from_read = ()
         if self.read_prefix and n:
@@ -284,7 +315,12 @@ class ChunkStore:
         t0 = time.perf_counter()
         own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
         read = found.from_read or (False,) * k
-        payloads = self._call(self.client.mget, [(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
+        try:
+            payloads = self._call(self.client.mget,
+                                  [(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
+        except RedisUnavailable as exc:
+            self._absorb(exc)
+            return RetrieveResult(0, None, found, 0, 0, time.perf_counter() - t0, 0.0, "redis-error")
         t1 = time.perf_counter()
         tensors, data_bytes, head_bytes, reason = [], 0, 0, found.break_reason
         for meta, payload in zip(found.metadata, payloads):
@@ -340,7 +376,18 @@ class ChunkStore:
         Raises:
             KvcliError: ``kv`` is missing or too short for real payloads.
             RedisFailure: the server refused a write (e.g. OOM); earlier chunks of the pipeline stay written.
+            RedisUnavailable: the write failed after retries (a tolerant store returns an empty result instead;
+                its lookup ``failed``: nothing is written).
         """
+        if lookup is not None and lookup.failed:
+            return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+        try:
+            return self._store(tokens, kv, cache_salt, start_chunk, end_chunk, overwrite, lookup)
+        except RedisUnavailable as exc:
+            self._absorb(exc)
+            return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+
+    def _store(self, tokens, kv, cache_salt, start_chunk, end_chunk, overwrite, lookup) -> StoreResult:
         prompt = self._prompt(tokens, cache_salt)
         cfg, cs = self.config, self.config.chunk_size
         n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
@@ -493,12 +540,37 @@ class ChunkStore:
         return None if self._lru is None else len(self._lru)
 
     # -- plumbing -------------------------------------------------------------------------------------------------
+    def _absorb(self, exc: RedisUnavailable) -> None:
+        """Re-raise ``exc`` unless this store absorbs it (module docstring: a tolerant store, not the last straw)."""
+        if not self.tolerate_unavailable or exc.final:
+            raise exc
+
     def _call(self, fn, *args, record: bool = True):
+        """One round trip: redis-py retries a dropped connection itself; what still fails is counted and raised
+        as :class:`RedisUnavailable` (connection, timeout) or :class:`RedisFailure` (any other error)."""
         self.stats.round_trips += record
+        faults, st = self._faults, self.stats
+        retries, timeouts = faults.retries, faults.timeouts
+        name = getattr(fn, "__name__", "command").upper()
         try:
-            return fn(*args)
+            result = fn(*args)
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+            faults.failed_in_row += 1
+            st.redis_errors += 1
+            timeout = isinstance(exc, redis.exceptions.TimeoutError)
+            why = "no reply within the timeout" if timeout else "the connection kept dropping"
+            if faults.failed_in_row >= MAX_FAILURES_IN_ROW:
+                raise RedisUnavailable(f"the Redis server stopped answering: {faults.failed_in_row} calls in a row "
+                                       f"failed after retries (last: {name}, {why}: {exc})", timeout,
+                                       final=True) from None
+            raise RedisUnavailable(f"Redis {name} failed after retries ({why}): {exc}", timeout) from None
         except redis.RedisError as exc:
-            raise RedisFailure(f"Redis {getattr(fn, '__name__', 'command')} failed: {exc}") from None
+            raise RedisFailure(f"Redis {name} failed: {error_text(exc)}") from None
+        finally:
+            st.redis_retries += faults.retries - retries
+            st.redis_timeouts += faults.timeouts - timeouts
+        faults.failed_in_row = 0
+        return result
 
 
 def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int) -> int:

@@ -94,14 +94,18 @@ def parse_layouts(text: str) -> tuple[str, ...]:
     return names
 
 
-def make_store(layout: str, client: redis.Redis, config: StoreConfig) -> KVStore:
-    """The store of ``layout`` for ``config``.
+def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False) -> KVStore:
+    """The store of ``layout`` for ``config``. ``tolerate_unavailable``: kvcli's store counts a call that still
+    fails after redis-py's retries as a miss (:class:`~kvcli.store.chunkstore.ChunkStore`); the lmcache store
+    stops the run instead.
 
     Raises:
         BadInputError: an unknown layout, or options the layout does not support.
     """
     if layout not in LAYOUTS:
         raise BadInputError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+    if layout == "kvcli":
+        return ChunkStore(client, config, tolerate_unavailable=tolerate_unavailable)
     return LAYOUTS[layout](client, config)
 
 

@@ -88,7 +88,8 @@ class KeyParts:
     hash_hex: str
 
 
-_KEY_RE = re.compile(rf"{KEY_ROOT}:{KEY_VERSION}:(.+):([0-9]+):([mp]):([0-9a-f]{{32}})".encode(), re.DOTALL)
+# chunk sizes as kvcli writes them: decimal, >= 1, no leading zero ("0" and "04" are look-alikes, never kvcli's)
+_KEY_RE = re.compile(rf"{KEY_ROOT}:{KEY_VERSION}:(.+):([1-9][0-9]*):([mp]):([0-9a-f]{{32}})".encode(), re.DOTALL)
 
 
 def parse_key(key: bytes) -> KeyParts | None:

@@ -1,20 +1,25 @@
 """Guarded delete of kvcli's keys of ONE namespace (and optionally one chunk size); nothing else on the server.
 
-Keys are found with SCAN ``MATCH kvcli:v1:{namespace}:{chunk_size or *}:*`` (glob characters in the namespace
-escaped; never KEYS), and each one is parsed back (layout.parse_key's rules) and kept only when its namespace (and chunk
-size) is exactly the one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outside kvcli's
-layout is never deleted. Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
+Keys are found with SCAN ``MATCH kvcli:v1:{namespace}:{chunk_size or *}:* TYPE string`` (glob characters in the
+namespace escaped; never KEYS; servers without SCAN's TYPE option (Redis < 6) get a pipelined TYPE per batch), and
+each one is parsed back (layout.parse_key's rules) and kept only when its namespace (and chunk size) is exactly the
+one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outside kvcli's layout is never deleted:
+not a chunk size kvcli would write (``0``, ``04``), not 32 lowercase hex digits, not ``m``/``p``, or not a string
+(kvcli writes nothing else). Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
 FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires ``--yes`` between the two).
 """
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from dataclasses import dataclass, field
 
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION
+from kvcli.store.server import ENV_URL, RedisTarget
 
 BATCH = 1000
 
@@ -53,33 +58,57 @@ def _check(namespace: str, chunk_size: int | None) -> None:
 
 
 def _matching(client: redis.Redis, namespace: str, chunk_size: int | None):
-    """Batches of ``(key, chunk size, kind)`` of exactly this namespace's chunk keys."""
+    """Batches of ``(key, chunk size, kind)`` of exactly this namespace's chunk keys (strings only).
+
+    Raises:
+        RedisFailure: SCAN (or TYPE) failed: refused by an ACL, no reply within the timeout, connection gone.
+    """
     _check(namespace, chunk_size)
-    cursor, pattern, start = 0, _pattern(namespace, chunk_size), len(_prefix(namespace))
+    cursor, pattern, start, typed = 0, _pattern(namespace, chunk_size), len(_prefix(namespace)), True
     while True:
         try:
-            cursor, keys = client.scan(cursor, match=pattern, count=BATCH)
+            cursor, keys = client.scan(cursor, match=pattern, count=BATCH, **({"_type": "string"} if typed else {}))
+        except redis.exceptions.ResponseError as exc:
+            if typed and "syntax" in str(exc).lower():  # Redis < 6: no TYPE option; check each key below
+                typed = False
+                continue
+            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
         except redis.RedisError as exc:
             raise RedisFailure(f"Redis SCAN failed: {exc}") from None
         mine = [(key, *tail) for key in keys
                 if (tail := _tail(key, start)) is not None and chunk_size in (None, tail[0])]
+        if mine and not typed:
+            mine = _strings(client, mine)
         if mine:
             yield mine
         if cursor == 0:
             return
 
 
+def _strings(client: redis.Redis, batch):
+    pipe = client.pipeline(transaction=False)
+    for key, _, _ in batch:
+        pipe.type(key)
+    try:
+        kinds = pipe.execute()
+    except redis.RedisError as exc:
+        raise RedisFailure(f"Redis TYPE failed: {exc}") from None
+    return [entry for entry, kind in zip(batch, kinds) if kind in (b"string", "string")]
+
+
 _HEX32 = re.compile(rb"[0-9a-f]{32}")
 
 
 def _tail(key: bytes, start: int) -> tuple[int, bytes] | None:
-    """``(chunk size, kind)`` when ``key[start:]`` is exactly ``{chunk_size}:{m|p}:{32 hex}``, else None.
+    """``(chunk size, kind)`` when ``key[start:]`` is exactly ``{chunk_size}:{m|p}:{32 hex}`` with a chunk size as
+    kvcli writes it (decimal, >= 1, no leading zero), else None.
 
     The same rules as ``layout.parse_key`` for a key whose namespace prefix is already known to match (the SCAN
     pattern), without a regex over the whole key: a run's cleanup checks hundreds of thousands of keys.
     """
     rest = key[start:].split(b":")
-    if len(rest) != 3 or not rest[0].isdigit() or rest[1] not in (b"m", b"p") or not _HEX32.fullmatch(rest[2]):
+    if (len(rest) != 3 or not rest[0].isdigit() or rest[0].startswith(b"0") or rest[1] not in (b"m", b"p")
+            or not _HEX32.fullmatch(rest[2])):
         return None
     return int(rest[0]), rest[1]
 
@@ -113,21 +142,37 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
 
     Raises:
         BadInputError: empty namespace or bad chunk size.
-        RedisFailure: the server refused a command; keys of earlier batches are deleted.
+        RedisFailure: a command failed (refused, no reply within the timeout, connection gone); keys of earlier
+            batches are deleted, and the message says how many.
     """
     result = PurgeCount(namespace, chunk_size)
     pipe, queued = client.pipeline(transaction=False), 0
-    for batch in _matching(client, namespace, chunk_size):
-        _tally(result, batch)
-        pipe.unlink(*[key for key, _, _ in batch])
-        queued += 1
-        if queued == pipeline_batches:
+    try:
+        for batch in _matching(client, namespace, chunk_size):
+            _tally(result, batch)
+            pipe.unlink(*[key for key, _, _ in batch])
+            queued += 1
+            if queued == pipeline_batches:
+                result.deleted += _flush(pipe)
+                queued = 0
+        if queued:
             result.deleted += _flush(pipe)
-            queued = 0
-    if queued:
-        result.deleted += _flush(pipe)
+    except RedisFailure as exc:
+        raise RedisFailure(f"{exc}; {result.deleted:,} keys deleted before it") from None
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
+
+
+def purge_command(target: RedisTarget, namespace: str, chunk_size: int | None = None) -> str:
+    """The exact ``kvcli purge`` command that deletes ``namespace`` on ``target``, for messages. The password is
+    never printed: it is masked (``***``, with a note to put it back), or left out when ``REDIS_URL`` holds it."""
+    command = f"kvcli purge --namespace {shlex.quote(namespace)}"
+    command += f" --chunk-size {chunk_size}" if chunk_size else ""
+    secret = target.display != target.url
+    if secret and os.environ.get(ENV_URL) == target.url:  # the password stays in REDIS_URL: the command is exact
+        return f"{command} --yes"
+    note = " (put the password back in place of ***, or set REDIS_URL)" if secret else ""
+    return f"{command} --yes --redis-url {shlex.quote(target.display)}{note}"
 
 
 def _flush(pipe) -> int:
@@ -138,9 +183,13 @@ def _flush(pipe) -> int:
 
 
 def _scan(client: redis.Redis, pattern: str, count: int = 2000):
+    """SCAN MATCH ``pattern`` in batches of keys, without parsing them. Raises RedisFailure."""
     cursor = 0
     while True:
-        cursor, keys = client.scan(cursor, match=pattern, count=count)
+        try:
+            cursor, keys = client.scan(cursor, match=pattern, count=count)
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
         if keys:
             yield keys
         if cursor == 0:
@@ -148,8 +197,11 @@ def _scan(client: redis.Redis, pattern: str, count: int = 2000):
 
 
 def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, int]:
-    """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
-    all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+    """Redis's own memory for one store's keys (SCAN MATCH ``pattern``): ``MEMORY USAGE`` of up to ``sample``
+    keys, scaled to all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+
+    Raises:
+        RedisFailure: SCAN or MEMORY USAGE failed (e.g. refused by an ACL).
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
@@ -160,5 +212,8 @@ def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, i
                 pipe.memory_usage(key, samples=0)
                 sampled += 1
     if sampled:
-        total = sum(int(x or 0) for x in pipe.execute())
+        try:
+            total = sum(int(x or 0) for x in pipe.execute())
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis MEMORY USAGE failed: {exc}") from None
     return (int(total * seen / sampled) if sampled else 0), sampled

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import redis
 
 from kvcli.errors import RedisFailure
+from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.units import fmt_bytes
 
 #: Bytes of server bookkeeping per key besides the key string and the value (dict entry, robj header, sds).
@@ -23,27 +24,46 @@ CHUNK_KEY_TAIL = 34
 
 @dataclass(frozen=True)
 class ServerMemory:
-    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE."""
+    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE.
 
-    used_memory: int
-    maxmemory: int
-    policy: str
-    evicted_keys: int
-    expired_keys: int
-    keys: int
+    When this Redis user may not run INFO (an ACL without ``@dangerous``), every INFO field is None, ``version``
+    is "?" and ``note`` says why; DBSIZE is None too when refused. Callers degrade: no preflight, no eviction count.
+    """
+
+    used_memory: int | None
+    maxmemory: int | None
+    policy: str | None
+    evicted_keys: int | None
+    expired_keys: int | None
+    keys: int | None
     version: str
+    note: str = ""
+
+    @property
+    def known(self) -> bool:
+        """Whether INFO was read."""
+        return self.used_memory is not None
 
 
 def server_memory(client: redis.Redis) -> ServerMemory:
-    """INFO memory/stats/server and DBSIZE, read-only. Raises RedisFailure."""
+    """INFO memory/stats/server and DBSIZE, read-only; a user refused INFO (or DBSIZE) gets None fields and a note.
+
+    Raises:
+        RedisFailure: any other error (connection, timeout).
+    """
+    info = server_info(client, "memory", "stats", "server")
     try:
-        info = client.info("memory", "stats", "server")
-        keys = client.dbsize()
+        keys = int(client.dbsize())
+    except redis.exceptions.NoPermissionError:
+        keys = None
     except redis.RedisError as exc:
-        raise RedisFailure(f"Redis INFO failed: {exc}") from None
+        raise RedisFailure(f"Redis DBSIZE failed: {exc}") from None
+    if info is None:
+        return ServerMemory(None, None, None, None, None, keys, "?",
+                            note=f"server memory and counters not read: {INFO_REFUSED}")
     return ServerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
                         str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
-                        int(info.get("expired_keys", 0)), int(keys),
+                        int(info.get("expired_keys", 0)), keys,
                         str(info.get("valkey_version") or info.get("redis_version", "?")))
 
 
@@ -64,19 +84,20 @@ def keys_bytes(keys: int, key_length: int, value_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class Preflight:
-    """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory.
+    """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory or this
+    user may not read it (INFO refused: ``used_memory``, ``maxmemory`` and ``policy`` None, the check skipped).
 
     ``evicts``: the run would push the server over maxmemory under a policy that evicts keys (any policy but
     noeviction): other keys on the server, or the run's own, may be evicted.
     """
 
     estimate_bytes: int
-    used_memory: int
-    maxmemory: int
-    policy: str
+    used_memory: int | None
+    maxmemory: int | None
+    policy: str | None
     fits: bool | None
     message: str
-    evicted_keys_before: int = 0
+    evicted_keys_before: int | None = 0
 
     @property
     def evicts(self) -> bool:
@@ -103,6 +124,10 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
         RedisFailure: INFO failed.
     """
     mem = mem or server_memory(client)
+    if not mem.known:
+        estimate = "" if need_bytes is None else f"{fmt_bytes(need_bytes)} of Redis memory estimated; "
+        return Preflight(need_bytes or 0, None, None, None, None,
+                         f"{estimate}skipped the check against maxmemory: {INFO_REFUSED}", None)
     free = mem.maxmemory - mem.used_memory
     if not mem.maxmemory:
         where = (f"used_memory {fmt_bytes(mem.used_memory)}" if need_bytes is None else
@@ -121,9 +146,10 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
 
 def evicted_since(client: redis.Redis, before: Preflight | ServerMemory) -> int | None:
     """Keys the server evicted since ``before`` was read (INFO ``evicted_keys`` delta; whoever caused them), or
-    None when the counter cannot be read now."""
+    None when the counter cannot be read (then, or now: INFO refused, or the server unreachable)."""
     start = before.evicted_keys_before if isinstance(before, Preflight) else before.evicted_keys
     try:
-        return max(0, server_memory(client).evicted_keys - start)
+        now = server_memory(client).evicted_keys
     except RedisFailure:
         return None
+    return None if start is None or now is None else max(0, now - start)

@@ -215,6 +215,15 @@ def test_node_capacity_of_four_chunks_in_the_simulation():
     assert r.evictions == 1 + 2 + 2
 
 
+def test_issue_10_smallest_case_on_one_node_hits_12():
+    """tok(1..16), [101..104], tok(1..16) on one node of 16 tokens: the head c0..c2 outlives the tail c3, so the third
+    request hits 12 of its 16 tokens (the replay's capacity limit hits the same: tests/replay/test_curve.py)."""
+    reqs = requests([list(range(1, 17)), list(range(101, 105)), list(range(1, 17))], [0.0, 10.0, 20.0])
+    r = run("round-robin", reqs, config(nodes=1, capacity_tokens=4 * CS))
+    assert r.hit_tokens.tolist() == [0, 0, 12]
+    assert r.evictions == 2  # c3 for [101..104]; then [101..104] when c3 is stored again
+
+
 # --- tenants --------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(POLICIES))

@@ -99,3 +99,27 @@ def test_cli_prints_namespaces_with_markup_characters_as_they_are(redis_url, red
     assert res.exit_code == 0, res.output
     assert res.stdout == "deleted 1 keys of namespace '[/]'\n"
     assert redis_client.exists(key("[p]", 16, "p", 0)) and not redis_client.exists(key("[/]", 16, "m", 0))
+
+
+def test_purge_leaves_look_alike_keys_kvcli_never_writes(redis_client, filled):
+    """Keys that match the SCAN pattern but not kvcli's layout: a chunk size with a leading zero, chunk size 0, a
+    hash under a chunk key's name, a list under one. kvcli writes none of them; purge and count leave them."""
+    mine, others = filled
+    look_alikes = [key("a", 4, "m", 0).replace(":4:", ":04:"), key("a", 4, "p", 1).replace(":4:", ":0:")]
+    for k in look_alikes:
+        redis_client.set(k, b"v")
+    typed = [key("a", 16, "m", 0), key("a", 16, "p", 0)]
+    redis_client.hset(typed[0], "f", "v")
+    redis_client.rpush(typed[1], "v")
+    assert count(redis_client, "a").keys == 12
+    assert purge(redis_client, "a").deleted == 12
+    assert all(redis_client.exists(k) for k in look_alikes + typed + others)
+    assert not any(redis_client.exists(k) for k in mine)
+
+
+def test_layout_parse_key_refuses_look_alike_chunk_sizes():
+    from kvcli.store.layout import parse_key
+
+    assert parse_key(key("a", 4, "m", 0).encode()).chunk_size == 4
+    assert parse_key(key("a", 4, "m", 0).replace(":4:", ":04:").encode()) is None
+    assert parse_key(key("a", 4, "m", 0).replace(":4:", ":0:").encode()) is None

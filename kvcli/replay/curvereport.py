@@ -1,0 +1,182 @@
+"""The capacity/TTL curve in the replay report: the table's rows and the ``--plot`` figure.
+
+How to read the figure: the left panel is the hit token ratio an LRU cache of that size would have had on the
+trace (x: payload bytes for the model, log scale; top axis: tokens), one line per chunk size, each ending at its
+unlimited-cache ratio; the dashed line is the token-granular upper bound (an unlimited radix tree). A curve that
+is still rising at the right edge wants more cache; the knee is where more bytes stop paying. The right panel is the
+same against the entries' TTL (unlimited capacity); the dotted line marks the trace's span, from which on a TTL is
+the same as none.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from kvcli.errors import BadInputError
+from kvcli.replay.results import ChunkSizeResult, TraceResult
+from kvcli.replay.ttlcurve import TTL_GRID_SECONDS
+from kvcli.units import fmt_bytes
+
+
+def _capacity_cell(r: ChunkSizeResult, fraction: float) -> str:
+    c = r.hit_curve.capacity_for(fraction)
+    if c is None:
+        return "no hits"
+    return f"{fmt_bytes(c * r.hit_curve.payload_bytes_per_chunk)} / {c * r.chunk_size:,} tok"
+
+
+def _ttl(seconds: float | None) -> str:
+    return f"> {TTL_GRID_SECONDS[-1]:,g} s" if seconds is None else f"{seconds:,g} s"
+
+
+def _ttl_cell(r: ChunkSizeResult) -> str:
+    curve = r.hit_curve
+    if curve.ttl_hit_chunks is None:
+        return "no timestamps"
+    if curve.unlimited_hit_tokens == 0:
+        return "no hits"
+    return " / ".join(_ttl(curve.ttl_for(f)) for f in (0.5, 0.9, 0.99))
+
+
+def curve_rows(results: list[ChunkSizeResult]) -> list[tuple[str, callable]]:
+    """Rows for the replay table (label, function of a result): the cache size (payload bytes for the model /
+    tokens) that reaches 50, 90 and 99% of the unlimited hit tokens, the TTLs that do, and the curve's memory.
+    Empty when no result has a curve (``--no-curve``)."""
+    if not any(r.hit_curve is not None for r in results):
+        return []
+    rule = next(r.hit_curve.ttl_rule for r in results if r.hit_curve is not None)
+    rows = [(f"cache for {round(100 * f)}% of unlimited hits", lambda r, f=f: _capacity_cell(r, f))
+            for f in (0.5, 0.9, 0.99)]
+    rows += [(f"TTL ({rule}) for 50 / 90 / 99%", _ttl_cell),
+             ("curve memory", lambda r: fmt_bytes(r.hit_curve.memory_bytes))]
+    return [(label, lambda r, fn=fn: "-" if r.hit_curve is None else fn(r)) for label, fn in rows]
+
+
+def check_plot_path(path: str | Path | None) -> None:
+    """Raise BadInputError unless ``path`` is None or ends in ``.png`` or ``.svg`` (checked before replaying)."""
+    if path is not None and Path(path).suffix.lower() not in (".png", ".svg"):
+        raise BadInputError(f"--plot must end in .png or .svg, got {Path(path).name!r}")
+
+
+def plot_paths(path: str | Path, traces: list[str]) -> list[Path]:
+    """One figure per trace: ``path`` itself for one trace, else ``{stem}-{trace stem}{suffix}`` beside it."""
+    path = Path(path)
+    if len(traces) == 1:
+        return [path]
+    return [path.with_name(f"{path.stem}-{Path(t).name.split('.')[0]}{path.suffix}") for t in traces]
+
+
+def write_plots(results: list[TraceResult], path: str | Path, kv_bytes_per_token: int, model_id: str) -> list[Path]:
+    """Write :func:`curve_figure` of each trace (paths from :func:`plot_paths`); returns the paths written.
+
+    Raises:
+        BadInputError: a bad suffix, a file that cannot be written, or no curve (``--no-curve``).
+    """
+    check_plot_path(path)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for result, out in zip(results, plot_paths(path, [r.trace for r in results])):
+        fig = curve_figure(result, kv_bytes_per_token, model_id)
+        try:
+            fig.savefig(out, dpi=110, bbox_inches="tight", pad_inches=0.1)
+        except OSError as exc:
+            raise BadInputError(f"cannot write the plot: {exc}", path=str(out)) from None
+        finally:
+            plt.close(fig)
+        written.append(out)
+    return written
+
+
+def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
+    """Two panels for one trace: hit token ratio (%) against cache size (payload bytes, log) and against TTL
+    (seconds, log); one line per chunk size, the token-granular upper bound dashed. Returns a matplotlib Figure
+    (Agg backend; the caller closes it)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
+
+    rows = [r for r in result.per_chunk_size if r.hit_curve is not None]
+    if not rows:
+        raise BadInputError("--plot needs the curve: drop --no-curve (and --namespace)")
+    fig, (cap, ttl) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
+    bound = 100 * rows[0].to_dict()["upper_bound_ratio"]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    widths = np.linspace(3.2, 1.2, len(rows)) if len(rows) > 1 else [1.6]  # lines that coincide stay visible
+    timed = any(r.hit_curve.ttl_hit_chunks is not None for r in rows)
+    for i, r in enumerate(rows):
+        c, color, lw = r.hit_curve, colors[i % len(colors)], widths[i]
+        if c.unlimited_hit_tokens == 0:  # nothing to draw; still named in the legends
+            for ax in (cap, ttl) if timed else (cap,):
+                ax.plot([], [], color=color, lw=lw, label=f"chunk size {r.chunk_size}: no hits")
+            continue
+        caps = c.capacities(400)[1:]
+        if caps.size:
+            x = caps * c.payload_bytes_per_chunk
+            y = 100 * c.hit_chunks_by_capacity[caps] * c.chunk_size / max(r.prompt_tokens, 1)
+            cap.plot(x, y, drawstyle="steps-post", color=color, lw=lw, label=f"chunk size {r.chunk_size}")
+            k90 = c.capacity_for(0.9)
+            if k90:
+                cap.plot([k90 * c.payload_bytes_per_chunk], [100 * c.hit_tokens(k90) / r.prompt_tokens], "o",
+                         color=color, ms=4 + 2 * lw, mec="white", zorder=3)
+        if c.ttl_hit_chunks is not None:
+            keep = _ttl_range(c)
+            ratio = 100 * c.ttl_hit_chunks[keep] * c.chunk_size / max(r.prompt_tokens, 1)
+            ttl.plot(c.ttl_seconds[keep], ratio, marker="o", ms=2 + lw, color=color, lw=lw,
+                     label=f"chunk size {r.chunk_size}")
+    for ax in (cap, ttl) if timed else (cap,):
+        if bound > 0:
+            ax.axhline(bound, color="grey", ls="--", lw=1, label="token-granular bound")
+        ax.set_ylabel("hit token ratio (%)")
+        top_ratio = max([bound] + [100 * r.hit_curve.unlimited_hit_tokens / max(r.prompt_tokens, 1) for r in rows])
+        ax.set_ylim(0, max(5.0, min(100.0, 1.1 * top_ratio)))
+        ax.grid(True, which="major", alpha=0.3)
+        ax.set_xscale("log")
+    lo, hi = cap.get_xlim()
+    span2 = np.log2(hi / lo)
+    step = 5 if span2 > 20 else 2 if span2 > 8 else 1  # 1 KiB, 32 KiB, 1 MiB, ... or 1, 4, 16 KiB, ...
+    ticks = [2.0 ** e for e in range(0, 70, step) if lo <= 2.0 ** e <= hi]
+    cap.xaxis.set_major_locator(FixedLocator(ticks))
+    cap.xaxis.set_major_formatter(FuncFormatter(lambda v, _: fmt_bytes(v).replace(".0 ", " ")))
+    cap.xaxis.set_minor_formatter(NullFormatter())
+    cap.set_xlabel(f"cache size: KV payload bytes for {model_id} ({kv_bytes_per_token:,} bytes/token), log")
+    top = cap.secondary_xaxis("top", functions=(lambda b: b / kv_bytes_per_token, lambda t: t * kv_bytes_per_token))
+    top.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens(v)))
+    top.set_xlabel("cache size (tokens)")
+    cap.set_title("LRU: hit ratio by cache size (dot: 90% of unlimited)", fontsize=10)
+    cap.legend(fontsize=8, loc="upper left")
+    span = next((r.hit_curve.span_seconds for r in rows if r.hit_curve.span_seconds), None)
+    if timed:
+        if span:
+            ttl.axvline(span, color="grey", ls=":", lw=1, label=f"trace span {span:,.0f} s")
+        ttl.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
+        ttl.set_xlabel(f"TTL (s, expiry {rows[0].hit_curve.ttl_rule}), log; unlimited capacity")
+        ttl.legend(fontsize=8, loc="upper left")
+    else:
+        ttl.text(0.5, 0.5, "no TTL curve: the trace has no timestamps", ha="center", va="center",
+                 transform=ttl.transAxes)
+        ttl.set_xticks([])
+        ttl.set_yticks([])
+    ttl.set_title("TTL: hit ratio by entry lifetime", fontsize=10)
+    name = Path(result.trace).name
+    fig.suptitle(f"{name}: {result.requests:,} requests", fontsize=11)
+    return fig
+
+
+def _ttl_range(curve) -> np.ndarray:
+    """Grid TTLs up to the first one past the trace's span (later ones all equal the unlimited cache)."""
+    grid = curve.ttl_seconds
+    if not curve.span_seconds:
+        return np.arange(min(len(grid), 4))
+    past = int(np.searchsorted(grid, curve.span_seconds, side="left"))
+    return np.arange(min(past + 1, len(grid)))
+
+
+def _tokens(v: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if v >= scale:
+            return f"{v / scale:g}{unit}"
+    return f"{v:g}"

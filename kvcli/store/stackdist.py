@@ -1,0 +1,197 @@
+"""LRU stack distances of chunks, a whole request at a time: the one-pass form of :class:`kvcli.store.lru.ChunkLru`.
+
+Mattson et al. (1970), "Evaluation techniques for storage hierarchies": an LRU cache of capacity ``C`` holds exactly
+the ``C`` most recent distinct items of the access sequence (the *stack*), whatever ``C`` is, so one pass that
+records each access's stack distance (1 = the most recent item, 2 = the one before, ...) gives the hit ratio at
+every capacity. Here the access sequence is :class:`~kvcli.store.lru.ChunkLru`'s: a request touches its chunks
+last-to-first, so chunk 0 ends most recent, and ``ChunkLru`` with capacity ``C`` holds, after every request, exactly
+the top ``C`` of this stack. A request's lookup sees the state *before* it: its chunk ``k`` is held at capacity
+``C`` iff its distance ``d_k <= C``, and it hits iff chunks ``0..k`` are all held: ``max(d_0..d_k) <= C`` (the
+running maximum along the chain, :func:`chain_max`).
+
+Counting: a distance is 1 + the number of distinct chunks touched since the chunk's last touch, i.e. the number of
+chunks whose last-touch time is at or after its own. Last-touch times live in a Fenwick tree (Fenwick 1994, "A new
+data structure for cumulative frequency tables") with a 1 at every chunk's latest time: a distance is ``live -
+prefix(t) + 1``, O(log n). Both the queries and the updates of a request run as numpy arrays over its chunks, not a
+Python loop; and since a request mostly re-touches runs of consecutive times (the chunks an earlier request touched
+together) and always sets one run of new times, it queries once per run and updates ``n + log n`` tree nodes per
+run instead of ``n log n``. Times are renumbered 1..live when the tree fills, so
+its size stays within 2x the chunks seen plus one request (amortized O(log n) per access).
+
+Memory: per distinct chunk, 4 bytes of last-touch time and <= 8 bytes of tree (int32, at most half full), doubling
+as it grows; plus :class:`~kvcli.store.chunkids.ChunkIds`' 24 bytes where the caller maps hashes to ids.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+NEVER = np.int64(1) << np.int64(62)
+"""The distance of a chunk never seen before: larger than any capacity (a miss at every capacity)."""
+_FEW = 8  # runs or positions that plain loops handle faster than ~log(size) rounds of numpy calls
+
+
+class Fenwick:
+    """A binary indexed tree of int32 counts over positions ``1..size``; vectorized range updates and prefix sums.
+
+    Source: P. M. Fenwick, "A new data structure for cumulative frequency tables", Software: Practice and
+    Experience 24(3), 1994. Position 0 is unused and stays 0.
+    """
+
+    __slots__ = ("tree",)
+
+    def __init__(self, size: int, ones: int = 0) -> None:
+        """A tree of ``size`` positions, positions ``1..ones`` set to 1 and the rest 0 (built in O(size))."""
+        i = np.arange(size + 1, dtype=np.int64)
+        low = i & -i
+        # tree[i] = sum of a over (i - low(i), i]; int32: counts stay below 2**31 chunks
+        self.tree = (np.minimum(i, ones) - np.minimum(i - low, ones)).astype(np.int32)
+
+    @property
+    def size(self) -> int:
+        """Positions (the last valid position)."""
+        return len(self.tree) - 1
+
+    def add_runs(self, starts: np.ndarray, ends: np.ndarray, deltas: np.ndarray) -> None:
+        """``a[p] += deltas[r]`` for every ``p`` in each run ``[starts[r], ends[r]]`` (int64; runs disjoint, in
+        ``1..size``).
+
+        Touches each node once per run that overlaps it: the run's own positions, then the update path above its end
+        (a node past the end covers part of the run only if it covers the end). So a run of ``n`` positions costs
+        ``n + log(size)`` element updates instead of ``n * log(size)``.
+        """
+        starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        deltas = np.broadcast_to(np.asarray(deltas, np.int64), starts.shape)
+        lengths = ends - starts + 1
+        first = np.repeat(starts, lengths)
+        inside = first + np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        # the runs' own positions are distinct nodes: one fancy-indexed add (np.add.at is ~5x slower per element)
+        self.tree[inside] += ((inside - np.maximum(inside - (inside & -inside), first - 1))
+                              * np.repeat(deltas, lengths)).astype(np.int32)
+        nodes, amounts, size = [], [], len(self.tree) - 1
+        if len(starts) <= _FEW:  # a plain loop up the few paths beats ~log(size) rounds of numpy calls
+            up, up_amounts = [], []
+            for a, b, d in zip(starts.tolist(), ends.tolist(), deltas.tolist()):
+                j = b + (b & -b)
+                while j <= size:
+                    up.append(j)
+                    up_amounts.append((b - max(j - (j & -j), a - 1)) * d)
+                    j += j & -j
+            nodes.append(np.array(up, np.int64))
+            amounts.append(np.array(up_amounts, np.int64))
+        else:
+            j, lo, hi, d = ends + (ends & -ends), starts - 1, ends, deltas
+            while True:
+                keep = j <= size
+                j, lo, hi, d = j[keep], lo[keep], hi[keep], d[keep]
+                if not j.size:
+                    break
+                nodes.append(j)
+                amounts.append((hi - np.maximum(j - (j & -j), lo)) * d)
+                j = j + (j & -j)
+        if nodes:  # paths of several runs may meet: add.at sums repeats
+            np.add.at(self.tree, np.concatenate(nodes), np.concatenate(amounts).astype(np.int32))
+
+    def prefix(self, positions: np.ndarray) -> np.ndarray:
+        """``sum(a[1..p])`` for each of ``positions`` (int64 in ``0..size``), int64 ``[len(positions)]``."""
+        tree = self.tree
+        if len(positions) <= _FEW:
+            out = []
+            for i in np.asarray(positions, np.int64).tolist():
+                total = 0
+                while i:
+                    total += int(tree[i])
+                    i &= i - 1
+                out.append(total)
+            return np.array(out, np.int64)
+        i = np.array(positions, np.int64)
+        out = np.zeros(i.size, np.int64)
+        while i.any():  # tree[0] == 0, so finished positions add nothing
+            out += tree[i]
+            i &= i - 1
+        return out
+
+
+class StackDistances:
+    """LRU stack distances of chunks (dense int ids, e.g. from :class:`~kvcli.store.chunkids.ChunkIds`) under
+    :class:`~kvcli.store.lru.ChunkLru`'s order. Not thread-safe.
+
+    Every chunk ever touched stays on the stack (an unlimited LRU never drops one), so ``live`` is the number of
+    distinct chunks seen, and the distance of a seen chunk is at most ``live``.
+    """
+
+    __slots__ = ("_last", "_tree", "_clock", "live")
+
+    def __init__(self) -> None:
+        self._last = np.zeros(1024, np.int32)  # last-touch time per id (1-based tree position)
+        self._tree = Fenwick(1024)
+        self._clock = 0  # the latest time handed out
+        self.live = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the numpy state (last-touch times and the tree)."""
+        return self._last.nbytes + self._tree.tree.nbytes
+
+    def access(self, ids: np.ndarray, first_new: int) -> np.ndarray:
+        """One request: the distances of its chunks before it, then touch them last-to-first (as ChunkLru.store).
+
+        Args:
+            ids: ``[chunks]`` int ids of the request's chunks in prompt order, distinct (prefix-chained hashes are).
+            first_new: ids ``>= first_new`` were never touched (seen for the first time in this request), and every
+                id below it was; ids are dense (``first_new == live`` on every call).
+
+        Returns:
+            int64 ``[chunks]``: stack distance of each chunk before the request, 1 = most recent, :data:`NEVER` for a
+            chunk never touched. The chunk is held by a ``ChunkLru`` of capacity ``C`` iff its distance ``<= C``.
+        """
+        n = len(ids)
+        dist = np.full(n, NEVER, np.int64)
+        if n == 0:
+            return dist
+        if first_new != self.live:
+            raise ValueError(f"ids must be dense: first_new {first_new} != {self.live} chunks seen")
+        if self._clock + n > self._tree.size:
+            self._renumber(n)
+        seen = ids < first_new
+        old = self._last[ids[seen]].astype(np.int64)
+        if old.size:
+            # A request mostly re-touches runs of consecutive times (an earlier request's chunks). Every old time is
+            # live, so inside a run [a, b]: prefix(t) = prefix(a - 1) + (t - a + 1): one query per run.
+            order = np.argsort(old)
+            t = old[order]
+            starts_at = np.flatnonzero(np.diff(t, prepend=t[0] - 2) != 1)
+            run_start = t[starts_at]
+            run_end = t[np.append(starts_at[1:], len(t)) - 1]
+            run_of = np.repeat(np.arange(len(starts_at)), np.diff(np.append(starts_at, len(t))))
+            below = self._tree.prefix(run_start - 1)[run_of]
+            d = np.empty(len(t), np.int64)
+            d[order] = self.live - below - (t - run_start[run_of])  # live - prefix(t) + 1
+            dist[seen] = d
+        else:
+            run_start = run_end = np.empty(0, np.int64)
+        # untouch the old times, touch the new ones: chunk n-1 first (time clock + 1), chunk 0 last (clock + n)
+        times = self._clock + n - np.arange(n, dtype=np.int64)
+        self._tree.add_runs(np.append(run_start, self._clock + 1), np.append(run_end, self._clock + n),
+                            np.append(np.full(len(run_start), -1, np.int64), 1))
+        top = int(ids.max()) + 1
+        if top > len(self._last):
+            self._last = np.concatenate([self._last, np.zeros(max(top, 2 * len(self._last)) - len(self._last),
+                                                               np.int32)])
+        self._last[ids] = times
+        self._clock += n
+        self.live += n - int(old.size)
+        return dist
+
+    def _renumber(self, incoming: int) -> None:
+        """Renumber the live chunks' times 1..live (order kept) into a tree with room for ``incoming`` more."""
+        live = self.live
+        order = np.argsort(self._last[:live], kind="stable")
+        self._last[order] = np.arange(1, live + 1, dtype=np.int32)
+        self._tree = Fenwick(max(2 * (live + incoming), 1024), ones=live)
+        self._clock = live
+
+
+def chain_max(distances: np.ndarray) -> np.ndarray:
+    """Running maximum along a request's chain, ``[chunks]``: chunk ``k`` hits at capacity ``C`` iff it is ``<= C``
+    (a missing chunk ends the hit run: later chunks never fill a gap)."""
+    return np.maximum.accumulate(distances) if len(distances) else distances

@@ -1,0 +1,108 @@
+"""Restricted Redis users (issue 9): a user without INFO (``~kvcli:* +@all -@dangerous -@admin``) runs replay, warm,
+inspect and purge, and what needs INFO degrades with a note; a user without SCAN gets the replay report, then
+exit 3 naming the keys it could not delete and the command that removes them. Each test starts its own private
+server with ACL users (never the machine's 6379).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from test_warm import cli_app
+from typer.testing import CliRunner
+
+TOKENS = list(range(1, 11))
+NO_INFO = ["~kvcli:*", "+@all", "-@dangerous", "-@admin"]
+
+
+@pytest.fixture
+def acl_server(make_server):
+    """``(admin client, url for a user with these rules)`` on a fresh private server."""
+    def make(rules: list[str]) -> tuple[redis.Redis, str]:
+        url = make_server()
+        admin = redis.Redis.from_url(url)
+        admin.execute_command("ACL", "SETUSER", "kv", "on", ">pw", *rules)
+        admin.set("foreign", "1")
+        return admin, url.replace("redis://", "redis://kv:pw@")
+    return make
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(cli_app(), list(args))
+
+
+def _trace(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(2 * (json.dumps({"token_ids": TOKENS}) + "\n"))
+    return path
+
+
+def test_the_user_cannot_run_info(acl_server):
+    _, url = acl_server(NO_INFO)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        redis.Redis.from_url(url).info()
+
+
+def test_replay_without_info_works_and_says_what_it_could_not_read(acl_server, tmp_path):
+    admin, url = acl_server(NO_INFO)
+    out = _invoke("replay", str(_trace(tmp_path)), "--chunk-sizes", "4", "--measure", "0", "--prefill-tps", "1000",
+                  "--payload", "accounted", "--redis-url", url, "--json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    trace, row = doc["traces"][0], doc["traces"][0]["per_chunk_size"][0]
+    assert (row["hit_tokens"], row["prompt_tokens"], row["redis_memory_sampled_keys"]) == (8, 20, 2)
+    assert trace["used_memory_delta_bytes"] is None
+    assert any("may not run INFO" in note for note in trace["notes"])
+    assert "may not run INFO" in doc["context"]["redis_version"]
+    assert sorted(admin.scan_iter("*")) == [b"foreign"]
+
+
+def test_warm_inspect_and_purge_without_info(acl_server, tmp_path):
+    admin, url = acl_server(NO_INFO)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"token_ids": TOKENS}) + "\n")
+    out = _invoke("warm", str(prompts), "--model", "tiny", "--chunk-size", "4", "--namespace", "fleet",
+                  "--redis-url", url, "--json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["totals"]["chunks_written"] == 2 and doc["evicted_keys"] is None
+    assert doc["preflight"]["fits"] is None and "may not run INFO" in doc["preflight"]["message"]
+    out = _invoke("inspect", "--redis-url", url, "--json")
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["server"]["used_memory"] is None and "may not run INFO" in doc["server"]["note"]
+    assert (doc["keys"]["kvcli"], doc["keys"]["other"]) == (4, 1)
+    assert doc["groups"][0]["chunks"] == 2 and not doc["groups"][0]["integrity"]
+    out = _invoke("inspect", "--redis-url", url)  # the table view too
+    assert out.exit_code == 0 and "may not run INFO" in out.stdout, out.output
+    out = _invoke("inspect", "--tokens", str(_ids(tmp_path)), "--model", "tiny", "--chunk-size", "4",
+                  "--namespace", "fleet", "--redis-url", url, "--json")
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["chunk_maps"][0]["hit_tokens"] == 8
+    out = _invoke("purge", "--namespace", "fleet", "--yes", "--redis-url", url)
+    assert out.exit_code == 0, out.output
+    assert sorted(admin.scan_iter("*")) == [b"foreign"]
+
+
+def _ids(tmp_path):
+    path = tmp_path / "ids.txt"
+    path.write_text(" ".join(map(str, TOKENS)))
+    return path
+
+
+def test_replay_without_scan_prints_its_report_then_names_what_it_left(acl_server, tmp_path):
+    admin, url = acl_server(NO_INFO + ["-scan"])
+    out = _invoke("replay", str(_trace(tmp_path)), "--chunk-sizes", "4", "--measure", "0", "--prefill-tps", "1000",
+                  "--payload", "accounted", "--redis-url", url, "--json")
+    assert out.exit_code == 3, out.output
+    doc = json.loads(out.stdout)  # the report is complete
+    assert doc["traces"][0]["per_chunk_size"][0]["hit_tokens"] == 8
+    left = sorted(k for k in admin.scan_iter("*") if k != b"foreign")
+    namespace = left[0].decode().split(":")[2]
+    assert len(left) == 2 and all(k.startswith(f"kvcli:v1:{namespace}:4:m:".encode()) for k in left)
+    assert f"namespace {namespace} was not deleted (Redis SCAN failed" in out.stderr
+    assert f"kvcli purge --namespace {namespace} --yes --redis-url 'redis://kv:***@" in out.stderr
+    assert "; run it as a user allowed SCAN and UNLINK" in out.stderr
+    assert "pw@" not in out.output
+    assert any("Redis memory of chunk size 4 not read" in n for n in doc["traces"][0]["notes"])

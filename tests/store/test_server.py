@@ -1,0 +1,196 @@
+"""Connections (kvcli/store/server.py): passwords never printed, explicit timeouts and redis-py's own retries
+whatever redis-py is installed, counted per call. Faults come from the ``fault_proxy`` fixture (bench/faultproxy.py).
+
+The lowest redis-py declared in pyproject.toml (5.0.8) is tested by running the suite with it first on the path
+(README, "Exit codes and failures")::
+
+    pip install --target /tmp/redis508 --no-deps "redis==5.0.8"
+    PYTHONPATH=/tmp/redis508 python -m pytest -q
+"""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import redis
+import torch
+from typer.testing import CliRunner
+
+from kvcli.cli.app import app
+from kvcli.errors import BadInputError, RedisFailure
+from kvcli.store.chunkstore import ChunkStore, RedisUnavailable, StoreConfig
+from kvcli.store.server import DEFAULT_TIMEOUT, RETRIES, connect, fault_counts, mask_url, redact, server_info
+
+SECRET = "Sekr3t-pw"
+
+
+@pytest.mark.parametrize("url, shown", [
+    (f"redis://user:{SECRET}@h:1/0", "redis://user:***@h:1/0"),
+    (f"redis://:{SECRET}@h:1", "redis://:***@h:1"),
+    (f"redis://{SECRET}@h:1", "redis://:***@h:1"),  # redis-py reads a bare userinfo as a user name: masked too
+    (f"redis://h:1?password={SECRET}&db=2", "redis://h:1?password=***&db=2"),
+    (f"redis://h:1/0?db=1&password={SECRET}", "redis://h:1/0?db=1&password=***"),
+    (f"unix:///tmp/a@b.sock?password={SECRET}", "unix:///tmp/a@b.sock?password=***"),
+    (f"rediss://u:{SECRET}%40x@h:1", "rediss://u:***@h:1"),
+    (f"redis://u:{SECRET}/x#y@h:1", "redis://u:***@h:1"),  # unencoded '/' and '#': not even a valid URL
+    ("redis://h:6379/0", "redis://h:6379/0"),
+])
+def test_mask_url_masks_every_form(url, shown):
+    assert mask_url(url) == shown
+    password = SECRET + ("@x" if "%40x" in url else "/x#y" if "/x#y" in url else "")  # as redis-py would send it
+    assert SECRET not in redact(f"failed at {url}, auth {password}", url) or SECRET not in url
+
+
+def _invoke(*args: str, env: dict | None = None):
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+@pytest.fixture
+def locked(make_server):
+    """A private server that requires a password (set once started: the embedded server's readiness check has
+    none)."""
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    admin.config_set("requirepass", SECRET)
+    admin.close()
+    return url
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("form", ["redis://:{pw}@127.0.0.1:{port}", "redis://default:{pw}@127.0.0.1:{port}",
+                                  "redis://127.0.0.1:{port}?password={pw}", "redis://127.0.0.1:{port}/0?password={pw}"])
+def test_a_wrong_password_is_never_printed(locked, form):
+    url = form.format(pw=SECRET + "-wrong", port=_port(locked))
+    for command in (["inspect"], ["purge", "--namespace", "x"]):
+        out = _invoke(*command, "--redis-url", url)
+        assert out.exit_code == 3, out.output
+        assert SECRET not in out.output and "***" in out.output
+    out = _invoke("inspect", env={"REDIS_URL": url})
+    assert out.exit_code == 3 and SECRET not in out.output
+
+
+def test_a_password_in_the_query_is_masked_in_the_replay_json(locked, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"token_ids": list(range(1, 11))}) + "\n")
+    url = f"redis://127.0.0.1:{_port(locked)}?password={SECRET}"
+    out = _invoke("replay", str(trace), "--chunk-sizes", "4", "--measure", "0", "--prefill-tps", "1000",
+                  "--payload", "accounted", "--redis-url", url, "--json")
+    assert out.exit_code == 0, out.output
+    assert SECRET not in out.output
+    assert json.loads(out.stdout)["context"]["redis"] == f"redis://127.0.0.1:{_port(locked)}?password=***"
+
+
+def test_an_unreachable_or_malformed_url_never_prints_its_password(unused_port):
+    out = _invoke("inspect", "--redis-url", f"redis://u:{SECRET}@127.0.0.1:{unused_port}")
+    assert out.exit_code == 3 and SECRET not in out.output and "redis://u:***@127.0.0.1" in out.output
+    out = _invoke("inspect", "--redis-url", f"redis://u:{SECRET}/x@127.0.0.1:{unused_port}")  # '/' unencoded
+    assert out.exit_code == 2 and SECRET not in out.output and "percent-encoded" in out.output
+
+
+@pytest.fixture
+def unused_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_connect_sets_its_own_timeouts_and_retry_policy(redis_url):
+    """Explicit values, not redis-py's defaults (which differ between versions)."""
+    client = connect(redis_url, timeout=0.75)
+    kwargs = client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.75
+    conn = client.connection_pool.get_connection("PING") if int(redis.__version__.split(".")[0]) < 6 else \
+        client.connection_pool.get_connection()
+    try:
+        assert conn.socket_timeout == 0.75 and conn.retry._retries == RETRIES
+        assert redis.exceptions.ConnectionError in conn.retry._supported_errors
+        assert redis.exceptions.TimeoutError not in conn.retry._supported_errors
+        assert conn.retry.counts is fault_counts(client)  # every connection counts into the client's one record
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
+    assert connect(redis_url).connection_pool.connection_kwargs["socket_timeout"] == DEFAULT_TIMEOUT
+    with pytest.raises(BadInputError):
+        connect(redis_url, timeout=0)
+
+
+def test_a_stalled_server_fails_the_connect_after_the_timeout(fault_proxy):
+    fault_proxy.stall()  # the first packet (the handshake or PING) never gets a reply
+    outcome = []
+    worker = threading.Thread(target=lambda: outcome.append(_try_connect(fault_proxy.url())), daemon=True)
+    worker.start()
+    worker.join(60)  # a hang detector, not a timing assertion: the timeout is 0.3 s
+    assert outcome and isinstance(outcome[0], RedisFailure) and "Timeout" in str(outcome[0])
+
+
+def _try_connect(url):
+    try:
+        return connect(url, timeout=0.3)
+    except RedisFailure as exc:
+        return exc
+
+
+def _store(client, **kw) -> ChunkStore:
+    return ChunkStore(client, StoreConfig("ns", 4, "m", "raw", (2, 2, 2, 8), torch.float32, payload="accounted"),
+                      **kw)
+
+
+TOKENS = np.arange(1, 11, dtype="<u4")
+
+
+def test_a_dropped_write_is_retried_once_and_counted(fault_proxy, redis_client):
+    client = connect(fault_proxy.url())
+    store = _store(client)
+    fault_proxy.drop(b"MSET")
+    look = store.lookup(TOKENS)
+    written = store.store(TOKENS, None, lookup=look)
+    assert fault_proxy.dropped == 1 and written.chunks_written == 2
+    assert (store.stats.redis_retries, store.stats.redis_errors, store.stats.redis_timeouts) == (1, 0, 0)
+    assert store.lookup(TOKENS).hit_tokens == 8
+    assert len(list(redis_client.scan_iter("kvcli:v1:ns:4:m:*"))) == 2
+
+
+def test_a_connection_that_keeps_dropping_fails_after_the_retries(fault_proxy):
+    client = connect(fault_proxy.url())
+    strict, tolerant = _store(client), _store(client, tolerate_unavailable=True)
+    fault_proxy.drop(b"MGET", times=None)
+    with pytest.raises(RedisUnavailable, match="the connection kept dropping"):
+        strict.lookup(TOKENS)
+    assert fault_proxy.dropped == RETRIES + 1 and strict.stats.redis_retries == RETRIES
+    look = tolerant.lookup(TOKENS)  # a tolerant store: a miss, counted
+    assert (look.hit_tokens, look.break_reason, look.failed) == (0, "redis-error", True)
+    assert tolerant.store(TOKENS, None, lookup=look).chunks_written == 0  # a failed lookup stores nothing
+    assert (tolerant.stats.redis_errors, tolerant.stats.lookups) == (1, 0)
+    with pytest.raises(RedisUnavailable, match="3 calls in a row"):  # the third failure in a row on this client
+        tolerant.lookup(TOKENS)
+
+
+def test_authentication_errors_are_not_retried(locked):
+    client = redis.Redis.from_url(locked.replace("redis://", f"redis://:{SECRET}@"))
+    client.set("x", "1")
+    with pytest.raises(RedisFailure):
+        connect(locked.replace("redis://", "redis://:wrong@"))
+    url = locked.replace("redis://", "redis://:wrong@")
+    from kvcli.store.server import CountingRetry, EqualJitterBackoff
+
+    retry = CountingRetry(EqualJitterBackoff(), RETRIES)
+    bare = redis.Redis.from_url(url, retry=retry, retry_on_error=[redis.exceptions.ConnectionError])
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        bare.ping()
+    assert retry.counts.retries == 0
+
+
+def test_server_info_is_none_for_a_user_without_info(make_server):
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    admin.execute_command("ACL", "SETUSER", "kv", "on", ">pw", "~kvcli:*", "+@all", "-@dangerous", "-@admin")
+    client = connect(url.replace("redis://", "redis://kv:pw@"))
+    assert server_info(client, "memory") is None
+    assert server_info(admin, "memory")["used_memory"] > 0
