@@ -20,7 +20,7 @@ from kvcli.errors import BadInputError, RedisFailure
 from kvcli.replay.report import stdout_console
 from kvcli.units import fmt_bytes, json_document
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
 _SIZES = "16,64,256,1024"
 RedisUrl = Annotated[Optional[str], typer.Option("--redis-url", envvar="REDIS_URL", show_default=False,
                                                  help="Redis URL (redis://, rediss://, unix://). Default: an "
@@ -92,7 +92,10 @@ def inspect(
     tokens: Annotated[Optional[Path], typer.Option(help="Map the token ids in FILE (integers).")] = None,
     request: Annotated[Optional[str], typer.Option(help="Map a trace request: TRACE:LINE.")] = None,
     model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = "cl100k_base",
-    cache_salt: Annotated[str, typer.Option(help="Tenant salt for --prompt/--tokens.")] = "", fmt: Format = "auto",
+    cache_salt: Annotated[Optional[str], typer.Option(
+        help="Tenant salt (part of the chunk hash) for --prompt/--tokens; with --request, overrides the record's.",
+        show_default=False)] = None,
+    fmt: Format = "auto",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
@@ -110,7 +113,7 @@ def inspect(
     from kvcli.model.presets import model_spec
     from kvcli.store.server import open_redis
 
-    ids = _prompt_ids(prompt, tokens, request, tokenizer, fmt)
+    ids = _prompt_ids(prompt, tokens, request, tokenizer, fmt, cache_salt)
     with open_redis(redis_url) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
@@ -127,7 +130,8 @@ def inspect(
 
 def purge(
     namespace: Annotated[str, typer.Option(help="The namespace to delete (required).", show_default=False)],
-    chunk_size: Annotated[Optional[int], typer.Option(help="Only this chunk size.", min=1)] = None,
+    chunk_size: Annotated[Optional[int], typer.Option("--chunk-size", "--chunk-sizes", help="Only this chunk size.",
+                                                      min=1)] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
 ) -> None:
@@ -167,14 +171,15 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
-    """``(token ids, cache salt)`` of the one prompt to map, or None for the summary."""
+def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str, cache_salt: str | None = None):
+    """``(token ids, cache salt)`` of the one prompt to map, or None for the summary. The salt is ``cache_salt``
+    when given, else the record's (``--request``) or ""."""
     if sum(x is not None for x in (prompt, tokens, request)) > 1:
         raise BadInputError("give one of --prompt, --tokens, --request")
     if prompt is not None:
         from kvcli.model.tokenize import get_tokenizer
 
-        return get_tokenizer(tokenizer).encode(prompt), ""
+        return get_tokenizer(tokenizer).encode(prompt), cache_salt or ""
     if tokens is not None:
         try:
             ids = [int(x) for x in re.findall(r"-?\d+", tokens.read_text(encoding="utf-8"))]
@@ -185,7 +190,7 @@ def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
                                 f"'1 2 3'", path=str(tokens)) from None
         if any(not 0 <= i < 2**32 for i in ids):
             raise BadInputError("token ids must be integers in [0, 2**32)", path=str(tokens))
-        return ids, ""
+        return ids, cache_salt or ""
     if request is not None:
         from kvcli.traces.detect import read_trace
 
@@ -194,7 +199,7 @@ def _prompt_ids(prompt, tokens, request, tokenizer: str, fmt: str):
             raise BadInputError(f"--request must be TRACE:LINE, got {request!r}")
         for r in read_trace(path, fmt, tokenizer):
             if r.source.rpartition(":")[2] == line:
-                return r.token_ids, r.cache_salt
+                return r.token_ids, r.cache_salt if cache_salt is None else cache_salt
         raise BadInputError(f"no request at line {line}", path=path)
     return None
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 import redis
 import torch
 
-from kvcli.errors import BadInputError, RedisFailure
+from kvcli.errors import BadInputError, RedisFailure, redis_error_text
 from kvcli.live.reading import ServerMemory, server_memory
 from kvcli.model.presets import ModelSpec
 from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
@@ -284,7 +283,7 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
     spec = spec or model.spec
     stores = make_stores(client, spec, config)
     for store in stores:
-        store.check_value_size()
+        store.check_value_size(alternative="")  # warm always writes real payloads
     if model is not None and not config.dry_run:
         _check_vocab(requests, model.config.vocab)
     planned = estimate(stores, requests)
@@ -406,10 +405,10 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
 
 
 def _reason(exc: redis.RedisError) -> str:
-    """The server's own words for a refused batch, without redis-py's echo of the command (``<memory at 0x…>``)."""
+    """The server's own words for a refused batch, without redis-py's echo of the command or any value bytes."""
     text = str(exc)
     text = text.split(" caused error: ", 1)[1] if " caused error: " in text else text
-    text = re.sub(r"<memory at 0x[0-9a-fA-F]+>", "<value>", text).strip().rstrip(".")
+    text = redis_error_text(type(exc)(text)).strip().rstrip(".")
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         text = f"OOM, {text}"
     return text or type(exc).__name__

@@ -13,13 +13,12 @@ import redis
 from kvcli.model.costcurve import CostCurve, calibrate
 from kvcli.model.llama import build_model
 from kvcli.model.presets import model_spec
-from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.store.server import RedisTarget
 from kvcli.traces.detect import read_trace
-from kvcli.traces.paths import expand_paths
+from kvcli.traces.paths import display_name, expand_paths
 
 
 @dataclass(frozen=True)
@@ -62,16 +61,15 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
                model_options: ModelOptions, fmt: str = "auto", tokenizer: str = "cl100k_base",
                progress: Callable[[str, int, int], None] | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context."""
-    files = expand_paths(paths)
-    get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
+    files = expand_paths(paths)  # the tokenizer is loaded only when a record holds text (token ids never need it)
     model, curve, _, spec = prepare_model(model_options, config.measure)
     replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
     results = []
     for path in files:
-        def step(done: int, total: int, _name=path.name) -> None:
+        def step(done: int, total: int, _name=Path(display_name(path)).name) -> None:
             if progress:
                 progress(_name, done, total)
-        results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
+        results.append(replayer.replay(display_name(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),

@@ -88,7 +88,8 @@ def test_warm_then_replay_hits_exactly_the_warmed_full_chunks(redis_client, mode
     replay = Replayer(redis_client, model, CostCurve.from_tokens_per_second(1e4), "cl100k_base",
                       ReplayConfig(chunk_sizes=(16,), namespace="w", measure=None))
     out = replay.replay("prompts", list(PROMPTS)).per_chunk_size[0]
-    assert out.hit_tokens == 112 and out.prompt_tokens == 131
+    # 7 full chunks = 112 tokens hit; the 16-token prompt hits entirely and still computes its last token: 111
+    assert out.chunks_hit == 7 and out.hit_tokens == 111 and out.prompt_tokens == 131
     assert out.chunks_written == 0 and out.checksum_failures == 0
 
 
