@@ -107,7 +107,7 @@ def inspect(
 
       kvcli inspect --namespace fleet --prompt "You are a helpful assistant." --chunk-size 16 --json
     """
-    from kvcli.live.chunkmap import chunk_map
+    from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.inspect import inspect_cache
     from kvcli.live.reading import reader, server_memory
     from kvcli.model.presets import model_spec
@@ -125,6 +125,10 @@ def inspect(
             server = server_memory(conn)
             maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tokenizer, ids[1], server)
                     for cs in _sizes(chunk_size or _SIZES)]
+            maps = absent_warnings(conn, maps)
+        for m in maps:
+            if m.warning:
+                err.print(f"warning: {m.warning}", markup=False, highlight=False)
     _print("inspect", maps, json_out, _map_view)
 
 
@@ -295,6 +299,8 @@ def _map_view(maps) -> Group:
         table = _table(f"{m.namespace} / chunk size {m.chunk_size} / {m.model_id}",
                        ["chunk", "hash", "tokens", "status", "ttl"], rows)
         where = "no break" if m.break_index is None else f"breaks at chunk {m.break_index}: {m.break_reason}"
+        if m.break_index is None and m.rows:
+            where += " (every chunk hits; the last token is computed again for the logits, as an engine does)"
         parts += [table, Text(f"{m.prompt_tokens:,} tokens: {m.hit_tokens:,} reused, {m.prefill_tokens:,} to "
                               f"prefill; {where}")]
     return Group(*parts)
