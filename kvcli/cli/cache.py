@@ -43,6 +43,8 @@ def warm(
     tokenizer: Tokenizer = "cl100k_base", fmt: Format = "auto",
     ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1)] = None,
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Read present chunks' payloads and rewrite those that "
+                                         "fail their checksum (presence and length are always checked).")] = False,
     strict: Annotated[bool, typer.Option(help="Refuse to write when the estimate does not fit maxmemory.")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
 ) -> None:
@@ -63,7 +65,7 @@ def warm(
     from kvcli.store.server import open_redis
     from kvcli.traces.prompts import read_prompts
 
-    config = WarmConfig(namespace, _sizes(chunk_size), tokenizer, ttl, dry_run, strict)
+    config = WarmConfig(namespace, _sizes(chunk_size), tokenizer, ttl, dry_run, strict, verify=verify)
     requests = read_prompts(sources, fmt, tokenizer)
     spec = model_spec(model, dtype, seed)
     local = None if dry_run else build_model(model, dtype, device, seed)
@@ -244,7 +246,7 @@ def _warm_view(r) -> Group:
     note = (f"{verb} {r.total('objects_written'):,} objects, {fmt_bytes(r.total('bytes'))}" + _why_nothing(r)
             + ("" if r.dry_run else f"; prefilled {r.tokens_prefilled:,} tokens, reused {r.tokens_reused:,} "
                f"(model {r.compute_seconds:.2f} s, writes {r.write_seconds:.2f} s)") + f"; {r.seconds:.2f} s"
-            + f"\npreflight: {r.preflight.message}"
+            + _repairs(r) + f"\npreflight: {r.preflight.message}"
             + ("" if not r.evicted_keys else f"\nevicted: the server evicted {r.evicted_keys:,} keys during this "
                f"warm; what was written may already be gone")
             + (f"\nstopped: {r.stopped}" if r.stopped else ""))
@@ -252,6 +254,16 @@ def _warm_view(r) -> Group:
                    ["chunk size", "prompts", "full chunks", "written", "present", "objects", "payload",
                     "metadata"], rows)
     return Group(table, Text(note))
+
+
+def _repairs(r) -> str:
+    """Damaged chunks found (and rewritten) and TTLs refreshed along chains, when any."""
+    repaired, refreshed = r.total("chunks_repaired"), r.total("ttl_refreshed")
+    verb = "would rewrite" if r.dry_run else "rewrote"
+    return ((f"\ndamaged: {verb} {repaired:,} chunks found damaged (missing half, wrong length, type, digest or "
+             f"parent{', checksum' if r.verify else ''})" if repaired else "")
+            + (f"\nttl: refreshed {refreshed:,} chunks a longer chain now depends on (a head never expires before "
+               f"its tail)" if refreshed else ""))
 
 
 def _why_nothing(r) -> str:
