@@ -66,13 +66,13 @@ def warm(
     from kvcli.traces.prompts import read_prompts
 
     config = WarmConfig(namespace, _sizes(chunk_size), tokenizer, ttl, dry_run, strict, verify=verify)
-    requests = read_prompts(sources, fmt, tokenizer)
+    say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+    requests = read_prompts(sources, fmt, tokenizer, notify=say)
     spec = model_spec(model, dtype, seed)
     local = None if dry_run else build_model(model, dtype, device, seed)
     with open_redis(redis_url) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
-        say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
         result = run_warm(client, requests, local, config, bar.update, spec, say)
     _print("warm", result, json_out, _warm_view)
     if result.evicted_keys:

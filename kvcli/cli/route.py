@@ -94,9 +94,11 @@ def route(
     from kvcli.route.policies import resolve_policies
     from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
+    from kvcli.traces.order import arrival_order, order_note
     from kvcli.traces.paths import STDIN_NAME, stdin_path
 
     err = Console(stderr=True, soft_wrap=True)
+    name, notes = STDIN_NAME if str(trace) == "-" else trace.name, []
     try:
         get_preset(model)  # also with --prefill-tps: a typo should not pass silently
         if limit is not None and limit < 1:
@@ -121,11 +123,16 @@ def route(
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, stdin_path(trace) as source:
             track = lambda it: bar.track(it, description="hashing trace")  # noqa: E731
             requests = load_requests(source, fmt, tokenizer, chunk_size, limit, track)
+            order = arrival_order([r.timestamp for r in requests]) if rate is None else None
+            if order is not None:  # simulated in timestamp order (as replay and warm take it): say so
+                notes.append(order_note(order, name))
+                err.print(f"kvcli: note: {notes[-1]}", markup=False, highlight=False)
             cost, cost_info = prefill_cost(prefill_tps, model)
             task = bar.add_task("simulating", total=len(planned))
             runs = run_routes(requests, names, points, cost, redis_url,
                               lambda what: bar.update(task, advance=1, description=f"simulating {what}"))
-        report = report_dict(STDIN_NAME if str(trace) == "-" else trace.name, runs, cost_info)
+        report = report_dict(name, runs, cost_info)
+        report["notes"] = notes
         if plot is not None:
             write_plot(report, plot)
     except KvcliError as exc:  # also handled by kvcli.cli.handle_errors; here for apps that mount route alone
