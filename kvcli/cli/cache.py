@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.replay.report import stdout_console
+from kvcli.tables import print_table, stdout_console
 from kvcli.units import fmt_bytes, json_document
 
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
@@ -215,7 +215,13 @@ def _print(command: str, result, json_out: bool, view) -> None:
         body = _jsonable(result)
         typer.echo(json_document(command, {"chunk_maps": body} if isinstance(body, list) else body, indent=1))
     else:
-        stdout_console().print(view(result))
+        out = stdout_console()
+        shown = view(result)
+        for part in getattr(shown, "renderables", [shown]):  # tables split by columns when too wide: none is cut
+            if isinstance(part, Table):
+                print_table(out, part)
+            else:
+                out.print(part, soft_wrap=isinstance(part, Text) and not out.is_terminal)
 
 
 def _jsonable(obj):

@@ -141,6 +141,6 @@ def route(
     if json_out:
         typer.echo(json_document("route", report, indent=1))
     else:
-        from kvcli.replay.report import stdout_console
+        from kvcli.tables import stdout_console
 
         render(report, stdout_console())  # pipes and files: wide, no 80-column cut

@@ -5,14 +5,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvcli.replay.results import ChunkSizeResult, TraceResult
+from kvcli.tables import print_table, stdout_console
 from kvcli.units import fmt_bytes, json_document
-
-
-def stdout_console() -> Console:
-    """The console for results: the terminal's width, or 160 columns when stdout is a pipe or a file (rich would
-    otherwise cut tables to 80 columns)."""
-    out = Console()
-    return out if out.is_terminal else Console(width=160)
 
 
 def _secs(s: float) -> str:
@@ -94,7 +88,7 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
 def print_report(results: list[TraceResult], console: Console, context: dict) -> None:
     """Print every trace's table, then the run context (model, server, cost curve)."""
     for result in results:
-        console.print(trace_table(result, context.get("cost_curve_source", "")))
+        print_table(console, trace_table(result, context.get("cost_curve_source", "")))
         for note in result.notes:
             console.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
     curve = context.get("cost_curve", {})
@@ -138,4 +132,4 @@ def summary_line(result: TraceResult) -> str:
             f"{_secs(best.net_benefit_seconds)})")
 
 
-__all__ = ["print_report", "to_json", "trace_table", "summary_line", "ChunkSizeResult"]
+__all__ = ["print_report", "to_json", "trace_table", "summary_line", "ChunkSizeResult", "stdout_console"]
