@@ -27,7 +27,12 @@ class BadInputError(KvcliError):
     def __init__(self, message: str, path: str | None = None, line: int | None = None) -> None:
         self.path, self.line, self.reason = path, line, message
         where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
-        super().__init__(where + message)
+        super().__init__(one_line(where + message))
+
+
+def one_line(text: str) -> str:
+    """``text`` as one printable line: control characters (a newline in a JSON key, a file name) are escaped."""
+    return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class RedisFailure(KvcliError):

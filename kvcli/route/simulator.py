@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from kvcli.store.lru import ChunkLru
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
 _PREFILL_DONE, _DECODE_DONE, _DISPATCH, _ARRIVAL = 0, 1, 2, 3
+MAX_NODES = 100_000  # each node holds its own cache object: beyond this a typo, not a cluster
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class SimConfig:
             if value is not None and not math.isfinite(value):
                 raise BadInputError(f"{option} must be a finite number, got {value}")
         capacity, chunk = self.capacity_tokens, self.chunk_size
-        checks = [("--nodes", self.nodes, self.nodes >= 1, ">= 1"),
+        checks = [("--nodes", self.nodes, 1 <= self.nodes <= MAX_NODES, f"in [1, {MAX_NODES:,}] (one cache each)"),
                   ("--chunk-size", chunk, chunk >= 1, ">= 1"),
                   ("--max-batch", self.max_batch, self.max_batch >= 1, ">= 1"),
                   ("--decode-tpot", self.decode_tpot, self.decode_tpot >= 0, ">= 0"),
@@ -361,7 +363,7 @@ def load_requests(path, fmt: str = "auto", tokenizer: str = "cl100k_base", chunk
 
     if limit is not None and limit < 1:
         raise BadInputError(f"--limit must be >= 1, got {limit}")
-    stream = itertools.islice(read_trace(path, fmt, tokenizer), limit)
+    stream = itertools.islice(read_trace(path, fmt, tokenizer), None if limit is None else min(limit, sys.maxsize))
     requests = prepare_requests(track(stream) if track else stream, chunk_size, tokenizer)
     if not requests:
         raise BadInputError("the trace has no requests", path=str(path))

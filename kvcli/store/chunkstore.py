@@ -30,6 +30,8 @@ from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
 
+MAX_CHUNK_SIZE = 1 << 24  # tokens: far beyond any context window; larger is a typo (and overflows tensor shapes)
+
 
 class ChunkTooLargeError(BadInputError):
     """One chunk's value would exceed the server's ``proto-max-bulk-len``; raised before any write (exit 2)."""
@@ -73,8 +75,8 @@ class StoreConfig:
                                     f"characters, so one namespace's keys never match another's)")
         if not self.namespace:
             raise BadInputError("namespace must not be empty")
-        if self.chunk_size < 1:
-            raise BadInputError(f"chunk size must be >= 1, got {self.chunk_size}")
+        if not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise BadInputError(f"chunk size must be in [1, {MAX_CHUNK_SIZE:,}] tokens, got {self.chunk_size}")
         for name in ("capacity_tokens", "capacity_bytes", "ttl"):
             value = getattr(self, name)
             if value is not None and value <= 0:
