@@ -59,6 +59,8 @@ def redis_error_text(exc: BaseException) -> str:
     m = _PIPELINE.fullmatch(text.strip())
     if m:
         text = f"{m[3]} ({m[1]}{' ' + m[2] if m[2] else ''})"
+    if type(exc).__name__ == "OutOfMemoryError" and not text.startswith("OOM"):
+        text = "OOM " + text  # redis-py drops the server's error code from the message
     text = _BYTES.sub("<bytes>", text)
     text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in " ".join(text.split()))
     return text[:500] + ("..." if len(text) > 500 else "")

@@ -169,3 +169,37 @@ def test_prompts_shorter_than_a_chunk_get_a_note(redis_client):
     assert result.notes == [
         "chunk size 8: 2 of 3 prompts (8 tokens) are shorter than one chunk: they can never hit",
         "chunk size 32: 3 of 3 prompts (28 tokens) are shorter than one chunk: they can never hit"]
+
+
+def test_a_user_without_scripts_gets_the_same_loadable_hits(make_server):
+    """The lookup's one round trip is a read-only script; where scripts are refused (an ACL without @scripting)
+    it is MGET + STRLEN pipelined together: the same answer, payloads checked the same way."""
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    store = fleet(admin, tok(1, 16))
+    admin.delete(store.payload_key(store.chunk(tok(1, 16)).hashes[2]))
+    admin.acl_setuser("noscript", enabled=True, passwords=["+pw"], keys=["*"],
+                      commands=["+@all", "-@scripting"])
+    user = redis.Redis.from_url(url.replace("redis://", "redis://noscript:pw@"))
+    results = [replay(c, [req(tok(1, 17))] * 2).per_chunk_size[0] for c in (admin, user)]
+    # R1: fleet's chunks 0-1 (chunk 2 lost its payload), then stores chunk 2 in the run's own namespace
+    # (accounted); R2: 0-1 fleet, 2 own, 3 fleet = 16. Round trips: 2 lookups + 1 store, and for the user
+    # without scripts the one refused script call, after which its lookups are pipelined.
+    assert [(r.hit_tokens, r.hit_tokens_metadata_only, r.lookups, r.round_trips) for r in results] == \
+        [(8 + 16, 16 + 16, 2, 3), (8 + 16, 16 + 16, 2, 3 + 1)]
+
+
+def test_errors_never_print_payload_bytes(make_server):
+    """A write refused by the server (OOM) fails with the server's words, not redis-py's echo of the value."""
+    from kvcli.errors import RedisFailure
+
+    url = make_server()
+    client = redis.Redis.from_url(url)
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 50_000)
+    store = ChunkStore(client, StoreConfig("oom", 64, "m", "raw", SPEC.kv_shape, torch.float32, ttl=60))
+    with pytest.raises(RedisFailure) as err:
+        store.store(tok(1, 640), torch.randn(2, 2, 2, 640, 32))
+    text = str(err.value)
+    assert text.startswith("Redis execute failed: OOM command not allowed when used memory > 'maxmemory'. (SET "
+                           "kvcli:v1:oom:64:p:")
+    assert "b'" not in text and "<memory at" not in text and "\\x" not in text and len(text) < 300
