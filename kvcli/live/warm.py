@@ -476,7 +476,7 @@ def _reason(exc: redis.RedisError) -> str:
     """The server's own words for a refused batch, without redis-py's echo of the command or any value bytes."""
     text = str(exc)
     text = text.split(" caused error: ", 1)[1] if " caused error: " in text else text
-    text = redis_error_text(type(exc)(text)).strip().rstrip(".")
+    text = redis_error_text(RuntimeError(text)).strip().rstrip(".")
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         text = f"OOM, {text}"
     return text or type(exc).__name__
