@@ -33,26 +33,34 @@ def print_table(console: Console, table: Table, keep: int = 1) -> None:
 def split_table(console: Console, table: Table, keep: int = 1) -> list[Table]:
     """``table`` as one or more tables that each fit ``console.width`` without cutting a cell: each column exactly
     as wide as its widest cell (or its header's longest word), the columns after the first ``keep`` in as few
-    tables as fit, in order, each repeating the first ``keep``; the caption goes under the last. A column that
-    cannot fit even alone is folded (``overflow="fold"``), never cropped."""
+    tables as fit, in order, each repeating the first ``keep`` (fewer when they leave no room for some column);
+    the caption goes under the last. A column that cannot fit even alone is folded (``overflow="fold"``), never
+    cropped."""
     for column in table.columns:
         column.width, column.overflow = max(column.min_width or 0, _needed(console, column)), "fold"
     if _width(console, table) <= console.width or len(table.columns) <= keep + 1:
-        return [_loose(_folded(console, table))]
+        return [_loose(console, _folded(console, table))]
+    while keep > 1 and any(_width(console, _subset(table, list(range(keep)) + [i], True, False)) > console.width
+                           for i in range(keep, len(table.columns))):
+        keep -= 1  # the identifying columns leave no room for some column: repeat fewer of them
     key, groups = list(range(keep)), [[]]
     for i in range(keep, len(table.columns)):
         if groups[-1] and _width(console, _subset(table, key + groups[-1] + [i], True, False)) > console.width:
             groups.append([])
         groups[-1].append(i)
-    return [_loose(_folded(console, _subset(table, key + g, n == 0, n == len(groups) - 1)))
+    return [_loose(console, _folded(console, _subset(table, key + g, n == 0, n == len(groups) - 1)))
             for n, g in enumerate(groups)]
 
 
-def _loose(table: Table) -> Table:
-    """Fixed widths become floors: with room to spare rich widens columns (headers on one line), and it never
-    narrows one below its widest cell."""
+def _loose(console: Console, table: Table) -> Table:
+    """With room for every column at its natural width (headers on one line), free the fixed widths; otherwise
+    keep them: each column exactly as wide as its widest cell, headers wrapping between words."""
+    fixed = [c.width for c in table.columns]
     for column in table.columns:
-        column.min_width, column.width = column.width, None
+        column.width = None
+    if _width(console, table) > console.width:
+        for column, width in zip(table.columns, fixed):
+            column.width = width
     return table
 
 

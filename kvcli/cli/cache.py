@@ -218,8 +218,8 @@ def _print(command: str, result, json_out: bool, view) -> None:
         out = stdout_console()
         shown = view(result)
         for part in getattr(shown, "renderables", [shown]):  # tables split by columns when too wide: none is cut
-            if isinstance(part, Table):
-                print_table(out, part)
+            if isinstance(part, Table):  # a table's identifying columns are repeated in each part
+                print_table(out, part, keep=getattr(part, "keep_columns", 1))
             else:
                 out.print(part, soft_wrap=isinstance(part, Text) and not out.is_terminal)
 
@@ -298,6 +298,7 @@ def _inspect_view(r) -> Group:
     table = _table(f"kvcli keys: {r.kvcli_keys:,}; other keys: {r.other_keys:,}",
                    ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
                     "redis memory", "ttl min/med/max", "age med", "integrity"], rows)
+    table.keep_columns = 3  # namespace, model and chunk size name a row
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"

@@ -101,3 +101,17 @@ def test_route_at_80_columns():
     assert max(len(line) for line in lines) <= 80 and "…" not in out.stdout
     for policy in ("round-robin", "least-loaded", "cache-manager", "cache-aware"):
         assert sum(line.split()[:1] == [policy] for line in out.stdout.splitlines()) >= 3
+
+
+def test_inspect_parts_repeat_namespace_model_and_chunk_size(redis_url, redis_client, model):
+    for ns in ("replay-1796043216-28774-c02fcc", "fleet"):
+        warm(redis_client, [Request("r", np.arange(1, 40, dtype=np.uint32))], model, WarmConfig(ns, (16,)))
+    out = CliRunner().invoke(app, ["inspect", "--redis-url", redis_url], env=NARROW)
+    assert out.exit_code == 0, out.output
+    _check_width(out.stdout)
+    parts = out.stdout.count("kvcli keys: 8; other keys: 0")  # the title, once per part
+    heads = [line for line in out.stdout.splitlines() if line.startswith("┃ namespace")]
+    assert parts == len(heads) > 1
+    assert all(line.split("┃")[2].strip() == "model" and line.split("┃")[3].strip() == "chunk" for line in heads)
+    rows = [line for line in out.stdout.splitlines() if line.startswith("│ fleet")]
+    assert len(rows) == parts and all("kvcli/tiny@seed0:fp32" in line and "│    16 │" in line for line in rows)
