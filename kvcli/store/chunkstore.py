@@ -115,10 +115,12 @@ class LookupResult:
     "token-mismatch", "no-payload" (metadata says real, no payload key), "bad-payload" (a payload of the wrong
     length or type) or "" (every full chunk hit). ``seconds`` is wall time.
     ``metadata_hit_chunks``: the run by metadata alone (payloads not checked), >= ``hit_chunks``.
-    ``present_after``: chunks after the hit run whose metadata exists anyway (a store skips them).
+    ``present_after``: chunks after the hit run that are there and usable anyway (a store skips them; one whose
+    payload was lost is written again, as the request that computed it would).
     ``from_read``: per hit chunk, whether it came from the read-only namespace; ``read_only``: every chunk index
-    whose metadata is only there (never written to, nor counted in, the store's own namespace); ``read_usable``:
-    every chunk index the read-only namespace could supply (metadata, digest and payload length check out).
+    only the read-only namespace supplies (never written to, nor counted in, the store's own namespace);
+    ``read_usable``: every chunk index the read-only namespace could supply (metadata, digest and payload length
+    check out).
     """
 
     hit_chunks: int
@@ -289,10 +291,9 @@ class ChunkStore:
         if read is not None:
             from_read = tuple(own[i] != "" for i in range(k))
             chosen = tuple(metas[n + i] if from_read[i] else metas[i] for i in range(k))
-            read_only = frozenset(i for i in range(n) if metas[i] is None and metas[n + i] is not None)
+            read_only = frozenset(i for i in range(n) if metas[i] is None and read[i] == "")
             usable = frozenset(i for i in range(n) if read[i] == "")
-        later = frozenset(i for i in range(k + 1, n)
-                          if own[i] != "missing" or (read is not None and read[i] != "missing"))
+        later = frozenset(i for i in range(k + 1, n) if ok[i])
         return LookupResult(k, k * self.config.chunk_size, n, reason, seconds, chosen, later, from_read, read_only,
                             next((i for i in range(n) if not by_meta[i]), n), usable)
 

@@ -203,3 +203,13 @@ def test_errors_never_print_payload_bytes(make_server):
     assert text.startswith("Redis execute failed: OOM command not allowed when used memory > 'maxmemory'. (SET "
                            "kvcli:v1:oom:64:p:")
     assert "b'" not in text and "<memory at" not in text and "\\x" not in text and len(text) < 300
+
+
+def test_a_chunk_the_read_namespace_lost_is_stored_by_the_request_that_computed_it(redis_client):
+    """fleet holds 6 chunks; the payloads of chunks 2 and 4 were evicted. R1 hits 0-1 and computes the rest: the
+    run's own namespace gets 2 and 4 (not 3 and 5, which fleet still supplies), so R2 hits all 6."""
+    store = fleet(redis_client, tok(1, 24))
+    h = store.chunk(tok(1, 24)).hashes
+    redis_client.delete(store.payload_key(h[2]), store.payload_key(h[4]))
+    res = replay(redis_client, [req(tok(1, 25))] * 2).per_chunk_size[0]
+    assert (res.hit_tokens, res.metadata_entries, res.namespace_hit_chunks) == (8 + 24, 2, 2 + 4)
