@@ -83,9 +83,9 @@ def parse_duration(text: str) -> float:
 
 
 def fmt_bytes(n: float | None) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (binary units; ``"-"`` for None)."""
+    """``1536`` -> ``"1.5 KiB"`` (binary units; ``"–"`` for None: not measured, null in JSON)."""
     if n is None:
-        return "-"
+        return "–"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(n) < 1024 or unit == "PiB":
             return f"{n:,.0f} B" if unit == "B" else f"{n:,.1f} {unit}"

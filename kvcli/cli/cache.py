@@ -293,7 +293,7 @@ def _inspect_view(r) -> Group:
                      fmt_bytes(g.payload_bytes), fmt_bytes(g.metadata_bytes), fmt_bytes(g.memory_bytes),
                      f"{ttl['none']:,} none" + (f"; {ttl['min']:.0f}/{ttl['median']:.0f}/{ttl['max']:.0f} s"
                                                  if ttl["with_ttl"] else ""),
-                     "-" if age["median"] is None else f"{age['median']:.0f} s",
+                     "–" if age["median"] is None else f"{age['median']:.0f} s",
                      ", ".join(f"{k} {v:,}" for k, v in d["integrity"].items() if v) or "ok"])
     table = _table(f"kvcli keys: {r.kvcli_keys:,}; other keys: {r.other_keys:,}",
                    ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
@@ -313,7 +313,7 @@ def _inspect_view(r) -> Group:
 def _map_view(maps) -> Group:
     parts = []
     for m in maps:
-        rows = [[r.index, r.hash[:16], f"{r.start}-{r.end}", r.status, "-" if r.ttl is None else f"{r.ttl:.0f} s"]
+        rows = [[r.index, r.hash[:16], f"{r.start}-{r.end}", r.status, "–" if r.ttl is None else f"{r.ttl:.0f} s"]
                 for r in m.rows]
         table = _table(f"{m.namespace} / chunk size {m.chunk_size} / {m.model_id}",
                        ["chunk", "hash", "tokens", "status", "ttl"], rows)

@@ -231,12 +231,12 @@ def report_dict(trace: str, runs: list[dict], cost_info: dict) -> dict:
 
 
 def _fmt(x, spec=".3g") -> str:
-    return "-" if x is None else format(x, spec)
+    return "–" if x is None else format(x, spec)
 
 
 def _ms(seconds, spec: str) -> str:
     """Seconds shown as milliseconds (``-`` for None)."""
-    return "-" if seconds is None else format(seconds * 1e3, spec)
+    return "–" if seconds is None else format(seconds * 1e3, spec)
 
 
 def _count(n: float) -> str:
