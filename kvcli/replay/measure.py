@@ -13,14 +13,15 @@ from kvcli.model.costcurve import CostCurve
 from kvcli.store.kvstore import KVStore
 
 
-def pick_measured(lengths: np.ndarray, count: int | None, max_tokens: int, seed: int) -> set[int]:
+def pick_measured(lengths: np.ndarray, count: int | None, max_tokens: int | None, seed: int) -> set[int]:
     """Indices of the requests that run the model: ``count`` of those with 1..max_tokens tokens, evenly spread.
 
-    ``count`` None picks every non-empty request. Deterministic for a seed (a seeded jitter inside each stride).
+    ``count`` None picks every eligible request; ``max_tokens`` None sets no length limit. Deterministic for a
+    seed (a seeded jitter inside each stride).
     """
+    eligible = np.flatnonzero((lengths > 0) & (lengths <= (max_tokens if max_tokens is not None else np.inf)))
     if count is None:
-        return set(np.flatnonzero(lengths > 0).tolist())
-    eligible = np.flatnonzero((lengths > 0) & (lengths <= max_tokens))
+        return set(eligible.tolist())
     if count <= 0 or eligible.size == 0:
         return set()
     if count >= eligible.size:

@@ -1,7 +1,9 @@
 """Replay a trace through the chunk-hash KV-cache store, one namespace per chunk size, and account what it saves.
 
-Per request, in trace order, for every chunk size: lookup (one round trip), retrieve the hit run's KV (one more),
-prefill only the missed suffix with the real model, store the new full chunks (one pipelined round trip).
+Per request, in arrival order (timestamps when every request has one, stable; else file order: the order every
+command uses, kvcli.traces.order), for every chunk size: lookup (one round trip: metadata, and the length of every
+real payload), retrieve the hit run's KV (one more), prefill only the missed suffix with the real model, store the
+new full chunks (one pipelined round trip).
 
 Measured vs estimated: ``measure`` requests (spread evenly over the trace, prompts up to ``measure_max_tokens``)
 run the model: their full prefill is timed once, and per chunk size the cached path (lookup + transfer +
@@ -16,7 +18,12 @@ prefill and written first, untimed ("materialized"), so the timed retrieve reads
 server replay in seconds; measured requests then use their own prefix KV and an estimated transfer time.
 
 Hit tokens never exceed the prompt: only full chunks hit. A request needs at least one token of compute for its
-logits, so a prompt that hits entirely reuses ``len - 1`` tokens in the timing (vLLM recomputes the last token).
+logits, so a prompt that hits entirely reuses ``len - 1`` tokens (vLLM recomputes the last token): hit tokens,
+timings and the upper bound all count :func:`kvcli.store.hashing.reusable_tokens`.
+
+Hits of estimated requests are what an engine could load: the lookup checks every real payload's presence and
+length in its one round trip; the checksums of up to ``verify_sample`` distinct real-payload chunks per chunk size
+are verified (their payloads read, outside the timings), and a chunk that fails is a miss from then on.
 
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
 miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
@@ -25,6 +32,7 @@ that deletion fails or is interrupted again, what was left and the command that 
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -41,9 +49,11 @@ from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured,
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import StoreConfig
+from kvcli.store.hashing import reusable_tokens
 from kvcli.store.kvstore import KVStore, make_store, purge_run
-from kvcli.store.namespace import redis_memory
+from kvcli.store.namespace import absent_note, contents, redis_memory
 from kvcli.store.server import INFO_REFUSED, server_info
+from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
 
 
@@ -58,8 +68,7 @@ class _Pending:
 
 
 class Replayer:
-    """Replays traces through one store (:class:`~kvcli.store.kvstore.KVStore`) per layout and chunk size on one
-    Redis server.
+    """Replays traces through one :class:`ChunkStore` per chunk size on one Redis server.
 
     Args:
         client: a redis-py client.
@@ -78,6 +87,7 @@ class Replayer:
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
+        self._checked: list[dict[bytes, bool]] = []  # per store: chunk hash -> checksum verified good
         self.notify: Callable[[str], None] | None = None  # one line to the user (cleanup after an interruption)
         self.remedy: Callable[[str], str] = lambda ns: f"remove them with: kvcli purge --namespace {ns} --yes"
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
@@ -98,7 +108,10 @@ class Replayer:
         if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
             raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
         reader = (lambda: iter(requests)) if isinstance(requests, list) else requests
-        lengths = self._validate(reader, name)
+        lengths, order = self._validate(reader, name)
+        notes = [order_note(order, name)] if order is not None else []
+        if order is not None:  # not in arrival order: held in memory and taken in timestamp order
+            reader, lengths = _reordered(reader, order), lengths[order]
         measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
                                  cfg.seed)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
@@ -107,7 +120,7 @@ class Replayer:
             if cfg.payload == "real":
                 store.check_value_size()
         try:
-            result = self._run(name, reader, lengths, measured, stores, progress)
+            result = self._run(name, reader, lengths, measured, stores, progress, notes)
         except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
                 self._cleanup(namespace, stores, interrupted=True)
@@ -140,15 +153,16 @@ class Replayer:
                 raise
             return left
 
-    def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
+    def _run(self, name, reader, lengths, measured, stores, progress, notes) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [calibrate_transfer(self.client, store) for store in stores]
         self._degraded = []
         used_before = self._used_memory()
-        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout)
-                   for store in stores]
+        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout,
+                                   upper_bound_tokens=0 if cfg.upper_bound else None) for store in stores]
         pending = [_Pending() for _ in stores]
+        self._checked = [{} for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
         hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
                       if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
@@ -158,14 +172,19 @@ class Replayer:
         for index, request in enumerate(reader()):
             if index >= len(lengths):
                 break
-            if len(request.token_ids) == 0:
+            n = len(request.token_ids)
+            if n == 0:
                 skipped += 1
             else:
-                upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
+                match = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
-                    self._measured(request, stores, results, rates, unlimited, upper, hit_curves)
+                    reusable = self._measured(request, stores, results, rates, unlimited, hit_curves)
                 else:
-                    self._estimated(request, stores, results, pending, unlimited, upper, hit_curves)
+                    reusable = self._estimated(request, stores, results, pending, unlimited, hit_curves)
+                if radix is not None:  # never below what a chunk size reused (a read namespace supplies more)
+                    upper = max(reusable_tokens(match, n), *reusable)
+                    for res in results:
+                        res.upper_bound_tokens += upper
             if progress:
                 progress(index + 1, len(lengths))
         for store, res, pend, rate, hit_curve in zip(stores, results, pending, rates, hit_curves):
@@ -175,10 +194,11 @@ class Replayer:
         requests = len(lengths) - skipped
         delta = None if used_before is None or used_after is None else used_after - used_before
         by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
+        main = by_layout[cfg.layouts[0]]
         return TraceResult(name, requests, skipped, len(measured),
-                           _payload_label(cfg.payload, len(measured), requests), by_layout[cfg.layouts[0]],
+                           _payload_label(cfg.payload, len(measured), requests), main,
                            delta, time.perf_counter() - t0,
-                           notes=self._notes(lengths, measured) + self._degraded, by_layout=by_layout)
+                           notes=notes + self._notes(lengths, measured, main) + self._degraded, by_layout=by_layout)
 
     def _used_memory(self) -> int | None:
         """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
@@ -189,12 +209,24 @@ class Replayer:
             return None
         return int(info.get("used_memory", 0))
 
-    def _notes(self, lengths: np.ndarray, measured: set[int]) -> list[str]:
+    def _notes(self, lengths: np.ndarray, measured: set[int], results: list[ChunkSizeResult]) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
-        range the cost curve was fitted on."""
+        range the cost curve was fitted on; prompts shorter than one chunk; a read namespace that gave nothing;
+        chunks whose payload failed its checksum."""
         notes = []
         if self.config.hit_curve and self.config.namespace is not None:
             notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
+        for res in results:
+            if res.short_requests:
+                notes.append(f"chunk size {res.chunk_size}: {res.short_requests:,} of {res.requests:,} prompts "
+                             f"({res.short_prompt_tokens:,} tokens) are shorter than one chunk: they can never hit")
+            if res.checksum_failures:
+                notes.append(f"chunk size {res.chunk_size}: {res.checksum_failures:,} chunks failed their checksum "
+                             f"({res.checksum_verified_chunks:,} verified): counted as misses")
+        if self.config.namespace and any(r.requests and not r.namespace_hit_chunks for r in results):
+            found = contents(self.client, self.config.namespace)
+            notes += [absent_note(found, self.config.namespace, self.model_id, r.chunk_size) for r in results
+                      if r.requests and not r.namespace_hit_chunks]
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
         ratio = check.get("median_measured_over_predicted")
@@ -209,8 +241,9 @@ class Replayer:
         return notes
 
     # -- passes ---------------------------------------------------------------------------------------------------
-    def _validate(self, reader, name: str) -> np.ndarray:
-        lengths = []
+    def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Prompt lengths ``[requests]`` (tokens, file order) and the arrival order (None: file order)."""
+        lengths, stamps = [], []
         vocab = self.model.config.vocab if self.model is not None else None
         for request in reader():
             if self.config.limit is not None and len(lengths) >= self.config.limit:
@@ -220,9 +253,10 @@ class Replayer:
                 raise BadInputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}",
                                     *_where(request))
             lengths.append(len(tokens))
+            stamps.append(request.timestamp)
         if not lengths:
             raise BadInputError("the trace holds no requests", path=name)
-        return np.asarray(lengths, dtype=np.int64)
+        return np.asarray(lengths, dtype=np.int64), arrival_order(stamps)
 
     def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli") -> KVStore:
         cfg = self.config
@@ -231,32 +265,61 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, request, stores, results, pending, unlimited, upper, hit_curves) -> None:
-        n = len(request.token_ids)
-        for store, res, pend, seen, hit_curve in zip(stores, results, pending, unlimited, hit_curves):
+    def _estimated(self, request, stores, results, pending, unlimited, hit_curves) -> list[int]:
+        """Look up and store (accounted) one unmeasured request per chunk size; returns, per chunk size, the
+        tokens it would reuse with unlimited capacity."""
+        n, reusable = len(request.token_ids), []
+        for store, res, pend, seen, checked, hit_curve in zip(stores, results, pending, unlimited, self._checked,
+                                                               hit_curves):
             prompt = store.chunk(request.token_ids, request.cache_salt)
             if hit_curve:
-                hit_curve.observe(prompt.hashes, request.timestamp)
+                hit_curve.observe(prompt.hashes, request.timestamp, len(request.token_ids))
             look = store.lookup(prompt)
-            written = store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
-            self._count(res, store, prompt, look, seen, n, upper)
+            hit_chunks = self._checksums(store, res, prompt, look, checked)
+            written = store.store(prompt, None, start_chunk=hit_chunks, lookup=look)
+            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))
             res.store_seconds += written.seconds
             pend.prompt.append(n)
-            pend.reuse.append(min(look.hit_tokens, n - 1))
-            pend.hit_chunks.append(look.hit_chunks)
-            pend.new_chunks.append(len(prompt.hashes) - look.hit_chunks)
+            pend.reuse.append(reusable_tokens(hit_chunks * store.config.chunk_size, n))
+            pend.hit_chunks.append(hit_chunks)
+            pend.new_chunks.append(len(prompt.hashes) - hit_chunks)
+        return reusable
 
-    def _measured(self, request, stores, results, rates, unlimited, upper, hit_curves) -> None:
+    def _checksums(self, store, res, prompt, look, checked: dict[bytes, bool]) -> int:
+        """The hit run after verifying the checksums of real-payload hit chunks not verified yet, up to
+        ``verify_sample`` chunks per chunk size (one MGET of their payloads, outside the timings); a chunk that
+        fails is a miss now and whenever it is hit again."""
+        k = look.hit_chunks
+        if len(look.metadata) < k:  # a layout whose lookup reads no metadata (lmcache: EXISTS): nothing to check
+            return k
+        todo = []
+        for i in range(k):
+            good = checked.get(prompt.hashes[i])
+            if good is False:
+                return i
+            if good is None and b'"stored":"real"' in look.metadata[i][16:] \
+                    and len(checked) + len(todo) < self.config.verify_sample:
+                todo.append(i)
+        if not todo:
+            return k
+        for i, good in zip(todo, store.verify(prompt, todo, look)):
+            checked[prompt.hashes[i]] = good
+        return next((i for i in range(k) if checked.get(prompt.hashes[i]) is False), k)
+
+    def _measured(self, request, stores, results, rates, unlimited, hit_curves) -> list[int]:
+        """Run one request with the model: full prefill, then per chunk size lookup, retrieve, suffix prefill
+        and store, timed; returns, per chunk size, the tokens it would reuse with unlimited capacity."""
         tokens, n = request.token_ids, len(request.token_ids)
         t_full, (logits_full, kv_full) = timed_prefill(self.model, tokens, None)
         self.measured_samples.append(PrefillSample(n, 0, t_full))
+        reusable = []
         for store, res, rate, seen, hit_curve in zip(stores, results, rates, unlimited, hit_curves):
             prompt = store.chunk(tokens, request.cache_salt)
             if hit_curve:
-                hit_curve.observe(prompt.hashes, request.timestamp)
+                hit_curve.observe(prompt.hashes, request.timestamp, len(request.token_ids))
             look = store.lookup(prompt)
             past, hit_chunks = self._fetch(store, res, prompt, look, kv_full, rate)
-            self._count(res, store, prompt, look, seen, n, upper, hit_chunks)  # hits = what was retrieved
+            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))  # hits = what was retrieved
             reuse = 0 if past is None else past.shape[3]
             if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
                 kv, t_suffix = kv_full, t_full
@@ -273,6 +336,7 @@ class Replayer:
             res.full_prefill_seconds_measured += t_full
             res.suffix_prefill_seconds_measured += t_suffix
             res.saved_prefill_seconds_measured += t_full - t_suffix
+        return reusable
 
     def _fetch(self, store, res, prompt, look, kv_full, rate):
         """KV of the reusable prefix ``[layers, 2, kv_heads, reuse, head_dim]`` and the hit chunk count."""
@@ -281,7 +345,7 @@ class Replayer:
             return None, 0
         if self.config.payload != "real":
             res.transfer_seconds_estimated += look.hit_chunks * rate[1]
-            return kv_full[:, :, :, :min(look.hit_tokens, n - 1)], look.hit_chunks
+            return kv_full[:, :, :, :reusable_tokens(look.hit_tokens, n)], look.hit_chunks
         got = store.retrieve(prompt, lookup=look)
         start = end = got.hit_tokens // store.config.chunk_size
         while got.break_reason == "no-payload" and end < look.hit_chunks and store.accounted(prompt, look, end):
@@ -295,27 +359,34 @@ class Replayer:
         res.serialized_bytes_read += got.payload_bytes + got.header_bytes
         if got.kv is None:
             return None, 0
-        return got.kv[:, :, :, :min(got.hit_tokens, n - 1)], got.hit_tokens // store.config.chunk_size
+        return got.kv[:, :, :, :reusable_tokens(got.hit_tokens, n)], got.hit_tokens // store.config.chunk_size
 
     @staticmethod
-    def _count(res, store, prompt, look, seen, n, upper, hit_chunks: int | None = None) -> None:
-        hit_chunks = look.hit_chunks if hit_chunks is None else hit_chunks
+    def _count(res, store, prompt, look, seen, n, hit_chunks: int) -> int:
+        """Account one request's hits (tokens it reuses: :func:`reusable_tokens`); returns what it would reuse
+        with unlimited capacity (every chunk this run stored, and every chunk the read namespace supplies)."""
+        cs = store.config.chunk_size
         res.requests += 1
         res.prompt_tokens += n
-        res.hit_tokens += hit_chunks * store.config.chunk_size
+        res.short_requests += n < cs
+        res.short_prompt_tokens += n if n < cs else 0
+        res.hit_tokens += reusable_tokens(hit_chunks * cs, n)
+        res.hit_tokens_metadata_only += reusable_tokens(look.metadata_hit_chunks * cs, n)
         res.chunks_hit += hit_chunks
-        res.upper_bound_tokens += upper
+        res.namespace_hit_chunks += sum(look.from_read[:hit_chunks])
         res.lookup_seconds += look.seconds
         if seen is None:
-            res.hit_tokens_unlimited += hit_chunks * store.config.chunk_size
-            return
-        k = 0
-        for h in prompt.hashes:
-            if h not in seen:
-                break
-            k += 1
-        res.hit_tokens_unlimited += k * store.config.chunk_size
-        seen.update(prompt.hashes[k:])
+            unlimited = reusable_tokens(hit_chunks * cs, n)
+        else:
+            k = 0
+            for i, h in enumerate(prompt.hashes):
+                if h not in seen and i not in look.read_usable:
+                    break
+                k += 1
+            unlimited = reusable_tokens(k * cs, n)
+            seen.update(prompt.hashes[k:])
+        res.hit_tokens_unlimited += unlimited
+        return unlimited
 
     # -- calibration and totals -----------------------------------------------------------------------------------
     def _finish(self, store: KVStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
@@ -329,18 +400,28 @@ class Replayer:
             res.store_seconds_estimated += float(np.sum(pend.new_chunks) * set_s)
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "redis_retries",
-                     "redis_errors", "redis_timeouts"):
+                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "checksum_verified_chunks",
+                     "redis_retries", "redis_errors", "redis_timeouts"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
+        else:  # no prompt had a full chunk: nothing was looked up
+            res.lookup_p50_seconds = res.lookup_p99_seconds = None
         res.key_bytes_per_chunk = store.key_bytes_per_chunk
         try:
             res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
                 self.client, store.key_pattern, self.config.memory_sample)
         except KvcliError as exc:  # e.g. a user without SCAN or MEMORY: the rest of the report stands
             self._degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
+
+
+def _reordered(reader, order: np.ndarray):
+    """A reader that yields the trace's first ``len(order)`` requests in ``order`` (held in memory)."""
+    def read():
+        held = list(itertools.islice(reader(), len(order)))
+        return (held[i] for i in order.tolist())
+    return read
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

@@ -6,14 +6,8 @@ from rich.table import Table
 
 from kvcli.replay.curvereport import curve_rows
 from kvcli.replay.results import TraceResult
+from kvcli.tables import print_table, stdout_console
 from kvcli.units import fmt_bytes, json_document
-
-
-def stdout_console() -> Console:
-    """The console for results: the terminal's width, or 160 columns when stdout is a pipe or a file (rich would
-    otherwise cut tables to 80 columns)."""
-    out = Console()
-    return out if out.is_terminal else Console(width=160)
 
 
 def _secs(s: float) -> str:
@@ -21,8 +15,15 @@ def _secs(s: float) -> str:
     return text.replace("-0.000 s", "0.000 s")
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+NA = "–"  # a figure that was not computed or has no denominator (null in JSON)
+
+
+def _pct(x: float | None) -> str:
+    return NA if x is None else f"{100 * x:.1f}%"
+
+
+def _count(x: int | None) -> str:
+    return NA if x is None else f"{x:,}"
 
 
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
@@ -30,10 +31,11 @@ ROWS: list[tuple[str, callable]] = [
     ("requests", lambda r: f"{r.requests:,}"),
     ("prompt tokens", lambda r: f"{r.prompt_tokens:,}"),
     ("hit tokens", lambda r: f"{r.hit_tokens:,}"),
+    ("  by metadata alone (payloads unchecked)", lambda r: f"{r.hit_tokens_metadata_only:,}"),
     ("hit token ratio", lambda r: _pct(r.hit_token_ratio)),
     ("  without capacity limit", lambda r: _pct(r.to_dict()["hit_token_ratio_unlimited"])),
     ("  token-granular upper bound", lambda r: _pct(r.to_dict()["upper_bound_ratio"])),
-    ("  loss to chunking (tokens)", lambda r: f"{r.to_dict()['loss_to_chunking_tokens']:,}"),
+    ("  loss to chunking (tokens)", lambda r: _count(r.to_dict()["loss_to_chunking_tokens"])),
     ("objects created", lambda r: f"{r.objects_created:,}"),
     ("metadata entries", lambda r: f"{r.metadata_entries:,}"),
     ("evicted chunks", lambda r: f"{r.evicted_chunks:,}"),
@@ -46,7 +48,8 @@ ROWS: list[tuple[str, callable]] = [
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
     ("Redis retries / errors / timeouts",
      lambda r: f"{r.redis_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
-    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
+    ("lookup p50 / p99", lambda r: NA if r.lookup_p50_seconds is None else
+     f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
     ("lookup time", lambda r: _secs(r.lookup_seconds)),
     ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),
     ("transfer time estimated", lambda r: _secs(r.transfer_seconds_estimated)),
@@ -58,7 +61,8 @@ ROWS: list[tuple[str, callable]] = [
     ("prefill saved, estimated", lambda r: _secs(r.saved_prefill_seconds_estimated)),
     ("overhead", lambda r: _secs(r.overhead_seconds)),
     ("net benefit", lambda r: _secs(r.net_benefit_seconds)),
-    ("max logit diff", lambda r: f"{r.max_logit_diff:.2e}" if r.measured_requests else "-"),
+    ("checksums verified / failed", lambda r: f"{r.checksum_verified_chunks:,} / {r.checksum_failures:,}"),
+    ("max logit diff", lambda r: f"{r.max_logit_diff:.2e}" if r.measured_requests else NA),
 ]
 
 
@@ -74,6 +78,9 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
         table.add_column(f"{r.chunk_size}{' *' if r.chunk_size == best else ''}", justify="right",
                          style="green" if r.chunk_size == best else None)
     for label, fn in ROWS + curve_rows(result.per_chunk_size):
+        if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
+                                                      for r in result.per_chunk_size):
+            continue  # every hit's payload checked out: the row would repeat the one above
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
     verdict = (f"* recommended chunk size by net benefit: {best}." if best is not None
                else "No chunk size pays off here: every net benefit is <= 0.")
@@ -124,11 +131,11 @@ def layout_table(result: TraceResult) -> Table:
 def print_report(results: list[TraceResult], console: Console, context: dict) -> None:
     """Print every trace's table (and its layout comparison), then the run context (model, server, cost curve)."""
     for result in results:
-        console.print(trace_table(result, context.get("cost_curve_source", "")))
+        print_table(console, trace_table(result, context.get("cost_curve_source", "")))
         if len(result.by_layout) > 1:
-            console.print(layout_table(result))
+            print_table(console, layout_table(result))
         for note in result.notes:
-            console.print(f"  note: {note}")
+            console.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
     curve = context.get("cost_curve", {})
     check = context.get("cost_curve_vs_measured", {})
     source = f" (checkpoint {context['checkpoint']})" if context.get("checkpoint") else ""
@@ -138,7 +145,7 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
                   f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
                   f"{tok_source}; "
                   f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
-                  f"{context.get('metadata_placement')}", highlight=False)
+                  f"{context.get('metadata_placement')}", highlight=False, markup=False, soft_wrap=True)
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "
@@ -146,7 +153,7 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
         if check.get("samples"):
             line += (f"; measured/predicted on {check['samples']} measured prefills: median "
                      f"{check['median_measured_over_predicted']:.2f}, max {check['max_measured_over_predicted']:.2f}")
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def to_json(results: list[TraceResult], context: dict) -> str:
@@ -168,6 +175,8 @@ def to_json(results: list[TraceResult], context: dict) -> str:
 def summary_line(result: TraceResult) -> str:
     """One line per trace for stderr: best chunk size and its hit ratio and net benefit."""
     best = next((r for r in result.per_chunk_size if r.chunk_size == result.recommended_chunk_size), None)
+    if not result.requests:
+        return f"{result.trace}: no prompt to replay (every request of {result.skipped_empty:,} is empty)"
     if best is None:
         top = max(result.per_chunk_size, key=lambda r: r.hit_tokens)
         return (f"{result.trace}: no chunk size pays off (best hit ratio {_pct(top.hit_token_ratio)} at chunk size "
@@ -176,4 +185,4 @@ def summary_line(result: TraceResult) -> str:
             f"{_secs(best.net_benefit_seconds)})")
 
 
-__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line"]
+__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line", "stdout_console"]

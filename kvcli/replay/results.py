@@ -20,7 +20,8 @@ class ReplayConfig:
         chunk_sizes: chunk sizes to compare (tokens), each in its own namespace.
         payload: "real" (measured requests write and read real KV) or "accounted" (no payload is ever written).
         measure: requests per trace that run the model (None: all of them).
-        measure_max_tokens: longest prompt picked for measuring (tokens); longer ones are estimated.
+        measure_max_tokens: longest prompt picked for measuring (tokens); longer ones are estimated. None: no
+            limit (the CLI's default with ``--measure all``; a count defaults to 512).
         capacity_tokens / capacity_bytes: LRU capacity per chunk size (None: unlimited).
         namespace: an existing namespace (e.g. one ``kvcli warm`` filled) whose chunks count as hits; it is only
             read, never written. None: a cold cache. Either way the run writes into a fresh namespace of its own.
@@ -35,12 +36,14 @@ class ReplayConfig:
         hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
             grows ~55-95 bytes per distinct chunk per chunk size).
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
+        verify_sample: distinct chunks per chunk size whose checksum is verified when estimated requests hit
+            them with a real payload (their payloads are read, outside the timings); a failure is a miss.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
     payload: str = "real"
     measure: int | None = 2
-    measure_max_tokens: int = 512
+    measure_max_tokens: int | None = 512
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
     namespace: str | None = None
@@ -52,6 +55,7 @@ class ReplayConfig:
     layouts: tuple[str, ...] = ("kvcli",)
     hit_curve: bool = True
     ttl_refresh: bool = False
+    verify_sample: int = 64
 
     def __post_init__(self) -> None:
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
@@ -62,15 +66,27 @@ class ReplayConfig:
 
 @dataclass
 class ChunkSizeResult:
-    """Everything measured for one chunk size (tokens, bytes, seconds, counts)."""
+    """Everything measured for one chunk size (tokens, bytes, seconds, counts).
+
+    Hit tokens are the tokens requests reuse (:func:`kvcli.store.hashing.reusable_tokens`: a prompt that hits
+    entirely still computes its last token); ``hit_tokens_metadata_only`` is what the metadata alone would have
+    counted (payloads missing, truncated or failing their checksum included). ``upper_bound_tokens`` is None when
+    not computed; figures without a denominator or never measured are None (null in JSON, "–" in tables).
+    ``short_requests`` / ``short_prompt_tokens``: prompts shorter than one chunk (they can never hit).
+    ``namespace_hit_chunks``: hit chunks the read namespace (``--namespace``) supplied.
+    """
 
     chunk_size: int
     namespace: str
     requests: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
+    hit_tokens_metadata_only: int = 0
     hit_tokens_unlimited: int = 0
-    upper_bound_tokens: int = 0
+    upper_bound_tokens: int | None = 0
+    short_requests: int = 0
+    short_prompt_tokens: int = 0
+    namespace_hit_chunks: int = 0
     chunks_hit: int = 0
     objects_created: int = 0
     metadata_entries: int = 0
@@ -84,14 +100,15 @@ class ChunkSizeResult:
     redis_memory_sampled_keys: int = 0
     round_trips: int = 0
     lookups: int = 0
-    lookup_p50_seconds: float = 0.0
-    lookup_p99_seconds: float = 0.0
+    lookup_p50_seconds: float | None = 0.0
+    lookup_p99_seconds: float | None = 0.0
     evicted_chunks: int = 0
     materialized_chunks: int = 0
     checksum_failures: int = 0
     redis_retries: int = 0  # commands re-sent after a dropped connection (redis-py Retry)
     redis_errors: int = 0  # lookups/retrieves/stores that failed after retries: misses, nothing stored
     redis_timeouts: int = 0  # replies that did not come within --redis-timeout
+    checksum_verified_chunks: int = 0
     measured_requests: int = 0
     full_prefill_seconds_measured: float = 0.0
     suffix_prefill_seconds_measured: float = 0.0
@@ -110,9 +127,9 @@ class ChunkSizeResult:
     hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
 
     @property
-    def hit_token_ratio(self) -> float:
-        """hit tokens / prompt tokens."""
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    def hit_token_ratio(self) -> float | None:
+        """hit tokens / prompt tokens (None without prompt tokens)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     @property
     def saved_prefill_seconds(self) -> float:
@@ -131,18 +148,20 @@ class ChunkSizeResult:
         return self.saved_prefill_seconds - self.overhead_seconds
 
     def to_dict(self) -> dict:
-        """All fields plus the derived ratios and totals, JSON-ready."""
+        """All fields plus the derived ratios and totals, JSON-ready; None where a figure was not computed or has
+        no denominator."""
         out = dict(self.__dict__)
         out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
+        upper, prompt = self.upper_bound_tokens, self.prompt_tokens
         out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
                    overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
-                   loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
-                   upper_bound_ratio=self.upper_bound_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-                   hit_token_ratio_unlimited=(self.hit_tokens_unlimited / self.prompt_tokens
-                                              if self.prompt_tokens else 0.0),
+                   loss_to_chunking_tokens=None if upper is None else upper - self.hit_tokens_unlimited,
+                   upper_bound_ratio=upper / prompt if upper is not None and prompt else None,
+                   hit_token_ratio_unlimited=self.hit_tokens_unlimited / prompt if prompt else None,
+                   max_logit_diff=self.max_logit_diff if self.measured_requests else None,
                    metadata_bytes_per_chunk=(self.metadata_bytes_written / self.chunks_written
-                                             if self.chunks_written else 0.0),
-                   lookup_round_trips_per_lookup=self.lookup_round_trips / self.lookups if self.lookups else 0.0)
+                                             if self.chunks_written else None),
+                   lookup_round_trips_per_lookup=self.lookup_round_trips / self.lookups if self.lookups else None)
         return out
 
 

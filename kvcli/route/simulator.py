@@ -13,8 +13,9 @@ The model (what ``kvcli route`` simulates; docs/routing.md says the same for use
   Prefill is serialized per node (one at a time, FIFO: prefill is compute-bound, so two at once take as long as
   one after the other); decodes of admitted requests overlap freely (memory-bound, batched).
 * **Prefill** covers only the tokens not cached on that node at prefill start (the longest run of the request's
-  chunks from chunk 0): ``seconds = cost.predict(prompt - hit, hit)``. At prefill end the first token is out and
-  the node stores all the request's full chunks. **Decode** then takes ``(output_tokens - 1) * decode_tpot`` s.
+  chunks from chunk 0, less the last token when it covers the whole prompt: the engine computes that one,
+  :func:`kvcli.store.hashing.reusable_tokens`): ``seconds = cost.predict(prompt - hit, hit)``. At prefill end the
+  first token is out and the node stores all the request's full chunks. **Decode** then takes ``(output_tokens - 1) * decode_tpot`` s.
 * **Load** a node reports: outstanding requests (routed, not finished) and outstanding prefill tokens (tokens of
   routed requests whose prefill has not ended, counted without the tokens cached on the node when routed, then
   corrected to the true count at prefill start).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,12 +38,13 @@ import numpy as np
 from kvcli.errors import BadInputError
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.nodecache import ChunkIndex
-from kvcli.store.hashing import chunk_prompt, namespace_root
+from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
 from kvcli.store.lru import ChunkLru
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
 _PREFILL_DONE, _DECODE_DONE, _DISPATCH, _ARRIVAL = 0, 1, 2, 3
+MAX_NODES = 100_000  # each node holds its own cache object: beyond this a typo, not a cluster
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class SimConfig:
             if value is not None and not math.isfinite(value):
                 raise BadInputError(f"{option} must be a finite number, got {value}")
         capacity, chunk = self.capacity_tokens, self.chunk_size
-        checks = [("--nodes", self.nodes, self.nodes >= 1, ">= 1"),
+        checks = [("--nodes", self.nodes, 1 <= self.nodes <= MAX_NODES, f"in [1, {MAX_NODES:,}] (one cache each)"),
                   ("--chunk-size", chunk, chunk >= 1, ">= 1"),
                   ("--max-batch", self.max_batch, self.max_batch >= 1, ">= 1"),
                   ("--decode-tpot", self.decode_tpot, self.decode_tpot >= 0, ">= 0"),
@@ -282,7 +285,8 @@ class _Engine:
         node = self.policy.choose(req, view, lookup)
         assert 0 <= node < self.config.nodes, f"policy chose node {node}"
         self.node[i], self.rec["dispatch"][i] = node, t
-        est = req.prompt_tokens - self.config.chunk_size * self.cache.depth(node, req.hashes)
+        est = req.prompt_tokens - reusable_tokens(self.config.chunk_size * self.cache.depth(node, req.hashes),
+                                                  req.prompt_tokens)
         self.estimate[i] = est
         view.load_tokens[node] += est
         view.load_requests[node] += 1
@@ -297,7 +301,7 @@ class _Engine:
         req = self.requests[i]
         self.active[node] += 1
         self.prefilling[node] = True
-        hit = self.config.chunk_size * self.cache.depth(node, req.hashes)
+        hit = reusable_tokens(self.config.chunk_size * self.cache.depth(node, req.hashes), req.prompt_tokens)
         new = req.prompt_tokens - hit
         self.view.load_tokens[node] += new - self.estimate[i]
         self.estimate[i], self.hit[i], self.rec["prefill_start"][i] = new, hit, t
@@ -334,9 +338,9 @@ def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int
     hit = 0
     for i in order.tolist():
         hashes = requests[i].hashes
-        hit += cache.match(hashes)
+        hit += reusable_tokens(cache.match(hashes) * config.chunk_size, requests[i].prompt_tokens)
         cache.store(hashes)
-    return hit * config.chunk_size
+    return hit
 
 
 def kv_bytes_per_token(model: str) -> int:
@@ -354,14 +358,14 @@ def load_requests(path, fmt: str = "auto", tokenizer="cl100k_base", chunk_size: 
     progress. Raises BadInputError (also on no requests, or ``limit`` < 1)."""
     import itertools
 
-    from kvcli.model.tokenize import get_tokenizer
+    from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.traces.detect import read_trace
 
     if limit is not None and limit < 1:
         raise BadInputError(f"--limit must be >= 1, got {limit}")
-    tok = get_tokenizer(tokenizer)
-    stream = itertools.islice(read_trace(path, fmt, tok), limit)
-    requests = prepare_requests(track(stream) if track else stream, chunk_size, tok.name)
+    tok, name = lazy_tokenizer(tokenizer)
+    stream = itertools.islice(read_trace(path, fmt, tok), None if limit is None else min(limit, sys.maxsize))
+    requests = prepare_requests(track(stream) if track else stream, chunk_size, name)
     if not requests:
         raise BadInputError("the trace has no requests", path=str(path))
     return requests

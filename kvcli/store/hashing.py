@@ -85,6 +85,20 @@ class ChunkedPrompt:
         return self.digests[k]
 
 
+def reusable_tokens(hit_tokens, prompt_tokens):
+    """The one rule for a prompt whose every token is cached: the engine still computes the last token (its logits
+    start the output), so a request reuses ``min(hit_tokens, prompt_tokens - 1)`` tokens (0 for an empty prompt).
+
+    vLLM's rule (``get_computed_blocks``/LMCache's connector: "when all tokens hit, recompute the last token");
+    replay's hit tokens and timings, inspect's chunk map and route's prefill all count this way. Works on ints
+    and on numpy arrays (tokens).
+    """
+    import numpy as np
+
+    return np.maximum(np.minimum(hit_tokens, np.asarray(prompt_tokens) - 1), 0) if isinstance(
+        hit_tokens, np.ndarray) else max(0, min(int(hit_tokens), int(prompt_tokens) - 1))
+
+
 def chunk_prompt(token_ids, chunk_size: int, root: bytes) -> ChunkedPrompt:
     """Cut ``token_ids`` into ``chunk_size`` chunks and chain their hashes from ``root``.
 

@@ -275,17 +275,26 @@ def test_other_seed_changes_only_the_random_parts(redis_client):
 
 # --- options --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,tokens", [("3M", 3_000_000), ("500k", 500_000), ("250000", 250_000),
+@pytest.mark.parametrize("text,tokens", [("3M tokens", 3_000_000), ("500k tok", 500_000), ("250000", 250_000),
                                          ("40GB", 40 * 10**9 // 131072), ("64GiB", 64 * 2**30 // 131072),
                                          ("unlimited", None)])
 def test_parse_capacity(text, tokens):
     assert parse_capacity(text, 131072) == tokens
 
 
-@pytest.mark.parametrize("bad", ["3X", "GB", "-1", "1.5.2k"])
+@pytest.mark.parametrize("bad", ["3X", "GB", "-1", "1.5.2k", "1e400", "1e400GB"])
 def test_parse_capacity_rejects(bad):
     with pytest.raises(BadInputError, match="capacity"):
         parse_capacity(bad, 1)
+
+
+def test_parse_capacity_refuses_a_suffix_without_a_unit():
+    """``64G`` could be 64e9 tokens or 64 GB: refused, naming both spellings (issue 9)."""
+    with pytest.raises(BadInputError) as err:
+        parse_capacity("64G", 131072)
+    assert str(err.value) == ("capacity '64G' is ambiguous: write '64G tokens', or bytes as '64GB' (decimal) or "
+                              "'64GiB' (binary)")
+    assert parse_capacity("64G tokens", 131072) == 64 * 10**9 and parse_capacity("64GB", 131072) == 488_281
 
 
 def test_delay_spec():
@@ -419,11 +428,11 @@ FAST = ("-p", "round-robin", "--chunk-size", CS, "--prefill-tps", TPS)
     ("seed=x", "--sweep seed=x: expected an integer"),
     ("cache-threshold=x", "--sweep cache-threshold=x: expected a number"),
     ("max-batch=2.5", "--sweep max-batch=2.5: expected an integer"),
-    ("nodes=2,0", "--sweep nodes=0: --nodes must be >= 1, got 0"),
+    ("nodes=2,0", "--sweep nodes=0: --nodes must be in [1, 100,000] (one cache each), got 0"),
     ("w=1,-1", "--sweep w=-1: --w must be >= 0, got -1"),
     ("abs-threshold=nan", "--sweep abs-threshold=nan: --abs-threshold must be a finite number, got nan"),
     ("cache-threshold=0.5,2", "--sweep cache-threshold=2: --cache-threshold must be in [0, 1], got 2"),
-    ("node-capacity=3X", ("--sweep node-capacity=3X: bad capacity '3x'; use tokens (3M, 500k, 250000), bytes "
+    ("node-capacity=3X", ("--sweep node-capacity=3X: bad capacity '3x'; use tokens (3M tokens, 500k tok, 250000), bytes "
                           "(40GB, 64GiB) or 'unlimited'")),
     ("lookup-timeout=0", "--sweep lookup-timeout=0: --lookup-timeout must be > 0 seconds, got 0"),
     ("w=", ("bad --sweep 'w='; use PARAM=v1,v2,... with PARAM one of nodes, node-capacity, max-batch, "
@@ -466,7 +475,7 @@ def test_limit_keeps_the_first_requests(serial_trace):
     ("--lookup-delay", "1e999ms", "bad duration '1e999ms': not a finite number"),
     ("--node-capacity", "1e999", "bad capacity '1e999': not a finite number"),
     ("--w", "-1", "--w must be >= 0, got -1"),
-    ("--nodes", "0", "--nodes must be >= 1, got 0"),
+    ("--nodes", "0", "--nodes must be in [1, 100,000] (one cache each), got 0"),
     ("--node-capacity", "0", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 0"),
     ("--node-capacity", "3", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 3"),
     ("--decode-tpot", "-0.5", "--decode-tpot must be >= 0, got -0.5"),
