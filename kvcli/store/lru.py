@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 
 
 class ChunkLru:
@@ -50,16 +51,19 @@ class ChunkLru:
             never kept).
         """
         order, new = self._order, []
+        move_to_end, add = order.move_to_end, new.append
         for h in reversed(hashes):
             if h in order:
-                order.move_to_end(h)
+                move_to_end(h)
             else:
                 order[h] = None
-                new.append(h)
-        evicted = []
-        if self.capacity is not None:
-            while len(order) > self.capacity:
-                evicted.append(order.popitem(last=False)[0])
+                add(h)
+        excess = 0 if self.capacity is None else len(order) - self.capacity
+        if excess <= 0:
+            return new, []
+        evicted = list(islice(order, excess))  # the least recent, oldest first
+        for h in evicted:
+            del order[h]
         return new, evicted
 
     def discard(self, chunk_hash: bytes) -> None:
