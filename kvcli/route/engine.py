@@ -66,7 +66,7 @@ class EventLoop:
         nodes = len(view.load_tokens)
         self.requests, self.arrivals, self.decode_seconds = requests, arrivals, decode_seconds
         self.prompt = [r.prompt_tokens for r in requests]
-        self.hashes = [r.hashes for r in requests]
+        self.chunk_ids = [r.chunk_ids for r in requests]
         self.policy, self.view, self.chunk_size = policy, view, view.chunk_size
         self.max_batch, self.prefill_seconds = max_batch, prefill_seconds
         self.caches = [ChunkLru(capacity_chunks) for _ in range(nodes)]
@@ -110,7 +110,7 @@ class EventLoop:
         node = self.policy.choose(self.requests[i], view, lookup)
         assert 0 <= node < len(self.queues), f"policy chose node {node}"
         self.out.node[i], self.out.dispatch[i] = node, t
-        estimate = self.prompt[i] - self.chunk_size * self.caches[node].match(self.hashes[i])
+        estimate = self.prompt[i] - self.chunk_size * self.caches[node].match(self.chunk_ids[i])
         self.estimate[i] = estimate
         view.load_tokens[node] += estimate
         loads = view.load_requests
@@ -132,7 +132,7 @@ class EventLoop:
         i = queue.popleft()
         self.active[node] += 1
         self.prefilling[node] = True
-        hit = self.chunk_size * self.caches[node].match(self.hashes[i])
+        hit = self.chunk_size * self.caches[node].match(self.chunk_ids[i])
         new = self.prompt[i] - hit
         self.view.load_tokens[node] += new - self.estimate[i]
         self.estimate[i] = new
@@ -140,7 +140,7 @@ class EventLoop:
         self.push(t + self.prefill_seconds(new, hit), PREFILL_DONE, i, node)
 
     def prefill_done(self, t: float, i: int, node: int) -> None:
-        new, evicted = self.caches[node].store(self.hashes[i])
+        new, evicted = self.caches[node].store(self.chunk_ids[i])
         if new or evicted:
             self.out.evictions += len(evicted)
             self.policy.on_cache_change(node, new, evicted)

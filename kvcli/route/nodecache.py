@@ -1,6 +1,6 @@
 """The serving nodes' KV caches in the routing simulation: one :class:`kvcli.store.lru.ChunkLru` per node (the one
-LRU over chunks, shared with the replay's capacity limit), chunk hashes in LRU order, at most
-``capacity_tokens // chunk_size`` chunks each. The simulator keeps one for the nodes themselves; the router-side
+LRU over chunks, shared with the replay's capacity limit), chunk ids (:attr:`SimRequest.chunk_ids`) in LRU order, at
+most ``capacity_tokens // chunk_size`` chunks each. The simulator keeps one for the nodes themselves; the router-side
 policies (``prefix``, ``cache-aware``, ``cost``) keep their own copy, fed by their own decisions.
 
 Complexity (per request of ``c`` chunks, ``N`` nodes, ``k`` leading chunks held): ``depth`` O(k + 1) dict lookups;
@@ -20,14 +20,14 @@ class ChunkIndex:
     def __init__(self, nodes: int, capacity_chunks: int | None) -> None:
         self.caches = [ChunkLru(capacity_chunks) for _ in range(nodes)]
 
-    def depth(self, node: int, hashes) -> int:
-        """Leading chunks of ``hashes`` cached on ``node``."""
-        return self.caches[node].match(hashes)
+    def depth(self, node: int, chunk_ids) -> int:
+        """Leading chunks of ``chunk_ids`` (a request's, in prompt order) cached on ``node``."""
+        return self.caches[node].match(chunk_ids)
 
-    def depths(self, hashes) -> list[int]:
-        """Leading chunks of ``hashes`` cached on each node, ``[nodes]``."""
-        return [cache.match(hashes) for cache in self.caches]
+    def depths(self, chunk_ids) -> list[int]:
+        """Leading chunks of ``chunk_ids`` cached on each node, ``[nodes]``."""
+        return [cache.match(chunk_ids) for cache in self.caches]
 
-    def store(self, node: int, hashes) -> tuple[list[bytes], list[bytes]]:
-        """:meth:`ChunkLru.store` on ``node``. Returns (new, evicted)."""
-        return self.caches[node].store(hashes)
+    def store(self, node: int, chunk_ids) -> tuple[list, list]:
+        """:meth:`ChunkLru.store` on ``node``. Returns (new, evicted) chunk ids."""
+        return self.caches[node].store(chunk_ids)

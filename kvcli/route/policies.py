@@ -6,7 +6,8 @@ Interface (:class:`Policy`; the simulator in :mod:`kvcli.route` calls it):
   :class:`~kvcli.route.Lookup` (the router then waits ``wait_s`` simulated seconds); it may do real I/O.
 * ``choose(request, view, lookup) -> node`` at dispatch; ``view`` (:class:`~kvcli.route.ClusterView`) gives each
   node's outstanding requests and prefill tokens. May mutate the policy's own state (counters, router index).
-* ``on_cache_change(node, stored, evicted)`` after a node's prefill changed its cache (the cache manager's feed).
+* ``on_cache_change(node, stored, evicted)`` after a node's prefill changed its cache (the cache manager's feed;
+  chunk ids, :attr:`~kvcli.route.simulator.SimRequest.chunk_ids`).
 * ``close()`` at the end (drops the cache manager's keys).
 
 Load measures and ties: "least loaded" means fewest outstanding prefill tokens, then fewest outstanding requests,
@@ -134,9 +135,9 @@ class _RouterIndexed(Policy):
         self.index = ChunkIndex(config.nodes, config.capacity_chunks)
 
     def choose(self, request, view, lookup) -> int:
-        hashes = request.hashes
-        node = self.pick(request, view, self.index.depths(hashes))
-        self.index.store(node, hashes)
+        chunk_ids = request.chunk_ids
+        node = self.pick(request, view, self.index.depths(chunk_ids))
+        self.index.store(node, chunk_ids)
         return node
 
     def pick(self, request: SimRequest, view: ClusterView, depths: list[int]) -> int:
@@ -207,10 +208,12 @@ class CacheManager(Policy):
         self.config = config
         self.index = CacheManagerIndex(redis_client, config.nodes)
         self.rng = np.random.default_rng([config.seed, STREAM_LOOKUP])
+        self.hashes: dict[int, bytes] = {}
 
     def lookup(self, request) -> Lookup:
         c = self.config
         injected = c.lookup_delay.sample(self.rng)
+        self.hashes.update(zip(request.chunk_ids, request.hashes))
         depths, measured = self.index.query(request.hashes)
         wait = injected + (measured if c.count_measured_latency else 0.0)
         if c.lookup_timeout is not None and wait > c.lookup_timeout:
@@ -223,7 +226,8 @@ class CacheManager(Policy):
         return least_loaded(view, best_matches(lookup.depths)[1])
 
     def on_cache_change(self, node, stored, evicted) -> None:
-        self.index.publish(node, stored, evicted)
+        hashes = self.hashes
+        self.index.publish(node, [hashes[c] for c in stored], [hashes[c] for c in evicted])
 
     def stats(self) -> dict:
         """Round trips to the manager: ``query_round_trips`` (lookups) and ``index_writes`` (node updates)."""

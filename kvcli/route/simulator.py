@@ -20,11 +20,13 @@ The model (what ``kvcli route`` simulates; docs/routing.md says the same for use
   corrected to the true count at prefill start).
 * At one instant, prefill ends come first, then decode ends, then dispatches, then arrivals (each in order).
 
-Simulated time only: nothing sleeps, so 10,000 requests take seconds. Per request the work is per chunk (LRU and
-bitmask updates), never per token.
+Simulated time only: nothing sleeps. Per request the work is per chunk (LRU updates on int chunk ids), never per
+token; the event loop is :mod:`kvcli.route.engine` (over 100,000 requests/s for the in-process policies,
+docs/measurements.md).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -118,33 +120,52 @@ class SimRequest:
 
     Attributes:
         id: the trace's id. hashes: 16-byte chunk hashes, one per full chunk, chained from the salt's root.
+        chunk_ids: ``hashes`` numbered 0, 1, ... in order of first appearance in the trace (equal hashes, equal
+            ids): what the simulated caches hold, since small ints hash and compare faster than 16-byte digests.
         prompt_tokens: prompt length (tokens). output_length: tokens generated, or None (config default).
         timestamp: arrival in seconds, or None. cache_salt: tenant.
+        numbering: which :func:`prepare_requests` call numbered ``chunk_ids``: requests simulated together must
+            share it, or one id could stand for two chunks (:func:`simulate` checks).
     """
 
     id: str
     hashes: tuple[bytes, ...]
+    chunk_ids: tuple[int, ...]
     prompt_tokens: int
     output_length: int | None
     timestamp: float | None
     cache_salt: str = ""
+    numbering: int = 0
+
+
+_numberings = itertools.count(1)
 
 
 def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> list[SimRequest]:
-    """Hash every request of ``trace`` (kvcli.traces.Request objects) once; the token arrays are not kept.
+    """Hash every request of ``trace`` (kvcli.traces.Request objects) once, and number the distinct hashes (one
+    numbering per call, see :class:`SimRequest`); the token arrays are not kept.
 
     The namespace root is ``namespace_root("kvcli-route", tokenizer, cache_salt)``: only the salt varies inside
     one run, and it is what keeps tenants apart.
     """
     roots: dict[str, bytes] = {}
-    seen: dict[bytes, bytes] = {}  # one object per distinct hash: the caches' lookups then match by identity
-    out = []
+    ids: dict[bytes, int] = {}
+    numbering, out = next(_numberings), []
     for r in trace:
         root = roots.get(r.cache_salt) or roots.setdefault(r.cache_salt, namespace_root(
             "kvcli-route", tokenizer, r.cache_salt))
-        hashes = tuple([seen.setdefault(h, h) for h in chunk_prompt(r.token_ids, chunk_size, root).hashes])
-        out.append(SimRequest(r.id, hashes, int(len(r.token_ids)), r.output_length, r.timestamp, r.cache_salt))
+        hashes = tuple(chunk_prompt(r.token_ids, chunk_size, root).hashes)
+        chunk_ids = tuple([ids.setdefault(h, len(ids)) for h in hashes])
+        out.append(SimRequest(r.id, hashes, chunk_ids, int(len(r.token_ids)), r.output_length, r.timestamp,
+                              r.cache_salt, numbering))
     return out
+
+
+def check_numbering(requests: list[SimRequest]) -> None:
+    """ValueError unless all ``requests`` come from one :func:`prepare_requests` call (one chunk numbering)."""
+    if len({r.numbering for r in requests}) > 1:
+        raise ValueError("requests from two prepare_requests calls cannot be simulated together: their chunk ids "
+                         "are numbered apart; prepare them in one call")
 
 
 def arrival_times(requests: list[SimRequest], rate: float | None, seed: int) -> np.ndarray:
@@ -220,13 +241,14 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
     """Run ``requests`` through ``policy`` on ``config.nodes`` nodes in simulated time.
 
     Args:
-        requests: from :func:`prepare_requests` (hashed with ``config.chunk_size``).
+        requests: from one :func:`prepare_requests` call (hashed with ``config.chunk_size``).
         policy: a :class:`kvcli.policies.Policy` (fresh: policies keep state).
         cost: a :class:`kvcli.costcurve.CostCurve` (its scalar ``seconds(new_tokens, cached_tokens)``).
 
     Raises:
-        BadInputError: as :func:`arrival_times`.
+        BadInputError: as :func:`arrival_times`. ValueError: as :func:`check_numbering`.
     """
+    check_numbering(requests)
     arrival = arrival_times(requests, config.rate, config.seed)
     order = np.argsort(arrival, kind="stable")
     tpot, default = config.decode_tpot, config.default_output_tokens
@@ -246,14 +268,15 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
 def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int:
     """Hit tokens of one node holding the whole cluster's capacity (``nodes x capacity``), serving every request
     in arrival order with no overlap: the ceiling no routing policy can beat with the same total cache."""
+    check_numbering(requests)
     capacity = None if config.capacity_chunks is None else config.capacity_chunks * config.nodes
     cache = ChunkLru(capacity)
     order = np.argsort(arrival_times(requests, config.rate, config.seed), kind="stable")
     hit = 0
     for i in order.tolist():
-        hashes = requests[i].hashes
-        hit += cache.match(hashes)
-        cache.store(hashes)
+        chunk_ids = requests[i].chunk_ids
+        hit += cache.match(chunk_ids)
+        cache.store(chunk_ids)
     return hit * config.chunk_size
 
 

@@ -1,5 +1,7 @@
 """The one LRU over chunks, used by the replay's capacity limit, the routing simulation's node caches and the
 capacity curve: chunk hashes in recency order, at most ``capacity`` chunks (None: unlimited). No KV data is held.
+A chunk is named by its hash (bytes) or by any other hashable that stands for it one-to-one (the routing
+simulation uses small int ids, which hash and compare faster).
 
 Order rule (the prefix must outlive its extensions): after a request, its chunks are ordered most recent = chunk 0
 ... least recent = its last chunk. :meth:`ChunkLru.store` touches a request's chunks last-to-first, so eviction
@@ -17,7 +19,8 @@ from itertools import islice
 
 
 class ChunkLru:
-    """Chunk hashes (bytes) in LRU order, at most ``capacity`` chunks (None: unlimited). Not thread-safe."""
+    """Chunk hashes (bytes, or ids: see the module docstring) in LRU order, at most ``capacity`` chunks (None:
+    unlimited). Not thread-safe."""
 
     __slots__ = ("capacity", "_order")
 
