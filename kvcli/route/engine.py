@@ -115,14 +115,10 @@ class EventLoop:
         view.load_tokens[node] += estimate
         loads = view.load_requests
         loads[node] += 1
-        self.note_imbalance(loads)
+        if max(loads) - min(loads) > self.out.peak_imbalance:
+            self.out.peak_imbalance = max(loads) - min(loads)
         self.queues[node].append(i)
         self.start_prefill(t, node)
-
-    def note_imbalance(self, loads: list[int]) -> None:
-        spread = max(loads) - min(loads)
-        if spread > self.out.peak_imbalance:
-            self.out.peak_imbalance = spread
 
     def start_prefill(self, t: float, node: int) -> None:
         """Start the next queued prefill on ``node`` if it is not prefilling and has a free batch slot."""
@@ -154,6 +150,7 @@ class EventLoop:
         self.active[node] -= 1
         loads = self.view.load_requests
         loads[node] -= 1
-        self.note_imbalance(loads)
+        if max(loads) - min(loads) > self.out.peak_imbalance:
+            self.out.peak_imbalance = max(loads) - min(loads)
         self.out.finish[i] = t
         self.start_prefill(t, node)

@@ -37,7 +37,7 @@ def least_loaded(view: ClusterView, nodes: list[int] | None = None) -> int:
     tokens, reqs = view.load_tokens, view.load_requests
     if nodes is None:
         return min(zip(tokens, reqs, range(len(tokens))))[2]
-    return nodes[0] if len(nodes) == 1 else min((tokens[k], reqs[k], k) for k in nodes)[2]
+    return nodes[0] if len(nodes) == 1 else min([(tokens[k], reqs[k], k) for k in nodes])[2]
 
 
 def fewest_requests(view: ClusterView, nodes: list[int] | None = None) -> int:
@@ -45,7 +45,7 @@ def fewest_requests(view: ClusterView, nodes: list[int] | None = None) -> int:
     tokens, reqs = view.load_tokens, view.load_requests
     if nodes is None:
         return min(zip(reqs, tokens, range(len(reqs))))[2]
-    return nodes[0] if len(nodes) == 1 else min((reqs[k], tokens[k], k) for k in nodes)[2]
+    return nodes[0] if len(nodes) == 1 else min([(reqs[k], tokens[k], k) for k in nodes])[2]
 
 
 def best_matches(depths: list[int]) -> tuple[int, list[int]]:
