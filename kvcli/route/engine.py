@@ -12,6 +12,7 @@ turned into numpy arrays once at the end (:class:`Records`).
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -46,9 +47,11 @@ class Records:
 
     @classmethod
     def empty(cls, count: int) -> Records:
-        zeros = [0.0] * count
-        return cls([-1] * count, [0] * count, zeros[:], zeros[:], zeros[:], zeros[:], zeros[:], zeros,
-                   [False] * count, [False] * count)
+        """Records of ``count`` requests, none routed yet (node -1, times and delays 0)."""
+        times = {name: [0.0] * count for name in ("dispatch", "prefill_start", "first_token", "finish",
+                                                  "injected", "measured")}
+        return cls(node=[-1] * count, hit_tokens=[0] * count, looked_up=[False] * count,
+                   timed_out=[False] * count, **times)
 
 
 class EventLoop:
@@ -76,6 +79,7 @@ class EventLoop:
         self.out = Records.empty(len(requests))
         self.heap: list[tuple] = []
         self.seq = 0
+        self.handlers = (self.prefill_done, self.decode_done, self.dispatch)  # indexed by event kind
 
     def push(self, t: float, kind: int, i: int, payload) -> None:
         self.seq += 1
@@ -83,17 +87,18 @@ class EventLoop:
 
     def run(self) -> Records:
         """Run every request to its last token; returns the records (the loop is spent)."""
-        heap, pop = self.heap, heapq.heappop
-        handlers = (self.prefill_done, self.decode_done, self.dispatch)
         for t, i in self.arrivals:
-            while heap and heap[0][0] <= t:
-                when, kind, _, j, payload = pop(heap)
-                handlers[kind](when, j, payload)
+            self.run_until(t)
             self.arrive(t, i)
-        while heap:
-            when, kind, _, j, payload = pop(heap)
-            handlers[kind](when, j, payload)
+        self.run_until(math.inf)
         return self.out
+
+    def run_until(self, t: float) -> None:
+        """Run the heap's events at or before ``t``, in order (with those they schedule in that span)."""
+        heap, pop, handlers = self.heap, heapq.heappop, self.handlers
+        while heap and heap[0][0] <= t:
+            when, kind, _, i, payload = pop(heap)
+            handlers[kind](when, i, payload)
 
     def arrive(self, t: float, i: int) -> None:
         lookup = self.policy.lookup(self.requests[i])
