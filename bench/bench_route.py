@@ -51,32 +51,36 @@ def heap_floor(arrival: list[float]) -> None:
         heapq.heappop(heap)
 
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def timed(fn) -> tuple[object, dict[str, float]]:
+    """``(fn(), {clock: seconds it took})`` on each of :data:`CLOCKS`."""
+    start = {name: clock() for name, clock in CLOCKS.items()}
+    result = fn()
+    return result, {name: clock() - start[name] for name, clock in CLOCKS.items()}
+
+
 def worker(args) -> dict:
-    """Time this process's kvcli (whatever ``PYTHONPATH`` puts first); returns seconds per run, per policy."""
+    """Time this process's kvcli (whatever ``PYTHONPATH`` puts first): per policy (and the floor), one
+    ``{clock: seconds}`` per run."""
     from kvcli.model.costcurve import CostCurve
     from kvcli.route.policies import make_policy
     from kvcli.route.simulator import SimConfig, load_requests, simulate
+    from kvcli.store.server import open_redis
 
-    start = time.perf_counter()
-    requests = load_requests(args.trace, chunk_size=512)
-    load_s = time.perf_counter() - start
+    requests, load = timed(lambda: load_requests(args.trace, chunk_size=512))
     config = SimConfig(nodes=args.nodes, capacity_tokens=args.capacity, chunk_size=512)
     cost = CostCurve.from_tokens_per_second(10_000)
     arrival = sorted(r.timestamp or 0.0 for r in requests)
-    out = {"requests": len(requests), "chunks": sum(len(r.hashes) for r in requests), "load_s": load_s,
+    out = {"requests": len(requests), "chunks": sum(len(r.hashes) for r in requests), "load": load,
            "floor": [], "policies": {p: [] for p in args.policies}}
-    from kvcli.store.server import open_redis
-
     with open_redis() if "cache-manager" in args.policies else nullcontext((None, None)) as (client, _):
         for _ in range(args.repeats):
-            start = time.perf_counter()
-            heap_floor(arrival)
-            out["floor"].append(time.perf_counter() - start)
+            out["floor"].append(timed(lambda: heap_floor(arrival))[1])
             for name in args.policies:
                 policy = make_policy(name, config, client)
-                start = time.perf_counter()
-                simulate(requests, policy, config, cost)
-                out["policies"][name].append(time.perf_counter() - start)
+                out["policies"][name].append(timed(lambda: simulate(requests, policy, config, cost))[1])
                 policy.close()
     return out
 
@@ -92,6 +96,7 @@ def checkout(rev: str, into: str) -> str:
 
 
 def measure(tree: str, args) -> dict:
+    """One worker process on the ``kvcli`` package under ``tree``."""
     cmd = [sys.executable, __file__, args.trace, "--worker", "--nodes", str(args.nodes), "--capacity",
            str(args.capacity), "--repeats", str(args.repeats), "--policies", ",".join(args.policies)]
     env = {**os.environ, "PYTHONPATH": tree}
@@ -100,38 +105,41 @@ def measure(tree: str, args) -> dict:
 
 
 def merge(results: list[dict]) -> dict:
+    """The runs of several worker processes of one side, pooled (load: the fastest process's)."""
     out = {**results[0], "floor": [], "policies": {p: [] for p in results[0]["policies"]}}
     for r in results:
         out["floor"] += r["floor"]
-        out["load_s"] = min(out["load_s"], r["load_s"])
-        for p, times in r["policies"].items():
-            out["policies"][p] += times
+        out["load"] = min(out["load"], r["load"], key=lambda t: t["wall"])
+        for p, runs in r["policies"].items():
+            out["policies"][p] += runs
     return out
 
 
 def report(sides: dict[str, dict], args) -> None:
+    """One table per clock: requests/s min and median per side, after/before ratios, after's time / floor's."""
     first = next(iter(sides.values()))
-    n = first["requests"]
+    n, names = first["requests"], list(sides)
     print(f"{Path(args.trace).name}: {n:,} requests, {first['chunks']:,} chunks; {args.nodes} nodes, "
           f"{args.capacity:,}-token caches; {args.rounds} processes x {args.repeats} repeats per side")
     for side, r in sides.items():
-        floor = min(r["floor"])
-        print(f"{side}: read + hash {r['load_s']:.2f} s ({n / r['load_s']:,.0f} requests/s, best process); "
-              f"heap floor {n / floor:,.0f} requests/s (min)")
-    names = list(sides)
-    head = "".join(f"{s + ' min':>16}{s + ' median':>18}{'x floor':>9}" for s in names)
-    ratio_head = f"{'ratio min':>11}{'ratio median':>14}" if len(names) == 2 else ""
-    print(f"{'policy':<15}{head}{ratio_head}   (requests/s)")
-    for p in first["policies"]:
-        row, speeds = f"{p:<15}", []
-        for side in names:
-            times, floor = sides[side]["policies"][p], min(sides[side]["floor"])
-            best, median = min(times), statistics.median(times)
-            speeds.append((n / best, n / median))
-            row += f"{n / best:>16,.0f}{n / median:>18,.0f}{best / floor:>9.1f}"
-        if len(speeds) == 2:
-            row += f"{speeds[1][0] / speeds[0][0]:>11.2f}{speeds[1][1] / speeds[0][1]:>14.2f}"
-        print(row)
+        floor = min(run["wall"] for run in r["floor"])
+        print(f"{side}: read + hash {r['load']['wall']:.2f} s ({n / r['load']['wall']:,.0f} requests/s, fastest "
+              f"process); heap floor {n / floor:,.0f} requests/s (wall, min)")
+    for clock, what in (("wall", "wall clock"), ("cpu", "CPU time of the process (discounts time the machine "
+                                                         "gave to other jobs)")):
+        head = "".join(f"{s + ' min':>14}{s + ' median':>16}" for s in names)
+        ratio = f"{'ratio min':>11}{'ratio median':>14}" if len(names) == 2 else ""
+        print(f"\nrequests/s, {what}\n{'policy':<15}{head}{ratio}{'x floor':>9}")
+        for p in first["policies"]:
+            row, speeds = f"{p:<15}", []
+            for side in names:
+                times = [run[clock] for run in sides[side]["policies"][p]]
+                speeds.append((n / min(times), n / statistics.median(times)))
+                row += f"{speeds[-1][0]:>14,.0f}{speeds[-1][1]:>16,.0f}"
+            if len(speeds) == 2:
+                row += f"{speeds[1][0] / speeds[0][0]:>11.2f}{speeds[1][1] / speeds[0][1]:>14.2f}"
+            floor = min(run[clock] for run in sides[names[-1]]["floor"])
+            print(f"{row}{n / speeds[-1][0] / floor:>9.1f}")
 
 
 def main() -> None:

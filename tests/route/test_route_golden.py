@@ -41,6 +41,24 @@ CASES: dict[str, tuple] = {
 }
 
 
+# A fitted-looking cost curve (overhead, per-token and attention terms all non-zero), through the library: the CLI
+# measures its curve anew each run, so it cannot pin one.
+FITTED = {"a": 0.0123456789, "b": 3.3333e-5, "d": 1.7e-9}
+FITTED_POINTS = [{"nodes": 3, "capacity_tokens": c, "chunk_size": 512, "rate": r}
+                 for c in (400_000, None) for r in (None, 3.0)]
+
+
+def run_fitted() -> list[dict]:
+    """``run_routes`` of the in-process policies on the Mooncake sample with the :data:`FITTED` curve, as JSON."""
+    from kvcli.model.costcurve import CostCurve
+    from kvcli.route.report import run_routes
+    from kvcli.route.simulator import SimConfig, load_requests
+
+    requests = load_requests(TRACES / MOONCAKE[0], chunk_size=512)
+    points = [({}, SimConfig(**p)) for p in FITTED_POINTS]
+    return json.loads(json.dumps(run_routes(requests, IN_PROCESS.split(","), points, CostCurve(**FITTED))))
+
+
 def run_case(args: tuple, redis_url: str | None) -> dict:
     """The ``kvcli route --json`` report of ``args`` (trace name first), without its wall-clock figures."""
     from kvcli.cli.route import route
@@ -66,6 +84,12 @@ def test_route_report_equals_the_golden_one(case, redis_url):
     assert run_case(CASES[case], redis_url) == golden["cases"][case]["report"]
 
 
+def test_fitted_cost_curve_runs_equal_the_golden_ones():
+    golden = json.loads(GOLDEN.read_text())["fitted"]
+    assert golden["curve"] == FITTED and golden["points"] == FITTED_POINTS
+    assert run_fitted() == golden["runs"]
+
+
 def write_golden() -> None:
     """Compute every case (on a private embedded server) and write the golden file."""
     from kvcli.store.server import embedded_server
@@ -73,7 +97,8 @@ def write_golden() -> None:
     with embedded_server() as url:
         cases = {name: {"args": [str(a) for a in args], "report": run_case(args, url)} for name, args in CASES.items()}
     GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps({"cases": cases}, indent=1) + "\n")
+    fitted = {"curve": FITTED, "points": FITTED_POINTS, "runs": run_fitted()}
+    GOLDEN.write_text(json.dumps({"cases": cases, "fitted": fitted}, indent=1) + "\n")
     print(f"wrote {GOLDEN} ({len(cases)} cases, {sum(len(c['report']['runs']) for c in cases.values())} runs)")
 
 
