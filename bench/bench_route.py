@@ -2,12 +2,13 @@
 
 Usage::
 
-    python bench/bench_route.py [TRACE] [--ref REV] [--nodes N] [--capacity TOKENS] [--rounds K] [--repeats R]
-                                [--policies round-robin,prefix,...]
+    python bench/bench_route.py [TRACE] [--ref REV] [--nodes N] [--capacity TOKENS] [--chunk-size C] [--limit L]
+                                [--rounds K] [--repeats R] [--policies round-robin,prefix,...]
 
 TRACE defaults to the 1,000-request Mooncake sample in sample_traces/ (``/work/shared/traces/mooncake/
 conversation_trace.first7500.jsonl`` is a 7,500-request cut). Each policy simulates the trace on ``N`` nodes with
-``TOKENS``-token caches, prefill at 10,000 tokens/s, chunk size 512. The cache-manager row includes its real Redis
+``TOKENS``-token caches (default 3M), prefill at 10,000 tokens/s, chunk size ``C`` (default 512), on the first ``L``
+requests (default all). The cache-manager row includes its real Redis
 round trips (embedded server); it is left out unless named in ``--policies``.
 
 Every measurement runs in a fresh process (``--worker``) that reads and hashes the trace (timed apart: the
@@ -69,8 +70,8 @@ def worker(args) -> dict:
     from kvcli.route.simulator import SimConfig, load_requests, simulate
     from kvcli.store.server import open_redis
 
-    requests, load = timed(lambda: load_requests(args.trace, chunk_size=512))
-    config = SimConfig(nodes=args.nodes, capacity_tokens=args.capacity, chunk_size=512)
+    requests, load = timed(lambda: load_requests(args.trace, chunk_size=args.chunk_size, limit=args.limit))
+    config = SimConfig(nodes=args.nodes, capacity_tokens=args.capacity, chunk_size=args.chunk_size)
     cost = CostCurve.from_tokens_per_second(10_000)
     arrival = sorted(r.timestamp or 0.0 for r in requests)
     out = {"requests": len(requests), "chunks": sum(len(r.hashes) for r in requests), "load": load,
@@ -98,7 +99,8 @@ def checkout(rev: str, into: str) -> str:
 def measure(tree: str, args) -> dict:
     """One worker process on the ``kvcli`` package under ``tree``."""
     cmd = [sys.executable, __file__, args.trace, "--worker", "--nodes", str(args.nodes), "--capacity",
-           str(args.capacity), "--repeats", str(args.repeats), "--policies", ",".join(args.policies)]
+           str(args.capacity), "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats), "--policies",
+           ",".join(args.policies)] + (["--limit", str(args.limit)] if args.limit else [])
     env = {**os.environ, "PYTHONPATH": tree}
     done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, cwd=tree)
     return json.loads(done.stdout)
@@ -119,7 +121,7 @@ def report(sides: dict[str, dict], args) -> None:
     """One table per clock: requests/s min and median per side, after/before ratios, after's time / floor's."""
     first = next(iter(sides.values()))
     n, names = first["requests"], list(sides)
-    print(f"{Path(args.trace).name}: {n:,} requests, {first['chunks']:,} chunks; {args.nodes} nodes, "
+    print(f"{Path(args.trace).name}: {n:,} requests, {first['chunks']:,} chunks of {args.chunk_size}; {args.nodes} nodes, "
           f"{args.capacity:,}-token caches; {args.rounds} processes x {args.repeats} repeats per side")
     for side, r in sides.items():
         floor = min(run["wall"] for run in r["floor"])
@@ -164,6 +166,8 @@ def parse_args():
     ap.add_argument("--ref", help="git revision to compare against (its kvcli/ package)")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--capacity", type=int, default=3_000_000, help="tokens per node cache")
+    ap.add_argument("--chunk-size", type=int, default=512)
+    ap.add_argument("--limit", type=int, help="only the first L requests")
     ap.add_argument("--rounds", type=int, default=3, help="processes per side")
     ap.add_argument("--repeats", type=int, default=5, help="runs of each policy per process")
     ap.add_argument("--policies", type=lambda s: s.split(","), default=list(IN_PROCESS))

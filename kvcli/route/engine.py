@@ -21,7 +21,7 @@ from kvcli.store.lru import ChunkLru
 PREFILL_DONE, DECODE_DONE, DISPATCH = 0, 1, 2
 
 
-@dataclass
+@dataclass(slots=True)
 class Records:
     """What happened to each request (lists ``[requests]``, simulated seconds) and two cluster-wide counts.
 

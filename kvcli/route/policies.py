@@ -208,12 +208,12 @@ class CacheManager(Policy):
         self.config = config
         self.index = CacheManagerIndex(redis_client, config.nodes)
         self.rng = np.random.default_rng([config.seed, STREAM_LOOKUP])
-        self.hashes: dict[int, bytes] = {}
+        self.hash_of: list[bytes] = []  # chunk id -> hash (ChunkNumbering.hashes)
 
     def lookup(self, request) -> Lookup:
         c = self.config
         injected = c.lookup_delay.sample(self.rng)
-        self.hashes.update(zip(request.chunk_ids, request.hashes))
+        self.hash_of = request.numbering.hashes  # the same for every request of a simulation
         depths, measured = self.index.query(request.hashes)
         wait = injected + (measured if c.count_measured_latency else 0.0)
         if c.lookup_timeout is not None and wait > c.lookup_timeout:
@@ -226,8 +226,8 @@ class CacheManager(Policy):
         return least_loaded(view, best_matches(lookup.depths)[1])
 
     def on_cache_change(self, node, stored, evicted) -> None:
-        hashes = self.hashes
-        self.index.publish(node, [hashes[c] for c in stored], [hashes[c] for c in evicted])
+        hash_of = self.hash_of
+        self.index.publish(node, [hash_of[c] for c in stored], [hash_of[c] for c in evicted])
 
     def stats(self) -> dict:
         """Round trips to the manager: ``query_round_trips`` (lookups) and ``index_writes`` (node updates)."""

@@ -26,7 +26,6 @@ docs/measurements.md).
 """
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.route.cachemanager import DelaySpec
+from kvcli.route.chunkids import ChunkNumbering
 from kvcli.route.engine import EventLoop
 from kvcli.store.hashing import chunk_prompt, namespace_root
 from kvcli.store.lru import ChunkLru
@@ -116,54 +116,53 @@ class SimConfig:
 
 @dataclass(frozen=True, slots=True)
 class SimRequest:
-    """A request as the simulator sees it: hashes instead of tokens (a few bytes per chunk, not per token).
+    """A request as the simulator sees it: chunk ids instead of tokens (one int per chunk, not per token).
 
     Attributes:
-        id: the trace's id. hashes: 16-byte chunk hashes, one per full chunk, chained from the salt's root.
-        chunk_ids: ``hashes`` numbered 0, 1, ... in order of first appearance in the trace (equal hashes, equal
-            ids): what the simulated caches hold, since small ints hash and compare faster than 16-byte digests.
+        id: the trace's id. chunk_ids: one per full chunk, in prompt order (:mod:`kvcli.route.chunkids`).
         prompt_tokens: prompt length (tokens). output_length: tokens generated, or None (config default).
         timestamp: arrival in seconds, or None. cache_salt: tenant.
-        numbering: which :func:`prepare_requests` call numbered ``chunk_ids``: requests simulated together must
-            share it, or one id could stand for two chunks (:func:`simulate` checks).
+        numbering: the trace's :class:`ChunkNumbering`; requests simulated together must share it, or one id
+            could stand for two chunks (:func:`simulate` checks).
     """
 
     id: str
-    hashes: tuple[bytes, ...]
     chunk_ids: tuple[int, ...]
     prompt_tokens: int
     output_length: int | None
     timestamp: float | None
-    cache_salt: str = ""
-    numbering: int = 0
+    cache_salt: str
+    numbering: ChunkNumbering = field(repr=False, compare=False)
 
-
-_numberings = itertools.count(1)
+    @property
+    def hashes(self) -> tuple[bytes, ...]:
+        """16-byte chunk hashes, one per full chunk, chained from the salt's root (:mod:`kvcli.hashing`)."""
+        table = self.numbering.hashes
+        return tuple([table[c] for c in self.chunk_ids])
 
 
 def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> list[SimRequest]:
     """Hash every request of ``trace`` (kvcli.traces.Request objects) once, and number the distinct hashes (one
-    numbering per call, see :class:`SimRequest`); the token arrays are not kept.
+    :class:`ChunkNumbering` per call); the token arrays are not kept.
 
     The namespace root is ``namespace_root("kvcli-route", tokenizer, cache_salt)``: only the salt varies inside
     one run, and it is what keeps tenants apart.
     """
     roots: dict[str, bytes] = {}
-    ids: dict[bytes, int] = {}
-    numbering, out = next(_numberings), []
+    numbering, out = ChunkNumbering(), []
     for r in trace:
         root = roots.get(r.cache_salt) or roots.setdefault(r.cache_salt, namespace_root(
             "kvcli-route", tokenizer, r.cache_salt))
-        hashes = tuple(chunk_prompt(r.token_ids, chunk_size, root).hashes)
-        chunk_ids = tuple([ids.setdefault(h, len(ids)) for h in hashes])
-        out.append(SimRequest(r.id, hashes, chunk_ids, int(len(r.token_ids)), r.output_length, r.timestamp,
-                              r.cache_salt, numbering))
+        chunk_ids = numbering.number(chunk_prompt(r.token_ids, chunk_size, root).hashes)
+        out.append(SimRequest(r.id, chunk_ids, int(len(r.token_ids)), r.output_length, r.timestamp, r.cache_salt,
+                              numbering))
+    numbering.close()
     return out
 
 
 def check_numbering(requests: list[SimRequest]) -> None:
     """ValueError unless all ``requests`` come from one :func:`prepare_requests` call (one chunk numbering)."""
-    if len({r.numbering for r in requests}) > 1:
+    if len({id(r.numbering) for r in requests}) > 1:
         raise ValueError("requests from two prepare_requests calls cannot be simulated together: their chunk ids "
                          "are numbered apart; prepare them in one call")
 

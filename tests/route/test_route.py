@@ -221,6 +221,10 @@ def test_chunk_ids_number_the_distinct_hashes_in_order_of_first_appearance():
     assert reqs[0].hashes[:3] == reqs[1].hashes[:3] and reqs[0].hashes[3] != reqs[1].hashes[3]
     salted = requests([a_prompt(1)] * 2, [0.0, 1.0], salts=["acme", "beta"])
     assert [r.chunk_ids for r in salted] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    table = reqs[0].numbering.hashes  # each distinct hash once, in id order
+    assert len(table) == 10 and table[:4] == list(reqs[0].hashes) and table[9] == reqs[3].hashes[3]
+    with pytest.raises(RuntimeError, match="closed"):
+        reqs[0].numbering.number(reqs[0].hashes)
 
 
 def test_requests_numbered_apart_are_refused():
