@@ -121,8 +121,9 @@ def report(sides: dict[str, dict], args) -> None:
     """One table per clock: requests/s min and median per side, after/before ratios, after's time / floor's."""
     first = next(iter(sides.values()))
     n, names = first["requests"], list(sides)
-    print(f"{Path(args.trace).name}: {n:,} requests, {first['chunks']:,} chunks of {args.chunk_size}; {args.nodes} nodes, "
-          f"{args.capacity:,}-token caches; {args.rounds} processes x {args.repeats} repeats per side")
+    print(f"{Path(args.trace).name}: {n:,} requests, {first['chunks']:,} chunks of {args.chunk_size} tokens; "
+          f"{args.nodes} nodes, {args.capacity:,}-token caches; {args.rounds} processes x {args.repeats} repeats "
+          "per side")
     for side, r in sides.items():
         floor = min(run["wall"] for run in r["floor"])
         print(f"{side}: read + hash {r['load']['wall']:.2f} s ({n / r['load']['wall']:,.0f} requests/s, fastest "
