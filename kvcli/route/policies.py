@@ -57,7 +57,7 @@ def best_matches(depths: list[int]) -> tuple[int, list[int]]:
 class Draws:
     """Random numbers handed out one at a time, drawn ``block`` at a time by ``draw(size) -> array``: the same
     values in the same order as one draw per call, for numpy's ``Generator.random`` and ``Generator.integers``
-    (both take the bit generator's output value by value, whatever the size; the route golden test pins it)."""
+    (both take the bit generator's output value by value, whatever the size; tests/route pins it)."""
 
     def __init__(self, draw: Callable[[int], np.ndarray], block: int = 1024) -> None:
         self.draw, self.block, self.values = draw, block, iter(())

@@ -249,19 +249,20 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
     """
     check_numbering(requests)
     arrival = arrival_times(requests, config.rate, config.seed)
-    order = np.argsort(arrival, kind="stable")
+    order = np.argsort(arrival, kind="stable")  # ties: trace order
     tpot, default = config.decode_tpot, config.default_output_tokens
     decode = [max((default if r.output_length is None else r.output_length) - 1, 0) * tpot for r in requests]
     view = ClusterView([0] * config.nodes, [0] * config.nodes, config.chunk_size)
-    loop = EventLoop(requests, list(zip(arrival[order].tolist(), order.tolist())), decode, policy, view,
-                     config.capacity_chunks, config.max_batch, cost.seconds)
-    out = loop.run()
-    return SimResult(getattr(policy, "name", type(policy).__name__), config.nodes,
-                     np.array(out.node, dtype=np.int64), np.array([r.prompt_tokens for r in requests], dtype=np.int64),
-                     np.array(out.hit_tokens, dtype=np.int64), arrival, *(np.array(v, dtype=np.float64) for v in (
-                         out.dispatch, out.prefill_start, out.first_token, out.finish, out.injected, out.measured)),
-                     np.array(out.looked_up, dtype=bool), np.array(out.timed_out, dtype=bool), out.evictions,
-                     out.peak_imbalance)
+    out = EventLoop(requests, list(zip(arrival[order].tolist(), order.tolist())), decode, policy, view,
+                    config.capacity_chunks, config.max_batch, cost.seconds).run()
+    times = {k: np.array(getattr(out, k), dtype=np.float64)
+             for k in ("dispatch", "prefill_start", "first_token", "finish", "injected", "measured")}
+    return SimResult(
+        getattr(policy, "name", type(policy).__name__), config.nodes, node=np.array(out.node, dtype=np.int64),
+        prompt_tokens=np.array([r.prompt_tokens for r in requests], dtype=np.int64),
+        hit_tokens=np.array(out.hit_tokens, dtype=np.int64), arrival=arrival, **times,
+        looked_up=np.array(out.looked_up, dtype=bool), timed_out=np.array(out.timed_out, dtype=bool),
+        evictions=out.evictions, peak_imbalance=out.peak_imbalance)
 
 
 def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int:
