@@ -151,7 +151,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {"after": str(ROOT)}
+        trees = {"now": str(ROOT)}
         if args.ref:
             trees = {"before": checkout(args.ref, tmp), "after": str(ROOT)}
         runs: dict[str, list[dict]] = {side: [] for side in trees}
