@@ -126,6 +126,15 @@ class CostCurve:
         t = np.where(n > 0, t, 0.0)
         return float(t) if t.ndim == 0 else t
 
+    def seconds(self, new_tokens: int, cached_tokens: int) -> float:
+        """:meth:`predict` for one pair of ints (tokens), in plain Python floats: the same sum in the same order
+        (``a * 1 + b * n + d * pairs``), so the same value to the last bit, without numpy's per-call overhead (the
+        routing simulator calls it once per prefill)."""
+        if new_tokens <= 0:
+            return 0.0
+        n = float(new_tokens)
+        return self.a * 1.0 + self.b * n + self.d * (n * (float(cached_tokens) + (n + 1.0) / 2.0))
+
     def tokens_per_second(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Prefill throughput, new tokens per second, for ``new_tokens`` after ``cached_tokens``."""
         return new_tokens / self.predict(new_tokens, cached_tokens)

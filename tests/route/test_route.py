@@ -20,9 +20,9 @@ from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.costcurve import CostCurve
 from kvcli.route.cachemanager import CacheManagerIndex, DelaySpec
 from kvcli.route.nodecache import ChunkIndex
-from kvcli.route.policies import POLICIES, make_policy, resolve_policies
+from kvcli.route.policies import POLICIES, Draws, make_policy, resolve_policies
 from kvcli.route.report import run_routes, summarize, sweep_points
-from kvcli.route.simulator import SimConfig, prepare_requests, simulate, single_node_hit_tokens
+from kvcli.route.simulator import STREAM_POLICY, SimConfig, prepare_requests, simulate, single_node_hit_tokens
 from kvcli.store.lru import ChunkLru
 from kvcli.traces.request import Request
 from kvcli.units import parse_capacity, parse_duration
@@ -222,6 +222,34 @@ def test_issue_10_smallest_case_on_one_node_hits_12():
     r = run("round-robin", reqs, config(nodes=1, capacity_tokens=4 * CS))
     assert r.hit_tokens.tolist() == [0, 0, 12]
     assert r.evictions == 2  # c3 for [101..104]; then [101..104] when c3 is stored again
+def test_chunk_ids_number_the_distinct_hashes_in_order_of_first_appearance():
+    reqs = requests(**SERIAL)  # A1, A2, A3 share P (3 chunks) and have one chunk of their own; B shares nothing
+    assert [r.chunk_ids for r in reqs] == [(0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 2, 5), (6, 7, 8, 9)]
+    assert reqs[0].hashes[:3] == reqs[1].hashes[:3] and reqs[0].hashes[3] != reqs[1].hashes[3]
+    salted = requests([a_prompt(1)] * 2, [0.0, 1.0], salts=["acme", "beta"])
+    assert [r.chunk_ids for r in salted] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    table = reqs[0].numbering.hashes  # each distinct hash once, in id order
+    assert len(table) == 10 and table[:4] == list(reqs[0].hashes) and table[9] == reqs[3].hashes[3]
+    with pytest.raises(RuntimeError, match="closed"):
+        reqs[0].numbering.number(reqs[0].hashes)
+
+
+def test_requests_numbered_apart_are_refused():
+    mixed = requests([a_prompt(1)], [0.0]) + requests([a_prompt(2)], [1.0])  # both number their chunks from 0
+    with pytest.raises(ValueError, match="one call"):
+        run("prefix", mixed, config())
+    with pytest.raises(ValueError, match="one call"):
+        single_node_hit_tokens(mixed, config())
+
+
+@pytest.mark.parametrize("draw", [lambda rng, size: rng.integers(3, size=size), lambda rng, size: rng.random(size),
+                                  lambda rng, size: rng.integers(2**40, size=size)])
+def test_block_draws_equal_one_draw_per_call(draw):
+    one_by_one = np.random.default_rng([5, STREAM_POLICY])
+    want = [np.asarray(draw(one_by_one, None)).item() for _ in range(50)]
+    blocks = np.random.default_rng([5, STREAM_POLICY])
+    draws = Draws(lambda size: draw(blocks, size), block=7)
+    assert [draws.next() for _ in range(50)] == want
 
 
 # --- tenants --------------------------------------------------------------------------------------------------
