@@ -39,17 +39,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from kvcli.errors import RedisFailure
 from kvcli.live.reading import (
-    KEY_FACTS,
     ServerMemory,
     execute_read,
     parse_or_none,
     payload_ok,
+    read_key_facts,
     reader,
     server_memory,
 )
 from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
+from kvcli.store.namespace import scan_keys
 
 VERIFY_AUTO_BYTES = 256 << 20
 _FOREIGN = ("", -1)  # a key shaped like kvcli's whose namespace kvcli could not have written (not UTF-8)
@@ -127,17 +127,8 @@ class _Space:
 
 
 def scan_batches(client: redis.Redis, count: int = SCAN_COUNT) -> Iterator[list[bytes]]:
-    """Every key of the current database, a SCAN step at a time (cursor; never KEYS). Raises RedisFailure."""
-    cursor = 0
-    while True:
-        try:
-            cursor, keys = client.scan(cursor, count=count)
-        except redis.RedisError as exc:
-            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
+    """Every key of the current database, a SCAN step at a time (:func:`kvcli.store.namespace.scan_keys`)."""
+    return scan_keys(client, None, count)
 
 
 def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int | None = None,
@@ -220,25 +211,8 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> 
     is not a payload. Returns the number of the latter (the caller counts them as other keys)."""
     keys = [m[0] for m in mine]
     metas = [m[0] for m in mine if m[2] == "m"]
-    pipe = client.pipeline(transaction=False)
-    if metas:
-        pipe.mget(metas)
-    if script[0]:
-        pipe.execute_command("EVAL_RO", KEY_FACTS, len(keys), *keys, "1" if with_memory else "0")
-    else:
-        for key in keys:
-            pipe.pttl(key)
-            pipe.strlen(key)
-            if with_memory:
-                pipe.memory_usage(key)
-    replies = execute_read(pipe, raise_on_error=False)
-    if script[0] and isinstance(replies[-1], redis.ResponseError):
-        script[0] = False  # no EVAL_RO (Redis < 7, scripting disabled, ACL): per-key commands from now on
-        return _read_batch(client, mine, spaces, with_memory, script)
-    if any(isinstance(r, Exception) for r in replies[:1 + script[0]]):
-        raise RedisFailure(f"Redis read failed: {next(r for r in replies if isinstance(r, Exception))}")
-    facts = replies[-1] if script[0] else replies[int(bool(metas)):]
-    values, width, foreign = iter(replies[0] if metas else ()), 2 + with_memory, 0
+    meta_values, facts = read_key_facts(client, keys, metas, with_memory, script)
+    values, width, foreign = iter(meta_values), 2 + with_memory, 0
     for i, (_, head, kind, h) in enumerate(mine):
         space = spaces[head]
         pttl, size = int(facts[width * i]), facts[width * i + 1]

@@ -34,7 +34,7 @@ import torch
 import xxhash
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
-from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
+from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
@@ -234,7 +234,7 @@ class ChunkStore:
         self.prefix = key_prefix(config.namespace, config.chunk_size)
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
-        self._roots: dict[str, bytes] = {}
+        self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
         self._scripts = True  # False once the server refused the lookup script: pipelined lookups from then on
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
@@ -252,13 +252,10 @@ class ChunkStore:
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt under this store's namespace root (model, tokenizer, ``cache_salt``)."""
-        root = self._roots.get(cache_salt)
-        if root is None:
-            root = self._roots[cache_salt] = namespace_root(self.config.model_id, self.config.tokenizer, cache_salt)
-        return chunk_prompt(tokens, self.config.chunk_size, root)
+        return self._chunker.chunk(tokens, cache_salt)
 
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
-        return tokens if isinstance(tokens, ChunkedPrompt) else self.chunk(tokens, cache_salt)
+        return self._chunker.prompt(tokens, cache_salt)
 
     # -- checks -------------------------------------------------------------------------------------------------
     def check_value_size(self, alternative: str = "--payload accounted") -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import redis
@@ -183,8 +184,9 @@ def _flush(pipe) -> int:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
 
 
-def _scan(client: redis.Redis, pattern: str, count: int = 2000):
-    """SCAN MATCH ``pattern`` in batches of keys, without parsing them. Raises RedisFailure."""
+def scan_keys(client: redis.Redis, pattern: str | None = None, count: int = 2000) -> Iterator[list[bytes]]:
+    """Keys of the current database (SCAN MATCH ``pattern``, every key when None), a SCAN step at a time (a cursor;
+    never KEYS), without parsing them. Raises RedisFailure."""
     cursor = 0
     while True:
         try:
@@ -206,7 +208,7 @@ def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, i
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in _scan(client, pattern):
+    for keys in scan_keys(client, pattern):
         for key in keys:
             seen += 1
             if sampled < sample:
