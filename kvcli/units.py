@@ -46,21 +46,28 @@ def parse_size(text: str | None) -> int | None:
 
 
 def parse_capacity(text: str, kv_bytes_per_token: int | Callable[[], int]) -> int | None:
-    """A cache capacity in tokens, from ``"3M"``/``"500k"``/``"250000"`` (tokens, decimal suffixes),
+    """A cache capacity in tokens, from ``"3M tokens"``/``"500k tok"``/``"250000"`` (tokens; decimal k/M/G/T),
     ``"40GB"``/``"64GiB"`` (bytes, divided by ``kv_bytes_per_token``, an int or a function returning one, called
     only for bytes) or ``"unlimited"`` (None).
 
+    A suffixed number without a unit (``"64G"``, ``"3M"``) is ambiguous (64 G tokens? 64 GB?) and refused: a
+    bare number is tokens, a suffix needs ``tokens`` or a byte unit.
+
     Raises:
-        BadInputError: any other text, or a number that is not finite.
+        BadInputError: any other text, an ambiguous one, or a number that is not finite.
     """
-    text = text.strip().lower()
+    shown = text.strip()
+    text = shown.lower()
     if text in ("unlimited", "inf", "none"):
         return None
     m = _CAPACITY.fullmatch(text)
     if not m:
-        raise BadInputError(f"bad capacity {text!r}; use tokens (3M, 500k, 250000), bytes (40GB, 64GiB) "
+        raise BadInputError(f"bad capacity {text!r}; use tokens (3M tokens, 500k tok, 250000), bytes (40GB, 64GiB) "
                             "or 'unlimited'")
     value, prefix, unit = _finite(float(m[1]), text, "capacity"), "kmgt".find(m[2]) + 1 if m[2] else 0, m[3] or ""
+    if prefix and not unit:
+        raise BadInputError(f"capacity {shown!r} is ambiguous: write '{shown} tokens', or bytes as '{shown}B' "
+                            f"(decimal) or '{shown}iB' (binary)")
     if unit.endswith("b"):
         per_token = kv_bytes_per_token() if callable(kv_bytes_per_token) else kv_bytes_per_token
         return int(value * (1024 if unit == "ib" else 1000) ** prefix // per_token)
@@ -76,9 +83,9 @@ def parse_duration(text: str) -> float:
 
 
 def fmt_bytes(n: float | None) -> str:
-    """``1536`` -> ``"1.5 KiB"`` (binary units; ``"-"`` for None)."""
+    """``1536`` -> ``"1.5 KiB"`` (binary units; ``"–"`` for None: not measured, null in JSON)."""
     if n is None:
-        return "-"
+        return "–"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         if abs(n) < 1024 or unit == "PiB":
             return f"{n:,.0f} B" if unit == "B" else f"{n:,.1f} {unit}"

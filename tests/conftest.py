@@ -63,6 +63,9 @@ def tiny_checkpoint_b(tmp_path_factory):
 
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("tiny-b"), vocab=512, seed=1))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+# tests share helpers across folders (e.g. test_inspect's read-only check): every test folder is importable, so any
+# one folder or file runs on its own
+sys.path[1:1] = [str(d) for d in sorted(Path(__file__).resolve().parent.iterdir()) if d.is_dir() and d.name[0] != "_"]
 from faultproxy import FaultProxy  # noqa: E402  (bench/faultproxy.py: shared with bench/bench_faults.py)
 
 

@@ -17,16 +17,26 @@ from rich.console import Console
 from rich.markup import escape
 
 from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
-from kvcli.errors import BadInputError, KvcliError, RedisFailure
+from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
 from kvcli.units import parse_size
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Chunk-hash KV-cache analysis for LLM serving: replay traces, warm and inspect caches, "
                        "simulate cache-aware routing.")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # stderr lines are never hard-wrapped: a grep must find them whole
+
+
+def _version(value: bool) -> None:
+    if value:
+        from kvcli import __version__
+
+        typer.echo(f"kvcli {__version__}")
+        raise typer.Exit()
+
 
 @app.callback()
-def _root() -> None:
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print kvcli's version and exit.")] = False) -> None:
     """kvcli: how much prefill would a chunk-hash KV cache save on your traffic, at which chunk size, at what
     cost in objects, metadata, bytes and lookups, and how should requests be routed to use it?"""
 
@@ -41,7 +51,7 @@ def handle_errors(fn):
     passwords are masked in every message."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from kvcli.store.server import ENV_URL, error_text, redact
+        from kvcli.store.server import ENV_URL, redact
 
         url = kwargs.get("redis_url") or os.environ.get(ENV_URL)
         try:
@@ -50,7 +60,7 @@ def handle_errors(fn):
             err.print(f"[red]kvcli: error:[/] {escape(redact(str(exc), url))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
         except redis.RedisError as exc:
-            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(error_text(exc), url))}", highlight=False,
+            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(redis_error_text(exc), url))}", highlight=False,
                       soft_wrap=True)
             raise typer.Exit(3) from None
         except MemoryError:
@@ -83,8 +93,9 @@ def parse_measure(text: str) -> int | None:
 @handle_errors
 def replay(
     traces: Annotated[list[Path], typer.Argument(help="Trace files or directories (native JSONL, Mooncake, "
-                                                  "ShareGPT, SWE-agent .traj; .gz accepted).")],
-    chunk_sizes: Annotated[str, typer.Option(help="Chunk sizes to compare, tokens.")] = "16,64,256,1024",
+                                                  "ShareGPT, SWE-agent .traj; .gz accepted), or - for stdin.")],
+    chunk_sizes: Annotated[str, typer.Option("--chunk-sizes", "--chunk-size",
+                                             help="Chunk sizes to compare, tokens (comma list).")] = "16,64,256,1024",
     redis_url: RedisUrl = None,
     model: Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local "
                                             "Hugging Face checkpoint folder.")] = "cpu",
@@ -92,8 +103,10 @@ def replay(
                                                       "the model's).")] = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'.")] = "2",
-    measure_max_tokens: Annotated[int, typer.Option(help="Most tokens of a measured prompt that run the model; "
-                                                         "longer prompts run their first tokens.")] = 2048,
+    measure_max_tokens: Annotated[Optional[int], typer.Option(
+        help="Most tokens of a measured prompt that run the model; longer prompts run their first tokens (default "
+             "2,048 with a count, as --measure-seconds allows; with --measure all, whole prompts unless given).",
+        show_default=False)] = None,
     measure_seconds: Annotated[float, typer.Option(help="Model time per trace for measured requests (CPU seconds "
                                                         "of the model's thread on a CPU): sets how many tokens of "
                                                         "each run (at most --measure-max-tokens).")] = 2.0,
@@ -164,6 +177,7 @@ def replay(
     from kvcli.replay.runner import ModelOptions, run_replay
     from kvcli.store.kvstore import parse_layouts
     from kvcli.store.server import open_redis
+    from kvcli.traces.paths import stdin_paths
 
     if payload not in ("real", "accounted"):
         raise BadInputError(f"--payload must be real or accounted, got {payload!r}")
@@ -185,15 +199,16 @@ def replay(
         raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
-        measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
+        measure=parse_measure(measure), capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
         upper_bound=upper_bound, measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds,
         store_mode=store_mode, link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3,
         allow_evictions=allow_evictions, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh)
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads)
     say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
-    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _progress() as progress:
-        results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress, say)
+    with stdin_paths(traces) as files, open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), \
+            _progress() as progress:
+        results, context = run_replay(client, target, files, config, options, fmt, tokenizer, progress, say)
     if plot is not None:
         for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
             err.print(f"plot written: {path}", highlight=False)
@@ -202,7 +217,7 @@ def replay(
     else:
         print_report(results, stdout_console(), context)
     for result in results:
-        err.print(summary_line(result), highlight=False)
+        err.print(summary_line(result), highlight=False, markup=False)
     left = [r.left_behind for r in results if r.left_behind]
     if left:  # the report stands; the run's keys could not be deleted
         raise RedisFailure("; ".join(left))
@@ -215,7 +230,7 @@ class _progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=err, transient=True)
+                            TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
         self.bar.__enter__()
         self.tasks: dict[str, int] = {}
         return self.update

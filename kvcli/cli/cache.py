@@ -18,10 +18,10 @@ from rich.text import Text
 
 from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.replay.report import stdout_console
+from kvcli.tables import print_table, stdout_console
 from kvcli.units import fmt_bytes, json_document
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
 _SIZES = "16,64,256,1024"
 RedisUrl = Annotated[Optional[str], typer.Option("--redis-url", envvar="REDIS_URL", show_default=False,
                                                  help="Redis URL (redis://, rediss://, unix://). Default: an "
@@ -45,8 +45,11 @@ def warm(
     namespace: Namespace = "default", chunk_size: ChunkSizes = _SIZES, model: Model = "cpu", dtype: Dtype = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto", seed: Seed = 0,
     tokenizer: Tokenizer = None, fmt: Format = "auto",
-    ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1)] = None,
+    ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
+                                               max=10**15)] = None,  # Redis refuses EX beyond ~9.2e15 s
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", help="Read present chunks' payloads and rewrite those that "
+                                         "fail their checksum (presence and length are always checked).")] = False,
     strict: Annotated[bool, typer.Option(help="Refuse to write when the estimate does not fit maxmemory.")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
@@ -63,19 +66,20 @@ def warm(
     """
     from kvcli.live.warm import WarmConfig
     from kvcli.live.warm import warm as run_warm
-    from kvcli.model.load import load_model, open_tokenizer, resolve_spec
+    from kvcli.model.load import load_model, resolve_spec, resolve_tokenizer
+    from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.store.server import open_redis
     from kvcli.traces.prompts import read_prompts
 
-    tok = open_tokenizer(tokenizer, model)
-    config = WarmConfig(namespace, _sizes(chunk_size), tok.name, ttl, dry_run, strict)
-    requests = read_prompts(sources, fmt, tok)
+    tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
+    config = WarmConfig(namespace, _sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
+    say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
+    requests = read_prompts(sources, fmt, tok, notify=say)
     spec = resolve_spec(model, dtype, seed)
     local = None if dry_run else load_model(model, dtype, device, seed)
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
-        say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
         result = run_warm(client, requests, local, config, bar.update, spec, say)
     _print("warm", result, json_out, _warm_view)
     if result.evicted_keys:
@@ -97,7 +101,10 @@ def inspect(
     tokens: Annotated[Optional[Path], typer.Option(help="Map the token ids in FILE (integers).")] = None,
     request: Annotated[Optional[str], typer.Option(help="Map a trace request: TRACE:LINE.")] = None,
     model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = None,
-    cache_salt: Annotated[str, typer.Option(help="Tenant salt for --prompt/--tokens.")] = "", fmt: Format = "auto",
+    cache_salt: Annotated[Optional[str], typer.Option(
+        help="Tenant salt (part of the chunk hash) for --prompt/--tokens; with --request, overrides the record's.",
+        show_default=False)] = None,
+    fmt: Format = "auto",
     layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: an LMCache Redis backend's "
                                              "keys (LMCache 0.5.6 layout), by model.")] = "kvcli",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
@@ -115,10 +122,11 @@ def inspect(
 
       kvcli inspect --layout lmcache --redis-url redis://lmcache-redis:6379 --sample 2000
     """
-    from kvcli.live.chunkmap import chunk_map
+    from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.inspect import inspect_cache
     from kvcli.live.reading import reader
-    from kvcli.model.load import model_id_of, open_tokenizer
+    from kvcli.model.load import model_id_of, resolve_tokenizer
+    from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.store.preflight import server_memory
     from kvcli.store.server import open_redis
 
@@ -127,8 +135,8 @@ def inspect(
     if layout == "lmcache":
         return _inspect_lmcache(redis_url, sample, json_out, namespace=namespace, verify=verify, prompt=prompt,
                                 tokens=tokens, request=request)
-    tok = open_tokenizer(tokenizer, model) if any(x is not None for x in (prompt, tokens, request)) else None
-    ids = _prompt_ids(prompt, tokens, request, tok, fmt)
+    tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
+    ids = _prompt_ids(prompt, tokens, request, tok, fmt, cache_salt)
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
@@ -138,8 +146,12 @@ def inspect(
         model_id = model_id_of(model, dtype, seed)
         with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
             server = server_memory(conn)
-            maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tok.name, ids[1], server)
+            maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tok_name, ids[1], server)
                     for cs in _sizes(chunk_size or _SIZES)]
+            maps = absent_warnings(conn, maps)
+        for m in maps:
+            if m.warning:
+                err.print(f"warning: {m.warning}", markup=False, highlight=False)
     _print("inspect", maps, json_out, _map_view)
 
 
@@ -160,7 +172,8 @@ def _inspect_lmcache(redis_url, sample, json_out, **kvcli_only) -> None:
 
 def purge(
     namespace: Annotated[str, typer.Option(help="The namespace to delete (required).", show_default=False)],
-    chunk_size: Annotated[Optional[int], typer.Option(help="Only this chunk size.", min=1)] = None,
+    chunk_size: Annotated[Optional[int], typer.Option("--chunk-size", "--chunk-sizes", help="Only this chunk size.",
+                                                      min=1)] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
@@ -205,13 +218,16 @@ def _sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
-def _prompt_ids(prompt, tokens, request, tok, fmt: str):
-    """``(token ids, cache salt)`` of the one prompt to map (text tokenized with ``tok``), or None for the
-    summary."""
+def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None = None):
+    """``(token ids, cache salt)`` of the one prompt to map (text tokenized with ``tok``, a
+    tokenizer or its name), or None for the summary. The salt is ``cache_salt``
+    when given, else the record's (``--request``) or ""."""
     if sum(x is not None for x in (prompt, tokens, request)) > 1:
         raise BadInputError("give one of --prompt, --tokens, --request")
     if prompt is not None:
-        return tok.encode_prompt(prompt), ""
+        from kvcli.model.tokenize import get_tokenizer
+
+        return get_tokenizer(tok).encode_prompt(prompt), cache_salt or ""
     if tokens is not None:
         try:
             ids = [int(x) for x in re.findall(r"-?\d+", tokens.read_text(encoding="utf-8"))]
@@ -222,7 +238,7 @@ def _prompt_ids(prompt, tokens, request, tok, fmt: str):
                                 f"'1 2 3'", path=str(tokens)) from None
         if any(not 0 <= i < 2**32 for i in ids):
             raise BadInputError("token ids must be integers in [0, 2**32)", path=str(tokens))
-        return ids, ""
+        return ids, cache_salt or ""
     if request is not None:
         from kvcli.traces.detect import read_trace
 
@@ -231,7 +247,7 @@ def _prompt_ids(prompt, tokens, request, tok, fmt: str):
             raise BadInputError(f"--request must be TRACE:LINE, got {request!r}")
         for r in read_trace(path, fmt, tok):
             if r.source.rpartition(":")[2] == line:
-                return r.token_ids, r.cache_salt
+                return r.token_ids, r.cache_salt if cache_salt is None else cache_salt
         raise BadInputError(f"no request at line {line}", path=path)
     return None
 
@@ -241,7 +257,13 @@ def _print(command: str, result, json_out: bool, view) -> None:
         body = _jsonable(result)
         typer.echo(json_document(command, {"chunk_maps": body} if isinstance(body, list) else body, indent=1))
     else:
-        stdout_console().print(view(result))
+        out = stdout_console()
+        shown = view(result)
+        for part in getattr(shown, "renderables", [shown]):  # tables split by columns when too wide: none is cut
+            if isinstance(part, Table):  # a table's identifying columns are repeated in each part
+                print_table(out, part, keep=getattr(part, "keep_columns", 1))
+            else:
+                out.print(part, soft_wrap=isinstance(part, Text) and not out.is_terminal)
 
 
 def _jsonable(obj):
@@ -272,7 +294,7 @@ def _warm_view(r) -> Group:
     note = (f"{verb} {r.total('objects_written'):,} objects, {fmt_bytes(r.total('bytes'))}" + _why_nothing(r)
             + ("" if r.dry_run else f"; prefilled {r.tokens_prefilled:,} tokens, reused {r.tokens_reused:,} "
                f"(model {r.compute_seconds:.2f} s, writes {r.write_seconds:.2f} s)") + f"; {r.seconds:.2f} s"
-            + f"\npreflight: {r.preflight.message}"
+            + _repairs(r) + f"\npreflight: {r.preflight.message}"
             + ("" if not r.evicted_keys else f"\nevicted: the server evicted {r.evicted_keys:,} keys during this "
                f"warm; what was written may already be gone")
             + (f"\nstopped: {r.stopped}" if r.stopped else ""))
@@ -280,6 +302,16 @@ def _warm_view(r) -> Group:
                    ["chunk size", "prompts", "full chunks", "written", "present", "objects", "payload",
                     "metadata"], rows)
     return Group(table, Text(note))
+
+
+def _repairs(r) -> str:
+    """Damaged chunks found (and rewritten) and TTLs refreshed along chains, when any."""
+    repaired, refreshed = r.total("chunks_repaired"), r.total("ttl_refreshed")
+    verb = "would rewrite" if r.dry_run else "rewrote"
+    return ((f"\ndamaged: {verb} {repaired:,} chunks found damaged (missing half, wrong length, type, digest or "
+             f"parent{', checksum' if r.verify else ''})" if repaired else "")
+            + (f"\nttl: refreshed {refreshed:,} chunks a longer chain now depends on (a head never expires before "
+               f"its tail)" if refreshed else ""))
 
 
 def _why_nothing(r) -> str:
@@ -303,11 +335,12 @@ def _inspect_view(r) -> Group:
                      fmt_bytes(g.payload_bytes), fmt_bytes(g.metadata_bytes), fmt_bytes(g.memory_bytes),
                      f"{ttl['none']:,} none" + (f"; {ttl['min']:.0f}/{ttl['median']:.0f}/{ttl['max']:.0f} s"
                                                  if ttl["with_ttl"] else ""),
-                     "-" if age["median"] is None else f"{age['median']:.0f} s",
+                     "–" if age["median"] is None else f"{age['median']:.0f} s",
                      ", ".join(f"{k} {v:,}" for k, v in d["integrity"].items() if v) or "ok"])
     table = _table(f"kvcli keys: {r.kvcli_keys:,}; other keys: {r.other_keys:,}",
                    ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
                     "redis memory", "ttl min/med/max", "age med", "integrity"], rows)
+    table.keep_columns = 3  # namespace, model and chunk size name a row
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
@@ -350,11 +383,13 @@ def _lmcache_view(r) -> Group:
 def _map_view(maps) -> Group:
     parts = []
     for m in maps:
-        rows = [[r.index, r.hash[:16], f"{r.start}-{r.end}", r.status, "-" if r.ttl is None else f"{r.ttl:.0f} s"]
+        rows = [[r.index, r.hash[:16], f"{r.start}-{r.end}", r.status, "–" if r.ttl is None else f"{r.ttl:.0f} s"]
                 for r in m.rows]
         table = _table(f"{m.namespace} / chunk size {m.chunk_size} / {m.model_id}",
                        ["chunk", "hash", "tokens", "status", "ttl"], rows)
         where = "no break" if m.break_index is None else f"breaks at chunk {m.break_index}: {m.break_reason}"
+        if m.break_index is None and m.rows:
+            where += " (every chunk hits; the last token is computed again for the logits, as an engine does)"
         parts += [table, Text(f"{m.prompt_tokens:,} tokens: {m.hit_tokens:,} reused, {m.prefill_tokens:,} to "
                               f"prefill; {where}")]
     return Group(*parts)

@@ -21,16 +21,17 @@ CLUSTER, POLICY, MANAGER, IO = "Cluster and workload", "Policies and sweep", "ca
 
 
 def route(
-    trace: Annotated[Path, typer.Argument(help="Trace: native JSONL, mooncake, sharegpt, swe-agent (.gz ok).")],
+    trace: Annotated[Path, typer.Argument(help="Trace: native JSONL, mooncake, sharegpt, swe-agent (.gz ok), or - "
+                                                "for stdin.")],
     policy: Annotated[list[str], Opt("--policy", "-p", metavar="<names>", help="round-robin, least-loaded, random, "
                                      "prefix, cache-manager, cache-aware, cost, or all; repeat or comma-separate.",
                                      rich_help_panel=POLICY)] = ["all"],
     nodes: Annotated[int, Opt(help="Serving nodes.", rich_help_panel=CLUSTER)] = 4,
-    node_capacity: Annotated[str, Opt(metavar="<size>", help="KV cache per node: tokens (3M, 500k) or bytes (40GB, "
-                                      "64GiB, at --model's KV bytes/token), or 'unlimited'.",
-                                      rich_help_panel=CLUSTER)] = "3M",
-    chunk_size: Annotated[int, Opt(help="Tokens per chunk (Mooncake traces: 512-token blocks).",
-                                   rich_help_panel=CLUSTER)] = 256,
+    node_capacity: Annotated[str, Opt(metavar="<size>", help="KV cache per node: tokens (3M tokens, 500k tok, "
+                                      "250000) or bytes (40GB, 64GiB, at --model's KV bytes/token), or "
+                                      "'unlimited'.", rich_help_panel=CLUSTER)] = "3M tokens",
+    chunk_size: Annotated[int, Opt("--chunk-size", "--chunk-sizes", help="Tokens per chunk, one size (Mooncake "
+                                   "traces: 512-token blocks).", rich_help_panel=CLUSTER)] = 256,
     prefill_tps: Annotated[Optional[float], Opt(help="Prefill tokens/s per node; default: measure the "
                                                 "--model's cost curve now.", rich_help_panel=CLUSTER)] = None,
     model: Annotated[str, Opt(help="Model preset or Hugging Face checkpoint folder for the cost curve and byte "
@@ -92,12 +93,15 @@ def route(
 
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
     """
-    from kvcli.model.load import open_tokenizer, resolve_spec
+    from kvcli.model.load import resolve_spec, resolve_tokenizer
     from kvcli.route.policies import resolve_policies
     from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
+    from kvcli.traces.order import arrival_order, order_note
+    from kvcli.traces.paths import STDIN_NAME, stdin_path
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
+    name, notes = STDIN_NAME if str(trace) == "-" else trace.name, []
     try:
         resolve_spec(model)  # also with --prefill-tps: a typo should not pass silently
         if limit is not None and limit < 1:
@@ -119,14 +123,19 @@ def route(
         if unused:
             err.print(f"kvcli: note: --sweep {escape(', '.join(unused))} changes none of the policies run "
                       f"({', '.join(names)}); each runs once", highlight=False, soft_wrap=True)
-        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar:
+        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, stdin_path(trace) as source:
             track = lambda it: bar.track(it, description="hashing trace")  # noqa: E731
-            requests = load_requests(trace, fmt, open_tokenizer(tokenizer, model), chunk_size, limit, track)
+            requests = load_requests(source, fmt, resolve_tokenizer(tokenizer, model), chunk_size, limit, track)
+            order = arrival_order([r.timestamp for r in requests]) if rate is None else None
+            if order is not None:  # simulated in timestamp order (as replay and warm take it): say so
+                notes.append(order_note(order, name))
+                err.print(f"kvcli: note: {notes[-1]}", markup=False, highlight=False)
             cost, cost_info = prefill_cost(prefill_tps, model)
             task = bar.add_task("simulating", total=len(planned))
             runs = run_routes(requests, names, points, cost, redis_url,
                               lambda what: bar.update(task, advance=1, description=f"simulating {what}"))
-        report = report_dict(trace.name, runs, cost_info)
+        report = report_dict(name, runs, cost_info)
+        report["notes"] = notes
         if plot is not None:
             write_plot(report, plot)
     except KvcliError as exc:  # also handled by kvcli.cli.handle_errors; here for apps that mount route alone
@@ -135,6 +144,6 @@ def route(
     if json_out:
         typer.echo(json_document("route", report, indent=1))
     else:
-        from kvcli.replay.report import stdout_console
+        from kvcli.tables import stdout_console
 
         render(report, stdout_console())  # pipes and files: wide, no 80-column cut

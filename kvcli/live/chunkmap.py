@@ -5,7 +5,8 @@ hashes the prompt's full chunks (:mod:`kvcli.hashing`) and reads each chunk's me
 pipelined round trip (plus INFO and DBSIZE when the cause of a missing chunk is inferred and no ``server`` state
 was passed): O(chunks) commands, payload bytes included. The result is a :class:`ChunkMap` with one
 :class:`MapRow` per full chunk (tokens ``[start, end)``, status, TTL in seconds) and the hit / prefill split in
-tokens.
+tokens, by the rule replay and route use (:func:`kvcli.store.hashing.reusable_tokens`: a prompt whose every
+chunk hits still computes its last token).
 
 The read helpers it shares with inspect live in :mod:`kvcli.live.reading`.
 """
@@ -17,7 +18,7 @@ import redis
 
 from kvcli.errors import RedisFailure
 from kvcli.live.reading import execute_read, parse_or_none, payload_ok, reader
-from kvcli.store.hashing import chunk_prompt, namespace_root
+from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
 from kvcli.store.layout import key_prefix
 from kvcli.store.preflight import ServerMemory, server_memory
 
@@ -52,6 +53,7 @@ class ChunkMap:
     prefill_tokens: int
     break_index: int | None
     break_reason: str
+    warning: str = ""  # set by the caller: e.g. the namespace holds nothing for this model and chunk size
 
     def to_dict(self) -> dict:
         """JSON-ready."""
@@ -104,7 +106,8 @@ def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, 
         rows.append(MapRow(k, h.hex(), k * chunk_size, (k + 1) * chunk_size, status,
                            pttl / 1000 if pttl >= 0 else None))
     n = len(prompt.tokens)
-    return ChunkMap(namespace, chunk_size, model_id, n, tuple(rows), hits * chunk_size, n - hits * chunk_size,
+    reused = reusable_tokens(hits * chunk_size, n)
+    return ChunkMap(namespace, chunk_size, model_id, n, tuple(rows), reused, n - reused,
                     None if hits == len(states) else hits, reason)
 
 
@@ -131,3 +134,26 @@ def _state(prompt, k: int, meta_raw, payload) -> str:
     if payload is None:
         return "no-payload"
     return "ok" if payload_ok(meta, payload) else "checksum"
+
+
+def absent_warnings(client: redis.Redis, maps: list[ChunkMap]) -> list[ChunkMap]:
+    """``maps`` with a warning on each map whose first chunk misses, naming what its namespace does hold (models,
+    chunk sizes, key counts): a silent miss is often another seed, model or chunk size, or a typo. One SCAN of the
+    namespace, only when some map needs it. Read-only."""
+    import dataclasses
+
+    from kvcli.store.namespace import absent_note, contents
+
+    todo = [m for m in maps if m.rows and m.rows[0].status != "hit"]
+    if not todo:
+        return maps
+    found = {}
+    out = []
+    for m in maps:
+        if m in todo:
+            if m.namespace not in found:
+                found[m.namespace] = contents(client, m.namespace)
+            m = dataclasses.replace(m, warning=absent_note(found[m.namespace], m.namespace, m.model_id,
+                                                           m.chunk_size))
+        out.append(m)
+    return out

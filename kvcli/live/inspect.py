@@ -18,8 +18,15 @@ Integrity, per namespace and chunk size:
     (both are left by eviction, expiry of one half, or a crash);
   * checksum failures: payloads whose tensor bytes no longer match the checksum in their metadata (verified when
     ``verify``; by default when the payloads total at most 256 MiB);
-  * unreachable: chunks whose chain back to chunk 0 is broken (an ancestor is missing, orphaned or corrupted), so
-    no lookup can ever reach them. A chunk can be in more than one list.
+  * unreachable: chunks stored "real" whose chain back to chunk 0 is broken (an ancestor is missing, orphaned or
+    corrupted, or the parent links loop), so no lookup can ever reach them. Metadata-only ("accounted") entries,
+    written by replay, are not judged: they have no payload to reach, and their prefix may live in the namespace
+    that replay read. The walk over parent links (read from the server, so possibly damaged) keeps a visited set
+    and is bounded by the number of metadata entries: a chunk naming itself or a descendant as its parent ends the
+    walk there, unreachable. A chunk can be in more than one list.
+
+A payload key carries no model; it is grouped under the model of the metadata beside it (same hash), or, for an
+orphan payload, under the namespace's one model ("?" when the namespace holds several).
 """
 from __future__ import annotations
 
@@ -32,12 +39,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from kvcli.errors import RedisFailure
-from kvcli.live.reading import KEY_FACTS, execute_read, parse_or_none, payload_ok, reader
+from kvcli.live.reading import execute_read, parse_or_none, payload_ok, read_key_facts, reader
 from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
+from kvcli.store.namespace import scan_keys
 from kvcli.store.preflight import ServerMemory, server_memory
 
 VERIFY_AUTO_BYTES = 256 << 20
+_FOREIGN = ("", -1)  # a key shaped like kvcli's whose namespace kvcli could not have written (not UTF-8)
 SCAN_COUNT = 1000
 _RNG = np.random.default_rng()
 
@@ -112,17 +120,8 @@ class _Space:
 
 
 def scan_batches(client: redis.Redis, count: int = SCAN_COUNT) -> Iterator[list[bytes]]:
-    """Every key of the current database, a SCAN step at a time (cursor; never KEYS). Raises RedisFailure."""
-    cursor = 0
-    while True:
-        try:
-            cursor, keys = client.scan(cursor, count=count)
-        except redis.RedisError as exc:
-            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
+    """Every key of the current database, a SCAN step at a time (:func:`kvcli.store.namespace.scan_keys`)."""
+    return scan_keys(client, None, count)
 
 
 def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int | None = None,
@@ -163,9 +162,15 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
             head = heads.get(parts[0], 0)
             if head == 0:
                 full = parse_key(key)
-                head = heads[parts[0]] = ((full.namespace, full.chunk_size)
-                                          if namespace is None or full.namespace == namespace else None)
-            if head is not None:
+                if full is None:  # a namespace that is not UTF-8 text: not a key kvcli writes
+                    head = heads[parts[0]] = _FOREIGN
+                else:
+                    head = heads[parts[0]] = ((full.namespace, full.chunk_size)
+                                              if namespace is None or full.namespace == namespace else None)
+            if head is _FOREIGN:
+                result.kvcli_keys -= 1
+                result.other_keys += 1
+            elif head is not None:
                 mine.append((key, head, parts[1], parts[2]))
         if mine:
             foreign = _read_batch(client, mine, spaces, sample is None, script)
@@ -199,25 +204,8 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> 
     is not a payload. Returns the number of the latter (the caller counts them as other keys)."""
     keys = [m[0] for m in mine]
     metas = [m[0] for m in mine if m[2] == "m"]
-    pipe = client.pipeline(transaction=False)
-    if metas:
-        pipe.mget(metas)
-    if script[0]:
-        pipe.execute_command("EVAL_RO", KEY_FACTS, len(keys), *keys, "1" if with_memory else "0")
-    else:
-        for key in keys:
-            pipe.pttl(key)
-            pipe.strlen(key)
-            if with_memory:
-                pipe.memory_usage(key)
-    replies = execute_read(pipe, raise_on_error=False)
-    if script[0] and isinstance(replies[-1], redis.ResponseError):
-        script[0] = False  # no EVAL_RO (Redis < 7, scripting disabled, ACL): per-key commands from now on
-        return _read_batch(client, mine, spaces, with_memory, script)
-    if any(isinstance(r, Exception) for r in replies[:1 + script[0]]):
-        raise RedisFailure(f"Redis read failed: {next(r for r in replies if isinstance(r, Exception))}")
-    facts = replies[-1] if script[0] else replies[int(bool(metas)):]
-    values, width, foreign = iter(replies[0] if metas else ()), 2 + with_memory, 0
+    meta_values, facts = read_key_facts(client, keys, metas, with_memory, script)
+    values, width, foreign = iter(meta_values), 2 + with_memory, 0
     for i, (_, head, kind, h) in enumerate(mine):
         space = spaces[head]
         pttl, size = int(facts[width * i]), facts[width * i + 1]
@@ -241,14 +229,25 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> 
 
 def _strata(space: _Space) -> dict[str, list[tuple[str, str]]]:
     """One space's keys ``(kind, hash)`` by the group (model) :func:`_groups` puts them in."""
-    models = {m.model for m, _, _ in space.meta.values() if m}
-    payload_model = next(iter(models)) if len(models) == 1 else "?"
     out: dict[str, list[tuple[str, str]]] = defaultdict(list)
     for h, (meta, _, _) in space.meta.items():
         out[meta.model if meta else "?"].append(("m", h))
+    lone = _lone_model(space)
     for h in space.payload:
-        out[payload_model].append(("p", h))
+        out[_payload_model(space, h, lone)].append(("p", h))
     return out
+
+
+def _lone_model(space: _Space) -> str:
+    """The namespace's one model (for orphan payloads), or "?" when it holds several or none."""
+    models = {m.model for m, _, _ in space.meta.values() if m}
+    return next(iter(models)) if len(models) == 1 else "?"
+
+
+def _payload_model(space: _Space, h: str, lone: str) -> str:
+    """A payload's model: that of the metadata beside it (same hash), else the namespace's one model."""
+    entry = space.meta.get(h)
+    return entry[0].model if entry is not None and entry[0] is not None else lone
 
 
 def quotas(sizes: list[int], n: int) -> list[int]:
@@ -308,12 +307,12 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
     """Fold one space's facts into groups by model, with integrity (see the module docstring)."""
     now = time.time()
     groups: dict[str, Group] = {}
-    models = {m.model for m, _, _ in space.meta.values() if m}
 
     def group(model: str) -> Group:
         return groups.setdefault(model, Group(ns, model, cs))
 
     payload, bad = space.payload, space.bad_checksum
+    lone = _lone_model(space)
 
     def intact(h: str) -> bool:
         entry = space.meta.get(h)
@@ -341,16 +340,16 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
             g.issues["orphan_metadata"].append(h)
         if h in bad:
             g.issues["checksum_failures"].append(h)
-        if not reachable[h]:
+        if meta.stored == "real" and not reachable[h]:
             g.issues["unreachable"].append(h)
-    g = group(next(iter(models)) if len(models) == 1 else "?") if space.payload else None
     for h, (size, pttl) in space.payload.items():
+        g = group(_payload_model(space, h, lone))
         g.payload_objects += 1
         g.payload_bytes += size
         _ttl(g, pttl)
         if h not in space.meta:
             g.issues["orphan_payloads"].append(h)
-    _memory(groups, space, models)
+    _memory(groups, space, lone)
     return [groups[m] for m in sorted(groups)]
 
 
@@ -362,28 +361,37 @@ def _ttl(g: Group, pttl: int) -> None:
 
 
 def _reachable(space: _Space, intact) -> dict[str, bool]:
-    """For each parsed metadata entry: is every ancestor intact, so a lookup from chunk 0 can reach it? Iterative."""
+    """For each metadata entry: is every ancestor intact, so a lookup from chunk 0 can reach it? Iterative, with a
+    visited set (the links come from the server: a chunk may name itself or a descendant as its parent) and a depth
+    bound (no chain is longer than the number of entries): a loop makes every chunk on it unreachable."""
     memo: dict[str, bool] = {}
-    for start, (meta, _, _) in space.meta.items():
-        path, h = [], start
+    bound = len(space.meta)
+    for start in space.meta:
+        path, on_path, h = [], set(), start
+        verdict = None
         while h not in memo:
+            if h in on_path or len(path) > bound:
+                verdict = False  # the parent links loop: no chain from chunk 0 leads here
+                break
             meta = space.meta[h][0]
             path.append(h)
+            on_path.add(h)
             if meta is None or not meta.parent or not intact(meta.parent):
-                memo[h] = meta is not None and not meta.parent
+                verdict = meta is not None and not meta.parent
                 break
             h = meta.parent
+        if verdict is None:
+            verdict = memo[h]
         for p in path:
-            memo[p] = memo[h]
+            memo[p] = verdict
     return memo
 
 
-def _memory(groups: dict[str, Group], space: _Space, models: set[str]) -> None:
+def _memory(groups: dict[str, Group], space: _Space, lone: str) -> None:
     """Attribute MEMORY USAGE readings to groups; a sample is scaled up to the group's key count."""
     for (kind, h), usage in space.memory.items():
         entry = space.meta.get(h)
-        model = (entry[0].model if entry and entry[0] else "?") if kind == "m" else (
-            next(iter(models)) if len(models) == 1 else "?")
+        model = (entry[0].model if entry and entry[0] else "?") if kind == "m" else _payload_model(space, h, lone)
         if model in groups:
             groups[model].memory_bytes = (groups[model].memory_bytes or 0) + usage
             groups[model].memory_keys += 1

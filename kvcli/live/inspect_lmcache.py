@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from kvcli.errors import RedisFailure
 from kvcli.live.inspect import quotas, scan_batches
-from kvcli.live.reading import KEY_FACTS, execute_read, reader
+from kvcli.live.reading import execute_read, read_key_facts, reader
 from kvcli.store.lmcache import (
     KEY_FORMAT,
     KV_SUFFIX,
@@ -154,25 +153,8 @@ def _read_batch(client, mine, chunks: dict[bytes, _Chunk], with_memory: bool, sc
     string (the caller counts them as other keys)."""
     keys = [key for key, _ in mine]
     metas = [key for key, (_, kind) in mine if kind == METADATA_SUFFIX]
-    pipe = client.pipeline(transaction=False)
-    if metas:
-        pipe.mget(metas)
-    if script[0]:
-        pipe.execute_command("EVAL_RO", KEY_FACTS, len(keys), *keys, "1" if with_memory else "0")
-    else:
-        for key in keys:
-            pipe.pttl(key)
-            pipe.strlen(key)
-            if with_memory:
-                pipe.memory_usage(key)
-    replies = execute_read(pipe, raise_on_error=False)
-    if script[0] and isinstance(replies[-1], redis.ResponseError):
-        script[0] = False  # no EVAL_RO (Redis < 7, scripting disabled, ACL): per-key commands from now on
-        return _read_batch(client, mine, chunks, with_memory, script)
-    if any(isinstance(r, Exception) for r in replies[:int(bool(metas)) + script[0]]):
-        raise RedisFailure(f"Redis read failed: {next(r for r in replies if isinstance(r, Exception))}")
-    facts = replies[-1] if script[0] else replies[int(bool(metas)):]
-    values, width, foreign = iter(replies[0] if metas else ()), 2 + with_memory, 0
+    meta_values, facts = read_key_facts(client, keys, metas, with_memory, script)
+    values, width, foreign = iter(meta_values), 2 + with_memory, 0
     for i, (key, (parsed, kind)) in enumerate(mine):
         pttl, size = int(facts[width * i]), facts[width * i + 1]
         wrong_type = isinstance(size, Exception) or int(size) < 0

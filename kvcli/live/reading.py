@@ -88,3 +88,35 @@ def payload_ok(meta: ChunkMeta, value: bytes) -> bool:
     data = memoryview(value)[len(value) - meta.payload:]
     return (tuple(tensor.shape) == meta.shape and tensor.numel() * tensor.element_size() == meta.payload
             and xxhash.xxh3_64_digest(data) == meta.checksum)
+
+
+def read_key_facts(client, keys: list[bytes], metas: list[bytes], with_memory: bool,
+                   script: list[bool]) -> tuple[list, list]:
+    """One round trip for one SCAN step's keys: MGET of ``metas`` (the metadata-named keys among ``keys``) and
+    each key's PTTL, STRLEN (and MEMORY USAGE) in one EVAL_RO of :data:`KEY_FACTS`, or pipelined one command per
+    key where scripts are refused (``script[0]`` is set False then, for the next steps too).
+
+    Returns ``(metadata values, facts)``: the MGET's values in ``metas`` order, and ``facts`` flat, ``2 +
+    with_memory`` per key in ``keys`` order (STRLEN of a key that holds no string is negative or an error).
+
+    Raises:
+        RedisFailure: the read failed.
+    """
+    pipe = client.pipeline(transaction=False)
+    if metas:
+        pipe.mget(metas)
+    if script[0]:
+        pipe.execute_command("EVAL_RO", KEY_FACTS, len(keys), *keys, "1" if with_memory else "0")
+    else:
+        for key in keys:
+            pipe.pttl(key)
+            pipe.strlen(key)
+            if with_memory:
+                pipe.memory_usage(key)
+    replies = execute_read(pipe, raise_on_error=False)
+    if script[0] and isinstance(replies[-1], redis.ResponseError):
+        script[0] = False  # no EVAL_RO (Redis < 7, scripting disabled, ACL): per-key commands from now on
+        return read_key_facts(client, keys, metas, with_memory, script)
+    if any(isinstance(r, Exception) for r in replies[:int(bool(metas)) + script[0]]):
+        raise RedisFailure(f"Redis read failed: {next(r for r in replies if isinstance(r, Exception))}")
+    return (list(replies[0]) if metas else []), (replies[-1] if script[0] else replies[int(bool(metas)):])

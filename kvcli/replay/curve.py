@@ -38,6 +38,7 @@ class HitCurve:
         self._ids = ChunkIds()
         self._stack = StackDistances()
         self._by_distance = np.zeros(1024, np.int64)  # hit chunks whose chain distance is exactly d
+        self._full = np.zeros(1024, np.int64)  # requests wholly hit from distance d on (they recompute a token)
         self._ttl: TtlCurve | None = TtlCurve(ttl_refresh)
         self.ttl_refresh = ttl_refresh
         self.untimed_requests = 0
@@ -45,8 +46,11 @@ class HitCurve:
         self._last: float | None = None
         self.seconds = 0.0
 
-    def observe(self, hashes: Sequence[bytes], timestamp: float | None) -> np.ndarray:
+    def observe(self, hashes: Sequence[bytes], timestamp: float | None, prompt_tokens: int | None = None
+                ) -> np.ndarray:
         """One request's full chunks (16-byte prefix hashes, prompt order) at ``timestamp`` (seconds or None).
+        ``prompt_tokens``: its length; a prompt made only of full chunks that hits them all still computes its last
+        token (:func:`kvcli.store.hashing.reusable_tokens`), so it reuses one token less at those capacities.
 
         Returns int64 ``[chunks]``: each chunk's chain distance (chunk ``k`` hits at capacity ``C`` chunks iff it is
         ``<= C``; :data:`~kvcli.store.stackdist.NEVER` for a miss at every capacity).
@@ -61,6 +65,11 @@ class HitCurve:
                 self._by_distance = np.concatenate([self._by_distance, np.zeros(
                     max(top + 1, 2 * len(self._by_distance)) - len(self._by_distance), np.int64)])
             np.add.at(self._by_distance, chain[:hits], 1)
+            if hits == len(chain) and prompt_tokens == hits * self.chunk_size:
+                if top >= len(self._full):
+                    self._full = np.concatenate([self._full, np.zeros(len(self._by_distance) - len(self._full),
+                                                                      np.int64)])
+                self._full[top] += 1
         if timestamp is None:
             self.untimed_requests += 1
             self._ttl = None  # one request without a time: no TTL curve for this trace
@@ -85,10 +94,13 @@ class HitCurve:
         kept = min(len(self._by_distance), distinct + 1)
         by_distance[:kept] = self._by_distance[:kept]
         hits = np.cumsum(by_distance)
+        full = np.zeros(distinct + 1, np.int64)
+        kept_full = min(len(self._full), distinct + 1)
+        full[:kept_full] = self._full[:kept_full]
         ttl = self._ttl
         return CurveResult(
             chunk_size=self.chunk_size, payload_bytes_per_chunk=payload_bytes_per_chunk, prompt_tokens=prompt_tokens,
-            hit_chunks_by_capacity=hits, distinct_chunks=distinct,
+            hit_chunks_by_capacity=hits, whole_hits_by_capacity=np.cumsum(full), distinct_chunks=distinct,
             ttl_seconds=None if ttl is None else ttl.grid, ttl_hit_chunks=None if ttl is None else ttl.hits(),
             ttl_rule="after access" if self.ttl_refresh else "after write", untimed_requests=self.untimed_requests,
             span_seconds=None if ttl is None or self._first is None else self._last - self._first,
@@ -103,6 +115,9 @@ class CurveResult:
     Attributes:
         hit_chunks_by_capacity: int64 ``[distinct_chunks + 1]``: hit chunks at capacity ``C`` = element ``C`` (the
             last one is the unlimited cache's).
+        whole_hits_by_capacity: int64 ``[distinct_chunks + 1]``: requests made only of full chunks that hit all of
+            them at capacity ``C``: each reuses one token less (the engine computes the last token), so hit tokens
+            at ``C`` are ``hit_chunks * chunk_size - whole_hits``. The TTL curve counts whole chunks.
         ttl_seconds / ttl_hit_chunks: the TTL grid (seconds) and hit chunks at each; None without timestamps.
         ttl_rule: "after write" or "after access".
         untimed_requests: requests without a timestamp (any one turns the TTL curve off).
@@ -114,6 +129,7 @@ class CurveResult:
     payload_bytes_per_chunk: int
     prompt_tokens: int
     hit_chunks_by_capacity: np.ndarray
+    whole_hits_by_capacity: np.ndarray
     distinct_chunks: int
     ttl_seconds: np.ndarray | None
     ttl_hit_chunks: np.ndarray | None
@@ -126,12 +142,12 @@ class CurveResult:
     @property
     def unlimited_hit_tokens(self) -> int:
         """Hit tokens with unlimited capacity and no expiry."""
-        return int(self.hit_chunks_by_capacity[-1]) * self.chunk_size
+        return self.hit_tokens(self.distinct_chunks)
 
     def hit_tokens(self, capacity_chunks: int) -> int:
         """Hit tokens at a capacity of ``capacity_chunks`` chunks (exact: equals the replay at that capacity)."""
         c = min(max(int(capacity_chunks), 0), self.distinct_chunks)
-        return int(self.hit_chunks_by_capacity[c]) * self.chunk_size
+        return int(self.hit_chunks_by_capacity[c]) * self.chunk_size - int(self.whole_hits_by_capacity[c])
 
     def capacity_for(self, fraction: float) -> int | None:
         """Smallest capacity (chunks) whose hit tokens reach ``fraction`` of the unlimited cache's; None when the

@@ -1,30 +1,38 @@
 """Replay a trace through the chunk-hash KV-cache store, one namespace per chunk size, and account what it saves.
 
-Per request, in trace order, for every chunk size: lookup (one round trip), retrieve the hit run's KV (one more),
-prefill only the missed suffix with the real model, store the new full chunks (one pipelined round trip).
+Per request, in arrival order (timestamps when every request has one, stable; else file order: the order every
+command uses, kvcli.traces.order), for every chunk size: lookup (one round trip: metadata, and the length of every
+real payload), retrieve the hit run's KV (one more), prefill only the missed suffix with the real model, store the
+new full chunks (one pipelined round trip).
 
 Before anything is written: the trace is validated, the cost curve is extended to cover its prompt lengths
 (:class:`~kvcli.model.calibration.Calibration`, within ``calibrate_seconds``), and the server's memory is checked
 (:mod:`kvcli.store.preflight`, the same preflight as warm): a run that would make an evicting server go over
-maxmemory is refused unless ``allow_evictions``. The server's ``evicted_keys`` delta is reported; with evictions
-allowed, an estimated request's hit on a chunk whose real payload was evicted counts as a miss.
+maxmemory is refused unless ``allow_evictions``. The server's ``evicted_keys`` delta is reported; an evicted
+chunk (metadata or payload: the lookup checks both) is a miss.
 
 Measured vs estimated: ``measure`` requests (spread evenly over the trace) run the model on their first ``L``
 tokens, ``L`` the longest length the ``measure_seconds`` budget allows (:func:`~kvcli.replay.measure.measure_length`,
-at most ``measure_max_tokens``; shorter prompts run whole): their full prefill is timed once, and per chunk size the
-cached path (lookup + transfer + deserialize + suffix prefill, plus the store) is timed for real, with the largest
-logit difference against the full prefill recorded. The other requests do the real lookup and write real metadata,
-but their payload bytes are accounted, not written, and their prefill times come from the cost curve, their
-transfer times from chunk SET/GET timings calibrated on the same server (or the network model). When a measured
-request hits chunks whose payload was only accounted, their KV is taken from its own full prefill and written
-first, untimed ("materialized"), so the timed retrieve reads real bytes. Savings, intervals and the recommendation:
+at most ``measure_max_tokens``; shorter prompts run whole; with ``measure`` None every request runs whole): their
+full prefill is timed once, and per chunk size the cached path (lookup + transfer + deserialize + suffix prefill,
+plus the store) is timed for real, with the largest logit difference against the full prefill recorded. The other
+requests, and the rest of a truncated prompt, are estimated: the lookup and metadata writes are real, payload bytes
+are accounted, not written, prefill times come from the cost curve and transfer times from chunk SET/GET timings
+calibrated on the same server (or the network model, :mod:`kvcli.replay.network`). When a measured request hits
+chunks whose payload was only accounted, their KV is taken from its own full prefill and written first, untimed
+("materialized"), so the timed retrieve reads real bytes. Savings, intervals and the recommendation:
 :mod:`kvcli.replay.savings`.
 
 ``payload="accounted"`` writes no payload at all (index and metadata only): traces whose KV would never fit the
 server replay in seconds; measured requests then use their own prefix KV and an estimated transfer time.
 
 Hit tokens never exceed the prompt: only full chunks hit. A request needs at least one token of compute for its
-logits, so a prompt that hits entirely reuses ``len - 1`` tokens in the timing (vLLM recomputes the last token).
+logits, so a prompt that hits entirely reuses ``len - 1`` tokens (vLLM recomputes the last token): hit tokens,
+timings and the upper bound all count :func:`kvcli.store.hashing.reusable_tokens`.
+
+Hits of estimated requests are what an engine could load: the lookup checks every real payload's presence and
+length in its one round trip; the checksums of up to ``verify_sample`` distinct real-payload chunks per chunk size
+are verified (their payloads read, outside the timings), and a chunk that fails is a miss from then on.
 
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
 miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
@@ -34,6 +42,7 @@ that deletion fails or is interrupted again, what was left and the command that 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -60,10 +69,12 @@ from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import StoreConfig
+from kvcli.store.hashing import reusable_tokens
 from kvcli.store.kvstore import KVStore, make_store, purge_run
-from kvcli.store.namespace import redis_memory
+from kvcli.store.namespace import absent_note, contents, redis_memory
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.server import INFO_REFUSED, server_info
+from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
 
 
@@ -90,12 +101,12 @@ class Replayer:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
         self.calibration = calibration
         self.model_config = model_config or (model.config if model is not None else None)
+        self._measured_log: list[dict] = []
         spec = model.spec if model is not None else spec
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
-        self._may_evict = False
-        self._measured_log: list[dict] = []
+        self._checked: list[dict[bytes, bool]] = []  # per store: chunk hash -> checksum verified good
         self.notify: Callable[[str], None] | None = None  # one line to the user (cleanup after an interruption)
         self.remedy: Callable[[str], str] = lambda ns: f"remove them with: kvcli purge --namespace {ns} --yes"
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
@@ -118,13 +129,13 @@ class Replayer:
         if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
             raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
         reader = (lambda: iter(requests)) if isinstance(requests, list) else requests
-        lengths = self._validate(reader, name)
+        lengths, order = self._validate(reader, name)
+        notes = [order_note(order, name)] if order is not None else []
+        if order is not None:  # not in arrival order: held in memory and taken in timestamp order
+            reader, lengths = _reordered(reader, order), lengths[order]
         coverage = self._cover(lengths)
         measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.seed)
-        measure_tokens = 0
-        if measured:
-            measure_tokens = measure_length(self.curve, int(max(lengths[i] for i in measured)), len(measured),
-                                            len(cfg.chunk_sizes), cfg.measure_seconds, cfg.measure_max_tokens)
+        measure_tokens = self._measure_tokens(lengths, measured)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
         stores = [self._make_store(namespace, cs, layout) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
@@ -132,7 +143,7 @@ class Replayer:
                 store.check_value_size()
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         try:
-            result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress)
+            result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes)
         except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
                 self._cleanup(namespace, stores, interrupted=True)
@@ -147,6 +158,47 @@ class Replayer:
             result.notes.append(f"the server evicted {result.server_evicted_keys:,} keys during this replay "
                                 f"(whoever's): evicted chunks counted as misses, other data on the server may be gone")
         return result
+
+    def _cover(self, lengths: np.ndarray) -> dict:
+        """Extend the calibration to the trace's prompt lengths (95th percentile), within the time budget."""
+        if self.calibration is None:
+            return {}
+        target = int(np.percentile(lengths[lengths > 0], 95)) if (lengths > 0).any() else 1
+        coverage = self.calibration.cover(target, self.config.calibrate_seconds)
+        self.curve = self.calibration.curve()
+        return coverage.to_dict()
+
+    def _measure_tokens(self, lengths: np.ndarray, measured: set[int]) -> int:
+        """Tokens of each measured prompt that run the model: with ``measure`` None, every prompt whole (or up to
+        ``measure_max_tokens`` when set); else the budget's length (:func:`measure_length`; 0 with none)."""
+        cfg = self.config
+        if not measured:
+            return 0
+        longest = int(max(lengths[i] for i in measured))
+        if cfg.measure is None:
+            return min(longest, cfg.measure_max_tokens or longest)
+        return measure_length(self.curve, longest, len(measured), len(cfg.chunk_sizes), cfg.measure_seconds,
+                              cfg.measure_max_tokens or 2048)
+
+    def _preflight(self, stores, reader, lengths, measured, measure_tokens) -> Preflight:
+        """The server's memory against what this trace's replay will write (:mod:`kvcli.replay.plan`); refuse
+        when it would make the server evict keys, unless allowed."""
+        cfg = self.config
+        heads = [min(int(lengths[i]), measure_tokens) for i in measured] if cfg.payload == "real" else []
+        check = replay_preflight(self.client, stores, reader, len(lengths), heads)
+        if check.evicts and not cfg.allow_evictions:
+            raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
+                               f"--allow-evictions to run anyway (evicted chunks then count as misses), a server "
+                               f"with room, or --capacity-bytes to bound what the replay keeps")
+        return check
+
+    def _link(self) -> Link | None:
+        """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server."""
+        cfg = self.config
+        if cfg.link_gbps is None and cfg.rtt_seconds is None:
+            return None
+        rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
+        return Link(cfg.link_gbps if cfg.link_gbps is not None else self._measured_gbps, rtt)
 
     def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool) -> str:
         """Delete the run's namespace; "" when done, else what was left and how to remove it (said at once after
@@ -171,55 +223,25 @@ class Replayer:
                 raise
             return left
 
-    def _cover(self, lengths: np.ndarray) -> dict:
-        """Extend the calibration to the trace's prompt lengths (95th percentile), within the time budget."""
-        if self.calibration is None:
-            return {}
-        target = int(np.percentile(lengths[lengths > 0], 95)) if (lengths > 0).any() else 1
-        coverage = self.calibration.cover(target, self.config.calibrate_seconds)
-        self.curve = self.calibration.curve()
-        return coverage.to_dict()
-
-    def _preflight(self, stores, reader, lengths, measured, measure_tokens) -> Preflight:
-        """The server's memory against what this trace's replay will write (:mod:`kvcli.replay.plan`); refuse
-        when it would make the server evict keys, unless allowed."""
-        cfg = self.config
-        heads = [min(int(lengths[i]), measure_tokens) for i in measured] if cfg.payload == "real" else []
-        check = replay_preflight(self.client, stores, reader, len(lengths), heads)
-        self._may_evict = check.evicts
-        if check.evicts and not cfg.allow_evictions:
-            raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
-                               f"--allow-evictions to run anyway (evicted chunks then count as misses), a server "
-                               f"with room, or --capacity-bytes to bound what the replay keeps")
-        return check
-
-    def _link(self) -> Link | None:
-        """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server."""
-        cfg = self.config
-        if cfg.link_gbps is None and cfg.rtt_seconds is None:
-            return None
-        rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
-        return Link(cfg.link_gbps if cfg.link_gbps is not None else self._measured_gbps, rtt)
-
-    def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress) -> TraceResult:
+    def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
-        mem = server_memory(self.client)
-        rates = [calibrate_transfer(self.client, store, room(mem)) for store in stores]
+        rates = [calibrate_transfer(self.client, store, room(server_memory(self.client))) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
-        value = stores[big].value_bytes
-        self._measured_gbps = value * 8 / rates[big].get_seconds / 1e9 if rates[big].get_seconds > 0 else 10.0
+        self._measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
+                               if rates[big].get_seconds > 0 else 10.0)
         link = self._link()
         self._degraded = []
-        used_before = mem.used_memory
-        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout)
-                   for store in stores]
+        used_before = self._used_memory()
+        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout,
+                                   upper_bound_tokens=0 if cfg.upper_bound else None) for store in stores]
         ledgers = [Ledger() for _ in stores]
+        self._checked = [{} for _ in stores]
+        self._measured_log = []
         radix = RadixUpperBound() if cfg.upper_bound else None
         hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
                       if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
                       for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
-        self._measured_log = []
         t0 = time.perf_counter()
         skipped, stamps = 0, []
         for index, request in enumerate(reader()):
@@ -227,15 +249,20 @@ class Replayer:
                 break
             if request.timestamp is not None:
                 stamps.append(request.timestamp)
-            if len(request.token_ids) == 0:
+            n = len(request.token_ids)
+            if n == 0:
                 skipped += 1
             else:
-                upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
+                match = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
-                    self._measured(index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens,
-                                   hit_curves)
+                    reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited, hit_curves,
+                                              measure_tokens)
                 else:
-                    self._estimated(request, stores, results, ledgers, rates, unlimited, upper, hit_curves)
+                    reusable = self._estimated(request, stores, results, ledgers, rates, unlimited, hit_curves)
+                if radix is not None:  # never below what a chunk size reused (a read namespace supplies more)
+                    upper = max(reusable_tokens(match, n), *reusable)
+                    for res in results:
+                        res.upper_bound_tokens += upper
             if progress:
                 progress(index + 1, len(lengths))
         for store, res, hit_curve in zip(stores, results, hit_curves):
@@ -243,13 +270,13 @@ class Replayer:
             res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
         used_after = self._used_memory()
         requests = len(lengths) - skipped
-        span = max(stamps) - min(stamps) if len(stamps) > 1 else None
+        delta = None if used_before is None or used_after is None else used_after - used_before
         by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
+        main = by_layout[cfg.layouts[0]]
         result = TraceResult(name, requests, skipped, len(measured),
-                             _payload_label(cfg.payload, len(measured), requests), by_layout[cfg.layouts[0]],
-                             None if used_before is None or used_after is None else used_after - used_before,
-                             time.perf_counter() - t0, by_layout=by_layout)
-        result.span_seconds = span
+                             _payload_label(cfg.payload, len(measured), requests), main,
+                             delta, time.perf_counter() - t0, by_layout=by_layout)
+        result.span_seconds = max(stamps) - min(stamps) if len(stamps) > 1 else None
         self._savings(result, stores, results, ledgers, rates, link)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
@@ -257,17 +284,8 @@ class Replayer:
         result.network = link.to_dict() if link else None
         result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
         result.cost_curve = self.curve.to_dict()
-        result.notes = self._notes(result, lengths, measured, measure_tokens) + self._degraded
+        result.notes = notes + self._notes(result, lengths, measured, measure_tokens, main) + self._degraded
         return result
-
-    def _used_memory(self) -> int | None:
-        """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
-        info = server_info(self.client, "memory")
-        if info is None:
-            note = f"used_memory not read: {INFO_REFUSED}"
-            self._degraded += [] if note in self._degraded else [note]
-            return None
-        return int(info.get("used_memory", 0))
 
     def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
         """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
@@ -275,8 +293,7 @@ class Replayer:
         cfg = self.config
         draws = self.curve.draws(DRAWS, cfg.seed)
         for i, (store, res, ledger, rate) in enumerate(zip(stores, results, ledgers, rates)):
-            value = store.value_bytes
-            res.overheads = overheads(res, value, rate, link)
+            res.overheads = overheads(res, store.value_bytes, rate, link)
             res.savings = summarize(ledger, self.curve, res.overheads.critical, res.overheads.background,
                                     self.curve.residuals, self.model_config, cfg.seed, draws, stream=i)
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
@@ -289,19 +306,41 @@ class Replayer:
         result.verdict = recommend({r.chunk_size: r.savings.net(r.store_mode) for r in rows}, cfg.store_mode,
                                    {r.chunk_size: r.savings.net_draws(r.store_mode) for r in rows})
 
-    def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int) -> list[str]:
+    def _used_memory(self) -> int | None:
+        """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
+        info = server_info(self.client, "memory")
+        if info is None:
+            note = f"used_memory not read: {INFO_REFUSED}"
+            self._degraded += [] if note in self._degraded else [note]
+            return None
+        return int(info.get("used_memory", 0))
+
+    def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int,
+               results: list[ChunkSizeResult]) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured or beyond the calibrated
-        range, truncated measurements, evictions, background work a trace's span cannot absorb."""
+        range, truncated measurements, background work a trace's span cannot absorb; prompts shorter than one
+        chunk; a read namespace that gave nothing; chunks whose payload failed its checksum."""
         notes = []
         if self.config.hit_curve and self.config.namespace is not None:
             notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
+        for res in results:
+            if res.short_requests:
+                notes.append(f"chunk size {res.chunk_size}: {res.short_requests:,} of {res.requests:,} prompts "
+                             f"({res.short_prompt_tokens:,} tokens) are shorter than one chunk: they can never hit")
+            if res.checksum_failures:
+                notes.append(f"chunk size {res.chunk_size}: {res.checksum_failures:,} chunks failed their checksum "
+                             f"({res.checksum_verified_chunks:,} verified): counted as misses")
+        if self.config.namespace and any(r.requests and not r.namespace_hit_chunks for r in results):
+            found = contents(self.client, self.config.namespace)
+            notes += [absent_note(found, self.config.namespace, self.model_id, r.chunk_size) for r in results
+                      if r.requests and not r.namespace_hit_chunks]
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
         ratio = check.get("median_measured_over_predicted")
         if ratio is not None and not 0.5 <= ratio <= 2.0:
             notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
                          f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
-        beyond = max((r.savings.beyond_share for r in result.per_chunk_size if r.savings), default=0.0)
+        beyond = max((r.savings.beyond_share or 0.0 for r in results if r.savings), default=0.0)
         if beyond > 0:
             notes.append(f"up to {100 * beyond:.3g}% of a chunk size's saving comes from prompts longer than the "
                          f"longest calibrated full prefill ({self.curve.longest_full_tokens:,} tokens; prompts reach "
@@ -310,7 +349,7 @@ class Replayer:
         if longer:
             notes.append(f"{longer} of {len(measured)} measured requests ran their first {measure_tokens:,} tokens "
                          f"(the measuring budget's length); the rest of each prompt is estimated")
-        for r in result.per_chunk_size:
+        for r in results:
             if r.overheads and result.span_seconds and r.overheads.background > result.span_seconds:
                 notes.append(f"chunk size {r.chunk_size}: background stores take {sig(r.overheads.background)} s "
                              f"over a trace of {sig(result.span_seconds)} s: asynchronous storing cannot keep up, "
@@ -318,8 +357,9 @@ class Replayer:
         return notes
 
     # -- passes ---------------------------------------------------------------------------------------------------
-    def _validate(self, reader, name: str) -> np.ndarray:
-        lengths = []
+    def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Prompt lengths ``[requests]`` (tokens, file order) and the arrival order (None: file order)."""
+        lengths, stamps = [], []
         vocab = self.model.config.vocab if self.model is not None else None
         for request in reader():
             if self.config.limit is not None and len(lengths) >= self.config.limit:
@@ -329,9 +369,10 @@ class Replayer:
                 raise BadInputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}",
                                     *_where(request))
             lengths.append(len(tokens))
+            stamps.append(request.timestamp)
         if not lengths:
             raise BadInputError("the trace holds no requests", path=name)
-        return np.asarray(lengths, dtype=np.int64)
+        return np.asarray(lengths, dtype=np.int64), arrival_order(stamps)
 
     def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli") -> KVStore:
         cfg = self.config
@@ -340,47 +381,56 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, request, stores, results, ledgers, rates, unlimited, upper, hit_curves) -> None:
-        n = len(request.token_ids)
-        for store, res, ledger, rate, seen, hit_curve in zip(stores, results, ledgers, rates, unlimited, hit_curves):
+    def _estimated(self, request, stores, results, ledgers, rates, unlimited, hit_curves) -> list[int]:
+        """Look up and store (accounted) one unmeasured request per chunk size, its transfer and store priced with
+        the chunk rates; returns, per chunk size, the tokens it would reuse with unlimited capacity."""
+        n, reusable = len(request.token_ids), []
+        for store, res, ledger, rate, seen, checked, hit_curve in zip(stores, results, ledgers, rates, unlimited,
+                                                                       self._checked, hit_curves):
             crit, back = _critical(res), _background(res)
             prompt = store.chunk(request.token_ids, request.cache_salt)
             if hit_curve:
-                hit_curve.observe(prompt.hashes, request.timestamp)
+                hit_curve.observe(prompt.hashes, request.timestamp, len(request.token_ids))
             look = store.lookup(prompt)
-            written = store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
-            hit_chunks = self._payloads_left(store, prompt, look) if self._may_evict else look.hit_chunks
-            self._count(res, store, prompt, look, seen, n, upper, hit_chunks)
+            hit_chunks = self._checksums(store, res, prompt, look, checked)
+            written = store.store(prompt, None, start_chunk=hit_chunks, lookup=look)
+            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))
             res.store_seconds += written.seconds
-            new_chunks = len(prompt.hashes) - look.hit_chunks
             res.transfer_seconds_estimated += rate.get(hit_chunks)
             res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
-            res.store_seconds_estimated += rate.put(new_chunks)
+            res.store_seconds_estimated += rate.put(len(prompt.hashes) - hit_chunks)
             res.hit_requests += hit_chunks > 0
             res.store_requests += written.chunks_written > 0
-            ledger.add(n, min(hit_chunks * store.config.chunk_size, n - 1), critical=_critical(res) - crit,
+            ledger.add(n, reusable_tokens(hit_chunks * store.config.chunk_size, n), critical=_critical(res) - crit,
                        background=_background(res) - back)
+        return reusable
 
-    def _payloads_left(self, store: KVStore, prompt, look) -> int:
-        """Hit chunks whose payload is still there, for an evicting server: a chunk whose metadata says it has a
-        real payload but the payload key is gone (evicted) ends the hit run, as a retrieve would. One pipelined
-        EXISTS round trip, only when such chunks are hit (this run's measured requests wrote them)."""
-        if self.config.payload != "real":
-            return look.hit_chunks
-        real = [k for k in range(look.hit_chunks) if not store.accounted(prompt, look, k)]
-        if not real:
-            return look.hit_chunks
-        read = look.from_read or (False,) * look.hit_chunks
-        pipe = self.client.pipeline(transaction=False)
-        for k in real:
-            pipe.exists(store.read_prefix + "p:" + prompt.hexes[k] if read[k] else store.payload_key(prompt.hashes[k]))
-        for k, there in zip(real, pipe.execute()):
-            if not there:
-                return k
-        return look.hit_chunks
+    def _checksums(self, store, res, prompt, look, checked: dict[bytes, bool]) -> int:
+        """The hit run after verifying the checksums of real-payload hit chunks not verified yet, up to
+        ``verify_sample`` chunks per chunk size (one MGET of their payloads, outside the timings); a chunk that
+        fails is a miss now and whenever it is hit again."""
+        k = look.hit_chunks
+        if len(look.metadata) < k:  # a layout whose lookup reads no metadata (lmcache: EXISTS): nothing to check
+            return k
+        todo = []
+        for i in range(k):
+            good = checked.get(prompt.hashes[i])
+            if good is False:
+                return i
+            if good is None and b'"stored":"real"' in look.metadata[i][16:] \
+                    and len(checked) + len(todo) < self.config.verify_sample:
+                todo.append(i)
+        if not todo:
+            return k
+        for i, good in zip(todo, store.verify(prompt, todo, look)):
+            checked[prompt.hashes[i]] = good
+        return next((i for i in range(k) if checked.get(prompt.hashes[i]) is False), k)
 
-    def _measured(self, index, request, stores, results, ledgers, rates, unlimited, upper, measure_tokens,
-                  hit_curves) -> None:
+    def _measured(self, index, request, stores, results, ledgers, rates, unlimited, hit_curves,
+                  measure_tokens: int) -> list[int]:
+        """Run one request with the model on its first ``measure_tokens`` tokens (all of them when shorter): full
+        prefill, then per chunk size lookup, retrieve, suffix prefill and store, timed; the rest of a truncated
+        prompt is estimated. Returns, per chunk size, the tokens it would reuse with unlimited capacity."""
         tokens, n = request.token_ids, len(request.token_ids)
         length = min(n, measure_tokens) if measure_tokens else n
         head = tokens[:length]
@@ -389,17 +439,18 @@ class Replayer:
         log = {"index": index, "id": request.id, "prompt_tokens": n, "measured_tokens": length,
                "full_prefill_seconds": t_full, "per_chunk_size": []}
         real = self.config.payload == "real"
+        reusable = []
         for store, res, ledger, rate, seen, hit_curve in zip(stores, results, ledgers, rates, unlimited, hit_curves):
             cs = store.config.chunk_size
             crit, back = _critical(res), _background(res)
             prompt = store.chunk(tokens, request.cache_salt)
             if hit_curve:
-                hit_curve.observe(prompt.hashes, request.timestamp)
+                hit_curve.observe(prompt.hashes, request.timestamp, n)
             look = store.lookup(prompt)
             past, got = self._fetch(store, res, prompt, look, kv_full, rate, length)
             inside = min(look.hit_chunks, length // cs)
             hit_chunks = look.hit_chunks if got >= inside else got  # hits = what could be retrieved
-            self._count(res, store, prompt, look, seen, n, upper, hit_chunks)
+            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))
             reuse = 0 if past is None else past.shape[3]
             if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
                 kv, t_suffix = kv_full, t_full
@@ -425,16 +476,17 @@ class Replayer:
             res.full_prefill_seconds_measured += t_full
             res.suffix_prefill_seconds_measured += t_suffix
             res.saved_prefill_seconds_measured += t_full - t_suffix
-            ledger.add(n, min(hit_chunks * cs, n - 1), length, reuse, (index, t_full, t_suffix if reuse else None),
-                       _critical(res) - crit, _background(res) - back)
+            ledger.add(n, reusable_tokens(hit_chunks * cs, n), length, reuse,
+                       (index, t_full, t_suffix if reuse else None), _critical(res) - crit, _background(res) - back)
             log["per_chunk_size"].append({"chunk_size": cs, "hit_tokens": hit_chunks * cs, "reused_tokens": reuse,
                                           "suffix_prefill_seconds": t_suffix, "saved_seconds": t_full - t_suffix})
         self._measured_log.append(log)
+        return reusable
 
     def _fetch(self, store, res, prompt, look, kv_full, rate, length: int):
-        """KV of the reusable part of the measured tokens ``[layers, 2, kv_heads, reuse, head_dim]`` (reuse at most
-        ``length - 1``) and the hit chunks retrieved among the first ``length`` tokens. Hit chunks beyond them
-        (a truncated measurement) are priced, not moved."""
+        """KV of the reusable part of the measured tokens ``[layers, 2, kv_heads, reuse, head_dim]``
+        (:func:`reusable_tokens` of the first ``length``) and the hit chunks retrieved among them. Hit chunks
+        beyond them (a truncated measurement) are priced, not moved."""
         cs = store.config.chunk_size
         inside = min(look.hit_chunks, length // cs)
         outside = look.hit_chunks - inside
@@ -445,7 +497,7 @@ class Replayer:
         if self.config.payload != "real":
             res.transfer_seconds_estimated += rate.get(inside)
             res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
-            return kv_full[:, :, :, :min(inside * cs, length - 1)], inside
+            return kv_full[:, :, :, :reusable_tokens(inside * cs, length)], inside
         got = store.retrieve(prompt, lookup=_first(look, inside))
         start = end = got.hit_tokens // cs
         while got.break_reason == "no-payload" and end < inside and store.accounted(prompt, look, end):
@@ -459,39 +511,48 @@ class Replayer:
         res.serialized_bytes_read += got.payload_bytes + got.header_bytes
         if got.kv is None:
             return None, 0
-        return got.kv[:, :, :, :min(got.hit_tokens, length - 1)], got.hit_tokens // cs
+        return got.kv[:, :, :, :reusable_tokens(got.hit_tokens, length)], got.hit_tokens // cs
 
     @staticmethod
-    def _count(res, store, prompt, look, seen, n, upper, hit_chunks: int | None = None) -> None:
-        hit_chunks = look.hit_chunks if hit_chunks is None else hit_chunks
+    def _count(res, store, prompt, look, seen, n, hit_chunks: int) -> int:
+        """Account one request's hits (tokens it reuses: :func:`reusable_tokens`); returns what it would reuse
+        with unlimited capacity (every chunk this run stored, and every chunk the read namespace supplies)."""
+        cs = store.config.chunk_size
         res.requests += 1
         res.prompt_tokens += n
-        res.hit_tokens += hit_chunks * store.config.chunk_size
+        res.short_requests += n < cs
+        res.short_prompt_tokens += n if n < cs else 0
+        res.hit_tokens += reusable_tokens(hit_chunks * cs, n)
+        res.hit_tokens_metadata_only += reusable_tokens(look.metadata_hit_chunks * cs, n)
         res.chunks_hit += hit_chunks
-        res.upper_bound_tokens += upper
+        res.namespace_hit_chunks += sum(look.from_read[:hit_chunks])
         res.lookup_seconds += look.seconds
         if seen is None:
-            res.hit_tokens_unlimited += hit_chunks * store.config.chunk_size
-            return
-        k = 0
-        for h in prompt.hashes:
-            if h not in seen:
-                break
-            k += 1
-        res.hit_tokens_unlimited += k * store.config.chunk_size
-        seen.update(prompt.hashes[k:])
+            unlimited = reusable_tokens(hit_chunks * cs, n)
+        else:
+            k = 0
+            for i, h in enumerate(prompt.hashes):
+                if h not in seen and i not in look.read_usable:
+                    break
+                k += 1
+            unlimited = reusable_tokens(k * cs, n)
+            seen.update(prompt.hashes[k:])
+        res.hit_tokens_unlimited += unlimited
+        return unlimited
 
     # -- calibration and totals -----------------------------------------------------------------------------------
     def _finish(self, store: KVStore, res: ChunkSizeResult) -> None:
         st = store.stats
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "redis_retries",
-                     "redis_errors", "redis_timeouts"):
+                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "checksum_verified_chunks",
+                     "redis_retries", "redis_errors", "redis_timeouts"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
+        else:  # no prompt had a full chunk: nothing was looked up
+            res.lookup_p50_seconds = res.lookup_p99_seconds = None
         res.key_bytes_per_chunk = store.key_bytes_per_chunk
         try:
             res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
@@ -517,6 +578,14 @@ def _first(look, chunks: int):
         return look
     return dataclasses.replace(look, hit_chunks=chunks, hit_tokens=chunks * (look.hit_tokens // look.hit_chunks),
                                break_reason="", metadata=look.metadata[:chunks], from_read=look.from_read[:chunks])
+
+
+def _reordered(reader, order: np.ndarray):
+    """A reader that yields the trace's first ``len(order)`` requests in ``order`` (held in memory)."""
+    def read():
+        held = list(itertools.islice(reader(), len(order)))
+        return (held[i] for i in order.tolist())
+    return read
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

@@ -7,14 +7,8 @@ from rich.table import Table
 from kvcli.replay.curvereport import curve_rows
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
+from kvcli.tables import print_table, stdout_console
 from kvcli.units import fmt_bytes, json_document
-
-
-def stdout_console() -> Console:
-    """The console for results: the terminal's width, or 160 columns when stdout is a pipe or a file (rich would
-    otherwise cut tables to 80 columns)."""
-    out = Console()
-    return out if out.is_terminal else Console(width=160)
 
 
 def _secs(s: float) -> str:
@@ -22,8 +16,15 @@ def _secs(s: float) -> str:
     return text.replace("-0.000 s", "0.000 s")
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+NA = "–"  # a figure that was not computed or has no denominator (null in JSON)
+
+
+def _pct(x: float | None) -> str:
+    return NA if x is None else f"{100 * x:.1f}%"
+
+
+def _count(x: int | None) -> str:
+    return NA if x is None else f"{x:,}"
 
 
 def _s3(x: float) -> str:
@@ -32,21 +33,23 @@ def _s3(x: float) -> str:
 
 
 def _iv(r: ChunkSizeResult, get) -> str:
-    """An interval of the savings, 3 significant digits, or "-" before savings are computed."""
-    return f"{fmt_interval(get(r.savings))} s" if r.savings is not None else "-"
+    """An interval of the savings, 3 significant digits, or NA before savings are computed."""
+    return f"{fmt_interval(get(r.savings))} s" if r.savings is not None else NA
 
 
-def _share(iv: Interval) -> str:
+def _share(iv: Interval | None) -> str:
+    if iv is None:
+        return NA
     return f"{sig(100 * iv.value)}% [{sig(100 * iv.low, 2)}, {sig(100 * iv.high, 2)}]"
 
 
 def _flops(r: ChunkSizeResult) -> str:
     s = r.savings
-    return f"{s.saved_flops:.3g} ({_pct(s.saved_flops / s.trace_flops)})" if s and s.trace_flops else "-"
+    return f"{s.saved_flops:.3g} ({_pct(s.saved_flops / s.trace_flops)})" if s and s.trace_flops else NA
 
 
 def _over(r: ChunkSizeResult, part: str) -> str:
-    return _s3(getattr(r.overheads, part)) if r.overheads is not None else "-"
+    return _s3(getattr(r.overheads, part)) if r.overheads is not None else NA
 
 
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
@@ -54,10 +57,11 @@ ROWS: list[tuple[str, callable]] = [
     ("requests", lambda r: f"{r.requests:,}"),
     ("prompt tokens", lambda r: f"{r.prompt_tokens:,}"),
     ("hit tokens", lambda r: f"{r.hit_tokens:,}"),
+    ("  by metadata alone (payloads unchecked)", lambda r: f"{r.hit_tokens_metadata_only:,}"),
     ("hit token ratio", lambda r: _pct(r.hit_token_ratio)),
     ("  without capacity limit", lambda r: _pct(r.to_dict()["hit_token_ratio_unlimited"])),
     ("  token-granular upper bound", lambda r: _pct(r.to_dict()["upper_bound_ratio"])),
-    ("  loss to chunking (tokens)", lambda r: f"{r.to_dict()['loss_to_chunking_tokens']:,}"),
+    ("  loss to chunking (tokens)", lambda r: _count(r.to_dict()["loss_to_chunking_tokens"])),
     ("objects created", lambda r: f"{r.objects_created:,}"),
     ("metadata entries", lambda r: f"{r.metadata_entries:,}"),
     ("evicted chunks", lambda r: f"{r.evicted_chunks:,}"),
@@ -70,7 +74,8 @@ ROWS: list[tuple[str, callable]] = [
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
     ("Redis retries / errors / timeouts",
      lambda r: f"{r.redis_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
-    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
+    ("lookup p50 / p99", lambda r: NA if r.lookup_p50_seconds is None else
+     f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
     ("lookup time", lambda r: _over(r, "lookup")),
     ("transfer time", lambda r: _over(r, "transfer")),
     ("  measured on this server", lambda r: _secs(r.transfer_seconds_measured)),
@@ -79,14 +84,15 @@ ROWS: list[tuple[str, callable]] = [
     ("background (serialize + store)", lambda r: _over(r, "background")),
     ("measured requests", lambda r: f"{r.measured_requests:,}"),
     ("prefill saved, measured", lambda r: _s3(r.saved_prefill_seconds_measured)),
-    ("prefill saved, estimated", lambda r: _s3(r.savings.saved_estimated) if r.savings else "-"),
+    ("prefill saved, estimated", lambda r: _s3(r.savings.saved_estimated) if r.savings else NA),
     ("prefill saved [95% interval]", lambda r: _iv(r, lambda s: s.saved)),
-    ("  share of the trace's prefill", lambda r: _share(r.savings.share) if r.savings else "-"),
-    ("  from prompts beyond calibration", lambda r: _pct(r.savings.beyond_share) if r.savings else "-"),
+    ("  share of the trace's prefill", lambda r: _share(r.savings.share) if r.savings else NA),
+    ("  from prompts beyond calibration", lambda r: _pct(r.savings.beyond_share) if r.savings else NA),
     ("prefill FLOPs saved", lambda r: _flops(r)),
     ("net benefit, async stores", lambda r: _iv(r, lambda s: s.net_async)),
     ("net benefit, sync stores", lambda r: _iv(r, lambda s: s.net_sync)),
-    ("max logit diff", lambda r: f"{r.max_logit_diff:.2e}" if r.measured_requests else "-"),
+    ("checksums verified / failed", lambda r: f"{r.checksum_verified_chunks:,} / {r.checksum_failures:,}"),
+    ("max logit diff", lambda r: f"{r.max_logit_diff:.2e}" if r.measured_requests else NA),
 ]
 
 
@@ -103,6 +109,9 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
         mark = " *" if r.chunk_size == best else (" =" if r.chunk_size in tied else "")
         table.add_column(f"{r.chunk_size}{mark}", justify="right", style="green" if r.chunk_size == best else None)
     for label, fn in ROWS + curve_rows(result.per_chunk_size):
+        if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
+                                                      for r in result.per_chunk_size):
+            continue  # every hit's payload checked out: the row would repeat the one above
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
     verdict = _verdict_line(result)
     transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")
@@ -181,14 +190,15 @@ def layout_table(result: TraceResult) -> Table:
 def print_report(results: list[TraceResult], console: Console, context: dict) -> None:
     """Print every trace's table (and its layout comparison), then the run context (model, server, cost curve)."""
     for result in results:
-        console.print(trace_table(result, context.get("cost_curve_source", "")))
-        console.print(_facts(result), highlight=False)
+        print_table(console, trace_table(result, context.get("cost_curve_source", "")))
+        console.print(_facts(result), markup=False, highlight=False, soft_wrap=True)
         if result.preflight:
-            console.print(f"  preflight: {result.preflight['message']}", highlight=False)
+            console.print(f"  preflight: {result.preflight['message']}", markup=False, highlight=False,
+                          soft_wrap=True)
         if len(result.by_layout) > 1:
-            console.print(layout_table(result))
+            print_table(console, layout_table(result))
         for note in result.notes:
-            console.print(f"  note: {note}", highlight=False)
+            console.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
     curve = context.get("cost_curve", {})
     check = context.get("cost_curve_vs_measured", {})
     source = f" (checkpoint {context['checkpoint']})" if context.get("checkpoint") else ""
@@ -198,7 +208,7 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
                   f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
                   f"{tok_source}; "
                   f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
-                  f"{context.get('metadata_placement')}", highlight=False)
+                  f"{context.get('metadata_placement')}", highlight=False, markup=False, soft_wrap=True)
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "
@@ -207,7 +217,7 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
         if check.get("samples"):
             line += (f"; measured/predicted on {check['samples']} measured prefills: median "
                      f"{check['median_measured_over_predicted']:.2f}, max {check['max_measured_over_predicted']:.2f}")
-        console.print(line, highlight=False)
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def to_json(results: list[TraceResult], context: dict) -> str:
@@ -236,8 +246,8 @@ def summary_line(result: TraceResult) -> str:
     """One line per trace for stderr: the verdict, and the best chunk size's hit ratio and savings (seconds with
     their interval, and the share of the trace's prefill time)."""
     rows = [r for r in result.per_chunk_size if r.requests]
-    if not rows:
-        return f"{result.trace}: nothing replayed"
+    if not result.requests or not rows:
+        return f"{result.trace}: no prompt to replay (every request of {result.skipped_empty:,} is empty)"
     best = max(rows, key=lambda r: (r.net_benefit_seconds, -r.chunk_size))
     v = result.verdict
     head = (f"chunk size {best.chunk_size}" if result.recommended_chunk_size is not None
@@ -249,4 +259,4 @@ def summary_line(result: TraceResult) -> str:
             f"{result.measured_requests} measured)")
 
 
-__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line"]
+__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line", "stdout_console"]

@@ -23,7 +23,8 @@ class ReplayConfig:
         payload: "real" (measured requests write and read real KV) or "accounted" (no payload is ever written).
         measure: requests per trace that run the model (None: all of them).
         measure_max_tokens: the most tokens of a measured prompt that run the model; longer prompts are measured on
-            their first tokens (at most this many, fewer when ``measure_seconds`` does not allow it).
+            their first tokens (at most this many, fewer when ``measure_seconds`` does not allow it). None: 2,048
+            for a count; with ``measure`` None (all), no limit and no budget (whole prompts).
         measure_seconds: model time per trace for measured requests (predicted from the cost curve).
         calibrate_seconds: model time per trace for extending the cost curve's calibration to its prompts.
         store_mode: "async" (stores off the request's path, as LMCache and vLLM's offloading connectors do) or
@@ -44,12 +45,14 @@ class ReplayConfig:
         hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
             grows ~55-95 bytes per distinct chunk per chunk size).
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
+        verify_sample: distinct chunks per chunk size whose checksum is verified when estimated requests hit
+            them with a real payload (their payloads are read, outside the timings); a failure is a miss.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
     payload: str = "real"
     measure: int | None = 2
-    measure_max_tokens: int = 2048
+    measure_max_tokens: int | None = None
     measure_seconds: float = 2.0
     calibrate_seconds: float = 4.0
     store_mode: str = "async"
@@ -67,6 +70,7 @@ class ReplayConfig:
     layouts: tuple[str, ...] = ("kvcli",)
     hit_curve: bool = True
     ttl_refresh: bool = False
+    verify_sample: int = 64
 
     def __post_init__(self) -> None:
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
@@ -77,15 +81,27 @@ class ReplayConfig:
 
 @dataclass
 class ChunkSizeResult:
-    """Everything measured for one chunk size (tokens, bytes, seconds, counts)."""
+    """Everything measured for one chunk size (tokens, bytes, seconds, counts).
+
+    Hit tokens are the tokens requests reuse (:func:`kvcli.store.hashing.reusable_tokens`: a prompt that hits
+    entirely still computes its last token); ``hit_tokens_metadata_only`` is what the metadata alone would have
+    counted (payloads missing, truncated or failing their checksum included). ``upper_bound_tokens`` is None when
+    not computed; figures without a denominator or never measured are None (null in JSON, "–" in tables).
+    ``short_requests`` / ``short_prompt_tokens``: prompts shorter than one chunk (they can never hit).
+    ``namespace_hit_chunks``: hit chunks the read namespace (``--namespace``) supplied.
+    """
 
     chunk_size: int
     namespace: str
     requests: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
+    hit_tokens_metadata_only: int = 0
     hit_tokens_unlimited: int = 0
-    upper_bound_tokens: int = 0
+    upper_bound_tokens: int | None = 0
+    short_requests: int = 0
+    short_prompt_tokens: int = 0
+    namespace_hit_chunks: int = 0
     chunks_hit: int = 0
     objects_created: int = 0
     metadata_entries: int = 0
@@ -99,14 +115,15 @@ class ChunkSizeResult:
     redis_memory_sampled_keys: int = 0
     round_trips: int = 0
     lookups: int = 0
-    lookup_p50_seconds: float = 0.0
-    lookup_p99_seconds: float = 0.0
+    lookup_p50_seconds: float | None = 0.0
+    lookup_p99_seconds: float | None = 0.0
     evicted_chunks: int = 0
     materialized_chunks: int = 0
     checksum_failures: int = 0
     redis_retries: int = 0  # commands re-sent after a dropped connection (redis-py Retry)
     redis_errors: int = 0  # lookups/retrieves/stores that failed after retries: misses, nothing stored
     redis_timeouts: int = 0  # replies that did not come within --redis-timeout
+    checksum_verified_chunks: int = 0
     measured_requests: int = 0
     full_prefill_seconds_measured: float = 0.0
     suffix_prefill_seconds_measured: float = 0.0
@@ -131,9 +148,9 @@ class ChunkSizeResult:
     hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
 
     @property
-    def hit_token_ratio(self) -> float:
-        """hit tokens / prompt tokens."""
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    def hit_token_ratio(self) -> float | None:
+        """hit tokens / prompt tokens (None without prompt tokens)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else None
 
     @property
     def saved_prefill_seconds(self) -> float:
@@ -159,22 +176,24 @@ class ChunkSizeResult:
         return self.saved_prefill_seconds - self.overhead_seconds
 
     def to_dict(self) -> dict:
-        """All fields plus the derived ratios and totals, JSON-ready."""
+        """All fields plus the derived ratios and totals, JSON-ready; None where a figure was not computed or has
+        no denominator."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
         out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
         if self.savings is not None:
             out["savings"] = self.savings.to_dict()
         if self.overheads is not None:
             out["overheads"] = self.overheads.to_dict()
+        upper, prompt = self.upper_bound_tokens, self.prompt_tokens
         out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
                    overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
-                   loss_to_chunking_tokens=self.upper_bound_tokens - self.hit_tokens_unlimited,
-                   upper_bound_ratio=self.upper_bound_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-                   hit_token_ratio_unlimited=(self.hit_tokens_unlimited / self.prompt_tokens
-                                              if self.prompt_tokens else 0.0),
+                   loss_to_chunking_tokens=None if upper is None else upper - self.hit_tokens_unlimited,
+                   upper_bound_ratio=upper / prompt if upper is not None and prompt else None,
+                   hit_token_ratio_unlimited=self.hit_tokens_unlimited / prompt if prompt else None,
+                   max_logit_diff=self.max_logit_diff if self.measured_requests else None,
                    metadata_bytes_per_chunk=(self.metadata_bytes_written / self.chunks_written
-                                             if self.chunks_written else 0.0),
-                   lookup_round_trips_per_lookup=self.lookup_round_trips / self.lookups if self.lookups else 0.0)
+                                             if self.chunks_written else None),
+                   lookup_round_trips_per_lookup=self.lookup_round_trips / self.lookups if self.lookups else None)
         return out
 
 

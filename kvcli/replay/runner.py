@@ -17,7 +17,7 @@ from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
 from kvcli.model.presets import ModelConfig, get_preset
-from kvcli.model.tokenize import get_tokenizer
+from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
@@ -25,7 +25,7 @@ from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.server import INFO_REFUSED, RedisTarget, server_info
 from kvcli.traces.detect import read_trace
-from kvcli.traces.paths import expand_paths
+from kvcli.traces.paths import display_name, expand_paths
 
 
 @dataclass(frozen=True)
@@ -78,22 +78,22 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     """
     files = expand_paths(paths)
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
-    tok = get_tokenizer(tokenizer)  # an unknown tokenizer fails now, not at the first text record
+    tok, tok_name = lazy_tokenizer(tokenizer)  # tiktoken loads only when a record holds text
     with _threads(model_options.threads):
         model, curve, calibration, spec = prepare_model(model_options, config.measure)
-        replayer = Replayer(client, model, curve, tok.name, config, spec=spec, calibration=calibration,
+        replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=model_shapes(model_options.model))
         replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
         results = []
         for path in files:
-            def step(done: int, total: int, _name=path.name) -> None:
+            def step(done: int, total: int, _name=Path(display_name(path)).name) -> None:
                 if progress:
                     progress(_name, done, total)
-            results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tok), step))
+            results.append(replayer.replay(display_name(path), lambda p=path: read_trace(p, fmt, tok), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
-        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tok.name,
+        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tok_name,
         "tokenizer_source": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),

@@ -114,8 +114,8 @@ class Savings:
     """One chunk size's savings and net benefit (seconds unless named otherwise).
 
     ``saved`` = ``saved_measured`` + ``saved_estimated``; ``share`` = saved / ``trace_prefill`` (the whole trace's
-    prefill time without a cache); ``beyond_share``: the share of ``saved`` from prompts longer than the longest
-    calibrated full prefill; ``critical`` (lookup, transfer, deserialize) delays the first token, ``background``
+    prefill time without a cache; None without any); ``beyond_share``: the share of ``saved`` from prompts longer
+    than the longest calibrated full prefill (None when nothing is saved); ``critical`` (lookup, transfer, deserialize) delays the first token, ``background``
     (serialize, store) occupies the server and the link; ``net_sync`` = saved - critical - background,
     ``net_async`` = saved - critical. FLOPs exact.
     """
@@ -124,8 +124,8 @@ class Savings:
     saved_measured: float
     saved_estimated: float
     trace_prefill: Interval
-    share: Interval
-    beyond_share: float
+    share: Interval | None
+    beyond_share: float | None
     saved_flops: float
     trace_flops: float
     critical: float
@@ -149,10 +149,10 @@ class Savings:
                 "saved_prefill_seconds_measured": self.saved_measured,
                 "saved_prefill_seconds_estimated": self.saved_estimated,
                 "trace_prefill_seconds": self.trace_prefill.to_dict("seconds"),
-                "saved_prefill_share": self.share.to_dict(),
+                "saved_prefill_share": self.share.to_dict() if self.share is not None else None,
                 "saved_beyond_calibration_share": self.beyond_share,
                 "saved_prefill_flops": self.saved_flops, "trace_prefill_flops": self.trace_flops,
-                "saved_prefill_flops_share": self.saved_flops / self.trace_flops if self.trace_flops else 0.0,
+                "saved_prefill_flops_share": self.saved_flops / self.trace_flops if self.trace_flops else None,
                 "critical_path_seconds": self.critical, "background_seconds": self.background,
                 "net_benefit_sync_seconds": self.net_sync.to_dict("seconds"),
                 "net_benefit_async_seconds": self.net_async.to_dict("seconds")}
@@ -222,8 +222,8 @@ def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: flo
     return Savings(
         saved=_interval(saved, saved_draws), saved_measured=measured_saved, saved_estimated=estimated,
         trace_prefill=_interval(trace_prefill, full_draws),
-        share=_interval(saved / trace_prefill if trace_prefill > 0 else 0.0, share_draws),
-        beyond_share=beyond_saved / saved if saved > 0 else 0.0,
+        share=_interval(saved / trace_prefill, share_draws) if trace_prefill > 0 else None,
+        beyond_share=beyond_saved / saved if saved > 0 else None,
         saved_flops=flops_saved, trace_flops=flops_total, critical=critical, background=background,
         net_sync=_interval(saved - critical - background, saved_draws - crit_draws - back_draws),
         net_async=_interval(saved - critical, saved_draws - crit_draws),

@@ -6,7 +6,8 @@ Interface (:class:`Policy`; the simulator in :mod:`kvcli.route` calls it):
   :class:`~kvcli.route.Lookup` (the router then waits ``wait_s`` simulated seconds); it may do real I/O.
 * ``choose(request, view, lookup) -> node`` at dispatch; ``view`` (:class:`~kvcli.route.ClusterView`) gives each
   node's outstanding requests and prefill tokens. May mutate the policy's own state (counters, router index).
-* ``on_cache_change(node, stored, evicted)`` after a node's prefill changed its cache (the cache manager's feed).
+* ``on_cache_change(node, stored, evicted)`` after a node's prefill changed its cache (the cache manager's feed;
+  chunk ids, :attr:`~kvcli.route.simulator.SimRequest.chunk_ids`).
 * ``close()`` at the end (drops the cache manager's keys).
 
 Load measures and ties: "least loaded" means fewest outstanding prefill tokens, then fewest outstanding requests,
@@ -17,6 +18,8 @@ its own LRU, so it can be wrong: it never hears of a real eviction, nor of a chu
 """
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,22 +32,43 @@ from kvcli.route.nodecache import ChunkIndex
 from kvcli.route.simulator import STREAM_LOOKUP, STREAM_POLICY, ClusterView, Lookup, SimConfig, SimRequest
 
 
-def least_loaded(view: ClusterView, nodes=None) -> int:
+def least_loaded(view: ClusterView, nodes: list[int] | None = None) -> int:
     """The node of ``nodes`` (default all) with the fewest outstanding prefill tokens, then requests, then number."""
     tokens, reqs = view.load_tokens, view.load_requests
-    return min(range(len(tokens)) if nodes is None else nodes, key=lambda k: (tokens[k], reqs[k], k))
+    if nodes is None:
+        return min(zip(tokens, reqs, range(len(tokens))))[2]
+    return nodes[0] if len(nodes) == 1 else min([(tokens[k], reqs[k], k) for k in nodes])[2]
 
 
-def fewest_requests(view: ClusterView, nodes=None) -> int:
+def fewest_requests(view: ClusterView, nodes: list[int] | None = None) -> int:
     """The node of ``nodes`` (default all) with the fewest outstanding requests, then prefill tokens, then number."""
     tokens, reqs = view.load_tokens, view.load_requests
-    return min(range(len(reqs)) if nodes is None else nodes, key=lambda k: (reqs[k], tokens[k], k))
+    if nodes is None:
+        return min(zip(reqs, tokens, range(len(reqs))))[2]
+    return nodes[0] if len(nodes) == 1 else min([(reqs[k], tokens[k], k) for k in nodes])[2]
 
 
 def best_matches(depths: list[int]) -> tuple[int, list[int]]:
     """(longest depth, the nodes that have it)."""
     best = max(depths)
     return best, [k for k, d in enumerate(depths) if d == best]
+
+
+class Draws:
+    """Random numbers handed out one at a time, drawn ``block`` at a time by ``draw(size) -> array``: the same
+    values in the same order as one draw per call, for numpy's ``Generator.random`` and ``Generator.integers``
+    (both take the bit generator's output value by value, whatever the size; tests/route pins it)."""
+
+    def __init__(self, draw: Callable[[int], np.ndarray], block: int = 1024) -> None:
+        self.draw, self.block, self.values = draw, block, iter(())
+
+    def next(self):
+        """The next value (a Python int or float)."""
+        value = next(self.values, None)
+        if value is None:
+            self.values = iter(self.draw(self.block).tolist())
+            value = next(self.values)
+        return value
 
 
 class Policy:
@@ -86,10 +110,11 @@ class Random(Policy):
     name = "random"
 
     def __init__(self, config: SimConfig) -> None:
-        self.nodes, self.rng = config.nodes, np.random.default_rng([config.seed, STREAM_POLICY])
+        rng = np.random.default_rng([config.seed, STREAM_POLICY])
+        self.draws = Draws(lambda size: rng.integers(config.nodes, size=size))
 
     def choose(self, request, view, lookup) -> int:
-        return int(self.rng.integers(self.nodes))
+        return self.draws.next()
 
 
 class LeastLoaded(Policy):
@@ -110,8 +135,9 @@ class _RouterIndexed(Policy):
         self.index = ChunkIndex(config.nodes, config.capacity_chunks)
 
     def choose(self, request, view, lookup) -> int:
-        node = self.pick(request, view, self.index.depths(request.hashes))
-        self.index.store(node, request.hashes)
+        chunk_ids = request.chunk_ids
+        node = self.pick(request, view, self.index.depths(chunk_ids))
+        self.index.store(node, chunk_ids)
         return node
 
     def pick(self, request: SimRequest, view: ClusterView, depths: list[int]) -> int:
@@ -154,17 +180,18 @@ class Cost(_RouterIndexed):
 
     def __init__(self, config: SimConfig) -> None:
         super().__init__(config)
-        self.rng = np.random.default_rng([config.seed, STREAM_POLICY])
+        rng = np.random.default_rng([config.seed, STREAM_POLICY])
+        self.uniform = Draws(lambda size: rng.random(size))
 
     def pick(self, request, view, depths) -> int:
-        c = self.config
-        scores = [c.cost_weight * (request.prompt_tokens - d * c.chunk_size) + load
-                  for d, load in zip(depths, view.load_tokens)]
+        c, prompt = self.config, request.prompt_tokens
+        scores = [c.cost_weight * (prompt - d * c.chunk_size) + load for d, load in zip(depths, view.load_tokens)]
         low = min(scores)
         if c.temperature == 0:
             return least_loaded(view, [k for k, s in enumerate(scores) if s == low])
-        weights = np.cumsum([math.exp(-(s - low) / c.temperature) for s in scores])
-        return int(np.searchsorted(weights, self.rng.random() * weights[-1], side="right"))
+        # Running sum left to right, as np.cumsum; bisect_right is np.searchsorted(side="right").
+        weights = list(itertools.accumulate(math.exp(-(s - low) / c.temperature) for s in scores))
+        return bisect.bisect_right(weights, self.uniform.next() * weights[-1])
 
 
 class CacheManager(Policy):
@@ -181,10 +208,12 @@ class CacheManager(Policy):
         self.config = config
         self.index = CacheManagerIndex(redis_client, config.nodes)
         self.rng = np.random.default_rng([config.seed, STREAM_LOOKUP])
+        self.hash_of: list[bytes] = []  # chunk id -> hash (ChunkNumbering.hashes)
 
     def lookup(self, request) -> Lookup:
         c = self.config
         injected = c.lookup_delay.sample(self.rng)
+        self.hash_of = request.numbering.hashes  # the same for every request of a simulation
         depths, measured = self.index.query(request.hashes)
         wait = injected + (measured if c.count_measured_latency else 0.0)
         if c.lookup_timeout is not None and wait > c.lookup_timeout:
@@ -197,7 +226,8 @@ class CacheManager(Policy):
         return least_loaded(view, best_matches(lookup.depths)[1])
 
     def on_cache_change(self, node, stored, evicted) -> None:
-        self.index.publish(node, stored, evicted)
+        hash_of = self.hash_of
+        self.index.publish(node, [hash_of[c] for c in stored], [hash_of[c] for c in evicted])
 
     def stats(self) -> dict:
         """Round trips to the manager: ``query_round_trips`` (lookups) and ``index_writes`` (node updates)."""

@@ -26,6 +26,7 @@ from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.policies import POLICIES, config_fields, make_policy
 from kvcli.route.simulator import SimConfig, SimRequest, SimResult, simulate, single_node_hit_tokens
 from kvcli.store.server import open_redis
+from kvcli.tables import print_table
 from kvcli.units import parse_capacity, parse_duration
 
 # Sweepable CLI names -> the SimConfig field each sets. Which policies a parameter affects follows from the field
@@ -230,12 +231,12 @@ def report_dict(trace: str, runs: list[dict], cost_info: dict) -> dict:
 
 
 def _fmt(x, spec=".3g") -> str:
-    return "-" if x is None else format(x, spec)
+    return "–" if x is None else format(x, spec)
 
 
 def _ms(seconds, spec: str) -> str:
     """Seconds shown as milliseconds (``-`` for None)."""
-    return "-" if seconds is None else format(seconds * 1e3, spec)
+    return "–" if seconds is None else format(seconds * 1e3, spec)
 
 
 def _count(n: float) -> str:
@@ -289,7 +290,7 @@ def render(report: dict, console: Console) -> None:
                           _ms(lk["measured_seconds"]["p99"], ".2f"), _ms(lk["injected_seconds"]["p50"], ".3g"),
                           _ms(lk["injected_seconds"]["p99"], ".3g"), str(lk.get("index_writes", "-")))
     for table in (cache, balance, lat) + ((looks,) if looks.row_count else ()):
-        console.print(table)
+        print_table(console, table, keep=len(head))  # split by columns, never cut, when the console is narrow
     for w in report["winners"]:
         where = " ".join(f"{k}={v}" for k, v in w["sweep"].items())
         t, h = w["ttft_p99_seconds"], w["hit_token_ratio"]

@@ -13,21 +13,22 @@ The model (what ``kvcli route`` simulates; docs/routing.md says the same for use
   Prefill is serialized per node (one at a time, FIFO: prefill is compute-bound, so two at once take as long as
   one after the other); decodes of admitted requests overlap freely (memory-bound, batched).
 * **Prefill** covers only the tokens not cached on that node at prefill start (the longest run of the request's
-  chunks from chunk 0): ``seconds = cost.predict(prompt - hit, hit)``. At prefill end the first token is out and
-  the node stores all the request's full chunks. **Decode** then takes ``(output_tokens - 1) * decode_tpot`` s.
+  chunks from chunk 0, less the last token when it covers the whole prompt: the engine computes that one,
+  :func:`kvcli.store.hashing.reusable_tokens`): ``seconds = cost.seconds(prompt - hit, hit)``. At prefill end the
+  first token is out and the node stores all the request's full chunks. **Decode** then takes ``(output_tokens - 1) * decode_tpot`` s.
 * **Load** a node reports: outstanding requests (routed, not finished) and outstanding prefill tokens (tokens of
   routed requests whose prefill has not ended, counted without the tokens cached on the node when routed, then
   corrected to the true count at prefill start).
 * At one instant, prefill ends come first, then decode ends, then dispatches, then arrivals (each in order).
 
-Simulated time only: nothing sleeps, so 10,000 requests take seconds. Per request the work is per chunk (LRU and
-bitmask updates), never per token.
+Simulated time only: nothing sleeps. Per request the work is per chunk (LRU updates on int chunk ids), never per
+token; the event loop is :mod:`kvcli.route.engine` (over 100,000 requests/s for the in-process policies,
+docs/measurements.md).
 """
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -35,13 +36,14 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.route.cachemanager import DelaySpec
-from kvcli.route.nodecache import ChunkIndex
-from kvcli.store.hashing import chunk_prompt, namespace_root
+from kvcli.route.chunkids import ChunkNumbering
+from kvcli.route.engine import EventLoop
+from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
 from kvcli.store.lru import ChunkLru
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
-_PREFILL_DONE, _DECODE_DONE, _DISPATCH, _ARRIVAL = 0, 1, 2, 3
+MAX_NODES = 100_000  # each node holds its own cache object: beyond this a typo, not a cluster
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ class SimConfig:
             if value is not None and not math.isfinite(value):
                 raise BadInputError(f"{option} must be a finite number, got {value}")
         capacity, chunk = self.capacity_tokens, self.chunk_size
-        checks = [("--nodes", self.nodes, self.nodes >= 1, ">= 1"),
+        checks = [("--nodes", self.nodes, 1 <= self.nodes <= MAX_NODES, f"in [1, {MAX_NODES:,}] (one cache each)"),
                   ("--chunk-size", chunk, chunk >= 1, ">= 1"),
                   ("--max-batch", self.max_batch, self.max_batch >= 1, ">= 1"),
                   ("--decode-tpot", self.decode_tpot, self.decode_tpot >= 0, ">= 0"),
@@ -117,36 +119,55 @@ class SimConfig:
 
 @dataclass(frozen=True, slots=True)
 class SimRequest:
-    """A request as the simulator sees it: hashes instead of tokens (a few bytes per chunk, not per token).
+    """A request as the simulator sees it: chunk ids instead of tokens (one int per chunk, not per token).
 
     Attributes:
-        id: the trace's id. hashes: 16-byte chunk hashes, one per full chunk, chained from the salt's root.
+        id: the trace's id. chunk_ids: one per full chunk, in prompt order (:mod:`kvcli.route.chunkids`).
         prompt_tokens: prompt length (tokens). output_length: tokens generated, or None (config default).
         timestamp: arrival in seconds, or None. cache_salt: tenant.
+        numbering: the trace's :class:`ChunkNumbering`; requests simulated together must share it, or one id
+            could stand for two chunks (:func:`simulate` checks).
     """
 
     id: str
-    hashes: tuple[bytes, ...]
+    chunk_ids: tuple[int, ...]
     prompt_tokens: int
     output_length: int | None
     timestamp: float | None
-    cache_salt: str = ""
+    cache_salt: str
+    numbering: ChunkNumbering = field(repr=False, compare=False)
+
+    @property
+    def hashes(self) -> tuple[bytes, ...]:
+        """16-byte chunk hashes, one per full chunk, chained from the salt's root (:mod:`kvcli.hashing`)."""
+        table = self.numbering.hashes
+        return tuple([table[c] for c in self.chunk_ids])
 
 
 def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> list[SimRequest]:
-    """Hash every request of ``trace`` (kvcli.traces.Request objects) once; the token arrays are not kept.
+    """Hash every request of ``trace`` (kvcli.traces.Request objects) once, and number the distinct hashes (one
+    :class:`ChunkNumbering` per call); the token arrays are not kept.
 
     The namespace root is ``namespace_root("kvcli-route", tokenizer, cache_salt)``: only the salt varies inside
     one run, and it is what keeps tenants apart.
     """
     roots: dict[str, bytes] = {}
-    out = []
+    numbering, out = ChunkNumbering(), []
     for r in trace:
         root = roots.get(r.cache_salt) or roots.setdefault(r.cache_salt, namespace_root(
             "kvcli-route", tokenizer, r.cache_salt))
-        hashes = tuple(chunk_prompt(r.token_ids, chunk_size, root).hashes)
-        out.append(SimRequest(r.id, hashes, int(len(r.token_ids)), r.output_length, r.timestamp, r.cache_salt))
+        chunk_ids = numbering.number(chunk_prompt(r.token_ids, chunk_size, root).hashes)
+        out.append(SimRequest(r.id, chunk_ids, int(len(r.token_ids)), r.output_length, r.timestamp, r.cache_salt,
+                              numbering))
+    numbering.close()
     return out
+
+
+def check_numbering(requests: list[SimRequest]) -> None:
+    """ValueError unless all ``requests`` come from one :func:`prepare_requests` call (one chunk numbering)."""
+    if len({id(r.numbering) for r in requests}) > 1:
+        raise ValueError("requests from two prepare_requests calls cannot be simulated together: their chunk ids "
+                         "are numbered apart; prepare them in one call")
 
 
 def arrival_times(requests: list[SimRequest], rate: float | None, seed: int) -> np.ndarray:
@@ -222,121 +243,44 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
     """Run ``requests`` through ``policy`` on ``config.nodes`` nodes in simulated time.
 
     Args:
-        requests: from :func:`prepare_requests` (hashed with ``config.chunk_size``).
+        requests: from one :func:`prepare_requests` call (hashed with ``config.chunk_size``).
         policy: a :class:`kvcli.policies.Policy` (fresh: policies keep state).
-        cost: anything with ``predict(new_tokens, cached_tokens) -> seconds`` (a :class:`kvcli.costcurve.CostCurve`).
+        cost: a :class:`kvcli.costcurve.CostCurve` (its scalar ``seconds(new_tokens, cached_tokens)``).
 
     Raises:
-        BadInputError: as :func:`arrival_times`.
+        BadInputError: as :func:`arrival_times`. ValueError: as :func:`check_numbering`.
     """
-    return _Engine(requests, policy, config, cost).run()
-
-
-class _Engine:
-    def __init__(self, requests, policy, config: SimConfig, cost) -> None:
-        n, count = config.nodes, len(requests)
-        self.requests, self.policy, self.config, self.cost = requests, policy, config, cost
-        self.cache = ChunkIndex(n, config.capacity_chunks)
-        self.view = ClusterView([0] * n, [0] * n, config.chunk_size)
-        self.queues = [deque() for _ in range(n)]
-        self.active, self.prefilling = [0] * n, [False] * n
-        self.estimate = [0] * count
-        self.rec = {k: np.zeros(count) for k in ("dispatch", "prefill_start", "first_token", "finish",
-                                                 "injected", "measured")}
-        self.node = np.full(count, -1, dtype=np.int64)
-        self.hit = np.zeros(count, dtype=np.int64)
-        self.looked_up, self.timed_out = np.zeros(count, bool), np.zeros(count, bool)
-        self.arrival = arrival_times(requests, config.rate, config.seed)
-        self.heap: list = [(t, _ARRIVAL, i, i, None) for i, t in enumerate(self.arrival.tolist())]
-        heapq.heapify(self.heap)
-        self.seq, self.evictions, self.peak = count, 0, 0
-
-    def push(self, t: float, kind: int, i: int, payload) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, kind, self.seq, i, payload))
-
-    def run(self) -> SimResult:
-        handlers = {_ARRIVAL: self.on_arrival, _DISPATCH: self.on_dispatch,
-                    _PREFILL_DONE: self.on_prefill_done, _DECODE_DONE: self.on_decode_done}
-        heap = self.heap
-        while heap:
-            t, kind, _, i, payload = heapq.heappop(heap)
-            handlers[kind](t, i, payload)
-        r = self.rec
-        return SimResult(getattr(self.policy, "name", type(self.policy).__name__), self.config.nodes, self.node,
-                         np.array([q.prompt_tokens for q in self.requests], dtype=np.int64), self.hit,
-                         self.arrival, r["dispatch"], r["prefill_start"], r["first_token"], r["finish"],
-                         r["injected"], r["measured"], self.looked_up, self.timed_out, self.evictions, self.peak)
-
-    def on_arrival(self, t: float, i: int, _) -> None:
-        lookup = self.policy.lookup(self.requests[i])
-        if lookup is None:
-            self.on_dispatch(t, i, None)
-            return
-        self.looked_up[i], self.timed_out[i] = True, lookup.timed_out
-        self.rec["injected"][i], self.rec["measured"][i] = lookup.injected_s, lookup.measured_s
-        self.push(t + lookup.wait_s, _DISPATCH, i, lookup)
-
-    def on_dispatch(self, t: float, i: int, lookup: Lookup | None) -> None:
-        req, view = self.requests[i], self.view
-        node = self.policy.choose(req, view, lookup)
-        assert 0 <= node < self.config.nodes, f"policy chose node {node}"
-        self.node[i], self.rec["dispatch"][i] = node, t
-        est = req.prompt_tokens - self.config.chunk_size * self.cache.depth(node, req.hashes)
-        self.estimate[i] = est
-        view.load_tokens[node] += est
-        view.load_requests[node] += 1
-        self.peak = max(self.peak, max(view.load_requests) - min(view.load_requests))
-        self.queues[node].append(i)
-        self.try_start(t, node)
-
-    def try_start(self, t: float, node: int) -> None:
-        if self.prefilling[node] or not self.queues[node] or self.active[node] >= self.config.max_batch:
-            return
-        i = self.queues[node].popleft()
-        req = self.requests[i]
-        self.active[node] += 1
-        self.prefilling[node] = True
-        hit = self.config.chunk_size * self.cache.depth(node, req.hashes)
-        new = req.prompt_tokens - hit
-        self.view.load_tokens[node] += new - self.estimate[i]
-        self.estimate[i], self.hit[i], self.rec["prefill_start"][i] = new, hit, t
-        self.push(t + float(self.cost.predict(new, hit)), _PREFILL_DONE, i, node)
-
-    def on_prefill_done(self, t: float, i: int, node: int) -> None:
-        req = self.requests[i]
-        new, evicted = self.cache.store(node, req.hashes)
-        self.evictions += len(evicted)
-        if new or evicted:
-            self.policy.on_cache_change(node, new, evicted)
-        self.view.load_tokens[node] -= self.estimate[i]
-        self.prefilling[node] = False
-        self.rec["first_token"][i] = t
-        out = req.output_length if req.output_length is not None else self.config.default_output_tokens
-        self.push(t + max(out - 1, 0) * self.config.decode_tpot, _DECODE_DONE, i, node)
-        self.try_start(t, node)
-
-    def on_decode_done(self, t: float, i: int, node: int) -> None:
-        self.active[node] -= 1
-        loads = self.view.load_requests
-        loads[node] -= 1
-        self.peak = max(self.peak, max(loads) - min(loads))
-        self.rec["finish"][i] = t
-        self.try_start(t, node)
+    check_numbering(requests)
+    arrival = arrival_times(requests, config.rate, config.seed)
+    order = np.argsort(arrival, kind="stable")  # ties: trace order
+    tpot, default = config.decode_tpot, config.default_output_tokens
+    decode = [max((default if r.output_length is None else r.output_length) - 1, 0) * tpot for r in requests]
+    view = ClusterView([0] * config.nodes, [0] * config.nodes, config.chunk_size)
+    out = EventLoop(requests, list(zip(arrival[order].tolist(), order.tolist())), decode, policy, view,
+                    config.capacity_chunks, config.max_batch, cost.seconds).run()
+    times = {k: np.array(getattr(out, k), dtype=np.float64)
+             for k in ("dispatch", "prefill_start", "first_token", "finish", "injected", "measured")}
+    return SimResult(
+        getattr(policy, "name", type(policy).__name__), config.nodes, node=np.array(out.node, dtype=np.int64),
+        prompt_tokens=np.array([r.prompt_tokens for r in requests], dtype=np.int64),
+        hit_tokens=np.array(out.hit_tokens, dtype=np.int64), arrival=arrival, **times,
+        looked_up=np.array(out.looked_up, dtype=bool), timed_out=np.array(out.timed_out, dtype=bool),
+        evictions=out.evictions, peak_imbalance=out.peak_imbalance)
 
 
 def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int:
     """Hit tokens of one node holding the whole cluster's capacity (``nodes x capacity``), serving every request
     in arrival order with no overlap: the ceiling no routing policy can beat with the same total cache."""
+    check_numbering(requests)
     capacity = None if config.capacity_chunks is None else config.capacity_chunks * config.nodes
     cache = ChunkLru(capacity)
     order = np.argsort(arrival_times(requests, config.rate, config.seed), kind="stable")
     hit = 0
     for i in order.tolist():
-        hashes = requests[i].hashes
-        hit += cache.match(hashes)
-        cache.store(hashes)
-    return hit * config.chunk_size
+        chunk_ids = requests[i].chunk_ids
+        hit += reusable_tokens(cache.match(chunk_ids) * config.chunk_size, requests[i].prompt_tokens)
+        cache.store(chunk_ids)
+    return hit
 
 
 def kv_bytes_per_token(model: str) -> int:
@@ -354,14 +298,14 @@ def load_requests(path, fmt: str = "auto", tokenizer="cl100k_base", chunk_size: 
     progress. Raises BadInputError (also on no requests, or ``limit`` < 1)."""
     import itertools
 
-    from kvcli.model.tokenize import get_tokenizer
+    from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.traces.detect import read_trace
 
     if limit is not None and limit < 1:
         raise BadInputError(f"--limit must be >= 1, got {limit}")
-    tok = get_tokenizer(tokenizer)
-    stream = itertools.islice(read_trace(path, fmt, tok), limit)
-    requests = prepare_requests(track(stream) if track else stream, chunk_size, tok.name)
+    tok, name = lazy_tokenizer(tokenizer)
+    stream = itertools.islice(read_trace(path, fmt, tok), None if limit is None else min(limit, sys.maxsize))
+    requests = prepare_requests(track(stream) if track else stream, chunk_size, name)
     if not requests:
         raise BadInputError("the trace has no requests", path=str(path))
     return requests

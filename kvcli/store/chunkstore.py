@@ -2,9 +2,16 @@
 
 Key layout and metadata format: :mod:`kvcli.layout` (README, "The store").
 
-Round trips: ``lookup`` is one MGET of the metadata keys, whatever the number of chunks; ``retrieve`` adds one MGET
-of the hit chunks' payloads; ``store`` writes the missed full chunks in one pipelined round trip, payload before
-metadata for each chunk, so a metadata hit always means its payload was written.
+Round trips: ``lookup`` is one round trip whatever the number of chunks: one read-only script (``EVAL_RO``) that
+returns every metadata value and, for each chunk whose metadata records a real payload, its payload's length
+(``STRLEN``), or where scripts are refused an MGET of the metadata and a STRLEN per payload key pipelined together;
+``retrieve`` adds one MGET of the hit chunks' payloads; ``store`` writes the missed full chunks in one pipelined
+round trip, payload before metadata for each chunk.
+
+A lookup hit is what a serving engine could load: the metadata is there with the prompt's token digest and, for a
+chunk stored "real", its payload is there with the exact length (header + tensor bytes); a payload that is missing
+(evicted, expired, deleted), truncated or of another type ends the hit run there. Checksums need the payload bytes:
+:meth:`ChunkStore.retrieve` checks every chunk it returns, :meth:`ChunkStore.verify` checks chosen ones.
 
 Faults: the client's connections retry a dropped connection themselves (redis-py's Retry, set up in
 :mod:`kvcli.store.server`); a call that still fails (the connection kept dropping, or no reply within the client's
@@ -26,12 +33,12 @@ import redis
 import torch
 import xxhash
 
-from kvcli.errors import BadInputError, KvcliError, RedisFailure
-from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
+from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
+from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
-from kvcli.store.server import FaultCounts, error_text, fault_counts
+from kvcli.store.server import FaultCounts, fault_counts
 
 MAX_FAILURES_IN_ROW = 3  # calls failing after retries, in a row, before a tolerant store gives up
 
@@ -43,6 +50,8 @@ class RedisUnavailable(RedisFailure):
     def __init__(self, message: str, timeout: bool = False, final: bool = False) -> None:
         super().__init__(message)
         self.timeout, self.final = timeout, final  # final: MAX_FAILURES_IN_ROW reached, never absorbed
+
+MAX_CHUNK_SIZE = 1 << 24  # tokens: far beyond any context window; larger is a typo (and overflows tensor shapes)
 
 
 class ChunkTooLargeError(BadInputError):
@@ -87,8 +96,8 @@ class StoreConfig:
                                     f"characters, so one namespace's keys never match another's)")
         if not self.namespace:
             raise BadInputError("namespace must not be empty")
-        if self.chunk_size < 1:
-            raise BadInputError(f"chunk size must be >= 1, got {self.chunk_size}")
+        if not 1 <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise BadInputError(f"chunk size must be in [1, {MAX_CHUNK_SIZE:,}] tokens, got {self.chunk_size}")
         for name in ("capacity_tokens", "capacity_bytes", "ttl"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -120,13 +129,19 @@ def _payload_metadata(config: StoreConfig) -> dict[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
-    """Result of one lookup: ``hit_chunks`` consecutive chunks from chunk 0 are present.
+    """Result of one lookup: ``hit_chunks`` consecutive chunks from chunk 0 are present and loadable.
 
-    ``hit_tokens`` = hit_chunks × chunk_size (tokens; never more than the prompt's full-chunk tokens).
-    ``break_reason`` is "missing", "token-mismatch" or "" (every full chunk hit). ``seconds`` is wall time.
-    ``present_after``: chunks after the hit run that exist anyway (unreachable now; a store skips them).
+    ``hit_tokens`` = hit_chunks × chunk_size (tokens; never more than the prompt's full-chunk tokens; what a request
+    reuses of them is :func:`kvcli.store.hashing.reusable_tokens`). ``break_reason`` is "missing",
+    "token-mismatch", "no-payload" (metadata says real, no payload key), "bad-payload" (a payload of the wrong
+    length or type) or "" (every full chunk hit). ``seconds`` is wall time.
+    ``metadata_hit_chunks``: the run by metadata alone (payloads not checked), >= ``hit_chunks``.
+    ``present_after``: chunks after the hit run that are there and usable anyway (a store skips them; one whose
+    payload was lost is written again, as the request that computed it would).
     ``from_read``: per hit chunk, whether it came from the read-only namespace; ``read_only``: every chunk index
-    present only there (never written to, nor counted in, the store's own namespace).
+    only the read-only namespace supplies (never written to, nor counted in, the store's own namespace);
+    ``read_usable``: every chunk index the read-only namespace could supply (metadata, digest and payload length
+    check out).
     """
 
     hit_chunks: int
@@ -138,6 +153,8 @@ class LookupResult:
     present_after: frozenset[int] = frozenset()
     from_read: tuple[bool, ...] = ()
     read_only: frozenset[int] = frozenset()
+    metadata_hit_chunks: int = 0
+    read_usable: frozenset[int] = frozenset()
     failed: bool = False  # the lookup itself failed (tolerant store): a miss whose chunks are not stored
 
 
@@ -195,6 +212,7 @@ class StoreStats:
     redis_retries: int = 0  # commands redis-py re-sent on a fresh connection after a drop
     redis_errors: int = 0  # calls that failed after retries (tolerant store: absorbed, see the module docstring)
     redis_timeouts: int = 0  # replies that did not come within the client's timeout
+    checksum_verified_chunks: int = 0
     lookup_seconds: list[float] = field(default_factory=list)
 
 
@@ -216,7 +234,8 @@ class ChunkStore:
         self.prefix = key_prefix(config.namespace, config.chunk_size)
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
-        self._roots: dict[str, bytes] = {}
+        self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
+        self._scripts = True  # False once the server refused the lookup script: pipelined lookups from then on
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
                   "model": config.model_id, "payload": config.payload_bytes}
@@ -233,32 +252,33 @@ class ChunkStore:
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt under this store's namespace root (model, tokenizer, ``cache_salt``)."""
-        root = self._roots.get(cache_salt)
-        if root is None:
-            root = self._roots[cache_salt] = namespace_root(self.config.model_id, self.config.tokenizer, cache_salt)
-        return chunk_prompt(tokens, self.config.chunk_size, root)
+        return self._chunker.chunk(tokens, cache_salt)
 
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
-        return tokens if isinstance(tokens, ChunkedPrompt) else self.chunk(tokens, cache_salt)
+        return self._chunker.prompt(tokens, cache_salt)
 
     # -- checks -------------------------------------------------------------------------------------------------
-    def check_value_size(self) -> int:
+    def check_value_size(self, alternative: str = "--payload accounted") -> int:
         """Refuse a chunk whose value would exceed the server's ``proto-max-bulk-len``, before any write.
 
+        ``alternative``: one more way out the message suggests (the command's own option), or "" for none.
         Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
 
         Raises:
             ChunkTooLargeError: header + payload bytes of one chunk exceed the limit.
         """
-        return check_value_size(self.client, self.config, self.value_bytes)
+        return check_value_size(self.client, self.config, self.value_bytes, alternative)
 
     # -- read ---------------------------------------------------------------------------------------------------
     def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
-        """The longest run of consecutive chunk hits from chunk 0, in ONE round trip (MGET of metadata keys).
+        """The longest run of consecutive loadable chunks from chunk 0, in ONE round trip (module docstring).
 
-        A missing chunk stops the run: later chunks never fill a gap. A chunk whose stored token digest differs
-        from the prompt's (a hash collision) stops it too. Only full chunks count, so ``hit_tokens`` never
-        exceeds the prompt length.
+        A missing chunk stops the run: later chunks never fill a gap. So does a chunk whose stored token digest
+        differs from the prompt's (a hash collision), and a chunk stored "real" whose payload is missing or not
+        of the exact length this store writes (an engine could not load it). "Accounted" chunks (metadata only,
+        written by replay) have no payload by design and are not checked. Only full chunks count, so
+        ``hit_tokens`` never exceeds the prompt length. With a read-only namespace, a chunk is taken from the
+        store's own namespace when it is usable there, else from the read-only one.
 
         Args:
             tokens: token ids ``[tokens]`` or a :class:`ChunkedPrompt` from :meth:`chunk`.
@@ -268,38 +288,71 @@ class ChunkStore:
         prompt = self._prompt(tokens, cache_salt)
         n = len(prompt.hashes)
         t0 = time.perf_counter()
-        pre = self.prefix + "m:"
-        keys = [pre + x for x in prompt.hexes]
-        if self.read_prefix:  # the read-only namespace's keys too, in the same MGET
-            keys += [self.read_prefix + "m:" + x for x in prompt.hexes]
+        spaces = [self.prefix] + ([self.read_prefix] if self.read_prefix else [])
         try:
-            metas = self._call(self.client.mget, keys, record=record) if n else []
+            metas, lengths = self._read_chunks(prompt.hexes, spaces, record) if n else ([], [])
         except RedisUnavailable as exc:
             self._absorb(exc)
             return LookupResult(0, 0, n, "redis-error", time.perf_counter() - t0, failed=True)
         seconds = time.perf_counter() - t0
-        from_read = ()
-        if self.read_prefix and n:
-            from_read = tuple(own is None and other is not None for own, other in zip(metas[:n], metas[n:]))
-            metas = [own if own is not None else other for own, other in zip(metas[:n], metas[n:])]
-        read_only = frozenset(i for i, r in enumerate(from_read) if r)
         if record:
             self.stats.lookups += 1
             self.stats.lookup_round_trips += bool(n)
             self.stats.lookup_seconds.append(seconds)
-        k, reason = 0, ""
-        for k, meta in enumerate(metas):
-            if meta is None:
-                reason = "missing"
-                break
-            if meta[:8] != prompt.token_digest(k):
-                reason = "token-mismatch"
-                break
-        else:
-            k = n
-        cs = self.config.chunk_size
-        later = frozenset(i for i in range(k + 1, n) if metas[i] is not None)
-        return LookupResult(k, k * cs, n, reason, seconds, tuple(metas[:k]), later, from_read[:k], read_only)
+        expected = self.config.header_bytes + self.config.payload_bytes
+        states = [[_usable(metas[j * n + k], lengths[j * n + k], prompt.digests[k], expected) for k in range(n)]
+                  for j in range(len(spaces))]
+        own, read = states[0], (states[1] if len(spaces) > 1 else None)
+        ok = [own[k] == "" or (read is not None and read[k] == "") for k in range(n)]
+        by_meta = [own[k] in _META_OK or (read is not None and read[k] in _META_OK) for k in range(n)]
+        k = next((i for i in range(n) if not ok[i]), n)
+        reason = "" if k == n else own[k] if own[k] != "missing" or read is None else read[k]
+        from_read, read_only, usable = (), frozenset(), frozenset()
+        chosen = tuple(metas[:k])
+        if read is not None:
+            from_read = tuple(own[i] != "" for i in range(k))
+            chosen = tuple(metas[n + i] if from_read[i] else metas[i] for i in range(k))
+            read_only = frozenset(i for i in range(n) if metas[i] is None and read[i] == "")
+            usable = frozenset(i for i in range(n) if read[i] == "")
+        later = frozenset(i for i in range(k + 1, n) if ok[i])
+        return LookupResult(k, k * self.config.chunk_size, n, reason, seconds, chosen, later, from_read, read_only,
+                            next((i for i in range(n) if not by_meta[i]), n), usable)
+
+    def _read_chunks(self, hexes: list[str], spaces: list[str], record: bool) -> tuple[list, list]:
+        """Metadata values and payload lengths of every chunk in every namespace prefix, in one round trip.
+
+        Returns ``(metas, lengths)``, each ``len(spaces) * len(hexes)`` long (namespace-major): a metadata value or
+        None (no key, or not a string), and the payload's length where the metadata records a real payload (-1
+        where it was not asked, -2 for a key of another type; the pipelined fallback asks every payload).
+        """
+        meta_keys = [p + "m:" + x for p in spaces for x in hexes]
+        payload_keys = [p + "p:" + x for p in spaces for x in hexes]
+        if self._scripts:
+            try:
+                replies = self._call(self._script, meta_keys + payload_keys, record=record)
+            except _ScriptRefused:
+                self._scripts = False  # no scripts here (Redis < 7, ACL, disabled): pipelined from now on
+            else:
+                m = len(meta_keys)
+                return list(replies[:m]), [int(x) for x in replies[m:]]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.mget(meta_keys)
+        for key in payload_keys:
+            pipe.strlen(key)
+        replies = self._call(functools.partial(pipe.execute, raise_on_error=False), record=record)
+        if isinstance(replies[0], Exception):
+            raise RedisFailure(f"Redis MGET failed: {replies[0]}")
+        return list(replies[0]), [-2 if isinstance(x, Exception) else int(x) for x in replies[1:]]
+
+    def _script(self, keys: list[str]):
+        """EVAL_RO of :data:`_LOOKUP_SCRIPT`: always one round trip (the server caches the compiled script by its
+        SHA-1; EVALSHA_RO would need a second round trip whenever the server does not hold it yet)."""
+        try:
+            return self.client.execute_command("EVAL_RO", _LOOKUP_SCRIPT, len(keys), *keys)
+        except redis.ResponseError as exc:
+            if _refused(exc):
+                raise _ScriptRefused() from None
+            raise
 
     def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
         """Lookup (one round trip, skipped when ``lookup`` is given), then fetch the hit chunks' KV in one more.
@@ -328,6 +381,7 @@ class ChunkStore:
                 reason = "no-payload"
                 break
             tensor, size = self._verified(meta, payload)
+            self.stats.checksum_verified_chunks += 1
             if tensor is None:
                 reason = "checksum"
                 self.stats.checksum_failures += 1
@@ -341,6 +395,22 @@ class ChunkStore:
         self.stats.header_bytes_read += head_bytes
         hit = len(tensors) * self.config.chunk_size
         return RetrieveResult(hit, kv, found, data_bytes, head_bytes, t1 - t0, t2 - t1, reason)
+
+    def verify(self, prompt: ChunkedPrompt, indices: list[int], lookup: LookupResult) -> list[bool]:
+        """Whether each chunk ``indices`` (of the lookup's hit run) has a payload whose tensor bytes match the
+        checksum in its metadata: one MGET of those payloads, not counted as a round trip of the measured path
+        (bookkeeping: replay samples checksums of chunks it only looked up)."""
+        own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
+        read = lookup.from_read or (False,) * lookup.hit_chunks
+        keys = [(other if read[i] else own) + prompt.hexes[i] for i in indices]
+        payloads = self._call(self.client.mget, keys, record=False)
+        out = []
+        for i, payload in zip(indices, payloads):
+            good = payload is not None and self._verified(lookup.metadata[i], payload)[0] is not None
+            self.stats.checksum_verified_chunks += 1
+            self.stats.checksum_failures += not good
+            out.append(good)
+        return out
 
     def _verified(self, meta: bytes, payload: bytes) -> tuple[torch.Tensor | None, int]:
         try:
@@ -551,7 +621,7 @@ class ChunkStore:
         self.stats.round_trips += record
         faults, st = self._faults, self.stats
         retries, timeouts = faults.retries, faults.timeouts
-        name = getattr(fn, "__name__", "command").upper()
+        name = (getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "command")).upper()
         try:
             result = fn(*args)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -565,7 +635,7 @@ class ChunkStore:
                                        final=True) from None
             raise RedisUnavailable(f"Redis {name} failed after retries ({why}): {exc}", timeout) from None
         except redis.RedisError as exc:
-            raise RedisFailure(f"Redis {name} failed: {error_text(exc)}") from None
+            raise RedisFailure(f"Redis {name} failed: {redis_error_text(exc)}") from None
         finally:
             st.redis_retries += faults.retries - retries
             st.redis_timeouts += faults.timeouts - timeouts
@@ -573,8 +643,10 @@ class ChunkStore:
         return result
 
 
-def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int) -> int:
-    """Refuse ``value_bytes``-byte chunk values (real payloads only) over the server's ``proto-max-bulk-len``.
+def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int,
+                     alternative: str = "--payload accounted") -> int:
+    """Refuse ``value_bytes``-byte chunk values (real payloads only) over the server's ``proto-max-bulk-len``;
+    ``alternative`` is one more way out the message suggests (the command's own option), or "" for none.
 
     Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
 
@@ -589,9 +661,52 @@ def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int)
     if config.payload == "real" and value_bytes > limit:
         raise ChunkTooLargeError(
             f"chunk size {config.chunk_size} makes {value_bytes:,}-byte values, over the server's "
-            f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size, raise proto-max-bulk-len, or "
-            f"--payload accounted")
+            f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size"
+            + (f", raise proto-max-bulk-len, or {alternative}" if alternative else " or raise proto-max-bulk-len"))
     return limit
+
+
+# -- the lookup's one round trip ---------------------------------------------------------------------------------
+# KEYS: every metadata key, then every payload key in the same order. Returns every metadata value (nil for no key
+# or a key of another type), then per chunk the payload's STRLEN where the metadata records a real payload (-1 where
+# not asked, -2 for a payload key of another type). Read-only: the server refuses any write inside EVAL_RO.
+_LOOKUP_SCRIPT = """local n = #KEYS / 2
+local out = {}
+for i = 1, n do
+  local m = redis.pcall('GET', KEYS[i])
+  if type(m) ~= 'string' then m = false end
+  out[i] = m
+  local len = -1
+  if m and string.find(m, '"stored":"real"', 17, true) then
+    len = redis.pcall('STRLEN', KEYS[n + i])
+    if type(len) ~= 'number' then len = -2 end
+  end
+  out[n + i] = len
+end
+return out"""
+_META_OK = ("", "no-payload", "bad-payload")  # the metadata alone would count these as hits
+
+
+class _ScriptRefused(Exception):
+    """The server has no EVAL_RO/EVALSHA_RO for us (unknown command, ACL, scripting disabled)."""
+
+
+def _refused(exc: redis.ResponseError) -> bool:
+    text = str(exc).lower()
+    return any(word in text for word in ("unknown command", "noperm", "no permissions", "scripting", "not allowed"))
+
+
+def _usable(meta: bytes | None, length: int, digest: bytes, expected: int) -> str:
+    """One chunk in one namespace: "" when a lookup may count it, else why not (:class:`LookupResult`)."""
+    if meta is None:
+        return "missing"
+    if meta[:8] != digest:
+        return "token-mismatch"
+    if b'"stored":"real"' not in meta[16:]:
+        return ""  # accounted: metadata only, no payload by design
+    if length == 0:
+        return "no-payload"
+    return "" if length == expected else "bad-payload"
 
 
 # -- chunk values, for warm (same bytes as ChunkStore.store writes) ------------------------------------------------

@@ -85,6 +85,20 @@ class ChunkedPrompt:
         return self.digests[k]
 
 
+def reusable_tokens(hit_tokens, prompt_tokens):
+    """The one rule for a prompt whose every token is cached: the engine still computes the last token (its logits
+    start the output), so a request reuses ``min(hit_tokens, prompt_tokens - 1)`` tokens (0 for an empty prompt).
+
+    vLLM's rule (``get_computed_blocks``/LMCache's connector: "when all tokens hit, recompute the last token");
+    replay's hit tokens and timings, inspect's chunk map and route's prefill all count this way. Works on ints
+    and on numpy arrays (tokens).
+    """
+    import numpy as np
+
+    return np.maximum(np.minimum(hit_tokens, np.asarray(prompt_tokens) - 1), 0) if isinstance(
+        hit_tokens, np.ndarray) else max(0, min(int(hit_tokens), int(prompt_tokens) - 1))
+
+
 def chunk_prompt(token_ids, chunk_size: int, root: bytes) -> ChunkedPrompt:
     """Cut ``token_ids`` into ``chunk_size`` chunks and chain their hashes from ``root``.
 
@@ -112,3 +126,24 @@ def chunk_prompt(token_ids, chunk_size: int, root: bytes) -> ChunkedPrompt:
     joined = b"".join(hashes).hex()
     hexes = [joined[i:i + 32] for i in range(0, 32 * n_full, 32)]
     return ChunkedPrompt(tokens, chunk_size, hashes, digests, hexes)
+
+
+class PromptChunker:
+    """Cuts and hashes prompts for one store: ``chunk_size`` tokens per chunk under the root of ``model_id``,
+    ``tokenizer`` and each cache salt (roots cached per salt). Every store layout hashes through one of these, so
+    their chunk hashes are the same."""
+
+    def __init__(self, model_id: str, tokenizer: str, chunk_size: int) -> None:
+        self.model_id, self.tokenizer, self.chunk_size = model_id, tokenizer, chunk_size
+        self._roots: dict[str, bytes] = {}
+
+    def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
+        """:func:`chunk_prompt` of ``tokens`` ``[tokens]`` under the root of this model, tokenizer and salt."""
+        root = self._roots.get(cache_salt)
+        if root is None:
+            root = self._roots[cache_salt] = namespace_root(self.model_id, self.tokenizer, cache_salt)
+        return chunk_prompt(tokens, self.chunk_size, root)
+
+    def prompt(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
+        """``tokens`` as a :class:`ChunkedPrompt` (one already chunked is returned as is)."""
+        return tokens if isinstance(tokens, ChunkedPrompt) else self.chunk(tokens, cache_salt)

@@ -39,7 +39,7 @@ from kvcli.store.chunkstore import (
     StoreStats,
     check_value_size,
 )
-from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
+from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.lmcache import (
     KEY_DTYPES,
     KV_SUFFIX,
@@ -92,7 +92,7 @@ class LMCacheStore:
         self.model_name = run_model_name(config.namespace, config.chunk_size, config.model_id)
         self._head, self._tail = key_affixes(self.model_name, world_size, worker_id, KEY_DTYPES[config.dtype])
         self.stats = StoreStats()
-        self._roots: dict[str, bytes] = {}
+        self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
         self._with_metadata: set[int] = set()
         self._with_kv: set[int] = set()
         self._accounted: set[int] = set()
@@ -109,13 +109,10 @@ class LMCacheStore:
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt exactly as :meth:`kvcli.store.ChunkStore.chunk` does (same root and chain)."""
-        root = self._roots.get(cache_salt)
-        if root is None:
-            root = self._roots[cache_salt] = namespace_root(self.config.model_id, self.config.tokenizer, cache_salt)
-        return chunk_prompt(tokens, self.config.chunk_size, root)
+        return self._chunker.chunk(tokens, cache_salt)
 
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
-        return tokens if isinstance(tokens, ChunkedPrompt) else self.chunk(tokens, cache_salt)
+        return self._chunker.prompt(tokens, cache_salt)
 
     # -- read ---------------------------------------------------------------------------------------------------
     def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:

@@ -1,5 +1,7 @@
 """The one LRU over chunks, used by the replay's capacity limit, the routing simulation's node caches and the
 capacity curve: chunk hashes in recency order, at most ``capacity`` chunks (None: unlimited). No KV data is held.
+A chunk is named by its hash (bytes) or by any other hashable that stands for it one-to-one (the routing
+simulation uses small int ids, which hash and compare faster).
 
 Order rule (the prefix must outlive its extensions): after a request, its chunks are ordered most recent = chunk 0
 ... least recent = its last chunk. :meth:`ChunkLru.store` touches a request's chunks last-to-first, so eviction
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 
 
 class ChunkLru:
-    """Chunk hashes (bytes) in LRU order, at most ``capacity`` chunks (None: unlimited). Not thread-safe."""
+    """Chunk hashes (bytes, or ids: see the module docstring) in LRU order, at most ``capacity`` chunks (None:
+    unlimited). Not thread-safe."""
 
     __slots__ = ("capacity", "_order")
 
@@ -50,16 +54,19 @@ class ChunkLru:
             never kept).
         """
         order, new = self._order, []
+        move_to_end, add = order.move_to_end, new.append
         for h in reversed(hashes):
             if h in order:
-                order.move_to_end(h)
+                move_to_end(h)
             else:
                 order[h] = None
-                new.append(h)
-        evicted = []
-        if self.capacity is not None:
-            while len(order) > self.capacity:
-                evicted.append(order.popitem(last=False)[0])
+                add(h)
+        excess = 0 if self.capacity is None else len(order) - self.capacity
+        if excess <= 0:
+            return new, []
+        evicted = list(islice(order, excess))  # the least recent, oldest first
+        for h in evicted:
+            del order[h]
         return new, evicted
 
     def discard(self, chunk_hash: bytes) -> None:

@@ -1,4 +1,5 @@
-"""Guarded delete of kvcli's keys of ONE namespace (and optionally one chunk size); nothing else on the server.
+"""Guarded delete of kvcli's keys of ONE namespace (and optionally one chunk size); nothing else on the server. Also
+what a namespace holds (:func:`contents`, for the warnings of a read that finds nothing) and its Redis memory.
 
 Keys are found with SCAN ``MATCH kvcli:v1:{namespace}:{chunk_size or *}:* TYPE string`` (glob characters in the
 namespace escaped; never KEYS; servers without SCAN's TYPE option (Redis < 6) get a pipelined TYPE per batch), and
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import redis
@@ -182,8 +184,9 @@ def _flush(pipe) -> int:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
 
 
-def _scan(client: redis.Redis, pattern: str, count: int = 2000):
-    """SCAN MATCH ``pattern`` in batches of keys, without parsing them. Raises RedisFailure."""
+def scan_keys(client: redis.Redis, pattern: str | None = None, count: int = 2000) -> Iterator[list[bytes]]:
+    """Keys of the current database (SCAN MATCH ``pattern``, every key when None), a SCAN step at a time (a cursor;
+    never KEYS), without parsing them. Raises RedisFailure."""
     cursor = 0
     while True:
         try:
@@ -205,7 +208,7 @@ def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, i
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in _scan(client, pattern):
+    for keys in scan_keys(client, pattern):
         for key in keys:
             seen += 1
             if sampled < sample:
@@ -217,3 +220,76 @@ def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, i
         except redis.RedisError as exc:
             raise RedisFailure(f"Redis MEMORY USAGE failed: {exc}") from None
     return (int(total * seen / sampled) if sampled else 0), sampled
+
+
+@dataclass
+class SizeContents:
+    """What one chunk size of a namespace holds: key counts, and models named by a sample of its metadata."""
+
+    chunk_size: int
+    metadata: int = 0
+    payloads: int = 0
+    models: dict[str, int] = field(default_factory=dict)  # model id -> metadata entries in the sample
+    sampled: int = 0
+
+
+def contents(client: redis.Redis, namespace: str, sample: int = 100) -> dict[int, SizeContents]:
+    """What ``namespace`` holds, per chunk size: metadata and payload keys (counted over one SCAN) and the models
+    named by up to ``sample`` metadata values per chunk size (read with MGET). Read-only.
+
+    Raises:
+        RedisFailure: the server refused a read.
+    """
+    from kvcli.store.layout import parse_metadata
+    from kvcli.store.serde import PayloadError
+
+    out: dict[int, SizeContents] = {}
+    todo: dict[int, list[bytes]] = {}
+    for batch in _matching(client, namespace, None):
+        for key, size, kind in batch:
+            entry = out.setdefault(size, SizeContents(size))
+            if kind == b"m":
+                entry.metadata += 1
+                if len(todo.setdefault(size, [])) < sample:
+                    todo[size].append(key)
+            else:
+                entry.payloads += 1
+    for size, keys in todo.items():
+        try:
+            values = client.mget(keys)
+        except redis.RedisError as exc:
+            raise RedisFailure(f"Redis MGET failed: {exc}") from None
+        for value in values:
+            if value is None:
+                continue
+            try:
+                model = parse_metadata(value).model
+            except PayloadError:
+                model = "(unreadable metadata)"
+            out[size].models[model] = out[size].models.get(model, 0) + 1
+            out[size].sampled += 1
+    return dict(sorted(out.items()))
+
+
+def describe(found: dict[int, SizeContents]) -> str:
+    """``"chunk size 16: 12 metadata, 12 payloads (model kvcli/tiny@seed1:fp32); ..."`` or ``"no kvcli keys"``."""
+    if not found:
+        return "no kvcli keys"
+    parts = []
+    for c in found.values():
+        models = ", ".join(sorted(c.models)) or "no readable metadata"
+        of = f"; models in a sample of {c.sampled:,}" if c.sampled < c.metadata else ""
+        parts.append(f"chunk size {c.chunk_size}: {c.metadata:,} metadata, {c.payloads:,} payloads "
+                     f"(model{'s' if len(c.models) > 1 else ''} {models}{of})")
+    return "; ".join(parts)
+
+
+def absent_note(found: dict[int, SizeContents], namespace: str, model_id: str, chunk_size: int) -> str:
+    """Why a namespace read for ``model_id`` at ``chunk_size`` gave no hit, naming what it does hold."""
+    here = found.get(chunk_size)
+    if here is not None and model_id in here.models:
+        return (f"namespace {namespace!r} gave no hit at chunk size {chunk_size} although it holds model {model_id} "
+                f"there: no prompt starts with a stored chunk (another tokenizer or cache salt?); it holds: "
+                f"{describe(found)}")
+    return (f"namespace {namespace!r} holds nothing for model {model_id} at chunk size {chunk_size} (another "
+            f"--seed, --model, --dtype or chunk size, or a typo?); it holds: {describe(found)}")

@@ -84,16 +84,6 @@ def url_secrets(url: str) -> list[str]:
     return sorted((s for s in found if s), key=len, reverse=True)
 
 
-_PIPELINE_ECHO = re.compile(r"Command # (\d+) \((\S+).*?\) of pipeline caused error: ", re.DOTALL)
-
-
-def error_text(exc: BaseException) -> str:
-    """A Redis error's message without redis-py's echo of a failed pipeline command and its arguments (raw key
-    and payload bytes), and with anything unprintable replaced: safe for one line on a terminal."""
-    text = _PIPELINE_ECHO.sub(lambda m: f"{m[2]} (command {m[1]} of a pipeline) failed: ", str(exc))
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
 def redact(text: str, url: str | None) -> str:
     """``text`` (an error message) with every password of ``url`` replaced by ``***`` (see :func:`mask_url`)."""
     if not url:

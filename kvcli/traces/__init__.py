@@ -54,7 +54,14 @@ generation prompt); ``output_length`` is its token count; ``session_id`` is the 
 Auto-detection (:func:`detect_format`, reads only the first record of a JSONL file): a ``.traj`` suffix ->
 swe-agent; a first non-space character ``[`` -> sharegpt; otherwise the first record (the first non-blank line,
 or the whole document when that line is a lone ``{``) decides: ``hash_ids`` -> mooncake, ``conversations`` ->
-sharegpt, ``history`` -> swe-agent, ``prompt``/``messages``/``token_ids`` -> native.
+sharegpt, ``history`` -> swe-agent, ``prompt``/``messages``/``token_ids`` -> native. CSV is refused first, by the
+one rule every command applies (:func:`kvcli.traces.detect.refuse_csv`): an Azure LLM inference trace (known by
+its ``TIMESTAMP,ContextTokens,GeneratedTokens`` header; prompt lengths only, so no prefix sharing can be derived)
+or any ``.csv``/``.tsv`` file.
+
+Order: readers yield file order; commands take requests in arrival order (:mod:`kvcli.traces.order`: timestamps
+when every request has one, stable) and say when that reorders a trace. ``-`` (stdin) is spooled to a file by
+:func:`kvcli.traces.paths.stdin_paths` so every reader and format works on it.
 
 Errors: every problem with the input is a :class:`~kvcli.errors.BadInputError` carrying the path and, where
 there is one, the 1-based line (JSONL) or record number (JSON lists; the ``history`` position for swe-agent), so

@@ -11,6 +11,7 @@ from kvcli.traces.native import _NATIVE_PROMPT_KEYS, read_native
 from kvcli.traces.records import (
     _check_file,
     _first_char,
+    _first_line,
     _first_record,
     _json_type,
     _stem_and_suffix,
@@ -55,6 +56,8 @@ def detect_format(path: str | Path) -> str:
     _check_file(path)
     if _stem_and_suffix(path)[1] == ".traj":
         return "swe-agent"
+    first = _first_line(path)
+    refuse_csv(path.name, first[1] if first else b"", str(path), first[0] if first else None)
     if _first_char(path) == b"[":
         return "sharegpt"
     line_no, record = _first_record(path)
@@ -70,6 +73,33 @@ def detect_format(path: str | Path) -> str:
     raise BadInputError(f"cannot detect the trace format from the first record's keys ({keys}); expected "
                         "hash_ids (mooncake), conversations (sharegpt), history (swe-agent) or "
                         "prompt/messages/token_ids (native)", path=str(path), line=line_no)
+
+
+# CSV traces kvcli knows by their header, and why each cannot be read as prompts.
+_AZURE = ("an Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedTokens): it records prompt lengths "
+          "only, no prompt text, token ids or block hashes, so which prompts share a prefix is unknown and no "
+          "cache hit can be derived; kvcli does not read it (use a trace with prompts, token_ids or Mooncake "
+          "hash_ids)")
+_CSV_HEADERS = {("timestamp", "contexttokens", "generatedtokens"): _AZURE}
+
+
+def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None) -> None:
+    """The one rule every command applies to CSV input: a known CSV trace (by its header) or any ``.csv``/``.tsv``
+    file is refused with a message saying what it is; kvcli reads no CSV format (``warm --format lines`` reads
+    any text file as one prompt per line).
+
+    Raises:
+        BadInputError: at ``path:line``, when the input is CSV.
+    """
+    header = first_line.strip().removeprefix(b"\xef\xbb\xbf").decode("utf-8", "replace").lower()
+    known = _CSV_HEADERS.get(tuple(c.strip() for c in header.split(",")))
+    if known:
+        raise BadInputError(known, path=path, line=line)
+    suffix = name.lower().removesuffix(".gz").rpartition(".")[2]
+    if suffix in ("csv", "tsv"):
+        raise BadInputError(f"a {suffix.upper()} file: kvcli reads no {suffix.upper()} trace format (native JSONL, "
+                            f"Mooncake, ShareGPT, SWE-agent); warm --format lines reads it as one prompt per line",
+                            path=path)
 
 
 FORMATS: dict[str, Reader] = {

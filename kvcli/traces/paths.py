@@ -1,11 +1,18 @@
-"""Which files a command reads: paths as given, and a directory's trace files."""
+"""Which files a command reads: paths as given, a directory's trace files, and ``-`` (stdin, spooled to a file)."""
 from __future__ import annotations
 
+import contextlib
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from kvcli.errors import BadInputError
 
 _NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
+STDIN_NAME = "<stdin>"
+_SPOOLED: set[str] = set()
 
 
 def expand_paths(paths: list[Path]) -> list[Path]:
@@ -27,3 +34,43 @@ def expand_paths(paths: list[Path]) -> list[Path]:
         else:
             raise BadInputError("no such file", path=str(path))
     return out
+
+
+def display_name(path: Path | str) -> str:
+    """How a report names a trace file: its path, or ``<stdin>`` for stdin spooled by :func:`stdin_paths`."""
+    return STDIN_NAME if str(path) in _SPOOLED else str(path)
+
+
+@contextlib.contextmanager
+def stdin_paths(paths: list[Path]) -> Iterator[list[Path]]:
+    """``paths`` with ``-`` replaced by a temporary copy of stdin's bytes (the trace readers read regular files;
+    gzip and every format work as for a file), removed on exit. Errors located in that copy name ``<stdin>``.
+
+    Raises:
+        BadInputError: ``-`` given more than once.
+    """
+    if sum(str(p) == "-" for p in paths) > 1:
+        raise BadInputError("- (stdin) can be given once")
+    if not any(str(p) == "-" for p in paths):
+        yield paths
+        return
+    with tempfile.TemporaryDirectory(prefix="kvcli-stdin-") as tmp:
+        spooled = Path(tmp) / "stdin"
+        with open(spooled, "wb") as f:
+            shutil.copyfileobj(sys.stdin.buffer, f)
+        _SPOOLED.add(str(spooled))
+        try:
+            yield [spooled if str(p) == "-" else p for p in paths]
+        except BadInputError as exc:
+            if exc.path and exc.path.startswith(str(spooled)):
+                raise BadInputError(exc.reason, STDIN_NAME, exc.line) from None
+            raise
+        finally:
+            _SPOOLED.discard(str(spooled))
+
+
+@contextlib.contextmanager
+def stdin_path(path: Path) -> Iterator[Path]:
+    """One path through :func:`stdin_paths`."""
+    with stdin_paths([path]) as paths:
+        yield paths[0]

@@ -2,10 +2,12 @@
 
 A source is a lines file (one prompt per line, blank lines skipped, no chat template), a trace in any format
 :mod:`kvcli.traces` reads (``.gz`` accepted), a directory of prompt files (``.txt``) and trace files, or ``-``
-(stdin; a trace on stdin is
-spooled to a temporary file, since the trace readers read regular files only). Output: :class:`kvcli.traces.Request`
-objects, ``token_ids`` ``[tokens]`` uint32, ids ``file:line`` for lines. Cost: one pass over each source; all
-prompts are held in memory (warm plans the whole run before it writes).
+(stdin, read as bytes whatever the locale; a trace on stdin is spooled to a temporary file, since the trace readers
+read regular files only). Text must be UTF-8: anything else is a one-line error naming the file (or ``<stdin>``)
+and line. CSV input follows the rule every command applies (:func:`kvcli.traces.detect.refuse_csv`). A trace's
+requests come in arrival order (:mod:`kvcli.traces.order`). Output: :class:`kvcli.traces.Request` objects,
+``token_ids`` ``[tokens]`` uint32, ids ``file:line`` for lines. Cost: one pass over each source; all prompts are
+held in memory (warm plans the whole run before it writes).
 """
 from __future__ import annotations
 
@@ -13,19 +15,21 @@ import dataclasses
 import gzip
 import sys
 import tempfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import IO
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import get_tokenizer
-from kvcli.traces.detect import read_trace
-from kvcli.traces.paths import _NOT_TRACES, expand_paths
+from kvcli.traces.detect import read_trace, refuse_csv
+from kvcli.traces.order import arrival_order, order_note
+from kvcli.traces.paths import _NOT_TRACES, STDIN_NAME, expand_paths
 from kvcli.traces.request import Request, TokenizerArg
 
 
 def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: TokenizerArg = "cl100k_base",
-                 stdin: TextIO | None = None) -> list[Request]:
+                 stdin: IO | None = None, notify=None) -> list[Request]:
     """Prompts from files, directories (their ``.txt`` prompt files and trace files) and ``-`` (stdin), tokenized.
 
     A source is a prompt file, one prompt per line (blank lines skipped, line ends stripped, no chat template;
@@ -37,21 +41,54 @@ def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: Tokenizer
     in name order: ``.txt`` prompt files and the trace files replay reads (hidden files, notes, scripts and plots
     skipped). All prompts are held in memory (warm plans the whole run before it writes).
 
+    ``stdin``: where ``-`` reads from (default ``sys.stdin``'s bytes); ``notify(line)`` hears a trace was reordered.
+
     Raises:
-        BadInputError: a missing or unreadable source, a directory with neither prompt nor trace files, or a bad
-            record (with ``file:line``).
+        BadInputError: a missing or unreadable source, text that is not UTF-8, CSV, a directory with neither prompt
+            nor trace files, or a bad record (with ``file:line``).
     """
     out: list[Request] = []
     for source in sources:
         if source == "-":
-            out.extend(_from_stdin((stdin or sys.stdin).read(), fmt, tokenizer))
+            out.extend(_from_stdin(_stdin_bytes(stdin), fmt, tokenizer, notify))
             continue
         for path in _expand(Path(source)):
             if fmt == "lines" or (fmt == "auto" and (_is_txt(path) or _looks_like_lines(path))):
-                out.extend(_lines(_read_text(path).splitlines(), str(path), tokenizer))
+                out.extend(_lines(_read_text(path), str(path), tokenizer))
             else:
-                out.extend(read_trace(path, fmt, tokenizer))
+                out.extend(_in_order(read_trace(path, fmt, tokenizer), str(path), notify))
     return out
+
+
+def _stdin_bytes(stdin: IO | None) -> bytes:
+    """Everything on ``stdin`` as the bytes that were sent, whatever the locale (a text stream decoded in the C
+    locale hands invalid bytes over as surrogates: they are turned back into those bytes)."""
+    source = stdin if stdin is not None else sys.stdin
+    data = source.buffer.read() if hasattr(source, "buffer") else source.read()
+    return data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+
+
+def _in_order(requests, name: str, notify) -> list[Request]:
+    """A trace's requests in arrival order (:mod:`kvcli.traces.order`), saying so when that reorders them."""
+    requests = list(requests)
+    order = arrival_order([r.timestamp for r in requests])
+    if order is None:
+        return requests
+    if notify:
+        notify(f"note: {order_note(order, name)}")
+    return [requests[i] for i in order.tolist()]
+
+
+def _decode(data: bytes, name: str) -> str:
+    """UTF-8 text of ``data`` (a BOM dropped), or a one-line error naming ``name`` and the line of the first bad
+    byte (never the bytes themselves beyond their value)."""
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise BadInputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); prompts must be "
+                            f"UTF-8", path=name, line=line) from None
 
 
 def _is_txt(path: Path) -> bool:
@@ -70,34 +107,57 @@ def _expand(path: Path) -> list[Path]:
     return found
 
 
-def _read_text(path: Path, limit: int = -1) -> str:
-    """The file's text (gunzipped when it starts with the gzip magic), or its first ``limit`` characters."""
+def _read_bytes(path: Path, limit: int = -1) -> bytes:
+    """The file's bytes (gunzipped when it starts with the gzip magic), or its first ``limit`` bytes."""
     try:
         with open(path, "rb") as raw:
             gz = raw.read(2) == b"\x1f\x8b"
-        with (gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")) as f:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
             return f.read(limit)
-    except (OSError, EOFError, UnicodeDecodeError) as exc:
-        raise BadInputError(f"cannot read: {exc}", path=str(path)) from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise BadInputError(f"cannot read: {exc.strerror if isinstance(exc, OSError) and exc.strerror else exc}",
+                            path=str(path)) from None
+
+
+def _read_text(path: Path) -> str:
+    """The file's UTF-8 text (gunzipped when it starts with the gzip magic)."""
+    return _decode(_read_bytes(path), str(path))
 
 
 def _looks_like_lines(path: Path) -> bool:
+    """Auto-detection for warm: a trace when it starts with ``{`` or ``[`` (or is a ``.traj``), CSV refused (the
+    rule of every command), anything else a lines file."""
     if path.name.removesuffix(".gz").endswith(".traj"):
         return False
-    return _read_text(path, 4096).lstrip()[:1] not in ("{", "[")
+    head = _read_bytes(path, 4096)
+    refuse_csv(path.name, head.lstrip().split(b"\n", 1)[0], str(path), 1)
+    return head.lstrip().removeprefix(b"\xef\xbb\xbf")[:1] not in (b"{", b"[")
 
 
-def _lines(lines: list[str], name: str, tokenizer: TokenizerArg) -> list[Request]:
+def _lines(text: str, name: str, tokenizer: TokenizerArg) -> list[Request]:
+    lines = text.split("\n")  # lines end at \n only (as the line numbers of errors count them)
+    if not any(line.strip() for line in lines):
+        return []
     tok = get_tokenizer(tokenizer)
     return [Request(f"{name}:{i}", tok.encode_prompt(line.rstrip("\r")), source=f"{name}:{i}")
             for i, line in enumerate(lines, 1) if line.strip()]
 
 
-def _from_stdin(text: str, fmt: str, tokenizer: TokenizerArg) -> list[Request]:
-    if fmt == "lines" or (fmt == "auto" and text.lstrip()[:1] not in ("{", "[")):
-        return _lines(text.splitlines(), "<stdin>", tokenizer)
+def _from_stdin(data: bytes, fmt: str, tokenizer: TokenizerArg, notify=None) -> list[Request]:
+    start = data.lstrip().removeprefix(b"\xef\xbb\xbf")[:1]
+    if fmt == "lines" or (fmt == "auto" and start not in (b"{", b"[")):
+        if fmt != "lines":
+            refuse_csv(STDIN_NAME, data.lstrip().split(b"\n", 1)[0], STDIN_NAME, 1)
+        return _lines(_decode(data, STDIN_NAME), STDIN_NAME, tokenizer)
     with tempfile.TemporaryDirectory() as tmp:  # read_trace reads regular files only
         path = Path(tmp) / "stdin.jsonl"
-        path.write_text(text, encoding="utf-8")
-        return [dataclasses.replace(r, source=r.source.replace(str(path), "<stdin>"),
-                                    id=r.id.replace(path.name, "<stdin>")) for r in read_trace(path, fmt, tokenizer)]
+        path.write_bytes(data)
+        try:
+            requests = [dataclasses.replace(r, source=r.source.replace(str(path), STDIN_NAME),
+                                            id=r.id.replace(path.name, STDIN_NAME))
+                        for r in read_trace(path, fmt, tokenizer)]
+        except BadInputError as exc:
+            if exc.path and exc.path.startswith(str(path)):
+                raise BadInputError(exc.reason, STDIN_NAME, exc.line) from None
+            raise
+        return _in_order(requests, STDIN_NAME, notify)

@@ -307,7 +307,7 @@ def test_sampled_memory_reaches_every_group_and_unmeasured_is_null(redis_url, re
     assert [g["memory_bytes"] for g in json.loads(res.stdout)["groups"]] == [None, None]
     res = CliRunner().invoke(cli_app(), ["inspect", "--sample", "0", "--redis-url", redis_url])
     rows = [line for line in res.stdout.splitlines() if " s1 " in line or " s2 " in line]
-    assert len(rows) == 2 and all(" - " in r and "0 B" not in r for r in rows), res.stdout
+    assert len(rows) == 2 and all(" – " in r and "0 B" not in r for r in rows), res.stdout
 
 
 def test_inspect_leaves_lfu_counters_alone_over_one_connection(make_server, model, tmp_path):

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve, PrefillSample, calibrate
@@ -82,3 +84,17 @@ def test_calibrate_on_tiny_model():
     assert all(s.seconds > 0 for s in samples)
     curve = CostCurve.fit(samples)
     assert curve.samples == 8 and curve.points == 4 and min(curve.a, curve.b, curve.d) >= 0
+
+
+@settings(max_examples=500, deadline=None)
+@given(a=st.floats(0, 1), b=st.floats(0, 1e-2), d=st.floats(0, 1e-5), e=st.floats(0, 1e-5),
+       new=st.integers(-5, 2_000_000), cached=st.integers(0, 10_000_000))
+def test_scalar_seconds_equal_predict_to_the_last_bit(a, b, d, e, new, cached):
+    curve = CostCurve(a, b, d, e)
+    assert curve.seconds(new, cached) == curve.predict(new, cached)
+
+
+def test_scalar_seconds_hand_computed():
+    curve = CostCurve(a=0.01, b=0.001, d=1e-6, e=1e-6)
+    assert curve.seconds(256, 768) == curve.predict(256, 768) == pytest.approx(0.495504, rel=1e-12)
+    assert curve.seconds(0, 768) == 0.0 and isinstance(curve.seconds(1, 0), float)

@@ -52,7 +52,7 @@ def test_empty_text_is_empty_array(tok):
 def test_unknown_tokenizer_is_one_line_bad_input():
     with pytest.raises(BadInputError) as info:
         get_tokenizer("no-such-encoding")
-    assert str(info.value).startswith("tokenizer no-such-encoding is not available offline: ")
+    assert str(info.value).startswith("unknown tokenizer 'no-such-encoding'; tiktoken knows gpt2, ")
     assert "\n" not in str(info.value)
 
 

@@ -53,9 +53,10 @@ def test_issue_10_smallest_case_replay_hits_12_and_the_curve_agrees(redis_client
     limited = replay(redis_client, reqs(SMALLEST), capacity_tokens=16).per_chunk_size[0]
     assert (limited.hit_tokens, limited.prompt_tokens, limited.evicted_chunks) == (12, 36, 2)
     curve = replay(redis_client, reqs(SMALLEST)).per_chunk_size[0].hit_curve
-    # third request's chain distances 2, 3, 4, 5: hits 0, 0, 4, 8, 12, 16 tokens at capacities 0..5 chunks
-    assert [curve.hit_tokens(c) for c in range(7)] == [0, 0, 4, 8, 12, 16, 16]
-    assert curve.distinct_chunks == 5 and curve.unlimited_hit_tokens == 16
+    # third request's chain distances 2, 3, 4, 5: hits 0, 0, 4, 8, 12, 15 tokens at capacities 0..5 chunks (wholly
+    # hit from 5 on: it still computes its last token, so it reuses 15 of its 16)
+    assert [curve.hit_tokens(c) for c in range(7)] == [0, 0, 4, 8, 12, 15, 15]
+    assert curve.distinct_chunks == 5 and curve.unlimited_hit_tokens == 15
     assert [curve.capacity_for(f) for f in (0.5, 0.9, 0.99, 1.0)] == [3, 5, 5, 5]
     assert curve.ttl_hit_chunks is None and curve.untimed_requests == 3  # no timestamps: no TTL curve
 
@@ -194,12 +195,12 @@ def test_cli_json_table_and_plot(tmp_path, redis_url):
     out = _cli(_trace(tmp_path), "--redis-url", redis_url, "--json", "--plot", tmp_path / "c.png")
     assert out.exit_code == 0, out.output
     curve = json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]["hit_curve"]
-    assert curve["unlimited_hit_tokens"] == 16 and curve["distinct_chunks"] == 5
+    assert curve["unlimited_hit_tokens"] == 15 and curve["distinct_chunks"] == 5  # the last token is recomputed
     # tiny model: 1,024 KV bytes per token, so a chunk of 4 tokens is 4,096 payload bytes
     assert curve["capacity_for_fraction"]["0.9"] == {
-        "capacity_chunks": 5, "capacity_tokens": 20, "capacity_payload_bytes": 20480, "hit_tokens": 16,
-        "hit_token_ratio": 16 / 36}
-    assert [p["hit_tokens"] for p in curve["capacity_points"]] == [0, 0, 4, 8, 12, 16]
+        "capacity_chunks": 5, "capacity_tokens": 20, "capacity_payload_bytes": 20480, "hit_tokens": 15,
+        "hit_token_ratio": 15 / 36}
+    assert [p["hit_tokens"] for p in curve["capacity_points"]] == [0, 0, 4, 8, 12, 15]
     assert curve["ttl_for_fraction_seconds"]["1.0"] == 2.0 and curve["trace_span_seconds"] == 2.0
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = _cli(_trace(tmp_path, times=False), "--redis-url", redis_url)

@@ -21,7 +21,7 @@ from kvcli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = list(range(1, 11))
-LOOKUP_R2 = (b"MGET", b":4:m:")  # a metadata MGET at chunk size 4; the first one is R1's
+LOOKUP_R2 = (b"EVAL_RO", b":4:m:")  # a lookup (one EVAL_RO) at chunk size 4; the first one is R1's
 
 
 def _trace(tmp_path, n: int = 2) -> Path:
@@ -51,7 +51,7 @@ def _keys(url: str) -> list[bytes]:
 
 def test_a_dropped_connection_on_a_lookup_is_retried_and_counted_once(tmp_path, fault_proxy, redis_client):
     redis_client.set("foreign", "1")
-    fault_proxy.drop(*LOOKUP_R2, skip=1)  # the proxy closes the connection on R2's metadata MGET
+    fault_proxy.drop(*LOOKUP_R2, skip=1)  # the proxy closes the connection on R2's lookup
     row = _row(_replay(_trace(tmp_path), fault_proxy.url()))
     assert fault_proxy.dropped == 1
     assert (row["hit_tokens"], row["prompt_tokens"], row["lookups"]) == (8, 20, 2)

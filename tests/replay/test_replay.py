@@ -284,8 +284,10 @@ def test_replay_reads_a_named_namespace_and_never_writes_it(redis_client):
     replayer = Replayer(redis_client, None, CostCurve.from_tokens_per_second(1000.0), "raw", config,
                         spec=ModelSpec("m", (2, 2, 2, 32), torch.float32))
     res = replayer.replay("t", requests()).per_chunk_size[0]
-    # R1 8 (fleet), R2 8 (fleet), R3 12 (fleet), R4 0, R6 12 (fleet's 3 chunks; [13-16] is the run's own)
-    assert res.hit_tokens == 8 + 8 + 12 + 0 + 12
+    # R1 8 (fleet), R2 8 (fleet), R3 12 of 12 (fleet; it computes its last token: 11 reused), R4 0, R6 12
+    # (fleet's 3 chunks; [13-16] is the run's own)
+    assert res.hit_tokens == 8 + 8 + 11 + 0 + 12 and res.chunks_hit == 2 + 2 + 3 + 0 + 3
+    assert res.namespace_hit_chunks == 10
     assert res.metadata_entries == 1  # only [13-16], written into the run's own namespace
     after = {k: redis_client.get(k) for k in redis_client.scan_iter("kvcli:v1:*")}
     assert after == before  # the named namespace is untouched, and the run's own namespace is gone
@@ -307,8 +309,12 @@ def test_measured_hits_count_what_was_retrieved(redis_client, monkeypatch):
     config = ReplayConfig(chunk_sizes=(4,), measure=1, namespace="fleet")
     replayer = Replayer(redis_client, model, CostCurve.from_tokens_per_second(1000.0), "raw", config)
     res = replayer.replay("t", [Request("r3", np.asarray(tok(1, 12), dtype="<u4"))] * 3).per_chunk_size[0]
-    # two estimated requests hit 12 by metadata; the measured one retrieves only [1-4]: [5-8] is a real miss
-    assert (res.measured_requests, res.hit_tokens, res.materialized_chunks) == (1, 12 + 12 + 4, 0)
+    # R1 (estimated): [1-4] from fleet; [5-8]'s payload is gone, so the lookup stops there (metadata alone said
+    # 12); R1 stores [5-8] in the run's own namespace (accounted). R2 (estimated): [1-4] fleet, [5-8] own, [9-12]
+    # fleet = 12. R3 (measured): the same 12, and gives the accounted [5-8] real KV first (materialized 1). A
+    # prompt that hits entirely computes its last token: 11 of 12 reused.
+    assert (res.measured_requests, res.hit_tokens, res.materialized_chunks) == (1, 4 + 11 + 11, 1)
+    assert res.hit_tokens_metadata_only == 11 + 11 + 11
 
 
 def test_sigterm_mid_replay_leaves_no_keys_behind(make_server, tmp_path):

@@ -20,9 +20,9 @@ from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.costcurve import CostCurve
 from kvcli.route.cachemanager import CacheManagerIndex, DelaySpec
 from kvcli.route.nodecache import ChunkIndex
-from kvcli.route.policies import POLICIES, make_policy, resolve_policies
+from kvcli.route.policies import POLICIES, Draws, make_policy, resolve_policies
 from kvcli.route.report import run_routes, summarize, sweep_points
-from kvcli.route.simulator import SimConfig, prepare_requests, simulate, single_node_hit_tokens
+from kvcli.route.simulator import STREAM_POLICY, SimConfig, prepare_requests, simulate, single_node_hit_tokens
 from kvcli.store.lru import ChunkLru
 from kvcli.traces.request import Request
 from kvcli.units import parse_capacity, parse_duration
@@ -222,6 +222,34 @@ def test_issue_10_smallest_case_on_one_node_hits_12():
     r = run("round-robin", reqs, config(nodes=1, capacity_tokens=4 * CS))
     assert r.hit_tokens.tolist() == [0, 0, 12]
     assert r.evictions == 2  # c3 for [101..104]; then [101..104] when c3 is stored again
+def test_chunk_ids_number_the_distinct_hashes_in_order_of_first_appearance():
+    reqs = requests(**SERIAL)  # A1, A2, A3 share P (3 chunks) and have one chunk of their own; B shares nothing
+    assert [r.chunk_ids for r in reqs] == [(0, 1, 2, 3), (0, 1, 2, 4), (0, 1, 2, 5), (6, 7, 8, 9)]
+    assert reqs[0].hashes[:3] == reqs[1].hashes[:3] and reqs[0].hashes[3] != reqs[1].hashes[3]
+    salted = requests([a_prompt(1)] * 2, [0.0, 1.0], salts=["acme", "beta"])
+    assert [r.chunk_ids for r in salted] == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    table = reqs[0].numbering.hashes  # each distinct hash once, in id order
+    assert len(table) == 10 and table[:4] == list(reqs[0].hashes) and table[9] == reqs[3].hashes[3]
+    with pytest.raises(RuntimeError, match="closed"):
+        reqs[0].numbering.number(reqs[0].hashes)
+
+
+def test_requests_numbered_apart_are_refused():
+    mixed = requests([a_prompt(1)], [0.0]) + requests([a_prompt(2)], [1.0])  # both number their chunks from 0
+    with pytest.raises(ValueError, match="one call"):
+        run("prefix", mixed, config())
+    with pytest.raises(ValueError, match="one call"):
+        single_node_hit_tokens(mixed, config())
+
+
+@pytest.mark.parametrize("draw", [lambda rng, size: rng.integers(3, size=size), lambda rng, size: rng.random(size),
+                                  lambda rng, size: rng.integers(2**40, size=size)])
+def test_block_draws_equal_one_draw_per_call(draw):
+    one_by_one = np.random.default_rng([5, STREAM_POLICY])
+    want = [np.asarray(draw(one_by_one, None)).item() for _ in range(50)]
+    blocks = np.random.default_rng([5, STREAM_POLICY])
+    draws = Draws(lambda size: draw(blocks, size), block=7)
+    assert [draws.next() for _ in range(50)] == want
 
 
 # --- tenants --------------------------------------------------------------------------------------------------
@@ -275,17 +303,26 @@ def test_other_seed_changes_only_the_random_parts(redis_client):
 
 # --- options --------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text,tokens", [("3M", 3_000_000), ("500k", 500_000), ("250000", 250_000),
+@pytest.mark.parametrize("text,tokens", [("3M tokens", 3_000_000), ("500k tok", 500_000), ("250000", 250_000),
                                          ("40GB", 40 * 10**9 // 131072), ("64GiB", 64 * 2**30 // 131072),
                                          ("unlimited", None)])
 def test_parse_capacity(text, tokens):
     assert parse_capacity(text, 131072) == tokens
 
 
-@pytest.mark.parametrize("bad", ["3X", "GB", "-1", "1.5.2k"])
+@pytest.mark.parametrize("bad", ["3X", "GB", "-1", "1.5.2k", "1e400", "1e400GB"])
 def test_parse_capacity_rejects(bad):
     with pytest.raises(BadInputError, match="capacity"):
         parse_capacity(bad, 1)
+
+
+def test_parse_capacity_refuses_a_suffix_without_a_unit():
+    """``64G`` could be 64e9 tokens or 64 GB: refused, naming both spellings (issue 9)."""
+    with pytest.raises(BadInputError) as err:
+        parse_capacity("64G", 131072)
+    assert str(err.value) == ("capacity '64G' is ambiguous: write '64G tokens', or bytes as '64GB' (decimal) or "
+                              "'64GiB' (binary)")
+    assert parse_capacity("64G tokens", 131072) == 64 * 10**9 and parse_capacity("64GB", 131072) == 488_281
 
 
 def test_delay_spec():
@@ -419,11 +456,11 @@ FAST = ("-p", "round-robin", "--chunk-size", CS, "--prefill-tps", TPS)
     ("seed=x", "--sweep seed=x: expected an integer"),
     ("cache-threshold=x", "--sweep cache-threshold=x: expected a number"),
     ("max-batch=2.5", "--sweep max-batch=2.5: expected an integer"),
-    ("nodes=2,0", "--sweep nodes=0: --nodes must be >= 1, got 0"),
+    ("nodes=2,0", "--sweep nodes=0: --nodes must be in [1, 100,000] (one cache each), got 0"),
     ("w=1,-1", "--sweep w=-1: --w must be >= 0, got -1"),
     ("abs-threshold=nan", "--sweep abs-threshold=nan: --abs-threshold must be a finite number, got nan"),
     ("cache-threshold=0.5,2", "--sweep cache-threshold=2: --cache-threshold must be in [0, 1], got 2"),
-    ("node-capacity=3X", ("--sweep node-capacity=3X: bad capacity '3x'; use tokens (3M, 500k, 250000), bytes "
+    ("node-capacity=3X", ("--sweep node-capacity=3X: bad capacity '3x'; use tokens (3M tokens, 500k tok, 250000), bytes "
                           "(40GB, 64GiB) or 'unlimited'")),
     ("lookup-timeout=0", "--sweep lookup-timeout=0: --lookup-timeout must be > 0 seconds, got 0"),
     ("w=", ("bad --sweep 'w='; use PARAM=v1,v2,... with PARAM one of nodes, node-capacity, max-batch, "
@@ -466,7 +503,7 @@ def test_limit_keeps_the_first_requests(serial_trace):
     ("--lookup-delay", "1e999ms", "bad duration '1e999ms': not a finite number"),
     ("--node-capacity", "1e999", "bad capacity '1e999': not a finite number"),
     ("--w", "-1", "--w must be >= 0, got -1"),
-    ("--nodes", "0", "--nodes must be >= 1, got 0"),
+    ("--nodes", "0", "--nodes must be in [1, 100,000] (one cache each), got 0"),
     ("--node-capacity", "0", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 0"),
     ("--node-capacity", "3", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 3"),
     ("--decode-tpot", "-0.5", "--decode-tpot must be >= 0, got -0.5"),

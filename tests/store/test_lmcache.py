@@ -212,7 +212,7 @@ def stores(client, dtype=torch.float32):
     return ChunkStore(client, config), LMCacheStore(client, config)
 
 
-def test_lookup_of_3_chunks_with_2_hits_is_3_exists_vs_1_mget(redis_client):
+def test_lookup_of_3_chunks_with_2_hits_is_3_exists_vs_1_round_trip(redis_client):
     kvcli, lmc = stores(redis_client)
     for store in (kvcli, lmc):
         store.store(list(range(1, 9)), None)
@@ -220,7 +220,8 @@ def test_lookup_of_3_chunks_with_2_hits_is_3_exists_vs_1_mget(redis_client):
     prompt = list(range(1, 13))
     assert kvcli.lookup(prompt).hit_tokens == lmc.lookup(prompt).hit_tokens == 8
     ran = commands_since_reset(redis_client)
-    assert ran == {"mget": 1, "exists": 3}
+    # kvcli: one EVAL_RO (its 3 GETs of metadata run inside the server: one round trip); LMCache: 3 EXISTS
+    assert ran == {"eval_ro": 1, "get": 3, "exists": 3}
     assert (kvcli.stats.lookup_round_trips, lmc.stats.lookup_round_trips) == (1, 3)
     redis_client.config_resetstat()
     assert lmc.lookup(list(range(100, 113))).hit_chunks == 0  # the first chunk misses: one EXISTS, no more

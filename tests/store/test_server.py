@@ -160,7 +160,7 @@ def test_a_dropped_write_is_retried_once_and_counted(fault_proxy, redis_client):
 def test_a_connection_that_keeps_dropping_fails_after_the_retries(fault_proxy):
     client = connect(fault_proxy.url())
     strict, tolerant = _store(client), _store(client, tolerate_unavailable=True)
-    fault_proxy.drop(b"MGET", times=None)
+    fault_proxy.drop(b"EVAL_RO", times=None)  # every lookup (one EVAL_RO)
     with pytest.raises(RedisUnavailable, match="the connection kept dropping"):
         strict.lookup(TOKENS)
     assert fault_proxy.dropped == RETRIES + 1 and strict.stats.redis_retries == RETRIES
