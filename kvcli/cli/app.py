@@ -104,8 +104,26 @@ def replay(
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'.")] = "2",
     measure_max_tokens: Annotated[Optional[int], typer.Option(
-        help="Longest prompt picked for measuring (default 512 for a count; with --measure all only when given).",
+        help="Most tokens of a measured prompt that run the model; longer prompts run their first tokens (default "
+             "2,048 with a count, as --measure-seconds allows; with --measure all, whole prompts unless given).",
         show_default=False)] = None,
+    measure_seconds: Annotated[float, typer.Option(help="Model time per trace for measured requests (CPU seconds "
+                                                        "of the model's thread on a CPU): sets how many tokens of "
+                                                        "each run (at most --measure-max-tokens).")] = 2.0,
+    calibrate_seconds: Annotated[float, typer.Option(help="Model time per trace for extending the cost curve to "
+                                                          "the trace's prompt lengths (up to their 95th "
+                                                          "percentile; CPU seconds on a CPU).")] = 4.0,
+    store_mode: Annotated[str, typer.Option(help="async: stores run off the request's path (LMCache, vLLM "
+                                                 "offloading); sync: on it. Picks the net benefit that "
+                                                 "recommends; both are shown.")] = "async",
+    link_gbps: Annotated[Optional[float], typer.Option(help="Network model: link to Redis in Gbit/s (default: "
+                                                            "measure the given server).")] = None,
+    rtt_ms: Annotated[Optional[float], typer.Option(help="Network model: round trip to Redis in ms (default: "
+                                                         "measure the given server).")] = None,
+    allow_evictions: Annotated[bool, typer.Option(help="Run even when the server would evict keys to fit the "
+                                                       "replay (maybe other people's).")] = False,
+    threads: Annotated[int, typer.Option(help="torch threads for the local model on a CPU (1: repeatable "
+                                              "timings on a shared machine).")] = 1,
     payload: Annotated[str, typer.Option(help="real: measured requests move real KV through Redis; "
                                               "accounted: index and metadata only, payload bytes counted.")] = "real",
     capacity_tokens: Annotated[Optional[int], typer.Option(help="LRU capacity per chunk size, tokens.")] = None,
@@ -148,6 +166,7 @@ def replay(
 
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --capacity-bytes 64GiB
 
+      kvcli replay trace.jsonl --link-gbps 25 --rtt-ms 0.2     # a Redis across a 25 Gbit/s network
       kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
       kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
@@ -163,21 +182,29 @@ def replay(
     if payload not in ("real", "accounted"):
         raise BadInputError(f"--payload must be real or accounted, got {payload!r}")
     for flag, value in (("--limit", limit), ("--measure-max-tokens", measure_max_tokens),
-                        ("--capacity-tokens", capacity_tokens)):
+                        ("--capacity-tokens", capacity_tokens), ("--threads", threads)):
         if value is not None and value < 1:
             raise BadInputError(f"{flag} must be >= 1, got {value}")
-    if prefill_tps is not None and not 0 < prefill_tps < float("inf"):
-        raise BadInputError(f"--prefill-tps must be a positive number, got {prefill_tps}")
+    for flag, value in (("--prefill-tps", prefill_tps), ("--link-gbps", link_gbps)):
+        if value is not None and not 0 < value < float("inf"):
+            raise BadInputError(f"{flag} must be a positive number, got {value}")
+    for flag, value in (("--rtt-ms", rtt_ms), ("--measure-seconds", measure_seconds),
+                        ("--calibrate-seconds", calibrate_seconds)):
+        if value is not None and not 0 <= value < float("inf"):
+            raise BadInputError(f"{flag} must be a number >= 0, got {value}")
+    if store_mode not in ("async", "sync"):
+        raise BadInputError(f"--store-mode must be async or sync, got {store_mode!r}")
     check_plot_path(plot)
     if plot is not None and (not curve or namespace is not None):
         raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
-        measure=(count := parse_measure(measure)), capacity_tokens=capacity_tokens,
-        measure_max_tokens=measure_max_tokens if measure_max_tokens is not None or count is None else 512,
+        measure=parse_measure(measure), capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
-        upper_bound=upper_bound, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh)
-    options = ModelOptions(model, dtype, device, seed, prefill_tps)
+        upper_bound=upper_bound, measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds,
+        store_mode=store_mode, link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3,
+        allow_evictions=allow_evictions, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh)
+    options = ModelOptions(model, dtype, device, seed, prefill_tps, threads)
     say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     with stdin_paths(traces) as files, open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), \
             _progress() as progress:

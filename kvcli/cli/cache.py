@@ -45,7 +45,8 @@ def warm(
     namespace: Namespace = "default", chunk_size: ChunkSizes = _SIZES, model: Model = "cpu", dtype: Dtype = None,
     device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto", seed: Seed = 0,
     tokenizer: Tokenizer = None, fmt: Format = "auto",
-    ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1)] = None,
+    ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
+                                               max=10**15)] = None,  # Redis refuses EX beyond ~9.2e15 s
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Read present chunks' payloads and rewrite those that "
                                          "fail their checksum (presence and length are always checked).")] = False,
@@ -123,9 +124,10 @@ def inspect(
     """
     from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.inspect import inspect_cache
-    from kvcli.live.reading import reader, server_memory
+    from kvcli.live.reading import reader
     from kvcli.model.load import model_id_of, resolve_tokenizer
     from kvcli.model.tokenize import lazy_tokenizer
+    from kvcli.store.preflight import server_memory
     from kvcli.store.server import open_redis
 
     if layout not in ("kvcli", "lmcache"):

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import redis
 
 from kvcli.errors import RedisFailure
-from kvcli.live.reading import ServerMemory, execute_read, parse_or_none, payload_ok, reader, server_memory
+from kvcli.live.reading import execute_read, parse_or_none, payload_ok, reader
 from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
 from kvcli.store.layout import key_prefix
+from kvcli.store.preflight import ServerMemory, server_memory
 
 
 @dataclass(frozen=True)

@@ -39,17 +39,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from kvcli.live.reading import (
-    ServerMemory,
-    execute_read,
-    parse_or_none,
-    payload_ok,
-    read_key_facts,
-    reader,
-    server_memory,
-)
+from kvcli.live.reading import execute_read, parse_or_none, payload_ok, read_key_facts, reader
 from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
 from kvcli.store.namespace import scan_keys
+from kvcli.store.preflight import ServerMemory, server_memory
 
 VERIFY_AUTO_BYTES = 256 << 20
 _FOREIGN = ("", -1)  # a key shaped like kvcli's whose namespace kvcli could not have written (not UTF-8)

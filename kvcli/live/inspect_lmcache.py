@@ -30,7 +30,7 @@ import numpy as np
 import redis
 
 from kvcli.live.inspect import quotas, scan_batches
-from kvcli.live.reading import ServerMemory, execute_read, read_key_facts, reader, server_memory
+from kvcli.live.reading import execute_read, read_key_facts, reader
 from kvcli.store.lmcache import (
     KEY_FORMAT,
     KV_SUFFIX,
@@ -42,6 +42,7 @@ from kvcli.store.lmcache import (
     split_redis_key,
     unpack_record,
 )
+from kvcli.store.preflight import ServerMemory, server_memory
 
 ISSUE_KEYS_LISTED = 100
 _RNG = np.random.default_rng()

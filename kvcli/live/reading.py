@@ -1,11 +1,10 @@
-"""Read-only access to a live server shared by inspect, the chunk map and warm: a NO-TOUCH reader connection,
-the server's memory facts, and checks of a chunk's metadata and payload.
+"""Read-only access to a live server shared by inspect and the chunk map: a NO-TOUCH reader connection and checks
+of a chunk's metadata and payload. The server's memory facts are :mod:`kvcli.store.preflight` (replay uses them too).
 """
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import redis
 import xxhash
@@ -13,7 +12,6 @@ import xxhash
 from kvcli.errors import RedisFailure
 from kvcli.store.layout import ChunkMeta, parse_metadata
 from kvcli.store.serde import PayloadError, decode_kv
-from kvcli.store.server import INFO_REFUSED, server_info
 
 READ_COMMANDS = frozenset({"scan", "mget", "get", "exists", "strlen", "pttl", "memory|usage", "info", "dbsize",
                            "eval_ro", "client|no-touch"})
@@ -30,29 +28,6 @@ for _, k in ipairs(KEYS) do
   if ARGV[1] == '1' then o[#o + 1] = redis.call('MEMORY', 'USAGE', k) or false end
 end
 return o"""
-
-
-@dataclass(frozen=True)
-class ServerMemory:
-    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE.
-
-    When this Redis user may not run INFO (an ACL without ``@dangerous``), every INFO field is None, ``version``
-    is "?" and ``note`` says why; DBSIZE is None too when refused. Callers degrade: no preflight, no eviction count.
-    """
-
-    used_memory: int | None
-    maxmemory: int | None
-    policy: str | None
-    evicted_keys: int | None
-    expired_keys: int | None
-    keys: int | None
-    version: str
-    note: str = ""
-
-    @property
-    def known(self) -> bool:
-        """Whether INFO was read."""
-        return self.used_memory is not None
 
 
 @contextlib.contextmanager
@@ -86,28 +61,6 @@ def reader(client: redis.Redis) -> Iterator[redis.Redis]:
     finally:
         ours.close()
         ours.connection_pool.disconnect()
-
-
-def server_memory(client: redis.Redis) -> ServerMemory:
-    """INFO memory/stats/server and DBSIZE, read-only; a user refused INFO (or DBSIZE) gets None fields and a note.
-
-    Raises:
-        RedisFailure: any other error (connection, timeout).
-    """
-    info = server_info(client, "memory", "stats", "server")
-    try:
-        keys = int(client.dbsize())
-    except redis.exceptions.NoPermissionError:
-        keys = None
-    except redis.RedisError as exc:
-        raise RedisFailure(f"Redis DBSIZE failed: {exc}") from None
-    if info is None:
-        return ServerMemory(None, None, None, None, None, keys, "?",
-                            note=f"server memory and counters not read: {INFO_REFUSED}")
-    return ServerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
-                        str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
-                        int(info.get("expired_keys", 0)), keys,
-                        str(info.get("valkey_version") or info.get("redis_version", "?")))
 
 
 def execute_read(pipe, raise_on_error: bool = True):

@@ -40,15 +40,14 @@ import redis
 import torch
 
 from kvcli.errors import BadInputError, RedisFailure, redis_error_text
-from kvcli.live.reading import ServerMemory, payload_ok, server_memory
+from kvcli.live.reading import payload_ok
 from kvcli.model.presets import ModelSpec
 from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import parse_metadata
+from kvcli.store.preflight import CHUNK_KEY_TAIL, Preflight, evicted_since, keys_bytes, preflight, server_memory
 from kvcli.store.serde import PayloadError, dtype_name
-from kvcli.store.server import INFO_REFUSED
 from kvcli.traces.request import Request
-from kvcli.units import fmt_bytes
 
 
 # -- config and results ---------------------------------------------------------------------------------------------
@@ -106,18 +105,6 @@ class SizeTotals:
         self.payload_bytes += store.config.payload_bytes
         self.header_bytes += store.config.header_bytes
         self.metadata_bytes += meta_len
-
-
-@dataclass(frozen=True)
-class Preflight:
-    """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory."""
-
-    estimate_bytes: int
-    used_memory: int | None  # None: INFO not permitted (preflight skipped)
-    maxmemory: int | None
-    policy: str | None
-    fits: bool | None
-    message: str
 
 
 @dataclass
@@ -268,38 +255,16 @@ def _count_prompt(tot: SizeTotals, p: _Plan) -> None:
     tot.chunks_repaired += len(p.damaged)
 
 
-def _alloc(n: int) -> int:
-    """jemalloc's size class for ``n`` bytes (16-byte steps to 128, then 4 classes per power of two)."""
-    if n <= 128:
-        return max(8, -(-n // 16) * 16)
-    step = 1 << (n.bit_length() - 3)
-    return -(-n // step) * step
-
-
-def preflight(client: redis.Redis, stores: Sequence[ChunkStore], planned: Sequence[SizeTotals],
-              mem: ServerMemory | None = None) -> Preflight:
-    """Estimate the Redis memory the plan needs (allocator-rounded values, keys, ~64 B per key of bookkeeping) and
-    compare it with ``maxmemory - used_memory`` (``mem``: the server's state, read now with INFO when None)."""
+def plan_bytes(stores: Sequence[ChunkStore], planned: Sequence[SizeTotals]) -> int:
+    """Redis memory the plan needs (:func:`kvcli.store.preflight.keys_bytes`: allocator-rounded values, keys,
+    bookkeeping), bytes."""
     need = 0
     for store, tot in zip(stores, planned):
-        key = len(store.prefix) + 34 + 64
+        key = len(store.prefix) + CHUNK_KEY_TAIL
         metas = tot.objects_written - tot.payload_objects
-        need += tot.payload_objects * (_alloc(store.config.payload_bytes + store.config.header_bytes) + key)
-        need += metas * (_alloc(tot.metadata_bytes // max(metas, 1)) + key)
-    mem = mem or server_memory(client)
-    if not mem.known:
-        return Preflight(need, None, None, None, None, f"{fmt_bytes(need)} of Redis memory estimated; skipped the "
-                                                       f"check against maxmemory: {INFO_REFUSED}")
-    free = mem.maxmemory - mem.used_memory
-    where = f"{fmt_bytes(need)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
-    if not mem.maxmemory:
-        return Preflight(need, mem.used_memory, 0, mem.policy, None, f"{where}, no maxmemory set")
-    fits = need <= free
-    message = f"{where}, maxmemory {fmt_bytes(mem.maxmemory)} ({mem.policy})"
-    if not fits:
-        message += (": does not fit; writes will stop at the first out-of-memory reply" if mem.policy == "noeviction"
-                    else ": does not fit; the server will evict keys (maybe other data, maybe these chunks)")
-    return Preflight(need, mem.used_memory, mem.maxmemory, mem.policy, fits, message)
+        need += keys_bytes(tot.payload_objects, key, store.config.payload_bytes + store.config.header_bytes)
+        need += keys_bytes(metas, key, tot.metadata_bytes // max(metas, 1))
+    return need
 
 
 # -- run --------------------------------------------------------------------------------------------------------------
@@ -338,7 +303,7 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
         _check_vocab(requests, model.config.vocab)
     planned = estimate(stores, requests, config.verify)
     before = server_memory(client)
-    check = preflight(client, stores, planned, before)
+    check = preflight(client, plan_bytes(stores, planned), before)
     per_size = planned if config.dry_run else [SizeTotals(s.config.chunk_size) for s in stores]
     result = WarmResult(config.namespace, spec.model_id, len(requests), per_size, config.dry_run, check,
                         estimate=planned, verify=config.verify)
@@ -348,12 +313,7 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
         raise RedisFailure(f"warm refused (--strict): {check.message}")
     if not config.dry_run:
         _run(stores, requests, model, config, result, progress)
-        try:
-            after = server_memory(client)
-            result.evicted_keys = (max(0, after.evicted_keys - before.evicted_keys)
-                                   if after.known and before.known else None)
-        except RedisFailure:  # the summary still says what was written
-            result.evicted_keys = None
+        result.evicted_keys = evicted_since(client, before)  # None when unreadable; the totals still say what
     result.seconds = time.perf_counter() - t0
     return result
 

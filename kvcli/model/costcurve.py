@@ -1,14 +1,28 @@
 """Prefill time as a function of new and cached tokens, fitted from measured prefills.
 
-Model: ``t(n, c) = a + b * n + d * n * (c + (n + 1) / 2)`` seconds for ``n`` new tokens after ``c`` cached ones.
+Model: ``t(n, c) = a + b * n + d * n * (n + 1) / 2 + e * n * c`` seconds for ``n`` new tokens after ``c`` cached.
 
 * ``a``: fixed overhead per call (Python, kernel launches, the one-row LM head), seconds.
 * ``b``: per-token linear work (projections, MLP, norms), seconds per token.
-* ``d``: attention, seconds per (query, key) pair. New token ``i`` (0-based) attends to ``c + i + 1`` keys, so a
-  call computes ``sum_i (c + i + 1) = n * (c + (n + 1) / 2)`` pairs (causal).
+* ``d``: causal attention among the new tokens, seconds per (query, key) pair: new token ``i`` (0-based) sees
+  ``i + 1`` new keys, ``n * (n + 1) / 2`` pairs in all.
+* ``e``: attention of the new tokens to the cached ones, seconds per pair, ``n * c`` pairs. A separate coefficient
+  because it is a separate kernel call (:mod:`kvcli.model.attention`: unmasked over the cached keys, causal over
+  the new ones) with its own efficiency; with ``d = e`` the model is the plain causal pair count
+  ``n * (c + (n + 1) / 2)`` (:func:`kvcli.model.flops.attention_pairs`).
 
-All three are fitted by non-negative least squares: a negative overhead or cost per pair has no physical meaning
-and would make predictions for unmeasured (n, c) go negative.
+A saving follows: a hit of ``h`` tokens on a prompt of ``p`` saves ``t(p, 0) - t(p - h, h) = b * h +
+d * h * (2p - h + 1) / 2 - e * (p - h) * h``.
+
+All four are fitted by non-negative least squares on relative errors (each point weighted by 1 / its seconds, so
+a 30 ms point and a 6 s point count alike: calibration spans prompts from 32 tokens to the trace's longest): a
+negative overhead or cost per pair has no physical meaning and would make predictions for unmeasured (n, c) go
+negative.
+
+Spread: :meth:`CostCurve.draws` resamples the fit's relative residuals (a residual bootstrap, Efron & Tibshirani
+1993, "An Introduction to the Bootstrap", section 9.5; residuals inflated by ``sqrt(N / (N - 4))`` for the 4 fitted
+coefficients) and refits, giving coefficient draws whose predictions spread as far as the calibration's own
+points scatter around the curve. Far outside the calibrated range the draws fan out: that is the extrapolation.
 """
 from __future__ import annotations
 
@@ -31,15 +45,22 @@ class PrefillSample:
 
 
 def _features(new_tokens, cached_tokens) -> np.ndarray:
-    """Design matrix ``[..., 3]``: columns 1, n, n * (c + (n + 1) / 2)."""
+    """Design matrix ``[..., 4]``: columns 1, n, n * (n + 1) / 2, n * c."""
     n = np.asarray(new_tokens, dtype=np.float64)
     c = np.asarray(cached_tokens, dtype=np.float64)
     n, c = np.broadcast_arrays(n, c)
-    return np.stack([np.ones_like(n), n, n * (c + (n + 1) / 2)], axis=-1)
+    return np.stack([np.ones_like(n), n, n * (n + 1) / 2, n * c], axis=-1)
+
+
+def features(new_tokens, cached_tokens=0) -> np.ndarray:
+    """The curve's design matrix ``[..., 4]`` (columns 1, n, n(n+1)/2, n*c; 0 where ``new_tokens == 0``): a
+    prediction is ``features @ [a, b, d, e]``, so sums of features over many requests predict their total time."""
+    f = _features(new_tokens, cached_tokens)
+    return np.where(np.asarray(new_tokens)[..., None] > 0, f, 0.0)
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares for 3 unknowns: the best feasible least-squares fit over the 8 subsets of
+    """Exact non-negative least squares for a few unknowns: the best feasible least-squares fit over the subsets of
     free coefficients (the others fixed at 0). Columns are scaled to unit norm for conditioning."""
     scale = np.linalg.norm(x, axis=0)
     scale[scale == 0] = 1.0
@@ -58,30 +79,55 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best / scale
 
 
+def prefill_clock(model):
+    """The clock that times a prefill of ``model`` (seconds): the calling thread's CPU time when the model runs on
+    the CPU with one torch thread (the work is all in this thread; time the machine gave to other processes is not
+    counted, so timings repeat within a few percent on a loaded machine where wall time swings several-fold), else
+    wall time (``time.perf_counter``: several threads, or a GPU, whose work the caller waits for)."""
+    import torch
+
+    device = getattr(model, "device", None)
+    if getattr(device, "type", "cpu") == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
+def _weighted_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """:func:`_nnls` minimizing relative errors: rows scaled by 1 / y (y > 0)."""
+    w = 1.0 / np.where(y > 0, y, 1.0)
+    return _nnls(x * w[:, None], y * w)
+
+
 @dataclass(frozen=True)
 class CostCurve:
-    """Fitted prefill cost ``t(n, c) = a + b*n + d*n*(c + (n+1)/2)`` seconds (see the module docstring).
+    """Fitted prefill cost ``t(n, c) = a + b*n + d*n*(n+1)/2 + e*n*c`` seconds (see the module docstring).
 
     Attributes:
-        a: seconds per call. b: seconds per new token. d: seconds per attended (query, key) pair.
+        a: seconds per call. b: seconds per new token. d: seconds per causal (query, key) pair among the new
+        tokens. e: seconds per (new, cached) pair.
         samples: number of samples the fit used (0 when not fitted); points: distinct (n, c) points.
         r2: coefficient of determination on the per-point minima (None when not fitted).
         max_rel_error: largest ``|predicted - measured| / measured`` over the points (None when not fitted).
         max_tokens: the longest prompt (new + cached tokens) among the fitted points; beyond it is extrapolation.
+        points_data: the fitted points ``((new, cached, seconds), ...)`` (per-point minima), for :meth:`draws`.
+        residuals: relative residuals ``measured / predicted - 1`` of those points.
     """
 
     a: float
     b: float
     d: float
+    e: float = 0.0
     samples: int = 0
     points: int = 0
     r2: float | None = None
     max_rel_error: float | None = None
     max_tokens: int = 0
+    points_data: tuple[tuple[int, int, float], ...] = ()
+    residuals: tuple[float, ...] = ()
 
     @classmethod
     def fit(cls, samples) -> CostCurve:
-        """Fit by non-negative least squares on the per-(n, c) MINIMUM of the samples' seconds.
+        """Fit by non-negative least squares, on relative errors, to the per-(n, c) MINIMUM of the samples' seconds.
 
         This machine kind is noisy (stalls of 100+ ms, throttling to a fraction of full speed): a repeat can only
         be slowed down by a disturbance, never sped up, so the minimum is the least-disturbed run and the best
@@ -102,38 +148,74 @@ class CostCurve:
         points = np.array(list(best), dtype=np.float64)
         y = np.array(list(best.values()))
         x = _features(points[:, 0], points[:, 1])
-        a, b, d = _nnls(x, y)
-        pred = x @ np.array([a, b, d])
+        a, b, d, e = _weighted_nnls(x, y)
+        pred = x @ np.array([a, b, d, e])
         ss_tot = float(np.sum((y - y.mean()) ** 2))
         ss_res = float(np.sum((pred - y) ** 2))
         r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
         rel = np.abs(pred - y) / np.where(y > 0, y, np.inf)
         longest = int(max(n + c for n, c in best))
-        return cls(float(a), float(b), float(d), len(samples), len(best), r2, float(rel.max()), longest)
+        resid = np.where(pred > 0, y / np.where(pred > 0, pred, 1.0) - 1.0, 0.0)
+        data = tuple((int(n), int(c), float(t)) for (n, c), t in best.items())
+        return cls(float(a), float(b), float(d), float(e), len(samples), len(best), r2, float(rel.max()), longest,
+                   data, tuple(float(r) for r in resid))
+
+    @property
+    def coefficients(self) -> np.ndarray:
+        """``[a, b, d, e]`` (see :func:`features`)."""
+        return np.array([self.a, self.b, self.d, self.e])
+
+    @property
+    def longest_full_tokens(self) -> int:
+        """The longest full prefill (no cached tokens) among the fitted points, tokens (0 when none): the
+        calibrated range of the cost a hit saves."""
+        return max((n for n, c, _ in self.points_data if c == 0), default=0)
+
+    def draws(self, reps: int, seed: int = 0) -> np.ndarray:
+        """Coefficient draws ``[reps, 4]`` (a, b, d, e) from a residual bootstrap (module docstring): each draw refits
+        ``predicted * (1 + r)`` with ``r`` resampled from the relative residuals. Deterministic for a seed. A curve
+        that was not fitted (a flat rate) or fitted to no more points than coefficients gives ``reps`` copies of
+        its own coefficients: it carries no spread of its own."""
+        coef = self.coefficients
+        n_points = len(self.points_data)
+        if n_points <= 4 or not self.residuals:
+            return np.tile(coef, (reps, 1))
+        pts = np.array(self.points_data, dtype=np.float64)
+        x = _features(pts[:, 0], pts[:, 1])
+        pred = x @ coef
+        resid = np.asarray(self.residuals) * np.sqrt(n_points / (n_points - 4))
+        rng = np.random.default_rng(seed)
+        out = np.empty((reps, 4))
+        for i in range(reps):
+            y = pred * (1.0 + rng.choice(resid, size=n_points, replace=True))
+            out[i] = _weighted_nnls(x, np.maximum(y, 1e-12))
+        return out
 
     @classmethod
     def from_tokens_per_second(cls, tokens_per_second: float) -> CostCurve:
         """A flat rate: ``t = n / tokens_per_second`` (no overhead, no attention term). Raises BadInputError if <= 0."""
         if not tokens_per_second > 0:
             raise BadInputError(f"tokens per second must be positive, got {tokens_per_second}")
-        return cls(0.0, 1.0 / tokens_per_second, 0.0)
+        return cls(0.0, 1.0 / tokens_per_second, 0.0, 0.0)
 
     def predict(self, new_tokens, cached_tokens=0):
         """Predicted seconds to prefill ``new_tokens`` after ``cached_tokens``; a float for scalars, else an array
         (numpy broadcasting). ``new_tokens == 0`` costs 0 (nothing to compute: a full cache hit)."""
         n = np.asarray(new_tokens, dtype=np.float64)
-        t = _features(n, cached_tokens) @ np.array([self.a, self.b, self.d])
+        c = np.asarray(cached_tokens, dtype=np.float64)
+        # term by term, in the order :meth:`seconds` adds them (so the two agree to the last bit)
+        t = self.a * 1.0 + self.b * n + self.d * (n * (n + 1.0) / 2.0) + self.e * (n * c)
         t = np.where(n > 0, t, 0.0)
         return float(t) if t.ndim == 0 else t
 
     def seconds(self, new_tokens: int, cached_tokens: int) -> float:
         """:meth:`predict` for one pair of ints (tokens), in plain Python floats: the same sum in the same order
-        (``a * 1 + b * n + d * pairs``), so the same value to the last bit, without numpy's per-call overhead (the
-        routing simulator calls it once per prefill)."""
+        (``a * 1 + b * n + d * n(n+1)/2 + e * n c``), so the same value to the last bit, without numpy's per-call
+        overhead (the routing simulator calls it once per prefill)."""
         if new_tokens <= 0:
             return 0.0
         n = float(new_tokens)
-        return self.a * 1.0 + self.b * n + self.d * (n * (float(cached_tokens) + (n + 1.0) / 2.0))
+        return self.a * 1.0 + self.b * n + self.d * (n * (n + 1.0) / 2.0) + self.e * (n * float(cached_tokens))
 
     def tokens_per_second(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Prefill throughput, new tokens per second, for ``new_tokens`` after ``cached_tokens``."""
@@ -142,8 +224,9 @@ class CostCurve:
     def to_dict(self) -> dict:
         """Coefficients and fit quality, JSON-ready."""
         return {"a_seconds": self.a, "b_seconds_per_token": self.b, "d_seconds_per_pair": self.d,
-                "samples": self.samples, "points": self.points, "r2": self.r2,
-                "max_rel_error": self.max_rel_error, "max_tokens": self.max_tokens}
+                "e_seconds_per_cached_pair": self.e, "samples": self.samples, "points": self.points, "r2": self.r2,
+                "max_rel_error": self.max_rel_error, "max_tokens": self.max_tokens,
+                "longest_full_tokens": self.longest_full_tokens, "relative_residuals": list(self.residuals)}
 
 
 def calibrate(model, lengths=(64, 256, 1024), cached=(0, 512), repeats: int = 2, seed: int = 0) -> list[PrefillSample]:
@@ -169,12 +252,13 @@ def calibrate(model, lengths=(64, 256, 1024), cached=(0, 512), repeats: int = 2,
     prefixes = {c: (model.prefill(tokens[:c])[1] if c else None) for c in sorted(set(cached))}
     model.prefill(tokens[:min(lengths)])
     model.synchronize()
+    clock = prefill_clock(model)
     samples = []
     for _ in range(repeats):
         for c in cached:
             for n in lengths:
-                start = time.perf_counter()
+                start = clock()
                 model.prefill(tokens[c:c + n], prefixes[c])
                 model.synchronize()
-                samples.append(PrefillSample(n, c, time.perf_counter() - start))
+                samples.append(PrefillSample(n, c, clock() - start))
     return samples

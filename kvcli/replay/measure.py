@@ -1,5 +1,6 @@
-"""Measuring in a replay: which requests run the model, timed prefills (fastest of repeats), chunk transfer
-rates calibrated on the replay's own server, and how well the cost curve predicts what was measured.
+"""Measuring in a replay: which requests run the model and on how many of their tokens, timed prefills (fastest
+of repeats), chunk transfer rates calibrated on the replay's own server, and how well the cost curve predicts what
+was measured.
 """
 from __future__ import annotations
 
@@ -8,28 +9,54 @@ import time
 
 import numpy as np
 import redis
+import torch
+import xxhash
 
-from kvcli.model.costcurve import CostCurve
+from kvcli.model.costcurve import CostCurve, prefill_clock
+from kvcli.replay.network import ServerRates
 from kvcli.store.kvstore import KVStore
+from kvcli.store.serde import decode_kv, encode_kv
 
 
-def pick_measured(lengths: np.ndarray, count: int | None, max_tokens: int | None, seed: int) -> set[int]:
-    """Indices of the requests that run the model: ``count`` of those with 1..max_tokens tokens, evenly spread.
-
-    ``count`` None picks every eligible request; ``max_tokens`` None sets no length limit. Deterministic for a
-    seed (a seeded jitter inside each stride).
-    """
-    eligible = np.flatnonzero((lengths > 0) & (lengths <= (max_tokens if max_tokens is not None else np.inf)))
+def pick_measured(lengths: np.ndarray, count: int | None, seed: int) -> set[int]:
+    """Indices of the requests that run the model: ``count`` non-empty requests spread evenly over the trace (one
+    at a seeded position inside each of ``count`` equal strides of them; deterministic for a seed). ``count`` None
+    picks every non-empty request. Long prompts are picked too: :func:`measure_length` says how many of their
+    tokens run."""
+    eligible = np.flatnonzero(lengths > 0)
     if count is None:
         return set(eligible.tolist())
     if count <= 0 or eligible.size == 0:
         return set()
     if count >= eligible.size:
         return set(eligible.tolist())
-    edges = np.linspace(0, eligible.size, count + 1)
+    edges = np.arange(count + 1) * eligible.size // count  # integer strides, each at least one request long
     rng = np.random.default_rng(seed)
-    picks = [int(eligible[int(lo + rng.random() * (hi - lo))]) for lo, hi in zip(edges[:-1], edges[1:])]
-    return set(picks)
+    return {int(eligible[lo + int(rng.integers(hi - lo))]) for lo, hi in zip(edges[:-1], edges[1:])}
+
+
+#: Lengths a measured prompt is truncated to (tokens), longest first: the longest whose predicted cost fits.
+MEASURE_LENGTHS = (8192, 4096, 2048, 1024, 512, 256, 128)
+
+
+def measure_length(curve: CostCurve, longest: int, requests: int, chunk_sizes: int, budget_seconds: float,
+                   max_tokens: int) -> int:
+    """How many tokens of each measured prompt run the model (tokens; prompts are truncated to it).
+
+    The longest of ``min(max_tokens, longest)`` (the longest prompt picked, so a trace of short prompts runs them
+    whole) and the :data:`MEASURE_LENGTHS` below it whose predicted measuring time fits ``budget_seconds`` for
+    ``requests`` requests: per request, the full prefill twice and, per chunk size, the suffix prefill twice, taken
+    as the last quarter of the prompt after three quarters cached (a typical hit). At least the shortest length, so
+    every trace gets measured requests.
+    """
+    cap = max(1, min(max_tokens, longest))
+    for length in (cap,) + tuple(x for x in MEASURE_LENGTHS if x < cap):
+        quarter = max(1, length // 4)
+        cost = requests * 2 * (float(curve.predict(length, 0))
+                               + chunk_sizes * float(curve.predict(quarter, length - quarter)))
+        if cost <= budget_seconds:
+            return length
+    return min(cap, MEASURE_LENGTHS[-1])
 
 
 def curve_check(curve: CostCurve, samples) -> dict:
@@ -43,40 +70,97 @@ def curve_check(curve: CostCurve, samples) -> dict:
 
 
 def timed_prefill(model, tokens, past, repeats: int = 2):
-    """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills (this VM stalls for
-    hundreds of ms at random; the least-disturbed run is the measurement, as for the cost curve)."""
+    """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills, timed with
+    :func:`~kvcli.model.costcurve.prefill_clock` (this VM stalls for hundreds of ms at random; the least-disturbed
+    run is the measurement, as for the cost curve)."""
     best, out = float("inf"), None
+    clock = prefill_clock(model)
     for _ in range(repeats):
         model.synchronize()  # a GPU runs asynchronously: nothing queued earlier may land in this timing
-        t0 = time.perf_counter()
+        t0 = clock()
         out = model.prefill(tokens, past)  # past_kv on the CPU: its copy to the device is timed too
         model.synchronize()  # ...and the work itself is timed, not its launch
-        best = min(best, time.perf_counter() - t0)
+        best = min(best, clock() - t0)
     return best, out
 
 
-def calibrate_transfer(client: redis.Redis, store: KVStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
-    """Seconds per chunk to (SET, GET) one chunk-sized value on this server, measured now (min of 3).
+PROBE_CAP = 8 << 20  # the largest probe value (bytes); bigger chunks are timed at this size and scaled
+PROBE_BATCH_BYTES = 32 << 20  # the most one probe batch holds (bytes)
 
-    Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth
-    bound at that size; MEASURED.md).
+
+def probe_plan(value_bytes: int, room: int | None = None) -> tuple[int, int]:
+    """``(chunks, bytes)`` of the transfer calibration's larger batch: values of one chunk's size (at most
+    :data:`PROBE_CAP`), up to 16 of them and :data:`PROBE_BATCH_BYTES` in all; with ``room`` (bytes left under
+    maxmemory), at most 1/16 of it, so calibrating never pushes a small server over."""
+    size = min(value_bytes, PROBE_CAP)
+    if room is not None:
+        size = max(4096, min(size, room // 256))
+    chunks = max(2, min(16, PROBE_BATCH_BYTES // size))
+    if room is not None:
+        chunks = max(2, min(chunks, room // (16 * size)))
+    return chunks, size
+
+
+def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = None) -> ServerRates:
+    """Chunk SET and GET costs on this server, as one round trip plus a cost per chunk, and serialize and
+    deserialize costs per chunk here, measured now (:class:`~kvcli.replay.network.ServerRates`).
+
+    A batch of 1 value and a batch of ``k`` (:func:`probe_plan`) are each written in one pipeline and read in one
+    MGET, 3 times after one warm-up round; from the fastest of each, the per-chunk cost is
+    ``(t_k - t_1) / (k - 1)`` and the round trip ``t_1 -`` that. Values over :data:`PROBE_CAP` are timed at that
+    size and their per-chunk cost scaled by size (loopback transfers are bandwidth bound at that size;
+    MEASURED.md). Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor bytes
+    (xxh3_64), copy them into the prefix KV.
     """
     size = store.value_bytes
-    probe = min(size, cap)
+    k, probe = probe_plan(size, room)
     value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
+    itemsize = torch.empty((), dtype=store.config.dtype).element_size()
+    tensor = torch.frombuffer(bytearray(value[:probe - probe % itemsize]), dtype=store.config.dtype)
     # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
-    keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(chunks)]
-    best_set = best_get = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.set(key, value)
-        pipe.execute()
-        t1 = time.perf_counter()
-        client.mget(keys)
-        t2 = time.perf_counter()
-        best_set, best_get = min(best_set, t1 - t0), min(best_get, t2 - t1)
+    keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(k)]
+    times: dict[tuple[str, int], list[float]] = {}
+    sers, desers = [], []
+    for repeat in range(4):  # the first round warms up (allocations, connection buffers): not kept
+        for batch in (keys[:1], keys):
+            t0 = time.perf_counter()
+            pipe = client.pipeline(transaction=False)
+            for key in batch:
+                pipe.set(key, value)
+            pipe.execute()
+            t1 = time.perf_counter()
+            client.mget(batch)
+            t2 = time.perf_counter()
+            if repeat:
+                times.setdefault(("set", len(batch)), []).append(t1 - t0)
+                times.setdefault(("get", len(batch)), []).append(t2 - t1)
+        t3 = time.perf_counter()
+        encoded = encode_kv(tensor)
+        t4 = time.perf_counter()
+        decoded, _ = decode_kv(encoded)
+        xxhash.xxh3_64_digest(encoded[len(encoded) - decoded.numel() * itemsize:])
+        decoded.clone()
+        t5 = time.perf_counter()
+        if repeat:
+            sers.append(t4 - t3)
+            desers.append(t5 - t4)
     client.delete(*keys)
-    scale = size / probe / chunks
-    return best_set * scale, best_get * scale
+    scale = size / probe
+    rates = {}
+    for op in ("set", "get"):
+        one, many = min(times[(op, 1)]), min(times[(op, k)])
+        per_chunk = max(0.0, (many - one) / (k - 1))
+        rates[op] = (per_chunk * scale, max(0.0, one - per_chunk))
+    spread = tuple(float(t / np.median(ts) - 1) for ts in times.values() for t in ts)
+    return ServerRates(rates["set"][0], rates["get"][0], min(sers) * scale, min(desers) * scale, spread,
+                       rates["set"][1], rates["get"][1])
+
+
+def ping_seconds(client: redis.Redis, repeats: int = 5) -> float:
+    """The server's round trip (seconds): the fastest of ``repeats`` PINGs."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        client.ping()
+        best = min(best, time.perf_counter() - t0)
+    return best

@@ -5,14 +5,23 @@ command uses, kvcli.traces.order), for every chunk size: lookup (one round trip:
 real payload), retrieve the hit run's KV (one more), prefill only the missed suffix with the real model, store the
 new full chunks (one pipelined round trip).
 
-Measured vs estimated: ``measure`` requests (spread evenly over the trace, prompts up to ``measure_max_tokens``)
-run the model: their full prefill is timed once, and per chunk size the cached path (lookup + transfer +
-deserialize + suffix prefill, plus the store) is timed for real, with the largest logit difference against the
-full prefill recorded. The other requests do the real lookup and write real metadata, but their payload bytes are
-accounted, not written, and their prefill times come from a cost curve fitted to every prefill timed in the same
-run (calibration + measured requests), their transfer times from chunk SET/GET timings calibrated on the same
-server. When a measured request hits chunks whose payload was only accounted, their KV is taken from its own full
-prefill and written first, untimed ("materialized"), so the timed retrieve reads real bytes.
+Before anything is written: the trace is validated, the cost curve is extended to cover its prompt lengths
+(:class:`~kvcli.model.calibration.Calibration`, within ``calibrate_seconds``), and the server's memory is checked
+(:mod:`kvcli.store.preflight`, the same preflight as warm): a run that would make an evicting server go over
+maxmemory is refused unless ``allow_evictions``. The server's ``evicted_keys`` delta is reported; an evicted
+chunk (metadata or payload: the lookup checks both) is a miss.
+
+Measured vs estimated: ``measure`` requests (spread evenly over the trace) run the model on their first ``L``
+tokens, ``L`` the longest length the ``measure_seconds`` budget allows (:func:`~kvcli.replay.measure.measure_length`,
+at most ``measure_max_tokens``; shorter prompts run whole; with ``measure`` None every request runs whole): their
+full prefill is timed once, and per chunk size the cached path (lookup + transfer + deserialize + suffix prefill,
+plus the store) is timed for real, with the largest logit difference against the full prefill recorded. The other
+requests, and the rest of a truncated prompt, are estimated: the lookup and metadata writes are real, payload bytes
+are accounted, not written, prefill times come from the cost curve and transfer times from chunk SET/GET timings
+calibrated on the same server (or the network model, :mod:`kvcli.replay.network`). When a measured request hits
+chunks whose payload was only accounted, their KV is taken from its own full prefill and written first, untimed
+("materialized"), so the timed retrieve reads real bytes. Savings, intervals and the recommendation:
+:mod:`kvcli.replay.savings`.
 
 ``payload="accounted"`` writes no payload at all (index and metadata only): traces whose KV would never fit the
 server replay in seconds; measured requests then use their own prefix KV and an estimated transfer time.
@@ -32,57 +41,67 @@ that deletion fails or is interrupted again, what was left and the command that 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import numpy as np
 import redis
 
-from kvcli.errors import BadInputError, KvcliError
+from kvcli.errors import BadInputError, KvcliError, RedisFailure
+from kvcli.model.calibration import Calibration
 from kvcli.model.costcurve import CostCurve, PrefillSample
-from kvcli.model.presets import ModelSpec
+from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.curve import HitCurve
-from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured, timed_prefill
+from kvcli.replay.measure import (
+    calibrate_transfer,
+    curve_check,
+    measure_length,
+    pick_measured,
+    ping_seconds,
+    timed_prefill,
+)
+from kvcli.replay.network import Link, overheads
+from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
+from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.hashing import reusable_tokens
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import absent_note, contents, redis_memory
+from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
 
 
-@dataclass
-class _Pending:
-    """Unmeasured requests' (new tokens, cached tokens, hit chunks, new chunks), estimated at the end."""
-
-    prompt: list[int] = field(default_factory=list)
-    reuse: list[int] = field(default_factory=list)
-    hit_chunks: list[int] = field(default_factory=list)
-    new_chunks: list[int] = field(default_factory=list)
-
-
 class Replayer:
-    """Replays traces through one :class:`ChunkStore` per chunk size on one Redis server.
+    """Replays traces through one store (:class:`~kvcli.store.kvstore.KVStore`) per layout and chunk size on one
+    Redis server.
 
     Args:
         client: a redis-py client.
         model: the local model (``prefill``, ``spec``), or None when nothing is measured (then ``spec`` names
             the model id, per-token KV shape and dtype the store accounts for).
-        curve: the prefill cost curve (fitted to calibration points, min of repeats, in the same run); the
-            measured requests' single timings are kept in ``measured_samples`` to check it, not fitted (one noisy
-            timing per point would drag the fit around: see MEASURED.md on this machine's stalls).
+        curve: the prefill cost curve when it is fixed (e.g. a flat ``--prefill-tps`` rate); with ``calibration``
+            it is replaced, per trace, by the calibration's fit after covering the trace. The measured requests'
+            single timings are kept in ``measured_samples`` to check it, not fitted (one noisy timing per point
+            would drag the fit around: see MEASURED.md on this machine's stalls).
         tokenizer: tokenizer name (part of the hash root).
+        calibration: the pool of timed prefills that covers each trace (None: ``curve`` as given).
+        model_config: the model's shapes, for exact FLOPs (default: the model's; None without a model: no FLOPs).
     """
 
     def __init__(self, client: redis.Redis, model, curve: CostCurve, tokenizer: str, config: ReplayConfig,
-                 spec: ModelSpec | None = None) -> None:
+                 spec: ModelSpec | None = None, calibration: Calibration | None = None,
+                 model_config: ModelConfig | None = None) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
+        self.calibration = calibration
+        self.model_config = model_config or (model.config if model is not None else None)
+        self._measured_log: list[dict] = []
         spec = model.spec if model is not None else spec
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
@@ -102,7 +121,9 @@ class Replayer:
         Raises:
             BadInputError: a token id is outside the model's vocabulary (before any write).
             ChunkTooLargeError: a chunk's value exceeds the server's proto-max-bulk-len (before any write).
-            RedisFailure, ModelFailure: the server or the model failed.
+            RedisFailure: the server failed, or the run would make it evict keys and ``allow_evictions`` is off
+                (before any write).
+            ModelFailure: the model failed.
         """
         cfg = self.config
         if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
@@ -112,15 +133,17 @@ class Replayer:
         notes = [order_note(order, name)] if order is not None else []
         if order is not None:  # not in arrival order: held in memory and taken in timestamp order
             reader, lengths = _reordered(reader, order), lengths[order]
-        measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
-                                 cfg.seed)
+        coverage = self._cover(lengths)
+        measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.seed)
+        measure_tokens = self._measure_tokens(lengths, measured)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
         stores = [self._make_store(namespace, cs, layout) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
+        check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         try:
-            result = self._run(name, reader, lengths, measured, stores, progress, notes)
+            result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes)
         except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
                 self._cleanup(namespace, stores, interrupted=True)
@@ -128,7 +151,54 @@ class Replayer:
         if not cfg.keep:
             result.left_behind = self._cleanup(namespace, stores, interrupted=False)
             result.notes += [result.left_behind] if result.left_behind else []
+        result.calibration = coverage
+        # read after the cleanup: a server over maxmemory evicts on any command, reads included
+        result.server_evicted_keys = evicted_since(self.client, check)
+        if result.server_evicted_keys:
+            result.notes.append(f"the server evicted {result.server_evicted_keys:,} keys during this replay "
+                                f"(whoever's): evicted chunks counted as misses, other data on the server may be gone")
         return result
+
+    def _cover(self, lengths: np.ndarray) -> dict:
+        """Extend the calibration to the trace's prompt lengths (95th percentile), within the time budget."""
+        if self.calibration is None:
+            return {}
+        target = int(np.percentile(lengths[lengths > 0], 95)) if (lengths > 0).any() else 1
+        coverage = self.calibration.cover(target, self.config.calibrate_seconds)
+        self.curve = self.calibration.curve()
+        return coverage.to_dict()
+
+    def _measure_tokens(self, lengths: np.ndarray, measured: set[int]) -> int:
+        """Tokens of each measured prompt that run the model: with ``measure`` None, every prompt whole (or up to
+        ``measure_max_tokens`` when set); else the budget's length (:func:`measure_length`; 0 with none)."""
+        cfg = self.config
+        if not measured:
+            return 0
+        longest = int(max(lengths[i] for i in measured))
+        if cfg.measure is None:
+            return min(longest, cfg.measure_max_tokens or longest)
+        return measure_length(self.curve, longest, len(measured), len(cfg.chunk_sizes), cfg.measure_seconds,
+                              cfg.measure_max_tokens or 2048)
+
+    def _preflight(self, stores, reader, lengths, measured, measure_tokens) -> Preflight:
+        """The server's memory against what this trace's replay will write (:mod:`kvcli.replay.plan`); refuse
+        when it would make the server evict keys, unless allowed."""
+        cfg = self.config
+        heads = [min(int(lengths[i]), measure_tokens) for i in measured] if cfg.payload == "real" else []
+        check = replay_preflight(self.client, stores, reader, len(lengths), heads)
+        if check.evicts and not cfg.allow_evictions:
+            raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
+                               f"--allow-evictions to run anyway (evicted chunks then count as misses), a server "
+                               f"with room, or --capacity-bytes to bound what the replay keeps")
+        return check
+
+    def _link(self) -> Link | None:
+        """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server."""
+        cfg = self.config
+        if cfg.link_gbps is None and cfg.rtt_seconds is None:
+            return None
+        rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
+        return Link(cfg.link_gbps if cfg.link_gbps is not None else self._measured_gbps, rtt)
 
     def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool) -> str:
         """Delete the run's namespace; "" when done, else what was left and how to remove it (said at once after
@@ -153,52 +223,88 @@ class Replayer:
                 raise
             return left
 
-    def _run(self, name, reader, lengths, measured, stores, progress, notes) -> TraceResult:
+    def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
-        rates = [calibrate_transfer(self.client, store) for store in stores]
+        rates = [calibrate_transfer(self.client, store, room(server_memory(self.client))) for store in stores]
+        big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
+        self._measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
+                               if rates[big].get_seconds > 0 else 10.0)
+        link = self._link()
         self._degraded = []
         used_before = self._used_memory()
         results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout,
                                    upper_bound_tokens=0 if cfg.upper_bound else None) for store in stores]
-        pending = [_Pending() for _ in stores]
+        ledgers = [Ledger() for _ in stores]
         self._checked = [{} for _ in stores]
+        self._measured_log = []
         radix = RadixUpperBound() if cfg.upper_bound else None
         hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
                       if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
                       for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
         t0 = time.perf_counter()
-        skipped = 0
+        skipped, stamps = 0, []
         for index, request in enumerate(reader()):
             if index >= len(lengths):
                 break
+            if request.timestamp is not None:
+                stamps.append(request.timestamp)
             n = len(request.token_ids)
             if n == 0:
                 skipped += 1
             else:
                 match = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
-                    reusable = self._measured(request, stores, results, rates, unlimited, hit_curves)
+                    reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited, hit_curves,
+                                              measure_tokens)
                 else:
-                    reusable = self._estimated(request, stores, results, pending, unlimited, hit_curves)
+                    reusable = self._estimated(request, stores, results, ledgers, rates, unlimited, hit_curves)
                 if radix is not None:  # never below what a chunk size reused (a read namespace supplies more)
                     upper = max(reusable_tokens(match, n), *reusable)
                     for res in results:
                         res.upper_bound_tokens += upper
             if progress:
                 progress(index + 1, len(lengths))
-        for store, res, pend, rate, hit_curve in zip(stores, results, pending, rates, hit_curves):
-            self._finish(store, res, pend, rate)
+        for store, res, hit_curve in zip(stores, results, hit_curves):
+            self._finish(store, res)
             res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
         used_after = self._used_memory()
         requests = len(lengths) - skipped
         delta = None if used_before is None or used_after is None else used_after - used_before
         by_layout = {layout: [r for r in results if r.layout == layout] for layout in cfg.layouts}
         main = by_layout[cfg.layouts[0]]
-        return TraceResult(name, requests, skipped, len(measured),
-                           _payload_label(cfg.payload, len(measured), requests), main,
-                           delta, time.perf_counter() - t0,
-                           notes=notes + self._notes(lengths, measured, main) + self._degraded, by_layout=by_layout)
+        result = TraceResult(name, requests, skipped, len(measured),
+                             _payload_label(cfg.payload, len(measured), requests), main,
+                             delta, time.perf_counter() - t0, by_layout=by_layout)
+        result.span_seconds = max(stamps) - min(stamps) if len(stamps) > 1 else None
+        self._savings(result, stores, results, ledgers, rates, link)
+        result.preflight = check.to_dict()
+        result.measure_tokens = measure_tokens
+        result.measured = self._measured_log
+        result.network = link.to_dict() if link else None
+        result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
+        result.cost_curve = self.curve.to_dict()
+        result.notes = notes + self._notes(result, lengths, measured, measure_tokens, main) + self._degraded
+        return result
+
+    def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
+        """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
+        layout's (:mod:`kvcli.replay.savings`)."""
+        cfg = self.config
+        draws = self.curve.draws(DRAWS, cfg.seed)
+        for i, (store, res, ledger, rate) in enumerate(zip(stores, results, ledgers, rates)):
+            res.overheads = overheads(res, store.value_bytes, rate, link)
+            res.savings = summarize(ledger, self.curve, res.overheads.critical, res.overheads.background,
+                                    self.curve.residuals, self.model_config, cfg.seed, draws, stream=i)
+            res.saved_prefill_seconds_estimated = res.savings.saved_estimated
+            # asynchronous stores only while the server and link keep up with them over the trace's span
+            late = (cfg.store_mode == "async" and result.span_seconds is not None
+                    and res.overheads.background > result.span_seconds)
+            res.store_mode = "sync" if late else cfg.store_mode
+        result.store_mode = cfg.store_mode
+        rows = [r for r in result.per_chunk_size if r.requests]
+        result.verdict = recommend({r.chunk_size: r.savings.net(r.store_mode) for r in rows}, cfg.store_mode,
+                                   {r.chunk_size: r.savings.net_draws(r.store_mode) for r in rows})
 
     def _used_memory(self) -> int | None:
         """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
@@ -209,10 +315,11 @@ class Replayer:
             return None
         return int(info.get("used_memory", 0))
 
-    def _notes(self, lengths: np.ndarray, measured: set[int], results: list[ChunkSizeResult]) -> list[str]:
-        """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
-        range the cost curve was fitted on; prompts shorter than one chunk; a read namespace that gave nothing;
-        chunks whose payload failed its checksum."""
+    def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int,
+               results: list[ChunkSizeResult]) -> list[str]:
+        """Warnings a reader of the report needs: estimates far from what was measured or beyond the calibrated
+        range, truncated measurements, background work a trace's span cannot absorb; prompts shorter than one
+        chunk; a read namespace that gave nothing; chunks whose payload failed its checksum."""
         notes = []
         if self.config.hit_curve and self.config.namespace is not None:
             notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
@@ -233,11 +340,20 @@ class Replayer:
         if ratio is not None and not 0.5 <= ratio <= 2.0:
             notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
                          f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
-        fitted = self.curve.max_tokens
-        longest = int(lengths.max()) if len(lengths) else 0
-        if fitted and longest > 4 * fitted and len(measured) < len(lengths):
-            notes.append(f"prompts reach {longest:,} tokens but the cost curve was fitted up to {fitted:,}: "
-                         f"estimated savings of long prompts are extrapolated")
+        beyond = max((r.savings.beyond_share or 0.0 for r in results if r.savings), default=0.0)
+        if beyond > 0:
+            notes.append(f"up to {100 * beyond:.3g}% of a chunk size's saving comes from prompts longer than the "
+                         f"longest calibrated full prefill ({self.curve.longest_full_tokens:,} tokens; prompts reach "
+                         f"{int(lengths.max()):,}): extrapolated, with the calibration's spread in its interval")
+        longer = sum(1 for i in measured if lengths[i] > measure_tokens)
+        if longer:
+            notes.append(f"{longer} of {len(measured)} measured requests ran their first {measure_tokens:,} tokens "
+                         f"(the measuring budget's length); the rest of each prompt is estimated")
+        for r in results:
+            if r.overheads and result.span_seconds and r.overheads.background > result.span_seconds:
+                notes.append(f"chunk size {r.chunk_size}: background stores take {sig(r.overheads.background)} s "
+                             f"over a trace of {sig(result.span_seconds)} s: asynchronous storing cannot keep up, "
+                             f"so its synchronous net benefit is the one compared")
         return notes
 
     # -- passes ---------------------------------------------------------------------------------------------------
@@ -265,12 +381,13 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, request, stores, results, pending, unlimited, hit_curves) -> list[int]:
-        """Look up and store (accounted) one unmeasured request per chunk size; returns, per chunk size, the
-        tokens it would reuse with unlimited capacity."""
+    def _estimated(self, request, stores, results, ledgers, rates, unlimited, hit_curves) -> list[int]:
+        """Look up and store (accounted) one unmeasured request per chunk size, its transfer and store priced with
+        the chunk rates; returns, per chunk size, the tokens it would reuse with unlimited capacity."""
         n, reusable = len(request.token_ids), []
-        for store, res, pend, seen, checked, hit_curve in zip(stores, results, pending, unlimited, self._checked,
-                                                               hit_curves):
+        for store, res, ledger, rate, seen, checked, hit_curve in zip(stores, results, ledgers, rates, unlimited,
+                                                                       self._checked, hit_curves):
+            crit, back = _critical(res), _background(res)
             prompt = store.chunk(request.token_ids, request.cache_salt)
             if hit_curve:
                 hit_curve.observe(prompt.hashes, request.timestamp, len(request.token_ids))
@@ -279,10 +396,13 @@ class Replayer:
             written = store.store(prompt, None, start_chunk=hit_chunks, lookup=look)
             reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))
             res.store_seconds += written.seconds
-            pend.prompt.append(n)
-            pend.reuse.append(reusable_tokens(hit_chunks * store.config.chunk_size, n))
-            pend.hit_chunks.append(hit_chunks)
-            pend.new_chunks.append(len(prompt.hashes) - hit_chunks)
+            res.transfer_seconds_estimated += rate.get(hit_chunks)
+            res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
+            res.store_seconds_estimated += rate.put(len(prompt.hashes) - hit_chunks)
+            res.hit_requests += hit_chunks > 0
+            res.store_requests += written.chunks_written > 0
+            ledger.add(n, reusable_tokens(hit_chunks * store.config.chunk_size, n), critical=_critical(res) - crit,
+                       background=_background(res) - back)
         return reusable
 
     def _checksums(self, store, res, prompt, look, checked: dict[bytes, bool]) -> int:
@@ -306,60 +426,92 @@ class Replayer:
             checked[prompt.hashes[i]] = good
         return next((i for i in range(k) if checked.get(prompt.hashes[i]) is False), k)
 
-    def _measured(self, request, stores, results, rates, unlimited, hit_curves) -> list[int]:
-        """Run one request with the model: full prefill, then per chunk size lookup, retrieve, suffix prefill
-        and store, timed; returns, per chunk size, the tokens it would reuse with unlimited capacity."""
+    def _measured(self, index, request, stores, results, ledgers, rates, unlimited, hit_curves,
+                  measure_tokens: int) -> list[int]:
+        """Run one request with the model on its first ``measure_tokens`` tokens (all of them when shorter): full
+        prefill, then per chunk size lookup, retrieve, suffix prefill and store, timed; the rest of a truncated
+        prompt is estimated. Returns, per chunk size, the tokens it would reuse with unlimited capacity."""
         tokens, n = request.token_ids, len(request.token_ids)
-        t_full, (logits_full, kv_full) = timed_prefill(self.model, tokens, None)
-        self.measured_samples.append(PrefillSample(n, 0, t_full))
+        length = min(n, measure_tokens) if measure_tokens else n
+        head = tokens[:length]
+        t_full, (logits_full, kv_full) = timed_prefill(self.model, head, None)
+        self.measured_samples.append(PrefillSample(length, 0, t_full))
+        log = {"index": index, "id": request.id, "prompt_tokens": n, "measured_tokens": length,
+               "full_prefill_seconds": t_full, "per_chunk_size": []}
+        real = self.config.payload == "real"
         reusable = []
-        for store, res, rate, seen, hit_curve in zip(stores, results, rates, unlimited, hit_curves):
+        for store, res, ledger, rate, seen, hit_curve in zip(stores, results, ledgers, rates, unlimited, hit_curves):
+            cs = store.config.chunk_size
+            crit, back = _critical(res), _background(res)
             prompt = store.chunk(tokens, request.cache_salt)
             if hit_curve:
-                hit_curve.observe(prompt.hashes, request.timestamp, len(request.token_ids))
+                hit_curve.observe(prompt.hashes, request.timestamp, n)
             look = store.lookup(prompt)
-            past, hit_chunks = self._fetch(store, res, prompt, look, kv_full, rate)
-            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))  # hits = what was retrieved
+            past, got = self._fetch(store, res, prompt, look, kv_full, rate, length)
+            inside = min(look.hit_chunks, length // cs)
+            hit_chunks = look.hit_chunks if got >= inside else got  # hits = what could be retrieved
+            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))
             reuse = 0 if past is None else past.shape[3]
             if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
                 kv, t_suffix = kv_full, t_full
             else:
-                t_suffix, (logits, kv) = timed_prefill(self.model, tokens[reuse:], past)
-                self.measured_samples.append(PrefillSample(n - reuse, reuse, t_suffix))
+                t_suffix, (logits, kv) = timed_prefill(self.model, head[reuse:], past)
+                self.measured_samples.append(PrefillSample(length - reuse, reuse, t_suffix))
                 res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
-            real = self.config.payload == "real"
-            written = store.store(prompt, kv if real else None, start_chunk=hit_chunks, lookup=look)
+            if real and length < n:  # real KV for the measured tokens' chunks, the rest accounted
+                written = store.store(prompt, kv, start_chunk=hit_chunks, end_chunk=length // cs, lookup=look)
+                rest = store.store(prompt, None, start_chunk=max(hit_chunks, length // cs), lookup=look)
+                res.store_seconds += rest.seconds
+                res.store_seconds_estimated += rest.chunks_written * (rate.set_seconds + rate.serialize_seconds)
+                stored = written.chunks_written + rest.chunks_written
+            else:
+                written = store.store(prompt, kv if real else None, start_chunk=hit_chunks, lookup=look)
+                stored = written.chunks_written
+                if not real:
+                    res.store_seconds_estimated += rate.put(written.chunks_written)
             res.store_seconds += written.seconds
-            if not real:
-                res.store_seconds_estimated += written.chunks_written * rate[0]
+            res.hit_requests += hit_chunks > 0
+            res.store_requests += stored > 0
             res.measured_requests += 1
             res.full_prefill_seconds_measured += t_full
             res.suffix_prefill_seconds_measured += t_suffix
             res.saved_prefill_seconds_measured += t_full - t_suffix
+            ledger.add(n, reusable_tokens(hit_chunks * cs, n), length, reuse,
+                       (index, t_full, t_suffix if reuse else None), _critical(res) - crit, _background(res) - back)
+            log["per_chunk_size"].append({"chunk_size": cs, "hit_tokens": hit_chunks * cs, "reused_tokens": reuse,
+                                          "suffix_prefill_seconds": t_suffix, "saved_seconds": t_full - t_suffix})
+        self._measured_log.append(log)
         return reusable
 
-    def _fetch(self, store, res, prompt, look, kv_full, rate):
-        """KV of the reusable prefix ``[layers, 2, kv_heads, reuse, head_dim]`` and the hit chunk count."""
-        n = len(prompt.tokens)
-        if look.hit_chunks == 0:
+    def _fetch(self, store, res, prompt, look, kv_full, rate, length: int):
+        """KV of the reusable part of the measured tokens ``[layers, 2, kv_heads, reuse, head_dim]``
+        (:func:`reusable_tokens` of the first ``length``) and the hit chunks retrieved among them. Hit chunks
+        beyond them (a truncated measurement) are priced, not moved."""
+        cs = store.config.chunk_size
+        inside = min(look.hit_chunks, length // cs)
+        outside = look.hit_chunks - inside
+        res.transfer_seconds_estimated += outside * rate.get_seconds
+        res.deserialize_seconds_estimated += outside * rate.deserialize_seconds
+        if inside == 0:
             return None, 0
         if self.config.payload != "real":
-            res.transfer_seconds_estimated += look.hit_chunks * rate[1]
-            return kv_full[:, :, :, :reusable_tokens(look.hit_tokens, n)], look.hit_chunks
-        got = store.retrieve(prompt, lookup=look)
-        start = end = got.hit_tokens // store.config.chunk_size
-        while got.break_reason == "no-payload" and end < look.hit_chunks and store.accounted(prompt, look, end):
+            res.transfer_seconds_estimated += rate.get(inside)
+            res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
+            return kv_full[:, :, :, :reusable_tokens(inside * cs, length)], inside
+        got = store.retrieve(prompt, lookup=_first(look, inside))
+        start = end = got.hit_tokens // cs
+        while got.break_reason == "no-payload" and end < inside and store.accounted(prompt, look, end):
             end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
         if end > start:
             done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
             res.materialized_chunks += done.chunks_present
-            got = store.retrieve(prompt, lookup=store.lookup(prompt, record=False))
+            got = store.retrieve(prompt, lookup=_first(store.lookup(prompt, record=False), inside))
         res.transfer_seconds_measured += got.transfer_seconds
         res.deserialize_seconds += got.deserialize_seconds
         res.serialized_bytes_read += got.payload_bytes + got.header_bytes
         if got.kv is None:
             return None, 0
-        return got.kv[:, :, :, :reusable_tokens(got.hit_tokens, n)], got.hit_tokens // store.config.chunk_size
+        return got.kv[:, :, :, :reusable_tokens(got.hit_tokens, length)], got.hit_tokens // cs
 
     @staticmethod
     def _count(res, store, prompt, look, seen, n, hit_chunks: int) -> int:
@@ -389,15 +541,8 @@ class Replayer:
         return unlimited
 
     # -- calibration and totals -----------------------------------------------------------------------------------
-    def _finish(self, store: KVStore, res: ChunkSizeResult, pend: _Pending, rate) -> None:
+    def _finish(self, store: KVStore, res: ChunkSizeResult) -> None:
         st = store.stats
-        if pend.prompt:
-            n, reuse = np.asarray(pend.prompt), np.asarray(pend.reuse)
-            saved = self.curve.predict(n, np.zeros_like(n)) - self.curve.predict(n - reuse, reuse)
-            res.saved_prefill_seconds_estimated = float(np.sum(saved))
-            set_s, get_s = rate
-            res.transfer_seconds_estimated += float(np.sum(pend.hit_chunks) * get_s)
-            res.store_seconds_estimated += float(np.sum(pend.new_chunks) * set_s)
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
                      "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "checksum_verified_chunks",
@@ -414,6 +559,25 @@ class Replayer:
                 self.client, store.key_pattern, self.config.memory_sample)
         except KvcliError as exc:  # e.g. a user without SCAN or MEMORY: the rest of the report stands
             self._degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
+
+
+def _critical(res: ChunkSizeResult) -> float:
+    """Critical-path seconds accounted so far on the given server: lookup, transfer, deserialize."""
+    return (res.lookup_seconds + res.transfer_seconds_measured + res.transfer_seconds_estimated
+            + res.deserialize_seconds + res.deserialize_seconds_estimated)
+
+
+def _background(res: ChunkSizeResult) -> float:
+    """Background seconds accounted so far: serialize and store."""
+    return res.store_seconds + res.store_seconds_estimated
+
+
+def _first(look, chunks: int):
+    """The lookup cut to its first ``chunks`` hit chunks (what a truncated measurement retrieves)."""
+    if chunks >= look.hit_chunks:
+        return look
+    return dataclasses.replace(look, hit_chunks=chunks, hit_tokens=chunks * (look.hit_tokens // look.hit_chunks),
+                               break_reason="", metadata=look.metadata[:chunks], from_read=look.from_read[:chunks])
 
 
 def _reordered(reader, order: np.ndarray):

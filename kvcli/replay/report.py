@@ -5,7 +5,8 @@ from rich.console import Console
 from rich.table import Table
 
 from kvcli.replay.curvereport import curve_rows
-from kvcli.replay.results import TraceResult
+from kvcli.replay.results import ChunkSizeResult, TraceResult
+from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.tables import print_table, stdout_console
 from kvcli.units import fmt_bytes, json_document
 
@@ -24,6 +25,31 @@ def _pct(x: float | None) -> str:
 
 def _count(x: int | None) -> str:
     return NA if x is None else f"{x:,}"
+
+
+def _s3(x: float) -> str:
+    """Seconds to 3 significant digits."""
+    return f"{sig(x)} s"
+
+
+def _iv(r: ChunkSizeResult, get) -> str:
+    """An interval of the savings, 3 significant digits, or NA before savings are computed."""
+    return f"{fmt_interval(get(r.savings))} s" if r.savings is not None else NA
+
+
+def _share(iv: Interval | None) -> str:
+    if iv is None:
+        return NA
+    return f"{sig(100 * iv.value)}% [{sig(100 * iv.low, 2)}, {sig(100 * iv.high, 2)}]"
+
+
+def _flops(r: ChunkSizeResult) -> str:
+    s = r.savings
+    return f"{s.saved_flops:.3g} ({_pct(s.saved_flops / s.trace_flops)})" if s and s.trace_flops else NA
+
+
+def _over(r: ChunkSizeResult, part: str) -> str:
+    return _s3(getattr(r.overheads, part)) if r.overheads is not None else NA
 
 
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
@@ -50,44 +76,77 @@ ROWS: list[tuple[str, callable]] = [
      lambda r: f"{r.redis_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
     ("lookup p50 / p99", lambda r: NA if r.lookup_p50_seconds is None else
      f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
-    ("lookup time", lambda r: _secs(r.lookup_seconds)),
-    ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),
-    ("transfer time estimated", lambda r: _secs(r.transfer_seconds_estimated)),
-    ("deserialize time", lambda r: _secs(r.deserialize_seconds)),
-    ("store time (serialize + write)", lambda r: _secs(r.store_seconds)),
-    ("store payload writes estimated", lambda r: _secs(r.store_seconds_estimated)),
+    ("lookup time", lambda r: _over(r, "lookup")),
+    ("transfer time", lambda r: _over(r, "transfer")),
+    ("  measured on this server", lambda r: _secs(r.transfer_seconds_measured)),
+    ("deserialize time", lambda r: _over(r, "deserialize")),
+    ("critical path (lookup+transfer+deser.)", lambda r: _over(r, "critical")),
+    ("background (serialize + store)", lambda r: _over(r, "background")),
     ("measured requests", lambda r: f"{r.measured_requests:,}"),
-    ("prefill saved, measured", lambda r: _secs(r.saved_prefill_seconds_measured)),
-    ("prefill saved, estimated", lambda r: _secs(r.saved_prefill_seconds_estimated)),
-    ("overhead", lambda r: _secs(r.overhead_seconds)),
-    ("net benefit", lambda r: _secs(r.net_benefit_seconds)),
+    ("prefill saved, measured", lambda r: _s3(r.saved_prefill_seconds_measured)),
+    ("prefill saved, estimated", lambda r: _s3(r.savings.saved_estimated) if r.savings else NA),
+    ("prefill saved [95% interval]", lambda r: _iv(r, lambda s: s.saved)),
+    ("  share of the trace's prefill", lambda r: _share(r.savings.share) if r.savings else NA),
+    ("  from prompts beyond calibration", lambda r: _pct(r.savings.beyond_share) if r.savings else NA),
+    ("prefill FLOPs saved", lambda r: _flops(r)),
+    ("net benefit, async stores", lambda r: _iv(r, lambda s: s.net_async)),
+    ("net benefit, sync stores", lambda r: _iv(r, lambda s: s.net_sync)),
     ("checksums verified / failed", lambda r: f"{r.checksum_verified_chunks:,} / {r.checksum_failures:,}"),
     ("max logit diff", lambda r: f"{r.max_logit_diff:.2e}" if r.measured_requests else NA),
 ]
 
 
 def trace_table(result: TraceResult, curve_source: str = "measured in this run") -> Table:
-    """A table for one trace: one column per chunk size, the recommended one marked."""
+    """A table for one trace: one column per chunk size, the recommended one marked (tied ones marked "=")."""
     best = result.recommended_chunk_size
+    tied = set(result.verdict.tied) if result.verdict and result.verdict.kind == "tie" else set()
     layout = result.per_chunk_size[0].layout if result.per_chunk_size else "kvcli"
     table = Table(title=f"{result.trace}: {result.requests:,} requests, {result.skipped_empty} empty skipped; "
                         f"payload {result.payload}" + ("" if layout == "kvcli" else f"; layout {layout}"),
                   title_justify="left")
     table.add_column("chunk size", style="bold", no_wrap=True)
     for r in result.per_chunk_size:
-        table.add_column(f"{r.chunk_size}{' *' if r.chunk_size == best else ''}", justify="right",
-                         style="green" if r.chunk_size == best else None)
+        mark = " *" if r.chunk_size == best else (" =" if r.chunk_size in tied else "")
+        table.add_column(f"{r.chunk_size}{mark}", justify="right", style="green" if r.chunk_size == best else None)
     for label, fn in ROWS + curve_rows(result.per_chunk_size):
         if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
                                                       for r in result.per_chunk_size):
             continue  # every hit's payload checked out: the row would repeat the one above
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
-    verdict = (f"* recommended chunk size by net benefit: {best}." if best is not None
-               else "No chunk size pays off here: every net benefit is <= 0.")
+    verdict = _verdict_line(result)
+    transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")
     table.caption = (f"{verdict} Measured: timed with the model and Redis in this run; estimated: prefill from the "
-                     f"cost curve ({curve_source}), transfers from chunk SET/GET timings on this server.")
+                     f"cost curve ({curve_source}), transfers from {transfers}. Intervals: 95%, from the "
+                     f"calibration's spread and this run's timing noise.")
     table.caption_justify = "left"
     return table
+
+
+def _verdict_line(result: TraceResult) -> str:
+    v = result.verdict
+    if v is None:
+        best = result.recommended_chunk_size
+        return (f"* recommended chunk size by net benefit: {best}." if best is not None
+                else "No chunk size pays off here: every net benefit is <= 0.")
+    if v.kind == "clear":
+        return f"* recommended: {v.text}."
+    return f"No recommendation: {v.text}{' (marked =)' if v.kind == 'tie' else ''}."
+
+
+def _facts(result: TraceResult) -> str:
+    """One line: how many requests were measured and on how many tokens, and what the calibration covered."""
+    line = f"  measured {result.measured_requests} of {result.requests:,} requests"
+    if result.measure_tokens and any(m["measured_tokens"] < m["prompt_tokens"] for m in result.measured):
+        line += f" (prompts truncated to their first {result.measure_tokens:,} tokens)"
+    cal = result.calibration
+    if cal:
+        line += (f"; calibration covers full prefills up to {result.cost_curve.get('longest_full_tokens', 0):,} "
+                 f"tokens and cached contexts up to {cal['longest_tokens']:,} (trace p95 {cal['target_tokens']:,})")
+        if cal["skipped_points"]:
+            line += f", {len(cal['skipped_points'])} longer points left out by --calibrate-seconds"
+    if result.server_evicted_keys is not None:
+        line += f"; server evicted keys during the replay: {result.server_evicted_keys:,}"
+    return line
 
 
 # (label, function of a ChunkSizeResult) — the rows that compare key layouts side by side.
@@ -132,6 +191,10 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     """Print every trace's table (and its layout comparison), then the run context (model, server, cost curve)."""
     for result in results:
         print_table(console, trace_table(result, context.get("cost_curve_source", "")))
+        console.print(_facts(result), markup=False, highlight=False, soft_wrap=True)
+        if result.preflight:
+            console.print(f"  preflight: {result.preflight['message']}", markup=False, highlight=False,
+                          soft_wrap=True)
         if len(result.by_layout) > 1:
             print_table(console, layout_table(result))
         for note in result.notes:
@@ -149,7 +212,8 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "
-                f"{curve['d_seconds_per_pair']:.3g} s x n(c + (n+1)/2)")
+                f"{curve['d_seconds_per_pair']:.3g} s x n(n+1)/2 + "
+                f"{curve.get('e_seconds_per_cached_pair', 0.0):.3g} s x n c")
         if check.get("samples"):
             line += (f"; measured/predicted on {check['samples']} measured prefills: median "
                      f"{check['median_measured_over_predicted']:.2f}, max {check['max_measured_over_predicted']:.2f}")
@@ -166,6 +230,12 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "measured_requests": t.measured_requests, "payload": t.payload, "seconds": t.seconds,
             "used_memory_delta_bytes": t.used_memory_delta_bytes, "notes": t.notes,
             "recommended_chunk_size": t.recommended_chunk_size,
+            "verdict": ({"kind": t.verdict.kind, "tied_chunk_sizes": list(t.verdict.tied), "text": t.verdict.text}
+                        if t.verdict else None),
+            "store_mode": t.store_mode, "measure_tokens": t.measure_tokens, "measured": t.measured,
+            "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
+            "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
+            "server_rates_per_chunk": t.server_rates,
             "per_chunk_size": [r.to_dict() for r in t.per_chunk_size],
             **({"by_layout": {name: [r.to_dict() for r in rows] for name, rows in t.by_layout.items()}}
                if len(t.by_layout) > 1 else {})})
@@ -173,16 +243,20 @@ def to_json(results: list[TraceResult], context: dict) -> str:
 
 
 def summary_line(result: TraceResult) -> str:
-    """One line per trace for stderr: best chunk size and its hit ratio and net benefit."""
-    best = next((r for r in result.per_chunk_size if r.chunk_size == result.recommended_chunk_size), None)
-    if not result.requests:
+    """One line per trace for stderr: the verdict, and the best chunk size's hit ratio and savings (seconds with
+    their interval, and the share of the trace's prefill time)."""
+    rows = [r for r in result.per_chunk_size if r.requests]
+    if not result.requests or not rows:
         return f"{result.trace}: no prompt to replay (every request of {result.skipped_empty:,} is empty)"
-    if best is None:
-        top = max(result.per_chunk_size, key=lambda r: r.hit_tokens)
-        return (f"{result.trace}: no chunk size pays off (best hit ratio {_pct(top.hit_token_ratio)} at chunk size "
-                f"{top.chunk_size}, net benefit {_secs(top.net_benefit_seconds)})")
-    return (f"{result.trace}: best chunk size {best.chunk_size} (hit {_pct(best.hit_token_ratio)}, net benefit "
-            f"{_secs(best.net_benefit_seconds)})")
+    best = max(rows, key=lambda r: (r.net_benefit_seconds, -r.chunk_size))
+    v = result.verdict
+    head = (f"chunk size {best.chunk_size}" if result.recommended_chunk_size is not None
+            else ("tie " + "/".join(map(str, v.tied)) if v and v.kind == "tie" else "no chunk size pays off"))
+    saved = (f"saves {fmt_interval(best.savings.saved)} s = {_share(best.savings.share)} of prefill, "
+             f"net {fmt_interval(best.savings.net(best.store_mode))} s ({best.store_mode} stores)"
+             if best.savings else f"net benefit {_secs(best.net_benefit_seconds)}")
+    return (f"{result.trace}: {head} (at {best.chunk_size}: hit {_pct(best.hit_token_ratio)}, {saved}; "
+            f"{result.measured_requests} measured)")
 
 
 __all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line", "stdout_console"]

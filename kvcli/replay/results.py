@@ -10,6 +10,8 @@ if TYPE_CHECKING:
     from kvcli.replay.curve import CurveResult
 
 from kvcli.errors import BadInputError
+from kvcli.replay.network import Overheads
+from kvcli.replay.savings import Savings, Verdict
 
 
 @dataclass(frozen=True)
@@ -20,8 +22,15 @@ class ReplayConfig:
         chunk_sizes: chunk sizes to compare (tokens), each in its own namespace.
         payload: "real" (measured requests write and read real KV) or "accounted" (no payload is ever written).
         measure: requests per trace that run the model (None: all of them).
-        measure_max_tokens: longest prompt picked for measuring (tokens); longer ones are estimated. None: no
-            limit (the CLI's default with ``--measure all``; a count defaults to 512).
+        measure_max_tokens: the most tokens of a measured prompt that run the model; longer prompts are measured on
+            their first tokens (at most this many, fewer when ``measure_seconds`` does not allow it). None: 2,048
+            for a count; with ``measure`` None (all), no limit and no budget (whole prompts).
+        measure_seconds: model time per trace for measured requests (predicted from the cost curve).
+        calibrate_seconds: model time per trace for extending the cost curve's calibration to its prompts.
+        store_mode: "async" (stores off the request's path, as LMCache and vLLM's offloading connectors do) or
+            "sync": which net benefit picks the chunk size. Both are reported.
+        link_gbps / rtt_seconds: the network model (None for both: what was measured on the given server).
+        allow_evictions: run even when the preflight says the server will evict keys (maybe other people's).
         capacity_tokens / capacity_bytes: LRU capacity per chunk size (None: unlimited).
         namespace: an existing namespace (e.g. one ``kvcli warm`` filled) whose chunks count as hits; it is only
             read, never written. None: a cold cache. Either way the run writes into a fresh namespace of its own.
@@ -43,7 +52,13 @@ class ReplayConfig:
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
     payload: str = "real"
     measure: int | None = 2
-    measure_max_tokens: int | None = 512
+    measure_max_tokens: int | None = None
+    measure_seconds: float = 2.0
+    calibrate_seconds: float = 4.0
+    store_mode: str = "async"
+    link_gbps: float | None = None
+    rtt_seconds: float | None = None
+    allow_evictions: bool = False
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
     namespace: str | None = None
@@ -120,10 +135,16 @@ class ChunkSizeResult:
     deserialize_seconds: float = 0.0
     store_seconds: float = 0.0
     store_seconds_estimated: float = 0.0
+    deserialize_seconds_estimated: float = 0.0
+    hit_requests: int = 0
+    store_requests: int = 0
     max_logit_diff: float = 0.0
     layout: str = "kvcli"
     lookup_round_trips: int = 0
     key_bytes_per_chunk: float = 0.0
+    overheads: Overheads | None = None
+    savings: Savings | None = None
+    store_mode: str = "async"
     hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
 
     @property
@@ -134,24 +155,35 @@ class ChunkSizeResult:
     @property
     def saved_prefill_seconds(self) -> float:
         """Prefill compute saved, measured + estimated (seconds)."""
+        if self.savings is not None:
+            return self.savings.saved.value
         return self.saved_prefill_seconds_measured + self.saved_prefill_seconds_estimated
 
     @property
     def overhead_seconds(self) -> float:
-        """Lookup + transfer + deserialize + store (management) seconds."""
+        """Critical path + background (lookup, transfer, deserialize, serialize and store) seconds."""
+        if self.overheads is not None:
+            return self.overheads.critical + self.overheads.background
         return (self.lookup_seconds + self.transfer_seconds_measured + self.transfer_seconds_estimated
-                + self.deserialize_seconds + self.store_seconds + self.store_seconds_estimated)
+                + self.deserialize_seconds + self.deserialize_seconds_estimated + self.store_seconds
+                + self.store_seconds_estimated)
 
     @property
     def net_benefit_seconds(self) -> float:
-        """Saved prefill compute − lookup, transfer and management overhead (seconds): the design notes' goal."""
+        """Saved prefill compute − overhead (seconds), for ``store_mode``: async leaves background stores out."""
+        if self.savings is not None:
+            return self.savings.net(self.store_mode).value
         return self.saved_prefill_seconds - self.overhead_seconds
 
     def to_dict(self) -> dict:
         """All fields plus the derived ratios and totals, JSON-ready; None where a figure was not computed or has
         no denominator."""
-        out = dict(self.__dict__)
+        out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
         out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
+        if self.savings is not None:
+            out["savings"] = self.savings.to_dict()
+        if self.overheads is not None:
+            out["overheads"] = self.overheads.to_dict()
         upper, prompt = self.upper_bound_tokens, self.prompt_tokens
         out.update(hit_token_ratio=self.hit_token_ratio, saved_prefill_seconds=self.saved_prefill_seconds,
                    overhead_seconds=self.overhead_seconds, net_benefit_seconds=self.net_benefit_seconds,
@@ -179,10 +211,24 @@ class TraceResult:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     by_layout: dict[str, list[ChunkSizeResult]] = field(default_factory=dict)
+    verdict: Verdict | None = None
+    store_mode: str = "async"
+    calibration: dict = field(default_factory=dict)
+    cost_curve: dict = field(default_factory=dict)
+    preflight: dict = field(default_factory=dict)
+    server_evicted_keys: int | None = None
+    measure_tokens: int = 0
+    measured: list[dict] = field(default_factory=list)
+    span_seconds: float | None = None
+    network: dict | None = None
+    server_rates: dict = field(default_factory=dict)
     left_behind: str = ""  # the run's namespace could not be deleted: what was left and how to remove it
 
     @property
     def recommended_chunk_size(self) -> int | None:
-        """The chunk size with the largest net benefit; None when no chunk size has a positive net benefit."""
+        """The recommended chunk size (:func:`kvcli.replay.savings.recommend`: it beats the runner-up by more
+        than their intervals), or None: a tie, or nothing pays off."""
+        if self.verdict is not None:
+            return self.verdict.chunk_size
         rows = [r for r in self.per_chunk_size if r.requests and r.net_benefit_seconds > 0]
         return max(rows, key=lambda r: r.net_benefit_seconds).chunk_size if rows else None

@@ -4,6 +4,7 @@ Kept apart from the CLI so the library can run a whole replay (``run_replay``) w
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -11,8 +12,11 @@ from pathlib import Path
 
 import redis
 
-from kvcli.model.costcurve import CostCurve, calibrate
+from kvcli.model.calibration import Calibration
+from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
+from kvcli.model.costcurve import CostCurve
 from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
+from kvcli.model.presets import ModelConfig, get_preset
 from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
@@ -28,24 +32,23 @@ from kvcli.traces.paths import display_name, expand_paths
 class ModelOptions:
     """Which local model: ``model`` (a preset name, see model.PRESETS, or a Hugging Face checkpoint folder),
     ``dtype`` name or None for the model's own, ``device``, ``seed`` (presets' weights); ``prefill_tps`` replaces
-    the calibrated cost curve with a constant tokens/s when given."""
+    the calibrated cost curve with a constant tokens/s when given; ``threads``: torch threads while the replay runs
+    on a CPU (1 by default: on a small machine shared with other work, one thread's timings repeat within a few
+    percent; two threads' swing several-fold with the machine's load)."""
 
     model: str = "cpu"
     dtype: str | None = None
     device: str = "auto"
     seed: int = 0
     prefill_tps: float | None = None
-
-
-# Prefill points timed before replaying (new tokens x cached tokens), each twice: a few seconds on 2 CPU cores.
-CALIBRATION_LENGTHS = (32, 128, 512)
-CALIBRATION_CACHED = (0, 512)
+    threads: int | None = 1
 
 
 def prepare_model(options: ModelOptions, measure: int | None):
-    """Build the model when anything will run it, and the cost curve (calibrated now, or from ``prefill_tps``).
+    """Build the model when anything will run it, and the cost curve: the calibration's base points timed now
+    (:class:`~kvcli.model.calibration.Calibration`, extended per trace by the replay), or ``prefill_tps``.
 
-    Returns ``(model or None, curve, calibration samples, spec)``.
+    Returns ``(model or None, curve, calibration or None, spec)``.
 
     Raises:
         BadInputError: unknown preset, checkpoint folder or dtype; no way to estimate prefill (nothing measured,
@@ -54,12 +57,13 @@ def prepare_model(options: ModelOptions, measure: int | None):
     """
     spec = resolve_spec(options.model, options.dtype, options.seed)  # validates model and dtype first
     if options.prefill_tps is not None and measure == 0:
-        return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
+        return None, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
     model = load_model(options.model, options.dtype, options.device, options.seed)
     if options.prefill_tps is not None:
-        return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
-    samples = calibrate(model, lengths=CALIBRATION_LENGTHS, cached=CALIBRATION_CACHED, repeats=3, seed=options.seed)
-    return model, CostCurve.fit(samples), samples, spec
+        return model, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
+    calibration = Calibration(model, seed=options.seed)
+    calibration.cover(1, 0.0)  # the base points
+    return model, calibration.curve(), calibration, spec
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
@@ -75,15 +79,17 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     files = expand_paths(paths)
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
     tok, tok_name = lazy_tokenizer(tokenizer)  # tiktoken loads only when a record holds text
-    model, curve, _, spec = prepare_model(model_options, config.measure)
-    replayer = Replayer(client, model, curve, tok_name, config, spec=spec)
-    replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
-    results = []
-    for path in files:
-        def step(done: int, total: int, _name=Path(display_name(path)).name) -> None:
-            if progress:
-                progress(_name, done, total)
-        results.append(replayer.replay(display_name(path), lambda p=path: read_trace(p, fmt, tok), step))
+    with _threads(model_options.threads):
+        model, curve, calibration, spec = prepare_model(model_options, config.measure)
+        replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
+                            model_config=model_shapes(model_options.model))
+        replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
+        results = []
+        for path in files:
+            def step(done: int, total: int, _name=Path(display_name(path)).name) -> None:
+                if progress:
+                    progress(_name, done, total)
+            results.append(replayer.replay(display_name(path), lambda p=path: read_trace(p, fmt, tok), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
@@ -94,6 +100,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
         "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
+        "calibration_seconds": calibration.spent_seconds if calibration else 0.0,
+        "torch_threads": model_options.threads, "store_mode": config.store_mode,
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
         "metadata_placement": "beside the payload (its own key)",
         "layouts": {name: LAYOUT_NOTES[name] for name in config.layouts},
@@ -108,6 +116,25 @@ LAYOUT_NOTES = {
                 "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
                 "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
 }
+
+
+def model_shapes(model: str) -> ModelConfig:
+    """The shapes of ``model`` (a preset, or a checkpoint folder's config) for exact FLOPs, without weights."""
+    return read_checkpoint(model).shapes if is_checkpoint_name(model) else get_preset(model)
+
+
+@contextlib.contextmanager
+def _threads(threads: int | None):
+    """torch's intra-op threads set to ``threads`` for the block (None: unchanged), then restored."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _itemsize(dtype) -> int:

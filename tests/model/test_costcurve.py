@@ -20,14 +20,14 @@ def _exact(a, b, d, points=POINTS):
 @pytest.mark.parametrize("a, b, d", [(0.009, 3.2e-4, 1.6e-7), (0.0, 1e-3, 0.0), (0.02, 0.0, 5e-8), (0.0, 0.0, 2e-7)])
 def test_fit_recovers_exact_coefficients(a, b, d):
     curve = CostCurve.fit(_exact(a, b, d))
-    for got, want in ((curve.a, a), (curve.b, b), (curve.d, d)):
+    for got, want in ((curve.a, a), (curve.b, b), (curve.d, d), (curve.e, d)):
         assert got == pytest.approx(want, rel=1e-9, abs=1e-15)
     assert curve.r2 == pytest.approx(1.0, abs=1e-12) and curve.max_rel_error < 1e-9
     assert curve.samples == curve.points == len(POINTS)
 
 
 def test_hand_computed_prediction():
-    curve = CostCurve(a=0.01, b=0.001, d=1e-6)
+    curve = CostCurve(a=0.01, b=0.001, d=1e-6, e=1e-6)
     # 256 new after 768 cached: 0.01 + 0.256 + 1e-6 * 256 * (768 + 128.5) = 0.495504
     assert curve.predict(256, 768) == pytest.approx(0.495504, rel=1e-12)
     assert curve.predict(0, 768) == 0.0
@@ -64,7 +64,8 @@ def test_from_tokens_per_second():
 def test_to_dict():
     d = CostCurve.fit(_exact(0.01, 2e-4, 1e-7)).to_dict()
     assert set(d) == {"a_seconds", "b_seconds_per_token", "d_seconds_per_pair", "samples", "points", "r2",
-                      "max_rel_error", "max_tokens"}
+                      "max_rel_error", "max_tokens", "relative_residuals", "e_seconds_per_cached_pair",
+                      "longest_full_tokens"}
     assert d["max_tokens"] == max(n + c for n, c in POINTS)
     assert d["samples"] == len(POINTS) and d["b_seconds_per_token"] == pytest.approx(2e-4)
 
@@ -86,14 +87,14 @@ def test_calibrate_on_tiny_model():
 
 
 @settings(max_examples=500, deadline=None)
-@given(a=st.floats(0, 1), b=st.floats(0, 1e-2), d=st.floats(0, 1e-5), new=st.integers(-5, 2_000_000),
-       cached=st.integers(0, 10_000_000))
-def test_scalar_seconds_equal_predict_to_the_last_bit(a, b, d, new, cached):
-    curve = CostCurve(a, b, d)
+@given(a=st.floats(0, 1), b=st.floats(0, 1e-2), d=st.floats(0, 1e-5), e=st.floats(0, 1e-5),
+       new=st.integers(-5, 2_000_000), cached=st.integers(0, 10_000_000))
+def test_scalar_seconds_equal_predict_to_the_last_bit(a, b, d, e, new, cached):
+    curve = CostCurve(a, b, d, e)
     assert curve.seconds(new, cached) == curve.predict(new, cached)
 
 
 def test_scalar_seconds_hand_computed():
-    curve = CostCurve(a=0.01, b=0.001, d=1e-6)
+    curve = CostCurve(a=0.01, b=0.001, d=1e-6, e=1e-6)
     assert curve.seconds(256, 768) == curve.predict(256, 768) == pytest.approx(0.495504, rel=1e-12)
     assert curve.seconds(0, 768) == 0.0 and isinstance(curve.seconds(1, 0), float)

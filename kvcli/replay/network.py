@@ -1,0 +1,118 @@
+"""Transfer and store times: measured on the replay's own server, or modelled for a server across a network.
+
+Default (no ``--link-gbps``): what the replay measured on the given server. Measured requests move real KV and are
+timed; the others are priced with :class:`ServerRates`, chunk-sized SET/GET timings calibrated on that same server
+at the start of each trace (one round trip per request plus a cost per chunk; serialize/deserialize timings of the
+same value on this machine).
+When the server is remote, its network is in those timings.
+
+Network model (``--link-gbps G``, ``--rtt-ms R``): a server across a link of ``G`` Gbit/s and ``R`` ms round trip.
+Every request that hits pays one round trip plus its hit chunks' value bytes at link speed to retrieve them; every
+request that stores pays one round trip plus the values and metadata it writes; every lookup pays one round trip on
+top of the server time measured here (MGET of metadata: small values, round-trip bound). Serialize and deserialize
+stay this machine's measured CPU time. The link is the bottleneck in this model (a 2-CPU Redis on loopback moves a
+few GB/s; a 25 Gbit/s link 3.1 GB/s): server-side copy time is taken as overlapped with the wire.
+
+    transfer = R * requests_with_hits + hit_bytes * 8 / (G * 1e9)
+    store    = R * requests_that_store + (stored_value_bytes + metadata_bytes) * 8 / (G * 1e9) + serialize
+    lookup   = measured lookup + R * lookups
+
+Critical path (what delays the first token): lookup, transfer, deserialize. Background (what occupies the server
+and the link, not the request, when stores are asynchronous as in LMCache and vLLM's offloading connectors):
+serialize and store.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServerRates:
+    """Seconds per chunk value on the replay's server and this machine (measured at the start of a trace).
+
+    ``set_seconds`` / ``get_seconds``: write / read one more chunk's value in a batch (pipelined SETs, one MGET);
+    ``set_round_trip_seconds`` / ``get_round_trip_seconds``: the batch's own cost (one round trip), paid once per
+    request that stores / retrieves; ``serialize_seconds`` / ``deserialize_seconds``: encode / decode-and-verify
+    one value; ``spread``: relative spread of the repeats (``t / median - 1``), a sample of this run's timing noise.
+    """
+
+    set_seconds: float
+    get_seconds: float
+    serialize_seconds: float = 0.0
+    deserialize_seconds: float = 0.0
+    spread: tuple[float, ...] = ()
+    set_round_trip_seconds: float = 0.0
+    get_round_trip_seconds: float = 0.0
+
+    def get(self, chunks: int) -> float:
+        """Seconds to retrieve ``chunks`` chunks in one request (0 for none)."""
+        return self.get_round_trip_seconds + chunks * self.get_seconds if chunks else 0.0
+
+    def put(self, chunks: int) -> float:
+        """Seconds to serialize and store ``chunks`` chunks in one request (0 for none)."""
+        return self.set_round_trip_seconds + chunks * (self.set_seconds + self.serialize_seconds) if chunks else 0.0
+
+
+@dataclass(frozen=True)
+class Link:
+    """A network between the serving node and Redis: ``gbps`` Gbit/s, ``rtt_seconds`` round trip."""
+
+    gbps: float
+    rtt_seconds: float
+
+    def seconds(self, value_bytes: float, round_trips: float) -> float:
+        """Round trips plus bytes at link speed (seconds)."""
+        return round_trips * self.rtt_seconds + value_bytes * 8 / (self.gbps * 1e9)
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {"link_gbps": self.gbps, "rtt_seconds": self.rtt_seconds}
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """One chunk size's overhead by part (seconds): critical path and background."""
+
+    lookup: float
+    transfer: float
+    deserialize: float
+    serialize_store: float
+    source: str
+
+    @property
+    def critical(self) -> float:
+        """Lookup + transfer + deserialize: what delays the first token."""
+        return self.lookup + self.transfer + self.deserialize
+
+    @property
+    def background(self) -> float:
+        """Serialize + store: what occupies the server and the link."""
+        return self.serialize_store
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {"lookup_seconds": self.lookup, "transfer_seconds": self.transfer,
+                "deserialize_seconds": self.deserialize, "store_seconds": self.serialize_store,
+                "critical_path_seconds": self.critical, "background_seconds": self.background,
+                "source": self.source}
+
+
+def overheads(res, value_bytes: int, rates: ServerRates, link: Link | None) -> Overheads:
+    """Overheads of one :class:`~kvcli.replay.results.ChunkSizeResult` (module docstring).
+
+    Args:
+        res: the chunk size's totals (counts, bytes, measured and per-chunk estimated seconds).
+        value_bytes: one chunk's stored value (payload + serialization header), bytes.
+        rates: this trace's per-chunk rates (serialize, for the network model).
+        link: the network model, or None for what was measured on the given server.
+    """
+    deserialize = res.deserialize_seconds + res.deserialize_seconds_estimated
+    if link is None:
+        return Overheads(res.lookup_seconds, res.transfer_seconds_measured + res.transfer_seconds_estimated,
+                         deserialize, res.store_seconds + res.store_seconds_estimated, "measured on this server")
+    transfer = link.seconds(res.chunks_hit * value_bytes, res.hit_requests)
+    stored = res.chunks_written * value_bytes + res.metadata_bytes_written
+    store = link.seconds(stored, res.store_requests) + res.chunks_written * rates.serialize_seconds
+    lookup = res.lookup_seconds + res.lookups * link.rtt_seconds
+    return Overheads(lookup, transfer, deserialize, store,
+                     f"network model: {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip")

@@ -1,0 +1,155 @@
+"""Before writing to a server that may not be ours: its memory state, an estimate of what a run will add, and the
+verdict (fits, or would make the server evict keys, maybe other people's). Shared by ``kvcli warm`` and
+``kvcli replay``; both also report the server's ``evicted_keys`` delta over the run.
+
+Estimate of Redis memory per key: the value rounded up to jemalloc's size class, plus the key's bytes and ~64 bytes
+of bookkeeping (dict entry, robj, expiry slot). It is a plan, not a measurement: ``MEMORY USAGE`` sampled after
+the run (the replay report's "Redis memory" row) is the measured figure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from kvcli.errors import RedisFailure
+from kvcli.store.server import INFO_REFUSED, server_info
+from kvcli.units import fmt_bytes
+
+#: Bytes of server bookkeeping per key besides the key string and the value (dict entry, robj header, sds).
+KEY_OVERHEAD_BYTES = 64
+#: Length of a chunk key's variable part: one-letter kind, ':' and the 32 hex digits of the hash (layout.py).
+CHUNK_KEY_TAIL = 34
+
+
+@dataclass(frozen=True)
+class ServerMemory:
+    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE.
+
+    When this Redis user may not run INFO (an ACL without ``@dangerous``), every INFO field is None, ``version``
+    is "?" and ``note`` says why; DBSIZE is None too when refused. Callers degrade: no preflight, no eviction count.
+    """
+
+    used_memory: int | None
+    maxmemory: int | None
+    policy: str | None
+    evicted_keys: int | None
+    expired_keys: int | None
+    keys: int | None
+    version: str
+    note: str = ""
+
+    @property
+    def known(self) -> bool:
+        """Whether INFO was read."""
+        return self.used_memory is not None
+
+
+def server_memory(client: redis.Redis) -> ServerMemory:
+    """INFO memory/stats/server and DBSIZE, read-only; a user refused INFO (or DBSIZE) gets None fields and a note.
+
+    Raises:
+        RedisFailure: any other error (connection, timeout).
+    """
+    info = server_info(client, "memory", "stats", "server")
+    try:
+        keys = int(client.dbsize())
+    except redis.exceptions.NoPermissionError:
+        keys = None
+    except redis.RedisError as exc:
+        raise RedisFailure(f"Redis DBSIZE failed: {exc}") from None
+    if info is None:
+        return ServerMemory(None, None, None, None, None, keys, "?",
+                            note=f"server memory and counters not read: {INFO_REFUSED}")
+    return ServerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
+                        str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
+                        int(info.get("expired_keys", 0)), keys,
+                        str(info.get("valkey_version") or info.get("redis_version", "?")))
+
+
+def alloc_size(n: int) -> int:
+    """jemalloc's size class for ``n`` bytes (16-byte steps to 128, then 4 classes per power of two)."""
+    if n <= 128:
+        return max(8, -(-n // 16) * 16)
+    step = 1 << (n.bit_length() - 3)
+    return -(-n // step) * step
+
+
+def keys_bytes(keys: int, key_length: int, value_bytes: int) -> int:
+    """Estimated Redis memory of ``keys`` keys of ``key_length`` bytes each holding ``value_bytes`` (bytes)."""
+    if keys <= 0:
+        return 0
+    return keys * (alloc_size(value_bytes) + key_length + KEY_OVERHEAD_BYTES)
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory or this
+    user may not read it (INFO refused: ``used_memory``, ``maxmemory`` and ``policy`` None, the check skipped).
+
+    ``evicts``: the run would push the server over maxmemory under a policy that evicts keys (any policy but
+    noeviction): other keys on the server, or the run's own, may be evicted.
+    """
+
+    estimate_bytes: int
+    used_memory: int | None
+    maxmemory: int | None
+    policy: str | None
+    fits: bool | None
+    message: str
+    evicted_keys_before: int | None = 0
+
+    @property
+    def evicts(self) -> bool:
+        """True when the estimate does not fit and the policy evicts keys to make room."""
+        return self.fits is False and self.policy != "noeviction"
+
+    def to_dict(self) -> dict:
+        """JSON-ready, with unit-suffixed names."""
+        return {"estimate_bytes": self.estimate_bytes, "used_memory_bytes": self.used_memory,
+                "maxmemory_bytes": self.maxmemory, "policy": self.policy, "fits": self.fits,
+                "message": self.message}
+
+
+def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | None = None) -> Preflight:
+    """Compare ``need_bytes`` (from :func:`keys_bytes`) with ``maxmemory - used_memory``.
+
+    Args:
+        client: the server (read with INFO when ``mem`` is None).
+        need_bytes: estimated Redis memory the run adds; None when not estimated (a caller may skip the estimate
+            on a server without maxmemory: there is nothing to compare it with).
+        mem: the server's state, read just before.
+
+    Raises:
+        RedisFailure: INFO failed.
+    """
+    mem = mem or server_memory(client)
+    if not mem.known:
+        estimate = "" if need_bytes is None else f"{fmt_bytes(need_bytes)} of Redis memory estimated; "
+        return Preflight(need_bytes or 0, None, None, None, None,
+                         f"{estimate}skipped the check against maxmemory: {INFO_REFUSED}", None)
+    free = mem.maxmemory - mem.used_memory
+    if not mem.maxmemory:
+        where = (f"used_memory {fmt_bytes(mem.used_memory)}" if need_bytes is None else
+                 f"{fmt_bytes(need_bytes)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}")
+        return Preflight(need_bytes or 0, mem.used_memory, 0, mem.policy, None, f"{where}, no maxmemory set",
+                         mem.evicted_keys)
+    need_bytes = need_bytes or 0
+    where = f"{fmt_bytes(need_bytes)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
+    fits = need_bytes <= free
+    message = f"{where}, maxmemory {fmt_bytes(mem.maxmemory)} ({mem.policy})"
+    if not fits:
+        message += (": does not fit; writes will stop at the first out-of-memory reply" if mem.policy == "noeviction"
+                    else ": does not fit; the server will evict keys (maybe other data, maybe these chunks)")
+    return Preflight(need_bytes, mem.used_memory, mem.maxmemory, mem.policy, fits, message, mem.evicted_keys)
+
+
+def evicted_since(client: redis.Redis, before: Preflight | ServerMemory) -> int | None:
+    """Keys the server evicted since ``before`` was read (INFO ``evicted_keys`` delta; whoever caused them), or
+    None when the counter cannot be read (then, or now: INFO refused, or the server unreachable)."""
+    start = before.evicted_keys_before if isinstance(before, Preflight) else before.evicted_keys
+    try:
+        now = server_memory(client).evicted_keys
+    except RedisFailure:
+        return None
+    return None if start is None or now is None else max(0, now - start)

@@ -1,0 +1,157 @@
+"""kvcli.replay.savings and network: savings, FLOPs and overheads computed by hand; intervals; the recommendation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcli.model.costcurve import CostCurve, PrefillSample
+from kvcli.model.presets import PRESETS
+from kvcli.replay.network import Link, ServerRates, overheads
+from kvcli.replay.results import ChunkSizeResult
+from kvcli.replay.savings import TIE_TOLERANCE, Interval, Ledger, fmt_interval, recommend, sig, summarize
+
+TINY = PRESETS["tiny"]  # 2 layers, hidden 64, 4 heads, 2 KV heads, head_dim 32, ffn 128
+FLAT = CostCurve.from_tokens_per_second(1000.0)  # 1 ms per token, nothing else
+
+
+def _ledger() -> Ledger:
+    led = Ledger()
+    led.add(12, 8)  # estimated: 8 of 12 reused
+    led.add(20, 0)  # estimated: a miss
+    # measured on its first 16 of 40 tokens, reusing 15 of them (the whole prompt hits up to 32):
+    # full 16 tokens took 0.030 s, the suffix 0.004 s
+    led.add(40, 32, 16, 15, (7, 0.030, 0.004))
+    return led
+
+
+def test_savings_by_hand_flat_curve():
+    s = summarize(_ledger(), FLAT, critical=0.002, background=0.010, noise=[], model=TINY)
+    # curve part: 8 ms (estimated) + (32 - 15) ms (the truncated request's tokens beyond the measured 16) = 25 ms
+    assert s.saved_estimated == pytest.approx(0.008 + 0.017)
+    assert s.saved_measured == pytest.approx(0.026)
+    assert s.saved.value == pytest.approx(0.051)
+    # trace prefill: 12 + 20 ms by the curve, the measured request 30 ms for its 16 tokens + 24 ms for the rest
+    assert s.trace_prefill.value == pytest.approx(0.012 + 0.020 + 0.030 + 0.024)
+    assert s.share.value == pytest.approx(0.051 / 0.086)
+    assert s.net_async.value == pytest.approx(0.051 - 0.002)
+    assert s.net_sync.value == pytest.approx(0.051 - 0.012)
+    # no spread in the saving (a flat rate, no timing noise): zero width; the overheads carry the noise floor
+    assert (s.saved.low, s.saved.high) == pytest.approx((0.051, 0.051))
+    assert s.net_sync.low < s.net_sync.value < s.net_sync.high
+    assert s.beyond_share == 0.0  # a flat rate is not a calibration: nothing is "beyond" it
+
+
+def test_saved_flops_by_hand():
+    # tiny, per new token: 2 layers x (QKV 32,768 + out 16,384 + MLP 49,152) = 196,608; attention 2 x 4 x 4 x 32
+    # = 1,024 per pair. A hit of h on a prompt of p saves h x 196,608 + 1,024 x h (h + 1) / 2 (the LM head row
+    # is computed either way).
+    led = Ledger()
+    led.add(12, 8)
+    led.add(40, 32)
+    s = summarize(led, FLAT, 0.0, 0.0, [], TINY)
+    assert s.saved_flops == 8 * 196_608 + 1_024 * 36 + 32 * 196_608 + 1_024 * 528
+    lm_head = 2 * 64 * 100_352
+    assert s.trace_flops == (52 * 196_608 + 1_024 * (78 + 820) + 2 * lm_head)
+
+
+def _noisy_curve() -> CostCurve:
+    rng = np.random.default_rng(3)
+    points = [(32, 0), (128, 0), (512, 0), (1024, 0), (256, 256), (512, 512), (64, 960), (2048, 0)]
+    return CostCurve.fit([PrefillSample(n, c, (0.01 + 2e-4 * n + 3e-7 * n * (n + 1) / 2 + 4e-7 * n * c)
+                                        * (1 + 0.1 * rng.standard_normal())) for n, c in points])
+
+
+def test_intervals_are_deterministic_and_cover_the_point():
+    curve = _noisy_curve()
+    a = summarize(_ledger(), curve, 0.002, 0.01, curve.residuals, TINY, seed=5)
+    b = summarize(_ledger(), curve, 0.002, 0.01, curve.residuals, TINY, seed=5)
+    assert a.saved == b.saved and a.net_async == b.net_async
+    assert a.saved.low < a.saved.value < a.saved.high
+    assert a.share.low <= a.share.value <= a.share.high
+
+
+def test_beyond_share_counts_prompts_longer_than_the_longest_full_prefill():
+    curve = _noisy_curve()  # longest full prefill timed: 2,048 tokens
+    led = Ledger()
+    led.add(1000, 500)
+    led.add(3000, 500)
+    s = summarize(led, curve, 0.0, 0.0, [], None)
+    beyond = curve.predict(3000, 0) - curve.predict(2500, 500)
+    assert s.beyond_share == pytest.approx(beyond / s.saved.value)
+    assert s.saved_flops == 0.0  # no model shapes given
+
+
+def test_zero_reuse_measured_request_saves_exactly_zero():
+    led = Ledger()
+    led.add(100, 0, 100, 0, (1, 0.2, None))
+    s = summarize(led, _noisy_curve(), 0.0, 0.0, [0.5, -0.5], TINY)
+    assert (s.saved.value, s.saved.low, s.saved.high) == (0.0, 0.0, 0.0)
+    assert s.trace_prefill.value == pytest.approx(0.2)
+
+
+def test_overhead_spread_across_blocks():
+    led = Ledger()
+    for i in range(10):  # 100 tokens each; critical 1 ms per request, then 3 ms from the 6th on
+        led.add(100, 0, critical=0.001 if i < 5 else 0.003, background=0.002)
+    rates = np.array([0.001] * 5 + [0.003] * 5) / 100
+    assert led.overhead_spread("critical") == pytest.approx(rates.std(ddof=1) / rates.mean())
+    assert led.overhead_spread("background") == 0.0
+
+
+def test_recommend_clear_tie_noise_none():
+    iv = lambda v, lo, hi: Interval(v, lo, hi)  # noqa: E731
+    clear = recommend({16: iv(10, 9, 11), 64: iv(7, 6.5, 7.5), 256: iv(3, 2, 4)})
+    assert (clear.kind, clear.chunk_size, clear.tied) == ("clear", 16, (16,))
+    overlap = recommend({16: iv(10, 8, 12), 64: iv(8.5, 7, 10)})
+    assert (overlap.kind, overlap.chunk_size, overlap.tied) == ("tie", None, (16, 64))
+    assert "64 writes the fewest objects" in overlap.text
+    close = 10 * (1 - TIE_TOLERANCE / 2)  # within the tolerance, even with disjoint intervals
+    assert recommend({16: iv(10, 9.99, 10.01), 64: iv(close, close - 0.01, close + 0.01)}).kind == "tie"
+    noise = recommend({16: iv(1, -0.5, 2), 64: iv(0.5, -1, 1)})
+    assert (noise.kind, noise.chunk_size) == ("noise", None)
+    none = recommend({16: iv(-1, -2, -0.5), 64: iv(-3, -4, -2)})
+    assert (none.kind, none.chunk_size, none.tied) == ("none", None, ())
+    maybe = recommend({16: iv(-0.1, -2, 0.5), 1024: iv(0, 0, 0)})  # not caching (1024 never hits) is the best
+    assert (maybe.kind, maybe.tied) == ("noise", (16,))
+
+
+def test_recommend_paired_draws_cancel_common_uncertainty():
+    rng = np.random.default_rng(0)
+    scale = rng.uniform(0.5, 1.5, 400)  # a curve uncertainty common to both sizes
+    draws = {16: 10 * scale, 64: 8 * scale}
+    nets = {cs: Interval(float(np.median(d)), float(np.percentile(d, 2.5)), float(np.percentile(d, 97.5)))
+            for cs, d in draws.items()}
+    assert nets[16].low < nets[64].high  # the intervals overlap ...
+    verdict = recommend(nets, draws=draws)  # ... but 16 saves 25 % more in every draw
+    assert (verdict.kind, verdict.chunk_size) == ("clear", 16)
+    assert recommend(nets).kind == "tie"  # without the draws: the overlap decides
+
+
+def test_sig_and_interval_format():
+    assert [sig(x) for x in (268_355, 0.01234, -2.2, 1.0)] == ["268,000", "0.0123", "-2.20", "1.00"]
+    assert fmt_interval(Interval(32_319.1, 12_788.9, 63_624.4)) == "32,300 [12,800, 63,600]"
+
+
+def _result(**kw) -> ChunkSizeResult:
+    res = ChunkSizeResult(256, "ns")
+    for k, v in kw.items():
+        setattr(res, k, v)
+    return res
+
+
+def test_network_model_by_hand():
+    # 256-token chunks of llama-3-8b: 32 MiB of KV each, plus a 128-byte header
+    value = 256 * 131_072 + 128
+    res = _result(lookups=10, lookup_seconds=0.004, hit_requests=4, chunks_hit=30, store_requests=6,
+                  chunks_written=50, metadata_bytes_written=50 * 300, deserialize_seconds_estimated=0.05)
+    rates = ServerRates(set_seconds=0.02, get_seconds=0.01, serialize_seconds=0.003, deserialize_seconds=0.001)
+    link = Link(gbps=25.0, rtt_seconds=0.0002)
+    got = overheads(res, value, rates, link)
+    assert got.lookup == pytest.approx(0.004 + 10 * 0.0002)
+    assert got.transfer == pytest.approx(4 * 0.0002 + 30 * value * 8 / 25e9)
+    assert got.deserialize == pytest.approx(0.05)
+    assert got.serialize_store == pytest.approx(6 * 0.0002 + (50 * value + 15_000) * 8 / 25e9 + 50 * 0.003)
+    assert got.critical == pytest.approx(got.lookup + got.transfer + got.deserialize)
+    local = overheads(_result(lookup_seconds=0.004, transfer_seconds_measured=0.1, transfer_seconds_estimated=0.2,
+                              store_seconds=0.3, store_seconds_estimated=0.4), value, rates, None)
+    assert (local.transfer, local.background) == pytest.approx((0.3, 0.7))
