@@ -274,12 +274,29 @@ def _inspect_view(r) -> Group:
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
-    return Group(table, Text(f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} "
+    parts = [table]
+    if r.cluster:
+        used = sum(v.used_memory for v in r.shards)
+        rows = [[v.name, v.kvcli_keys, f"{100 * v.kvcli_keys / r.kvcli_keys if r.kvcli_keys else 0:.1f}%",
+                 v.other_keys, fmt_bytes(v.used_memory), f"{100 * v.used_memory / used if used else 0:.1f}%",
+                 "-" if v.kvcli_memory_bytes is None else fmt_bytes(v.kvcli_memory_bytes),
+                 fmt_bytes(v.maxmemory) if v.maxmemory else "none"] for v in r.shards]
+        sk = r.skew
+        parts.append(_table(
+            f"Redis Cluster: {len(r.shards)} primaries, all scanned; skew (largest / mean): kvcli keys "
+            f"{_x(sk['kvcli_keys'])}, used_memory {_x(sk['used_memory'])}",
+            ["primary", "kvcli keys", "share", "other keys", "used_memory", "share", "kvcli MEMORY USAGE",
+             "maxmemory"], rows))
+    return Group(*parts, Text(f"{'cluster totals' if r.cluster else 'server'} {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} "
                              f"({s.policy}), evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}; "
                              f"MEMORY USAGE: {memory}; checksums "
                              f"{'verified' if r.verified else 'not verified (--verify)'}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
                              f"{r.seconds:.2f} s"))
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _map_view(maps) -> Group:

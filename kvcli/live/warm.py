@@ -36,6 +36,7 @@ import torch
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.live.reading import ServerMemory, server_memory
 from kvcli.model.presets import ModelSpec
+from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import parse_metadata
@@ -380,29 +381,51 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
     per_batch = max(1, min(config.batch_chunks, config.batch_bytes // (cfg.payload_bytes + cfg.header_bytes)))
     for start in range(0, len(p.write), per_batch):
         batch = p.write[start:start + per_batch]
-        pipe = store.client.pipeline(transaction=True)
-        metas = []
+        chunks, metas = [], []
         for k in batch:
             value, checksum = chunk_payload(store, kv[:, :, :, k * cs:(k + 1) * cs])
             metas.append(chunk_metadata(store, p.prompt, k, checksum, created))
-            pipe.set(store.payload_key(p.prompt.hashes[k]), value, ex=cfg.ttl)
-            pipe.set(store.meta_key(p.prompt.hashes[k]), metas[-1], ex=cfg.ttl)
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:
-            first, last = batch[0], batch[-1]
+            chunks.append(((store.payload_key(p.prompt.hashes[k]), value), (store.meta_key(p.prompt.hashes[k]),
+                                                                             metas[-1])))
+        stored, exc = _write_batch(store.client, chunks, cfg.ttl)
+        before = (tot.chunks_written, tot.bytes)
+        for meta in metas[:stored]:  # all of them, or a refused batch's stored prefix (0 on a single server)
+            tot.add(store, len(meta))
+        done[0] += tot.chunks_written - before[0]
+        done[1] += tot.bytes - before[1]
+        if exc is not None:
+            first, last = batch[stored], batch[-1]
             chunks = f"chunk {first}" if first == last else f"chunks {first}-{last}"
             return (f"the server refused the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of "
                     f"{request.source or request.id} at chunk size {cs}: {_reason(exc)}; stopped there, "
                     f"everything before it is stored")
-        before = (tot.chunks_written, tot.bytes)
-        for meta in metas:
-            tot.add(store, len(meta))
-        done[0] += tot.chunks_written - before[0]
-        done[1] += tot.bytes - before[1]
         if progress:
             progress(*done)
     return ""
+
+
+def _write_batch(client, chunks: list[tuple[tuple, tuple]], ttl: int | None) -> tuple[int, Exception | None]:
+    """Store one batch ``[((payload key, value), (metadata key, value))]``; returns ``(chunks stored, error)``.
+
+    A single server: one MULTI/EXEC, all or nothing. A Redis Cluster: a chunk's two keys and the batch's chunks
+    hash to different slots, so no transaction can hold them; :func:`kvcli.store.cluster.write_prefix` writes the
+    payloads, then the metadata, and on a refusal deletes everything from the first refused chunk on, so what is
+    stored is still a prefix of the chain (no gap) and no metadata is without its payload.
+    """
+    if cluster.is_cluster(client):
+        try:
+            return cluster.write_prefix(client, chunks, ttl)
+        except redis.RedisError as exc:  # the deletes after a refusal failed too (e.g. a shard went away)
+            return 0, exc
+    pipe = client.pipeline(transaction=True)
+    for (pkey, pvalue), (mkey, mvalue) in chunks:
+        pipe.set(pkey, pvalue, ex=ttl)
+        pipe.set(mkey, mvalue, ex=ttl)
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        return 0, exc
+    return len(chunks), None
 
 
 def _reason(exc: redis.RedisError) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 import redis
 
 from kvcli.model.costcurve import CostCurve
+from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore
 
 
@@ -72,9 +73,9 @@ def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, 
             pipe.set(key, value)
         pipe.execute()
         t1 = time.perf_counter()
-        client.mget(keys)
+        cluster.mget(client, keys)
         t2 = time.perf_counter()
         best_set, best_get = min(best_set, t1 - t0), min(best_get, t2 - t1)
-    client.delete(*keys)
+    cluster.unlink(client, keys)
     scale = size / probe / chunks
     return best_set * scale, best_get * scale

@@ -34,6 +34,7 @@ from kvcli.model.presets import ModelSpec
 from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured, timed_prefill
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
 from kvcli.store.namespace import purge, redis_memory
 from kvcli.traces.request import Request
@@ -104,7 +105,7 @@ class Replayer:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [calibrate_transfer(self.client, store) for store in stores]
-        used_before = int(self.client.info("memory").get("used_memory", 0))
+        used_before = cluster.used_memory(self.client)
         results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
         pending = [_Pending() for _ in stores]
         radix = RadixUpperBound() if cfg.upper_bound else None
@@ -125,7 +126,7 @@ class Replayer:
                 progress(index + 1, len(lengths))
         for store, res, pend, rate in zip(stores, results, pending, rates):
             self._finish(store, res, pend, rate)
-        used_after = int(self.client.info("memory").get("used_memory", 0))
+        used_after = cluster.used_memory(self.client)
         requests = len(lengths) - skipped
         return TraceResult(name, requests, skipped, len(measured),
                            _payload_label(cfg.payload, len(measured), requests), results,
@@ -268,6 +269,7 @@ class Replayer:
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
                      "lookups", "evicted_chunks", "checksum_failures"):
             setattr(res, name, getattr(st, name))
+        res.round_trips_by_shard = dict(sorted(store.shard_trips.counts.items()))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))

@@ -24,6 +24,13 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _per_shard(counts: dict[str, int]) -> str:
+    """Round trips per shard: "min / max (N shards)", or "1 shard" for a single server."""
+    if len(counts) <= 1:
+        return "1 shard"
+    return f"{min(counts.values()):,} / {max(counts.values()):,} ({len(counts)} shards)"
+
+
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
 ROWS: list[tuple[str, callable]] = [
     ("requests", lambda r: f"{r.requests:,}"),
@@ -43,6 +50,7 @@ ROWS: list[tuple[str, callable]] = [
     ("serialized bytes read", lambda r: fmt_bytes(r.serialized_bytes_read)),
     ("Redis memory (MEMORY USAGE)", lambda r: fmt_bytes(r.redis_memory_bytes)),
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
+    ("  per shard, min / max", lambda r: _per_shard(r.round_trips_by_shard)),
     ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
     ("lookup time", lambda r: _secs(r.lookup_seconds)),
     ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),

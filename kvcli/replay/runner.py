@@ -17,6 +17,7 @@ from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
+from kvcli.store.cluster import server_version
 from kvcli.store.server import RedisTarget
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import expand_paths
@@ -77,8 +78,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "model_id": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
         "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
-        "redis": target.display + (" (embedded)" if target.embedded else ""),
-        "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
+        "redis": target.label, "redis_cluster": target.cluster, "redis_shards": target.shards,
+        "redis_version": server_version(client), "cost_curve": replayer.curve.to_dict(),
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
         "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
@@ -92,8 +93,3 @@ def _itemsize(dtype) -> int:
     import torch
 
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _server_version(client: redis.Redis) -> str:
-    info = client.info("server")
-    return str(info.get("valkey_version") or info.get("redis_version", "?"))

@@ -5,6 +5,11 @@ Key layout and metadata format: :mod:`kvcli.layout` (README, "The store").
 Round trips: ``lookup`` is one MGET of the metadata keys, whatever the number of chunks; ``retrieve`` adds one MGET
 of the hit chunks' payloads; ``store`` writes the missed full chunks in one pipelined round trip, payload before
 metadata for each chunk, so a metadata hit always means its payload was written.
+
+On a Redis Cluster (:mod:`kvcli.store.cluster`) the keys of one lookup spread over the shards: the MGET goes out as
+one MGET per slot, every shard's sent before any reply is read (one round trip per shard, concurrently), and
+``shard_trips`` counts round trips per shard. A store writes payloads first and metadata once they are
+acknowledged (two round trips; one with accounted payloads), so a metadata hit still means its payload was written.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 import xxhash
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
+from kvcli.store.cluster import ShardTrips, is_cluster, mget, queue_delete, set_in_order
 from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
@@ -185,6 +191,8 @@ class ChunkStore:
         self.prefix = key_prefix(config.namespace, config.chunk_size)
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
+        self.cluster = is_cluster(client)
+        self.shard_trips = ShardTrips(client)  # round trips per shard: {"host:port": count}
         self._roots: dict[str, bytes] = {}
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
@@ -253,7 +261,7 @@ class ChunkStore:
         keys = [pre + x for x in prompt.hexes]
         if self.read_prefix:  # the read-only namespace's keys too, in the same MGET
             keys += [self.read_prefix + "m:" + x for x in prompt.hexes]
-        metas = self._call(self.client.mget, keys, record=record) if n else []
+        metas = self._read(keys, record) if n else []
         seconds = time.perf_counter() - t0
         from_read = ()
         if self.read_prefix and n:
@@ -291,7 +299,7 @@ class ChunkStore:
         t0 = time.perf_counter()
         own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
         read = found.from_read or (False,) * k
-        payloads = self._call(self.client.mget, [(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
+        payloads = self._read([(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
         t1 = time.perf_counter()
         tensors, data_bytes, head_bytes, reason = [], 0, 0, found.break_reason
         for meta, payload in zip(found.metadata, payloads):
@@ -362,25 +370,33 @@ class ChunkStore:
         todo = [k for k in range(start_chunk, n) if k not in dropped]
         if not todo:
             if evicted:
-                self._call(pipe.execute)
+                self._ordered(pipe, [], [])
             return StoreResult(0, 0, 0, 0, 0, 0, 0, evicted, 0.0)
         now = int(time.time())
         head = cfg.header_bytes if real else 0
-        meta_bytes, layout = 0, []
+        meta_bytes, layout, firsts, thens = 0, [], [], []
         for k in todo:
             h = prompt.hashes[k]
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
                 checksum = xxhash.xxh3_64_digest(value[head:])
-                pipe.set(self.payload_key(h), value, nx=not overwrite, ex=cfg.ttl)
+                firsts.append((self.payload_key(h), value))
             else:
                 checksum = b"\0" * 8
             meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            pipe.set(self.meta_key(h), meta, nx=not overwrite, ex=cfg.ttl)
+            thens.append((self.meta_key(h), meta))
             layout.append(h)
-        replies = self._call(pipe.execute)
-        replies = replies[-len(layout) * (2 if real else 1):]
+        if self.cluster:  # payloads acknowledged before any metadata is sent (cluster.py)
+            got = self._ordered(pipe, firsts, thens, nx=not overwrite, ex=cfg.ttl)
+            replies = [r for pair in zip(*got) for r in pair] if real else got[1]
+        else:
+            for i, (key, meta) in enumerate(thens):
+                if real:
+                    pipe.set(*firsts[i], nx=not overwrite, ex=cfg.ttl)
+                pipe.set(key, meta, nx=not overwrite, ex=cfg.ttl)
+            replies = self._ordered(pipe, [], [])[0]
+            replies = replies[-len(layout) * (2 if real else 1):]
         if overwrite:  # a rewrite adds payload objects to chunks whose metadata already existed
             replies = [r if i % 2 == 0 else None for i, r in enumerate(replies)]
             if real:  # their payload bytes move from "accounted" to "written"
@@ -396,19 +412,25 @@ class ChunkStore:
         missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
         now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
         meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
+        firsts, thens = (args, args) if not self.cluster else ([], [])  # a cluster: (key, value) pairs
         for k in missing:
             checksum = b"\0" * 8
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
                 checksum = xxhash.xxh3_64_digest(value[head:])
-                args += (payload_pre + prompt.hexes[k], value)
+                firsts.append((payload_pre + prompt.hexes[k], value))
             meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            args += (meta_pre + prompt.hexes[k], meta)
-        if args:
-            pipe.execute_command("MSET", *args)
-        if args or evicted:
-            self._call(pipe.execute)
+            thens.append((meta_pre + prompt.hexes[k], meta))
+        if self.cluster:  # no MSET across slots: payloads first, then metadata (cluster.py)
+            if firsts or thens or evicted:
+                self._ordered(pipe, firsts, thens)
+        else:
+            args = [x for pair in args for x in pair]
+            if args:
+                pipe.execute_command("MSET", *args)
+            if args or evicted:
+                self._ordered(pipe, [], [])
         replies = [True] * len(missing) * (2 if real else 1)
         return self._account([prompt.hashes[k] for k in missing], replies, evicted, meta_bytes, real,
                              time.perf_counter() - t0,
@@ -470,7 +492,7 @@ class ChunkStore:
         gone, fresh = set(evicted), set(new)
         victims = [h for h in evicted if h not in fresh]
         if victims:
-            pipe.delete(*[k for h in victims for k in (self.meta_key(h), self.payload_key(h))])
+            queue_delete(pipe, [k for h in victims for k in (self.meta_key(h), self.payload_key(h))], self.cluster)
         self.stats.evicted_chunks += len(victims)
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone)
 
@@ -480,6 +502,28 @@ class ChunkStore:
         return None if self._lru is None else len(self._lru)
 
     # -- plumbing -------------------------------------------------------------------------------------------------
+    def _read(self, keys: list[str], record: bool = True) -> list:
+        """MGET (one round trip per shard on a cluster), counted per shard when ``record``."""
+        if record:
+            self.shard_trips.add(keys)
+        return self._call(mget, self.client, keys, record=record)
+
+    def _ordered(self, pipe, firsts, thens, nx: bool = False, ex: int | None = None) -> tuple[list, list]:
+        """Run ``pipe``. On a cluster, what it holds and ``firsts``' SETs, then once acknowledged ``thens``' SETs
+        (cluster.py), one round trip per shard each, counted; returns the replies to ``firsts`` and to ``thens``. On a
+        single server ``firsts``/``thens`` are empty (callers queue everything in order) and the replies are all of
+        ``pipe``'s."""
+        if not self.cluster:  # a single server: pipe holds everything (callers queue it in order)
+            self.shard_trips.add(())
+            return self._call(pipe.execute), []
+        first_keys = [c.args[1] for c in pipe.command_stack] + [k for k, _ in firsts]
+        if first_keys:
+            self.shard_trips.add(first_keys)
+        if thens:
+            self.shard_trips.add([k for k, _ in thens])
+        self.stats.round_trips += bool(first_keys and thens)
+        return self._call(set_in_order, self.client, pipe, firsts, thens, nx, ex)
+
     def _call(self, fn, *args, record: bool = True):
         self.stats.round_trips += record
         try:

@@ -5,6 +5,10 @@ escaped; never KEYS), and each one is parsed back (layout.parse_key's rules) and
 size) is exactly the one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outside kvcli's
 layout is never deleted. Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
 FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires ``--yes`` between the two).
+
+On a Redis Cluster both SCAN every primary (:func:`kvcli.store.cluster.scan`: refused unless the cluster serves
+every slot, and a shard that fails fails the command, so a count is never one shard's), count keys per shard
+(``by_shard``), and UNLINK each SCAN batch one slot at a time (redis-py splits it; pipelined per shard).
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.store import cluster
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION, key_prefix
 
 BATCH = 1000
@@ -21,13 +26,15 @@ BATCH = 1000
 
 @dataclass
 class PurgeCount:
-    """kvcli keys of one namespace (and chunk size): metadata entries and payloads, per chunk size."""
+    """kvcli keys of one namespace (and chunk size): metadata entries and payloads, per chunk size and per shard
+    (``{"host:port": keys}``: the one server, or every primary of a cluster)."""
 
     namespace: str
     chunk_size: int | None
     metadata: int = 0
     payloads: int = 0
     by_chunk_size: dict[int, int] = field(default_factory=dict)
+    by_shard: dict[str, int] = field(default_factory=dict)
     deleted: int = 0
 
     @property
@@ -53,20 +60,14 @@ def _check(namespace: str, chunk_size: int | None) -> None:
 
 
 def _matching(client: redis.Redis, namespace: str, chunk_size: int | None):
-    """Batches of ``(key, chunk size, kind)`` of exactly this namespace's chunk keys."""
+    """Batches ``(shard, [(key, chunk size, kind)])`` of exactly this namespace's chunk keys, every shard."""
     _check(namespace, chunk_size)
-    cursor, pattern, start = 0, _pattern(namespace, chunk_size), len(_prefix(namespace))
-    while True:
-        try:
-            cursor, keys = client.scan(cursor, match=pattern, count=BATCH)
-        except redis.RedisError as exc:
-            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
+    pattern, start = _pattern(namespace, chunk_size), len(_prefix(namespace))
+    for shard, keys in cluster.scan(client, pattern, BATCH):
         mine = [(key, *tail) for key in keys
                 if (tail := _tail(key, start)) is not None and chunk_size in (None, tail[0])]
         if mine:
-            yield mine
-        if cursor == 0:
-            return
+            yield shard, mine
 
 
 _HEX32 = re.compile(rb"[0-9a-f]{32}")
@@ -84,7 +85,8 @@ def _tail(key: bytes, start: int) -> tuple[int, bytes] | None:
     return int(rest[0]), rest[1]
 
 
-def _tally(result: PurgeCount, batch) -> None:
+def _tally(result: PurgeCount, shard: str, batch) -> None:
+    result.by_shard[shard] = result.by_shard.get(shard, 0) + len(batch)
     for _, size, kind in batch:
         result.by_chunk_size[size] = result.by_chunk_size.get(size, 0) + 1
         result.metadata += kind == b"m"
@@ -97,9 +99,9 @@ def _prefix(namespace: str) -> bytes:
 
 def count(client: redis.Redis, namespace: str, chunk_size: int | None = None) -> PurgeCount:
     """How many keys :func:`purge` would delete now, by kind and chunk size. Read-only."""
-    result = PurgeCount(namespace, chunk_size)
-    for batch in _matching(client, namespace, chunk_size):
-        _tally(result, batch)
+    result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
+    for shard, batch in _matching(client, namespace, chunk_size):
+        _tally(result, shard, batch)
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
 
@@ -115,10 +117,19 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
         BadInputError: empty namespace or bad chunk size.
         RedisFailure: the server refused a command; keys of earlier batches are deleted.
     """
-    result = PurgeCount(namespace, chunk_size)
+    result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
+    if cluster.is_cluster(client):  # one UNLINK per slot, pipelined per shard, for each SCAN batch
+        for shard, batch in _matching(client, namespace, chunk_size):
+            _tally(result, shard, batch)
+            try:
+                result.deleted += cluster.unlink(client, [key for key, _, _ in batch])
+            except redis.RedisError as exc:
+                raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
+        result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
+        return result
     pipe, queued = client.pipeline(transaction=False), 0
-    for batch in _matching(client, namespace, chunk_size):
-        _tally(result, batch)
+    for shard, batch in _matching(client, namespace, chunk_size):
+        _tally(result, shard, batch)
         pipe.unlink(*[key for key, _, _ in batch])
         queued += 1
         if queued == pipeline_batches:
@@ -137,23 +148,13 @@ def _flush(pipe) -> int:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
 
 
-def _scan(client: redis.Redis, pattern: str, count: int = 2000):
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=pattern, count=count)
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
-
-
 def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
     """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
     all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in _scan(client, key_prefix(namespace, chunk_size) + "*"):  # a validated name: no glob characters
+    for _, keys in cluster.scan(client, key_prefix(namespace, chunk_size) + "*", 2000):  # no glob characters
         for key in keys:
             seen += 1
             if sampled < sample:
