@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import redis
 import typer
+from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.markup import escape
 
@@ -42,7 +43,7 @@ def handle_errors(fn):
         except KvcliError as exc:
             err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             err.print(f"[red]kvcli: error:[/] Redis: {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(3) from None
         except MemoryError:

@@ -96,7 +96,7 @@ def server_memory(client: redis.Redis) -> ServerMemory:
         try:
             info = node.info("memory", "stats", "server")
             keys = node.dbsize()
-        except redis.RedisError as exc:
+        except cluster.REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis INFO failed on {name}: {exc}") from None
         facts.append(ShardMemory(name, int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
                                  str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
@@ -115,7 +115,7 @@ def execute_read(pipe, raise_on_error: bool = True):
     """Run a read pipeline; a Redis error becomes RedisFailure (one line at the CLI)."""
     try:
         return pipe.execute(raise_on_error=raise_on_error)
-    except redis.RedisError as exc:
+    except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis read failed: {exc}") from None
 
 

@@ -181,7 +181,7 @@ def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None)
         pipe.exists(store.payload_key(h))
     try:
         found = pipe.execute(raise_on_error=False)
-    except redis.RedisError as exc:
+    except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis read failed: {exc}") from None
     errors = [r for r in found[1::2] if isinstance(r, Exception)]
     if errors:
@@ -415,7 +415,7 @@ def _write_batch(client, chunks: list[tuple[tuple, tuple]], ttl: int | None) -> 
     if cluster.is_cluster(client):
         try:
             return cluster.write_prefix(client, chunks, ttl)
-        except redis.RedisError as exc:  # the deletes after a refusal failed too (e.g. a shard went away)
+        except cluster.REDIS_ERRORS as exc:  # the deletes after a refusal failed too (e.g. a shard went away)
             return 0, exc
     pipe = client.pipeline(transaction=True)
     for (pkey, pvalue), (mkey, mvalue) in chunks:
@@ -423,7 +423,7 @@ def _write_batch(client, chunks: list[tuple[tuple, tuple]], ttl: int | None) -> 
         pipe.set(mkey, mvalue, ex=ttl)
     try:
         pipe.execute()
-    except redis.RedisError as exc:
+    except cluster.REDIS_ERRORS as exc:
         return 0, exc
     return len(chunks), None
 

@@ -119,7 +119,7 @@ class CacheManagerIndex:
     def _call(self, what: str, fn, *args):
         try:
             return fn(*args)
-        except redis.RedisError as exc:
+        except cluster.REDIS_ERRORS as exc:
             raise RedisFailure(f"cache manager {what} failed: {exc}") from None
 
     def publish(self, node: int, stored, evicted) -> None:

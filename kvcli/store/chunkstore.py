@@ -23,7 +23,7 @@ import torch
 import xxhash
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
-from kvcli.store.cluster import ShardTrips, is_cluster, mget, queue_delete, set_in_order
+from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, is_cluster, mget, queue_delete, set_in_order
 from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
@@ -193,6 +193,7 @@ class ChunkStore:
         self.stats = StoreStats()
         self.cluster = is_cluster(client)
         self.shard_trips = ShardTrips(client)  # round trips per shard: {"host:port": count}
+        self._deleting: list[str] = []  # keys _admit queued for deletion on the current pipeline
         self._roots: dict[str, bytes] = {}
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
@@ -492,7 +493,8 @@ class ChunkStore:
         gone, fresh = set(evicted), set(new)
         victims = [h for h in evicted if h not in fresh]
         if victims:
-            queue_delete(pipe, [k for h in victims for k in (self.meta_key(h), self.payload_key(h))], self.cluster)
+            self._deleting = [k for h in victims for k in (self.meta_key(h), self.payload_key(h))]
+            queue_delete(pipe, self._deleting, self.cluster)
         self.stats.evicted_chunks += len(victims)
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone)
 
@@ -516,19 +518,20 @@ class ChunkStore:
         if not self.cluster:  # a single server: pipe holds everything (callers queue it in order)
             self.shard_trips.add(())
             return self._call(pipe.execute), []
-        first_keys = [c.args[1] for c in pipe.command_stack] + [k for k, _ in firsts]
-        if first_keys:
-            self.shard_trips.add(first_keys)
-        if thens:
+        deleting, self._deleting = self._deleting, []  # keys _admit queued on pipe
+        if firsts:  # payloads (and deletes), then metadata: two rounds
+            self.shard_trips.add(deleting + [k for k, _ in firsts])
             self.shard_trips.add([k for k, _ in thens])
-        self.stats.round_trips += bool(first_keys and thens)
+            self.stats.round_trips += bool(thens)
+        else:  # metadata only (and deletes): one round
+            self.shard_trips.add(deleting + [k for k, _ in thens])
         return self._call(set_in_order, self.client, pipe, firsts, thens, nx, ex)
 
     def _call(self, fn, *args, record: bool = True):
         self.stats.round_trips += record
         try:
             return fn(*args)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis {getattr(fn, '__name__', 'command')} failed: {exc}") from None
 
 

@@ -31,10 +31,14 @@ from collections.abc import Iterable, Iterator
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from kvcli.errors import RedisFailure
 
 SLOTS = 16384
+#: What a Redis call can raise: redis-py's errors, and its cluster client's own family (not a RedisError: e.g. "All
+#: slots are not covered", a cross-slot transaction).
+REDIS_ERRORS = (redis.RedisError, RedisClusterException)
 
 
 def is_cluster(client) -> bool:
@@ -54,17 +58,27 @@ def shards(client) -> list[tuple[str, redis.Redis]]:
 
 def check_whole(client) -> None:
     """Refuse to read a cluster that does not serve every slot (``CLUSTER INFO`` of each primary: state ``ok``, all
-    16,384 slots assigned, none failing), so a scan is never a partial view. No-op on a single server.
+    16,384 slots assigned, none failing), so a scan is never a partial view. A plain client is refused when its
+    server is a cluster node (``INFO cluster``): it would see one shard's keys only.
 
     Raises:
         RedisFailure: a primary is unreachable or reports an incomplete cluster.
     """
     if not is_cluster(client):
+        try:
+            enabled = int(client.info("cluster").get("cluster_enabled", 0))
+        except redis.ResponseError:  # INFO refused (an ACL): nothing to tell
+            return
+        except REDIS_ERRORS as exc:
+            raise RedisFailure(f"Redis INFO failed: {exc}") from None
+        if enabled:
+            raise RedisFailure("this connection reaches ONE node of a Redis Cluster, which holds only its own slots' "
+                               "keys: connect with the cluster client (kvcli.store.server.connect does)")
         return
     for name, node in shards(client):
         try:
             raw = node.execute_command("CLUSTER", "INFO")
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis Cluster primary {name}: {exc}") from None
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
         info = dict(line.split(":", 1) for line in text.split() if ":" in line)
@@ -91,7 +105,7 @@ def scan(client, match: str | bytes | None = None, count: int = 1000) -> Iterato
         while True:
             try:
                 cursor, keys = node.scan(cursor, match=match, count=count)
-            except redis.RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise RedisFailure(f"Redis SCAN failed on {name}: {exc}") from None
             if keys:
                 yield name, keys
@@ -129,14 +143,19 @@ def queue_delete(pipe, keys: list, cluster: bool) -> None:
 def set_in_order(client, pipe, first: list[tuple], then: list[tuple], nx: bool = False, ex: int | None = None
                  ) -> tuple[list, list]:
     """Cluster writes with an order between them: ``first``'s ``(key, value)`` SETs (queued on ``pipe`` after what
-    it already holds, e.g. deletes) and only once all of them were acknowledged, ``then``'s. Two pipelined round
-    trips (one when ``first`` is empty). Returns the replies to ``first`` and to ``then`` (earlier commands queued
-    on ``pipe`` are dropped). Raises redis errors; ``then`` is not sent when ``first`` failed.
+    it already holds, e.g. deletes of other keys) and only once all of them were acknowledged, ``then``'s. Two
+    pipelined round trips; one when ``first`` is empty (``then`` joins ``pipe``). Returns the replies to ``first``
+    and to ``then`` (replies to commands queued on ``pipe`` before are dropped). Raises redis errors; ``then`` is
+    not sent when ``first`` failed.
     """
-    queued = len(pipe.command_stack)
+    queued = len(pipe)
+    if not first:  # nothing to wait for: ``then`` goes with what ``pipe`` holds (its keys are others'), one round
+        for key, value in then:
+            pipe.set(key, value, nx=nx, ex=ex)
+        return [], (pipe.execute()[queued:] if (then or queued) else [])
     for key, value in first:
         pipe.set(key, value, nx=nx, ex=ex)
-    replies_first = pipe.execute()[queued:] if (first or queued) else []
+    replies_first = pipe.execute()[queued:]
     if not then:
         return replies_first, []
     second = client.pipeline(transaction=False)
@@ -198,7 +217,7 @@ def shard_info(client, *sections: str) -> dict[str, dict]:
     for name, node in shards(client):
         try:
             out[name] = node.info(*sections)
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis INFO failed on {name}: {exc}") from None
     return out
 
@@ -214,7 +233,7 @@ def dbsize(client) -> int:
     for name, node in shards(client):
         try:
             total += int(node.dbsize())
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis DBSIZE failed on {name}: {exc}") from None
     return total
 

@@ -123,7 +123,7 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
             _tally(result, shard, batch)
             try:
                 result.deleted += cluster.unlink(client, [key for key, _, _ in batch])
-            except redis.RedisError as exc:
+            except cluster.REDIS_ERRORS as exc:
                 raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
         result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
         return result
@@ -144,7 +144,7 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
 def _flush(pipe) -> int:
     try:
         return sum(int(n) for n in pipe.execute())
-    except redis.RedisError as exc:
+    except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
 
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from kvcli.errors import BadInputError, RedisFailure
 
@@ -85,7 +86,7 @@ def connect(url: str) -> redis.Redis | RedisCluster:
     try:
         client.ping()
         enabled = _cluster_enabled(client)
-    except (redis.RedisError, ValueError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         client.close()
         raise RedisFailure(f"cannot use Redis at {shown}: {exc}") from None
     if not enabled:
@@ -103,7 +104,7 @@ def connect(url: str) -> redis.Redis | RedisCluster:
         raise RedisFailure(f"{shown} is a Redis Cluster node: a cluster has only database 0")
     try:
         return RedisCluster.from_url(plain, **_TIMEOUTS)
-    except (redis.RedisError, ValueError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         raise RedisFailure(f"cannot use the Redis Cluster at {shown}: {exc}") from None
 
 
@@ -129,8 +130,11 @@ def no_touch_client(client: redis.Redis | RedisCluster, on_connect) -> redis.Red
         node = client.get_default_node()
         kwargs = {k: v for k, v in node.redis_connection.connection_pool.connection_kwargs.items()
                   if k not in ("host", "port", "redis_connect_func")}
-        return RedisCluster(host=node.host, port=node.port, max_connections=1, redis_connect_func=on_connect,
-                            **{k: v for k, v in kwargs.items() if k in _CLUSTER_KWARGS})
+        try:
+            return RedisCluster(host=node.host, port=node.port, max_connections=1, redis_connect_func=on_connect,
+                                **{k: v for k, v in kwargs.items() if k in _CLUSTER_KWARGS})
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
+            raise RedisFailure(f"cannot use the Redis Cluster at {node.name}: {exc}") from None
     pool = client.connection_pool
 
     def connect_then(conn) -> None:
@@ -267,7 +271,7 @@ def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: floa
 
         _wait(formed, deadline, procs, root)
         yield f"redis://127.0.0.1:{ports[0]}"
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
         raise RedisFailure(f"cannot start a local Redis Cluster with {path}: {exc}") from None
     finally:
         for c in clients:
