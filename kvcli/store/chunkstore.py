@@ -23,7 +23,7 @@ import torch
 import xxhash
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
-from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, is_cluster, mget, queue_delete, set_in_order
+from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, is_cluster, mget, set_in_order
 from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
@@ -193,7 +193,7 @@ class ChunkStore:
         self.stats = StoreStats()
         self.cluster = is_cluster(client)
         self.shard_trips = ShardTrips(client)  # round trips per shard: {"host:port": count}
-        self._deleting: list[str] = []  # keys _admit queued for deletion on the current pipeline
+        self._deleting: list[str] = []  # a cluster: keys _admit evicted, deleted with the next write
         self._roots: dict[str, bytes] = {}
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
@@ -493,8 +493,11 @@ class ChunkStore:
         gone, fresh = set(evicted), set(new)
         victims = [h for h in evicted if h not in fresh]
         if victims:
-            self._deleting = [k for h in victims for k in (self.meta_key(h), self.payload_key(h))]
-            queue_delete(pipe, self._deleting, self.cluster)
+            keys = [k for h in victims for k in (self.meta_key(h), self.payload_key(h))]
+            if self.cluster:  # sent with the write (_ordered): no multi-key DEL across slots
+                self._deleting = keys
+            else:
+                pipe.delete(*keys)
         self.stats.evicted_chunks += len(victims)
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone)
 
@@ -506,26 +509,19 @@ class ChunkStore:
     # -- plumbing -------------------------------------------------------------------------------------------------
     def _read(self, keys: list[str], record: bool = True) -> list:
         """MGET (one round trip per shard on a cluster), counted per shard when ``record``."""
-        if record:
-            self.shard_trips.add(keys)
-        return self._call(mget, self.client, keys, record=record)
+        return self._call(mget, self.client, keys, self.shard_trips if record else None, record=record)
 
     def _ordered(self, pipe, firsts, thens, nx: bool = False, ex: int | None = None) -> tuple[list, list]:
-        """Run ``pipe``. On a cluster, what it holds and ``firsts``' SETs, then once acknowledged ``thens``' SETs
-        (cluster.py), one round trip per shard each, counted; returns the replies to ``firsts`` and to ``thens``. On a
-        single server ``firsts``/``thens`` are empty (callers queue everything in order) and the replies are all of
-        ``pipe``'s."""
-        if not self.cluster:  # a single server: pipe holds everything (callers queue it in order)
-            self.shard_trips.add(())
+        """Run ``pipe``. On a cluster, the deletes :meth:`_admit` recorded and ``firsts``' SETs (payloads), then once
+        acknowledged ``thens``' SETs (metadata) (cluster.py): one round trip per shard each, one round when there
+        are no payloads; returns the replies to ``firsts`` and to ``thens``. On a single server ``firsts``/``thens``
+        are empty (callers queue everything on ``pipe`` in order) and the replies are all of ``pipe``'s."""
+        if not self.cluster:
+            self.shard_trips.add()
             return self._call(pipe.execute), []
-        deleting, self._deleting = self._deleting, []  # keys _admit queued on pipe
-        if firsts:  # payloads (and deletes), then metadata: two rounds
-            self.shard_trips.add(deleting + [k for k, _ in firsts])
-            self.shard_trips.add([k for k, _ in thens])
-            self.stats.round_trips += bool(thens)
-        else:  # metadata only (and deletes): one round
-            self.shard_trips.add(deleting + [k for k, _ in thens])
-        return self._call(set_in_order, self.client, pipe, firsts, thens, nx, ex)
+        deleting, self._deleting = self._deleting, []
+        self.stats.round_trips += bool(firsts and thens)
+        return self._call(set_in_order, self.client, deleting, firsts, thens, nx, ex, self.shard_trips)
 
     def _call(self, fn, *args, record: bool = True):
         self.stats.round_trips += record

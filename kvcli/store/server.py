@@ -238,7 +238,6 @@ def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: floa
     Raises:
         RedisFailure: the binary is missing, cannot run a cluster, or the cluster did not form within ``timeout``.
     """
-    import shutil
     import subprocess
     import tempfile
     import time
@@ -270,21 +269,32 @@ def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: floa
                        and len(c.execute_command("CLUSTER", "SLOTS")) == primaries for c in clients)
 
         _wait(formed, deadline, procs, root)
+    except BaseException as exc:
+        _stop(procs, clients, root)
+        if isinstance(exc, (redis.RedisError, RedisClusterException, OSError)):
+            raise RedisFailure(f"cannot start a local Redis Cluster with {path}: {exc}") from None
+        raise
+    try:
         yield f"redis://127.0.0.1:{ports[0]}"
-    except (redis.RedisError, RedisClusterException, OSError) as exc:
-        raise RedisFailure(f"cannot start a local Redis Cluster with {path}: {exc}") from None
     finally:
-        for c in clients:
-            c.close()
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        shutil.rmtree(root, ignore_errors=True)
+        _stop(procs, clients, root)
+
+
+def _stop(procs, clients, root: str) -> None:
+    import shutil
+    import subprocess
+
+    for c in clients:
+        c.close()
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _wait(ready, deadline: float, procs, root: str) -> None:

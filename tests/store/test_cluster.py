@@ -212,3 +212,21 @@ def test_warm_out_of_memory_on_one_shard_leaves_a_prefix_and_no_half_chunk(own_c
     assert 0 < written == result.total("chunks_written") < 128
     assert cluster.dbsize(own_cluster) == 2 * written
     assert not any(g.issues for g in inspect_cache(own_cluster, sample=0).groups)
+
+
+def test_a_stale_slot_map_is_followed_not_trusted(cc):
+    """When redis-py's slot map is out of date (resharding), a shard answers MOVED and the read is retried through
+    redis-py: the lookup still sees every chunk."""
+    store = ChunkStore(cc, StoreConfig("m", 4, "m", "raw", (1, 2, 1, 2), torch.float32, payload="accounted"))
+    tokens = np.arange(4 * 30, dtype=np.uint32)
+    store.store(tokens, None)
+    keys = [store.meta_key(h) for h in store.chunk(tokens).hashes]
+    cache = cc.nodes_manager.slots_cache
+    moved = {}
+    for key in keys[:10]:  # point these slots at a shard that does not serve them
+        s = cc.keyslot(key)
+        wrong = next(n for n in cc.get_primaries() if n.name != cache[s][0].name)
+        moved[s] = cache[s]
+        cache[s] = [wrong]
+    assert cluster.mget(cc, keys) == [cc.get(k) for k in keys] and None not in cluster.mget(cc, keys)
+    assert store.lookup(tokens).hit_chunks == 30
