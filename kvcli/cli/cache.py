@@ -147,8 +147,10 @@ def purge(
     with open_redis(redis_url) as (client, _):
         found = count(client, namespace, chunk_size)
         where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
-        err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)",
-                  markup=False, highlight=False, soft_wrap=True)
+        shards = "" if len(found.by_shard) < 2 else (
+            f" on {len(found.by_shard)} shards: " + ", ".join(f"{k} {v:,}" for k, v in found.by_shard.items()))
+        err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} payloads)"
+                  + shards, markup=False, highlight=False, soft_wrap=True)
         if found.keys and not yes:
             raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
         done = run_purge(client, namespace, chunk_size) if yes else found

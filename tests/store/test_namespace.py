@@ -92,9 +92,9 @@ def test_cli_prints_namespaces_with_markup_characters_as_they_are(redis_url, red
     runner = CliRunner()
     res = runner.invoke(cli_app(), ["purge", "--namespace", "[/]", "--redis-url", redis_url])
     assert res.exit_code == 2, res.output
-    assert "1 kvcli keys in namespace '[/]' (1 metadata, 0 payloads)\n" in res.stderr
+    assert res.stderr.startswith("1 kvcli keys in namespace '[/]' (1 metadata, 0 payloads)")
     res = runner.invoke(cli_app(), ["purge", "--namespace", "[p]", "--redis-url", redis_url])
-    assert res.exit_code == 2 and "1 kvcli keys in namespace '[p]' (0 metadata, 1 payloads)\n" in res.stderr
+    assert res.exit_code == 2 and res.stderr.startswith("1 kvcli keys in namespace '[p]' (0 metadata, 1 payloads)")
     res = runner.invoke(cli_app(), ["purge", "--namespace", "[/]", "--yes", "--redis-url", redis_url])
     assert res.exit_code == 0, res.output
     assert res.stdout == "deleted 1 keys of namespace '[/]'\n"
