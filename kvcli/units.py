@@ -1,5 +1,6 @@
 """Units in one place: the size parser, the capacity parser (tokens or bytes), the duration parser, the byte
-formatter, and the JSON document envelope every command's ``--json`` output shares.
+formatter, bytes per element of each tensor dtype, and the JSON document envelope every command's ``--json`` output
+shares.
 
 JSON field names carry their unit (``_seconds``, ``_bytes``, ``_tokens``; ratios are plain ``_ratio`` numbers in
 [0, 1]); the same name means the same thing in every command (``model_id``, ``hit_token_ratio``, ...). Every
@@ -23,6 +24,17 @@ _SIZE = re.compile(_NUMBER + r"\s*([kmgt]?i?b)?")
 _CAPACITY = re.compile(_NUMBER + r"\s*([kmgt]?)\s*(ib|b|tokens|token|tok)?")
 _PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 200/1e6 is the double nearest 0.0002
 _DURATION = re.compile(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)?")
+
+
+#: bytes per element, by torch's dtype name (no torch needed to size a tensor)
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
+               "int32": 4, "int64": 8}
+
+
+def dtype_bytes(dtype) -> int | None:
+    """Bytes per element of a torch dtype or of its torch name (``torch.bfloat16``, ``"bfloat16"`` -> 2); None for a
+    dtype not in :data:`DTYPE_BYTES`."""
+    return DTYPE_BYTES.get(str(dtype).removeprefix("torch."))
 
 
 def _finite(value: float, text: str, what: str) -> float:

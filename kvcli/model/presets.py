@@ -1,21 +1,37 @@
 """Model presets and what the store needs of a model without its weights: shapes, dtype, model id.
 
 Presets reproduce real models' shapes (KV bytes per token, FLOPs) with seeded random weights (:mod:`kvcli.model.llama`).
+
+No torch here: a dtype is named by its torch name (``"bfloat16"``) until something computes with it
+(:func:`parse_dtype` imports torch then), so an index-only replay never loads torch (~1.2 s, ~200 MiB).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from kvcli.errors import BadInputError
+from kvcli.units import dtype_bytes
 
 _DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
+    "float32": "float32", "fp32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16",
 }
-_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` or ``"bfloat16"`` / ``"bf16"`` -> ``"bfloat16"`` (torch's name, without torch)."""
+    name = str(dtype).removeprefix("torch.")
+    return _DTYPES.get(name.lower(), name)
+
+
+def itemsize(dtype) -> int:
+    """Bytes per element of a dtype (a torch dtype or its name). Raises BadInputError for an unknown one."""
+    size = dtype_bytes(dtype_name(dtype))
+    if size is None:
+        raise BadInputError(f"unknown dtype {dtype!r}; valid: {', '.join(_DTYPES)}")
+    return size
 
 
 @dataclass(frozen=True)
@@ -34,9 +50,10 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dtype: str = "bfloat16"
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+    def kv_bytes_per_token(self, dtype) -> int:
+        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``
+        (``dtype``: a torch dtype or its name)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * itemsize(dtype)
 
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
         """Shape of the KV of ``tokens`` tokens: ``(layers, 2, kv_heads, tokens, head_dim)``."""
@@ -75,27 +92,35 @@ def get_preset(name: str) -> ModelConfig:
         raise BadInputError(f"unknown model preset {name!r}; valid: {', '.join(PRESETS)}") from None
 
 
-def parse_dtype(name: str) -> torch.dtype:
-    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch dtype. Raises BadInputError."""
+def check_dtype(name: str) -> str:
+    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch's name. Raises BadInputError."""
     try:
         return _DTYPES[name.lower()]
     except (KeyError, AttributeError):
         raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
 
 
-def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
+def parse_dtype(name):
+    """A dtype name (as :func:`check_dtype`) -> torch dtype (imports torch). Raises BadInputError."""
+    import torch
+
+    return getattr(torch, check_dtype(dtype_name(name)))
+
+
+def model_id_for(preset: str, dtype, seed: int) -> str:
     """The model id a built model carries, e.g. ``"kvcli/cpu@seed0:bf16"``: part of every chunk hash's root, so
     KV of two ids never mixes. Known without building the model (for accounted replays and dry runs)."""
-    return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype]}"
+    return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype_name(dtype)]}"
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the store needs of a model, without its weights: id, per-token KV shape, dtype."""
+    """What the store needs of a model, without its weights: id, per-token KV shape, dtype (torch's name, e.g.
+    ``"bfloat16"``, or a torch dtype)."""
 
     model_id: str
     kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
-    dtype: torch.dtype
+    dtype: object
 
 
 def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:
@@ -105,6 +130,6 @@ def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> 
         BadInputError: unknown preset or dtype.
     """
     config = get_preset(preset)
-    torch_dtype = parse_dtype(dtype if dtype is not None else config.dtype)
+    name = check_dtype(dtype if dtype is not None else config.dtype)
     layers, two, heads, _, dim = config.kv_shape(1)
-    return ModelSpec(model_id_for(config.name, torch_dtype, seed), (layers, two, heads, dim), torch_dtype)
+    return ModelSpec(model_id_for(config.name, name, seed), (layers, two, heads, dim), name)

@@ -71,7 +71,8 @@ def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, 
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.set(key, value)
-        pipe.execute()
+        with cluster.uninterrupted():
+            pipe.execute()
         t1 = time.perf_counter()
         cluster.mget(client, keys)
         t2 = time.perf_counter()

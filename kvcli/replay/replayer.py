@@ -35,9 +35,27 @@ from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured,
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store import cluster
+from kvcli.store.batch import lookup_and_store
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
 from kvcli.store.namespace import purge, redis_memory
 from kvcli.traces.request import Request
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What every part of one trace's replay shares (``--jobs`` sends it to each worker process).
+
+    Attributes:
+        name: the trace (file name).
+        namespace: the run's own fresh namespace (one per trace; every chunk size under its own key prefix).
+        measured: indices of the requests that run the model.
+        lengths: prompt lengths (tokens) when the trace was read ahead (the model runs on some requests), else None.
+    """
+
+    name: str
+    namespace: str
+    measured: frozenset[int]
+    lengths: np.ndarray | None
 
 
 @dataclass
@@ -73,67 +91,100 @@ class Replayer:
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
-               progress: Callable[[int, int], None] | None = None) -> TraceResult:
-        """Replay one trace. ``requests`` is a list or a zero-argument callable returning a fresh iterator (the
-        trace is read twice: once to validate it and choose measured requests, before anything is written, then
-        to replay it). ``progress(done, total)`` is called after each request.
+               progress: Callable[[int, int | None], None] | None = None) -> TraceResult:
+        """Replay one trace. ``requests`` is a list or a zero-argument callable returning a fresh iterator. When
+        the model runs on some requests, the trace is read twice: once to validate it (vocabulary) and choose the
+        measured requests, before anything is written, then to replay it; otherwise once. ``progress(done, total)``
+        is called after each request (``total`` None when the trace was not read ahead).
 
         Raises:
-            BadInputError: a token id is outside the model's vocabulary (before any write).
+            BadInputError: a token id is outside the model's vocabulary (before any write); no requests.
             ChunkTooLargeError: a chunk's value exceeds the server's proto-max-bulk-len (before any write).
             RedisFailure, ModelFailure: the server or the model failed.
         """
+        reader = (lambda: iter(requests)) if isinstance(requests, list) else requests
+        plan = self.plan(name, reader)
+        try:
+            return self.run(plan, reader, progress)
+        except BaseException:  # Ctrl-C or SIGTERM can stop a write half sent: purge over fresh connections
+            cluster.drop_connections(self.client)
+            raise
+        finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
+            if not self.config.keep:
+                purge(self.client, plan.namespace)
+
+    def plan(self, name: str, reader: Callable[[], Iterable[Request]]) -> ReplayPlan:
+        """What every part of one trace's replay shares: its fresh namespace and, when the model runs on some
+        requests, the prompt lengths and the measured requests (one validating pass over the trace, before any
+        write). Raises BadInputError (repeated chunk sizes, a token id outside the vocabulary, no requests)."""
         cfg = self.config
         if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
             raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
-        reader = (lambda: iter(requests)) if isinstance(requests, list) else requests
-        lengths = self._validate(reader, name)
-        measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.measure_max_tokens,
-                                 cfg.seed)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
-        stores = [self._make_store(namespace, cs) for cs in cfg.chunk_sizes]
+        if self.model is None or cfg.measure == 0:
+            return ReplayPlan(name, namespace, frozenset(), None)
+        lengths = self._validate(reader, name)
+        measured = pick_measured(lengths, cfg.measure, cfg.measure_max_tokens, cfg.seed)
+        return ReplayPlan(name, namespace, frozenset(measured), lengths)
+
+    def run(self, plan: ReplayPlan, reader: Callable[[], Iterable[Request]],
+            progress: Callable[[int, int | None], None] | None = None, chunk_sizes: tuple[int, ...] | None = None,
+            upper_bound: bool | None = None) -> TraceResult:
+        """Replay the trace under ``plan`` for ``chunk_sizes`` (default: the config's) into ``plan.namespace``,
+        computing the token-granular upper bound when ``upper_bound`` (default: the config's). Deletes nothing:
+        :meth:`replay` purges the namespace afterwards (``--jobs``: the parent, once every part is done)."""
+        cfg = self.config
+        stores = [self._make_store(plan.namespace, cs) for cs in (chunk_sizes or cfg.chunk_sizes)]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
-        try:
-            return self._run(name, reader, lengths, measured, stores, progress)
-        finally:  # also on Ctrl-C or an error: the run's namespace is its own, never left behind
-            if not cfg.keep:
-                purge(self.client, namespace)
+        return self._run(plan, reader, stores, progress, cfg.upper_bound if upper_bound is None else upper_bound)
 
-    def _run(self, name, reader, lengths, measured, stores, progress) -> TraceResult:
+    def _run(self, plan: ReplayPlan, reader, stores, progress, upper_bound: bool) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [calibrate_transfer(self.client, store) for store in stores]
         used_before = cluster.used_memory(self.client)
         results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace) for store in stores]
         pending = [_Pending() for _ in stores]
-        radix = RadixUpperBound() if cfg.upper_bound else None
+        radix = RadixUpperBound() if upper_bound else None
         t0 = time.perf_counter()
-        skipped = 0
+        skipped = count = longest = 0
+        total = len(plan.lengths) if plan.lengths is not None else None
+        limit = total if total is not None else cfg.limit
+        batch: list[tuple[Request, int]] = []  # estimated requests waiting for one pipelined round trip
+        width = max(1, cfg.pipeline)
         for index, request in enumerate(reader()):
-            if index >= len(lengths):
+            if limit is not None and index >= limit:
                 break
-            if len(request.token_ids) == 0:
+            n = len(request.token_ids)
+            count, longest = count + 1, max(longest, n)
+            if n == 0:
                 skipped += 1
             else:
                 upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
-                if index in measured:
+                if index in plan.measured:
+                    self._estimated(batch, stores, results, pending, unlimited)
                     self._measured(request, stores, results, rates, unlimited, upper)
                 else:
-                    self._estimated(request, stores, results, pending, unlimited, upper)
+                    batch.append((request, upper))
+                    if len(batch) >= width:
+                        self._estimated(batch, stores, results, pending, unlimited)
             if progress:
-                progress(index + 1, len(lengths))
+                progress(index + 1, total)
+        self._estimated(batch, stores, results, pending, unlimited)
+        if count == 0:
+            raise BadInputError("the trace holds no requests", path=plan.name)
         for store, res, pend, rate in zip(stores, results, pending, rates):
             self._finish(store, res, pend, rate)
         used_after = cluster.used_memory(self.client)
-        requests = len(lengths) - skipped
-        return TraceResult(name, requests, skipped, len(measured),
-                           _payload_label(cfg.payload, len(measured), requests), results,
+        requests = count - skipped
+        return TraceResult(plan.name, requests, skipped, len(plan.measured),
+                           _payload_label(cfg.payload, len(plan.measured), requests), results,
                            used_after - used_before, time.perf_counter() - t0,
-                           notes=self._notes(lengths, measured))
+                           notes=self._notes(longest, count, len(plan.measured)))
 
-    def _notes(self, lengths: np.ndarray, measured: set[int]) -> list[str]:
+    def _notes(self, longest: int, count: int, measured: int) -> list[str]:
         """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
         range the cost curve was fitted on."""
         notes = []
@@ -144,8 +195,7 @@ class Replayer:
             notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
                          f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
         fitted = self.curve.max_tokens
-        longest = int(lengths.max()) if len(lengths) else 0
-        if fitted and longest > 4 * fitted and len(measured) < len(lengths):
+        if fitted and longest > 4 * fitted and measured < count:
             notes.append(f"prompts reach {longest:,} tokens but the cost curve was fitted up to {fitted:,}: "
                          f"estimated savings of long prompts are extrapolated")
         return notes
@@ -173,18 +223,30 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
 
-    def _estimated(self, request, stores, results, pending, unlimited, upper) -> None:
-        n = len(request.token_ids)
+    def _estimated(self, batch: list[tuple[Request, int]], stores, results, pending, unlimited) -> None:
+        """The batch's requests (``(request, upper bound tokens)``, in trace order): lookup, then store the missing
+        chunks' metadata, per chunk size; ``config.pipeline`` requests in two round trips (store/batch.py), or one
+        by one (``pipeline`` 1). Empties ``batch``."""
+        if not batch:
+            return
         for store, res, pend, seen in zip(stores, results, pending, unlimited):
-            prompt = store.chunk(request.token_ids, request.cache_salt)
-            look = store.lookup(prompt)
-            written = store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
-            self._count(res, store, prompt, look, seen, n, upper)
-            res.store_seconds += written.seconds
-            pend.prompt.append(n)
-            pend.reuse.append(min(look.hit_tokens, n - 1))
-            pend.hit_chunks.append(look.hit_chunks)
-            pend.new_chunks.append(len(prompt.hashes) - look.hit_chunks)
+            prompts = [store.chunk(r.token_ids, r.cache_salt) for r, _ in batch]
+            if self.config.pipeline > 1:
+                done = lookup_and_store(store, prompts)
+            else:
+                done = []
+                for prompt in prompts:
+                    look = store.lookup(prompt)
+                    done.append((look, store.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)))
+            for (request, upper), prompt, (look, written) in zip(batch, prompts, done):
+                n = len(request.token_ids)
+                self._count(res, store, prompt, look, seen, n, upper)
+                res.store_seconds += written.seconds
+                pend.prompt.append(n)
+                pend.reuse.append(min(look.hit_tokens, n - 1))
+                pend.hit_chunks.append(look.hit_chunks)
+                pend.new_chunks.append(len(prompt.hashes) - look.hit_chunks)
+        batch.clear()
 
     def _measured(self, request, stores, results, rates, unlimited, upper) -> None:
         tokens, n = request.token_ids, len(request.token_ids)
@@ -273,6 +335,9 @@ class Replayer:
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
+        res.lookups_pipelined, res.lookups_sampled = st.lookups_pipelined, st.lookups_sampled
+        if st.lookups_pipelined and st.lookup_seconds:  # their latency one by one: the sampled lookups' mean
+            res.lookup_seconds += st.lookups_pipelined * float(np.mean(st.lookup_seconds))
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
 

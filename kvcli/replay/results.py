@@ -24,6 +24,8 @@ class ReplayConfig:
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
             4 bytes per token: the one part of a replay whose memory grows with the trace).
+        pipeline: estimated requests per pipelined round trip (kvcli.store.batch: the same results, two round
+            trips per batch; lookup latency from sampled unpipelined lookups); 1: one request at a time.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -38,6 +40,7 @@ class ReplayConfig:
     memory_sample: int = 200
     seed: int = 0
     upper_bound: bool = True
+    pipeline: int = 256
 
 
 @dataclass
@@ -67,6 +70,8 @@ class ChunkSizeResult:
     lookups: int = 0
     lookup_p50_seconds: float = 0.0
     lookup_p99_seconds: float = 0.0
+    lookups_pipelined: int = 0  # answered in batches: their latency is the sampled lookups' (lookups_sampled)
+    lookups_sampled: int = 0
     evicted_chunks: int = 0
     materialized_chunks: int = 0
     checksum_failures: int = 0

@@ -11,8 +11,7 @@ from pathlib import Path
 import redis
 
 from kvcli.model.costcurve import CostCurve, calibrate
-from kvcli.model.llama import build_model
-from kvcli.model.presets import model_spec
+from kvcli.model.presets import dtype_name, itemsize, model_spec
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
 from kvcli.replay.replayer import Replayer
@@ -52,6 +51,8 @@ def prepare_model(options: ModelOptions, measure: int | None):
     spec = model_spec(options.preset, options.dtype, options.seed)  # validates preset and dtype first
     if options.prefill_tps is not None and measure == 0:
         return None, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
+    from kvcli.model.llama import build_model  # torch: only where a model runs
+
     model = build_model(options.preset, options.dtype, options.device, options.seed)
     if options.prefill_tps is not None:
         return model, CostCurve.from_tokens_per_second(options.prefill_tps), [], spec
@@ -75,8 +76,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         results.append(replayer.replay(str(path), lambda p=path: read_trace(p, fmt, tokenizer), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
-        "model_id": spec.model_id, "preset": model_options.preset, "dtype": str(spec.dtype).removeprefix("torch."),
-        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tokenizer,
+        "model_id": spec.model_id, "preset": model_options.preset, "dtype": dtype_name(spec.dtype),
+        "kv_bytes_per_token": layers * two * heads * dim * itemsize(spec.dtype), "tokenizer": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.label, "redis_cluster": target.cluster, "redis_shards": target.shards,
         "redis_version": server_version(client), "cost_curve": replayer.curve.to_dict(),
@@ -87,9 +88,3 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
-
-
-def _itemsize(dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()

@@ -342,10 +342,10 @@ def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int
 def kv_bytes_per_token(preset: str) -> int:
     """KV bytes per token of a model preset in its default dtype (:mod:`kvcli.model`; imports torch).
     Raises BadInputError for an unknown preset."""
-    from kvcli.model.presets import get_preset, parse_dtype
+    from kvcli.model.presets import get_preset
 
     config = get_preset(preset)
-    return config.kv_bytes_per_token(parse_dtype(config.dtype))
+    return config.kv_bytes_per_token(config.dtype)
 
 
 def load_requests(path, fmt: str = "auto", tokenizer: str = "cl100k_base", chunk_size: int = 256,

@@ -17,17 +17,20 @@ import functools
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis
-import torch
 import xxhash
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
-from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, is_cluster, mget, set_in_order
+from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, is_cluster, mget, set_in_order, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt, chunk_prompt, namespace_root
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
-from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
+from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size, itemsize
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ChunkTooLargeError(BadInputError):
@@ -58,7 +61,7 @@ class StoreConfig:
     model_id: str
     tokenizer: str
     kv_shape: tuple[int, int, int, int]
-    dtype: torch.dtype
+    dtype: object  # a torch dtype or its name ("bfloat16"): index-only stores never import torch
     payload: str = "real"
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
@@ -91,7 +94,7 @@ class StoreConfig:
         n = 1
         for d in self.chunk_shape:
             n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return n * itemsize(self.dtype)
 
     @functools.cached_property
     def header_bytes(self) -> int:
@@ -175,7 +178,26 @@ class StoreStats:
     header_bytes_read: int = 0
     evicted_chunks: int = 0
     checksum_failures: int = 0
-    lookup_seconds: list[float] = field(default_factory=list)
+    lookup_seconds: list[float] = field(default_factory=list)  # each timed lookup (seconds)
+    lookups_pipelined: int = 0  # lookups answered in batches (store/batch.py): not timed one by one
+    lookups_sampled: int = 0  # unpipelined lookups timed for latency, besides the batches
+
+
+@dataclass(frozen=True, slots=True)
+class KnownWrite:
+    """One store planned from its lookup (:meth:`ChunkStore.plan_known`), not yet sent: the missing chunk indices,
+    the MSET ``args`` (a single server) or ``(key, value)`` payload and metadata SETs (a cluster), metadata bytes,
+    chunks the LRU evicted, chunks present after the hit run, and whether payloads are real."""
+
+    prompt: ChunkedPrompt
+    missing: list[int]
+    args: list
+    firsts: list
+    thens: list
+    meta_bytes: int
+    evicted: int
+    present: int
+    real: bool
 
 
 class ChunkStore:
@@ -193,7 +215,7 @@ class ChunkStore:
         self.stats = StoreStats()
         self.cluster = is_cluster(client)
         self.shard_trips = ShardTrips(client)  # round trips per shard: {"host:port": count}
-        self._deleting: list[str] = []  # a cluster: keys _admit evicted, deleted with the next write
+        self._deleting: list[str] = []  # keys the last _admit evicted (a cluster deletes them with the write)
         self._roots: dict[str, bytes] = {}
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
@@ -258,20 +280,29 @@ class ChunkStore:
         prompt = self._prompt(tokens, cache_salt)
         n = len(prompt.hashes)
         t0 = time.perf_counter()
+        metas = self._read(self.lookup_keys(prompt), record) if n else []
+        seconds = time.perf_counter() - t0
+        if record:
+            self.stats.lookups += 1
+            self.stats.lookup_seconds.append(seconds)
+        return self.evaluate(prompt, metas, seconds)
+
+    def lookup_keys(self, prompt: ChunkedPrompt) -> list[str]:
+        """The metadata keys a lookup reads: the prompt's chunks in this namespace, then in the read-only one."""
         pre = self.prefix + "m:"
         keys = [pre + x for x in prompt.hexes]
         if self.read_prefix:  # the read-only namespace's keys too, in the same MGET
             keys += [self.read_prefix + "m:" + x for x in prompt.hexes]
-        metas = self._read(keys, record) if n else []
-        seconds = time.perf_counter() - t0
+        return keys
+
+    def evaluate(self, prompt: ChunkedPrompt, metas: list, seconds: float = 0.0) -> LookupResult:
+        """The lookup's answer from the values of :meth:`lookup_keys` (None: missing), as :meth:`lookup` gives it."""
+        n = len(prompt.hashes)
         from_read = ()
         if self.read_prefix and n:
             from_read = tuple(own is None and other is not None for own, other in zip(metas[:n], metas[n:]))
             metas = [own if own is not None else other for own, other in zip(metas[:n], metas[n:])]
         read_only = frozenset(i for i, r in enumerate(from_read) if r)
-        if record:
-            self.stats.lookups += 1
-            self.stats.lookup_seconds.append(seconds)
         k, reason = 0, ""
         for k, meta in enumerate(metas):
             if meta is None:
@@ -315,7 +346,12 @@ class ChunkStore:
             tensors.append(tensor)
             data_bytes += size
             head_bytes += len(payload) - size
-        kv = torch.cat(tensors, dim=3) if tensors else None
+        if tensors:
+            import torch
+
+            kv = torch.cat(tensors, dim=3)
+        else:
+            kv = None
         t2 = time.perf_counter()
         self.stats.payload_bytes_read += data_bytes
         self.stats.header_bytes_read += head_bytes
@@ -407,8 +443,23 @@ class ChunkStore:
     def _store_known(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> StoreResult:
         """Write the chunks the lookup saw missing in one MSET (payload and metadata of each chunk together)."""
         t0 = time.perf_counter()
-        cfg, cs, real = self.config, self.config.chunk_size, kv is not None
         pipe = self.client.pipeline(transaction=False)
+        plan = self.plan_known(pipe, prompt, kv, start, n, lookup)
+        if self.cluster:  # no MSET across slots: payloads first, then metadata (cluster.py)
+            if plan.firsts or plan.thens or plan.evicted:
+                self._ordered(pipe, plan.firsts, plan.thens)
+        else:
+            if plan.args:
+                pipe.execute_command("MSET", *plan.args)
+            if plan.args or plan.evicted:
+                self._ordered(pipe, [], [])
+        return self.account_known(plan, time.perf_counter() - t0)
+
+    def plan_known(self, pipe, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> KnownWrite:
+        """What :meth:`store` with a lookup writes, not yet sent: the LRU's deletes (queued on ``pipe``, or kept in
+        ``_deleting`` on a cluster), then the missing chunks of ``[start, n)`` as MSET ``args`` (a single server)
+        or ``(key, value)`` payloads ``firsts`` and metadata ``thens`` (a cluster)."""
+        cfg, cs, real = self.config, self.config.chunk_size, kv is not None
         evicted, dropped = self._admit(pipe, prompt, n, lookup)
         missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
         now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
@@ -423,19 +474,17 @@ class ChunkStore:
             meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
             thens.append((meta_pre + prompt.hexes[k], meta))
-        if self.cluster:  # no MSET across slots: payloads first, then metadata (cluster.py)
-            if firsts or thens or evicted:
-                self._ordered(pipe, firsts, thens)
-        else:
+        if not self.cluster:
             args = [x for pair in args for x in pair]
-            if args:
-                pipe.execute_command("MSET", *args)
-            if args or evicted:
-                self._ordered(pipe, [], [])
-        replies = [True] * len(missing) * (2 if real else 1)
-        return self._account([prompt.hashes[k] for k in missing], replies, evicted, meta_bytes, real,
-                             time.perf_counter() - t0,
-                             present=sum(1 for k in range(start, n) if k in lookup.present_after))
+            firsts = thens = []
+        present = sum(1 for k in range(start, n) if k in lookup.present_after)
+        return KnownWrite(prompt, missing, args, firsts, thens, meta_bytes, evicted, present, real)
+
+    def account_known(self, plan: KnownWrite, seconds: float) -> StoreResult:
+        """Count a :meth:`plan_known` write that the server acknowledged (all its SETs created keys)."""
+        replies = [True] * len(plan.missing) * (2 if plan.real else 1)
+        return self._account([plan.prompt.hashes[k] for k in plan.missing], replies, plan.evicted, plan.meta_bytes,
+                             plan.real, seconds, present=plan.present)
 
     def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
         """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
@@ -483,6 +532,7 @@ class ChunkStore:
         Returns ``(evicted, dropped)``: chunks deleted from the store, and the indices of this request's chunks
         the capacity leaves no room for (its tail, when the request alone exceeds the capacity): not written.
         """
+        self._deleting = []
         if self._lru is None:
             return 0, frozenset()
         skip = lookup.read_only if lookup is not None else frozenset()
@@ -493,11 +543,9 @@ class ChunkStore:
         gone, fresh = set(evicted), set(new)
         victims = [h for h in evicted if h not in fresh]
         if victims:
-            keys = [k for h in victims for k in (self.meta_key(h), self.payload_key(h))]
-            if self.cluster:  # sent with the write (_ordered): no multi-key DEL across slots
-                self._deleting = keys
-            else:
-                pipe.delete(*keys)
+            self._deleting = [k for h in victims for k in (self.meta_key(h), self.payload_key(h))]
+            if not self.cluster:  # a cluster sends them with the write (_ordered): no multi-key DEL across slots
+                pipe.delete(*self._deleting)
         self.stats.evicted_chunks += len(victims)
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone)
 
@@ -516,12 +564,13 @@ class ChunkStore:
         acknowledged ``thens``' SETs (metadata) (cluster.py): one round trip per shard each, one round when there
         are no payloads; returns the replies to ``firsts`` and to ``thens``. On a single server ``firsts``/``thens``
         are empty (callers queue everything on ``pipe`` in order) and the replies are all of ``pipe``'s."""
-        if not self.cluster:
-            self.shard_trips.add()
-            return self._call(pipe.execute), []
-        deleting, self._deleting = self._deleting, []
-        self.stats.round_trips += bool(firsts and thens)
-        return self._call(set_in_order, self.client, deleting, firsts, thens, nx, ex, self.shard_trips)
+        with uninterrupted():  # a write is sent whole or not at all: Ctrl-C waits for its reply
+            if not self.cluster:
+                self.shard_trips.add()
+                return self._call(pipe.execute), []
+            deleting, self._deleting = self._deleting, []
+            self.stats.round_trips += bool(firsts and thens)
+            return self._call(set_in_order, self.client, deleting, firsts, thens, nx, ex, self.shard_trips)
 
     def _call(self, fn, *args, record: bool = True):
         self.stats.round_trips += record

@@ -30,6 +30,9 @@ slot by hand.
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
@@ -275,6 +278,42 @@ class ShardTrips:
         """A single server's round trip (``keys`` unused); on a cluster :func:`by_shard` counts its own."""
         if self._single is not None:
             self.counts[self._single] += 1
+
+
+@contextlib.contextmanager
+def uninterrupted():
+    """Hold SIGINT and SIGTERM while a write is sent and acknowledged, then act on them. A write stopped half way
+    would leave half a command on a connection that the server may still complete AFTER the cleanup's purge has
+    scanned (a large pipelined write is read over several event-loop turns), leaving keys behind. No-op outside the
+    main thread (where signal handlers cannot be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in caught[:1]:  # the first one, as it would have come
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, None)
+            elif handler == signal.SIG_DFL and signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
+
+
+def drop_connections(client) -> None:
+    """Close every pooled connection of ``client`` (new ones open on the next command). After an interrupted call
+    (Ctrl-C, SIGTERM) a connection may hold half a command or an unread reply; the next command must not use it."""
+    if is_cluster(client):
+        client.disconnect_connection_pools()
+    else:
+        client.connection_pool.disconnect()
 
 
 def shard_info(client, *sections: str) -> dict[str, dict]:

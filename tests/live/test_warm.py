@@ -63,7 +63,7 @@ PROMPTS = [req(toks(1, 70), "a"), req(toks(1000, 1039), "b"), req(toks(1, 16), "
 
 def test_model_spec_names_the_built_model(model):
     assert TINY.model_id == model.model_id == "kvcli/tiny@seed0:fp32"
-    assert TINY.kv_shape == (2, 2, 2, 32) and TINY.dtype == torch.float32
+    assert TINY.kv_shape == (2, 2, 2, 32) and TINY.dtype == "float32" and model.dtype == torch.float32
 
 
 def test_value_helpers_write_what_store_writes(redis_client, model):
