@@ -101,6 +101,8 @@ def replay(
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
+    pipeline: Annotated[int, typer.Option(help="Estimated requests per pipelined round trip (same results; lookup "
+                                               "latency from sampled unpipelined lookups); 1: one by one.")] = 256,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
@@ -122,7 +124,7 @@ def replay(
     if payload not in ("real", "accounted"):
         raise BadInputError(f"--payload must be real or accounted, got {payload!r}")
     for flag, value in (("--limit", limit), ("--measure-max-tokens", measure_max_tokens),
-                        ("--capacity-tokens", capacity_tokens)):
+                        ("--capacity-tokens", capacity_tokens), ("--pipeline", pipeline)):
         if value is not None and value < 1:
             raise BadInputError(f"{flag} must be >= 1, got {value}")
     if prefill_tps is not None and not 0 < prefill_tps < float("inf"):
@@ -131,7 +133,7 @@ def replay(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
-        upper_bound=upper_bound)
+        upper_bound=upper_bound, pipeline=pipeline)
     options = ModelOptions(model, dtype, device, seed, prefill_tps)
     with open_redis(redis_url) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)

@@ -338,8 +338,9 @@ class Replayer:
         res.lookups_pipelined, res.lookups_sampled = st.lookups_pipelined, st.lookups_sampled
         if st.lookups_pipelined and st.lookup_seconds:  # their latency one by one: the sampled lookups' mean
             res.lookup_seconds += st.lookups_pipelined * float(np.mean(st.lookup_seconds))
+        known = res.metadata_entries - res.evicted_chunks if store.config.payload == "accounted" else None
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample)
+            self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample, known)
 
 
 def _accounted(metadata: bytes) -> bool:

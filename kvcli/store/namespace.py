@@ -8,11 +8,13 @@ FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires 
 
 On a Redis Cluster both SCAN every primary (:func:`kvcli.store.cluster.scan`: refused unless the cluster serves
 every slot, and a shard that fails fails the command, so a count is never one shard's), count keys per shard
-(``by_shard``), and UNLINK each SCAN batch one slot at a time (redis-py splits it; pipelined per shard).
+(``by_shard``), and UNLINK each SCAN batch one key per command, one round trip per shard
+(:func:`kvcli.store.cluster.unlink`).
 """
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import redis
@@ -21,7 +23,7 @@ from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION, key_prefix
 
-BATCH = 1000
+BATCH = 5000  # keys per SCAN step (a hint to the server): fewer round trips over a large namespace
 
 
 @dataclass
@@ -60,37 +62,33 @@ def _check(namespace: str, chunk_size: int | None) -> None:
 
 
 def _matching(client: redis.Redis, namespace: str, chunk_size: int | None):
-    """Batches ``(shard, [(key, chunk size, kind)])`` of exactly this namespace's chunk keys, every shard."""
+    """Batches ``(shard, keys, {(chunk size, kind): count})`` of exactly this namespace's chunk keys, every shard:
+    each key is ``{prefix}{chunk_size}:{m|p}:{32 hex}`` (layout.parse_key's rules, the namespace prefix being
+    matched already by the SCAN pattern). A run's cleanup checks hundreds of thousands of keys, so a SCAN step's
+    keys are matched by one regex over them joined by newlines (C speed), unless a key holds a newline itself
+    (then one match per key)."""
     _check(namespace, chunk_size)
-    pattern, start = _pattern(namespace, chunk_size), len(_prefix(namespace))
+    pattern = _pattern(namespace, chunk_size)
+    size = rb"[0-9]+" if chunk_size is None else str(chunk_size).encode()
+    body = re.escape(_prefix(namespace)) + rb"(" + size + rb"):([mp]):[0-9a-f]{32}"
+    joined = re.compile(rb"^(" + body + rb")$", re.MULTILINE).findall
+    single = re.compile(body).fullmatch
     for shard, keys in cluster.scan(client, pattern, BATCH):
-        mine = [(key, *tail) for key in keys
-                if (tail := _tail(key, start)) is not None and chunk_size in (None, tail[0])]
-        if mine:
-            yield shard, mine
+        blob = b"\n".join(keys)
+        if blob.count(b"\n") == len(keys) - 1:  # no key holds a newline: every line is one key
+            found = joined(blob)
+        else:
+            found = [(k, m[1], m[2]) for k in keys if (m := single(k)) is not None]
+        if found:
+            yield shard, [k for k, _, _ in found], Counter((int(cs), kind) for _, cs, kind in found)
 
 
-_HEX32 = re.compile(rb"[0-9a-f]{32}")
-
-
-def _tail(key: bytes, start: int) -> tuple[int, bytes] | None:
-    """``(chunk size, kind)`` when ``key[start:]`` is exactly ``{chunk_size}:{m|p}:{32 hex}``, else None.
-
-    The same rules as ``layout.parse_key`` for a key whose namespace prefix is already known to match (the SCAN
-    pattern), without a regex over the whole key: a run's cleanup checks hundreds of thousands of keys.
-    """
-    rest = key[start:].split(b":")
-    if len(rest) != 3 or not rest[0].isdigit() or rest[1] not in (b"m", b"p") or not _HEX32.fullmatch(rest[2]):
-        return None
-    return int(rest[0]), rest[1]
-
-
-def _tally(result: PurgeCount, shard: str, batch) -> None:
-    result.by_shard[shard] = result.by_shard.get(shard, 0) + len(batch)
-    for _, size, kind in batch:
-        result.by_chunk_size[size] = result.by_chunk_size.get(size, 0) + 1
-        result.metadata += kind == b"m"
-        result.payloads += kind == b"p"
+def _tally(result: PurgeCount, shard: str, keys: list, kinds: Counter) -> None:
+    result.by_shard[shard] = result.by_shard.get(shard, 0) + len(keys)
+    for (size, kind), n in kinds.items():
+        result.by_chunk_size[size] = result.by_chunk_size.get(size, 0) + n
+        result.metadata += n if kind == b"m" else 0
+        result.payloads += n if kind == b"p" else 0
 
 
 def _prefix(namespace: str) -> bytes:
@@ -100,8 +98,8 @@ def _prefix(namespace: str) -> bytes:
 def count(client: redis.Redis, namespace: str, chunk_size: int | None = None) -> PurgeCount:
     """How many keys :func:`purge` would delete now, by kind and chunk size. Read-only."""
     result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
-    for shard, batch in _matching(client, namespace, chunk_size):
-        _tally(result, shard, batch)
+    for shard, keys, kinds in _matching(client, namespace, chunk_size):
+        _tally(result, shard, keys, kinds)
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
 
@@ -118,19 +116,19 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
         RedisFailure: the server refused a command; keys of earlier batches are deleted.
     """
     result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
-    if cluster.is_cluster(client):  # one UNLINK per slot, pipelined per shard, for each SCAN batch
-        for shard, batch in _matching(client, namespace, chunk_size):
-            _tally(result, shard, batch)
+    if cluster.is_cluster(client):  # one UNLINK per key, one round trip per shard, for each SCAN batch
+        for shard, keys, kinds in _matching(client, namespace, chunk_size):
+            _tally(result, shard, keys, kinds)
             try:
-                result.deleted += cluster.unlink(client, [key for key, _, _ in batch])
+                result.deleted += cluster.unlink(client, keys)
             except cluster.REDIS_ERRORS as exc:
                 raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
         result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
         return result
     pipe, queued = client.pipeline(transaction=False), 0
-    for shard, batch in _matching(client, namespace, chunk_size):
-        _tally(result, shard, batch)
-        pipe.unlink(*[key for key, _, _ in batch])
+    for shard, keys, kinds in _matching(client, namespace, chunk_size):
+        _tally(result, shard, keys, kinds)
+        pipe.unlink(*keys)
         queued += 1
         if queued == pipeline_batches:
             result.deleted += _flush(pipe)
@@ -148,18 +146,25 @@ def _flush(pipe) -> int:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
 
 
-def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int) -> tuple[int, int]:
+def redis_memory(client: redis.Redis, namespace: str, chunk_size: int, sample: int, keys: int | None = None
+                 ) -> tuple[int, int]:
     """Redis's own memory for one namespace and chunk size: ``MEMORY USAGE`` of up to ``sample`` keys, scaled to
     all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+
+    ``keys``: the namespace's key count when the caller knows it exactly (an index-only replay: its metadata
+    entries less its evictions); the SCAN then stops once ``sample`` keys are read, instead of counting them all.
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for _, keys in cluster.scan(client, key_prefix(namespace, chunk_size) + "*", 2000):  # no glob characters
-        for key in keys:
+    for _, batch in cluster.scan(client, key_prefix(namespace, chunk_size) + "*", 2000):  # no glob characters
+        for key in batch:
             seen += 1
             if sampled < sample:
                 pipe.memory_usage(key, samples=0)
                 sampled += 1
+        if keys is not None and sampled >= sample:
+            break
     if sampled:
         total = sum(int(x or 0) for x in pipe.execute())
+    seen = keys if keys is not None and sampled >= sample else seen
     return (int(total * seen / sampled) if sampled else 0), sampled

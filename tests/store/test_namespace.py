@@ -66,6 +66,13 @@ def test_glob_characters_in_namespace_match_literally(redis_client, filled):
     assert purge(redis_client, "[a]").deleted == 1 and redis_client.exists(key("a", 8, "p", 2))
 
 
+def test_a_key_holding_a_newline_is_one_key_not_two_chunks(redis_client, filled):
+    odd = key("a", 4, "m", 7) + "\n" + key("a", 4, "p", 7)  # its two lines each look like a chunk key of "a"
+    redis_client.set(odd, b"v")
+    assert count(redis_client, "a").keys == 12
+    assert purge(redis_client, "a").deleted == 12 and redis_client.get(odd) == b"v"
+
+
 def test_empty_namespace_is_refused(redis_client):
     with pytest.raises(BadInputError):
         purge(redis_client, "")
