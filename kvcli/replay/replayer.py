@@ -35,7 +35,7 @@ from kvcli.replay.measure import calibrate_transfer, curve_check, pick_measured,
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store import cluster
-from kvcli.store.batch import lookup_and_store
+from kvcli.store.batch import drain, lookup_and_store
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
 from kvcli.store.namespace import purge, redis_memory
 from kvcli.traces.request import Request
@@ -164,7 +164,7 @@ class Replayer:
             else:
                 upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in plan.measured:
-                    self._estimated(batch, stores, results, pending, unlimited)
+                    self._estimated(batch, stores, results, pending, unlimited, drained=True)
                     self._measured(request, stores, results, rates, unlimited, upper)
                 else:
                     batch.append((request, upper))
@@ -172,7 +172,7 @@ class Replayer:
                         self._estimated(batch, stores, results, pending, unlimited)
             if progress:
                 progress(index + 1, total)
-        self._estimated(batch, stores, results, pending, unlimited)
+        self._estimated(batch, stores, results, pending, unlimited, drained=True)
         if count == 0:
             raise BadInputError("the trace holds no requests", path=plan.name)
         for store, res, pend, rate in zip(stores, results, pending, rates):
@@ -223,11 +223,16 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace))
 
-    def _estimated(self, batch: list[tuple[Request, int]], stores, results, pending, unlimited) -> None:
+    def _estimated(self, batch: list[tuple[Request, int]], stores, results, pending, unlimited,
+                   drained: bool = False) -> None:
         """The batch's requests (``(request, upper bound tokens)``, in trace order): lookup, then store the missing
-        chunks' metadata, per chunk size; ``config.pipeline`` requests in two round trips (store/batch.py), or one
-        by one (``pipeline`` 1). Empties ``batch``."""
+        chunks' metadata, per chunk size; ``config.pipeline`` requests per round trip (store/batch.py), or one by
+        one (``pipeline`` 1). Empties ``batch``. ``drained``: wait until the server acknowledged every write
+        (before anything else talks to it)."""
         if not batch:
+            if drained:
+                for store in stores:
+                    drain(store)
             return
         for store, res, pend, seen in zip(stores, results, pending, unlimited):
             prompts = [store.chunk(r.token_ids, r.cache_salt) for r, _ in batch]
@@ -246,6 +251,8 @@ class Replayer:
                 pend.reuse.append(min(look.hit_tokens, n - 1))
                 pend.hit_chunks.append(look.hit_chunks)
                 pend.new_chunks.append(len(prompt.hashes) - look.hit_chunks)
+            if drained:
+                drain(store)
         batch.clear()
 
     def _measured(self, request, stores, results, rates, unlimited, upper) -> None:

@@ -68,7 +68,7 @@ def test_replay_counts_accounted(redis_client, pipeline):
         if pipeline == 1:  # lookups of prompts with a full chunk (4) + stores of missed chunks (cs 4: R1 R3 R6;
             assert res.round_trips == {4: 4 + 3, 8: 4 + 2}[res.chunk_size]  # cs 8: R1 R6)
             assert (res.lookups_pipelined, res.lookups_sampled) == (0, 0)
-        else:  # one batch: the MGET of every lookup, one pipeline of the stores, 1 sampled lookup (request 1)
+        else:  # one batch: the MGET of every lookup, the stores (sent, then waited for), 1 sampled lookup
             assert res.round_trips == 3 and (res.lookups_pipelined, res.lookups_sampled) == (5, 1)
         # estimated saving at 1000 tok/s with no fixed cost: reuse (min(hit, n-1)) tokens / 1000
         assert res.saved_prefill_seconds_estimated == pytest.approx(exp["hit_tokens"] / 1000)
