@@ -103,6 +103,11 @@ def replay(
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
     pipeline: Annotated[int, typer.Option(help="Estimated requests per pipelined round trip (same results; lookup "
                                                "latency from sampled unpipelined lookups); 1: one by one.")] = 256,
+    jobs: Annotated[Optional[int], typer.Option(help="Processes replaying chunk sizes at once (same results). "
+                                                     "Default: the cores, at most one per chunk size.",
+                                                show_default=False)] = None,
+    threads: Annotated[str, typer.Option(help="torch threads per process, or auto: measured in this run (the "
+                                              "faster of 1 and the cores per job).")] = "auto",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
@@ -134,15 +139,24 @@ def replay(
         measure=parse_measure(measure), measure_max_tokens=measure_max_tokens, capacity_tokens=capacity_tokens,
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
         upper_bound=upper_bound, pipeline=pipeline)
-    options = ModelOptions(model, dtype, device, seed, prefill_tps)
+    options = ModelOptions(model, dtype, device, seed, prefill_tps, _threads(threads))
     with open_redis(redis_url) as (client, target), _progress() as progress:
-        results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress)
+        results, context = run_replay(client, target, traces, config, options, fmt, tokenizer, progress, jobs)
     if json_out:
         typer.echo(to_json(results, context))
     else:
         print_report(results, stdout_console(), context)
     for result in results:
         err.print(summary_line(result), highlight=False)
+
+
+def _threads(text: str) -> int | None:
+    """``--threads``: ``auto`` -> None (measured), else a count >= 1."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise BadInputError(f"--threads must be a count >= 1 or auto, got {text!r}")
+    return int(text)
 
 
 class _progress:

@@ -10,8 +10,6 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from kvcli.errors import BadInputError, KvcliError
-from kvcli.route.cachemanager import DelaySpec
-from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
 from kvcli.units import json_document, parse_capacity, parse_duration
 
 Opt = typer.Option
@@ -90,9 +88,17 @@ def route(
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
     """
     from kvcli.model.presets import get_preset
+    from kvcli.route.cachemanager import DelaySpec  # the route modules load only when route runs
     from kvcli.route.policies import resolve_policies
     from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
+    from kvcli.route.simulator import (
+        SimConfig,
+        check_prefill_tps,
+        kv_bytes_per_token,
+        load_requests,
+        prefill_cost,
+    )
 
     err = Console(stderr=True)
     try:

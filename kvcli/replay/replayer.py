@@ -129,18 +129,20 @@ class Replayer:
 
     def run(self, plan: ReplayPlan, reader: Callable[[], Iterable[Request]],
             progress: Callable[[int, int | None], None] | None = None, chunk_sizes: tuple[int, ...] | None = None,
-            upper_bound: bool | None = None) -> TraceResult:
+            upper_bound: bool | None = None, stats: dict | None = None) -> TraceResult:
         """Replay the trace under ``plan`` for ``chunk_sizes`` (default: the config's) into ``plan.namespace``,
         computing the token-granular upper bound when ``upper_bound`` (default: the config's). Deletes nothing:
-        :meth:`replay` purges the namespace afterwards (``--jobs``: the parent, once every part is done)."""
+        :meth:`replay` purges the namespace afterwards (``--jobs``: the parent, once every part is done).
+        ``stats``, when given, receives ``count`` (requests read) and ``longest`` (tokens)."""
         cfg = self.config
         stores = [self._make_store(plan.namespace, cs) for cs in (chunk_sizes or cfg.chunk_sizes)]
         for store in stores:
             if cfg.payload == "real":
                 store.check_value_size()
-        return self._run(plan, reader, stores, progress, cfg.upper_bound if upper_bound is None else upper_bound)
+        return self._run(plan, reader, stores, progress, cfg.upper_bound if upper_bound is None else upper_bound,
+                         stats if stats is not None else {})
 
-    def _run(self, plan: ReplayPlan, reader, stores, progress, upper_bound: bool) -> TraceResult:
+    def _run(self, plan: ReplayPlan, reader, stores, progress, upper_bound: bool, stats: dict) -> TraceResult:
         cfg = self.config
         unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [calibrate_transfer(self.client, store) for store in stores]
@@ -179,26 +181,17 @@ class Replayer:
             self._finish(store, res, pend, rate)
         used_after = cluster.used_memory(self.client)
         requests = count - skipped
+        stats.update(count=count, longest=longest)
         return TraceResult(plan.name, requests, skipped, len(plan.measured),
                            _payload_label(cfg.payload, len(plan.measured), requests), results,
                            used_after - used_before, time.perf_counter() - t0,
                            notes=self._notes(longest, count, len(plan.measured)))
 
     def _notes(self, longest: int, count: int, measured: int) -> list[str]:
-        """Warnings a reader of the report needs: estimates far from what was measured, or far outside the
-        range the cost curve was fitted on."""
-        notes = []
-        check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
+        """:func:`notes_for` this trace's measured prefills."""
+        samples = self.measured_samples[self._samples_seen:]
         self._samples_seen = len(self.measured_samples)
-        ratio = check.get("median_measured_over_predicted")
-        if ratio is not None and not 0.5 <= ratio <= 2.0:
-            notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
-                         f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
-        fitted = self.curve.max_tokens
-        if fitted and longest > 4 * fitted and measured < count:
-            notes.append(f"prompts reach {longest:,} tokens but the cost curve was fitted up to {fitted:,}: "
-                         f"estimated savings of long prompts are extrapolated")
-        return notes
+        return notes_for(self.curve, samples, longest, count, measured)
 
     # -- passes ---------------------------------------------------------------------------------------------------
     def _validate(self, reader, name: str) -> np.ndarray:
@@ -348,6 +341,23 @@ class Replayer:
         known = res.metadata_entries - res.evicted_chunks if store.config.payload == "accounted" else None
         res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
             self.client, store.config.namespace, store.config.chunk_size, self.config.memory_sample, known)
+
+
+def notes_for(curve: CostCurve, samples: list[PrefillSample], longest: int, count: int, measured: int) -> list[str]:
+    """Warnings a reader of the report needs: estimates far from what was measured (``samples``), or prompts
+    (``longest`` tokens, ``count`` requests, ``measured`` of them run) far outside the range the cost curve was
+    fitted on."""
+    notes = []
+    check = curve_check(curve, samples)
+    ratio = check.get("median_measured_over_predicted")
+    if ratio is not None and not 0.5 <= ratio <= 2.0:
+        notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
+                     f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
+    fitted = curve.max_tokens
+    if fitted and longest > 4 * fitted and measured < count:
+        notes.append(f"prompts reach {longest:,} tokens but the cost curve was fitted up to {fitted:,}: "
+                     f"estimated savings of long prompts are extrapolated")
+    return notes
 
 
 def _accounted(metadata: bytes) -> bool:

@@ -51,7 +51,8 @@ ROWS: list[tuple[str, callable]] = [
     ("Redis memory (MEMORY USAGE)", lambda r: fmt_bytes(r.redis_memory_bytes)),
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
     ("  per shard, min / max", lambda r: _per_shard(r.round_trips_by_shard)),
-    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
+    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"
+                                   + (f" ({r.lookups_sampled:,} sampled)" if r.lookups_pipelined else "")),
     ("lookup time", lambda r: _secs(r.lookup_seconds)),
     ("transfer time measured", lambda r: _secs(r.transfer_seconds_measured)),
     ("transfer time estimated", lambda r: _secs(r.transfer_seconds_estimated)),
@@ -97,6 +98,10 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     console.print(f"model {context.get('model_id')} on {context.get('device')}, KV {context.get('kv_bytes_per_token'):,} "
                   f"bytes/token; Redis {context.get('redis')} {context.get('redis_version')}; metadata "
                   f"{context.get('metadata_placement')}", highlight=False)
+    if "jobs" in context:
+        console.print(f"{context['jobs']} job(s) (processes replaying chunk sizes at once); "
+                      f"{context.get('torch_threads_text')}; lookup latency: {context.get('lookup_latency')}",
+                      highlight=False)
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "
