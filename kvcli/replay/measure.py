@@ -54,7 +54,7 @@ def timed_prefill(model, tokens, past, repeats: int = 2):
     return best, out
 
 
-def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, cap: int = 8 << 20) -> tuple[float, float]:
+def calibrate_transfer(client: redis.Redis, store: ChunkStore, chunks: int = 4, cap: int = 1 << 20) -> tuple[float, float]:
     """Seconds per chunk to (SET, GET) one chunk-sized value on this server, measured now (min of 3).
 
     Values over ``cap`` bytes are timed at ``cap`` and scaled by size (loopback transfers are bandwidth

@@ -148,7 +148,7 @@ def _read(store: ChunkStore, keys: list[str]) -> list:
     store.stats.round_trips += 1
     store.shard_trips.add()
     try:
-        conn.send_packed_command(conn.pack_command("MGET", *keys), check_health=False)
+        conn.send_packed_command(_pack(conn, [("MGET", *keys)]), check_health=False)
         error = _replies(conn, count)
         values = conn.read_response()
     except BaseException as exc:
@@ -173,7 +173,7 @@ def _write(store: ChunkStore, commands: list[tuple]) -> None:
         pool = store.client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            conn.send_packed_command(_pack(conn, commands), check_health=False)
         except BaseException as exc:
             conn.disconnect()
             pool.release(conn)
@@ -181,6 +181,20 @@ def _write(store: ChunkStore, commands: list[tuple]) -> None:
                 raise RedisFailure(f"Redis batch write failed: {exc}") from None
             raise
         store._batch_pending = (conn, len(commands))
+
+
+def _pack(conn, commands: list[tuple]):
+    """The commands in the Redis protocol: hiredis's packer straight (redis-py's adds a pass over every argument,
+    ~1 us each: 0.3 s of a 7,500-request replay), else redis-py's. Arguments are str or bytes."""
+    if _hiredis_pack is None:
+        return conn.pack_commands(commands)
+    return [b"".join(_hiredis_pack(command) for command in commands)]
+
+
+try:
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # redis-py without its hiredis extra
+    _hiredis_pack = None
 
 
 def _replies(conn, count: int) -> Exception | None:

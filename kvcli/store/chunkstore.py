@@ -221,6 +221,7 @@ class ChunkStore:
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
                   "model": config.model_id, "payload": config.payload_bytes}
         self._meta_json_head = json.dumps(static, separators=(",", ":")).encode()[:-1] + b","
+        self._meta_tails: dict[tuple[bool, int], bytes] = {}
 
     # -- keys ---------------------------------------------------------------------------------------------------
     def meta_key(self, chunk_hash: bytes) -> str:
@@ -462,21 +463,24 @@ class ChunkStore:
         cfg, cs, real = self.config, self.config.chunk_size, kv is not None
         evicted, dropped = self._admit(pipe, prompt, n, lookup)
         missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
-        now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
+        now, head, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, 0
         meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
-        firsts, thens = (args, args) if not self.cluster else ([], [])  # a cluster: (key, value) pairs
+        args, firsts, thens = [], [], []  # a single server: MSET args; a cluster: (key, value) pairs
         for k in missing:
             checksum = b"\0" * 8
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
                 checksum = xxhash.xxh3_64_digest(value[head:])
-                firsts.append((payload_pre + prompt.hexes[k], value))
+                if self.cluster:
+                    firsts.append((payload_pre + prompt.hexes[k], value))
+                else:
+                    args += (payload_pre + prompt.hexes[k], value)
             meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            thens.append((meta_pre + prompt.hexes[k], meta))
-        if not self.cluster:
-            args = [x for pair in args for x in pair]
-            firsts = thens = []
+            if self.cluster:
+                thens.append((meta_pre + prompt.hexes[k], meta))
+            else:
+                args += (meta_pre + prompt.hexes[k], meta)
         present = sum(1 for k in range(start, n) if k in lookup.present_after)
         return KnownWrite(prompt, missing, args, firsts, thens, meta_bytes, evicted, present, real)
 
@@ -488,11 +492,14 @@ class ChunkStore:
 
     def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
         """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
-        parent = prompt.hexes[k - 1] if k else ""
-        stored = "real" if real else "accounted"
-        head = self.config.header_bytes if real else 0
-        return (prompt.token_digest(k) + checksum + self._meta_json_head
-                + f'"parent":"{parent}","header":{head},"stored":"{stored}","created":{now}}}'.encode())
+        tail = self._meta_tails.get((real, now))
+        if tail is None:  # one per second and kind: the fields after the parent
+            head, stored = (self.config.header_bytes, "real") if real else (0, "accounted")
+            tail = self._meta_tails[(real, now)] = f'","header":{head},"stored":"{stored}","created":{now}}}'.encode()
+            if len(self._meta_tails) > 64:
+                self._meta_tails = {(real, now): tail}
+        return b"".join((prompt.digests[k], checksum, self._meta_json_head, b'"parent":"',
+                         prompt.hexes[k - 1].encode() if k else b"", tail))
 
     def _account(self, hashes, replies, evicted, meta_bytes, real, seconds, present: int = 0) -> StoreResult:
         cfg = self.config
