@@ -20,6 +20,7 @@ logits, so a prompt that hits entirely reuses ``len - 1`` tokens in the timing (
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -156,25 +157,32 @@ class Replayer:
         limit = total if total is not None else cfg.limit
         batch: list[tuple[Request, int]] = []  # estimated requests waiting for one pipelined round trip
         width = max(1, cfg.pipeline)
-        for index, request in enumerate(reader()):
-            if limit is not None and index >= limit:
-                break
-            n = len(request.token_ids)
-            count, longest = count + 1, max(longest, n)
-            if n == 0:
-                skipped += 1
-            else:
-                upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
-                if index in plan.measured:
-                    self._estimated(batch, stores, results, pending, unlimited, drained=True)
-                    self._measured(request, stores, results, rates, unlimited, upper)
+        try:
+            for index, request in enumerate(reader()):
+                if limit is not None and index >= limit:
+                    break
+                n = len(request.token_ids)
+                count, longest = count + 1, max(longest, n)
+                if n == 0:
+                    skipped += 1
                 else:
-                    batch.append((request, upper))
-                    if len(batch) >= width:
-                        self._estimated(batch, stores, results, pending, unlimited)
-            if progress:
-                progress(index + 1, total)
-        self._estimated(batch, stores, results, pending, unlimited, drained=True)
+                    upper = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
+                    if index in plan.measured:
+                        self._estimated(batch, stores, results, pending, unlimited, drained=True)
+                        self._measured(request, stores, results, rates, unlimited, upper)
+                    else:
+                        batch.append((request, upper))
+                        if len(batch) >= width:
+                            self._estimated(batch, stores, results, pending, unlimited)
+                if progress:
+                    progress(index + 1, total)
+            self._estimated(batch, stores, results, pending, unlimited, drained=True)
+        except BaseException:  # writes still in flight are acknowledged first, so a purge after this sees them
+            with cluster.uninterrupted():
+                for store in stores:
+                    with contextlib.suppress(Exception):
+                        drain(store)
+            raise
         if count == 0:
             raise BadInputError("the trace holds no requests", path=plan.name)
         for store, res, pend, rate in zip(stores, results, pending, rates):

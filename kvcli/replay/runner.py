@@ -4,6 +4,7 @@ Kept apart from the CLI so the library can run a whole replay (``run_replay``) w
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from kvcli.model.presets import dtype_name, itemsize, model_spec
 from kvcli.model.threads import cores
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.replay.measure import curve_check
-from kvcli.replay.parallel import replay_parallel
+from kvcli.replay.parallel import Workers
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.store.batch import SAMPLE_EVERY
@@ -95,17 +96,18 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     model, curve, _, spec, threads = prepare_model(model_options, config.measure, jobs)
     replayer = Replayer(client, model, curve, tokenizer, config, spec=spec)
     results = []
-    for path in files:
-        def step(done: int, total: int | None, _name=path.name) -> None:
-            if progress:
-                progress(_name, done, total)
-        reader = lambda p=path: read_trace(p, fmt, tokenizer)  # noqa: E731
-        if jobs > 1:
-            model_args = (model_options.preset, model_options.dtype, model_options.device, model_options.seed)
-            results.append(replay_parallel(replayer, target.url, str(path), reader, fmt, tokenizer, jobs,
-                                           model_args, threads.threads if threads else None, step))
-        else:
-            results.append(replayer.replay(str(path), reader, step))
+    with (Workers(jobs) if jobs > 1 else contextlib.nullcontext()) as workers:
+        for path in files:
+            def step(done: int, total: int | None, _name=path.name) -> None:
+                if progress:
+                    progress(_name, done, total)
+            reader = lambda p=path: read_trace(p, fmt, tokenizer)  # noqa: E731
+            if workers is not None:
+                model_args = (model_options.preset, model_options.dtype, model_options.device, model_options.seed)
+                results.append(workers.replay(replayer, target.url, str(path), reader, fmt, tokenizer, model_args,
+                                              threads.threads if threads else None, step))
+            else:
+                results.append(replayer.replay(str(path), reader, step))
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, "preset": model_options.preset, "dtype": dtype_name(spec.dtype),

@@ -92,3 +92,30 @@ def test_threads_must_be_positive():
 
     with pytest.raises(BadInputError, match="--threads"):
         prepare_model(ModelOptions("tiny", threads=0), measure=1)
+
+
+def test_sigterm_stops_the_jobs_and_leaves_no_keys_behind(make_server):
+    """SIGTERM to the parent stops every job (each finishes the write it is sending), then the parent deletes the
+    run's namespace; foreign keys stay."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import redis
+
+    url = make_server()
+    client = redis.Redis.from_url(url)
+    client.set("foreign", "1")
+    proc = subprocess.Popen([sys.executable, "-m", "kvcli", "replay", str(MOONCAKE), "--chunk-sizes", "16,64",
+                             "--jobs", "2", "--measure", "0", "--prefill-tps", "1000", "--payload", "accounted",
+                             "--redis-url", url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while client.dbsize() < 2000 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the replay ended before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert b"Traceback" not in stderr
+    assert [k for k in client.scan_iter("*")] == [b"foreign"]
