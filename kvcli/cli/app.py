@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import redis
 import typer
+from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.markup import escape
 
@@ -59,7 +60,7 @@ def handle_errors(fn):
         except KvcliError as exc:
             err.print(f"[red]kvcli: error:[/] {escape(redact(str(exc), url))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(redis_error_text(exc), url))}", highlight=False,
                       soft_wrap=True)
             raise typer.Exit(3) from None
@@ -221,6 +222,15 @@ def replay(
     left = [r.left_behind for r in results if r.left_behind]
     if left:  # the report stands; the run's keys could not be deleted
         raise RedisFailure("; ".join(left))
+
+
+def _threads(text: str) -> int | None:
+    """``--threads``: ``auto`` -> None (measured), else a count >= 1."""
+    if text.strip().lower() == "auto":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise BadInputError(f"--threads must be a count >= 1 or auto, got {text!r}")
+    return int(text)
 
 
 class _progress:

@@ -195,8 +195,10 @@ def purge(
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         try:
             found = count(client, namespace, chunk_size)
+            shards = "" if len(found.by_shard) < 2 else (
+                f" on {len(found.by_shard)} shards: " + ", ".join(f"{k} {v:,}" for k, v in found.by_shard.items()))
             err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} "
-                      f"payloads)", markup=False, highlight=False, soft_wrap=True)
+                      f"payloads){shards}", markup=False, highlight=False, soft_wrap=True)
             if found.keys and not yes:
                 raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
             done = run_purge(client, namespace, chunk_size) if yes else found
@@ -346,7 +348,21 @@ def _inspect_view(r) -> Group:
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
     server = (f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} ({s.policy}), "
               f"evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}" if s.known else f"server: {s.note}")
-    return Group(table, Text(f"{server}; "
+    parts = [table]
+    if r.cluster:
+        used = sum(v.used_memory or 0 for v in r.shards)
+        rows = [[v.name, v.kvcli_keys, f"{100 * v.kvcli_keys / r.kvcli_keys if r.kvcli_keys else 0:.1f}%",
+                 v.other_keys, fmt_bytes(v.used_memory), f"{100 * (v.used_memory or 0) / used if used else 0:.1f}%",
+                 "-" if v.kvcli_memory_bytes is None else fmt_bytes(v.kvcli_memory_bytes),
+                 fmt_bytes(v.maxmemory) if v.maxmemory else "none"] for v in r.shards]
+        sk = r.skew
+        parts.append(_table(
+            f"Redis Cluster: {len(r.shards)} primaries, all scanned; skew (largest / mean): kvcli keys "
+            f"{_x(sk['kvcli_keys'])}, used_memory {_x(sk['used_memory'])}",
+            ["primary", "kvcli keys", "share", "other keys", "used_memory", "share", "kvcli MEMORY USAGE",
+             "maxmemory"], rows))
+        server = "cluster totals, " + server
+    return Group(*parts, Text(f"{server}; "
                              f"MEMORY USAGE: {memory}; checksums "
                              f"{'verified' if r.verified else 'not verified (--verify)'}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
@@ -378,6 +394,10 @@ def _lmcache_view(r) -> Group:
                              f"{s.evicted_keys:,}; MEMORY USAGE: {memory}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
                              f"{r.seconds:.2f} s"))
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _map_view(maps) -> Group:

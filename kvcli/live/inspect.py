@@ -13,6 +13,14 @@ where scripts are refused, the same commands pipelined one per key). Foreign key
 is a payload-named key that does not hold a string, while a metadata-named key that does not hold a string is
 bad metadata.
 
+On a Redis Cluster every primary is scanned (after checking that the cluster serves all 16,384 slots: a shard
+that is down or a slot nobody serves fails the command, exit 3, so a partial view is never presented as the whole),
+over one NO-TOUCH connection per primary; keys of one SCAN step hash to many slots, so their reads go as per-key
+GET, PTTL, STRLEN (and MEMORY USAGE) in one cluster pipeline per step (redis-py routes each key). Totals are the
+whole cluster's; ``shards`` breaks kvcli keys, other keys and memory down per primary, with each one's share, and
+``skew`` is the largest shard over the mean (1.0: even). A chunk's metadata and payload may sit on different
+shards: integrity is computed over the union.
+
 Integrity, per namespace and chunk size:
   * orphan metadata: metadata whose payload is gone (a "real" chunk); orphan payloads: payload without metadata
     (both are left by eviction, expiry of one half, or a crash);
@@ -40,6 +48,7 @@ import numpy as np
 import redis
 
 from kvcli.live.reading import execute_read, parse_or_none, payload_ok, read_key_facts, reader
+from kvcli.store import cluster
 from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
 from kvcli.store.namespace import scan_keys
 from kvcli.store.preflight import ServerMemory, server_memory
@@ -88,6 +97,36 @@ class Group:
 
 
 @dataclass
+class ShardView:
+    """One primary (the server itself when not a cluster): kvcli and other keys seen by its SCAN, its INFO
+    ``used_memory`` and ``maxmemory`` (bytes), and MEMORY USAGE of its kvcli keys (bytes; None unless every key
+    was read)."""
+
+    name: str
+    kvcli_keys: int = 0
+    other_keys: int = 0
+    used_memory: int | None = 0  # None: this user may not run INFO
+    maxmemory: int | None = 0
+    kvcli_memory_bytes: int | None = None
+
+    def to_dict(self, kvcli_total: int, used_total: int) -> dict:
+        """JSON-ready, with ``kvcli_keys_share`` and ``used_memory_share`` (0..1 of the cluster's; None when INFO
+        was refused)."""
+        return {**self.__dict__, "kvcli_keys_share": self.kvcli_keys / kvcli_total if kvcli_total else 0.0,
+                "used_memory_share": None if self.used_memory is None else
+                self.used_memory / used_total if used_total else 0.0}
+
+
+def skew(values: list[int | None]) -> float | None:
+    """The largest over the mean (1.0: even; N shards with everything on one: N). None for no values, all 0, or a
+    value not read."""
+    if any(v is None for v in values):
+        return None
+    total = sum(values)
+    return max(values) * len(values) / total if values and total else None
+
+
+@dataclass
 class Inspection:
     """The whole read: server state, key counts (kvcli / other), groups, and how memory and checksums were read."""
 
@@ -100,12 +139,23 @@ class Inspection:
     verified: bool = False
     seconds: float = 0.0
     no_touch: bool | None = None  # the server accepted CLIENT NO-TOUCH ON (reads left LRU/LFU state alone)
+    cluster: bool = False
+    shards: list[ShardView] = field(default_factory=list)
+
+    @property
+    def skew(self) -> dict:
+        """Largest shard over the mean, of kvcli keys and of used_memory (None: nothing to compare)."""
+        return {"kvcli_keys": skew([s.kvcli_keys for s in self.shards]),
+                "used_memory": skew([s.used_memory for s in self.shards])}
 
     def to_dict(self) -> dict:
         """JSON-ready, integrity problems listed by chunk hash."""
-        return {"server": self.server.__dict__, "keys": {"scanned": self.scanned_keys, "kvcli": self.kvcli_keys,
+        server = {k: v for k, v in self.server.__dict__.items() if k != "shards"}
+        used = sum(s.used_memory or 0 for s in self.shards)
+        return {"server": server, "keys": {"scanned": self.scanned_keys, "kvcli": self.kvcli_keys,
                 "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "checksums_verified":
-                self.verified, "no_touch": self.no_touch, "seconds": self.seconds,
+                self.verified, "no_touch": self.no_touch, "seconds": self.seconds, "cluster": self.cluster,
+                "shards": [s.to_dict(self.kvcli_keys, used) for s in self.shards], "skew": self.skew,
                 "groups": [g.to_dict() for g in self.groups]}
 
 
@@ -146,19 +196,30 @@ def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int
 
 def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, verify: bool | None) -> Inspection:
     t0 = time.perf_counter()
-    result = Inspection(server_memory(client), memory_sampled=sample)
+    is_cluster = cluster.is_cluster(client)
+    cluster.check_whole(client)  # before INFO: a cluster that is not whole is refused, not summed
+    result = Inspection(server_memory(client), memory_sampled=sample, cluster=is_cluster)
+    facts = {f.name: f for f in result.server.shards}
+    for name, _ in cluster.shards(client):
+        f = facts.get(name, result.server)
+        result.shards.append(ShardView(name, used_memory=f.used_memory, maxmemory=f.maxmemory,
+                                       kvcli_memory_bytes=0 if sample is None else None))
+    views = {v.name: v for v in result.shards}
     spaces: dict[tuple[str, int], _Space] = defaultdict(_Space)
-    script = [True]
+    script = [not is_cluster]  # a script's keys must share a slot: per-key reads on a cluster
     heads: dict[bytes, tuple | None] = {}  # "kvcli:v1:{ns}:{cs}" -> (ns, cs), or None when filtered out
-    for keys in scan_batches(client):
+    for shard, keys in cluster.scan(client, count=SCAN_COUNT):
+        view = views[shard]
         result.scanned_keys += len(keys)
         mine = []
         for key in keys:
             parts = _split(key)
             if parts is None:
                 result.other_keys += 1
+                view.other_keys += 1
                 continue
             result.kvcli_keys += 1
+            view.kvcli_keys += 1
             head = heads.get(parts[0], 0)
             if head == 0:
                 full = parse_key(key)
@@ -173,9 +234,11 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
             elif head is not None:
                 mine.append((key, head, parts[1], parts[2]))
         if mine:
-            foreign = _read_batch(client, mine, spaces, sample is None, script)
+            foreign = _read_batch(client, mine, spaces, sample is None, script, view)
             result.kvcli_keys -= foreign
             result.other_keys += foreign
+            view.kvcli_keys -= foreign
+            view.other_keys += foreign
     if sample:
         result.memory_sampled = _sampled_memory(client, spaces, sample)
     payload_total = sum(n for s in spaces.values() for n, _ in s.payload.values())
@@ -196,9 +259,10 @@ def _split(key: bytes) -> tuple[bytes, str, str] | None:
     return head, kind.decode(), h.decode()
 
 
-def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> int:
+def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool], view: ShardView) -> int:
     """One round trip per SCAN step: MGET of the metadata values, and each key's PTTL, STRLEN (and MEMORY USAGE)
-    in one EVAL_RO, or pipelined one by one where scripts are refused (``script[0]`` is set False then).
+    in one EVAL_RO, or pipelined one by one where scripts are refused (``script[0]`` is set False then). On a
+    cluster: every read per key (GET for metadata), in one cluster pipeline; MEMORY USAGE adds to ``view``.
 
     A key that holds no string (STRLEN: WRONGTYPE): metadata-named, it is bad metadata (size 0); payload-named, it
     is not a payload. Returns the number of the latter (the caller counts them as other keys)."""
@@ -224,6 +288,7 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool]) -> 
                 space.meta[h] = (None, 0, pttl)
         if with_memory and facts[width * i + 2] is not None and not isinstance(facts[width * i + 2], Exception):
             space.memory[(kind, h)] = int(facts[width * i + 2])
+            view.kvcli_memory_bytes = (view.kvcli_memory_bytes or 0) + int(facts[width * i + 2])
     return foreign
 
 

@@ -10,11 +10,17 @@ import redis
 import xxhash
 
 from kvcli.errors import RedisFailure
+from kvcli.store import cluster
 from kvcli.store.layout import ChunkMeta, parse_metadata
 from kvcli.store.serde import PayloadError, decode_kv
+from kvcli.store.server import no_touch_client
 
 READ_COMMANDS = frozenset({"scan", "mget", "get", "exists", "strlen", "pttl", "memory|usage", "info", "dbsize",
-                           "eval_ro", "client|no-touch"})
+                           "eval_ro", "client|no-touch",
+                           # a Redis Cluster: the slot map and command table redis-py's cluster client reads when
+                           # it connects, and CLUSTER INFO (kvcli.store.cluster.check_whole)
+                           "cluster|info", "cluster|slots", "cluster|shards", "command"})
+
 
 # PTTL, STRLEN (and MEMORY USAGE when ARGV[1] is "1") of every key, in one EVAL_RO: the server refuses any write
 # inside it, and one command per SCAN step instead of two or three per key is 4-5x faster (bench/bench_inspect.py).
@@ -32,42 +38,44 @@ return o"""
 
 @contextlib.contextmanager
 def reader(client: redis.Redis) -> Iterator[redis.Redis]:
-    """A client for inspect's reads: ONE connection to ``client``'s server (a pool of one, so every command and
-    pipeline goes over it; a second connection would be an error, not a silent bypass), in ``CLIENT NO-TOUCH ON``
-    mode from its first command on (sent again after a reconnect), so reads leave the keys' LRU/LFU state as it
-    was. Servers without NO-TOUCH (Redis < 7.2) or an ACL that refuses it: the error is ignored and the reads
-    touch keys as any client's reads do. ``.no_touch`` on the yielded client says whether the server accepted it
-    (None until connected). A client from :func:`reader` is yielded as is. Closed on exit."""
+    """A client for inspect's reads: ONE connection to ``client``'s server (to each primary of a cluster; a pool of
+    one, so every command and pipeline goes over it; a second connection would be an error, not a silent bypass;
+    made by :func:`kvcli.store.server.no_touch_client`), in ``CLIENT NO-TOUCH ON`` mode from its first command on
+    (sent again after a reconnect), so reads leave the keys' LRU/LFU state as it was. Servers without NO-TOUCH
+    (Redis < 7.2) or an ACL that refuses it: the error is ignored and the reads touch keys as any client's reads
+    do. ``.kvcli_no_touch`` on the yielded client says whether every server accepted it (None until connected). A
+    client from :func:`reader` is yielded as is. Closed on exit."""
     if getattr(client, "kvcli_no_touch", False) is not False:
         yield client
         return
-    pool = client.connection_pool
+
+    state: dict = {"no_touch": None, "client": None}  # a cluster client connects while it is being made
 
     def on_connect(conn) -> None:
-        conn.on_connect()
         try:
             conn.send_command("CLIENT", "NO-TOUCH", "ON")
             conn.read_response()
-            ours.kvcli_no_touch = True
+            state["no_touch"] = state["no_touch"] is not False
         except redis.ResponseError:  # unknown subcommand (Redis < 7.2) or refused by an ACL
-            ours.kvcli_no_touch = ours.kvcli_no_touch or False
+            state["no_touch"] = False
+        if state["client"] is not None:
+            state["client"].kvcli_no_touch = state["no_touch"]
 
-    ours = redis.Redis(connection_pool=redis.ConnectionPool(
-        connection_class=pool.connection_class, max_connections=1,
-        **{**pool.connection_kwargs, "redis_connect_func": on_connect}))
-    ours.kvcli_no_touch = None
+    ours = state["client"] = no_touch_client(client, on_connect)
+    ours.kvcli_no_touch = state["no_touch"]
     try:
         yield ours
     finally:
         ours.close()
-        ours.connection_pool.disconnect()
+        if not cluster.is_cluster(ours):
+            ours.connection_pool.disconnect()
 
 
 def execute_read(pipe, raise_on_error: bool = True):
     """Run a read pipeline; a Redis error becomes RedisFailure (one line at the CLI)."""
     try:
         return pipe.execute(raise_on_error=raise_on_error)
-    except redis.RedisError as exc:
+    except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis read failed: {exc}") from None
 
 
@@ -92,7 +100,8 @@ def payload_ok(meta: ChunkMeta, value: bytes) -> bool:
 
 def read_key_facts(client, keys: list[bytes], metas: list[bytes], with_memory: bool,
                    script: list[bool]) -> tuple[list, list]:
-    """One round trip for one SCAN step's keys: MGET of ``metas`` (the metadata-named keys among ``keys``) and
+    """One round trip for one SCAN step's keys (on a cluster one per shard: per-key commands in redis-py's cluster
+    pipeline, GET instead of MGET): MGET of ``metas`` (the metadata-named keys among ``keys``) and
     each key's PTTL, STRLEN (and MEMORY USAGE) in one EVAL_RO of :data:`KEY_FACTS`, or pipelined one command per
     key where scripts are refused (``script[0]`` is set False then, for the next steps too).
 
@@ -102,8 +111,14 @@ def read_key_facts(client, keys: list[bytes], metas: list[bytes], with_memory: b
     Raises:
         RedisFailure: the read failed.
     """
+    per_key = cluster.is_cluster(client)  # a cluster: no multi-key command or script across slots
+    if per_key:
+        script[0] = False
     pipe = client.pipeline(transaction=False)
-    if metas:
+    if metas and per_key:
+        for key in metas:
+            pipe.get(key)
+    elif metas:
         pipe.mget(metas)
     if script[0]:
         pipe.execute_command("EVAL_RO", KEY_FACTS, len(keys), *keys, "1" if with_memory else "0")
@@ -117,6 +132,11 @@ def read_key_facts(client, keys: list[bytes], metas: list[bytes], with_memory: b
     if script[0] and isinstance(replies[-1], redis.ResponseError):
         script[0] = False  # no EVAL_RO (Redis < 7, scripting disabled, ACL): per-key commands from now on
         return read_key_facts(client, keys, metas, with_memory, script)
-    if any(isinstance(r, Exception) for r in replies[:int(bool(metas)) + script[0]]):
+    got = len(metas) if per_key else int(bool(metas))
+    if per_key:  # GET of a key of another type: WRONGTYPE, where MGET answers nil
+        replies[:got] = [None if isinstance(r, redis.ResponseError) and "WRONGTYPE" in str(r) else r
+                         for r in replies[:got]]
+    if any(isinstance(r, Exception) for r in replies[:got + script[0]]):
         raise RedisFailure(f"Redis read failed: {next(r for r in replies if isinstance(r, Exception))}")
-    return (list(replies[0]) if metas else []), (replies[-1] if script[0] else replies[int(bool(metas)):])
+    values = list(replies[:got]) if per_key else (list(replies[0]) if metas else [])
+    return values, (replies[-1] if script[0] else replies[got:])

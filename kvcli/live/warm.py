@@ -42,6 +42,7 @@ import torch
 from kvcli.errors import BadInputError, RedisFailure, redis_error_text
 from kvcli.live.reading import payload_ok
 from kvcli.model.presets import ModelSpec
+from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import parse_metadata
@@ -401,38 +402,68 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
     refresh = _to_refresh(p, cfg.ttl)
     for start in range(0, len(p.write), per_batch):
         batch = p.write[start:start + per_batch]
-        pipe = store.client.pipeline(transaction=True)
-        for k in refresh if start == 0 else ():  # the chain's head first, in the same transaction as its tail
-            pipe.expire(store.meta_key(p.prompt.hashes[k]), cfg.ttl)
-            pipe.expire(store.payload_key(p.prompt.hashes[k]), cfg.ttl)
-        metas = []
+        heads = [k for h in (refresh if start == 0 else ()) for k in (store.meta_key(p.prompt.hashes[h]),
+                                                                      store.payload_key(p.prompt.hashes[h]))]
+        chunks, metas = [], []
         for k in batch:
             value, checksum = chunk_payload(store, kv[:, :, :, k * cs:(k + 1) * cs])
             metas.append(chunk_metadata(store, p.prompt, k, checksum, created))
-            pipe.set(store.payload_key(p.prompt.hashes[k]), value, ex=cfg.ttl)
-            pipe.set(store.meta_key(p.prompt.hashes[k]), metas[-1], ex=cfg.ttl)
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:
-            first, last = batch[0], batch[-1]
-            chunks = f"chunk {first}" if first == last else f"chunks {first}-{last}"
-            what = f"the batch of {chunks} (tokens {first * cs}-{(last + 1) * cs}) of {request.source or request.id}"
+            chunks.append(((store.payload_key(p.prompt.hashes[k]), value),
+                           (store.meta_key(p.prompt.hashes[k]), metas[-1])))
+        stored, exc = _write_batch(store.client, heads, chunks, cfg.ttl)
+        before = (tot.chunks_written, tot.bytes)
+        tot.ttl_refreshed += len(refresh) if start == 0 and (stored or exc is None) else 0
+        for meta in metas[:stored]:  # all of them, or a refused batch's stored prefix (0 on a single server)
+            tot.add(store, len(meta))
+        done[0] += tot.chunks_written - before[0]
+        done[1] += tot.bytes - before[1]
+        if exc is not None:
+            first, last = batch[stored], batch[-1]
+            chunks_text = f"chunk {first}" if first == last else f"chunks {first}-{last}"
+            what = (f"the batch of {chunks_text} (tokens {first * cs}-{(last + 1) * cs}) of "
+                    f"{request.source or request.id}")
             if isinstance(exc, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
                 why = ("got no reply within the timeout" if isinstance(exc, redis.exceptions.TimeoutError)
                        else "lost its connection (after retries)")
                 return (f"{what} at chunk size {cs} {why}: {_reason(exc)}; stopped there: that batch is stored "
-                        f"whole or not at all (MULTI/EXEC), everything before it is stored")
+                        f"whole or not at all (MULTI/EXEC; on a cluster a prefix of it), everything before it is "
+                        f"stored")
             return (f"the server refused {what} at chunk size {cs}: {_reason(exc)}; stopped there, everything "
                     f"before it is stored")
-        before = (tot.chunks_written, tot.bytes)
-        tot.ttl_refreshed += len(refresh) if start == 0 else 0
-        for meta in metas:
-            tot.add(store, len(meta))
-        done[0] += tot.chunks_written - before[0]
-        done[1] += tot.bytes - before[1]
         if progress:
             progress(*done)
     return ""
+
+
+def _write_batch(client, heads: list[str], chunks: list[tuple[tuple, tuple]], ttl: int | None
+                 ) -> tuple[int, Exception | None]:
+    """Store one batch ``[((payload key, value), (metadata key, value))]`` after giving ``heads`` (keys of the
+    chain's present head) ``ttl``; returns ``(chunks stored, error)``.
+
+    A single server: one MULTI/EXEC, all or nothing. A Redis Cluster: a chunk's two keys and the batch's chunks
+    hash to different slots, so no transaction can hold them; the EXPIREs go first (one round trip per shard),
+    then :func:`kvcli.store.cluster.write_prefix` writes the payloads, then the metadata, and on a refusal deletes
+    everything from the first refused chunk on, so what is stored is still a prefix of the chain (no gap) and no
+    metadata is without its payload.
+    """
+    if cluster.is_cluster(client):
+        try:
+            if heads:
+                cluster.by_shard(client, [("EXPIRE", key, ttl) for key in heads])
+            return cluster.write_prefix(client, chunks, ttl)
+        except cluster.REDIS_ERRORS as exc:  # a shard went away (the deletes after a refusal failed too)
+            return 0, exc
+    pipe = client.pipeline(transaction=True)
+    for key in heads:  # the chain's head first, in the same transaction as its tail
+        pipe.expire(key, ttl)
+    for (pkey, pvalue), (mkey, mvalue) in chunks:
+        pipe.set(pkey, pvalue, ex=ttl)
+        pipe.set(mkey, mvalue, ex=ttl)
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        return 0, exc
+    return len(chunks), None
 
 
 def _to_refresh(p: _Plan, ttl: int | None) -> list[int]:

@@ -14,6 +14,7 @@ import xxhash
 
 from kvcli.model.costcurve import CostCurve, prefill_clock
 from kvcli.replay.network import ServerRates
+from kvcli.store import cluster
 from kvcli.store.kvstore import KVStore
 from kvcli.store.serde import decode_kv, encode_kv
 
@@ -129,7 +130,7 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
                 pipe.set(key, value)
             pipe.execute()
             t1 = time.perf_counter()
-            client.mget(batch)
+            cluster.mget(client, batch)
             t2 = time.perf_counter()
             if repeat:
                 times.setdefault(("set", len(batch)), []).append(t1 - t0)
@@ -144,7 +145,7 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
         if repeat:
             sers.append(t4 - t3)
             desers.append(t5 - t4)
-    client.delete(*keys)
+    cluster.unlink(client, keys)
     scale = size / probe
     rates = {}
     for op in ("set", "get"):

@@ -69,6 +69,7 @@ from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.chunkstore import StoreConfig
+from kvcli.store.cluster import drop_connections
 from kvcli.store.hashing import reusable_tokens
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import absent_note, contents, redis_memory
@@ -206,6 +207,7 @@ class Replayer:
         say = self.notify or (lambda line: None)
         if interrupted:
             say(f"deleting namespace {namespace}…")
+            drop_connections(self.client)  # a connection may hold half a command or an unread reply
         try:
             purge_run(self.client, namespace, self.config.layouts)
             return ""
@@ -554,6 +556,8 @@ class Replayer:
         else:  # no prompt had a full chunk: nothing was looked up
             res.lookup_p50_seconds = res.lookup_p99_seconds = None
         res.key_bytes_per_chunk = store.key_bytes_per_chunk
+        trips = getattr(store, "shard_trips", None)
+        res.round_trips_by_shard = dict(sorted(trips.counts.items())) if trips is not None else {}
         try:
             res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
                 self.client, store.key_pattern, self.config.memory_sample)

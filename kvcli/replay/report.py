@@ -52,6 +52,13 @@ def _over(r: ChunkSizeResult, part: str) -> str:
     return _s3(getattr(r.overheads, part)) if r.overheads is not None else NA
 
 
+def _per_shard(counts: dict[str, int]) -> str:
+    """Round trips per shard: "min / max (N shards)", or "1 shard" for a single server."""
+    if len(counts) <= 1:
+        return "1 shard"
+    return f"{min(counts.values()):,} / {max(counts.values()):,} ({len(counts)} shards)"
+
+
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
 ROWS: list[tuple[str, callable]] = [
     ("requests", lambda r: f"{r.requests:,}"),
@@ -72,6 +79,7 @@ ROWS: list[tuple[str, callable]] = [
     ("serialized bytes read", lambda r: fmt_bytes(r.serialized_bytes_read)),
     ("Redis memory (MEMORY USAGE)", lambda r: fmt_bytes(r.redis_memory_bytes)),
     ("Redis round trips", lambda r: f"{r.round_trips:,}"),
+    ("  per shard, min / max", lambda r: _per_shard(r.round_trips_by_shard)),
     ("Redis retries / errors / timeouts",
      lambda r: f"{r.redis_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
     ("lookup p50 / p99", lambda r: NA if r.lookup_p50_seconds is None else

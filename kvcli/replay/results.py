@@ -114,6 +114,7 @@ class ChunkSizeResult:
     redis_memory_bytes: int = 0
     redis_memory_sampled_keys: int = 0
     round_trips: int = 0
+    round_trips_by_shard: dict[str, int] = field(default_factory=dict)  # {"host:port": round trips}
     lookups: int = 0
     lookup_p50_seconds: float | None = 0.0
     lookup_p99_seconds: float | None = 0.0

@@ -3,8 +3,14 @@
 The notes' second design: the router asks a cache-management service which node holds the longest reusable
 prefix. Here that service is a Redis (or Valkey) server:
 
-* Layout: one set per chunk, key ``kvcli:route:<run>:`` + the 16 raw hash bytes, members the node numbers as
+* Layout: one set per chunk, key ``kvcli:route:{<run>}:`` + the 16 raw hash bytes, members the node numbers as
   decimal strings (``b"0"``, ``b"1"``...). ``<run>`` is random per index, so runs never see each other's keys.
+* Redis Cluster: ``{<run>}`` is a hash tag, so every key of one index hashes to ONE slot: the query script's KEYS
+  (all of a request's chunks) must share a slot, and a per-chunk-set index has no smaller unit that a script can
+  walk alone. The cost: one index lives on one shard (its memory and its queries are that shard's; a simulation's
+  index is a few MB). The alternative, a set per serving node tagged by node (``{<run>:<node>}``, members the
+  chunks it holds), spreads an index over up to one shard per node but needs one script per node and query (one
+  round trip per shard); kvcli keeps the one-slot layout, whose query stays one command on one shard.
 * Writes (nodes, :meth:`CacheManagerIndex.publish`): after a prefill a node SADDs itself to the chunks it newly
   cached and SREMs itself from the ones it evicted, in one pipelined round trip.
 * Reads (router, :meth:`CacheManagerIndex.query`): ONE round trip per request, whatever its chunk count: an
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.store import cluster
 from kvcli.units import parse_duration
 
 _Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
@@ -105,14 +112,14 @@ class CacheManagerIndex:
 
     def __init__(self, client: redis.Redis, nodes: int) -> None:
         self.client, self.nodes = client, nodes
-        self.prefix = b"kvcli:route:" + os.urandom(6).hex().encode() + b":"
+        self.prefix = b"kvcli:route:{" + os.urandom(6).hex().encode() + b"}:"  # a hash tag: one slot per index
         self.queries = self.writes = 0
         self._sha = self._call("SCRIPT LOAD", client.script_load, _QUERY_LUA)
 
     def _call(self, what: str, fn, *args):
         try:
             return fn(*args)
-        except redis.RedisError as exc:
+        except cluster.REDIS_ERRORS as exc:
             raise RedisFailure(f"cache manager {what} failed: {exc}") from None
 
     def publish(self, node: int, stored, evicted) -> None:
@@ -146,13 +153,10 @@ class CacheManagerIndex:
         return depths, seconds
 
     def drop(self) -> int:
-        """Delete this index's keys (SCAN + UNLINK in batches of 1,000). Returns the number deleted."""
-        deleted, batch = 0, []
-        for key in self._call("scan", lambda: list(self.client.scan_iter(match=self.prefix + b"*", count=1000))):
-            batch.append(key)
-            if len(batch) == 1000:
-                deleted += self._call("unlink", self.client.unlink, *batch)
-                batch = []
-        if batch:
-            deleted += self._call("unlink", self.client.unlink, *batch)
+        """Delete this index's keys (SCAN of every primary + UNLINK of each batch of up to 1,000: one slot, so one
+        command). Returns the number deleted."""
+        deleted = 0
+        for _, keys in cluster.scan(self.client, self.prefix + b"*", 1000):
+            for start in range(0, len(keys), 1000):
+                deleted += self._call("unlink", cluster.unlink, self.client, keys[start:start + 1000])
         return deleted

@@ -8,6 +8,12 @@ returns every metadata value and, for each chunk whose metadata records a real p
 ``retrieve`` adds one MGET of the hit chunks' payloads; ``store`` writes the missed full chunks in one pipelined
 round trip, payload before metadata for each chunk.
 
+On a Redis Cluster (:mod:`kvcli.store.cluster`) the keys of one lookup spread over the shards and a script cannot
+span slots: the lookup sends each shard its GETs (metadata) and STRLENs (payloads) in one write, every shard's sent
+before any reply is read (one round trip per shard, concurrently), and ``shard_trips`` counts round trips per
+shard. A store writes payloads first and metadata once they are acknowledged (two round trips; one with accounted
+payloads), so a metadata hit still means its payload was written.
+
 A lookup hit is what a serving engine could load: the metadata is there with the prompt's token digest and, for a
 chunk stored "real", its payload is there with the exact length (header + tensor bytes); a payload that is missing
 (evicted, expired, deleted), truncated or of another type ends the hit run there. Checksums need the payload bytes:
@@ -28,17 +34,21 @@ import functools
 import json
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import redis
-import torch
 import xxhash
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
+from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, by_shard, is_cluster, mget, set_in_order, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
 from kvcli.store.server import FaultCounts, fault_counts
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_FAILURES_IN_ROW = 3  # calls failing after retries, in a row, before a tolerant store gives up
 
@@ -50,6 +60,7 @@ class RedisUnavailable(RedisFailure):
     def __init__(self, message: str, timeout: bool = False, final: bool = False) -> None:
         super().__init__(message)
         self.timeout, self.final = timeout, final  # final: MAX_FAILURES_IN_ROW reached, never absorbed
+
 
 MAX_CHUNK_SIZE = 1 << 24  # tokens: far beyond any context window; larger is a typo (and overflows tensor shapes)
 
@@ -115,6 +126,8 @@ class StoreConfig:
         n = 1
         for d in self.chunk_shape:
             n *= d
+        import torch
+
         return n * torch.empty((), dtype=self.dtype).element_size()
 
     @functools.cached_property
@@ -213,7 +226,26 @@ class StoreStats:
     redis_errors: int = 0  # calls that failed after retries (tolerant store: absorbed, see the module docstring)
     redis_timeouts: int = 0  # replies that did not come within the client's timeout
     checksum_verified_chunks: int = 0
-    lookup_seconds: list[float] = field(default_factory=list)
+    lookup_seconds: list[float] = field(default_factory=list)  # each timed lookup (seconds)
+    lookups_pipelined: int = 0  # lookups answered in batches (store/batch.py): not timed one by one
+    lookups_sampled: int = 0  # unpipelined lookups timed for latency, besides the batches
+
+
+@dataclass(frozen=True, slots=True)
+class KnownWrite:
+    """One store planned from its lookup (:meth:`ChunkStore.plan_known`), not yet sent: the missing chunk indices,
+    the MSET ``args`` (a single server) or ``(key, value)`` payload and metadata SETs (a cluster), metadata bytes,
+    chunks the LRU evicted, chunks present after the hit run, and whether payloads are real."""
+
+    prompt: ChunkedPrompt
+    missing: list[int]
+    args: list
+    firsts: list
+    thens: list
+    meta_bytes: int
+    evicted: int
+    present: int
+    real: bool
 
 
 class ChunkStore:
@@ -235,11 +267,16 @@ class ChunkStore:
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
         self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
+        self._spaces = [self.prefix] + ([self.read_prefix] if self.read_prefix else [])
         self._scripts = True  # False once the server refused the lookup script: pipelined lookups from then on
+        self.cluster = is_cluster(client)
+        self.shard_trips = ShardTrips(client)  # round trips per shard: {"host:port": count}
+        self._deleting: list[str] = []  # keys the last _admit evicted (a cluster deletes them with the write)
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
                   "model": config.model_id, "payload": config.payload_bytes}
         self._meta_json_head = json.dumps(static, separators=(",", ":")).encode()[:-1] + b","
+        self._meta_tails: dict[tuple[bool, int], bytes] = {}
 
     # -- keys ---------------------------------------------------------------------------------------------------
     def meta_key(self, chunk_hash: bytes) -> str:
@@ -288,9 +325,8 @@ class ChunkStore:
         prompt = self._prompt(tokens, cache_salt)
         n = len(prompt.hashes)
         t0 = time.perf_counter()
-        spaces = [self.prefix] + ([self.read_prefix] if self.read_prefix else [])
         try:
-            metas, lengths = self._read_chunks(prompt.hexes, spaces, record) if n else ([], [])
+            metas, lengths = self._read_chunks(prompt.hexes, record) if n else ([], [])
         except RedisUnavailable as exc:
             self._absorb(exc)
             return LookupResult(0, 0, n, "redis-error", time.perf_counter() - t0, failed=True)
@@ -299,10 +335,25 @@ class ChunkStore:
             self.stats.lookups += 1
             self.stats.lookup_round_trips += bool(n)
             self.stats.lookup_seconds.append(seconds)
+        return self.evaluate(prompt, metas, lengths, seconds)
+
+    def lookup_keys(self, prompt: ChunkedPrompt) -> list[str]:
+        """The metadata keys a lookup reads: the prompt's chunks in this namespace, then in the read-only one."""
+        return [p + "m:" + x for p in self._spaces for x in prompt.hexes]
+
+    def evaluate(self, prompt: ChunkedPrompt, metas: list, lengths: list[int] | None = None,
+                 seconds: float = 0.0) -> LookupResult:
+        """The lookup's answer from the values of :meth:`lookup_keys` (None: missing) and the payload lengths
+        (:meth:`_read_chunks`), as :meth:`lookup` gives it. ``lengths`` None: payloads not read (a pipelined
+        index-only lookup, store/batch.py): a chunk whose metadata records a real payload then counts as
+        ``bad-payload``, never as a hit nobody checked."""
+        n = len(prompt.hashes)
+        if lengths is None:
+            lengths = [-1] * len(metas)
         expected = self.config.header_bytes + self.config.payload_bytes
         states = [[_usable(metas[j * n + k], lengths[j * n + k], prompt.digests[k], expected) for k in range(n)]
-                  for j in range(len(spaces))]
-        own, read = states[0], (states[1] if len(spaces) > 1 else None)
+                  for j in range(len(self._spaces))]
+        own, read = states[0], (states[1] if len(self._spaces) > 1 else None)
         ok = [own[k] == "" or (read is not None and read[k] == "") for k in range(n)]
         by_meta = [own[k] in _META_OK or (read is not None and read[k] in _META_OK) for k in range(n)]
         k = next((i for i in range(n) if not ok[i]), n)
@@ -318,18 +369,25 @@ class ChunkStore:
         return LookupResult(k, k * self.config.chunk_size, n, reason, seconds, chosen, later, from_read, read_only,
                             next((i for i in range(n) if not by_meta[i]), n), usable)
 
-    def _read_chunks(self, hexes: list[str], spaces: list[str], record: bool) -> tuple[list, list]:
-        """Metadata values and payload lengths of every chunk in every namespace prefix, in one round trip.
+    def _read_chunks(self, hexes: list[str], record: bool) -> tuple[list, list]:
+        """Metadata values and payload lengths of every chunk in every namespace prefix, in one round trip (on a
+        cluster one per shard touched, all shards' sent before any reply is read: :func:`~kvcli.store.cluster.
+        by_shard`; the script cannot run there, its keys spanning slots).
 
         Returns ``(metas, lengths)``, each ``len(spaces) * len(hexes)`` long (namespace-major): a metadata value or
         None (no key, or not a string), and the payload's length where the metadata records a real payload (-1
-        where it was not asked, -2 for a key of another type; the pipelined fallback asks every payload).
+        where it was not asked, -2 for a key of another type; the pipelined and cluster reads ask every payload).
         """
-        meta_keys = [p + "m:" + x for p in spaces for x in hexes]
-        payload_keys = [p + "p:" + x for p in spaces for x in hexes]
+        meta_keys = [p + "m:" + x for p in self._spaces for x in hexes]
+        payload_keys = [p + "p:" + x for p in self._spaces for x in hexes]
+        if self.cluster:
+            return self._call(self._shard_reads, meta_keys, payload_keys, self.shard_trips if record else None,
+                              record=record)
+        if record:
+            self.shard_trips.add()
         if self._scripts:
             try:
-                replies = self._call(self._script, meta_keys + payload_keys, record=record)
+                replies = self._call(self._eval_ro, meta_keys + payload_keys, record=record)
             except _ScriptRefused:
                 self._scripts = False  # no scripts here (Redis < 7, ACL, disabled): pipelined from now on
             else:
@@ -344,7 +402,20 @@ class ChunkStore:
             raise RedisFailure(f"Redis MGET failed: {replies[0]}")
         return list(replies[0]), [-2 if isinstance(x, Exception) else int(x) for x in replies[1:]]
 
-    def _script(self, keys: list[str]):
+    def _shard_reads(self, meta_keys: list[str], payload_keys: list[str], trips) -> tuple[list, list]:
+        """A cluster's lookup read: GET of every metadata key and STRLEN of every payload key, one round trip per
+        shard (:func:`~kvcli.store.cluster.by_shard`). A key of another type reads as missing (-2 for a payload);
+        any other error reply is raised."""
+        replies = by_shard(self.client, [("GET", k) for k in meta_keys] + [("STRLEN", k) for k in payload_keys],
+                           trips)
+        for reply in replies:
+            if isinstance(reply, Exception) and not str(reply).startswith("WRONGTYPE"):
+                raise reply
+        m = len(meta_keys)
+        return ([None if isinstance(r, Exception) else r for r in replies[:m]],
+                [-2 if isinstance(r, Exception) else int(r) for r in replies[m:]])
+
+    def _eval_ro(self, keys: list[str]):
         """EVAL_RO of :data:`_LOOKUP_SCRIPT`: always one round trip (the server caches the compiled script by its
         SHA-1; EVALSHA_RO would need a second round trip whenever the server does not hold it yet)."""
         try:
@@ -369,8 +440,7 @@ class ChunkStore:
         own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
         read = found.from_read or (False,) * k
         try:
-            payloads = self._call(self.client.mget,
-                                  [(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
+            payloads = self._read([(other if r else own) + x for x, r in zip(prompt.hexes[:k], read)])
         except RedisUnavailable as exc:
             self._absorb(exc)
             return RetrieveResult(0, None, found, 0, 0, time.perf_counter() - t0, 0.0, "redis-error")
@@ -389,7 +459,12 @@ class ChunkStore:
             tensors.append(tensor)
             data_bytes += size
             head_bytes += len(payload) - size
-        kv = torch.cat(tensors, dim=3) if tensors else None
+        if tensors:
+            import torch
+
+            kv = torch.cat(tensors, dim=3)
+        else:
+            kv = None
         t2 = time.perf_counter()
         self.stats.payload_bytes_read += data_bytes
         self.stats.header_bytes_read += head_bytes
@@ -403,7 +478,7 @@ class ChunkStore:
         own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
         read = lookup.from_read or (False,) * lookup.hit_chunks
         keys = [(other if read[i] else own) + prompt.hexes[i] for i in indices]
-        payloads = self._call(self.client.mget, keys, record=False)
+        payloads = self._read(keys, record=False)
         out = []
         for i, payload in zip(indices, payloads):
             good = payload is not None and self._verified(lookup.metadata[i], payload)[0] is not None
@@ -472,25 +547,33 @@ class ChunkStore:
         todo = [k for k in range(start_chunk, n) if k not in dropped]
         if not todo:
             if evicted:
-                self._call(pipe.execute)
+                self._ordered(pipe, [], [])
             return StoreResult(0, 0, 0, 0, 0, 0, 0, evicted, 0.0)
         now = int(time.time())
         head = cfg.header_bytes if real else 0
-        meta_bytes, layout = 0, []
+        meta_bytes, layout, firsts, thens = 0, [], [], []
         for k in todo:
             h = prompt.hashes[k]
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
                 checksum = xxhash.xxh3_64_digest(value[head:])
-                pipe.set(self.payload_key(h), value, nx=not overwrite, ex=cfg.ttl)
+                firsts.append((self.payload_key(h), value))
             else:
                 checksum = b"\0" * 8
             meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            pipe.set(self.meta_key(h), meta, nx=not overwrite, ex=cfg.ttl)
+            thens.append((self.meta_key(h), meta))
             layout.append(h)
-        replies = self._call(pipe.execute)
-        replies = replies[-len(layout) * (2 if real else 1):]
+        if self.cluster:  # payloads acknowledged before any metadata is sent (cluster.py)
+            got = self._ordered(pipe, firsts, thens, nx=not overwrite, ex=cfg.ttl)
+            replies = [r for pair in zip(*got) for r in pair] if real else got[1]
+        else:
+            for i, (key, meta) in enumerate(thens):
+                if real:
+                    pipe.set(*firsts[i], nx=not overwrite, ex=cfg.ttl)
+                pipe.set(key, meta, nx=not overwrite, ex=cfg.ttl)
+            replies = self._ordered(pipe, [], [])[0]
+            replies = replies[-len(layout) * (2 if real else 1):]
         if overwrite:  # a rewrite adds payload objects to chunks whose metadata already existed
             replies = [r if i % 2 == 0 else None for i, r in enumerate(replies)]
             if real:  # their payload bytes move from "accounted" to "written"
@@ -500,37 +583,62 @@ class ChunkStore:
     def _store_known(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> StoreResult:
         """Write the chunks the lookup saw missing in one MSET (payload and metadata of each chunk together)."""
         t0 = time.perf_counter()
-        cfg, cs, real = self.config, self.config.chunk_size, kv is not None
         pipe = self.client.pipeline(transaction=False)
+        plan = self.plan_known(pipe, prompt, kv, start, n, lookup)
+        if self.cluster:  # no MSET across slots: payloads first, then metadata (cluster.py)
+            if plan.firsts or plan.thens or plan.evicted:
+                self._ordered(pipe, plan.firsts, plan.thens)
+        else:
+            if plan.args:
+                pipe.execute_command("MSET", *plan.args)
+            if plan.args or plan.evicted:
+                self._ordered(pipe, [], [])
+        return self.account_known(plan, time.perf_counter() - t0)
+
+    def plan_known(self, pipe, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> KnownWrite:
+        """What :meth:`store` with a lookup writes, not yet sent: the LRU's deletes (queued on ``pipe``, or kept in
+        ``_deleting`` on a cluster), then the missing chunks of ``[start, n)`` as MSET ``args`` (a single server)
+        or ``(key, value)`` payloads ``firsts`` and metadata ``thens`` (a cluster)."""
+        cfg, cs, real = self.config, self.config.chunk_size, kv is not None
         evicted, dropped = self._admit(pipe, prompt, n, lookup)
         missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
-        now, head, args, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, [], 0
+        now, head, meta_bytes = int(time.time()), cfg.header_bytes if real else 0, 0
         meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
+        args, firsts, thens = [], [], []  # a single server: MSET args; a cluster: (key, value) pairs
         for k in missing:
             checksum = b"\0" * 8
             if real:
                 value = encode_kv(kv[:, :, :, k * cs:(k + 1) * cs, :], _payload_metadata(cfg))
                 checksum = xxhash.xxh3_64_digest(value[head:])
-                args += (payload_pre + prompt.hexes[k], value)
+                if self.cluster:
+                    firsts.append((payload_pre + prompt.hexes[k], value))
+                else:
+                    args += (payload_pre + prompt.hexes[k], value)
             meta = self._meta_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            args += (meta_pre + prompt.hexes[k], meta)
-        if args:
-            pipe.execute_command("MSET", *args)
-        if args or evicted:
-            self._call(pipe.execute)
-        replies = [True] * len(missing) * (2 if real else 1)
-        return self._account([prompt.hashes[k] for k in missing], replies, evicted, meta_bytes, real,
-                             time.perf_counter() - t0,
-                             present=sum(1 for k in range(start, n) if k in lookup.present_after))
+            if self.cluster:
+                thens.append((meta_pre + prompt.hexes[k], meta))
+            else:
+                args += (meta_pre + prompt.hexes[k], meta)
+        present = sum(1 for k in range(start, n) if k in lookup.present_after)
+        return KnownWrite(prompt, missing, args, firsts, thens, meta_bytes, evicted, present, real)
+
+    def account_known(self, plan: KnownWrite, seconds: float) -> StoreResult:
+        """Count a :meth:`plan_known` write that the server acknowledged (all its SETs created keys)."""
+        replies = [True] * len(plan.missing) * (2 if plan.real else 1)
+        return self._account([plan.prompt.hashes[k] for k in plan.missing], replies, plan.evicted, plan.meta_bytes,
+                             plan.real, seconds, present=plan.present)
 
     def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
         """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
-        parent = prompt.hexes[k - 1] if k else ""
-        stored = "real" if real else "accounted"
-        head = self.config.header_bytes if real else 0
-        return (prompt.token_digest(k) + checksum + self._meta_json_head
-                + f'"parent":"{parent}","header":{head},"stored":"{stored}","created":{now}}}'.encode())
+        tail = self._meta_tails.get((real, now))
+        if tail is None:  # one per second and kind: the fields after the parent
+            head, stored = (self.config.header_bytes, "real") if real else (0, "accounted")
+            tail = self._meta_tails[(real, now)] = f'","header":{head},"stored":"{stored}","created":{now}}}'.encode()
+            if len(self._meta_tails) > 64:
+                self._meta_tails = {(real, now): tail}
+        return b"".join((prompt.digests[k], checksum, self._meta_json_head, b'"parent":"',
+                         prompt.hexes[k - 1].encode() if k else b"", tail))
 
     def _account(self, hashes, replies, evicted, meta_bytes, real, seconds, present: int = 0) -> StoreResult:
         cfg = self.config
@@ -570,6 +678,7 @@ class ChunkStore:
         Returns ``(evicted, dropped)``: chunks deleted from the store, and the indices of this request's chunks
         the capacity leaves no room for (its tail, when the request alone exceeds the capacity): not written.
         """
+        self._deleting = []
         if self._lru is None:
             return 0, frozenset()
         skip = lookup.read_only if lookup is not None else frozenset()
@@ -580,7 +689,9 @@ class ChunkStore:
         gone, fresh = set(evicted), set(new)
         victims = [h for h in evicted if h not in fresh]
         if victims:
-            pipe.delete(*[k for h in victims for k in (self.meta_key(h), self.payload_key(h))])
+            self._deleting = [k for h in victims for k in (self.meta_key(h), self.payload_key(h))]
+            if not self.cluster:  # a cluster sends them with the write (_ordered): no multi-key DEL across slots
+                pipe.delete(*self._deleting)
         self.stats.evicted_chunks += len(victims)
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone)
 
@@ -610,6 +721,23 @@ class ChunkStore:
         return None if self._lru is None else len(self._lru)
 
     # -- plumbing -------------------------------------------------------------------------------------------------
+    def _read(self, keys: list[str], record: bool = True) -> list:
+        """MGET (one round trip per shard on a cluster), counted per shard when ``record``."""
+        return self._call(mget, self.client, keys, self.shard_trips if record else None, record=record)
+
+    def _ordered(self, pipe, firsts, thens, nx: bool = False, ex: int | None = None) -> tuple[list, list]:
+        """Run ``pipe``. On a cluster, the deletes :meth:`_admit` recorded and ``firsts``' SETs (payloads), then once
+        acknowledged ``thens``' SETs (metadata) (cluster.py): one round trip per shard each, one round when there
+        are no payloads; returns the replies to ``firsts`` and to ``thens``. On a single server ``firsts``/``thens``
+        are empty (callers queue everything on ``pipe`` in order) and the replies are all of ``pipe``'s."""
+        with uninterrupted():  # a write is sent whole or not at all: Ctrl-C waits for its reply
+            if not self.cluster:
+                self.shard_trips.add()
+                return self._call(pipe.execute), []
+            deleting, self._deleting = self._deleting, []
+            self.stats.round_trips += bool(firsts and thens)
+            return self._call(set_in_order, self.client, deleting, firsts, thens, nx, ex, self.shard_trips)
+
     def _absorb(self, exc: RedisUnavailable) -> None:
         """Re-raise ``exc`` unless this store absorbs it (module docstring: a tolerant store, not the last straw)."""
         if not self.tolerate_unavailable or exc.final:
@@ -621,7 +749,8 @@ class ChunkStore:
         self.stats.round_trips += record
         faults, st = self._faults, self.stats
         retries, timeouts = faults.retries, faults.timeouts
-        name = (getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "command")).upper()
+        name = (getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "command")
+                ).strip("_").upper()
         try:
             result = fn(*args)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
@@ -634,7 +763,7 @@ class ChunkStore:
                                        f"failed after retries (last: {name}, {why}: {exc})", timeout,
                                        final=True) from None
             raise RedisUnavailable(f"Redis {name} failed after retries ({why}): {exc}", timeout) from None
-        except redis.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis {name} failed: {redis_error_text(exc)}") from None
         finally:
             st.redis_retries += faults.retries - retries

@@ -31,6 +31,7 @@ import redis
 import torch
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
+from kvcli.store import cluster
 from kvcli.store.chunkstore import (
     LookupResult,
     RetrieveResult,
@@ -131,7 +132,7 @@ class LMCacheStore:
         try:
             while k < n and self.client.exists(self.base_key(prompt.hashes[k]) + METADATA_SUFFIX):
                 k += 1
-        except redis.RedisError as exc:
+        except cluster.REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis EXISTS failed: {exc}") from None
         seconds = time.perf_counter() - t0
         if record:
@@ -252,7 +253,7 @@ class LMCacheStore:
         self.stats.round_trips += 1
         try:
             return pipe.execute()
-        except redis.RedisError as exc:
+        except cluster.REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis {command.upper()} failed: {exc}") from None
 
     # -- the common interface (kvcli.store.kvstore.KVStore) -------------------------------------------------------
@@ -300,18 +301,16 @@ def purge_namespace(client: redis.Redis, namespace: str) -> int:
     Raises:
         RedisFailure: the server refused a command.
     """
-    prefix, deleted, cursor, batch = namespace + "/", 0, 0, []
+    prefix, deleted, batch = namespace + "/", 0, []
     try:
-        while True:
-            cursor, keys = client.scan(cursor, match=_glob_escape(prefix) + "*@*", count=_DELETE_BATCH)
+        for _, keys in cluster.scan(client, _glob_escape(prefix) + "*@*", _DELETE_BATCH):  # every shard
             for key in keys:
                 parsed = split_redis_key(key)
                 if parsed is not None and parsed[0].model_name.startswith(prefix):
                     batch.append(key)
-            if len(batch) >= _DELETE_BATCH or (cursor == 0 and batch):
-                deleted += client.unlink(*batch)
+            if len(batch) >= _DELETE_BATCH:
+                deleted += cluster.unlink(client, batch)
                 batch = []
-            if cursor == 0:
-                return deleted
-    except redis.RedisError as exc:
+        return deleted + cluster.unlink(client, batch)
+    except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis cleanup failed: {exc}") from None

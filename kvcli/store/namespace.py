@@ -8,6 +8,11 @@ one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outsid
 not a chunk size kvcli would write (``0``, ``04``), not 32 lowercase hex digits, not ``m``/``p``, or not a string
 (kvcli writes nothing else). Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
 FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires ``--yes`` between the two).
+
+On a Redis Cluster both SCAN every primary (:func:`kvcli.store.cluster.scan`: refused unless the cluster serves
+every slot, and a shard that fails fails the command, so a count is never one shard's), count keys per shard
+(``by_shard``), and UNLINK each SCAN batch one key per command, one round trip per shard
+(:func:`kvcli.store.cluster.unlink`).
 """
 from __future__ import annotations
 
@@ -20,21 +25,24 @@ from dataclasses import dataclass, field
 import redis
 
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.store import cluster
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION
 from kvcli.store.server import ENV_URL, RedisTarget
 
-BATCH = 1000
+BATCH = 5000  # keys per SCAN step (a hint to the server): fewer round trips over a large namespace
 
 
 @dataclass
 class PurgeCount:
-    """kvcli keys of one namespace (and chunk size): metadata entries and payloads, per chunk size."""
+    """kvcli keys of one namespace (and chunk size): metadata entries and payloads, per chunk size and per shard
+    (``{"host:port": keys}``: the one server, or every primary of a cluster)."""
 
     namespace: str
     chunk_size: int | None
     metadata: int = 0
     payloads: int = 0
     by_chunk_size: dict[int, int] = field(default_factory=dict)
+    by_shard: dict[str, int] = field(default_factory=dict)
     deleted: int = 0
 
     @property
@@ -59,32 +67,49 @@ def _check(namespace: str, chunk_size: int | None) -> None:
         raise BadInputError(f"chunk size must be >= 1, got {chunk_size}")
 
 
-def _matching(client: redis.Redis, namespace: str, chunk_size: int | None):
-    """Batches of ``(key, chunk size, kind)`` of exactly this namespace's chunk keys (strings only).
+def _matching(client, namespace: str, chunk_size: int | None):
+    """Batches ``(shard, [(key, chunk size, kind)])`` of exactly this namespace's chunk keys (strings only), every
+    shard of a cluster (:func:`kvcli.store.cluster.check_whole` first: never a partial view).
+
+    Each key is ``{prefix}{chunk_size}:{m|p}:{32 hex}`` (layout.parse_key's rules, the namespace prefix being
+    matched already by the SCAN pattern). A run's cleanup checks hundreds of thousands of keys, so a SCAN step's
+    keys are matched by one regex over them joined by newlines (C speed), unless a key holds a newline itself (then
+    one match per key).
 
     Raises:
         RedisFailure: SCAN (or TYPE) failed: refused by an ACL, no reply within the timeout, connection gone.
     """
     _check(namespace, chunk_size)
-    cursor, pattern, start, typed = 0, _pattern(namespace, chunk_size), len(_prefix(namespace)), True
-    while True:
-        try:
-            cursor, keys = client.scan(cursor, match=pattern, count=BATCH, **({"_type": "string"} if typed else {}))
-        except redis.exceptions.ResponseError as exc:
-            if typed and "syntax" in str(exc).lower():  # Redis < 6: no TYPE option; check each key below
-                typed = False
-                continue
-            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
-        except redis.RedisError as exc:
-            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
-        mine = [(key, *tail) for key in keys
-                if (tail := _tail(key, start)) is not None and chunk_size in (None, tail[0])]
-        if mine and not typed:
-            mine = _strings(client, mine)
-        if mine:
-            yield mine
-        if cursor == 0:
-            return
+    pattern = _pattern(namespace, chunk_size)
+    size = rb"[1-9][0-9]*" if chunk_size is None else str(chunk_size).encode()
+    body = re.escape(_prefix(namespace)) + rb"(" + size + rb"):([mp]):[0-9a-f]{32}"
+    joined = re.compile(rb"^(" + body + rb")$", re.MULTILINE).findall
+    single = re.compile(body).fullmatch
+    cluster.check_whole(client)
+    for shard, node in cluster.shards(client):
+        cursor, typed = 0, True
+        while True:
+            try:
+                cursor, keys = node.scan(cursor, match=pattern, count=BATCH, **({"_type": "string"} if typed else {}))
+            except redis.exceptions.ResponseError as exc:
+                if typed and "syntax" in str(exc).lower():  # Redis < 6: no TYPE option; check each key below
+                    typed = False
+                    continue
+                raise RedisFailure(f"Redis SCAN failed on {shard}: {exc}") from None
+            except cluster.REDIS_ERRORS as exc:
+                raise RedisFailure(f"Redis SCAN failed on {shard}: {exc}") from None
+            if keys:
+                blob = b"\n".join(keys)
+                if blob.count(b"\n") == len(keys) - 1:  # no key holds a newline: every line is one key
+                    mine = [(k, int(cs), kind) for k, cs, kind in joined(blob)]
+                else:
+                    mine = [(k, int(m[1]), m[2]) for k in keys if (m := single(k)) is not None]
+                if mine and not typed:
+                    mine = _strings(node, mine)
+                if mine:
+                    yield shard, mine
+            if cursor == 0:
+                break
 
 
 def _strings(client: redis.Redis, batch):
@@ -98,24 +123,8 @@ def _strings(client: redis.Redis, batch):
     return [entry for entry, kind in zip(batch, kinds) if kind in (b"string", "string")]
 
 
-_HEX32 = re.compile(rb"[0-9a-f]{32}")
-
-
-def _tail(key: bytes, start: int) -> tuple[int, bytes] | None:
-    """``(chunk size, kind)`` when ``key[start:]`` is exactly ``{chunk_size}:{m|p}:{32 hex}`` with a chunk size as
-    kvcli writes it (decimal, >= 1, no leading zero), else None.
-
-    The same rules as ``layout.parse_key`` for a key whose namespace prefix is already known to match (the SCAN
-    pattern), without a regex over the whole key: a run's cleanup checks hundreds of thousands of keys.
-    """
-    rest = key[start:].split(b":")
-    if (len(rest) != 3 or not rest[0].isdigit() or rest[0].startswith(b"0") or rest[1] not in (b"m", b"p")
-            or not _HEX32.fullmatch(rest[2])):
-        return None
-    return int(rest[0]), rest[1]
-
-
-def _tally(result: PurgeCount, batch) -> None:
+def _tally(result: PurgeCount, shard: str, batch) -> None:
+    result.by_shard[shard] = result.by_shard.get(shard, 0) + len(batch)
     for _, size, kind in batch:
         result.by_chunk_size[size] = result.by_chunk_size.get(size, 0) + 1
         result.metadata += kind == b"m"
@@ -128,9 +137,9 @@ def _prefix(namespace: str) -> bytes:
 
 def count(client: redis.Redis, namespace: str, chunk_size: int | None = None) -> PurgeCount:
     """How many keys :func:`purge` would delete now, by kind and chunk size. Read-only."""
-    result = PurgeCount(namespace, chunk_size)
-    for batch in _matching(client, namespace, chunk_size):
-        _tally(result, batch)
+    result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
+    for shard, batch in _matching(client, namespace, chunk_size):
+        _tally(result, shard, batch)
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
 
@@ -147,11 +156,20 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
         RedisFailure: a command failed (refused, no reply within the timeout, connection gone); keys of earlier
             batches are deleted, and the message says how many.
     """
-    result = PurgeCount(namespace, chunk_size)
+    result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
+    if cluster.is_cluster(client):  # one UNLINK per key, one round trip per shard, for each SCAN batch
+        for shard, batch in _matching(client, namespace, chunk_size):
+            _tally(result, shard, batch)
+            try:
+                result.deleted += cluster.unlink(client, [key for key, _, _ in batch])
+            except cluster.REDIS_ERRORS as exc:
+                raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
+        result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
+        return result
     pipe, queued = client.pipeline(transaction=False), 0
     try:
-        for batch in _matching(client, namespace, chunk_size):
-            _tally(result, batch)
+        for shard, batch in _matching(client, namespace, chunk_size):
+            _tally(result, shard, batch)
             pipe.unlink(*[key for key, _, _ in batch])
             queued += 1
             if queued == pipeline_batches:
@@ -180,45 +198,44 @@ def purge_command(target: RedisTarget, namespace: str, chunk_size: int | None = 
 def _flush(pipe) -> int:
     try:
         return sum(int(n) for n in pipe.execute())
-    except redis.RedisError as exc:
+    except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
 
 
-def scan_keys(client: redis.Redis, pattern: str | None = None, count: int = 2000) -> Iterator[list[bytes]]:
+def scan_keys(client, pattern: str | None = None, count: int = 2000) -> Iterator[list[bytes]]:
     """Keys of the current database (SCAN MATCH ``pattern``, every key when None), a SCAN step at a time (a cursor;
-    never KEYS), without parsing them. Raises RedisFailure."""
-    cursor = 0
-    while True:
-        try:
-            cursor, keys = client.scan(cursor, match=pattern, count=count)
-        except redis.RedisError as exc:
-            raise RedisFailure(f"Redis SCAN failed: {exc}") from None
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
+    never KEYS), without parsing them; every primary of a cluster (:func:`kvcli.store.cluster.scan`). Raises
+    RedisFailure."""
+    for _, keys in cluster.scan(client, pattern, count):
+        yield keys
 
 
-def redis_memory(client: redis.Redis, pattern: str, sample: int) -> tuple[int, int]:
+def redis_memory(client, pattern: str, sample: int, keys: int | None = None) -> tuple[int, int]:
     """Redis's own memory for one store's keys (SCAN MATCH ``pattern``): ``MEMORY USAGE`` of up to ``sample``
     keys, scaled to all of them. Returns ``(bytes, sampled keys)``; exact when every key was sampled.
+
+    ``keys``: the store's key count when the caller knows it exactly (an index-only replay: its metadata entries
+    less its evictions); the SCAN then stops once ``sample`` keys are read, instead of counting them all.
 
     Raises:
         RedisFailure: SCAN or MEMORY USAGE failed (e.g. refused by an ACL).
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
-    for keys in scan_keys(client, pattern):
-        for key in keys:
+    for batch in scan_keys(client, pattern):
+        for key in batch:
             seen += 1
             if sampled < sample:
                 pipe.memory_usage(key, samples=0)
                 sampled += 1
+        if keys is not None and sampled >= sample:
+            break
     if sampled:
         try:
             total = sum(int(x or 0) for x in pipe.execute())
-        except redis.RedisError as exc:
+        except cluster.REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis MEMORY USAGE failed: {exc}") from None
+    seen = keys if keys is not None and sampled >= sample else seen
     return (int(total * seen / sampled) if sampled else 0), sampled
 
 
@@ -245,7 +262,7 @@ def contents(client: redis.Redis, namespace: str, sample: int = 100) -> dict[int
 
     out: dict[int, SizeContents] = {}
     todo: dict[int, list[bytes]] = {}
-    for batch in _matching(client, namespace, None):
+    for _, batch in _matching(client, namespace, None):
         for key, size, kind in batch:
             entry = out.setdefault(size, SizeContents(size))
             if kind == b"m":
@@ -256,8 +273,8 @@ def contents(client: redis.Redis, namespace: str, sample: int = 100) -> dict[int
                 entry.payloads += 1
     for size, keys in todo.items():
         try:
-            values = client.mget(keys)
-        except redis.RedisError as exc:
+            values = cluster.mget(client, keys)
+        except cluster.REDIS_ERRORS as exc:
             raise RedisFailure(f"Redis MGET failed: {exc}") from None
         for value in values:
             if value is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import redis
 
 from kvcli.errors import RedisFailure
+from kvcli.store import cluster
 from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.units import fmt_bytes
 
@@ -23,8 +24,24 @@ CHUNK_KEY_TAIL = 34
 
 
 @dataclass(frozen=True)
+class ShardMemory:
+    """One primary's memory state and counters (bytes; ``keys`` is its DBSIZE), ``name`` "host:port"."""
+
+    name: str
+    used_memory: int | None
+    maxmemory: int | None
+    policy: str | None
+    evicted_keys: int | None
+    expired_keys: int | None
+    keys: int | None
+    version: str
+
+
+@dataclass(frozen=True)
 class ServerMemory:
-    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE.
+    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE. On a
+    Redis Cluster the totals over its primaries (``maxmemory`` 0, no limit, when any primary has none; ``policy``
+    and ``version`` "mixed" when they differ), and ``shards`` each primary's own (empty for a single server).
 
     When this Redis user may not run INFO (an ACL without ``@dangerous``), every INFO field is None, ``version``
     is "?" and ``note`` says why; DBSIZE is None too when refused. Callers degrade: no preflight, no eviction count.
@@ -38,6 +55,7 @@ class ServerMemory:
     keys: int | None
     version: str
     note: str = ""
+    shards: tuple[ShardMemory, ...] = ()
 
     @property
     def known(self) -> bool:
@@ -45,26 +63,41 @@ class ServerMemory:
         return self.used_memory is not None
 
 
-def server_memory(client: redis.Redis) -> ServerMemory:
-    """INFO memory/stats/server and DBSIZE, read-only; a user refused INFO (or DBSIZE) gets None fields and a note.
+def server_memory(client) -> ServerMemory:
+    """INFO memory/stats/server and DBSIZE, read-only, of the server or of every primary of a cluster (summed:
+    :class:`ServerMemory`); a user refused INFO (or DBSIZE) gets None fields and a note.
 
     Raises:
         RedisFailure: any other error (connection, timeout).
     """
+    facts = [_shard_memory(name, node) for name, node in cluster.shards(client)]
+    first = facts[0]
+    keys = None if any(f.keys is None for f in facts) else sum(f.keys for f in facts)
+    if first.used_memory is None:
+        return ServerMemory(None, None, None, None, None, keys, "?",
+                            note=f"server memory and counters not read: {INFO_REFUSED}")
+    policies, versions = {f.policy for f in facts}, {f.version for f in facts}
+    return ServerMemory(sum(f.used_memory for f in facts),
+                        0 if any(not f.maxmemory for f in facts) else sum(f.maxmemory for f in facts),
+                        first.policy if len(policies) == 1 else "mixed", sum(f.evicted_keys for f in facts),
+                        sum(f.expired_keys for f in facts), keys, first.version if len(versions) == 1 else "mixed",
+                        shards=tuple(facts) if cluster.is_cluster(client) else ())
+
+
+def _shard_memory(name: str, client: redis.Redis) -> ShardMemory:
     info = server_info(client, "memory", "stats", "server")
     try:
         keys = int(client.dbsize())
     except redis.exceptions.NoPermissionError:
         keys = None
     except redis.RedisError as exc:
-        raise RedisFailure(f"Redis DBSIZE failed: {exc}") from None
+        raise RedisFailure(f"Redis DBSIZE failed on {name}: {exc}") from None
     if info is None:
-        return ServerMemory(None, None, None, None, None, keys, "?",
-                            note=f"server memory and counters not read: {INFO_REFUSED}")
-    return ServerMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
-                        str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
-                        int(info.get("expired_keys", 0)), keys,
-                        str(info.get("valkey_version") or info.get("redis_version", "?")))
+        return ShardMemory(name, None, None, None, None, None, keys, "?")
+    return ShardMemory(name, int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
+                       str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
+                       int(info.get("expired_keys", 0)), keys,
+                       str(info.get("valkey_version") or info.get("redis_version", "?")))
 
 
 def alloc_size(n: int) -> int:

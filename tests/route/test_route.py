@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+import redis
 import typer
 from typer.testing import CliRunner
 
@@ -158,7 +159,7 @@ def test_one_round_trip_per_lookup_whatever_the_prompt_length(redis_client, monk
     index.publish(0, hashes, [])
     index.publish(1, hashes[:3], [])
     sends = []
-    conn_type = redis_client.connection_pool.connection_class  # the pool's one connection is already open
+    conn_type = redis.connection.Connection  # every connection, of a server or of each cluster node
     original = conn_type.send_packed_command
     monkeypatch.setattr(conn_type, "send_packed_command", lambda self, *a, **k: (sends.append(1),
                                                                                  original(self, *a, **k))[1])
@@ -273,27 +274,22 @@ def mixed_trace(n=300, seed=7):
     return requests(prompts, times, out=rng.integers(1, 40, n).tolist())
 
 
-def runs_for(seed, client, rate=None):
+def runs_for(seed, url, rate=None):
     cfg = config(nodes=3, capacity_tokens=200, seed=seed, rate=rate, temperature=50.0,
                  lookup_delay=DelaySpec.parse("lognormal:1ms:20ms"), lookup_timeout=0.01)
-    runs = run_routes(mixed_trace(), list(POLICIES), [({}, cfg)], COST, client_url(client))
+    runs = run_routes(mixed_trace(), list(POLICIES), [({}, cfg)], COST, url)
     for r in runs:
         r["lookups"].pop("measured_seconds")  # wall clock: the one non-simulated figure
     return {r["policy"]: r for r in runs}
 
 
-def client_url(client) -> str:
-    kw = client.connection_pool.connection_kwargs
-    return f"redis://{kw['host']}:{kw['port']}"
+def test_same_seed_same_report(redis_url):
+    assert runs_for(3, redis_url) == runs_for(3, redis_url)
+    assert runs_for(3, redis_url, rate=20.0) == runs_for(3, redis_url, rate=20.0)
 
 
-def test_same_seed_same_report(redis_client):
-    assert runs_for(3, redis_client) == runs_for(3, redis_client)
-    assert runs_for(3, redis_client, rate=20.0) == runs_for(3, redis_client, rate=20.0)
-
-
-def test_other_seed_changes_only_the_random_parts(redis_client):
-    one, two = runs_for(3, redis_client), runs_for(4, redis_client)
+def test_other_seed_changes_only_the_random_parts(redis_url):
+    one, two = runs_for(3, redis_url), runs_for(4, redis_url)
     for name in ("round-robin", "least-loaded", "prefix", "cache-aware"):
         assert {k: v for k, v in one[name].items() if k != "config"} == \
                {k: v for k, v in two[name].items() if k != "config"}

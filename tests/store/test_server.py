@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import redis
 import torch
+from redis.cluster import RedisCluster
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
@@ -104,10 +105,15 @@ def unused_port():
 def test_connect_sets_its_own_timeouts_and_retry_policy(redis_url):
     """Explicit values, not redis-py's defaults (which differ between versions)."""
     client = connect(redis_url, timeout=0.75)
-    kwargs = client.connection_pool.connection_kwargs
+    pool = client.connection_pool if not isinstance(client, RedisCluster) else \
+        client.get_redis_connection(client.get_primaries()[0]).connection_pool  # a cluster: each node's
+    kwargs = pool.connection_kwargs
     assert kwargs["socket_timeout"] == kwargs["socket_connect_timeout"] == 0.75
-    conn = client.connection_pool.get_connection("PING") if int(redis.__version__.split(".")[0]) < 6 else \
-        client.connection_pool.get_connection()
+    if isinstance(client, RedisCluster):  # the cluster client's own policy counts into the same record
+        assert client.retry._retries == RETRIES and fault_counts(client) is client.retry.counts
+        client.close()
+        return
+    conn = pool.get_connection("PING") if int(redis.__version__.split(".")[0]) < 6 else pool.get_connection()
     try:
         assert conn.socket_timeout == 0.75 and conn.retry._retries == RETRIES
         assert redis.exceptions.ConnectionError in conn.retry._supported_errors
@@ -145,6 +151,7 @@ def _store(client, **kw) -> ChunkStore:
 TOKENS = np.arange(1, 11, dtype="<u4")
 
 
+@pytest.mark.single_server("the fault proxy stands in front of one server")
 def test_a_dropped_write_is_retried_once_and_counted(fault_proxy, redis_client):
     client = connect(fault_proxy.url())
     store = _store(client)
@@ -157,6 +164,7 @@ def test_a_dropped_write_is_retried_once_and_counted(fault_proxy, redis_client):
     assert len(list(redis_client.scan_iter("kvcli:v1:ns:4:m:*"))) == 2
 
 
+@pytest.mark.single_server("the fault proxy stands in front of one server")
 def test_a_connection_that_keeps_dropping_fails_after_the_retries(fault_proxy):
     client = connect(fault_proxy.url())
     strict, tolerant = _store(client), _store(client, tolerate_unavailable=True)

@@ -1,10 +1,13 @@
 """The chunk-hash store against a real (embedded) Redis server: exact hit counts computed by hand."""
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import redis
 import torch
+from redis.cluster import RedisCluster
 
 from kvcli.store.chunkstore import ChunkStore, ChunkTooLargeError, StoreConfig
 from kvcli.store.hashing import chunk_prompt, namespace_root
@@ -91,7 +94,7 @@ def test_cache_salt_and_model_separate_namespaces(redis_client):
     assert other_model.lookup(tok(1, 8), cache_salt="tenant-a").hit_tokens == 0
 
 
-def test_retrieve_returns_the_stored_kv(redis_client):
+def test_retrieve_returns_the_stored_kv(redis_client, server_kind):
     store = make_store(redis_client)
     put(store, tok(1, 11))
     res = store.retrieve(tok(1, 9) + [50, 51])
@@ -99,7 +102,8 @@ def test_retrieve_returns_the_stored_kv(redis_client):
     assert res.kv.shape == (2, 2, 2, 8, 3)
     assert torch.equal(res.kv, fake_kv(tok(1, 8)))
     assert res.payload_bytes == 8 * 96
-    assert store.stats.round_trips == 3  # store, lookup, payload MGET
+    # store (on a cluster: payloads, then metadata), lookup, payload MGET
+    assert store.stats.round_trips == (4 if server_kind == "cluster" else 3)
 
 
 def test_store_writes_each_chunk_once(redis_client):
@@ -163,20 +167,37 @@ def _commands_since_reset(client) -> int:
 
 
 @pytest.mark.parametrize("chunks", [1, 10, 100, 1000])
-def test_one_round_trip_per_lookup(redis_client, chunks):
+def test_one_round_trip_per_lookup(redis_client, chunks, monkeypatch):
+    """One MGET (a cluster: one GET per key, each shard's in one write) sent in ONE write to each server, counted
+    once per shard."""
     store = make_store(redis_client, chunk_size=16)
     tokens = np.arange(16 * chunks, dtype=np.uint32)
     store.store(tokens, None if False else torch.zeros((2, 2, 2, 16 * chunks, 3)))
-    before = store.stats.round_trips
     redis_client.config_resetstat()
+    sends, trips, before = Counter(), store.stats.round_trips, Counter(store.shard_trips.counts)
+    original = redis.connection.Connection.send_packed_command
+    monkeypatch.setattr(redis.connection.Connection, "send_packed_command", lambda self, *a, **k: (
+        sends.update([f"{self.host}:{self.port}"]), original(self, *a, **k))[1])
     res = store.lookup(tokens)
+    monkeypatch.undo()
     assert res.hit_chunks == chunks
-    # one command from the client: the read-only lookup script, which reads each chunk's metadata and, its payload
-    # being real, the payload's length (commands run by a script are counted by the server too)
+    assert store.stats.round_trips == trips + 1
+    assert set(sends.values()) == {1}  # every server touched got the whole lookup in one write
+    assert store.shard_trips.counts - before == sends  # round trips per shard: one on each shard touched
+    keys = [store.meta_key(h) for h in store.chunk(tokens).hashes]
+    keys += [store.payload_key(h) for h in store.chunk(tokens).hashes]
     stats = {k: v["calls"] for k, v in redis_client.info("commandstats").items()
              if k not in ("cmdstat_info", "cmdstat_config|resetstat")}
-    assert stats == {"cmdstat_eval_ro": 1, "cmdstat_get": chunks, "cmdstat_strlen": chunks}
-    assert store.stats.round_trips - before == 1
+    if isinstance(redis_client, RedisCluster):
+        # no script across slots: a GET (metadata) and a STRLEN (payload) per chunk, each shard's in one write
+        slots = {redis_client.keyslot(k) for k in keys}
+        assert stats == {"cmdstat_get": chunks, "cmdstat_strlen": chunks}
+        assert set(sends) == {redis_client.nodes_manager.get_node_from_slot(s).name for s in slots}
+    else:
+        # one command from the client: the read-only lookup script, which reads each chunk's metadata and, its
+        # payload being real, the payload's length (commands run by a script are counted by the server too)
+        assert stats == {"cmdstat_eval_ro": 1, "cmdstat_get": chunks, "cmdstat_strlen": chunks}
+        assert len(sends) == 1
 
 
 def test_capacity_is_strict_and_keeps_a_prefix(redis_client):
