@@ -55,8 +55,8 @@ def _check(out, server: redis.Redis, path: str | None = None) -> None:
                      "--payload": st.sampled_from(["real", "accounted", "x"]),
                      "--prefill-tps": st.sampled_from(["1000", "1000", "1000", "0", "-1", "nan", "1e400", "x"]),
                      "--dtype": st.sampled_from(["float32", "bfloat16", "int3"])}))
-def test_replay_options(redis_url, opts):
-    server = redis.Redis.from_url(redis_url)
+def test_replay_options(redis_url, opts, redis_client):
+    server = redis_client
     if "--prefill-tps" not in opts:
         opts += ["--prefill-tps", "1000"]
     out = CliRunner().invoke(app, ["replay", "-", "--model", "tiny", "--redis-url", redis_url] + opts, input=TRACE)
@@ -70,18 +70,18 @@ def test_replay_options(redis_url, opts):
                      "--lookup-delay": st.sampled_from(["5ms", "lognormal:1ms:50ms", "x", "-1", "lognormal:1ms"]),
                      "--lookup-timeout": st.sampled_from(["20ms", "0", "x"]),
                      "--sweep": st.sampled_from(["nodes=1,2", "w=", "node-capacity=64G", "x=1", "rate=1,x"])}))
-def test_route_options(redis_url, opts):
+def test_route_options(redis_url, opts, redis_client):
     out = CliRunner().invoke(app, ["route", "-", "-p", "round-robin,prefix", "--prefill-tps", "1000",
                                    "--no-count-rtt"] + opts, input=TRACE)
-    _check(out, redis.Redis.from_url(redis_url))
+    _check(out, redis_client)
 
 
 @SETTINGS
 @given(opts=_opts(**{"--chunk-size": numbers, "--ttl": numbers, "--namespace": texts, "--dtype": st.sampled_from(
     ["float32", "int3"]), "--format": st.sampled_from(["auto", "lines", "native", "x"])}),
        dry=st.booleans())
-def test_warm_options(redis_url, opts, dry):
-    server = redis.Redis.from_url(redis_url)
+def test_warm_options(redis_url, opts, dry, redis_client):
+    server = redis_client
     server.flushall()  # our own private server
     out = CliRunner().invoke(app, ["warm", "-", "--model", "tiny", "--redis-url", redis_url] + opts
                              + (["--dry-run"] if dry else []), input=TRACE)
@@ -101,10 +101,10 @@ lines = st.one_of(
 
 @SETTINGS
 @given(content=st.lists(lines, min_size=1, max_size=5))
-def test_replay_any_trace_bytes(redis_url, tmp_path, content):
+def test_replay_any_trace_bytes(redis_url, tmp_path, content, redis_client):
     path = tmp_path / "trace.jsonl"
     path.write_bytes("\n".join(content).encode("latin-1", "replace") + b"\n")
-    server = redis.Redis.from_url(redis_url)
+    server = redis_client
     out = CliRunner().invoke(app, ["replay", str(path), "--model", "tiny", "--chunk-sizes", "4,16", "--measure",
                                    "1", "--prefill-tps", "1000", "--redis-url", redis_url])
     _check(out, server, str(path))

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
@@ -71,7 +70,7 @@ def test_inspect_and_purge_print_whole_names_at_80_columns(redis_url, redis_clie
     assert "kvcli/tiny@seed0:fp32" in out.stdout
     res = CliRunner().invoke(app, ["purge", "--namespace", names[0], "--redis-url", redis_url], env=NARROW)
     assert res.exit_code == 2 and f"4 kvcli keys in namespace '{names[0]}'" in res.stderr
-    assert redis.Redis.from_url(redis_url).dbsize() == 8
+    assert redis_client.dbsize() == 8
 
 
 def test_warm_and_chunk_map_at_80_columns(redis_url, tmp_path):

@@ -14,10 +14,13 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import redis
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
+
+pytestmark = pytest.mark.single_server("the fault proxy stands in front of one server")
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = list(range(1, 11))

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import redis
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
@@ -41,16 +40,16 @@ def azure(tmp_path) -> Path:
     ["route"] + FAST,
     ["warm", "--model", "tiny"],
 ])
-def test_an_azure_csv_is_refused_by_every_command(redis_url, azure, command):
+def test_an_azure_csv_is_refused_by_every_command(redis_url, azure, command, redis_client):
     for source, stdin, where in ((str(azure), None, f"{azure}:1"), ("-", AZURE_HEAD, "<stdin>:1")):
         args = command[:1] + [source] + command[1:] + (["--redis-url", redis_url] if command[0] != "route" else [])
         out = CliRunner().invoke(app, args, input=stdin)
         assert out.exit_code == 2, out.output
         assert out.stderr == f"kvcli: error: {where}: {AZURE_WHY}\n"
-    assert redis.Redis.from_url(redis_url).dbsize() == 0
+    assert redis_client.dbsize() == 0
 
 
-def test_warm_refuses_any_csv_unless_told_to_read_lines(redis_url, tmp_path):
+def test_warm_refuses_any_csv_unless_told_to_read_lines(redis_url, tmp_path, redis_client):
     table = tmp_path / "prompts.csv"
     table.write_text("name,text\na,hello there\n")
     args = ["warm", str(table), "--model", "tiny", "--chunk-size", "2", "--redis-url", redis_url, "--json"]
@@ -58,13 +57,13 @@ def test_warm_refuses_any_csv_unless_told_to_read_lines(redis_url, tmp_path):
     assert out.exit_code == 2
     assert out.stderr == (f"kvcli: error: {table}: a CSV file: kvcli reads no CSV trace format (native JSONL, "
                           "Mooncake, ShareGPT, SWE-agent); warm --format lines reads it as one prompt per line\n")
-    assert redis.Redis.from_url(redis_url).dbsize() == 0
+    assert redis_client.dbsize() == 0
     lines = CliRunner().invoke(app, args + ["--format", "lines"])
     assert lines.exit_code == 0, lines.output
     assert json.loads(lines.stdout)["prompts"] == 2
 
 
-def test_warm_names_the_line_of_text_that_is_not_utf8(redis_url, tmp_path):
+def test_warm_names_the_line_of_text_that_is_not_utf8(redis_url, tmp_path, redis_client):
     bad = tmp_path / "prompts.txt"
     bad.write_bytes(b"first prompt\nsecond \xff prompt\n")
     out = CliRunner().invoke(app, ["warm", str(bad), "--model", "tiny", "--redis-url", redis_url])
@@ -74,7 +73,7 @@ def test_warm_names_the_line_of_text_that_is_not_utf8(redis_url, tmp_path):
                              input=b"first prompt\nsecond \xff prompt\n")
     assert out.exit_code == 2
     assert out.stderr == "kvcli: error: <stdin>:2: not UTF-8 text (byte 0xff at column 8); prompts must be UTF-8\n"
-    assert redis.Redis.from_url(redis_url).dbsize() == 0
+    assert redis_client.dbsize() == 0
 
 
 def test_stdin_decoded_by_a_c_locale_is_checked_as_bytes():
@@ -87,7 +86,7 @@ def test_stdin_decoded_by_a_c_locale_is_checked_as_bytes():
 
 
 @pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
-def test_warm_stdin_not_utf8_in_any_locale(redis_url, locale):
+def test_warm_stdin_not_utf8_in_any_locale(redis_url, locale, redis_client):
     env = {**os.environ, "LC_ALL": locale, "LANG": locale}
     env.pop("PYTHONUTF8", None)
     proc = subprocess.run([sys.executable, "-m", "kvcli", "warm", "-", "--model", "tiny", "--redis-url", redis_url],
@@ -95,7 +94,7 @@ def test_warm_stdin_not_utf8_in_any_locale(redis_url, locale):
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 2
     assert proc.stderr == b"kvcli: error: <stdin>:2: not UTF-8 text (byte 0xfe at column 5); prompts must be UTF-8\n"
-    assert redis.Redis.from_url(redis_url).dbsize() == 0
+    assert redis_client.dbsize() == 0
 
 
 MOONCAKE = "".join(json.dumps({"timestamp": t, "input_length": 600, "output_length": 10, "hash_ids": ids}) + "\n"
