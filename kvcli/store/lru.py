@@ -9,7 +9,8 @@ takes a chain's tail before its head (as vLLM frees a request's blocks in revers
 front of a kept chunk. Because the order does not depend on the capacity, the resident sets at two capacities are
 nested (Mattson's inclusion property), which is what makes a one-pass hit curve over all capacities exact.
 
-Complexity: ``match`` O(c) dict lookups for a request of ``c`` chunks; ``store`` O(c + e) for ``e`` evictions.
+Complexity: ``match`` O(c) dict lookups for a request of ``c`` chunks; ``store`` and ``touch`` O(c + e) for ``e``
+evictions.
 """
 from __future__ import annotations
 
@@ -53,21 +54,31 @@ class ChunkLru:
             evicted, least recent first. A new chunk of a request longer than the capacity can be in both (it was
             never kept).
         """
-        order, new = self._order, []
-        move_to_end, add = order.move_to_end, new.append
+        order = self._order
+        new = [h for h in reversed(hashes) if h not in order]
+        before = len(order)
+        evicted = self.touch(hashes)
+        if len(order) + len(evicted) - before != len(new):  # a new chunk given twice: once in ``new``
+            new = list(dict.fromkeys(new))
+        return new, evicted
+
+    def touch(self, hashes: Sequence[bytes]) -> list[bytes]:
+        """:meth:`store` without naming the new chunks (the routing simulation's caches need only the evictions:
+        about a quarter faster on the Mooncake sample). Returns the hashes evicted, least recent first."""
+        order = self._order
+        move_to_end = order.move_to_end
         for h in reversed(hashes):
             if h in order:
                 move_to_end(h)
             else:
                 order[h] = None
-                add(h)
         excess = 0 if self.capacity is None else len(order) - self.capacity
         if excess <= 0:
-            return new, []
+            return []
         evicted = list(islice(order, excess))  # the least recent, oldest first
         for h in evicted:
             del order[h]
-        return new, evicted
+        return evicted
 
     def discard(self, chunk_hash: bytes) -> None:
         """Forget a chunk (it left the cache some other way, e.g. expiry)."""
