@@ -17,6 +17,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
+
 from kvcli.store.hashing import reusable_tokens
 from kvcli.store.lru import ChunkLru
 
@@ -91,7 +93,7 @@ class EventLoop:
         prompt = [r.prompt_tokens for r in requests]
         chunk_ids = [r.chunk_ids for r in requests]
         # Most tokens a request can reuse (all but the last): reusable_tokens(hit, prompt) == min(hit, limit).
-        limit = [reusable_tokens(p, p) for p in prompt]
+        limit = reusable_tokens(np.array(prompt, dtype=np.int64), np.array(prompt, dtype=np.int64)).tolist()
         caches = [ChunkLru(self.capacity_chunks) for _ in range(nodes)]
         matches = [c.match for c in caches]
         queues = [deque() for _ in range(nodes)]
@@ -120,10 +122,10 @@ class EventLoop:
             push(heap, (t + prefill_seconds(new, hit), PREFILL_DONE, next(seq), i, node))
 
         def start_next(t: float, node: int) -> None:
-            """Start the next queued prefill on ``node`` if it is not prefilling and has a free batch slot."""
-            queue = queues[node]
-            if queue and not prefilling[node] and active[node] < max_batch:
-                i = queue.popleft()
+            """Start the next queued prefill on ``node`` (its queue is not empty) if it is not prefilling and has a
+            free batch slot."""
+            if not prefilling[node] and active[node] < max_batch:
+                i = queues[node].popleft()
                 hit = chunk_size * matches[node](chunk_ids[i])
                 start_prefill(t, node, i, hit if hit < limit[i] else limit[i])
 
@@ -162,7 +164,8 @@ class EventLoop:
                     prefilling[node] = False
                     first_token[j] = when
                     push(heap, (when + decode_seconds[j], DECODE_DONE, next(seq), j, node))
-                    start_next(when, node)
+                    if queues[node]:
+                        start_next(when, node)
                 elif kind == DECODE_DONE:
                     node = payload
                     active[node] -= 1
@@ -171,7 +174,8 @@ class EventLoop:
                     if max(load_requests) - low > peak:
                         peak = max(load_requests) - low
                     finish[j] = when
-                    start_next(when, node)
+                    if queues[node]:
+                        start_next(when, node)
                 else:
                     dispatch(when, j, payload)
             if i < 0:
