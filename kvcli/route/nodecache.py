@@ -21,6 +21,7 @@ class ChunkIndex:
     def __init__(self, nodes: int, capacity_chunks: int | None) -> None:
         self.caches = [ChunkLru(capacity_chunks) for _ in range(nodes)]
         self._matches = [cache.match for cache in self.caches]
+        self._touches = [cache.touch for cache in self.caches]
 
     def depth(self, node: int, chunk_ids) -> int:
         """Leading chunks of ``chunk_ids`` (a request's, in prompt order) cached on ``node``."""
@@ -36,4 +37,4 @@ class ChunkIndex:
 
     def touch(self, node: int, chunk_ids) -> None:
         """:meth:`ChunkLru.touch` on ``node`` (:meth:`store` without the new and evicted ids)."""
-        self.caches[node].touch(chunk_ids)
+        self._touches[node](chunk_ids)

@@ -143,11 +143,12 @@ class _RouterIndexed(Policy):
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.index = ChunkIndex(config.nodes, config.capacity_chunks)
+        self.depths, self.touch = self.index.depths, self.index.touch
 
     def choose(self, request, view, lookup) -> int:
         chunk_ids = request.chunk_ids
-        node = self.pick(request, view, self.index.depths(chunk_ids))
-        self.index.touch(node, chunk_ids)
+        node = self.pick(request, view, self.depths(chunk_ids))
+        self.touch(node, chunk_ids)
         return node
 
     def pick(self, request: SimRequest, view: ClusterView, depths: list[int]) -> int:
