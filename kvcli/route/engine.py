@@ -8,9 +8,9 @@ before its time has run, which is the same order as if arrivals were heap events
 Per request the loop does a fixed number of steps (two or three heap events, one or two prefix matches and one
 store on its node's LRU, one policy decision) on per-request lists prepared once; the per-request results are plain
 lists, turned into numpy arrays once at the end (:class:`Records`). The loop is one method with its state in local
-variables (issue 11); the store is
-:meth:`ChunkLru.touch` (no list of new chunks) unless the policy watches the caches; the prefix match at dispatch is
-reused when the prefill starts at once (the node's cache changes only when one of its prefills ends).
+variables (issue 11); the store is :meth:`ChunkLru.touch` (no list of new chunks) unless the policy watches the
+caches; the prefix match at dispatch is reused when the prefill starts at once (the node's cache changes only when
+one of its prefills ends).
 """
 from __future__ import annotations
 
