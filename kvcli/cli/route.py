@@ -93,7 +93,7 @@ def route(
 
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
     """
-    from kvcli.model.load import resolve_spec, resolve_tokenizer
+    from kvcli.model.load import check_model, resolve_tokenizer
     from kvcli.route.policies import resolve_policies
     from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
@@ -103,7 +103,7 @@ def route(
     err = Console(stderr=True, soft_wrap=True)
     name, notes = STDIN_NAME if str(trace) == "-" else trace.name, []
     try:
-        resolve_spec(model)  # also with --prefill-tps: a typo should not pass silently
+        check_model(model)  # also with --prefill-tps: a typo should not pass silently
         if limit is not None and limit < 1:
             raise BadInputError(f"--limit must be >= 1, got {limit}")
         kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)

@@ -3,17 +3,17 @@
 Every command that takes ``--model`` goes through here, so a preset (seeded random weights of a real model's
 shapes, :mod:`kvcli.model.presets`) and a checkpoint folder (:mod:`kvcli.model.checkpoint`, :mod:`kvcli.model.hf`)
 are interchangeable: both give a :class:`~kvcli.model.presets.ModelSpec` without weights and a model with
-``prefill(token_ids, past_kv) -> (logits, kv)``.
+``prefill(token_ids, past_kv) -> (logits, kv)``. torch is imported only to build or load a model, or to make a
+torch dtype (:func:`resolve_spec`); :func:`check_model`, :func:`resolve_tokenizer` and :func:`kv_bytes_per_token` do
+without it.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
-from kvcli.model.hf import load_checkpoint
 from kvcli.model.hf_tokenizer import has_tokenizer
-from kvcli.model.llama import build_model
-from kvcli.model.presets import PRESETS, ModelSpec, get_preset, model_spec, parse_dtype
+from kvcli.model.presets import PRESETS, ModelSpec, get_preset, model_spec
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
 
@@ -28,6 +28,15 @@ def resolve_spec(model: str, dtype: str | None = None, seed: int = 0) -> ModelSp
     if is_checkpoint_name(model):
         return read_checkpoint(model).spec(dtype)
     return model_spec(model, dtype, seed)
+
+
+def check_model(model: str) -> None:
+    """Raise what :func:`resolve_spec` (default dtype) raises for ``model``, without importing torch: BadInputError
+    for an unknown preset or a missing or unsupported checkpoint folder."""
+    if is_checkpoint_name(model):
+        read_checkpoint(model)
+    else:
+        get_preset(model)
 
 
 def model_id_of(model: str, dtype: str | None = None, seed: int = 0) -> str:
@@ -47,7 +56,11 @@ def load_model(model: str, dtype: str | None = None, device: str = "auto", seed:
         BadInputError: as :func:`resolve_spec`; a bad device. ModelFailure: it does not fit or cannot be loaded.
     """
     if is_checkpoint_name(model):
+        from kvcli.model.hf import load_checkpoint
+
         return load_checkpoint(model, dtype, device)
+    from kvcli.model.llama import build_model
+
     return build_model(model, dtype, device, seed)
 
 
@@ -70,11 +83,8 @@ def open_tokenizer(tokenizer: str | None, model: str) -> Tokenizer:
 def kv_bytes_per_token(model: str, dtype: str | None = None) -> int:
     """KV bytes per token of ``model`` (preset or checkpoint) in ``dtype`` (None: its default):
     ``2 * layers * kv_heads * head_dim * element size``. Raises BadInputError."""
-    if is_checkpoint_name(model):
-        checkpoint = read_checkpoint(model)
-        return checkpoint.shapes.kv_bytes_per_token(checkpoint.dtype(dtype))
-    config = get_preset(model)
-    return config.kv_bytes_per_token(parse_dtype(dtype if dtype is not None else config.dtype))
+    config = read_checkpoint(model).shapes if is_checkpoint_name(model) else get_preset(model)
+    return config.kv_bytes_per_token(dtype if dtype is not None else config.dtype)
 
 
 def describe(model: str) -> dict:

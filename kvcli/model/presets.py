@@ -1,21 +1,38 @@
 """Model presets and what the store needs of a model without its weights: shapes, dtype, model id.
 
 Presets reproduce real models' shapes (KV bytes per token, FLOPs) with seeded random weights (:mod:`kvcli.model.llama`).
+Importing this module does not import torch (``kvcli route --prefill-tps`` never needs it): dtypes are known by name
+here, and torch is imported only where a torch dtype is made (:func:`parse_dtype`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvcli.errors import BadInputError
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}
-_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+if TYPE_CHECKING:
+    import torch
+
+# dtype names accepted -> torch's name; torch's name -> (short name, bytes per element)
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16"}
+_KINDS = {"float32": ("fp32", 4), "bfloat16": ("bf16", 2), "float16": ("fp16", 2)}
+
+
+def _kind(dtype: torch.dtype | str) -> tuple[str, int]:
+    """(short name, bytes per element) of a torch dtype or a dtype name. Raises BadInputError for another one."""
+    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+    try:
+        return _KINDS[_DTYPES[name.lower()]]
+    except KeyError:
+        raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
+
+
+def dtype_short(dtype: torch.dtype | str) -> str:
+    """The short name of a dtype (torch's or a name) as model ids spell it: ``torch.bfloat16`` -> ``"bf16"``.
+    Raises BadInputError for a dtype kvcli does not support."""
+    return _kind(dtype)[0]
 
 
 @dataclass(frozen=True)
@@ -34,9 +51,10 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dtype: str = "bfloat16"
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+    def kv_bytes_per_token(self, dtype: torch.dtype | str) -> int:
+        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``;
+        ``dtype`` a torch dtype or its name. Raises BadInputError for an unknown dtype."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * _kind(dtype)[1]
 
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
         """Shape of the KV of ``tokens`` tokens: ``(layers, 2, kv_heads, tokens, head_dim)``."""
@@ -78,15 +96,18 @@ def get_preset(name: str) -> ModelConfig:
 def parse_dtype(name: str) -> torch.dtype:
     """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch dtype. Raises BadInputError."""
     try:
-        return _DTYPES[name.lower()]
+        torch_name = _DTYPES[name.lower()]
     except (KeyError, AttributeError):
         raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
+    import torch
+
+    return getattr(torch, torch_name)
 
 
 def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
     """The model id a built model carries, e.g. ``"kvcli/cpu@seed0:bf16"``: part of every chunk hash's root, so
     KV of two ids never mixes. Known without building the model (for accounted replays and dry runs)."""
-    return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype]}"
+    return f"kvcli/{preset}@seed{seed}:{dtype_short(dtype)}"
 
 
 @dataclass(frozen=True)

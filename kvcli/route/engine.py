@@ -5,16 +5,22 @@ first, then decode ends, then dispatches (each in the order they were scheduled,
 heap: they come from the trace already sorted by (time, request index), and one runs once every heap event at or
 before its time has run, which is the same order as if arrivals were heap events of the last kind.
 
-Per request the loop does a fixed number of steps (two or three heap events, two prefix matches and one store on
-its node's LRU, one policy decision) on per-request lists prepared once; the per-request results are plain lists,
-turned into numpy arrays once at the end (:class:`Records`).
+Per request the loop does a fixed number of steps (two or three heap events, one or two prefix matches and one
+store on its node's LRU, one policy decision) on per-request lists prepared once; the per-request results are plain
+lists, turned into numpy arrays once at the end (:class:`Records`). The loop is one method with its state in local
+variables (issue 11); the store is :meth:`ChunkLru.touch` (no list of new chunks) unless the policy watches the
+caches; the prefix match at dispatch is reused when the prefill starts at once (the node's cache changes only when
+one of its prefills ends).
 """
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
 
 from kvcli.store.hashing import reusable_tokens
 from kvcli.store.lru import ChunkLru
@@ -63,101 +69,126 @@ class EventLoop:
         arrivals: ``[(time, request index)]`` sorted ascending. decode_seconds: per request, ``[requests]``.
         policy: a :class:`~kvcli.route.policies.Policy`. view: the policy's :class:`ClusterView`, kept current.
         capacity_chunks: per node cache (None: unlimited). prefill_seconds: ``(new, cached tokens) -> seconds``.
+
+    A policy whose ``looks_up`` is False is never asked :meth:`~kvcli.route.policies.Policy.lookup` (it answers
+    None), and one whose ``watches_cache`` is False is never told of cache changes (it ignores them); a policy
+    without these attributes is asked and told.
     """
 
     def __init__(self, requests, arrivals, decode_seconds, policy, view, capacity_chunks, max_batch: int,
                  prefill_seconds) -> None:
-        nodes = len(view.load_tokens)
         self.requests, self.arrivals, self.decode_seconds = requests, arrivals, decode_seconds
-        self.prompt = [r.prompt_tokens for r in requests]
-        self.chunk_ids = [r.chunk_ids for r in requests]
-        self.policy, self.view, self.chunk_size = policy, view, view.chunk_size
-        self.max_batch, self.prefill_seconds = max_batch, prefill_seconds
-        self.caches = [ChunkLru(capacity_chunks) for _ in range(nodes)]
-        self.queues = [deque() for _ in range(nodes)]
-        self.active, self.prefilling = [0] * nodes, [False] * nodes
-        self.estimate = [0] * len(requests)
-        self.out = Records.empty(len(requests))
-        self.heap: list[tuple] = []
-        self.seq = 0
-        self.handlers = (self.prefill_done, self.decode_done, self.dispatch)  # indexed by event kind
-
-    def push(self, t: float, kind: int, i: int, payload) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (t, kind, self.seq, i, payload))
+        self.policy, self.view = policy, view
+        self.capacity_chunks, self.max_batch, self.prefill_seconds = capacity_chunks, max_batch, prefill_seconds
 
     def run(self) -> Records:
-        """Run every request to its last token; returns the records (the loop is spent)."""
-        for t, i in self.arrivals:
-            self.run_until(t)
-            self.arrive(t, i)
-        self.run_until(math.inf)
-        return self.out
+        """Run every request to its last token; returns the records.
 
-    def run_until(self, t: float) -> None:
-        """Run the heap's events at or before ``t``, in order (with those they schedule in that span)."""
-        heap, pop, handlers = self.heap, heapq.heappop, self.handlers
-        while heap and heap[0][0] <= t:
-            when, kind, _, i, payload = pop(heap)
-            handlers[kind](when, i, payload)
+        One loop over the arrivals, with the heap's events at or before each arrival handled first (the last
+        arrival, at infinity, drains the heap). Per request: at most one lookup, one policy decision, two prefix
+        matches on its node's cache (the one at dispatch is reused when the prefill starts at once, as nothing can
+        change the cache in between), one store; everything in local variables.
+        """
+        requests, decode_seconds, policy, view = self.requests, self.decode_seconds, self.policy, self.view
+        count, nodes, max_batch, prefill_seconds = len(requests), len(view.load_tokens), self.max_batch, \
+            self.prefill_seconds
+        chunk_size = view.chunk_size
+        prompt = [r.prompt_tokens for r in requests]
+        chunk_ids = [r.chunk_ids for r in requests]
+        # Most tokens a request can reuse (all but the last): reusable_tokens(hit, prompt) == min(hit, limit).
+        limit = reusable_tokens(np.array(prompt, dtype=np.int64), np.array(prompt, dtype=np.int64)).tolist()
+        caches = [ChunkLru(self.capacity_chunks) for _ in range(nodes)]
+        matches = [c.match for c in caches]
+        queues = [deque() for _ in range(nodes)]
+        active, prefilling, estimate = [0] * nodes, [False] * nodes, [0] * count
+        load_tokens, load_requests = view.load_tokens, view.load_requests
+        out = Records.empty(count)
+        node_of, hit_tokens, dispatched, prefill_start, first_token, finish = (
+            out.node, out.hit_tokens, out.dispatch, out.prefill_start, out.first_token, out.finish)
+        choose = policy.choose
+        lookup = policy.lookup if getattr(policy, "looks_up", True) else None
+        notify = policy.on_cache_change if getattr(policy, "watches_cache", True) else None
+        # Only a watching policy needs the new chunks named (ChunkLru.touch is store without them).
+        stores = [c.store if notify is not None else c.touch for c in caches]
+        heap: list[tuple] = []
+        push, pop, seq = heapq.heappush, heapq.heappop, itertools.count()
+        evictions, peak = 0, 0
 
-    def arrive(self, t: float, i: int) -> None:
-        lookup = self.policy.lookup(self.requests[i])
-        if lookup is None:
-            self.dispatch(t, i, None)
-            return
-        out = self.out
-        out.looked_up[i], out.timed_out[i] = True, lookup.timed_out
-        out.injected[i], out.measured[i] = lookup.injected_s, lookup.measured_s
-        self.push(t + lookup.wait_s, DISPATCH, i, lookup)
+        def start_prefill(t: float, node: int, i: int, hit: int) -> None:
+            """Start request ``i``'s prefill on ``node`` (free, not prefilling), ``hit`` tokens cached."""
+            active[node] += 1
+            prefilling[node] = True
+            new = prompt[i] - hit
+            load_tokens[node] += new - estimate[i]
+            estimate[i] = new
+            hit_tokens[i], prefill_start[i] = hit, t
+            push(heap, (t + prefill_seconds(new, hit), PREFILL_DONE, next(seq), i, node))
 
-    def dispatch(self, t: float, i: int, lookup) -> None:
-        view = self.view
-        node = self.policy.choose(self.requests[i], view, lookup)
-        assert 0 <= node < len(self.queues), f"policy chose node {node}"
-        self.out.node[i], self.out.dispatch[i] = node, t
-        estimate = self.prompt[i] - reusable_tokens(self.chunk_size * self.caches[node].match(self.chunk_ids[i]),
-                                                    self.prompt[i])
-        self.estimate[i] = estimate
-        view.load_tokens[node] += estimate
-        loads = view.load_requests
-        loads[node] += 1
-        if max(loads) - min(loads) > self.out.peak_imbalance:
-            self.out.peak_imbalance = max(loads) - min(loads)
-        self.queues[node].append(i)
-        self.start_prefill(t, node)
+        def start_next(t: float, node: int) -> None:
+            """Start the next queued prefill on ``node`` (its queue is not empty) if it is not prefilling and has a
+            free batch slot."""
+            if not prefilling[node] and active[node] < max_batch:
+                i = queues[node].popleft()
+                hit = chunk_size * matches[node](chunk_ids[i])
+                start_prefill(t, node, i, hit if hit < limit[i] else limit[i])
 
-    def start_prefill(self, t: float, node: int) -> None:
-        """Start the next queued prefill on ``node`` if it is not prefilling and has a free batch slot."""
-        queue = self.queues[node]
-        if self.prefilling[node] or not queue or self.active[node] >= self.max_batch:
-            return
-        i = queue.popleft()
-        self.active[node] += 1
-        self.prefilling[node] = True
-        hit = reusable_tokens(self.chunk_size * self.caches[node].match(self.chunk_ids[i]), self.prompt[i])
-        new = self.prompt[i] - hit
-        self.view.load_tokens[node] += new - self.estimate[i]
-        self.estimate[i] = new
-        self.out.hit_tokens[i], self.out.prefill_start[i] = hit, t
-        self.push(t + self.prefill_seconds(new, hit), PREFILL_DONE, i, node)
+        def dispatch(t: float, i: int, answer) -> None:
+            nonlocal peak
+            node = choose(requests[i], view, answer)
+            assert 0 <= node < nodes, f"policy chose node {node}"
+            node_of[i], dispatched[i] = node, t
+            hit = chunk_size * matches[node](chunk_ids[i])
+            if hit > limit[i]:
+                hit = limit[i]
+            estimate[i] = prompt[i] - hit
+            load_tokens[node] += estimate[i]
+            load_requests[node] += 1
+            high = load_requests[node]  # only this node's count rose: the imbalance can only grow through it
+            if high - min(load_requests) > peak:
+                peak = high - min(load_requests)
+            if not prefilling[node] and active[node] < max_batch:  # then its queue is empty: start at once
+                start_prefill(t, node, i, hit)
+            else:
+                queues[node].append(i)
 
-    def prefill_done(self, t: float, i: int, node: int) -> None:
-        new, evicted = self.caches[node].store(self.chunk_ids[i])
-        if new or evicted:
-            self.out.evictions += len(evicted)
-            self.policy.on_cache_change(node, new, evicted)
-        self.view.load_tokens[node] -= self.estimate[i]
-        self.prefilling[node] = False
-        self.out.first_token[i] = t
-        self.push(t + self.decode_seconds[i], DECODE_DONE, i, node)
-        self.start_prefill(t, node)
-
-    def decode_done(self, t: float, i: int, node: int) -> None:
-        self.active[node] -= 1
-        loads = self.view.load_requests
-        loads[node] -= 1
-        if max(loads) - min(loads) > self.out.peak_imbalance:
-            self.out.peak_imbalance = max(loads) - min(loads)
-        self.out.finish[i] = t
-        self.start_prefill(t, node)
+        for t, i in itertools.chain(self.arrivals, [(math.inf, -1)]):
+            while heap and heap[0][0] <= t:
+                when, kind, _, j, payload = pop(heap)
+                if kind == PREFILL_DONE:
+                    node = payload
+                    if notify is None:
+                        evictions += len(stores[node](chunk_ids[j]))
+                    else:
+                        new, evicted = stores[node](chunk_ids[j])
+                        evictions += len(evicted)
+                        if new or evicted:
+                            notify(node, new, evicted)
+                    load_tokens[node] -= estimate[j]
+                    prefilling[node] = False
+                    first_token[j] = when
+                    push(heap, (when + decode_seconds[j], DECODE_DONE, next(seq), j, node))
+                    if queues[node]:
+                        start_next(when, node)
+                elif kind == DECODE_DONE:
+                    node = payload
+                    active[node] -= 1
+                    load_requests[node] -= 1
+                    low = load_requests[node]  # only this node's count fell
+                    if max(load_requests) - low > peak:
+                        peak = max(load_requests) - low
+                    finish[j] = when
+                    if queues[node]:
+                        start_next(when, node)
+                else:
+                    dispatch(when, j, payload)
+            if i < 0:
+                break
+            answer = None if lookup is None else lookup(requests[i])
+            if answer is None:
+                dispatch(t, i, None)
+            else:
+                out.looked_up[i], out.timed_out[i] = True, answer.timed_out
+                out.injected[i], out.measured[i] = answer.injected_s, answer.measured_s
+                push(heap, (t + answer.wait_s, DISPATCH, next(seq), i, answer))
+        out.evictions, out.peak_imbalance = evictions, peak
+        return out

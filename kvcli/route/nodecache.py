@@ -5,8 +5,8 @@ keep one, fed by their own decisions; the nodes' real caches are the same LRUs, 
 :mod:`kvcli.route.engine`.
 
 Complexity (per request of ``c`` chunks, ``N`` nodes, ``k`` leading chunks held): ``depth`` O(k + 1) dict lookups;
-``depths`` O(N + sum of the k's), a node that lacks chunk 0 costs one lookup; ``store`` O(c + e) for ``e``
-evictions. Depths are counted in chunks (multiply by ``chunk_size`` for tokens); ``depths`` returns ``[nodes]``.
+``depths`` O(N + sum of the k's), a node that lacks chunk 0 costs one lookup; ``store``/``touch`` O(c + e) for
+``e`` evictions. Depths are counted in chunks (multiply by ``chunk_size`` for tokens); ``depths`` returns ``[nodes]``.
 (A hash -> node-bitmask map would make ``depths`` one walk for all nodes, but keeping it costs two more dict
 updates per stored and evicted chunk: more than it saves, measured from 4 to 64 nodes.)
 """
@@ -20,6 +20,8 @@ class ChunkIndex:
 
     def __init__(self, nodes: int, capacity_chunks: int | None) -> None:
         self.caches = [ChunkLru(capacity_chunks) for _ in range(nodes)]
+        self._matches = [cache.match for cache in self.caches]
+        self._touches = [cache.touch for cache in self.caches]
 
     def depth(self, node: int, chunk_ids) -> int:
         """Leading chunks of ``chunk_ids`` (a request's, in prompt order) cached on ``node``."""
@@ -27,8 +29,12 @@ class ChunkIndex:
 
     def depths(self, chunk_ids) -> list[int]:
         """Leading chunks of ``chunk_ids`` cached on each node, ``[nodes]``."""
-        return [cache.match(chunk_ids) for cache in self.caches]
+        return [match(chunk_ids) for match in self._matches]
 
     def store(self, node: int, chunk_ids) -> tuple[list, list]:
         """:meth:`ChunkLru.store` on ``node``. Returns (new, evicted) chunk ids."""
         return self.caches[node].store(chunk_ids)
+
+    def touch(self, node: int, chunk_ids) -> None:
+        """:meth:`ChunkLru.touch` on ``node`` (:meth:`store` without the new and evicted ids)."""
+        self._touches[node](chunk_ids)

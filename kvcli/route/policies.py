@@ -32,20 +32,25 @@ from kvcli.route.nodecache import ChunkIndex
 from kvcli.route.simulator import STREAM_LOOKUP, STREAM_POLICY, ClusterView, Lookup, SimConfig, SimRequest
 
 
+def _least(first: list, second: list, nodes: list[int] | None) -> int:
+    """The node ``k`` of ``nodes`` (default all) with the least ``(first[k], second[k], k)``. The common case, one
+    node alone at the least ``first``, costs two C-level passes (``min``, ``count``) and no tuples."""
+    if nodes is None:
+        low = min(first)
+        if first.count(low) == 1:
+            return first.index(low)
+        return min([(second[k], k) for k, v in enumerate(first) if v == low])[1]
+    return nodes[0] if len(nodes) == 1 else min([(first[k], second[k], k) for k in nodes])[2]
+
+
 def least_loaded(view: ClusterView, nodes: list[int] | None = None) -> int:
     """The node of ``nodes`` (default all) with the fewest outstanding prefill tokens, then requests, then number."""
-    tokens, reqs = view.load_tokens, view.load_requests
-    if nodes is None:
-        return min(zip(tokens, reqs, range(len(tokens))))[2]
-    return nodes[0] if len(nodes) == 1 else min([(tokens[k], reqs[k], k) for k in nodes])[2]
+    return _least(view.load_tokens, view.load_requests, nodes)
 
 
 def fewest_requests(view: ClusterView, nodes: list[int] | None = None) -> int:
     """The node of ``nodes`` (default all) with the fewest outstanding requests, then prefill tokens, then number."""
-    tokens, reqs = view.load_tokens, view.load_requests
-    if nodes is None:
-        return min(zip(reqs, tokens, range(len(reqs))))[2]
-    return nodes[0] if len(nodes) == 1 else min([(reqs[k], tokens[k], k) for k in nodes])[2]
+    return _least(view.load_requests, view.load_tokens, nodes)
 
 
 def best_matches(depths: list[int]) -> tuple[int, list[int]]:
@@ -72,9 +77,14 @@ class Draws:
 
 
 class Policy:
-    """Base: no lookup, no reaction to cache changes, nothing to close. Subclasses implement :meth:`choose`."""
+    """Base: no lookup, no reaction to cache changes, nothing to close. Subclasses implement :meth:`choose`.
+
+    ``looks_up`` / ``watches_cache``: whether :meth:`lookup` / :meth:`on_cache_change` do anything; the event loop
+    skips the calls when False (a subclass that overrides one sets its flag True)."""
 
     name = ""
+    looks_up = False
+    watches_cache = False
 
     def lookup(self, request: SimRequest) -> Lookup | None:
         return None
@@ -133,11 +143,12 @@ class _RouterIndexed(Policy):
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.index = ChunkIndex(config.nodes, config.capacity_chunks)
+        self.depths, self.touch = self.index.depths, self.index.touch
 
     def choose(self, request, view, lookup) -> int:
         chunk_ids = request.chunk_ids
-        node = self.pick(request, view, self.index.depths(chunk_ids))
-        self.index.store(node, chunk_ids)
+        node = self.pick(request, view, self.depths(chunk_ids))
+        self.touch(node, chunk_ids)
         return node
 
     def pick(self, request: SimRequest, view: ClusterView, depths: list[int]) -> int:
@@ -150,7 +161,10 @@ class Prefix(_RouterIndexed):
     name = "prefix"
 
     def pick(self, request, view, depths) -> int:
-        return least_loaded(view, best_matches(depths)[1])
+        best = max(depths)
+        if best == 0:  # no match: every node ties
+            return least_loaded(view)
+        return depths.index(best) if depths.count(best) == 1 else least_loaded(view, best_matches(depths)[1])
 
 
 class CacheAware(_RouterIndexed):
@@ -166,9 +180,11 @@ class CacheAware(_RouterIndexed):
         high, low = max(loads), min(loads)
         if high - low > c.abs_threshold and high > c.rel_threshold * low:
             return fewest_requests(view)
-        best, nodes = best_matches(depths)
+        best = max(depths)
         ratio = best * c.chunk_size / request.prompt_tokens if request.prompt_tokens else 0.0
-        return fewest_requests(view, nodes) if ratio > c.cache_threshold else fewest_requests(view)
+        if ratio > c.cache_threshold:
+            return depths.index(best) if depths.count(best) == 1 else fewest_requests(view, best_matches(depths)[1])
+        return fewest_requests(view)
 
 
 class Cost(_RouterIndexed):
@@ -185,9 +201,12 @@ class Cost(_RouterIndexed):
 
     def pick(self, request, view, depths) -> int:
         c, prompt = self.config, request.prompt_tokens
-        scores = [c.cost_weight * (prompt - d * c.chunk_size) + load for d, load in zip(depths, view.load_tokens)]
+        w, size = c.cost_weight, c.chunk_size
+        scores = [w * (prompt - d * size) + load for d, load in zip(depths, view.load_tokens)]
         low = min(scores)
         if c.temperature == 0:
+            if scores.count(low) == 1:
+                return scores.index(low)
             return least_loaded(view, [k for k, s in enumerate(scores) if s == low])
         # Running sum left to right, as np.cumsum; bisect_right is np.searchsorted(side="right").
         weights = list(itertools.accumulate(math.exp(-(s - low) / c.temperature) for s in scores))
@@ -201,6 +220,7 @@ class CacheManager(Policy):
     request to the least loaded node. Ties and no match at all: least loaded."""
 
     name = "cache-manager"
+    looks_up = watches_cache = True
 
     def __init__(self, config: SimConfig, redis_client) -> None:
         if redis_client is None:

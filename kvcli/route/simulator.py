@@ -28,6 +28,7 @@ docs/measurements.md).
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -165,7 +166,7 @@ def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> l
 
 def check_numbering(requests: list[SimRequest]) -> None:
     """ValueError unless all ``requests`` come from one :func:`prepare_requests` call (one chunk numbering)."""
-    if len({id(r.numbering) for r in requests}) > 1:
+    if len(set(map(operator.attrgetter("numbering"), requests))) > 1:  # compared by identity
         raise ValueError("requests from two prepare_requests calls cannot be simulated together: their chunk ids "
                          "are numbered apart; prepare them in one call")
 

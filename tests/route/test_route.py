@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -688,3 +692,23 @@ def test_plot_layout_keeps_everything_readable_and_inside():
         assert legend.x0 >= inside.x1  # beside the axes, covering no point
     finally:
         plt.close(fig)
+
+
+def test_route_with_prefill_tps_never_imports_torch(tmp_path):
+    """With ``--prefill-tps`` no model runs, so torch (over a second to import) stays out of the process, byte
+    capacities included (a preset's KV bytes per token is known by dtype name). A fresh interpreter: this one has
+    torch already."""
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from kvcli.cli.app import app\n"
+        "res = CliRunner().invoke(app, ['route', sys.argv[1], '--chunk-size', '32', '--prefill-tps', '3000',\n"
+        "                               '--node-capacity', '40MB', '--json'])\n"
+        "assert res.exit_code == 0, res.output\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", script, str(root / "sample_traces" / "chat_shared_system.jsonl")],
+                          capture_output=True, text=True, timeout=300, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
