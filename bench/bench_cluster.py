@@ -1,13 +1,16 @@
 """Lookup latency on a Redis Cluster vs a single server, and how the shards are reached, in one run.
 
-Each lookup is one prompt's metadata MGET (chunk keys spread over every shard). Compared, on the same prompts:
+Each lookup reads one prompt's metadata values and payload lengths (chunk keys spread over every shard).
+Compared, on the same prompts:
 
-* ``single``: one MGET on a single server (the baseline);
-* ``cluster 1`` / ``cluster 3``: kvcli's lookup (``kvcli.store.cluster.by_shard``: each shard's GETs in one write,
-  every shard's written before any reply is read) on a 1-primary and a 3-primary cluster; and redis-py's
-  ``mget_nonatomic`` (one MGET per slot through its cluster pipeline);
-* ``threads``: the keys grouped by shard (redis-py's slot map) and one pipeline per shard sent from a thread
-  each, concurrently;
+* ``single``: kvcli's lookup on a single server (one EVAL_RO: GET and STRLEN per chunk inside the server; the
+  baseline);
+* ``cluster 1`` / ``cluster 3``: kvcli's lookup (``kvcli.store.cluster.by_shard``: each shard's GETs and STRLENs
+  in one write, every shard's written before any reply is read) on a 1-primary and a 3-primary cluster; and
+  redis-py's ``mget_nonatomic`` of the metadata keys only (one MGET per slot through its cluster pipeline: half the
+  commands, for reference);
+* ``threads``: the same GETs and STRLENs grouped by shard (redis-py's slot map) and one pipeline per shard sent
+  from a thread each, concurrently;
 * ``serial``: the same per-shard pipelines one after another (what a lookup would cost if shards were not
   overlapped).
 
@@ -32,20 +35,20 @@ from kvcli.store.server import connect, embedded_cluster, embedded_server  # noq
 PROMPTS = 200
 
 
-def per_shard(client, keys):
-    """Keys grouped by the shard redis-py's slot map says holds them."""
+def per_shard(client, commands):
+    """``(command, key)`` pairs grouped by the shard redis-py's slot map says holds the key."""
     groups: dict[str, list] = {}
-    for key in keys:
+    for command, key in commands:
         node = client.nodes_manager.get_node_from_slot(client.keyslot(key))
-        groups.setdefault(node.name, []).append(key)
+        groups.setdefault(node.name, []).append((command, key))
     return groups
 
 
-def pipe_get(client, name, keys):
+def pipe_get(client, name, commands):
     node = client.get_redis_connection(client.get_node(node_name=name))
     pipe = node.pipeline(transaction=False)
-    for key in keys:
-        pipe.get(key)
+    for command, key in commands:
+        pipe.execute_command(command, key)
     return pipe.execute()
 
 
@@ -87,10 +90,12 @@ def main() -> None:
                 prompts = prompts_for(store, chunks)
                 assert all(store.lookup(p).hit_chunks == chunks for p in prompts)
                 keys = {id(p): [store.meta_key(h) for h in p.hashes] for p in prompts}
+                commands = {id(p): [("GET", store.meta_key(h)) for h in p.hashes]
+                            + [("STRLEN", store.payload_key(h)) for h in p.hashes] for p in prompts}
                 fns = {"kvcli lookup": store.lookup}
                 if label != "single":
-                    groups = {id(p): per_shard(client, keys[id(p)]) for p in prompts}
-                    fns["redis-py mget_nonatomic"] = lambda p, c=client: c.mget_nonatomic(keys[id(p)])
+                    groups = {id(p): per_shard(client, commands[id(p)]) for p in prompts}
+                    fns["redis-py mget_nonatomic (metadata)"] = lambda p, c=client: c.mget_nonatomic(keys[id(p)])
                     fns["threads, pipeline per shard"] = lambda p, c=client: list(
                         pool.map(lambda item: pipe_get(c, *item), groups[id(p)].items()))
                     fns["serial, pipeline per shard"] = lambda p, c=client: [
