@@ -212,7 +212,10 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     source = f" (checkpoint {context['checkpoint']})" if context.get("checkpoint") else ""
     tok_source = context.get("tokenizer_source")
     tok_source = f" from {tok_source}" if tok_source and tok_source != context.get("tokenizer") else ""
-    console.print(f"model {context.get('model_id')}{source} on {context.get('device')}, KV "
+    threads = context.get("torch_threads")
+    threads = (f" ({threads} torch thread{'s' if threads != 1 else ''}, --threads)"
+               if threads and context.get("device") == "cpu" else "")
+    console.print(f"model {context.get('model_id')}{source} on {context.get('device')}{threads}, KV "
                   f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
                   f"{tok_source}; "
                   f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
