@@ -204,7 +204,8 @@ def purge(
             done = run_purge(client, namespace, chunk_size) if yes else found
         except RedisFailure as exc:  # what is left is still there: say how to finish
             again = purge_command(target, namespace, chunk_size) if yes else ""
-            raise RedisFailure(f"{exc}" + (f"; remove them with: {again} (again)" if yes else "")) from None
+            raise RedisFailure(str(exc).rstrip(".") + (f"; remove what is left with: {again} (again)" if yes else "")
+                               ) from None
     _print("purge", done, json_out, lambda r: Text(f"deleted {r.deleted:,} keys of {where}"))
 
 

@@ -114,7 +114,7 @@ class LMCacheInspection:
         """JSON-ready, with the layout and LMCache version matched."""
         return {"layout": {"name": "lmcache", "keys": KEY_FORMAT,
                            "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector"},
-                "server": self.server.__dict__, "keys": {"scanned": self.scanned_keys, "lmcache": self.lmcache_keys,
+                "server": self.server.to_dict(), "keys": {"scanned": self.scanned_keys, "lmcache": self.lmcache_keys,
                 "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "no_touch": self.no_touch,
                 "seconds": self.seconds, "groups": [g.to_dict() for g in self.groups]}
 

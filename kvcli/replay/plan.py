@@ -55,7 +55,11 @@ def plan_bytes(stores: Sequence[KVStore], distinct: Sequence[int], payload_chunk
 
 
 def room(mem: ServerMemory) -> int | None:
-    """Bytes left under maxmemory (None without one)."""
+    """Bytes left under maxmemory (None without one); on a cluster the least room of any primary with a maxmemory
+    (a probe's few keys may all land there)."""
+    limited = [sh for sh in mem.shards if sh.maxmemory]
+    if limited:
+        return min(max(0, sh.maxmemory - sh.used_memory) for sh in limited)
     return max(0, mem.maxmemory - mem.used_memory) if mem.maxmemory else None
 
 
@@ -78,7 +82,7 @@ def replay_preflight(client: redis.Redis, stores: Sequence[KVStore], reader: Cal
     """
     mem = server_memory(client)
     need = None  # nothing to compare with on a server without maxmemory: not estimated
-    if mem.maxmemory:
+    if mem.maxmemory or any(sh.maxmemory for sh in mem.shards):
         distinct = distinct_chunks(stores, reader, limit)
         payload = [sum(h // s.config.chunk_size for h in measured_heads) for s in stores]
         need = plan_bytes(stores, distinct, payload, 0) + sum(probe_bytes(s, mem) for s in stores)

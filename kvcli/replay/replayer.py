@@ -216,8 +216,8 @@ class Replayer:
             why = (("interrupted again" if interrupted else "interrupted") if isinstance(exc, KeyboardInterrupt)
                    else str(exc))
             refused = "permission" in why.lower() or "noperm" in why.lower()
-            left = (f"namespace {namespace} was not deleted ({why}): up to about {keys:,} keys this run wrote are "
-                    f"left; {self.remedy(namespace)}")
+            left = (f"namespace {namespace} was not deleted ({why}): about {keys:,} keys this run wrote (counted "
+                    f"when it stopped) are left; {self.remedy(namespace)}")
             left += "; run it as a user allowed SCAN and UNLINK" if refused else ""
             if interrupted or isinstance(exc, KeyboardInterrupt):
                 say(left)

@@ -53,7 +53,10 @@ def _over(r: ChunkSizeResult, part: str) -> str:
 
 
 def _per_shard(counts: dict[str, int]) -> str:
-    """Round trips per shard: "min / max (N shards)", or "1 shard" for a single server."""
+    """Round trips per shard: "min / max (N shards)", "1 shard" for a single server, – when none was counted (no
+    round trip, or a layout that does not count per shard)."""
+    if not any(counts.values()):
+        return NA
     if len(counts) <= 1:
         return "1 shard"
     return f"{min(counts.values()):,} / {max(counts.values()):,} ({len(counts)} shards)"
@@ -163,13 +166,16 @@ LAYOUT_ROWS: list[tuple[str, callable]] = [
     ("hit token ratio", lambda r: _pct(r.hit_token_ratio)),
     ("lookups", lambda r: f"{r.lookups:,}"),
     ("lookup round trips", lambda r: f"{r.lookup_round_trips:,}"),
-    ("  per lookup", lambda r: f"{r.to_dict()['lookup_round_trips_per_lookup']:.2f}"),
-    ("lookup p50 / p99", lambda r: f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
+    ("  per lookup", lambda r: NA if r.to_dict()['lookup_round_trips_per_lookup'] is None else
+     f"{r.to_dict()['lookup_round_trips_per_lookup']:.2f}"),
+    ("lookup p50 / p99", lambda r: NA if r.lookup_p50_seconds is None else
+     f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
     ("lookup time", lambda r: _secs(r.lookup_seconds)),
     ("Redis round trips (all)", lambda r: f"{r.round_trips:,}"),
     ("objects created", lambda r: f"{r.objects_created:,}"),
     ("key bytes per chunk", lambda r: f"{r.key_bytes_per_chunk:,.0f} B"),
-    ("metadata bytes per chunk", lambda r: f"{r.to_dict()['metadata_bytes_per_chunk']:,.0f} B"),
+    ("metadata bytes per chunk", lambda r: NA if r.to_dict()['metadata_bytes_per_chunk'] is None else
+     f"{r.to_dict()['metadata_bytes_per_chunk']:,.0f} B"),
     ("metadata bytes", lambda r: fmt_bytes(r.metadata_bytes_written)),
     ("payload bytes written", lambda r: fmt_bytes(r.payload_bytes_written)),
     ("serialized bytes read", lambda r: fmt_bytes(r.serialized_bytes_read)),

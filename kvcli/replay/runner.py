@@ -111,7 +111,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
 
 
 LAYOUT_NOTES = {
-    "kvcli": {"keys": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}", "lookup": "one MGET per request"},
+    "kvcli": {"keys": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
+              "lookup": "one round trip per request (EVAL_RO; on a Redis Cluster one per shard, all at once)"},
     "lmcache": {"keys": KEY_FORMAT, "lookup": "one EXISTS per chunk, in order, until the first miss",
                 "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
                 "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},

@@ -158,12 +158,15 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
     """
     result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
     if cluster.is_cluster(client):  # one UNLINK per key, one round trip per shard, for each SCAN batch
-        for shard, batch in _matching(client, namespace, chunk_size):
-            _tally(result, shard, batch)
-            try:
-                result.deleted += cluster.unlink(client, [key for key, _, _ in batch])
-            except cluster.REDIS_ERRORS as exc:
-                raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
+        try:
+            for shard, batch in _matching(client, namespace, chunk_size):
+                _tally(result, shard, batch)
+                try:
+                    result.deleted += cluster.unlink(client, [key for key, _, _ in batch])
+                except cluster.REDIS_ERRORS as exc:
+                    raise RedisFailure(f"Redis UNLINK failed: {exc}") from None
+        except RedisFailure as exc:
+            raise RedisFailure(f"{str(exc).rstrip('.')}; {result.deleted:,} keys deleted before it") from None
         result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
         return result
     pipe, queued = client.pipeline(transaction=False), 0
@@ -178,7 +181,7 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
         if queued:
             result.deleted += _flush(pipe)
     except RedisFailure as exc:
-        raise RedisFailure(f"{exc}; {result.deleted:,} keys deleted before it") from None
+        raise RedisFailure(f"{str(exc).rstrip('.')}; {result.deleted:,} keys deleted before it") from None
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
 

@@ -62,6 +62,10 @@ class ServerMemory:
         """Whether INFO was read."""
         return self.used_memory is not None
 
+    def to_dict(self) -> dict:
+        """JSON-ready; ``shards`` a list of each primary's figures (empty for a single server)."""
+        return {**self.__dict__, "shards": [s.__dict__ for s in self.shards]}
+
 
 def server_memory(client) -> ServerMemory:
     """INFO memory/stats/server and DBSIZE, read-only, of the server or of every primary of a cluster (summed:
@@ -161,6 +165,8 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
         estimate = "" if need_bytes is None else f"{fmt_bytes(need_bytes)} of Redis memory estimated; "
         return Preflight(need_bytes or 0, None, None, None, None,
                          f"{estimate}skipped the check against maxmemory: {INFO_REFUSED}", None)
+    if mem.shards and any(sh.maxmemory for sh in mem.shards):
+        return _cluster_preflight(mem, need_bytes or 0)
     free = mem.maxmemory - mem.used_memory
     if not mem.maxmemory:
         where = (f"used_memory {fmt_bytes(mem.used_memory)}" if need_bytes is None else
@@ -175,6 +181,27 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
         message += (": does not fit; writes will stop at the first out-of-memory reply" if mem.policy == "noeviction"
                     else ": does not fit; the server will evict keys (maybe other data, maybe these chunks)")
     return Preflight(need_bytes, mem.used_memory, mem.maxmemory, mem.policy, fits, message, mem.evicted_keys)
+
+
+def _cluster_preflight(mem: ServerMemory, need_bytes: int) -> Preflight:
+    """A cluster's check, shard by shard: the keys spread evenly over the primaries (their chunk hashes pick the
+    slots), so each primary gets ``need_bytes / primaries``; it fits when every primary with a maxmemory has that
+    much room. The first primary that would not fit decides the policy reported (one that evicts wins), so a run
+    that would make any shard evict is refused as on a single server."""
+    share = need_bytes / len(mem.shards)
+    short = [sh for sh in mem.shards if sh.maxmemory and share > sh.maxmemory - sh.used_memory]
+    worst = next((sh for sh in short if sh.policy != "noeviction"), short[0] if short else None)
+    limits = ", ".join(f"{sh.name} {fmt_bytes(sh.maxmemory) if sh.maxmemory else 'none'}" for sh in mem.shards)
+    message = (f"{fmt_bytes(need_bytes)} of Redis memory estimated, about {fmt_bytes(int(share))} per primary; "
+               f"used_memory {fmt_bytes(mem.used_memory)} over {len(mem.shards)} primaries, maxmemory {limits}")
+    if worst is not None:
+        message += (f": does not fit on {worst.name} (used_memory {fmt_bytes(worst.used_memory)}, maxmemory "
+                    f"{fmt_bytes(worst.maxmemory)}, {worst.policy}); "
+                    + ("writes will stop at the first out-of-memory reply" if worst.policy == "noeviction" else
+                       "that shard will evict keys (maybe other data, maybe these chunks)"))
+    policy = worst.policy if worst is not None else mem.policy
+    return Preflight(need_bytes, mem.used_memory, sum(sh.maxmemory or 0 for sh in mem.shards), policy,
+                     worst is None, message, mem.evicted_keys)
 
 
 def evicted_since(client: redis.Redis, before: Preflight | ServerMemory) -> int | None:

@@ -47,6 +47,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.store.cluster import check_whole
 
 ENV_URL = "REDIS_URL"
 DEFAULT_TIMEOUT = 10.0  # seconds: connect, and each reply (--redis-timeout)
@@ -212,9 +213,16 @@ def fault_counts(client) -> FaultCounts | None:
 
 # -- connections ------------------------------------------------------------------------------------------------------
 def _split_scheme(url: str) -> tuple[str, bool]:
-    """``(url redis-py understands, cluster required)``."""
+    """``(url redis-py understands, cluster required)``.
+
+    Raises:
+        BadInputError: a cluster URL without a host (``redis+cluster:///path``: a cluster is reached over TCP).
+    """
     scheme, sep, rest = url.partition("://")
     if sep and scheme.lower() in CLUSTER_SCHEMES:
+        if not urlsplit(url).hostname:
+            raise BadInputError(f"{mask_url(url)}: a cluster URL names a node's host:port, e.g. "
+                                f"{scheme.lower()}://10.0.0.1:7000 (a cluster is reached over TCP)")
         return CLUSTER_SCHEMES[scheme.lower()] + "://" + rest, True
     return url, False
 
@@ -252,6 +260,12 @@ def connect(url: str, timeout: float | None = None) -> redis.Redis | RedisCluste
         enabled = _cluster_enabled(client)
     except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         client.close()
+        if "SELECT is not allowed in cluster mode" in str(exc):  # redis-py sent the URL's db first
+            raise BadInputError(f"{shown} is a Redis Cluster node: a cluster has only database 0; drop the "
+                                f"database number from the URL") from None
+        if "DB index is out of range" in str(exc):
+            raise BadInputError(f"{shown}: the server has no such database (out of range; a Redis Cluster has "
+                                f"only database 0)") from None
         raise RedisFailure(f"cannot use Redis at {shown}: {redact(str(exc), url)}") from None
     if not enabled:
         if wants_cluster:
@@ -267,11 +281,17 @@ def connect(url: str, timeout: float | None = None) -> redis.Redis | RedisCluste
     if int(kwargs.get("db", 0) or 0) != 0:
         raise RedisFailure(f"{shown} is a Redis Cluster node: a cluster has only database 0")
     try:
-        return RedisCluster.from_url(plain, socket_connect_timeout=timeout, socket_timeout=timeout,
-                                     retry=CountingRetry(EqualJitterBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE),
-                                                         RETRIES, retry.counts))
+        whole = RedisCluster.from_url(plain, socket_connect_timeout=timeout, socket_timeout=timeout,
+                                      retry=CountingRetry(EqualJitterBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE),
+                                                          RETRIES, retry.counts))
     except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         raise RedisFailure(f"cannot use the Redis Cluster at {shown}: {redact(str(exc), url)}") from None
+    try:  # before any command writes: a cluster that does not serve every slot would take some keys, not others
+        check_whole(whole)
+    except RedisFailure as exc:
+        whole.close()
+        raise RedisFailure(f"cannot use the Redis Cluster at {shown}: {redact(str(exc), url)}") from None
+    return whole
 
 
 def _cluster_enabled(client: redis.Redis) -> bool:

@@ -10,7 +10,9 @@ import pytest
 import redis
 import torch
 from redis.cluster import RedisCluster
+from typer.testing import CliRunner
 
+from kvcli.cli.app import app as cli_app
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.live.inspect import inspect_cache
 from kvcli.live.warm import WarmConfig, make_stores, warm
@@ -70,8 +72,6 @@ def test_a_cluster_is_detected_or_named_by_the_url(cluster_url, single_url):
     assert not isinstance(connect(single_url), RedisCluster)
     with pytest.raises(RedisFailure, match="not a Redis Cluster node"):
         connect(single_url.replace("redis://", "redis+cluster://"))
-    with pytest.raises(RedisFailure, match="DB index|SELECT|only database 0"):
-        connect(cluster_url + "/1")
     with pytest.raises(BadInputError):
         connect("redis+cluster://host:notaport")
 
@@ -230,3 +230,43 @@ def test_a_stale_slot_map_is_followed_not_trusted(cc):
         cache[s] = [wrong]
     assert cluster.mget(cc, keys) == [cc.get(k) for k in keys] and None not in cluster.mget(cc, keys)
     assert store.lookup(tokens).hit_chunks == 30
+
+
+def test_replay_refuses_when_one_shard_would_evict(own_cluster):
+    """One primary of three is small and evicts (allkeys-lru), the others have no limit: the memory check is per
+    shard (each gets a third of the keys), so the replay is refused before it writes, as on a single server."""
+    name, node = cluster.shards(own_cluster)[1]
+    node.config_set("maxmemory", int(node.info("memory")["used_memory"]) + 300_000)
+    node.config_set("maxmemory-policy", "allkeys-lru")
+    own_cluster.set("theirs", "x")
+    config = ReplayConfig(chunk_sizes=(64,), payload="accounted", measure=0, limit=300)
+    replayer = Replayer(own_cluster, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config, spec=SPEC)
+    with pytest.raises(RedisFailure, match=f"replay refused: .*does not fit on {name}"):
+        replayer.replay(str(MOONCAKE), lambda: read_trace(MOONCAKE))
+    assert cluster.dbsize(own_cluster) == 1 and own_cluster.get("theirs") == b"x"
+    assert int(node.info("stats")["evicted_keys"]) == 0
+
+
+def test_a_cluster_missing_slots_is_refused_before_anything_is_written(own_cluster):
+    url = "redis://" + cluster.shards(own_cluster)[0][0]
+    name, node = cluster.shards(own_cluster)[2]
+    node.execute_command("CLUSTER", "DELSLOTS", *range(16000, 16010))
+    try:
+        with pytest.raises(RedisFailure, match="slots assigned"):
+            connect(url)
+        out = CliRunner().invoke(cli_app, ["replay", str(MOONCAKE), "--limit", "50", "--measure", "0",
+                                           "--prefill-tps", "3000", "--redis-url", url])
+        assert out.exit_code == 3 and "slots assigned" in out.stderr, out.output
+        out = CliRunner().invoke(cli_app, ["route", str(MOONCAKE), "--limit", "50", "--policy", "cache-manager",
+                                           "--prefill-tps", "3000", "--redis-url", url])
+        assert out.exit_code == 3, out.output
+        assert sum(int(n.dbsize()) for _, n in cluster.shards(own_cluster)) == 0  # no probe, no route index
+    finally:
+        node.execute_command("CLUSTER", "ADDSLOTS", *range(16000, 16010))
+
+
+def test_a_database_number_on_a_cluster_is_bad_input(cluster_url):
+    with pytest.raises(BadInputError, match="only database 0"):
+        connect(cluster_url + "/1")
+    with pytest.raises(BadInputError, match="host:port"):
+        connect("redis+cluster:///tmp/kvcli.sock")
