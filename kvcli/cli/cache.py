@@ -200,6 +200,8 @@ def purge(
             err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} "
                       f"payloads){shards}", markup=False, highlight=False, soft_wrap=True)
             if found.keys and not yes:
+                if json_out:  # the count, for a script that decides (deleted: 0); still exit 2
+                    _print("purge", found, json_out, lambda r: Text(""))
                 raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
             done = run_purge(client, namespace, chunk_size) if yes else found
         except RedisFailure as exc:  # what is left is still there: say how to finish
