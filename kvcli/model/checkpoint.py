@@ -25,14 +25,17 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import xxhash
 
 from kvcli.errors import BadInputError
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.presets import _DTYPES, _SHORT, PRESETS, ModelConfig, ModelSpec, parse_dtype
+from kvcli.units import dtype_key
+
+if TYPE_CHECKING:
+    import torch
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _SAMPLES, _SAMPLE_BYTES = 16, 64 * 1024
@@ -65,7 +68,7 @@ class Checkpoint:
 
     def model_id(self, dtype: torch.dtype) -> str:
         """``"hf:<model_type>@<digest>:<dtype>"``: the id every chunk hash of this checkpoint in ``dtype`` has."""
-        return f"{self.shapes.name}:{_SHORT[dtype]}"
+        return f"{self.shapes.name}:{_SHORT[dtype_key(dtype)]}"
 
     def dtype(self, name: str | None) -> torch.dtype:
         """``name`` parsed (:func:`parse_dtype`), or the checkpoint's default dtype when None."""

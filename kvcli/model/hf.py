@@ -28,6 +28,7 @@ from kvcli.model.checkpoint import Checkpoint, read_checkpoint
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.llama import available_bytes, check_past_kv, resolve_device, token_tensor
 from kvcli.model.presets import _SHORT
+from kvcli.units import dtype_key
 
 ATTENTION_NAME = "kvcli_prefix"
 
@@ -76,7 +77,7 @@ class HFModel:
     def __init__(self, checkpoint: Checkpoint, module, dtype: torch.dtype, device: torch.device) -> None:
         self.checkpoint, self.module, self.dtype, self.device = checkpoint, module, dtype, device
         self.config = checkpoint.shapes
-        self.spec = checkpoint.spec(_SHORT[dtype])
+        self.spec = checkpoint.spec(_SHORT[dtype_key(dtype)])
         self.model_id = self.spec.model_id
         self.kv_bytes_per_token = self.config.kv_bytes_per_token(dtype)
         params = inspect.signature(module.forward).parameters
@@ -145,7 +146,7 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
     dev = resolve_device(device)
     need = checkpoint.shapes.params() * torch.empty((), dtype=torch_dtype).element_size()
     if need * 1.1 > available_bytes(dev):
-        raise ModelFailure(f"checkpoint {path} in {_SHORT[torch_dtype]} needs about {need / 2**30:.1f} GiB but "
+        raise ModelFailure(f"checkpoint {path} in {_SHORT[dtype_key(torch_dtype)]} needs about {need / 2**30:.1f} GiB but "
                            f"{dev.type} has {available_bytes(dev) / 2**30:.1f} GiB available")
     register_attention()
     try:

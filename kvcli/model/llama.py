@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from kvcli.errors import BadInputError, ModelFailure
 from kvcli.model.attention import prefix_attention
 from kvcli.model.presets import _SHORT, ModelConfig, ModelSpec, get_preset, model_id_for, parse_dtype
+from kvcli.units import dtype_key
 
 
 def token_tensor(token_ids, vocab: int, model_id: str, device: torch.device) -> torch.Tensor:
@@ -243,6 +244,6 @@ def build_model(preset: str = "cpu", dtype: str | None = None, device: str = "au
     largest = config.vocab * config.hidden * 4
     available = available_bytes(dev)
     if (need + (largest if dev.type == "cpu" else 0)) * 1.1 > available:
-        raise ModelFailure(f"model {preset} in {_SHORT[torch_dtype]} needs about {need / 2**30:.1f} GiB of "
+        raise ModelFailure(f"model {preset} in {_SHORT[dtype_key(torch_dtype)]} needs about {need / 2**30:.1f} GiB of "
                            f"weights but {dev.type} has {available / 2**30:.1f} GiB available; pick a smaller preset")
     return LocalModel(config, torch_dtype, dev, seed)

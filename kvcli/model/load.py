@@ -10,9 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
-from kvcli.model.hf import load_checkpoint
 from kvcli.model.hf_tokenizer import has_tokenizer
-from kvcli.model.llama import build_model
 from kvcli.model.presets import PRESETS, ModelSpec, get_preset, model_spec, parse_dtype
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
@@ -47,7 +45,11 @@ def load_model(model: str, dtype: str | None = None, device: str = "auto", seed:
         BadInputError: as :func:`resolve_spec`; a bad device. ModelFailure: it does not fit or cannot be loaded.
     """
     if is_checkpoint_name(model):
+        from kvcli.model.hf import load_checkpoint  # torch (and transformers): only where a model runs
+
         return load_checkpoint(model, dtype, device)
+    from kvcli.model.llama import build_model
+
     return build_model(model, dtype, device, seed)
 
 

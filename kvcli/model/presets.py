@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from kvcli.errors import BadInputError
+from kvcli.units import dtype_bytes, dtype_key, torch_dtype
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
+_DTYPES = {  # torch's names: a dtype is a name until something computes with it (torch loads only then)
+    "float32": "float32", "fp32": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16",
 }
-_SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 @dataclass(frozen=True)
@@ -34,9 +33,10 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dtype: str = "bfloat16"
 
-    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * torch.empty((), dtype=dtype).element_size()
+    def kv_bytes_per_token(self, dtype) -> int:
+        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``
+        (``dtype``: a torch dtype or its name)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(dtype)
 
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
         """Shape of the KV of ``tokens`` tokens: ``(layers, 2, kv_heads, tokens, head_dim)``."""
@@ -75,27 +75,37 @@ def get_preset(name: str) -> ModelConfig:
         raise BadInputError(f"unknown model preset {name!r}; valid: {', '.join(PRESETS)}") from None
 
 
-def parse_dtype(name: str) -> torch.dtype:
-    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch dtype. Raises BadInputError."""
+def check_dtype(name: str) -> str:
+    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch's name (``"bfloat16"``), without
+    importing torch. Raises BadInputError."""
     try:
         return _DTYPES[name.lower()]
     except (KeyError, AttributeError):
         raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
 
 
-def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
+def parse_dtype(name: str):
+    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch dtype (imports torch). Raises
+    BadInputError."""
+    return torch_dtype(check_dtype(name))
+
+
+def model_id_for(preset: str, dtype, seed: int) -> str:
     """The model id a built model carries, e.g. ``"kvcli/cpu@seed0:bf16"``: part of every chunk hash's root, so
-    KV of two ids never mixes. Known without building the model (for accounted replays and dry runs)."""
-    return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype]}"
+    KV of two ids never mixes. Known without building the model (for accounted replays and dry runs). ``dtype``: a
+    torch dtype or its name."""
+    return f"kvcli/{preset}@seed{seed}:{_SHORT[dtype_key(dtype)]}"
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the store needs of a model, without its weights: id, per-token KV shape, dtype."""
+    """What the store needs of a model, without its weights: id, per-token KV shape, dtype (a torch dtype, or
+    torch's name for it, e.g. ``"bfloat16"``: :func:`model_spec` gives the name, so nothing imports torch for it;
+    :func:`kvcli.units.torch_dtype` turns either into a torch dtype)."""
 
     model_id: str
     kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
-    dtype: torch.dtype
+    dtype: object
 
 
 def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:
@@ -105,6 +115,6 @@ def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> 
         BadInputError: unknown preset or dtype.
     """
     config = get_preset(preset)
-    torch_dtype = parse_dtype(dtype if dtype is not None else config.dtype)
+    name = check_dtype(dtype if dtype is not None else config.dtype)
     layers, two, heads, _, dim = config.kv_shape(1)
-    return ModelSpec(model_id_for(config.name, torch_dtype, seed), (layers, two, heads, dim), torch_dtype)
+    return ModelSpec(model_id_for(config.name, name, seed), (layers, two, heads, dim), name)

@@ -46,12 +46,12 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import redis
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
-from kvcli.model.calibration import Calibration
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.curve import HitCurve
@@ -78,6 +78,9 @@ from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
+
+if TYPE_CHECKING:
+    from kvcli.model.calibration import Calibration
 
 
 class Replayer:
