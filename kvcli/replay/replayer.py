@@ -251,6 +251,9 @@ class Replayer:
         t0 = time.perf_counter()
         skipped, stamps = 0, []
         batch: list[tuple] = []  # estimated requests waiting for their pipelined round trips (_estimated)
+        # a server that will evict keys (allowed by --allow-evictions) loses chunks at any moment: one request at a
+        # time, so each loss is a miss at the very next lookup (a batch would see it at the next batch)
+        self._pipeline = 1 if check.evicts else cfg.pipeline
         estimate = lambda: self._estimated(batch, stores, results, ledgers, rates, unlimited, hit_curves)  # noqa: E731
         for index, request in enumerate(reader()):
             if index >= len(lengths):
@@ -270,7 +273,7 @@ class Replayer:
                 else:
                     batch.append((n, request.timestamp, match if radix is not None else None,
                                   [store.chunk(request.token_ids, request.cache_salt) for store in stores]))
-                    if len(batch) >= cfg.pipeline:
+                    if len(batch) >= self._pipeline:
                         estimate()
             if progress:
                 progress(index + 1, len(lengths))
@@ -334,7 +337,7 @@ class Replayer:
         if self.config.hit_curve and self.config.namespace is not None:
             notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
         for res in results:
-            if res.lookups_pipelined:
+            if res.lookups_sampled:
                 notes.append(f"chunk size {res.chunk_size}: {res.lookups_pipelined:,} lookups pipelined, up to "
                              f"{self.config.pipeline} requests per two round trips (--pipeline); lookup p50/p99 and "
                              f"each lookup's latency come from {res.lookups_sampled:,} sampled unpipelined lookups")
@@ -411,7 +414,7 @@ class Replayer:
             if hit_curve:
                 for (n, stamp, _, _), prompt in zip(batch, prompts):
                     hit_curve.observe(prompt.hashes, stamp, n)
-            done = lookup_and_store(store, prompts) if self.config.pipeline > 1 and batchable(store) else None
+            done = lookup_and_store(store, prompts) if self._pipeline > 1 and batchable(store) else None
             for i, ((n, _, _, _), prompt) in enumerate(zip(batch, prompts)):
                 crit, back = _critical(res), _background(res)
                 if done is None:

@@ -24,8 +24,8 @@ round trips per request: most of such a replay's time on a big trace (issue 11).
 The server ends in the same state, and every request gets the same lookup, as one by one (tests replay traces both
 ways, on a single server and on a cluster, with and without a capacity), except where the server itself deletes
 keys during a batch (maxmemory evictions): one by one sees such a loss at the next lookup, a batch at the next
-batch. What batching loses is each lookup's own latency: every :data:`SAMPLE_EVERY`-th request also gets one
-unpipelined, timed lookup (read-only, its answer not used), the store's ``lookup_seconds`` holds those samples
+batch. What batching loses is each lookup's own latency: one request in :data:`SAMPLE_EVERY` (the first with a full
+chunk from every :data:`SAMPLE_EVERY`-th on) also gets one unpipelined, timed lookup (read-only, its answer not used), the store's ``lookup_seconds`` holds those samples
 (``lookups_sampled``), and each pipelined lookup is priced at their mean so far (its ``seconds``).
 
 Faults (a tolerant store, :mod:`kvcli.store.chunkstore`): a read that fails after retries makes every lookup of
@@ -63,7 +63,8 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     Args:
         store: a store for which :func:`batchable` holds.
         prompts: prompts cut and hashed by ``store`` (:meth:`ChunkStore.chunk`), in request order.
-        sample_every: time one unpipelined lookup of every N-th request (counted over the store's life).
+        sample_every: time one unpipelined lookup per N requests (the first one with a full chunk from each N-th
+            on, counted over the store's life).
 
     Returns:
         ``[(lookup, store result)]`` per prompt, acknowledged by the server. A lookup's ``seconds`` is the mean of
@@ -77,8 +78,8 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     if not prompts:
         return []
     st = store.stats
-    for i, prompt in enumerate(prompts):  # latency samples: read-only, answers not used
-        if (st.lookups_pipelined + i) % sample_every == 0 and prompt.hexes:
+    for i, prompt in enumerate(prompts):  # latency samples: read-only, answers not used; one per sample_every
+        if prompt.hexes and st.lookups_sampled * sample_every <= st.lookups_pipelined + i:  # lookups with a chunk
             t0 = time.perf_counter()
             try:
                 store._read_chunks(prompt.hexes, record=False)

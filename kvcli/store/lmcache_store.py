@@ -185,7 +185,7 @@ class LMCacheStore:
             return None  # a record that does not describe this store's chunks, or KV bytes of another length
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only buffer: never written into
-            flat = torch.frombuffer(value, dtype=self.self._dtype)
+            flat = torch.frombuffer(value, dtype=self._dtype)
         layers, two, heads, dim = self.config.kv_shape
         return from_kv_2ltd(flat.view(two, layers, self.config.chunk_size, heads * dim), heads)
 
