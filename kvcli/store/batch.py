@@ -16,8 +16,8 @@ round trips per request: most of such a replay's time on a big trace (issue 11).
    which is exact when every chunk is accounted, see :func:`batchable`), :meth:`ChunkStore.plan_known` (the LRU's
    deletes and the MSET of the missing chunks) and, once the server acknowledged the writes,
    :meth:`ChunkStore.account_known`;
-3. every request's deletes and writes in request order, in one round trip (a single server: one pipeline of DEL
-   and MSET commands; a cluster: one DEL or SET per key through :func:`~kvcli.store.cluster.by_shard`, whose
+3. every request's deletes and writes in request order, in one round trip (a single server: one pipeline of DELs
+   and MSETs, the MSETs of consecutive requests without a DEL between them merged into one; a cluster: one DEL or SET per key through :func:`~kvcli.store.cluster.by_shard`, whose
    per-shard order keeps the order of the commands on each key), held from Ctrl-C until acknowledged
    (:func:`~kvcli.store.cluster.uninterrupted`), so a cleanup after an interruption sees all of it or none.
 
@@ -42,6 +42,7 @@ from kvcli.store.hashing import ChunkedPrompt
 
 SAMPLE_EVERY = 64  # 1 in 64 requests also gets an unpipelined, timed lookup: ~120 latency samples per 7,500
 _NOTHING = StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
+_MSET_ARGS = 1 << 18  # arguments of one merged MSET at most, far below a server's multibulk limit (1M before 7)
 
 
 def batchable(store) -> bool:
@@ -103,22 +104,31 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     t0 = time.perf_counter()
     pipe = None if store.cluster else store.client.pipeline(transaction=False)
     commands: list[tuple] = []  # a cluster: every DEL and SET in request order
+    mset: list = []  # a single server: the MSET arguments since the last DEL (one MSET for consecutive requests)
     looks, plans = [], []
     for prompt in prompts:
         look = store.evaluate(prompt, [state[meta + x] for x in prompt.hexes], None, price)
-        plan = store.plan_known(pipe, prompt, None, look.hit_chunks, len(prompt.hashes), look)
-        deleted, store._deleting = store._deleting, []  # the LRU's victims (queued on pipe by a single server)
+        plan = store.plan_known(_DELETES, prompt, None, look.hit_chunks, len(prompt.hashes), look)
+        deleted, store._deleting = store._deleting, []  # the LRU's victims, deleted before this request's writes
         for key in deleted:
             state[key] = None
         if store.cluster:
             commands += [("DEL", key) for key in deleted]
             commands += [("SET", key, value) for key, value in plan.thens]
             state.update(plan.thens)
-        elif plan.args:
-            pipe.execute_command("MSET", *plan.args)
+        else:
+            if deleted or len(mset) > _MSET_ARGS:
+                if mset:
+                    pipe.execute_command("MSET", *mset)
+                    mset = []
+                if deleted:
+                    pipe.delete(*deleted)
+            mset += plan.args
             state.update(zip(plan.args[::2], plan.args[1::2]))
         looks.append(look)
         plans.append(plan)
+    if mset:
+        pipe.execute_command("MSET", *mset)
     try:
         with uninterrupted():  # sent whole and acknowledged, or not at all
             if store.cluster and commands:
@@ -131,6 +141,17 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
         return [(look, _NOTHING) for look in looks]
     seconds = (time.perf_counter() - t0) / len(prompts)
     return [(look, store.account_known(plan, seconds)) for look, plan in zip(looks, plans)]
+
+
+class _Deletes:
+    """What :meth:`ChunkStore.plan_known` queues the LRU's deletes on: nothing (a batch takes them from
+    ``store._deleting`` and sends them in request order itself)."""
+
+    def delete(self, *keys) -> None:
+        pass
+
+
+_DELETES = _Deletes()
 
 
 def _write(client, commands: list[tuple], trips) -> list:
