@@ -251,9 +251,10 @@ class Replayer:
         t0 = time.perf_counter()
         skipped, stamps = 0, []
         batch: list[tuple] = []  # estimated requests waiting for their pipelined round trips (_estimated)
-        # a server that will evict keys (allowed by --allow-evictions) loses chunks at any moment: one request at a
-        # time, so each loss is a miss at the very next lookup (a batch would see it at the next batch)
-        self._pipeline = 1 if check.evicts else cfg.pipeline
+        # one request at a time where no store can batch (real payloads, a read namespace), and on a server that will
+        # evict keys (--allow-evictions): it loses chunks at any moment, and each loss must be a miss at the very
+        # next lookup (a batch would see it at the next batch)
+        self._pipeline = 1 if check.evicts or not any(batchable(store) for store in stores) else cfg.pipeline
         estimate = lambda: self._estimated(batch, stores, results, ledgers, rates, unlimited, hit_curves)  # noqa: E731
         for index, request in enumerate(reader()):
             if index >= len(lengths):
