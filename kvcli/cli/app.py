@@ -153,6 +153,9 @@ def replay(
     seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
     layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
                                              "lookup), or kvcli,lmcache side by side.")] = "kvcli",
+    pipeline: Annotated[int, typer.Option(help="Index-only lookups and stores (--payload accounted, no "
+                                               "--namespace) batched this many requests per two round trips, "
+                                               "with the same results; 1: one request at a time.")] = 256,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
 ) -> None:
@@ -183,7 +186,7 @@ def replay(
     if payload not in ("real", "accounted"):
         raise BadInputError(f"--payload must be real or accounted, got {payload!r}")
     for flag, value in (("--limit", limit), ("--measure-max-tokens", measure_max_tokens),
-                        ("--capacity-tokens", capacity_tokens), ("--threads", threads)):
+                        ("--capacity-tokens", capacity_tokens), ("--threads", threads), ("--pipeline", pipeline)):
         if value is not None and value < 1:
             raise BadInputError(f"{flag} must be >= 1, got {value}")
     for flag, value in (("--prefill-tps", prefill_tps), ("--link-gbps", link_gbps)):
@@ -204,7 +207,8 @@ def replay(
         capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
         upper_bound=upper_bound, measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds,
         store_mode=store_mode, link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3,
-        allow_evictions=allow_evictions, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh)
+        allow_evictions=allow_evictions, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh,
+        pipeline=pipeline)
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads)
     say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     with stdin_paths(traces) as files, open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), \

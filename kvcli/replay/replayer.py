@@ -46,12 +46,12 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import redis
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
-from kvcli.model.calibration import Calibration
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.curve import HitCurve
@@ -68,6 +68,7 @@ from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.store.batch import batchable, lookup_and_store
 from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.cluster import drop_connections
 from kvcli.store.hashing import reusable_tokens
@@ -77,6 +78,9 @@ from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
+
+if TYPE_CHECKING:
+    from kvcli.model.calibration import Calibration
 
 
 class Replayer:
@@ -246,6 +250,12 @@ class Replayer:
                       for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
         t0 = time.perf_counter()
         skipped, stamps = 0, []
+        batch: list[tuple] = []  # estimated requests waiting for their pipelined round trips (_estimated)
+        # one request at a time where no store can batch (real payloads, a read namespace), and on a server that will
+        # evict keys (--allow-evictions): it loses chunks at any moment, and each loss must be a miss at the very
+        # next lookup (a batch would see it at the next batch)
+        self._pipeline = 1 if check.evicts or not any(batchable(store) for store in stores) else cfg.pipeline
+        estimate = lambda: self._estimated(batch, stores, results, ledgers, rates, unlimited, hit_curves)  # noqa: E731
         for index, request in enumerate(reader()):
             if index >= len(lengths):
                 break
@@ -257,16 +267,18 @@ class Replayer:
             else:
                 match = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
                 if index in measured:
+                    estimate()  # the estimated requests before it first: in trace order
                     reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited, hit_curves,
                                               measure_tokens)
+                    _add_upper(results, match if radix is not None else None, n, reusable)
                 else:
-                    reusable = self._estimated(request, stores, results, ledgers, rates, unlimited, hit_curves)
-                if radix is not None:  # never below what a chunk size reused (a read namespace supplies more)
-                    upper = max(reusable_tokens(match, n), *reusable)
-                    for res in results:
-                        res.upper_bound_tokens += upper
+                    batch.append((n, request.timestamp, match if radix is not None else None,
+                                  [store.chunk(request.token_ids, request.cache_salt) for store in stores]))
+                    if len(batch) >= self._pipeline:
+                        estimate()
             if progress:
                 progress(index + 1, len(lengths))
+        estimate()
         for store, res, hit_curve in zip(stores, results, hit_curves):
             self._finish(store, res)
             res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
@@ -326,6 +338,10 @@ class Replayer:
         if self.config.hit_curve and self.config.namespace is not None:
             notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
         for res in results:
+            if res.lookups_sampled:
+                notes.append(f"chunk size {res.chunk_size}: {res.lookups_pipelined:,} lookups pipelined, up to "
+                             f"{self.config.pipeline} requests per two round trips (--pipeline); lookup p50/p99 and "
+                             f"each lookup's latency come from {res.lookups_sampled:,} sampled unpipelined lookups")
             if res.short_requests:
                 notes.append(f"chunk size {res.chunk_size}: {res.short_requests:,} of {res.requests:,} prompts "
                              f"({res.short_prompt_tokens:,} tokens) are shorter than one chunk: they can never hit")
@@ -383,29 +399,44 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, request, stores, results, ledgers, rates, unlimited, hit_curves) -> list[int]:
-        """Look up and store (accounted) one unmeasured request per chunk size, its transfer and store priced with
-        the chunk rates; returns, per chunk size, the tokens it would reuse with unlimited capacity."""
-        n, reusable = len(request.token_ids), []
-        for store, res, ledger, rate, seen, checked, hit_curve in zip(stores, results, ledgers, rates, unlimited,
-                                                                       self._checked, hit_curves):
-            crit, back = _critical(res), _background(res)
-            prompt = store.chunk(request.token_ids, request.cache_salt)
+    def _estimated(self, batch: list[tuple], stores, results, ledgers, rates, unlimited, hit_curves) -> None:
+        """Look up and store (accounted) the unmeasured requests of ``batch`` (``(prompt tokens, timestamp, radix
+        match or None, [chunked prompt per store])``, in trace order) per chunk size, their transfer and store priced
+        with the chunk rates, and add their upper bound; empties ``batch``. ``config.pipeline`` requests share two
+        round trips where the store allows it (:func:`kvcli.store.batch.lookup_and_store`, the same answers), else
+        each request does its own lookup and store."""
+        if not batch:
+            return
+        reusable: list[list[int]] = [[] for _ in batch]
+        for s, (store, res, ledger, rate, seen, checked, hit_curve) in enumerate(
+                zip(stores, results, ledgers, rates, unlimited, self._checked, hit_curves)):
+            cs = store.config.chunk_size
+            prompts = [entry[3][s] for entry in batch]
             if hit_curve:
-                hit_curve.observe(prompt.hashes, request.timestamp, len(request.token_ids))
-            look = store.lookup(prompt)
-            hit_chunks = self._checksums(store, res, prompt, look, checked)
-            written = store.store(prompt, None, start_chunk=hit_chunks, lookup=look)
-            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))
-            res.store_seconds += written.seconds
-            res.transfer_seconds_estimated += rate.get(hit_chunks)
-            res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
-            res.store_seconds_estimated += rate.put(len(prompt.hashes) - hit_chunks)
-            res.hit_requests += hit_chunks > 0
-            res.store_requests += written.chunks_written > 0
-            ledger.add(n, reusable_tokens(hit_chunks * store.config.chunk_size, n), critical=_critical(res) - crit,
-                       background=_background(res) - back)
-        return reusable
+                for (n, stamp, _, _), prompt in zip(batch, prompts):
+                    hit_curve.observe(prompt.hashes, stamp, n)
+            done = lookup_and_store(store, prompts) if self._pipeline > 1 and batchable(store) else None
+            for i, ((n, _, _, _), prompt) in enumerate(zip(batch, prompts)):
+                crit, back = _critical(res), _background(res)
+                if done is None:
+                    look = store.lookup(prompt)
+                    hit_chunks = self._checksums(store, res, prompt, look, checked)
+                    written = store.store(prompt, None, start_chunk=hit_chunks, lookup=look)
+                else:  # accounted chunks only: nothing to verify, the hit run is the lookup's
+                    look, written = done[i]
+                    hit_chunks = look.hit_chunks
+                reusable[i].append(self._count(res, store, prompt, look, seen, n, hit_chunks))
+                res.store_seconds += written.seconds
+                res.transfer_seconds_estimated += rate.get(hit_chunks)
+                res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
+                res.store_seconds_estimated += rate.put(len(prompt.hashes) - hit_chunks)
+                res.hit_requests += hit_chunks > 0
+                res.store_requests += written.chunks_written > 0
+                ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,
+                           background=_background(res) - back)
+        for (n, _, match, _), used in zip(batch, reusable):
+            _add_upper(results, match, n, used)
+        batch.clear()
 
     def _checksums(self, store, res, prompt, look, checked: dict[bytes, bool]) -> int:
         """The hit run after verifying the checksums of real-payload hit chunks not verified yet, up to
@@ -548,7 +579,7 @@ class Replayer:
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
                      "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "checksum_verified_chunks",
-                     "redis_retries", "redis_errors", "redis_timeouts"):
+                     "redis_retries", "redis_errors", "redis_timeouts", "lookups_pipelined", "lookups_sampled"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
@@ -563,6 +594,15 @@ class Replayer:
                 self.client, store.key_pattern, self.config.memory_sample)
         except KvcliError as exc:  # e.g. a user without SCAN or MEMORY: the rest of the report stands
             self._degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
+
+
+def _add_upper(results: list[ChunkSizeResult], match: int | None, n: int, reusable: list[int]) -> None:
+    """Add one request's token-granular upper bound (``match``: its radix match, None when not computed) to every
+    chunk size's: never below what a chunk size reused (a read namespace supplies more)."""
+    if match is not None:
+        upper = max(reusable_tokens(match, n), *reusable)
+        for res in results:
+            res.upper_bound_tokens += upper
 
 
 def _critical(res: ChunkSizeResult) -> float:

@@ -47,6 +47,8 @@ class ReplayConfig:
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
         verify_sample: distinct chunks per chunk size whose checksum is verified when estimated requests hit
             them with a real payload (their payloads are read, outside the timings); a failure is a miss.
+        pipeline: estimated requests per pipelined batch of an index-only store (accounted payloads, no read
+            namespace: :mod:`kvcli.store.batch`, two round trips per batch, the same results); 1: one by one.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -71,8 +73,11 @@ class ReplayConfig:
     hit_curve: bool = True
     ttl_refresh: bool = False
     verify_sample: int = 64
+    pipeline: int = 256
 
     def __post_init__(self) -> None:
+        if self.pipeline < 1:
+            raise BadInputError(f"--pipeline must be >= 1, got {self.pipeline}")
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
             raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
                                 "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "
@@ -142,6 +147,8 @@ class ChunkSizeResult:
     max_logit_diff: float = 0.0
     layout: str = "kvcli"
     lookup_round_trips: int = 0
+    lookups_pipelined: int = 0  # lookups answered in pipelined batches (kvcli.store.batch)
+    lookups_sampled: int = 0  # unpipelined lookups timed for latency besides them (lookup p50/p99 come from these)
     key_bytes_per_chunk: float = 0.0
     overheads: Overheads | None = None
     savings: Savings | None = None

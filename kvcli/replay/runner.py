@@ -12,7 +12,6 @@ from pathlib import Path
 
 import redis
 
-from kvcli.model.calibration import Calibration
 from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
@@ -26,6 +25,7 @@ from kvcli.store.namespace import purge_command
 from kvcli.store.server import INFO_REFUSED, RedisTarget, server_info
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import display_name, expand_paths
+from kvcli.units import dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,8 @@ def prepare_model(options: ModelOptions, measure: int | None):
     model = load_model(options.model, options.dtype, options.device, options.seed)
     if options.prefill_tps is not None:
         return model, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
+    from kvcli.model.calibration import Calibration  # torch: only where a model runs
+
     calibration = Calibration(model, seed=options.seed)
     calibration.cover(1, 0.0)  # the base points
     return model, calibration.curve(), calibration, spec
@@ -79,7 +81,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     files = expand_paths(paths)
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
     tok, tok_name = lazy_tokenizer(tokenizer)  # tiktoken loads only when a record holds text
-    with _threads(model_options.threads):
+    runs_model = not (model_options.prefill_tps is not None and config.measure == 0)
+    with _threads(model_options.threads if runs_model else None):
         model, curve, calibration, spec = prepare_model(model_options, config.measure)
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=model_shapes(model_options.model))
@@ -126,7 +129,11 @@ def model_shapes(model: str) -> ModelConfig:
 
 @contextlib.contextmanager
 def _threads(threads: int | None):
-    """torch's intra-op threads set to ``threads`` for the block (None: unchanged), then restored."""
+    """torch's intra-op threads set to ``threads`` for the block (None: unchanged, torch not even imported: a
+    replay that runs no model never loads it), then restored."""
+    if threads is None:
+        yield
+        return
     import torch
 
     before = torch.get_num_threads()
@@ -139,9 +146,7 @@ def _threads(threads: int | None):
 
 
 def _itemsize(dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype_bytes(dtype)
 
 
 def _server_version(client: redis.Redis) -> str:

@@ -46,6 +46,7 @@ from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
 from kvcli.store.server import FaultCounts, fault_counts
+from kvcli.units import dtype_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +94,7 @@ class StoreConfig:
     model_id: str
     tokenizer: str
     kv_shape: tuple[int, int, int, int]
-    dtype: torch.dtype
+    dtype: object  # a torch dtype or torch's name for it ("bfloat16"): an index-only store never imports torch
     payload: str = "real"
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
@@ -126,9 +127,7 @@ class StoreConfig:
         n = 1
         for d in self.chunk_shape:
             n *= d
-        import torch
-
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return n * dtype_bytes(self.dtype)
 
     @functools.cached_property
     def header_bytes(self) -> int:

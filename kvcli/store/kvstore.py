@@ -8,16 +8,17 @@ same chunks; what differs is what goes over the wire and what sits in Redis.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import redis
-import torch
 
 from kvcli.errors import BadInputError
 from kvcli.store.chunkstore import ChunkStore, LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.hashing import ChunkedPrompt
-from kvcli.store.lmcache_store import LMCacheStore, purge_namespace
 from kvcli.store.namespace import purge
+
+if TYPE_CHECKING:
+    import torch
 
 
 class KVStore(Protocol):
@@ -75,9 +76,15 @@ class KVStore(Protocol):
         """Bytes of one chunk's key names."""
 
 
+def _lmcache_store(client: redis.Redis, config: StoreConfig) -> KVStore:
+    from kvcli.store.lmcache_store import LMCacheStore  # torch: only a run with this layout loads it
+
+    return LMCacheStore(client, config)
+
+
 LAYOUTS: dict[str, Callable[[redis.Redis, StoreConfig], KVStore]] = {
     "kvcli": ChunkStore,
-    "lmcache": LMCacheStore,
+    "lmcache": _lmcache_store,
 }
 
 
@@ -115,5 +122,7 @@ def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...]) -> 
     if "kvcli" in layouts:
         deleted += purge(client, namespace).deleted
     if "lmcache" in layouts:
+        from kvcli.store.lmcache_store import purge_namespace
+
         deleted += purge_namespace(client, namespace)
     return deleted

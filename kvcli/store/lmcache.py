@@ -31,11 +31,14 @@ for a non-MLA model) is ``[2, layers, tokens, kv_heads * head_dim]``: K and V fi
 """
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 LMCACHE_VERSION = "0.5.6"
 LMCACHE_COMMIT = "3e11e108"
@@ -44,22 +47,40 @@ KV_SUFFIX = "kv_bytes"
 KEY_FORMAT = ("{model_name}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}[@{layer_id}][@{tag}%{value}...]"
               "{metadata|kv_bytes}")
 
-# CacheEngineKey's dtype names (lmcache/utils.py TORCH_DTYPE_TO_STR_DTYPE; float16 and half are one dtype).
-KEY_DTYPES: dict[torch.dtype, str] = {
-    torch.float16: "half", torch.bfloat16: "bfloat16", torch.float32: "float", torch.float64: "double",
-    torch.int8: "int8", torch.uint8: "uint8", torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
-    torch.bool: "bool", torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz",
-    torch.float8_e5m2: "fp8_e5m2", torch.float8_e5m2fnuz: "fp8_e5m2fnuz",
-}
-_KEY_DTYPE_NAMES = frozenset(KEY_DTYPES.values())
+# KEY_DTYPES, DTYPE_CODES and CODE_DTYPES are keyed by torch dtypes: built on first use (module __getattr__), so
+# importing this module (its key format, for a report) does not load torch.
+_KEY_DTYPE_NAMES = frozenset(("half", "bfloat16", "float", "double", "int8", "uint8", "int16", "int32", "int64",
+                              "bool", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "fp8_e5m2fnuz"))
 
-# The metadata record's dtype codes (protocol.py DTYPE_TO_INT). torch.half is torch.float16, so LMCache's two
-# entries collapse and float16 is written as 2; 1 is read as float16 too.
-DTYPE_CODES: dict[torch.dtype, int] = {
-    torch.float16: 2, torch.bfloat16: 3, torch.float32: 4, torch.float64: 5, torch.uint8: 6,
-    torch.float8_e4m3fn: 7, torch.float8_e5m2: 8,
-}
-CODE_DTYPES: dict[int, torch.dtype | None] = {0: None, 1: torch.float16, **{v: k for k, v in DTYPE_CODES.items()}}
+
+@functools.cache
+def _dtype_tables() -> dict[str, dict]:
+    import torch
+
+    # CacheEngineKey's dtype names (lmcache/utils.py TORCH_DTYPE_TO_STR_DTYPE; float16 and half are one dtype).
+    key_dtypes = {
+        torch.float16: "half", torch.bfloat16: "bfloat16", torch.float32: "float", torch.float64: "double",
+        torch.int8: "int8", torch.uint8: "uint8", torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
+        torch.bool: "bool", torch.float8_e4m3fn: "fp8_e4m3fn", torch.float8_e4m3fnuz: "fp8_e4m3fnuz",
+        torch.float8_e5m2: "fp8_e5m2", torch.float8_e5m2fnuz: "fp8_e5m2fnuz",
+    }
+    # The metadata record's dtype codes (protocol.py DTYPE_TO_INT). torch.half is torch.float16, so LMCache's two
+    # entries collapse and float16 is written as 2; 1 is read as float16 too.
+    codes = {
+        torch.float16: 2, torch.bfloat16: 3, torch.float32: 4, torch.float64: 5, torch.uint8: 6,
+        torch.float8_e4m3fn: 7, torch.float8_e5m2: 8,
+    }
+    return {"KEY_DTYPES": key_dtypes, "DTYPE_CODES": codes,
+            "CODE_DTYPES": {0: None, 1: torch.float16, **{v: k for k, v in codes.items()}}}
+
+
+def __getattr__(name: str):
+    """``KEY_DTYPES`` (torch dtype -> LMCache key name), ``DTYPE_CODES`` (torch dtype -> record code) and
+    ``CODE_DTYPES`` (code -> torch dtype or None), built with torch on first use."""
+    tables = _dtype_tables() if name in ("KEY_DTYPES", "DTYPE_CODES", "CODE_DTYPES") else {}
+    if name in tables:
+        return tables[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # MemoryFormat values (memory_management.py) and, for the KV formats, the axis that counts tokens.
 FORMATS = {0: "UNDEFINED", 1: "KV_2LTD", 2: "KV_T2D", 3: "KV_2TD", 4: "BINARY", 5: "BINARY_BUFFER",
@@ -162,7 +183,7 @@ class KVGroup:
     @property
     def dtype(self) -> torch.dtype | None:
         """The torch dtype of the code (None for code 0 or an unknown code)."""
-        return CODE_DTYPES.get(self.dtype_code)
+        return _dtype_tables()["CODE_DTYPES"].get(self.dtype_code)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,12 +268,13 @@ def kv_record(kv_shape: tuple[int, int, int, int], chunk_tokens: int, dtype: tor
     Raises:
         ValueError: a dtype LMCache's record has no code for.
     """
-    if dtype not in DTYPE_CODES:
+    codes = _dtype_tables()["DTYPE_CODES"]
+    if dtype not in codes:
         raise ValueError(f"LMCache's metadata record has no code for {dtype}")
     layers, two, heads, dim = kv_shape
     shape = (two, layers, chunk_tokens, heads * dim)
     return RemoteRecord(two * layers * chunk_tokens * heads * dim * dtype.itemsize, KV_2LTD,
-                        (KVGroup(DTYPE_CODES[dtype], shape),))
+                        (KVGroup(codes[dtype], shape),))
 
 
 def to_kv_2ltd(chunk_kv: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ from kvcli.store.lmcache import (
     split_redis_key,
     to_kv_2ltd,
 )
+from kvcli.units import torch_dtype
 
 _DELETE_BATCH = 1000
 
@@ -83,15 +84,16 @@ class LMCacheStore:
                                 "leaves eviction to the server)")
         if "@" in config.namespace:
             raise BadInputError(f"namespace {config.namespace!r}: LMCache's keys are split on '@'; use another name")
-        if config.dtype not in KEY_DTYPES:
-            raise BadInputError(f"LMCache's keys have no name for KV dtype {config.dtype}")
+        self._dtype = torch_dtype(config.dtype)  # a name ("bfloat16") or a torch dtype
+        if self._dtype not in KEY_DTYPES:
+            raise BadInputError(f"LMCache's keys have no name for KV dtype {self._dtype}")
         try:
-            self._record = pack_record(kv_record(config.kv_shape, config.chunk_size, config.dtype))
+            self._record = pack_record(kv_record(config.kv_shape, config.chunk_size, self._dtype))
         except ValueError as exc:
             raise BadInputError(str(exc)) from None
         self.client, self.config = client, config
         self.model_name = run_model_name(config.namespace, config.chunk_size, config.model_id)
-        self._head, self._tail = key_affixes(self.model_name, world_size, worker_id, KEY_DTYPES[config.dtype])
+        self._head, self._tail = key_affixes(self.model_name, world_size, worker_id, KEY_DTYPES[self._dtype])
         self.stats = StoreStats()
         self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
         self._with_metadata: set[int] = set()
@@ -183,7 +185,7 @@ class LMCacheStore:
             return None  # a record that does not describe this store's chunks, or KV bytes of another length
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only buffer: never written into
-            flat = torch.frombuffer(value, dtype=self.config.dtype)
+            flat = torch.frombuffer(value, dtype=self._dtype)
         layers, two, heads, dim = self.config.kv_shape
         return from_kv_2ltd(flat.view(two, layers, self.config.chunk_size, heads * dim), heads)
 

@@ -14,15 +14,19 @@ from __future__ import annotations
 import json
 import struct
 import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from kvcli.errors import KvcliError
+from kvcli.units import DTYPE_BYTES, dtype_key
 
-_DTYPES = {
-    torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
-    torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
+if TYPE_CHECKING:
+    import torch
+
+_DTYPES = {  # torch's name -> safetensors' (a dtype is a name until a tensor is made: torch loads only then)
+    "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
+    "int8": "I8", "uint8": "U8", "int16": "I16", "int32": "I32", "int64": "I64",
 }
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 TENSOR_NAME = "kv"
@@ -32,21 +36,23 @@ class PayloadError(KvcliError):
     """A stored payload is not a valid kvcli/safetensors KV payload (truncated, corrupted, wrong dtype)."""
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    """The safetensors name of a torch dtype (``torch.bfloat16`` -> ``"BF16"``).
+def dtype_name(dtype) -> str:
+    """The safetensors name of a torch dtype or of torch's name for it (``torch.bfloat16``, ``"bfloat16"`` ->
+    ``"BF16"``).
 
     Raises:
         PayloadError: the dtype has no safetensors name here.
     """
     try:
-        return _DTYPES[dtype]
+        return _DTYPES[dtype_key(dtype)]
     except KeyError:
         raise PayloadError(f"dtype {dtype} cannot be serialized") from None
 
 
-def _header(shape: tuple[int, ...], dtype: torch.dtype, metadata: dict[str, str] | None) -> bytes:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
-    head: dict = {TENSOR_NAME: {"dtype": dtype_name(dtype), "shape": list(shape), "data_offsets": [0, nbytes]}}
+def _header(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None) -> bytes:
+    name = dtype_name(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[_BY_NAME[name]]
+    head: dict = {TENSOR_NAME: {"dtype": name, "shape": list(shape), "data_offsets": [0, nbytes]}}
     if metadata:
         head["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     raw = json.dumps(head, separators=(",", ":")).encode()
@@ -54,7 +60,7 @@ def _header(shape: tuple[int, ...], dtype: torch.dtype, metadata: dict[str, str]
     return struct.pack("<Q", len(raw)) + raw
 
 
-def header_size(shape: tuple[int, ...], dtype: torch.dtype, metadata: dict[str, str] | None = None) -> int:
+def header_size(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None = None) -> int:
     """Bytes of serialization header (length prefix + JSON + padding) for a tensor of this shape and dtype."""
     return len(_header(tuple(shape), dtype, metadata))
 
@@ -68,6 +74,8 @@ def encode_kv(kv: torch.Tensor, metadata: dict[str, str] | None = None) -> memor
     Raises:
         PayloadError: the dtype cannot be serialized.
     """
+    import torch
+
     head = _header(tuple(kv.shape), kv.dtype, metadata)
     out = torch.empty(len(head) + kv.numel() * kv.element_size(), dtype=torch.uint8)
     out[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
@@ -86,6 +94,8 @@ def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:
         PayloadError: the bytes are not a valid one-tensor safetensors payload (truncated or corrupted header,
             unknown dtype, data size not matching the shape).
     """
+    import torch
+
     view = memoryview(payload).cast("B")
     try:
         (n,) = struct.unpack_from("<Q", view, 0)
@@ -94,13 +104,14 @@ def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:
         head = json.loads(bytes(view[8:8 + n]))
         meta = head.pop("__metadata__", {}) or {}
         (spec,) = head.values()
-        dtype = _BY_NAME[spec["dtype"]]
+        name = _BY_NAME[spec["dtype"]]
+        dtype = getattr(torch, name)
         shape = tuple(int(d) for d in spec["shape"])
         start, end = (int(x) for x in spec["data_offsets"])
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise PayloadError(f"not a KV payload: {exc}") from None
     count = end - start
-    expect = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    expect = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[name]
     if count != expect or 8 + n + end > len(view):
         raise PayloadError(f"KV payload data is {len(view) - 8 - n} bytes, header says {expect}")
     if count == 0:

@@ -33,9 +33,12 @@ def _trace(tmp_path, n: int = 2) -> Path:
     return path
 
 
-def _replay(trace: Path, url: str, *extra: str):
+def _replay(trace: Path, url: str, *extra: str, pipeline: str = "1"):
+    """Replay through ``url``; ``pipeline`` "1" (default): one lookup (EVAL_RO) and one store per request, which
+    the faults below aim at; more: pipelined batches (kvcli.store.batch)."""
     return CliRunner().invoke(app, ["replay", str(trace), "--chunk-sizes", "4", "--measure", "0", "--prefill-tps",
-                                    "1000", "--payload", "accounted", "--redis-url", url, "--json", *extra])
+                                    "1000", "--payload", "accounted", "--redis-url", url, "--json",
+                                    "--pipeline", pipeline, *extra])
 
 
 def _row(out) -> dict:
@@ -76,7 +79,7 @@ def test_the_report_table_shows_retries_errors_and_timeouts(tmp_path, fault_prox
     fault_proxy.drop(*LOOKUP_R2, skip=1)
     out = CliRunner().invoke(app, ["replay", str(_trace(tmp_path)), "--chunk-sizes", "4", "--measure", "0",
                                    "--prefill-tps", "1000", "--payload", "accounted", "--redis-url",
-                                   fault_proxy.url()])
+                                   fault_proxy.url(), "--pipeline", "1"])
     assert out.exit_code == 0, out.output
     line = next(x for x in out.stdout.splitlines() if "Redis retries / errors / timeouts" in x)
     assert "1 / 0 / 0" in line
@@ -114,6 +117,33 @@ def test_a_server_gone_mid_run_ends_it_with_exit_3_and_the_purge_command(tmp_pat
     assert "was not deleted" in out.stderr
     assert "kvcli purge --namespace replay-" in out.stderr and f"--redis-url {fault_proxy.url()}" in out.stderr
     assert len(_keys(redis_url)) == 2  # R1's two metadata entries, named in the message
+
+
+BATCH_READ = (b"MGET", b":4:m:")  # a pipelined batch's read of every metadata key it names
+BATCH_WRITE = (b"MSET", b":4:m:")  # a pipelined batch's writes
+
+
+def test_a_dropped_connection_on_a_batch_read_is_retried_and_counted_once(tmp_path, fault_proxy, redis_client):
+    redis_client.set("foreign", "1")
+    fault_proxy.drop(*BATCH_READ)  # the proxy closes the connection on the first batch's MGET
+    row = _row(_replay(_trace(tmp_path), fault_proxy.url(), pipeline="256"))
+    assert fault_proxy.dropped == 1
+    # one batch: R1 misses and stores [1-4] [5-8]; R2 hits them (the batch's own writes): 8
+    assert (row["hit_tokens"], row["lookups"], row["lookups_pipelined"], row["metadata_entries"]) == (8, 2, 2, 2)
+    assert (row["redis_retries"], row["redis_errors"], row["redis_timeouts"]) == (1, 0, 0)
+    assert sorted(redis_client.scan_iter("*")) == [b"foreign"]
+
+
+def test_a_stalled_batch_write_stores_nothing_and_the_next_batch_misses(tmp_path, fault_proxy, redis_client):
+    fault_proxy.stall(*BATCH_WRITE)  # the first batch's write (R1, R2) never gets a reply
+    row = _row(_replay(_trace(tmp_path, 4), fault_proxy.url(), "--redis-timeout", "300ms", pipeline="2"))
+    assert fault_proxy.stalled == 1
+    # batch 1: R1 misses, R2 hits R1's chunks in the batch (8), their write times out: nothing counted as stored.
+    # Batch 2: R3 reads what the server holds (the proxy held the write back: nothing), misses and stores
+    # [1-4] [5-8]; R4 hits 8
+    assert (row["hit_tokens"], row["lookups"], row["metadata_entries"]) == (16, 4, 2)
+    assert (row["redis_retries"], row["redis_errors"], row["redis_timeouts"]) == (0, 1, 1)
+    assert list(redis_client.scan_iter("*")) == []
 
 
 def _spawn(args: list[str]) -> tuple[subprocess.Popen, list[str]]:

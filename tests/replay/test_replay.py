@@ -66,8 +66,9 @@ def _replayer(client, model=None, **kw):
     return Replayer(client, model, CostCurve.from_tokens_per_second(1000.0), "raw", config, spec=spec)
 
 
-def test_replay_counts_accounted(redis_client):
-    result = _replayer(redis_client, measure=0, payload="accounted").replay("t", requests())
+@pytest.mark.parametrize("pipeline", [1, 256])
+def test_replay_counts_accounted(redis_client, pipeline):
+    result = _replayer(redis_client, measure=0, payload="accounted", pipeline=pipeline).replay("t", requests())
     assert (result.requests, result.skipped_empty, result.measured_requests) == (5, 1, 0)
     for res in result.per_chunk_size:
         exp = EXPECTED[res.chunk_size]
@@ -78,8 +79,10 @@ def test_replay_counts_accounted(redis_client):
         assert res.payload_bytes_written == 0
         assert res.payload_bytes_accounted == exp["metadata_entries"] * res.chunk_size * 1024
         assert res.lookups == 5
-        # lookups of prompts with a full chunk (4) + stores of missed chunks (cs 4: R1 R3 R6; cs 8: R1 R6)
-        assert res.round_trips == {4: 4 + 3, 8: 4 + 2}[res.chunk_size]
+        # one by one: lookups of prompts with a full chunk (4) + stores of missed chunks (cs 4: R1 R3 R6; cs 8:
+        # R1 R6); pipelined: one batch, one read and one write
+        assert res.round_trips == ({4: 4 + 3, 8: 4 + 2}[res.chunk_size] if pipeline == 1 else 2)
+        assert res.lookups_pipelined == (0 if pipeline == 1 else 5)
         # estimated saving at 1000 tok/s with no fixed cost: reuse (min(hit, n-1)) tokens / 1000
         assert res.saved_prefill_seconds_estimated == pytest.approx(exp["hit_tokens"] / 1000)
         assert res.savings.saved.value == pytest.approx(exp["hit_tokens"] / 1000)

@@ -1,0 +1,156 @@
+"""Pipelined index-only replay (kvcli/store/batch.py) against one request at a time (``pipeline=1``): the same hits,
+objects, bytes, evictions and server state, on a single server and on the cluster; exact values by hand."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvcli.model.costcurve import CostCurve
+from kvcli.model.presets import ModelSpec
+from kvcli.replay.replayer import Replayer
+from kvcli.replay.results import ReplayConfig
+from kvcli.store import cluster
+from kvcli.store.batch import SAMPLE_EVERY
+from kvcli.traces.detect import read_trace
+from kvcli.traces.request import Request
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ModelSpec("m", (2, 2, 2, 32), "float32")
+
+
+def tok(a: int, b: int) -> list[int]:
+    return list(range(a, b + 1))
+
+
+# chunk size 4, capacity 2 chunks (8 tokens). A=[1-4] B=[5-8] C=[9-12]; X=[101-104] Y=[105-108]; Z=[1-4] after X.
+# P1 A B: miss, store A B.                         LRU (least recent first) B A
+# P2 X Y: miss, store X Y, evict B A (deleted).    Y X
+# P3 A B: miss, store A B, evict Y X.              B A
+# P4 X Z: miss, store X Z, evict B A.              Z X
+# P5 A B C: miss; C alone overflows: stored A B, C dropped; evict Z X.   B A
+# P6 A B: hit 8 tokens, reuses 7 (its last token is computed).
+# hit tokens 7; objects 2+2+2+2+2 = 10; evicted chunks 8; left on the server: A and B's metadata.
+LRU_PROMPTS = [tok(1, 8), tok(101, 108), tok(1, 8), tok(101, 104) + tok(1, 4), tok(1, 12), tok(1, 8)]
+
+
+def _requests(prompts) -> list[Request]:
+    return [Request(f"t:{i + 1}", np.asarray(p, dtype="<u4"), source=f"t:{i + 1}") for i, p in enumerate(prompts)]
+
+
+def _replay(client, requests, pipeline: int, chunk_sizes=(4,), **kw):
+    config = ReplayConfig(chunk_sizes=chunk_sizes, payload="accounted", measure=0, pipeline=pipeline, **kw)
+    replayer = Replayer(client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config, spec=SPEC)
+    return replayer.replay("t", requests)
+
+
+def _own_keys(client, namespace: str) -> list[bytes]:
+    return sorted(k for _, keys in cluster.scan(client, f"kvcli:v1:{namespace}:*") for k in keys)
+
+
+@pytest.mark.parametrize("pipeline", [1, 2, 256])
+def test_lru_capacity_by_hand(redis_client, pipeline):
+    result = _replay(redis_client, _requests(LRU_PROMPTS), pipeline, capacity_tokens=8, keep=True)
+    (res,) = result.per_chunk_size
+    assert (res.hit_tokens, res.objects_created, res.metadata_entries, res.evicted_chunks) == (7, 10, 10, 8)
+    assert (res.hit_requests, res.store_requests, res.chunks_hit) == (1, 5, 2)
+    assert res.hit_tokens_unlimited == 7 + 4 + 8 + 7  # unlimited capacity: P3 (A B), P4 (X), P5 (A B), P6 (A B)
+    assert res.upper_bound_tokens == 7 + 4 + 8 + 7  # P3 [1-8], P4 [101-104], P5 [1-8], P6 [1-8]
+    assert res.lookups == 6 and res.lookups_pipelined == (0 if pipeline == 1 else 6)
+    assert res.lookups_sampled == (0 if pipeline == 1 else 1)  # the first request of every SAMPLE_EVERY
+    prefix = f"kvcli:v1:{res.namespace}:4:m:".encode()
+    keys = _own_keys(redis_client, res.namespace)
+    assert len(keys) == 2 and all(k.startswith(prefix) for k in keys)  # A and B
+    one = _replay(redis_client, _requests(LRU_PROMPTS[:1]), pipeline, keep=True).per_chunk_size[0]
+    assert sorted(k.replace(one.namespace.encode(), b"") for k in _own_keys(redis_client, one.namespace)) == \
+        sorted(k.replace(res.namespace.encode(), b"") for k in keys)  # the same chunks: A and B
+    for ns in (res.namespace, one.namespace):
+        cluster.unlink(redis_client, _own_keys(redis_client, ns))
+
+
+COMPARED = ("requests", "prompt_tokens", "hit_tokens", "hit_tokens_metadata_only", "hit_tokens_unlimited",
+            "upper_bound_tokens", "chunks_hit", "hit_requests", "store_requests", "objects_created",
+            "metadata_entries", "chunks_written", "payload_bytes_accounted", "metadata_bytes_written",
+            "evicted_chunks", "lookups", "short_requests")
+
+SAMPLES = [("mooncake_conversation_head1000.jsonl.gz", (512, 2048), 400, 300 * 512),
+           ("sharegpt_multiturn.json", (16, 64), None, 640),
+           ("chat_shared_system.jsonl", (16, 64), None, 600),
+           ("tokens_small.jsonl", (4, 16), None, 16)]
+
+
+@pytest.mark.parametrize("name,chunk_sizes,limit,capacity", SAMPLES, ids=[s[0].split(".")[0] for s in SAMPLES])
+def test_pipelined_equals_one_by_one_on_sample_traces(redis_client, name, chunk_sizes, limit, capacity):
+    """Every count, the capacity/TTL curve's points and the server's keys (kept) are the same both ways, with a
+    capacity that evicts and without one."""
+    path = ROOT / "sample_traces" / name
+    unbounded = None
+    for capacity_tokens in (None, capacity):
+        rows, curves, keys = {}, {}, {}
+        for pipeline in (1, 7, 256):
+            result = _replay(redis_client, lambda: read_trace(path), pipeline, chunk_sizes, limit=limit,
+                             capacity_tokens=capacity_tokens, keep=True)
+            rows[pipeline] = [{f: getattr(r, f) for f in COMPARED} for r in result.per_chunk_size]
+            curves[pipeline] = [{k: v for k, v in r.hit_curve.to_dict().items() if k != "seconds"}
+                                for r in result.per_chunk_size]  # "seconds": the curve's own compute time
+            namespace = result.per_chunk_size[0].namespace
+            own = _own_keys(redis_client, namespace)
+            keys[pipeline] = sorted(k.replace(namespace.encode(), b"") for k in own)
+            cluster.unlink(redis_client, own)
+        assert rows[7] == rows[1] and rows[256] == rows[1]
+        assert curves[7] == curves[1] and curves[256] == curves[1]
+        assert keys[7] == keys[1] and keys[256] == keys[1]
+        assert any(r["hit_tokens"] for r in rows[1])
+        if capacity_tokens:  # the capacity changed the outcome (evictions, or chunks with no room)
+            assert rows[1] != unbounded
+        unbounded = rows[1]
+
+
+def test_mooncake_sample_pipelined_counts_by_hand(redis_client):
+    """At chunk size 512 the pipelined replay's hits equal the trace's own block reuse (as one by one does:
+    tests/replay/test_replay.py), and 1 in SAMPLE_EVERY lookups is also timed unpipelined."""
+    import gzip
+    import json
+
+    path = ROOT / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+    records = [json.loads(line) for line in gzip.open(path, "rt")][:300]
+    seen: set[int] = set()
+    expected = 0
+    for rec in records:
+        k = 0
+        while k < len(rec["hash_ids"]) and rec["hash_ids"][k] in seen:
+            k += 1
+        expected += min(k, rec["input_length"] // 512) * 512
+        seen.update(rec["hash_ids"][: rec["input_length"] // 512])
+    result = _replay(redis_client, lambda: read_trace(path), 256, (512,), limit=300)
+    (res,) = result.per_chunk_size
+    assert res.hit_tokens == expected
+    assert (res.lookups_pipelined, res.lookups_sampled) == (300, -(-300 // SAMPLE_EVERY))
+    assert res.lookup_round_trips == 2  # batches of 256 and 44: one read each
+    assert any("sampled unpipelined lookups" in note for note in result.notes)
+
+
+def test_a_read_namespace_is_replayed_one_by_one(redis_client):
+    """With --namespace the lookups must check payload lengths (a warmed namespace holds real payloads): no batch."""
+    warm = _replay(redis_client, _requests([tok(1, 8)]), 256, keep=True).per_chunk_size[0].namespace
+    result = _replay(redis_client, _requests([tok(1, 8), tok(1, 8)]), 256, namespace=warm)
+    (res,) = result.per_chunk_size
+    assert (res.hit_tokens, res.lookups_pipelined, res.namespace_hit_chunks) == (7 + 7, 0, 4)
+    cluster.unlink(redis_client, _own_keys(redis_client, warm))
+
+
+def test_the_index_only_cli_path_does_not_import_torch(tmp_path, redis_url):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"id": "a", "token_ids": [1, 2, 3, 4, 5, 6, 7, 8]}\n')
+    code = ("import sys, runpy; sys.argv = ['kvcli', 'replay', sys.argv[1], '--payload', 'accounted', '--measure', "
+            "'0', '--prefill-tps', '3000', '--chunk-sizes', '4', '--redis-url', sys.argv[2], '--json']\n"
+            "try:\n    runpy.run_module('kvcli', run_name='__main__')\nexcept SystemExit as exc:\n"
+            "    assert not exc.code, exc.code\n"
+            "print(sorted(m for m in ('torch', 'tiktoken', 'matplotlib') if m in sys.modules), file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(trace), redis_url], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "[]"
