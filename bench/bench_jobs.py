@@ -7,6 +7,10 @@ transfer calibration, the units, merge, purge), so the worker processes' start (
 interleaved (bench/_common.py); ratios are against 1 worker process measured in the same run. The merged hit tokens
 are checked identical across all.
 
+Baseline, measured in the same run: the CPU-bound part alone (read the trace and chunk-hash it at every chunk size,
+no Redis) in 1..N processes of a pool started beforehand: the parallelism this machine gives at the moment (other
+work on it, and the Redis server during a replay, share its cores).
+
     PYTHONPATH=. python bench/bench_jobs.py [--workers 2] [--repeats 3] [--chunk-sizes 64,128,256,512] [--no-ray]
 """
 from __future__ import annotations
@@ -22,6 +26,36 @@ from _common import interleaved  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+
+
+def hash_unit(trace: str, sizes: tuple[int, ...]) -> int:
+    """Read the trace and chunk-hash every prompt at ``sizes``; the chunks hashed."""
+    from kvcli.store.hashing import chunk_prompt, namespace_root
+    from kvcli.traces.detect import read_trace
+
+    root, chunks = namespace_root("m", "cl100k_base"), 0
+    for request in read_trace(trace):
+        for cs in sizes:
+            chunks += len(chunk_prompt(request.token_ids, cs, root).hashes)
+    return chunks
+
+
+def hashing_baseline(trace: str, sizes: tuple[int, ...], workers: int, repeats: int) -> list[list[float]]:
+    """Seconds of :func:`hash_unit` over ``sizes`` split into 1..``workers`` processes (a started pool each)."""
+    import multiprocessing
+
+    from kvcli.replay.units import plan_units
+
+    pools = [multiprocessing.get_context("spawn").Pool(n) for n in range(1, workers + 1)]
+    try:
+        def run(n: int):
+            plan = plan_units(tuple(("kvcli", cs) for cs in sizes), n, False)
+            return lambda: [r.get() for r in [pools[n - 1].apply_async(hash_unit, (trace, tuple(sizes[i] for i in idx)))
+                                              for idx, _ in plan]]
+        return interleaved([run(n) for n in range(1, workers + 1)], repeats)
+    finally:
+        for pool in pools:
+            pool.close()
 
 
 def main() -> None:
@@ -67,11 +101,18 @@ def main() -> None:
         finally:
             if ray is not None:
                 ray.shutdown()
+    sizes = tuple(int(x) for x in args.chunk_sizes.split(","))
+    labels += [f"hash {n}" for n in range(1, args.workers + 1)]
+    times += hashing_baseline(args.trace, sizes, args.workers, args.repeats)
     base_min, base_med = min(times[0]), statistics.median(times[0])
     print(f"trace {Path(args.trace).name}, chunk sizes {args.chunk_sizes}, {os.cpu_count()} cores, "
           f"{args.repeats} runs each after a warm-up; hit tokens identical: {hits['jobs 1']}")
     print(f"{'workers':<10}{'min s':>8}{'median s':>10}{'speed-up (min)':>16}{'speed-up (median)':>19}")
-    for label, t in zip(labels, times):
+    hash_at = labels.index("hash 1")
+    for k, (label, t) in enumerate(zip(labels, times)):
+        if k == hash_at:
+            print("baseline: read + chunk-hash only, no Redis (ratios against hash 1)")
+            base_min, base_med = min(t), statistics.median(t)
         lo, med = min(t), statistics.median(t)
         print(f"{label:<10}{lo:>8.2f}{med:>10.2f}{base_min / lo:>15.2f}x{base_med / med:>18.2f}x")
 

@@ -92,22 +92,27 @@ def _local(replayer: Replayer, work: Work, plan, progress) -> list[Part]:
 
 
 class ProcessUnits:
-    """Units in up to ``jobs`` spawned worker processes (started at the first trace with more than one unit, kept
-    for the next traces; :meth:`close` stops them). A trace with one unit runs in this process."""
+    """Units in up to ``jobs`` spawned worker processes (started at once, so their start overlaps the first trace's
+    preparation, and kept for the next traces; :meth:`close` stops them). A trace with one unit runs in this
+    process."""
 
     def __init__(self, jobs: int, setup: Setup) -> None:
         if jobs < 1:
             raise BadInputError(f"--jobs must be >= 1, got {jobs}")
         self.jobs, self.setup, self._pool = jobs, setup, None
+        self._start()  # now: the workers start (spawn, imports) while this process prepares the first trace
+
+    def _start(self) -> None:
+        if self._pool is None:
+            stores = len(self.setup.config.chunk_sizes) * len(self.setup.config.layouts)
+            self._pool = multiprocessing.get_context("spawn").Pool(min(self.jobs, stores), initializer=_ignore_sigint)
 
     def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
         """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers."""
         plan = plan_units(work.stores, self.jobs, self.setup.config.upper_bound)
         if len(plan) == 1:
             return _local(replayer, work, plan, progress)
-        if self._pool is None:
-            self._pool = multiprocessing.get_context("spawn").Pool(min(self.jobs, len(work.stores)),
-                                                                   initializer=_ignore_sigint)
+        self._start()
         pending = [self._pool.apply_async(run_unit, (self.setup, work, indices, upper)) for indices, upper in plan]
         try:
             while not all(r.ready() for r in pending):
@@ -204,7 +209,7 @@ def _package_root() -> str:
 
 
 def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool):
-    """The runner of a replay's units: None (every store in this process) for one job without Ray, else
+    """The runner of a replay's units: None (every store in this process) for one job (or one store) without Ray, else
     :class:`ProcessUnits` or :class:`RayUnits`. ``jobs`` None: :func:`default_jobs` (Ray: the cluster's CPUs).
 
     Raises:
@@ -219,7 +224,8 @@ def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool):
                                 f"(127.0.0.1); give --redis-url (or REDIS_URL) of a server they can reach")
         return RayUnits(ray, jobs, setup)
     jobs = default_jobs() if jobs is None else jobs
-    return ProcessUnits(jobs, setup) if jobs > 1 else None
+    stores = len(setup.config.chunk_sizes) * len(setup.config.layouts)
+    return ProcessUnits(jobs, setup) if min(jobs, stores) > 1 else None
 
 
 def default_jobs() -> int:
@@ -233,7 +239,7 @@ def default_jobs() -> int:
 def describe_units(units) -> str:
     """Where a replay's units ran, for the report's context."""
     if units is None:
-        return "this process (--jobs 1)"
+        return "this process"
     if isinstance(units, RayUnits):
         return f"Ray ({units.address}), up to {units.jobs} tasks per trace"
     return f"up to {units.jobs} worker processes"

@@ -75,7 +75,7 @@ def test_jobs_give_the_single_process_report_with_a_capacity(redis_url):
     options = ModelOptions("cpu", prefill_tps=2000.0)
     one, ctx1 = run(redis_url, config, options, jobs=1)
     two, ctx2 = run(redis_url, config, options, jobs=2)
-    assert ctx1["units"] == "this process (--jobs 1)" and ctx2["units"] == "up to 2 worker processes"
+    assert ctx1["units"] == "this process" and ctx2["units"] == "up to 2 worker processes"
     assert comparable(one) == comparable(two)
     assert (one.requests, one.skipped_empty, one.notes, one.span_seconds) == (
         two.requests, two.skipped_empty, two.notes, two.span_seconds)
