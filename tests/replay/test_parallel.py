@@ -29,7 +29,8 @@ VARYING = {"namespace", "redis_memory_bytes", "lookup_p50_seconds", "lookup_p99_
            "transfer_seconds_measured", "transfer_seconds_estimated", "deserialize_seconds",
            "deserialize_seconds_estimated", "store_seconds", "store_seconds_estimated", "overhead_seconds",
            "net_benefit_seconds", "overheads", "full_prefill_seconds_measured", "suffix_prefill_seconds_measured",
-           "saved_prefill_seconds_measured"}
+           "saved_prefill_seconds_measured",
+           "store_mode"}  # async unless the timed background stores outlast the trace's span
 VARYING_SAVINGS = {"critical_path_seconds", "background_seconds", "net_benefit_sync_seconds",
                    "net_benefit_async_seconds"}
 
