@@ -20,8 +20,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import time
 from collections.abc import Callable
+from concurrent import futures
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from kvcli.errors import BadInputError, KvcliError
@@ -94,7 +96,7 @@ def _local(replayer: Replayer, work: Work, plan, progress) -> list[Part]:
 class ProcessUnits:
     """Units in up to ``jobs`` spawned worker processes (started at once, so their start overlaps the first trace's
     preparation, and kept for the next traces; :meth:`close` stops them). A trace with one unit runs in this
-    process."""
+    process. A worker that dies (killed, out of memory) fails the run with a one-line error, never a hang."""
 
     def __init__(self, jobs: int, setup: Setup) -> None:
         if jobs < 1:
@@ -104,21 +106,33 @@ class ProcessUnits:
 
     def _start(self) -> None:
         if self._pool is None:
-            stores = len(self.setup.config.chunk_sizes) * len(self.setup.config.layouts)
-            self._pool = multiprocessing.get_context("spawn").Pool(min(self.jobs, stores), initializer=_ignore_sigint)
+            workers = min(self.jobs, len(self.setup.config.chunk_sizes) * len(self.setup.config.layouts))
+            self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _ignore_sigint)
+            for _ in range(workers):  # the executor starts a worker per waiting task
+                self._pool.submit(_ignore_sigint)
 
     def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
-        """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers."""
+        """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers.
+
+        Raises:
+            KvcliError: a worker process died.
+        """
         plan = plan_units(work.stores, self.jobs, self.setup.config.upper_bound)
         if len(plan) == 1:
             return _local(replayer, work, plan, progress)
         self._start()
-        pending = [self._pool.apply_async(run_unit, (self.setup, work, indices, upper)) for indices, upper in plan]
         try:
-            while not all(r.ready() for r in pending):
-                time.sleep(POLL_SECONDS)
-                _tick(progress, sum(r.ready() for r in pending), len(pending), len(work.lengths))
-            return [r.get() for r in pending]
+            pending = [self._pool.submit(run_unit, self.setup, work, indices, upper) for indices, upper in plan]
+            while not all(f.done() for f in pending):
+                futures.wait(pending, timeout=POLL_SECONDS, return_when=futures.FIRST_EXCEPTION)
+                if any(f.done() and f.exception() is not None for f in pending):
+                    break
+                _tick(progress, sum(f.done() for f in pending), len(pending), len(work.lengths))
+            return [f.result() for f in pending]
+        except BrokenProcessPool:
+            self.close(terminate=True)
+            raise KvcliError("a replay worker process died (killed, or out of memory?); rerun with --jobs 1 or "
+                             "fewer jobs") from None
         except BaseException:  # Ctrl-C, SIGTERM or a unit's error: no worker may write after the cleanup
             self.close(terminate=True)
             raise
@@ -126,9 +140,15 @@ class ProcessUnits:
     def close(self, terminate: bool = False) -> None:
         """Stop the workers (at once with ``terminate``, else after their current unit)."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.terminate() if terminate else pool.close()
-            pool.join()
+        if pool is None:
+            return
+        if terminate:
+            processes = list((getattr(pool, "_processes", None) or {}).values())  # no public way before 3.14
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.join()
+        pool.shutdown(wait=not terminate, cancel_futures=True)
 
 
 class RayUnits:

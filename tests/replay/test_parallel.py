@@ -143,11 +143,9 @@ def test_cli_checks_jobs_and_ray(monkeypatch):
     assert res.stderr.strip() == "kvcli: error: --ray needs Ray, which is not installed: pip install 'kvcli[ray]'"
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_an_interrupted_parallel_replay_stops_its_workers_and_deletes_its_keys(make_server, signum, code):
-    """SIGINT to the whole process group (a terminal's Ctrl-C) or SIGTERM to the parent alone: the workers stop,
-    then the parent deletes the run's namespace; a foreign key stays."""
-    url = make_server()
+def _start_parallel_replay(url: str) -> tuple[subprocess.Popen, list[str], redis.Redis]:
+    """A --jobs 2 replay of the Mooncake sample in its own session, once it has written 3,000 keys; a foreign key
+    set before it."""
     client = redis.Redis.from_url(url)
     client.set("foreign", "1")
     proc = subprocess.Popen([sys.executable, "-m", "kvcli", "replay", str(MOONCAKE), "--chunk-sizes", "16,64",
@@ -160,15 +158,40 @@ def test_an_interrupted_parallel_replay_stops_its_workers_and_deletes_its_keys(m
     while client.dbsize() < 3000 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, "the replay ended before it could be interrupted"
-    if signum == signal.SIGINT:
-        os.killpg(proc.pid, signum)
-    else:
-        proc.send_signal(signum)
+    return proc, lines, client
+
+
+def _finished(proc: subprocess.Popen, lines: list[str], client: redis.Redis, code: int) -> str:
     proc.wait(timeout=120)
     time.sleep(0.2)
     err = "".join(lines)
     assert proc.returncode == code, err
-    assert "Traceback" not in err and "deleting namespace replay-" in err
+    assert "Traceback" not in err
     assert client.keys("*") == [b"foreign"]
     time.sleep(0.5)  # no worker writes after the cleanup
     assert client.keys("*") == [b"foreign"]
+    return err
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_parallel_replay_stops_its_workers_and_deletes_its_keys(make_server, signum, code):
+    """SIGINT to the whole process group (a terminal's Ctrl-C) or SIGTERM to the parent alone: the workers stop,
+    then the parent deletes the run's namespace; a foreign key stays."""
+    proc, lines, client = _start_parallel_replay(make_server())
+    if signum == signal.SIGINT:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    err = _finished(proc, lines, client, code)
+    assert "deleting namespace replay-" in err
+
+
+def test_a_killed_worker_fails_the_run_in_one_line_and_its_keys_are_deleted(make_server):
+    proc, lines, client = _start_parallel_replay(make_server())
+    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                  text=True).stdout.split()
+               if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)
+    err = _finished(proc, lines, client, 1)
+    assert "kvcli: error: a replay worker process died (killed, or out of memory?); rerun with --jobs 1" in err
