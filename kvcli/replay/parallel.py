@@ -263,3 +263,15 @@ def describe_units(units) -> str:
     if isinstance(units, RayUnits):
         return f"Ray ({units.address}), up to {units.jobs} tasks per trace"
     return f"up to {units.jobs} worker processes"
+
+
+def reply_timeout(client) -> float | None:
+    """The reply timeout (seconds) ``client`` was made with (:func:`kvcli.store.server.connect`), for the workers'
+    own connections; None when it cannot be read (the default is used)."""
+    pool = getattr(client, "connection_pool", None)
+    try:
+        if pool is None:  # a cluster client: its nodes' connections carry it
+            pool = client.get_default_node().redis_connection.connection_pool
+        return pool.connection_kwargs.get("socket_timeout")
+    except AttributeError:
+        return None

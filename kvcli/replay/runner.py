@@ -19,7 +19,7 @@ from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokeniz
 from kvcli.model.presets import ModelConfig, get_preset
 from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.measure import curve_check
-from kvcli.replay.parallel import Setup, describe_units, make_units
+from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
@@ -90,7 +90,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
                             model_config=model_shapes(model_options.model))
         replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
         replayer.units = units = make_units(jobs, ray, Setup(
-            target.url, client.connection_pool.connection_kwargs.get("socket_timeout"), model_options, tok_name,
+            target.url, reply_timeout(client), model_options, tok_name,
             spec, replayer.model_config, config), target.embedded)
         if units is not None:
             stack.callback(units.close)
