@@ -25,11 +25,12 @@ def main() -> None:
     ap.add_argument("--preset", default="cpu")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    import os
+
     import numpy as np
     import torch
 
     from kvcli.model.llama import build_model
-    import os
     from kvcli.store.serde import decode_kv, encode_kv
 
     model = build_model(args.preset, device="cpu")

@@ -90,6 +90,12 @@ def parse_measure(text: str) -> int | None:
     return int(text)
 
 
+JOBS_HELP = ("Worker processes for each trace's independent units (chunk size x layout), each with its own Redis "
+             "connection; the report is identical to --jobs 1. Default: 1 (see README, 'Parallel replay').")
+RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a local instance (pip install "
+            "'kvcli[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
+
+
 @app.command()
 @handle_errors
 def replay(
@@ -158,6 +164,8 @@ def replay(
                                                "with the same results; 1: one request at a time.")] = 256,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
+    jobs: Annotated[Optional[int], typer.Option(help=JOBS_HELP, show_default=False)] = None,
+    ray: Annotated[Optional[str], typer.Option(help=RAY_HELP, show_default=False)] = None,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
     ratio, objects, bytes, round trips, measured prefill savings and the net benefit that picks the chunk size.
@@ -186,7 +194,8 @@ def replay(
     if payload not in ("real", "accounted"):
         raise BadInputError(f"--payload must be real or accounted, got {payload!r}")
     for flag, value in (("--limit", limit), ("--measure-max-tokens", measure_max_tokens),
-                        ("--capacity-tokens", capacity_tokens), ("--threads", threads), ("--pipeline", pipeline)):
+                        ("--capacity-tokens", capacity_tokens), ("--threads", threads), ("--pipeline", pipeline),
+                        ("--jobs", jobs)):
         if value is not None and value < 1:
             raise BadInputError(f"{flag} must be >= 1, got {value}")
     for flag, value in (("--prefill-tps", prefill_tps), ("--link-gbps", link_gbps)):
@@ -213,7 +222,7 @@ def replay(
     say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     with stdin_paths(traces) as files, open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), \
             _progress() as progress:
-        results, context = run_replay(client, target, files, config, options, fmt, tokenizer, progress, say)
+        results, context = run_replay(client, target, files, config, options, fmt, tokenizer, progress, say, jobs, ray)
     if plot is not None:
         for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
             err.print(f"plot written: {path}", highlight=False)

@@ -1,232 +1,277 @@
-"""``--jobs N``: one trace's chunk sizes replayed in N processes at once, merged into the report ``--jobs 1`` gives.
+"""Run a replay's independent units (kvcli.replay.units) in worker processes (``--jobs``) or as Ray tasks
+(``--ray``), each with its own Redis connection and, when it measures, its own model.
 
-Chunk sizes are independent: each has its own key prefix in the run's namespace and its own store, LRU and
-counts. The parent plans the trace once (:meth:`Replayer.plan`: the namespace, and the measured requests when the
-model runs), splits the chunk sizes over the jobs (each chunk size's work taken as ``1/chunk_size + 1/1024`` per
-prompt token, greedily, largest first), and starts one process per job (``spawn``: a fresh interpreter, its own
-connection from :func:`kvcli.store.server.connect`, its own model when it measures). Each job reads the trace
-itself and replays its chunk sizes with :meth:`Replayer.run`; one of them also computes the token-granular upper
-bound (the same for every chunk size). The parent then merges: chunk sizes in the order asked, the upper bound
-copied to each, ``used_memory`` measured by the parent before the jobs start and after the last one ends, and
-the notes computed from every job's measured prefills. Counts, hits, bytes and estimates are those of ``--jobs
-1`` (a test checks it); timings are the jobs' own, taken while they share the machine.
+The parent prepares each trace once (validation, arrival order, calibration, measured picks, preflight, the
+server's transfer rates: kvcli.replay.replayer), splits the stores into units (:func:`~kvcli.replay.units.plan_units`),
+sends each unit with that preparation to a worker, which builds a :class:`~kvcli.replay.replayer.Replayer` on its
+own connection and runs :meth:`~kvcli.replay.replayer.Replayer.replay_unit` (the code the single-process replay
+runs), and merges the parts; savings, verdict, notes and the cleanup of the run's namespace stay in the parent.
+With the same cost curve and rates, hit tokens, objects, bytes, estimates and the verdict are identical to one
+process; timings are each worker's own.
 
-The worker processes (:class:`Workers`) live for the whole run: a run over many traces starts them, and builds
-each one's connection and model, once. A job's failure stops them; its error is raised in the parent (one line,
-its exit code). Ctrl-C or SIGTERM in the parent stops every worker (SIGTERM, which a worker treats as Ctrl-C: a
-write in flight completes first), waits for them, then the parent deletes the run's namespace.
+Workers read the trace themselves (the reader must be picklable: kvcli.replay.runner's ``TraceSource``, or a list),
+so on Ray every node needs the trace files at the same path, kvcli installed, and a Redis it can reach.
+
+Interrupts: workers ignore SIGINT (the terminal sends it to the whole process group); on Ctrl-C, SIGTERM or an
+error the parent terminates them (Ray: cancels the tasks) before it deletes the run's namespace.
 """
 from __future__ import annotations
 
 import multiprocessing
-import queue
+import os
 import signal
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from concurrent import futures
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 
-from kvcli.errors import BadInputError, KvcliError, ModelFailure, RedisFailure
-from kvcli.model.costcurve import CostCurve
-from kvcli.model.presets import ModelSpec
-from kvcli.replay.replayer import Replayer, ReplayPlan, notes_for
-from kvcli.replay.results import ReplayConfig, TraceResult
-from kvcli.store import cluster
-from kvcli.store.namespace import purge
+from kvcli.errors import BadInputError, KvcliError
+from kvcli.model.presets import ModelConfig, ModelSpec
+from kvcli.replay.replayer import Replayer
+from kvcli.replay.results import ReplayConfig
+from kvcli.replay.units import Part, Work, plan_units
+
+POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
-class Job:
-    """One worker's share of a trace: everything it needs, picklable (``spawn`` sends it to a new interpreter)."""
+class Setup:
+    """What a worker needs to build its replayer: the Redis URL and reply timeout (seconds; None: the default),
+    the model options (kvcli.replay.runner.ModelOptions: its model is built only when a unit measures), the
+    tokenizer's name, the model's spec and shapes, and the options. The cost curve never leaves the parent: the
+    estimates are computed there, after the merge."""
 
     url: str
-    path: str
-    fmt: str
+    timeout: float | None
+    model_options: object
     tokenizer: str
-    config: ReplayConfig
-    curve: CostCurve
     spec: ModelSpec
-    plan: ReplayPlan
-    chunk_sizes: tuple[int, ...]
-    upper_bound: bool
-    model: tuple | None  # (preset, dtype, device, seed) when the job runs the model
-    threads: int | None
+    model_config: ModelConfig | None
+    config: ReplayConfig
 
 
-def split(chunk_sizes: tuple[int, ...], jobs: int) -> list[tuple[int, ...]]:
-    """Chunk sizes over ``jobs`` groups, balanced by work ``1/cs + 1/1024`` (per token: per-chunk work plus a
-    per-request part), largest first into the lightest group; each group in the order given. Empty groups dropped.
+_clients: dict = {}
+_models: dict = {}
+
+
+def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bool) -> Part:
+    """Replay one unit in this process on its own connection (kept for the next unit of this worker) and model
+    (built once per worker, only when the trace has measured requests).
+
+    Raises:
+        RedisFailure, BadInputError, ModelFailure: as :meth:`Replayer.replay_unit`.
     """
-    load = [0.0] * max(1, jobs)
-    groups: list[list[int]] = [[] for _ in load]
-    for cs in sorted(chunk_sizes, key=lambda c: -(1 / c)):
-        i = min(range(len(load)), key=lambda j: (load[j], j))
-        groups[i].append(cs)
-        load[i] += 1 / cs + 1 / 1024
-    order = {cs: i for i, cs in enumerate(chunk_sizes)}
-    return [tuple(sorted(g, key=order.get)) for g in groups if g]
+    from kvcli.store.server import connect
+
+    key = (setup.url, setup.timeout)
+    if key not in _clients:
+        _clients[key] = connect(setup.url, setup.timeout)
+    options = setup.model_options
+    model = None
+    if work.measured:
+        if options not in _models:
+            import torch
+
+            from kvcli.model.load import load_model
+
+            if options.threads:
+                torch.set_num_threads(options.threads)
+            _models[options] = load_model(options.model, options.dtype, options.device, options.seed)
+        model = _models[options]
+    replayer = Replayer(_clients[key], model, None, setup.tokenizer, setup.config, spec=setup.spec,
+                        model_config=setup.model_config)
+    return replayer.replay_unit(work, indices, upper_bound)
 
 
-class Workers:
-    """``jobs`` worker processes (``spawn``: fresh interpreters) kept for a whole run, so a run over many traces
-    starts them, and builds each one's model and connection, once. Use as a context manager; :meth:`replay` one
-    trace at a time. On an error or an interruption they are stopped (SIGTERM, which a worker treats as Ctrl-C:
-    its write in flight completes first) before the run's namespace is deleted."""
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def __init__(self, jobs: int) -> None:
-        self.jobs = jobs
-        self._ctx = multiprocessing.get_context("spawn")
-        self._done = self._ctx.Array("q", jobs, lock=False)
-        self._results = self._ctx.Queue()
-        self._inboxes = [self._ctx.Queue() for _ in range(jobs)]
-        self._procs: list = []
 
-    def __enter__(self) -> Workers:
-        self._procs = [self._ctx.Process(target=_serve, args=(i, inbox, self._done, self._results), daemon=True)
-                       for i, inbox in enumerate(self._inboxes)]
-        for p in self._procs:
-            p.start()
-        return self
+def _local(replayer: Replayer, work: Work, plan, progress) -> list[Part]:
+    (indices, upper), = plan
+    return [replayer.replay_unit(work, indices, upper, None, progress)]
 
-    def __exit__(self, kind, exc, tb) -> bool:
-        if kind is None:
-            for inbox in self._inboxes:
-                inbox.put(None)
-            for p in self._procs:
-                p.join(30)
-        self._stop()
-        return False
 
-    def replay(self, replayer: Replayer, url: str, path: str, reader, fmt: str, tokenizer: str, model: tuple | None,
-               threads: int | None, progress: Callable[[int, int | None], None] | None = None) -> TraceResult:
-        """Replay one trace over the workers (see the module docstring); the parent's ``replayer`` plans it,
-        measures ``used_memory`` and deletes the namespace at the end (unless ``keep``).
+class ProcessUnits:
+    """Units in up to ``jobs`` spawned worker processes (started at once, so their start overlaps the first trace's
+    preparation, and kept for the next traces; :meth:`close` stops them). A trace with one unit runs in this
+    process. A worker that dies (killed, out of memory) fails the run with a one-line error, never a hang."""
+
+    def __init__(self, jobs: int, setup: Setup) -> None:
+        if jobs < 1:
+            raise BadInputError(f"--jobs must be >= 1, got {jobs}")
+        self.jobs, self.setup, self._pool = jobs, setup, None
+        self._start()  # now: the workers start (spawn, imports) while this process prepares the first trace
+
+    def _start(self) -> None:
+        if self._pool is None:
+            workers = min(self.jobs, len(self.setup.config.chunk_sizes) * len(self.setup.config.layouts))
+            self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _ignore_sigint)
+            for _ in range(workers):  # the executor starts a worker per waiting task
+                self._pool.submit(_ignore_sigint)
+
+    def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
+        """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers.
 
         Raises:
-            KvcliError and its family: a job's error, re-raised here (the workers are stopped first).
+            KvcliError: a worker process died.
         """
-        cfg = replayer.config
-        plan = replayer.plan(path, reader)
-        groups = split(cfg.chunk_sizes, self.jobs)
-        spec = ModelSpec(replayer.model_id, replayer.kv_shape, replayer.dtype)
-        work = [Job(url, path, fmt, tokenizer, cfg, replayer.curve, spec, plan, group, cfg.upper_bound and i == 0,
-                    model if plan.measured else None, threads) for i, group in enumerate(groups)]
-        used_before = cluster.used_memory(replayer.client)
-        t0 = time.perf_counter()
+        plan = plan_units(work.stores, self.jobs, self.setup.config.upper_bound)
+        if len(plan) == 1:
+            return _local(replayer, work, plan, progress)
+        self._start()
         try:
-            for i, job in enumerate(work):
-                self._done[i] = 0
-                self._inboxes[i].put(job)
-            parts = self._collect(len(work), progress, len(plan.lengths) if plan.lengths is not None else None)
-        except BaseException:
-            self._stop()
-            cluster.drop_connections(replayer.client)
-            if not cfg.keep:
-                purge(replayer.client, plan.namespace)
+            pending = [self._pool.submit(run_unit, self.setup, work, indices, upper) for indices, upper in plan]
+            while not all(f.done() for f in pending):
+                futures.wait(pending, timeout=POLL_SECONDS, return_when=futures.FIRST_EXCEPTION)
+                if any(f.done() and f.exception() is not None for f in pending):
+                    break
+                _tick(progress, sum(f.done() for f in pending), len(pending), len(work.lengths))
+            return [f.result() for f in pending]
+        except BrokenProcessPool:
+            self.close(terminate=True)
+            raise KvcliError("a replay worker process died (killed, or out of memory?); rerun with --jobs 1 or "
+                             "fewer jobs") from None
+        except BaseException:  # Ctrl-C, SIGTERM or a unit's error: no worker may write after the cleanup
+            self.close(terminate=True)
             raise
+
+    def close(self, terminate: bool = False) -> None:
+        """Stop the workers (at once with ``terminate``, else after their current unit)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if terminate:
+            processes = list((getattr(pool, "_processes", None) or {}).values())  # no public way before 3.14
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.join()
+        pool.shutdown(wait=not terminate, cancel_futures=True)
+
+
+class RayUnits:
+    """Units as Ray tasks (one CPU each) on the cluster at ``address`` ("local": a new local instance, stopped by
+    :meth:`close`; a Ray already initialized in this process is used as is). ``jobs``: units per trace (default:
+    the cluster's CPUs).
+
+    Raises:
+        BadInputError: Ray is not installed (``pip install 'kvcli[ray]'``), or ``jobs`` < 1.
+    """
+
+    def __init__(self, address: str, jobs: int | None, setup: Setup) -> None:
         try:
-            used_after = cluster.used_memory(replayer.client)
-        finally:
-            if not cfg.keep:
-                purge(replayer.client, plan.namespace)
-        return _merge(replayer, plan, parts, used_after - used_before, time.perf_counter() - t0)
+            import ray
+        except ImportError:
+            raise BadInputError("--ray needs Ray, which is not installed: pip install 'kvcli[ray]'") from None
+        if jobs is not None and jobs < 1:
+            raise BadInputError(f"--jobs must be >= 1, got {jobs}")
+        self.ray, self.setup, self._started, self.address = ray, setup, False, address
+        if not ray.is_initialized():
+            local = address == "local"
+            env = {"env_vars": {"PYTHONPATH": _package_root()}} if local else None
+            ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
+                     runtime_env=env, logging_level="warning", configure_logging=True)
+            self._started = True
+        self.jobs = jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self._task = ray.remote(num_cpus=1, max_retries=0)(run_unit)
 
-    def _collect(self, count: int, progress, total) -> list[dict]:
-        parts: dict[int, dict] = {}
-        while len(parts) < count:
+    def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
+        """The parts of ``work``'s units, in plan order. Raises what a unit raised, after cancelling the tasks."""
+        ray = self.ray
+        plan = plan_units(work.stores, self.jobs, self.setup.config.upper_bound)
+        setup, shared = ray.put(self.setup), ray.put(work)
+        refs = [self._task.remote(setup, shared, indices, upper) for indices, upper in plan]
+        try:
+            pending = list(refs)
+            while pending:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SECONDS)
+                _tick(progress, len(refs) - len(pending), len(refs), len(work.lengths))
+            return ray.get(refs)
+        except ray.exceptions.RayTaskError as exc:  # the unit's own error, not Ray's wrapper and traceback
+            self._cancel(refs)
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, KvcliError):
+                raise cause from None
+            raise KvcliError(f"a Ray task failed: {str(exc).strip().splitlines()[-1]}") from None
+        except BaseException:
+            self._cancel(refs)
+            raise
+
+    def _cancel(self, refs) -> None:
+        for ref in refs:
             try:
-                index, kind, payload = self._results.get(timeout=0.2)
-            except queue.Empty:
-                dead = [p for i, p in enumerate(self._procs[:count]) if i not in parts and not p.is_alive()]
-                if dead:
-                    time.sleep(0.5)  # a result may still be in the pipe
-                    if self._results.empty():
-                        raise KvcliError(f"a replay job exited with code {dead[0].exitcode} and no result") from None
-                if progress:
-                    progress(min(self._done[:count]), total)
-                continue
-            if kind == "error":
-                name, message = payload
-                raise _ERRORS.get(name, KvcliError)(message)
-            parts[index] = payload
-        if progress:
-            progress(min(self._done[:count]), total)
-        return [parts[i] for i in range(count)]
+                self.ray.cancel(ref, force=True)
+            except Exception:  # already finished or gone
+                pass
 
-    def _stop(self) -> None:
-        for p in self._procs:
-            if p.is_alive():
-                p.terminate()  # SIGTERM: the worker treats it as Ctrl-C, after the write in flight
-        for p in self._procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    def close(self, terminate: bool = False) -> None:
+        """Shut down the local Ray instance this object started (nothing otherwise)."""
+        if self._started:
+            self._started = False
+            self.ray.shutdown()
 
 
-def _merge(replayer: Replayer, plan: ReplayPlan, parts: list[dict], used: int, seconds: float) -> TraceResult:
-    by_size = {r.chunk_size: r for part in parts for r in part["result"].per_chunk_size}
-    rows = [by_size[cs] for cs in replayer.config.chunk_sizes]
-    first = parts[0]["result"]
-    if replayer.config.upper_bound:  # computed by the first job: the same for every chunk size
-        upper = first.per_chunk_size[0].upper_bound_tokens
-        for r in rows:
-            r.upper_bound_tokens = upper
-    samples = [s for part in parts for s in part["samples"]]
-    replayer.measured_samples.extend(samples)
-    notes = notes_for(replayer.curve, samples, parts[0]["longest"], parts[0]["count"], len(plan.measured))
-    return replace(first, per_chunk_size=rows, used_memory_delta_bytes=used, seconds=seconds, notes=notes)
+def _tick(progress, done: int, units: int, requests: int) -> None:
+    """Progress in requests, as the share of units done (workers do not report each request)."""
+    if progress:
+        progress(requests * done // units, requests)
 
 
-_ERRORS = {c.__name__: c for c in (BadInputError, RedisFailure, ModelFailure, KvcliError)}
+def _package_root() -> str:
+    """PYTHONPATH with the folder holding the kvcli package this process imported first (Ray's local workers
+    import the same one)."""
+    import kvcli
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(kvcli.__file__)))
+    return os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def _serve(index: int, inbox, done, results) -> None:
-    """A worker process: replay each job from ``inbox`` until None, putting its part (or its error) on
-    ``results``. Runs in a fresh interpreter (``spawn``); keeps its connection and model between jobs."""
-    signal.signal(signal.SIGTERM, _interrupt)
-    cache: dict = {}
+def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool):
+    """The runner of a replay's units: None (every store in this process) for one job (or one store) without Ray, else
+    :class:`ProcessUnits` or :class:`RayUnits`. ``jobs`` None: :func:`default_jobs` (Ray: the cluster's CPUs).
+
+    Raises:
+        BadInputError: ``jobs`` < 1; Ray missing; a Ray cluster other than ``local`` with the embedded server
+            (its machines cannot reach it: ``--redis-url`` is required).
+    """
+    if jobs is not None and jobs < 1:
+        raise BadInputError(f"--jobs must be >= 1, got {jobs}")
+    if ray is not None:
+        if embedded and ray != "local":
+            raise BadInputError(f"--ray {ray}: the cluster's machines cannot reach the embedded Redis server "
+                                f"(127.0.0.1); give --redis-url (or REDIS_URL) of a server they can reach")
+        return RayUnits(ray, jobs, setup)
+    jobs = default_jobs() if jobs is None else jobs
+    stores = len(setup.config.chunk_sizes) * len(setup.config.layouts)
+    return ProcessUnits(jobs, setup) if min(jobs, stores) > 1 else None
+
+
+def default_jobs() -> int:
+    """``--jobs``' default: 1. Measured on this 2-core machine, ``kvcli replay sample_traces/`` took 60.4 / 65.4 s
+    with 1 job and 57.8 / 84.6 s with 2 (README, "Parallel replay"): its traces are small, their time goes to the
+    model (calibration in the parent; every unit runs each measured request's full prefill again) and the Redis
+    server shares the same cores. Large index-only traces do gain (bench/bench_jobs.py): give ``--jobs``."""
+    return 1
+
+
+def describe_units(units) -> str:
+    """Where a replay's units ran, for the report's context."""
+    if units is None:
+        return "this process"
+    if isinstance(units, RayUnits):
+        return f"Ray ({units.address}), up to {units.jobs} tasks per trace"
+    return f"up to {units.jobs} worker processes"
+
+
+def reply_timeout(client) -> float | None:
+    """The reply timeout (seconds) ``client`` was made with (:func:`kvcli.store.server.connect`), for the workers'
+    own connections; None when it cannot be read (the default is used)."""
+    pool = getattr(client, "connection_pool", None)
     try:
-        while (job := inbox.get()) is not None:
-            try:
-                results.put((index, "ok", _replay_part(index, job, done, cache)))
-            except KvcliError as exc:  # sent as its nearest family member the parent re-raises (same exit code)
-                family = next(c.__name__ for c in type(exc).__mro__ if c.__name__ in _ERRORS)
-                results.put((index, "error", (family, str(exc))))
-            except Exception as exc:  # a bug: its type and message, so the parent can say what failed
-                results.put((index, "error", ("KvcliError", f"replay job failed: {type(exc).__name__}: {exc}")))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for client in cache.get("clients", {}).values():
-            client.close()
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def _replay_part(index: int, job: Job, done, cache: dict) -> dict:
-    from kvcli.store.server import connect
-    from kvcli.traces.detect import read_trace
-
-    clients = cache.setdefault("clients", {})
-    client = clients.get(job.url) or clients.setdefault(job.url, connect(job.url))
-    model = None
-    if job.model is not None:
-        models = cache.setdefault("models", {})
-        model = models.get(job.model)
-        if model is None:
-            from kvcli.model.llama import build_model
-            from kvcli.model.threads import choose_threads
-
-            model = models[job.model] = build_model(*job.model)
-            choose_threads(model, job.threads or 1)
-    replayer = Replayer(client, model, job.curve, job.tokenizer, job.config, spec=job.spec)
-
-    def step(n: int, _total) -> None:
-        done[index] = n
-
-    counts: dict = {}
-    result = replayer.run(job.plan, lambda: read_trace(job.path, job.fmt, job.tokenizer), step, job.chunk_sizes,
-                          job.upper_bound, stats=counts)
-    return {"result": result, "samples": replayer.measured_samples, **counts}
+        if pool is None:  # a cluster client: its nodes' connections carry it
+            pool = client.get_default_node().redis_connection.connection_pool
+        return pool.connection_kwargs.get("socket_timeout")
+    except AttributeError:
+        return None

@@ -34,6 +34,11 @@ Hits of estimated requests are what an engine could load: the lookup checks ever
 length in its one round trip; the checksums of up to ``verify_sample`` distinct real-payload chunks per chunk size
 are verified (their payloads read, outside the timings), and a chunk that fails is a miss from then on.
 
+Parallel: each store's replay depends on no other store's (its own prefix, LRU and counts), so the stores split
+into units (:mod:`kvcli.replay.units`) that :meth:`Replayer.replay_unit` runs, in this process or, with ``units``
+set, in worker processes or Ray tasks (:mod:`kvcli.replay.parallel`); everything before (validation, calibration,
+measured picks, preflight, transfer rates) and after (merge, savings, verdict, notes, cleanup) runs here once.
+
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
 miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
 own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace X…"); when
@@ -42,6 +47,7 @@ that deletion fails or is interrupted again, what was left and the command that 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import time
@@ -67,6 +73,7 @@ from kvcli.replay.network import Link, overheads
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
+from kvcli.replay.units import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.replay.upper_bound import RadixUpperBound
 from kvcli.store.batch import batchable, lookup_and_store
 from kvcli.store.chunkstore import StoreConfig
@@ -115,6 +122,7 @@ class Replayer:
         self.notify: Callable[[str], None] | None = None  # one line to the user (cleanup after an interruption)
         self.remedy: Callable[[str], str] = lambda ns: f"remove them with: kvcli purge --namespace {ns} --yes"
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
+        self.units = None  # None: every store in this process; else kvcli.replay.parallel's worker processes or Ray
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -133,7 +141,7 @@ class Replayer:
         cfg = self.config
         if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
             raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
-        reader = (lambda: iter(requests)) if isinstance(requests, list) else requests
+        reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
         lengths, order = self._validate(reader, name)
         notes = [order_note(order, name)] if order is not None else []
         if order is not None:  # not in arrival order: held in memory and taken in timestamp order
@@ -231,7 +239,6 @@ class Replayer:
 
     def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes) -> TraceResult:
         cfg = self.config
-        unlimited = [set() if store.resident_chunks is not None else None for store in stores]
         rates = [calibrate_transfer(self.client, store, room(server_memory(self.client))) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
         self._measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
@@ -239,49 +246,18 @@ class Replayer:
         link = self._link()
         self._degraded = []
         used_before = self._used_memory()
-        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout,
-                                   upper_bound_tokens=0 if cfg.upper_bound else None) for store in stores]
-        ledgers = [Ledger() for _ in stores]
-        self._checked = [{} for _ in stores]
-        self._measured_log = []
-        radix = RadixUpperBound() if cfg.upper_bound else None
-        hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
-                      if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
-                      for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
         t0 = time.perf_counter()
-        skipped, stamps = 0, []
-        batch: list[tuple] = []  # estimated requests waiting for their pipelined round trips (_estimated)
-        # one request at a time where no store can batch (real payloads, a read namespace), and on a server that will
-        # evict keys (--allow-evictions): it loses chunks at any moment, and each loss must be a miss at the very
-        # next lookup (a batch would see it at the next batch)
-        self._pipeline = 1 if check.evicts or not any(batchable(store) for store in stores) else cfg.pipeline
-        estimate = lambda: self._estimated(batch, stores, results, ledgers, rates, unlimited, hit_curves)  # noqa: E731
-        for index, request in enumerate(reader()):
-            if index >= len(lengths):
-                break
-            if request.timestamp is not None:
-                stamps.append(request.timestamp)
-            n = len(request.token_ids)
-            if n == 0:
-                skipped += 1
-            else:
-                match = radix.match_and_insert(request.token_ids, request.cache_salt) if radix else 0
-                if index in measured:
-                    estimate()  # the estimated requests before it first: in trace order
-                    reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited, hit_curves,
-                                              measure_tokens)
-                    _add_upper(results, match if radix is not None else None, n, reusable)
-                else:
-                    batch.append((n, request.timestamp, match if radix is not None else None,
-                                  [store.chunk(request.token_ids, request.cache_salt) for store in stores]))
-                    if len(batch) >= self._pipeline:
-                        estimate()
-            if progress:
-                progress(index + 1, len(lengths))
-        estimate()
-        for store, res, hit_curve in zip(stores, results, hit_curves):
-            self._finish(store, res)
-            res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
+        work = Work(name, reader, lengths, measured, measure_tokens, stores[0].config.namespace,
+                    tuple((s.layout, s.config.chunk_size) for s in stores), rates, check.evicts)
+        if self.units is None:  # in this process, one unit holding every store
+            parts = [self.replay_unit(work, tuple(range(len(stores))), True, stores, progress)]
+        else:  # worker processes or Ray tasks (kvcli.replay.parallel), the same replay_unit in each
+            parts = self.units.run(self, work, progress)
+        results, ledgers, skipped, span = merge_parts(parts, len(stores), cfg.upper_bound)
+        if self.units is not None:  # what the workers' replayers gathered
+            self.measured_samples += merged_samples(parts)
+            self._degraded += [note for part in parts for note in part.degraded]
+        self._measured_log = merge_logs(parts)
         used_after = self._used_memory()
         requests = len(lengths) - skipped
         delta = None if used_before is None or used_after is None else used_after - used_before
@@ -290,7 +266,7 @@ class Replayer:
         result = TraceResult(name, requests, skipped, len(measured),
                              _payload_label(cfg.payload, len(measured), requests), main,
                              delta, time.perf_counter() - t0, by_layout=by_layout)
-        result.span_seconds = max(stamps) - min(stamps) if len(stamps) > 1 else None
+        result.span_seconds = span
         self._savings(result, stores, results, ledgers, rates, link)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
@@ -300,6 +276,68 @@ class Replayer:
         result.cost_curve = self.curve.to_dict()
         result.notes = notes + self._notes(result, lengths, measured, measure_tokens, main) + self._degraded
         return result
+
+    def replay_unit(self, work: Work, indices: tuple[int, ...], upper_bound: bool,
+                    stores: list[KVStore] | None = None, progress: Callable[[int, int], None] | None = None) -> Part:
+        """Replay the whole trace through the stores ``indices`` of ``work.stores`` (made here on this replayer's
+        client unless given) and return their picklable results (:class:`~kvcli.replay.units.Part`); with
+        ``upper_bound``, this unit also runs the token-granular upper bound's radix tree (exactly one unit does).
+        Used in this process and in each worker (kvcli.replay.parallel): one implementation."""
+        cfg = self.config
+        lengths, measured = work.lengths, work.measured
+        if stores is None:
+            stores = [self._make_store(work.namespace, work.stores[i][1], work.stores[i][0]) for i in indices]
+        rates = [work.rates[i] for i in indices]
+        unlimited = [set() if store.resident_chunks is not None else None for store in stores]
+        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout,
+                                   upper_bound_tokens=0 if cfg.upper_bound else None) for store in stores]
+        ledgers = [Ledger() for _ in stores]
+        self._checked = [{} for _ in stores]
+        self._measured_log, samples_before, degraded_before = [], len(self.measured_samples), len(self._degraded)
+        radix = RadixUpperBound() if cfg.upper_bound and upper_bound else None
+        hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
+                      if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
+                      for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
+        reach = np.zeros(len(lengths), np.int64)  # per request: the most any of these stores would reuse
+        match = np.zeros(len(lengths), np.int64) if radix is not None else None
+        skipped, stamps = 0, []
+        batch: list[tuple] = []  # estimated requests waiting for their pipelined round trips (_estimated)
+        # one request at a time where no store can batch (real payloads, a read namespace), and on a server that will
+        # evict keys (--allow-evictions): it loses chunks at any moment, and each loss must be a miss at the very
+        # next lookup (a batch would see it at the next batch)
+        self._pipeline = 1 if work.evicts or not any(batchable(store) for store in stores) else cfg.pipeline
+        estimate = lambda: self._estimated(batch, stores, results, ledgers, rates, unlimited, hit_curves,  # noqa
+                                           reach)
+        for index, request in enumerate(work.reader()):
+            if index >= len(lengths):
+                break
+            if request.timestamp is not None:
+                stamps.append(request.timestamp)
+            n = len(request.token_ids)
+            if n == 0:
+                skipped += 1
+            else:
+                if radix is not None:
+                    match[index] = reusable_tokens(radix.match_and_insert(request.token_ids, request.cache_salt), n)
+                if index in measured:
+                    estimate()  # the estimated requests before it first: in trace order
+                    reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited, hit_curves,
+                                              work.measure_tokens)
+                    reach[index] = max(reusable)
+                else:
+                    batch.append((index, n, request.timestamp,
+                                  [store.chunk(request.token_ids, request.cache_salt) for store in stores]))
+                    if len(batch) >= self._pipeline:
+                        estimate()
+            if progress:
+                progress(index + 1, len(lengths))
+        estimate()
+        for store, res, hit_curve in zip(stores, results, hit_curves):
+            self._finish(store, res)
+            res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
+        return Part(indices, results, ledgers, reach, match, skipped,
+                    max(stamps) - min(stamps) if len(stamps) > 1 else None, self._measured_log,
+                    self._degraded[degraded_before:], self.measured_samples[samples_before:])
 
     def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
         """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
@@ -399,10 +437,12 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, batch: list[tuple], stores, results, ledgers, rates, unlimited, hit_curves) -> None:
-        """Look up and store (accounted) the unmeasured requests of ``batch`` (``(prompt tokens, timestamp, radix
-        match or None, [chunked prompt per store])``, in trace order) per chunk size, their transfer and store priced
-        with the chunk rates, and add their upper bound; empties ``batch``. ``config.pipeline`` requests share two
+    def _estimated(self, batch: list[tuple], stores, results, ledgers, rates, unlimited, hit_curves,
+                   reach: np.ndarray) -> None:
+        """Look up and store (accounted) the unmeasured requests of ``batch`` (``(request index, prompt tokens,
+        timestamp, [chunked prompt per store])``, in trace order) per chunk size, their transfer and store priced
+        with the chunk rates, and set ``reach[index]`` (the most any store would reuse, for the upper bound);
+        empties ``batch``. ``config.pipeline`` requests share two
         round trips where the store allows it (:func:`kvcli.store.batch.lookup_and_store`, the same answers), else
         each request does its own lookup and store."""
         if not batch:
@@ -413,10 +453,10 @@ class Replayer:
             cs = store.config.chunk_size
             prompts = [entry[3][s] for entry in batch]
             if hit_curve:
-                for (n, stamp, _, _), prompt in zip(batch, prompts):
+                for (_, n, stamp, _), prompt in zip(batch, prompts):
                     hit_curve.observe(prompt.hashes, stamp, n)
             done = lookup_and_store(store, prompts) if self._pipeline > 1 and batchable(store) else None
-            for i, ((n, _, _, _), prompt) in enumerate(zip(batch, prompts)):
+            for i, ((_, n, _, _), prompt) in enumerate(zip(batch, prompts)):
                 crit, back = _critical(res), _background(res)
                 if done is None:
                     look = store.lookup(prompt)
@@ -434,8 +474,8 @@ class Replayer:
                 res.store_requests += written.chunks_written > 0
                 ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,
                            background=_background(res) - back)
-        for (n, _, match, _), used in zip(batch, reusable):
-            _add_upper(results, match, n, used)
+        for (index, _, _, _), used in zip(batch, reusable):
+            reach[index] = max(used)
         batch.clear()
 
     def _checksums(self, store, res, prompt, look, checked: dict[bytes, bool]) -> int:
@@ -596,15 +636,6 @@ class Replayer:
             self._degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
 
 
-def _add_upper(results: list[ChunkSizeResult], match: int | None, n: int, reusable: list[int]) -> None:
-    """Add one request's token-granular upper bound (``match``: its radix match, None when not computed) to every
-    chunk size's: never below what a chunk size reused (a read namespace supplies more)."""
-    if match is not None:
-        upper = max(reusable_tokens(match, n), *reusable)
-        for res in results:
-            res.upper_bound_tokens += upper
-
-
 def _critical(res: ChunkSizeResult) -> float:
     """Critical-path seconds accounted so far on the given server: lookup, transfer, deserialize."""
     return (res.lookup_seconds + res.transfer_seconds_measured + res.transfer_seconds_estimated
@@ -625,11 +656,14 @@ def _first(look, chunks: int):
 
 
 def _reordered(reader, order: np.ndarray):
-    """A reader that yields the trace's first ``len(order)`` requests in ``order`` (held in memory)."""
-    def read():
-        held = list(itertools.islice(reader(), len(order)))
-        return (held[i] for i in order.tolist())
-    return read
+    """A reader that yields the trace's first ``len(order)`` requests in ``order`` (held in memory); picklable when
+    ``reader`` is (worker processes read the trace themselves)."""
+    return functools.partial(_read_reordered, reader, order)
+
+
+def _read_reordered(reader, order: np.ndarray):
+    held = list(itertools.islice(reader(), len(order)))
+    return (held[i] for i in order.tolist())
 
 
 def _payload_label(mode: str, measured: int, requests: int) -> str:

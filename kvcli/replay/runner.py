@@ -18,6 +18,7 @@ from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokeniz
 from kvcli.model.presets import ModelConfig, get_preset
 from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.measure import curve_check
+from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
@@ -71,8 +72,12 @@ def prepare_model(options: ModelOptions, measure: int | None):
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
                model_options: ModelOptions, fmt: str = "auto", tokenizer: str | None = None,
                progress: Callable[[str, int, int], None] | None = None,
-               notify: Callable[[str], None] | None = None) -> tuple[list[TraceResult], dict]:
+               notify: Callable[[str], None] | None = None, jobs: int | None = None,
+               ray: str | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
+
+    ``jobs``: worker processes for a trace's independent units (kvcli.replay.parallel; None: its default), or Ray
+    tasks on the cluster at ``ray`` (an address, or "local"); the results are identical to ``jobs=1``.
 
     ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when
     ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
@@ -80,19 +85,24 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     """
     files = expand_paths(paths)
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
-    tok, tok_name = lazy_tokenizer(tokenizer)  # tiktoken loads only when a record holds text
+    tok_name = lazy_tokenizer(tokenizer)[1]  # tiktoken loads only when a record holds text
     runs_model = not (model_options.prefill_tps is not None and config.measure == 0)
-    with _threads(model_options.threads if runs_model else None):
+    with _threads(model_options.threads if runs_model else None), contextlib.ExitStack() as stack:
         model, curve, calibration, spec = prepare_model(model_options, config.measure)
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=model_shapes(model_options.model))
         replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
+        replayer.units = units = make_units(jobs, ray, Setup(
+            target.url, reply_timeout(client), model_options, tok_name,
+            spec, replayer.model_config, config), target.embedded)
+        if units is not None:
+            stack.callback(units.close)
         results = []
         for path in files:
             def step(done: int, total: int, _name=Path(display_name(path)).name) -> None:
                 if progress:
                     progress(_name, done, total)
-            results.append(replayer.replay(display_name(path), lambda p=path: read_trace(p, fmt, tok), step))
+            results.append(replayer.replay(display_name(path), TraceSource(path, fmt, tokenizer), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
@@ -104,7 +114,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
         "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
         "calibration_seconds": calibration.spent_seconds if calibration else 0.0,
-        "torch_threads": model_options.threads, "store_mode": config.store_mode,
+        "torch_threads": model_options.threads, "store_mode": config.store_mode, "units": describe_units(units),
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
         "metadata_placement": "beside the payload (its own key)",
         "layouts": {name: LAYOUT_NOTES[name] for name in config.layouts},
@@ -120,6 +130,20 @@ LAYOUT_NOTES = {
                 "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
                 "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
 }
+
+
+@dataclass(frozen=True)
+class TraceSource:
+    """A picklable reader of one trace file (worker processes and Ray tasks read it themselves): called, a fresh
+    iterator over its requests (:func:`kvcli.traces.detect.read_trace`; ``tokenizer`` as :func:`lazy_tokenizer`
+    takes it)."""
+
+    path: Path
+    fmt: str
+    tokenizer: str
+
+    def __call__(self):
+        return read_trace(self.path, self.fmt, lazy_tokenizer(self.tokenizer)[0])
 
 
 def model_shapes(model: str) -> ModelConfig:
