@@ -112,19 +112,10 @@ def test_pipelined_equals_one_by_one_on_sample_traces(redis_client, name, chunk_
 def test_mooncake_sample_pipelined_counts_by_hand(redis_client):
     """At chunk size 512 the pipelined replay's hits equal the trace's own block reuse (as one by one does:
     tests/replay/test_replay.py), and 1 in SAMPLE_EVERY lookups is also timed unpipelined."""
-    import gzip
-    import json
+    from test_replay import mooncake_block_reuse
 
     path = ROOT / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
-    records = [json.loads(line) for line in gzip.open(path, "rt")][:300]
-    seen: set[int] = set()
-    expected = 0
-    for rec in records:
-        k = 0
-        while k < len(rec["hash_ids"]) and rec["hash_ids"][k] in seen:
-            k += 1
-        expected += min(k, rec["input_length"] // 512) * 512
-        seen.update(rec["hash_ids"][: rec["input_length"] // 512])
+    expected = mooncake_block_reuse(path, 300, 512)
     result = _replay(redis_client, lambda: read_trace(path), 256, (512,), limit=300)
     (res,) = result.per_chunk_size
     assert res.hit_tokens == expected

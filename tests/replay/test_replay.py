@@ -193,21 +193,14 @@ def test_mooncake_sample_hits_equal_leading_seen_hash_ids(redis_client):
     from kvcli.traces.detect import read_trace
 
     path = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
-    records = [json.loads(line) for line in gzip.open(path, "rt")][:300]
-    seen: set[int] = set()
-    expected = 0
-    for rec in records:
-        k = 0
-        while k < len(rec["hash_ids"]) and rec["hash_ids"][k] in seen:
-            k += 1
-        expected += min(k, rec["input_length"] // 512) * 512
-        seen.update(rec["hash_ids"][: rec["input_length"] // 512])
+    expected = mooncake_block_reuse(path, 300, 512)
     config = ReplayConfig(chunk_sizes=(512, 2048), payload="accounted", measure=0, limit=300)
     replayer = Replayer(redis_client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config,
                         spec=ModelSpec("m", (8, 2, 2, 64), __import__("torch").bfloat16))
     result = replayer.replay(str(path), lambda: read_trace(path))
     rows = {r.chunk_size: r for r in result.per_chunk_size}
     assert result.requests == 300
+    records = [json.loads(line) for line in gzip.open(path, "rt")][:300]
     assert rows[512].prompt_tokens == sum(r["input_length"] for r in records)
     assert rows[512].hit_tokens == expected
     assert rows[2048].hit_tokens < rows[512].hit_tokens <= rows[512].upper_bound_tokens
@@ -456,3 +449,20 @@ def test_replay_that_fits_runs_on_a_small_server_without_evicting(tmp_path, make
     result = _replayer(client, measure=0, payload="accounted").replay("t", requests())
     assert result.preflight["fits"] is True and result.server_evicted_keys == 0
     assert {k: client.get(k) for k in client.scan_iter("*")} == before
+
+
+def mooncake_block_reuse(path, limit: int, block: int = 512) -> int:
+    """Hit tokens of a Mooncake trace's first ``limit`` requests counted from its own block ids (``hash_ids``, one
+    per 512 tokens): each request reuses its leading run of blocks seen before, full blocks only."""
+    import gzip
+
+    records = [json.loads(line) for line in gzip.open(path, "rt")][:limit]
+    seen: set[int] = set()
+    expected = 0
+    for rec in records:
+        k = 0
+        while k < len(rec["hash_ids"]) and rec["hash_ids"][k] in seen:
+            k += 1
+        expected += min(k, rec["input_length"] // block) * block
+        seen.update(rec["hash_ids"][: rec["input_length"] // block])
+    return expected
