@@ -82,7 +82,7 @@ from kvcli.store.hashing import reusable_tokens
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import absent_note, contents, redis_memory
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
-from kvcli.store.server import INFO_REFUSED, server_info
+from kvcli.store.server import INFO_REFUSED
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
 
@@ -360,12 +360,11 @@ class Replayer:
 
     def _used_memory(self) -> int | None:
         """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
-        info = server_info(self.client, "memory")
-        if info is None:
+        used = server_memory(self.client).used_memory  # summed over the primaries of a cluster
+        if used is None:
             note = f"used_memory not read: {INFO_REFUSED}"
             self._degraded += [] if note in self._degraded else [note]
-            return None
-        return int(info.get("used_memory", 0))
+        return used
 
     def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int,
                results: list[ChunkSizeResult]) -> list[str]:

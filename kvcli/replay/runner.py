@@ -23,7 +23,8 @@ from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
-from kvcli.store.server import INFO_REFUSED, RedisTarget, server_info
+from kvcli.store.preflight import server_memory
+from kvcli.store.server import INFO_REFUSED, RedisTarget
 from kvcli.traces.detect import read_trace
 from kvcli.traces.paths import display_name, expand_paths
 from kvcli.units import dtype_bytes
@@ -174,10 +175,8 @@ def _itemsize(dtype) -> int:
 
 
 def _server_version(client: redis.Redis) -> str:
-    info = server_info(client, "server")
-    if info is None:
-        return f"? ({INFO_REFUSED})"
-    return str(info.get("valkey_version") or info.get("redis_version", "?"))
+    mem = server_memory(client)  # the first primary's on a cluster ("mixed" when they differ)
+    return mem.version if mem.known else f"? ({INFO_REFUSED})"
 
 
 def purge_remedy(target: RedisTarget, namespace: str) -> str:

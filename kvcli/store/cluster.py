@@ -34,7 +34,7 @@ import contextlib
 import signal
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import redis
 from redis.cluster import RedisCluster
@@ -198,7 +198,7 @@ def mget(client, keys: list, trips: ShardTrips | None = None) -> list:
     per shard. Raises redis errors."""
     if not is_cluster(client):
         if trips is not None:
-            trips.add(())
+            trips.add()
         return client.mget(keys)
     replies = by_shard(client, [("GET", key) for key in keys], trips)
     for reply in replies:
@@ -274,8 +274,8 @@ class ShardTrips:
         self.counts: Counter[str] = Counter()
         self._single = None if is_cluster(client) else shards(client)[0][0]
 
-    def add(self, keys: Iterable = ()) -> None:
-        """A single server's round trip (``keys`` unused); on a cluster :func:`by_shard` counts its own."""
+    def add(self) -> None:
+        """A single server's round trip; on a cluster :func:`by_shard` counts its own."""
         if self._single is not None:
             self.counts[self._single] += 1
 

@@ -347,15 +347,14 @@ def describe(client: redis.Redis | RedisCluster, url: str, embedded: bool) -> Re
 
 
 def server_info(client: redis.Redis, *sections: str) -> dict | None:
-    """``INFO sections`` as a dict, or None when this user may not run INFO (an ACL without ``@dangerous``, e.g.
+    """``INFO sections`` of ONE server (a cluster's primaries one by one: :func:`kvcli.store.preflight.server_memory`)
+    as a dict, or None when this user may not run INFO (an ACL without ``@dangerous``, e.g.
     ``~kvcli:* +@all -@dangerous -@admin``) or the server renamed it: callers degrade and say so.
 
     Raises:
         RedisFailure: any other error (connection, timeout).
     """
     try:
-        if isinstance(client, RedisCluster):
-            return _cluster_info(client, sections)
         return client.info(*sections)
     except redis.exceptions.ResponseError as exc:  # NoPermissionError, or "unknown command" (renamed)
         if isinstance(exc, redis.exceptions.NoPermissionError) or "unknown command" in str(exc).lower():
@@ -363,23 +362,6 @@ def server_info(client: redis.Redis, *sections: str) -> dict | None:
         raise RedisFailure(f"Redis INFO failed: {exc}") from None
     except (redis.RedisError, RedisClusterException) as exc:
         raise RedisFailure(f"Redis INFO failed: {exc}") from None
-
-
-def _cluster_info(client: RedisCluster, sections: tuple[str, ...]) -> dict:
-    """A cluster's INFO as one server's: every primary's, integer fields summed (``used_memory``,
-    ``evicted_keys``, ...; ``maxmemory`` 0, no limit, when any primary has none), the rest from the first primary.
-    The keys of a namespace spread evenly over the shards, so a summed memory check is the cluster's."""
-    infos = [client.get_redis_connection(node).info(*sections)
-             for node in sorted(client.get_primaries(), key=lambda n: n.name)]
-    merged = dict(infos[0])
-    for key, value in infos[0].items():
-        if isinstance(value, int) and not isinstance(value, bool) and all(
-                isinstance(i.get(key), int) for i in infos):
-            merged[key] = sum(i[key] for i in infos)
-    if "maxmemory" in merged and any(int(i.get("maxmemory", 0)) == 0 for i in infos):
-        merged["maxmemory"] = 0
-    merged["cluster_primaries"] = len(infos)
-    return merged
 
 
 INFO_REFUSED = "this Redis user may not run INFO"
