@@ -413,18 +413,25 @@ class Replayer:
 
     # -- passes ---------------------------------------------------------------------------------------------------
     def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-        """Prompt lengths ``[requests]`` (tokens, file order) and the arrival order (None: file order)."""
+        """Prompt lengths ``[requests]`` (tokens, file order) and the arrival order (None: file order). Without a
+        model (no vocabulary to check the ids against), from the reader's ``outline()`` where it has one (lengths
+        and times, the same checks, no token ids: :func:`kvcli.traces.detect.outline_trace`)."""
         lengths, stamps = [], []
         vocab = self.model.config.vocab if self.model is not None else None
-        for request in reader():
-            if self.config.limit is not None and len(lengths) >= self.config.limit:
-                break
-            tokens = request.token_ids
-            if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
-                raise BadInputError(f"token id {int(tokens.max())} is outside the model's vocabulary of {vocab}",
-                                    *_where(request))
-            lengths.append(len(tokens))
-            stamps.append(request.timestamp)
+        outline = getattr(reader, "outline", None) if vocab is None else None
+        limit = self.config.limit
+        if outline is not None:
+            for request in itertools.islice(outline(), limit):
+                lengths.append(request.prompt_tokens)
+                stamps.append(request.timestamp)
+        else:
+            for request in itertools.islice(reader(), limit):
+                tokens = request.token_ids
+                if vocab is not None and len(tokens) and int(tokens.max()) >= vocab:
+                    raise BadInputError(f"token id {int(tokens.max())} is outside the model's vocabulary of "
+                                        f"{vocab}", *_where(request))
+                lengths.append(len(tokens))
+                stamps.append(request.timestamp)
         if not lengths:
             raise BadInputError("the trace holds no requests", path=name)
         return np.asarray(lengths, dtype=np.int64), arrival_order(stamps)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
-from kvcli.traces.mooncake import read_mooncake
+from kvcli.traces.mooncake import outline_mooncake, read_mooncake
 from kvcli.traces.native import _NATIVE_PROMPT_KEYS, read_native
 from kvcli.traces.records import (
     _check_file,
@@ -16,7 +16,7 @@ from kvcli.traces.records import (
     _json_type,
     _stem_and_suffix,
 )
-from kvcli.traces.request import Reader, Request, TokenizerArg
+from kvcli.traces.request import Outline, Reader, Request, TokenizerArg
 from kvcli.traces.sharegpt import read_sharegpt
 from kvcli.traces.swe_agent import read_swe_agent
 
@@ -37,13 +37,32 @@ def read_trace(path: str | Path, fmt: str = "auto", tokenizer: TokenizerArg = DE
         BadInputError: unknown ``fmt``; file missing or unreadable; format not detectable; (while iterating) a bad
             record, with its line.
     """
+    path, fmt = _resolved(path, fmt)
+    return FORMATS[fmt](path, tokenizer)
+
+
+def outline_trace(path: str | Path, fmt: str = "auto", tokenizer: TokenizerArg = DEFAULT_TOKENIZER
+                  ) -> Iterator[Outline]:
+    """Each request's prompt length (tokens) and arrival time, in trace order, checked exactly as
+    :func:`read_trace` checks it (same errors, file and line): a Mooncake trace without synthesizing token ids
+    (:func:`kvcli.traces.mooncake.outline_mooncake`), other formats read whole (their lengths need the tokens).
+
+    Raises:
+        BadInputError: as :func:`read_trace`.
+    """
+    path, fmt = _resolved(path, fmt)
+    if fmt == "mooncake":
+        return outline_mooncake(path)
+    return (Outline(len(r.token_ids), r.timestamp) for r in FORMATS[fmt](path, tokenizer))
+
+
+def _resolved(path: str | Path, fmt: str) -> tuple[Path, str]:
+    """``(path, format name)``, the file checked and ``"auto"`` detected."""
     if fmt != "auto" and fmt not in FORMATS:
         raise BadInputError(f"unknown trace format {fmt!r}; valid formats: auto, {', '.join(FORMATS)}")
     path = Path(path)
     _check_file(path)
-    if fmt == "auto":
-        fmt = detect_format(path)
-    return FORMATS[fmt](path, tokenizer)
+    return path, detect_format(path) if fmt == "auto" else fmt
 
 
 def detect_format(path: str | Path) -> str:

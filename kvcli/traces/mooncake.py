@@ -19,7 +19,7 @@ from kvcli.traces.records import (
     _require_object,
     _short,
 )
-from kvcli.traces.request import Request, TokenizerArg
+from kvcli.traces.request import Outline, Request, TokenizerArg
 
 MOONCAKE_BLOCK_TOKENS = 512
 #: synthesized Mooncake token ids are < this, so they are ordinary (non-special) cl100k_base ids.
@@ -43,20 +43,43 @@ def read_mooncake(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> It
 
 
 def _mooncake_request(record: Any, path: Path, line_no: int) -> Request:
+    input_length, blocks, timestamp, session_id, output_length = _mooncake_fields(record)
+    return Request(
+        id=f"{path.name}:{line_no}",
+        token_ids=_synthesize(blocks, input_length),
+        timestamp=timestamp,
+        session_id=session_id,
+        output_length=output_length,
+        source=f"{path}:{line_no}",
+    )
+
+
+def outline_mooncake(path: Path) -> Iterator[Outline]:
+    """Each request's prompt length and arrival time, checked exactly as :func:`read_mooncake` checks it (the same
+    errors, file and line), without synthesizing token ids: the first pass of a replay (~4x less work)."""
+    for line_no, record in _iter_jsonl(path):
+        try:
+            input_length, _, timestamp, _, _ = _mooncake_fields(record)
+        except BadInputError as err:
+            raise _located(err, path, line_no) from None
+        yield Outline(input_length, timestamp)
+
+
+def _mooncake_fields(record: Any) -> tuple[int, np.ndarray, float | None, str | None, int | None]:
+    """``(input_length, hash ids [blocks] uint64, timestamp s, session id, output_length)`` of one record, checked.
+
+    Raises:
+        BadInputError: a missing or malformed field (without the file and line: the caller adds them).
+    """
     record = _require_object(record)
     input_length = _optional_count(record.get("input_length"), "input_length")
     if input_length is None:
         raise BadInputError("a mooncake record needs input_length (an integer >= 0)")
     if "hash_ids" not in record:
         raise BadInputError("a mooncake record needs hash_ids (a list of block ids)")
-    return Request(
-        id=f"{path.name}:{line_no}",
-        token_ids=mooncake_token_ids(record["hash_ids"], input_length),
-        timestamp=_optional_seconds(record.get("timestamp"), "timestamp", divisor=1000),
-        session_id=_optional_id(record, "session_id"),
-        output_length=_optional_count(record.get("output_length"), "output_length"),
-        source=f"{path}:{line_no}",
-    )
+    blocks = _checked_blocks(record["hash_ids"], input_length)
+    return (input_length, blocks, _optional_seconds(record.get("timestamp"), "timestamp", divisor=1000),
+            _optional_id(record, "session_id"), _optional_count(record.get("output_length"), "output_length"))
 
 
 def mooncake_token_ids(hash_ids: list[int], input_length: int) -> np.ndarray:
@@ -85,13 +108,23 @@ def mooncake_token_ids(hash_ids: list[int], input_length: int) -> np.ndarray:
     Raises:
         BadInputError: a hash id that is not such an integer, or too few blocks for ``input_length``.
     """
+    return _synthesize(_checked_blocks(hash_ids, input_length), input_length)
+
+
+def _checked_blocks(hash_ids: Any, input_length: int) -> np.ndarray:
+    """The ``ceil(input_length / 512)`` leading hash ids as uint64 ``[blocks]``, checked (see
+    :func:`mooncake_token_ids`)."""
     if not isinstance(hash_ids, list):
         raise BadInputError(f"hash_ids must be a list of integers, not {type(hash_ids).__name__}")
     if len(hash_ids) * MOONCAKE_BLOCK_TOKENS < input_length:
         raise BadInputError(f"{len(hash_ids)} hash_ids cover {len(hash_ids) * MOONCAKE_BLOCK_TOKENS} tokens, "
                             f"fewer than input_length {input_length} ({MOONCAKE_BLOCK_TOKENS} tokens per block)")
     n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-    blocks = _hash_id_array(hash_ids)[:n_blocks]
+    return _hash_id_array(hash_ids)[:n_blocks]
+
+
+def _synthesize(blocks: np.ndarray, input_length: int) -> np.ndarray:
+    """Token ids ``[input_length]`` ``'<u4'`` of uint64 block ids ``[blocks]`` (:func:`mooncake_token_ids`)."""
     x = (blocks[:, None] * np.uint64(MOONCAKE_BLOCK_TOKENS) + _BLOCK_OFFSETS).reshape(-1)[:input_length]
     x = _splitmix64_(x)
     x >>= _S32

@@ -1,9 +1,11 @@
-"""One request of a trace, tokenized, and the reader signature every format implements."""
+"""One request of a trace, tokenized, its outline (length and time), and the reader signature every format
+implements."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,6 +33,16 @@ class Request:
     cache_salt: str = ""
     output_length: int | None = None
     source: str = ""
+
+
+class Outline(NamedTuple):
+    """What a replay's first pass needs of a request, where a format can give it without the token ids
+    (:func:`kvcli.traces.detect.outline_trace`): the same values as its :class:`Request`."""
+
+    prompt_tokens: int
+    """``len(token_ids)``, tokens."""
+    timestamp: float | None
+    """Arrival time, seconds from the trace's start, or None."""
 
 
 TokenizerArg = str | Tokenizer

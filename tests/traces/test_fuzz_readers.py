@@ -7,11 +7,12 @@ import json
 import re
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvcli.errors import BadInputError
-from kvcli.traces.detect import FORMATS, read_trace
+from kvcli.traces.detect import FORMATS, outline_trace, read_trace
 from kvcli.traces.prompts import read_prompts
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -74,6 +75,45 @@ def test_readers_yield_requests_or_one_located_error(tmp_path, data, suffix, fmt
             assert r.timestamp is None or (r.timestamp >= 0 and np.isfinite(r.timestamp))
     except BadInputError as err:
         _check(err, path, data)
+
+
+def _outcome(rows):
+    """The rows an iterator yields, then the error that stopped it (its one line), or None."""
+    out = []
+    try:
+        for row in rows:
+            out.append(row)
+    except BadInputError as err:
+        return out, str(err)
+    return out, None
+
+
+@SETTINGS
+@given(data=files, suffix=suffixes, fmt=st.sampled_from(["auto", *FORMATS]))
+def test_a_trace_outline_is_its_requests_lengths_and_times_with_the_same_error(tmp_path, data, suffix, fmt):
+    # the replay's first pass reads outline_trace (a Mooncake file without synthesizing token ids): it must see the
+    # same requests and stop at the same bad record, with the same message, as the pass that reads the requests
+    path = tmp_path / f"trace{suffix}"
+    path.write_bytes(data)
+    try:
+        full = _outcome((len(r.token_ids), r.timestamp) for r in read_trace(path, fmt, "cl100k_base"))
+    except BadInputError as err:  # the file itself (missing format, ...): outline_trace refuses it alike
+        with pytest.raises(BadInputError) as caught:
+            outline_trace(path, fmt, "cl100k_base")
+        assert str(caught.value) == str(err)
+        return
+    assert _outcome(tuple(o) for o in outline_trace(path, fmt, "cl100k_base")) == full
+
+
+def test_a_mooncake_outline_gives_input_lengths_and_seconds(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 1500, "input_length": 700, "hash_ids": [1, 2]}\n'
+                    '{"input_length": 0, "hash_ids": []}\n'
+                    '{"timestamp": 2000, "input_length": 1025, "hash_ids": [1, 2]}\n')
+    rows = outline_trace(path)
+    assert next(rows) == (700, 1.5) and next(rows) == (0, None)
+    with pytest.raises(BadInputError, match=r"t\.jsonl:3: 2 hash_ids cover 1024 tokens, fewer than input_length 1025"):
+        next(rows)
 
 
 @SETTINGS
