@@ -14,11 +14,19 @@ Wall seconds (min / median of ``--repeats``), peak RSS (MiB, of that process alo
 ``sketch``'s and ``before``'s in this run, the hit tokens each found. The token-granular upper bound is off
 (``--no-upper-bound``) for every kvcli variant.
 
+Fixed costs (start-up and imports, the transfer calibration, the cleanup's scan of the server) weigh on a trace
+of a few seconds as they would not on one of hours. So ``after``, ``after --no-curve`` and ``sketch`` also run on
+the trace's first half (``--limit``; ``... half``), and the last table gives the cost per 1,000 requests of the
+second half, ``(t(all) - t(half)) / (requests - half)``, from the min and from the median of each, over
+``sketch``'s: what a trace many times longer would cost per request.
+
     PYTHONPATH=. python bench/bench_index_replay.py [--trace PATH] [--chunk-size 512] [--repeats 3] [--base REV]
 """
 from __future__ import annotations
 
 import argparse
+import gzip
+import itertools
 import json
 import os
 import statistics
@@ -47,7 +55,7 @@ return hit
 """
 
 
-def reference(kind: str, trace: str, chunk: int, url: str) -> None:
+def reference(kind: str, trace: str, chunk: int, url: str, limit: int | None = None) -> None:
     """The floor or the sketch, run in this (child) process; prints hit tokens and the namespace it wrote."""
     import redis
 
@@ -62,7 +70,7 @@ def reference(kind: str, trace: str, chunk: int, url: str) -> None:
     if True:
         sha = client.script_load(SKETCH_LUA)
         pipe, queued = client.pipeline(transaction=False), []
-        for req in read_trace(trace):
+        for req in itertools.islice(read_trace(trace), limit):
             p = chunk_prompt(req.token_ids, chunk, root)
             if not p.hashes:
                 continue
@@ -107,9 +115,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--base", default="a0f3545")
     ap.add_argument("--reference", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--limit", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reference:
-        return reference(args.reference[0], args.trace, args.chunk_size, args.reference[1])
+        return reference(args.reference[0], args.trace, args.chunk_size, args.reference[1], args.limit)
 
     sys.path.insert(0, str(ROOT))
     import redis
@@ -127,6 +136,9 @@ def main() -> None:
         "sys.exit(code)\n")
     replay = ["replay", args.trace, "--payload", "accounted", "--measure", "0", "--prefill-tps", "3000",
               "--chunk-sizes", str(args.chunk_size), "--no-upper-bound", "--json"]
+    with (gzip.open if args.trace.endswith(".gz") else open)(args.trace, "rb") as f:
+        requests = sum(1 for line in f if line.strip())
+    half = requests // 2
     with embedded_server() as url:
         client = redis.Redis.from_url(url)
         env_base = {**os.environ, "PYTHONPATH": base, "REDIS_URL": url}
@@ -139,6 +151,12 @@ def main() -> None:
             "sketch": ([sys.executable, wrap, "bench.bench_index_replay", "--trace", args.trace,
                         "--chunk-size", str(args.chunk_size), "--reference", "sketch", url],
                        {**env_after, "PYTHONPATH": str(ROOT)}),
+            "after half": ([sys.executable, wrap, "kvcli", *replay, "--limit", str(half)], env_after),
+            "after --no-curve half": ([sys.executable, wrap, "kvcli", *replay, "--no-curve", "--limit", str(half)],
+                                      env_after),
+            "sketch half": ([sys.executable, wrap, "bench.bench_index_replay", "--trace", args.trace,
+                             "--chunk-size", str(args.chunk_size), "--reference", "sketch", url, "--limit",
+                             str(half)], {**env_after, "PYTHONPATH": str(ROOT)}),
         }
         times: dict[str, list[float]] = {k: [] for k in variants}
         rss: dict[str, list[float]] = {k: [] for k in variants}
@@ -164,6 +182,13 @@ def main() -> None:
         print(f"{name:22s} {lo:7.2f} {med:9.2f} {max(rss[name]):13.0f} "
               f"{lo / ref['sketch'][0]:5.2f}/{med / ref['sketch'][1]:4.2f} "
               f"{lo / ref['before'][0]:5.2f}/{med / ref['before'][1]:4.2f}  {sorted(hits[name])}")
+    rest = requests - half
+    per = {k: tuple((ref[k][i] - ref[f"{k} half"][i]) / rest * 1000 for i in (0, 1))
+           for k in ("after", "after --no-curve", "sketch")}
+    print(f"\nper 1,000 requests of the second half ({half:,} -> {requests:,} requests; fixed costs cancel)")
+    print(f"{'variant':22s} {'from min s':>11s} {'from median s':>14s} {'/ sketch':>9s}")
+    for name, (lo, med) in per.items():
+        print(f"{name:22s} {lo:11.3f} {med:14.3f} {lo / per['sketch'][0]:5.2f}/{med / per['sketch'][1]:4.2f}")
 
 
 if __name__ == "__main__":

@@ -101,12 +101,13 @@ class ProcessUnits:
     def __init__(self, jobs: int, setup: Setup) -> None:
         if jobs < 1:
             raise BadInputError(f"--jobs must be >= 1, got {jobs}")
-        self.jobs, self.setup, self._pool = jobs, setup, None
+        units = len(setup.config.chunk_sizes) * len(setup.config.layouts)
+        self.jobs, self.setup, self._pool = min(jobs, units), setup, None  # a worker per unit at most
         self._start()  # now: the workers start (spawn, imports) while this process prepares the first trace
 
     def _start(self) -> None:
         if self._pool is None:
-            workers = min(self.jobs, len(self.setup.config.chunk_sizes) * len(self.setup.config.layouts))
+            workers = self.jobs
             self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _ignore_sigint)
             for _ in range(workers):  # the executor starts a worker per waiting task
                 self._pool.submit(_ignore_sigint)
@@ -228,9 +229,10 @@ def _package_root() -> str:
     return os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
-def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool):
+def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool, runs_model: bool = True):
     """The runner of a replay's units: None (every store in this process) for one job (or one store) without Ray, else
-    :class:`ProcessUnits` or :class:`RayUnits`. ``jobs`` None: :func:`default_jobs` (Ray: the cluster's CPUs).
+    :class:`ProcessUnits` or :class:`RayUnits`. ``jobs`` None: :func:`default_jobs` of ``runs_model`` (whether the
+    replay times the model: calibration or measured requests) (Ray: the cluster's CPUs).
 
     Raises:
         BadInputError: ``jobs`` < 1; Ray missing; a Ray cluster other than ``local`` with the embedded server
@@ -243,17 +245,29 @@ def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool):
             raise BadInputError(f"--ray {ray}: the cluster's machines cannot reach the embedded Redis server "
                                 f"(127.0.0.1); give --redis-url (or REDIS_URL) of a server they can reach")
         return RayUnits(ray, jobs, setup)
-    jobs = default_jobs() if jobs is None else jobs
+    jobs = default_jobs(runs_model) if jobs is None else jobs
     stores = len(setup.config.chunk_sizes) * len(setup.config.layouts)
     return ProcessUnits(jobs, setup) if min(jobs, stores) > 1 else None
 
 
-def default_jobs() -> int:
-    """``--jobs``' default: 1. Measured on this 2-core machine, ``kvcli replay sample_traces/`` took 60.4 / 65.4 s
-    with 1 job and 57.8 / 84.6 s with 2 (README, "Parallel replay"): its traces are small, their time goes to the
-    model (calibration in the parent; every unit runs each measured request's full prefill again) and the Redis
-    server shares the same cores. Large index-only traces do gain (bench/bench_jobs.py): give ``--jobs``."""
-    return 1
+def default_jobs(runs_model: bool) -> int:
+    """``--jobs``' default: the cores this process may use (capped later by the trace's units) for a replay that
+    times no model, else 1.
+
+    A replay that times the model (its calibration, measured requests' prefills) keeps one process: a second
+    worker on the same cores would slow the prefills it times and so inflate the savings it measures (on this
+    2-core machine, which also runs the Redis server, ``kvcli replay sample_traces/`` took 60.4 / 65.4 s with 1 job
+    and 57.8 / 84.6 s with 2: no faster, and noisier). An index-only replay (``--prefill-tps``, ``--measure 0``) has
+    no such timing to protect: ``kvcli replay sample_traces/ --payload accounted --measure 0 --prefill-tps 3000``
+    took 13.1 / 13.9 s with 1 job and 12.2 / 12.5 s with 2, and the 7,500-request Mooncake cut at four chunk sizes
+    1.21x less with 2 (docs/scale.md, bench/bench_jobs.py).
+    """
+    if runs_model:
+        return 1
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def describe_units(units) -> str:

@@ -25,7 +25,7 @@ from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.server import INFO_REFUSED, RedisTarget
-from kvcli.traces.detect import read_trace
+from kvcli.traces.detect import outline_trace, read_trace
 from kvcli.traces.paths import display_name, expand_paths
 from kvcli.units import dtype_bytes
 
@@ -95,7 +95,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
         replayer.units = units = make_units(jobs, ray, Setup(
             target.url, reply_timeout(client), model_options, tok_name,
-            spec, replayer.model_config, config), target.embedded)
+            spec, replayer.model_config, config), target.embedded, runs_model)
         if units is not None:
             stack.callback(units.close)
         results = []
@@ -145,6 +145,11 @@ class TraceSource:
 
     def __call__(self):
         return read_trace(self.path, self.fmt, lazy_tokenizer(self.tokenizer)[0])
+
+    def outline(self):
+        """A fresh iterator over the requests' lengths and times (:func:`kvcli.traces.detect.outline_trace`), with
+        the same checks: a replay's first pass, cheaper than reading the requests where the format allows."""
+        return outline_trace(self.path, self.fmt, lazy_tokenizer(self.tokenizer)[0])
 
 
 def model_shapes(model: str) -> ModelConfig:

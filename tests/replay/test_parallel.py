@@ -110,6 +110,20 @@ def test_jobs_give_the_single_process_report_side_by_side_layouts(redis_url):
     assert three.by_layout["lmcache"][0].hit_tokens == three.by_layout["kvcli"][0].hit_tokens > 0
 
 
+@pytest.mark.single_server("the default's choice does not depend on the server")
+def test_jobs_default_to_the_cores_without_a_timed_model_and_to_one_with_it(redis_url, monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)  # 3 usable cores
+    config = ReplayConfig(chunk_sizes=(64, 256), payload="accounted", measure=0, limit=50)
+    # no model runs (--prefill-tps, --measure 0): min(3 cores, 2 units) workers; the report as with --jobs 1
+    auto, ctx = run(redis_url, config, ModelOptions("cpu", prefill_tps=10_000.0))
+    one, _ = run(redis_url, config, ModelOptions("cpu", prefill_tps=10_000.0), jobs=1)
+    assert ctx["units"] == "up to 2 worker processes" and differences(comparable(auto), comparable(one)) == []
+    # the model is timed (its calibration here): one process, whatever the cores
+    timed = ReplayConfig(chunk_sizes=(64, 256), payload="accounted", measure=0, limit=50, calibrate_seconds=0.0)
+    _, ctx = run(redis_url, timed, ModelOptions("tiny", seed=0))
+    assert ctx["units"] == "this process"
+
+
 @pytest.mark.single_server("a model per worker: slow; the cluster runs the same units")
 def test_jobs_with_measured_requests_running_the_model(redis_url):
     config = ReplayConfig(chunk_sizes=(16, 64), payload="real", measure=2, measure_max_tokens=600,
