@@ -353,23 +353,28 @@ def _inspect_view(r) -> Group:
               f"evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}" if s.known else f"server: {s.note}")
     parts = [table]
     if r.cluster:
-        used = sum(v.used_memory or 0 for v in r.shards)
-        rows = [[v.name, v.kvcli_keys, f"{100 * v.kvcli_keys / r.kvcli_keys if r.kvcli_keys else 0:.1f}%",
-                 v.other_keys, fmt_bytes(v.used_memory), f"{100 * (v.used_memory or 0) / used if used else 0:.1f}%",
-                 "-" if v.kvcli_memory_bytes is None else fmt_bytes(v.kvcli_memory_bytes),
-                 fmt_bytes(v.maxmemory) if v.maxmemory else "none"] for v in r.shards]
-        sk = r.skew
-        parts.append(_table(
-            f"Redis Cluster: {len(r.shards)} primaries, all scanned; skew (largest / mean): kvcli keys "
-            f"{_x(sk['kvcli_keys'])}, used_memory {_x(sk['used_memory'])}",
-            ["primary", "kvcli keys", "share", "other keys", "used_memory", "share", "kvcli MEMORY USAGE",
-             "maxmemory"], rows))
+        parts.append(_shards_table(r.shards, "kvcli", r.kvcli_keys, r.skew))
         server = "cluster totals, " + server
     return Group(*parts, Text(f"{server}; "
                              f"MEMORY USAGE: {memory}; checksums "
                              f"{'verified' if r.verified else 'not verified (--verify)'}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
                              f"{r.seconds:.2f} s"))
+
+
+def _shards_table(shards, layout: str, total: int, skew: dict):
+    """A cluster's primaries: the layout's keys and their share, other keys, used_memory and its share, MEMORY
+    USAGE of the layout's keys (where read), maxmemory; the skew in the title."""
+    used = sum(v.used_memory or 0 for v in shards)
+    rows = [[v.name, v.keys, f"{100 * v.keys / total if total else 0:.1f}%", v.other_keys, fmt_bytes(v.used_memory),
+             f"{100 * (v.used_memory or 0) / used if used else 0:.1f}%",
+             "-" if v.memory_bytes is None else fmt_bytes(v.memory_bytes),
+             fmt_bytes(v.maxmemory) if v.maxmemory else "none"] for v in shards]
+    label = "kvcli" if layout == "kvcli" else "LMCache"
+    return _table(f"Redis Cluster: {len(shards)} primaries, all scanned; skew (largest / mean): {label} keys "
+                  f"{_x(skew[f'{layout}_keys'])}, used_memory {_x(skew['used_memory'])}",
+                  ["primary", f"{label} keys", "share", "other keys", "used_memory", "share",
+                   f"{label} MEMORY USAGE", "maxmemory"], rows)
 
 
 def _lmcache_view(r) -> Group:
@@ -392,8 +397,9 @@ def _lmcache_view(r) -> Group:
     s = r.server
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the models, scaled")
-    return Group(table, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector)\n"
-                             f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, evicted_keys "
+    parts = [table, _shards_table(r.shards, "lmcache", r.lmcache_keys, r.skew)] if r.cluster else [table]
+    return Group(*parts, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector)\n"
+                             f"{'cluster totals, ' if r.cluster else ''}server {s.version}: used_memory {fmt_bytes(s.used_memory)}, evicted_keys "
                              f"{s.evicted_keys:,}; MEMORY USAGE: {memory}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
                              f"{r.seconds:.2f} s"))

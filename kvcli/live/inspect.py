@@ -41,7 +41,6 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,7 +49,6 @@ import redis
 from kvcli.live.reading import execute_read, parse_or_none, payload_ok, read_key_facts, reader
 from kvcli.store import cluster
 from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
-from kvcli.store.namespace import scan_keys
 from kvcli.store.preflight import ServerMemory, server_memory
 
 VERIFY_AUTO_BYTES = 256 << 20
@@ -98,23 +96,46 @@ class Group:
 
 @dataclass
 class ShardView:
-    """One primary (the server itself when not a cluster): kvcli and other keys seen by its SCAN, its INFO
-    ``used_memory`` and ``maxmemory`` (bytes), and MEMORY USAGE of its kvcli keys (bytes; None unless every key
-    was read)."""
+    """One primary (the server itself when not a cluster): the inspected layout's keys (kvcli's, or LMCache's) and
+    other keys seen by its SCAN, its INFO ``used_memory`` and ``maxmemory`` (bytes), and MEMORY USAGE of its layout
+    keys (bytes; None unless every key was read)."""
 
     name: str
-    kvcli_keys: int = 0
+    keys: int = 0
     other_keys: int = 0
     used_memory: int | None = 0  # None: this user may not run INFO
     maxmemory: int | None = 0
-    kvcli_memory_bytes: int | None = None
+    memory_bytes: int | None = None
 
-    def to_dict(self, kvcli_total: int, used_total: int) -> dict:
-        """JSON-ready, with ``kvcli_keys_share`` and ``used_memory_share`` (0..1 of the cluster's; None when INFO
-        was refused)."""
-        return {**self.__dict__, "kvcli_keys_share": self.kvcli_keys / kvcli_total if kvcli_total else 0.0,
+    def to_dict(self, layout: str, total: int, used_total: int) -> dict:
+        """JSON-ready under the layout's names (``{layout}_keys``, ``{layout}_memory_bytes``), with
+        ``{layout}_keys_share`` and ``used_memory_share`` (0..1 of the cluster's; None when INFO was refused)."""
+        return {"name": self.name, f"{layout}_keys": self.keys, "other_keys": self.other_keys,
+                "used_memory": self.used_memory, "maxmemory": self.maxmemory,
+                f"{layout}_memory_bytes": self.memory_bytes,
+                f"{layout}_keys_share": self.keys / total if total else 0.0,
                 "used_memory_share": None if self.used_memory is None else
                 self.used_memory / used_total if used_total else 0.0}
+
+
+def shard_views(client, server: ServerMemory, memory: bool) -> list[ShardView]:
+    """One empty :class:`ShardView` per primary of ``client`` (the server itself when not a cluster), with the INFO
+    figures of ``server`` (:func:`kvcli.store.preflight.server_memory`); ``memory``: MEMORY USAGE will be summed."""
+    facts = {f.name: f for f in server.shards}
+    return [ShardView(name, used_memory=facts.get(name, server).used_memory,
+                      maxmemory=facts.get(name, server).maxmemory, memory_bytes=0 if memory else None)
+            for name, _ in cluster.shards(client)]
+
+
+def shard_skew(shards: list[ShardView], layout: str) -> dict:
+    """Largest shard over the mean, of the layout's keys and of used_memory (None: nothing to compare)."""
+    return {f"{layout}_keys": skew([s.keys for s in shards]), "used_memory": skew([s.used_memory for s in shards])}
+
+
+def shards_to_dict(shards: list[ShardView], layout: str, total: int) -> list[dict]:
+    """Each shard's :meth:`ShardView.to_dict` with shares of ``total`` layout keys and of the summed used_memory."""
+    used = sum(s.used_memory or 0 for s in shards)
+    return [s.to_dict(layout, total, used) for s in shards]
 
 
 def skew(values: list[int | None]) -> float | None:
@@ -145,17 +166,15 @@ class Inspection:
     @property
     def skew(self) -> dict:
         """Largest shard over the mean, of kvcli keys and of used_memory (None: nothing to compare)."""
-        return {"kvcli_keys": skew([s.kvcli_keys for s in self.shards]),
-                "used_memory": skew([s.used_memory for s in self.shards])}
+        return shard_skew(self.shards, "kvcli")
 
     def to_dict(self) -> dict:
         """JSON-ready, integrity problems listed by chunk hash."""
         server = {k: v for k, v in self.server.__dict__.items() if k != "shards"}
-        used = sum(s.used_memory or 0 for s in self.shards)
         return {"server": server, "keys": {"scanned": self.scanned_keys, "kvcli": self.kvcli_keys,
                 "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "checksums_verified":
                 self.verified, "no_touch": self.no_touch, "seconds": self.seconds, "cluster": self.cluster,
-                "shards": [s.to_dict(self.kvcli_keys, used) for s in self.shards], "skew": self.skew,
+                "shards": shards_to_dict(self.shards, "kvcli", self.kvcli_keys), "skew": self.skew,
                 "groups": [g.to_dict() for g in self.groups]}
 
 
@@ -167,11 +186,6 @@ class _Space:
         self.payload: dict[str, tuple[int, int]] = {}  # hash -> (value bytes, pttl ms)
         self.memory: dict[tuple[str, str], int] = {}  # (kind, hash) -> MEMORY USAGE bytes
         self.bad_checksum: set[str] = set()
-
-
-def scan_batches(client: redis.Redis, count: int = SCAN_COUNT) -> Iterator[list[bytes]]:
-    """Every key of the current database, a SCAN step at a time (:func:`kvcli.store.namespace.scan_keys`)."""
-    return scan_keys(client, None, count)
 
 
 def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int | None = None,
@@ -199,11 +213,7 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
     is_cluster = cluster.is_cluster(client)
     cluster.check_whole(client)  # before INFO: a cluster that is not whole is refused, not summed
     result = Inspection(server_memory(client), memory_sampled=sample, cluster=is_cluster)
-    facts = {f.name: f for f in result.server.shards}
-    for name, _ in cluster.shards(client):
-        f = facts.get(name, result.server)
-        result.shards.append(ShardView(name, used_memory=f.used_memory, maxmemory=f.maxmemory,
-                                       kvcli_memory_bytes=0 if sample is None else None))
+    result.shards = shard_views(client, result.server, sample is None)
     views = {v.name: v for v in result.shards}
     spaces: dict[tuple[str, int], _Space] = defaultdict(_Space)
     script = [not is_cluster]  # a script's keys must share a slot: per-key reads on a cluster
@@ -219,7 +229,7 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
                 view.other_keys += 1
                 continue
             result.kvcli_keys += 1
-            view.kvcli_keys += 1
+            view.keys += 1
             head = heads.get(parts[0], 0)
             if head == 0:
                 full = parse_key(key)
@@ -237,7 +247,7 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
             foreign = _read_batch(client, mine, spaces, sample is None, script, view)
             result.kvcli_keys -= foreign
             result.other_keys += foreign
-            view.kvcli_keys -= foreign
+            view.keys -= foreign
             view.other_keys += foreign
     if sample:
         result.memory_sampled = _sampled_memory(client, spaces, sample)
@@ -288,7 +298,7 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool], vie
                 space.meta[h] = (None, 0, pttl)
         if with_memory and facts[width * i + 2] is not None and not isinstance(facts[width * i + 2], Exception):
             space.memory[(kind, h)] = int(facts[width * i + 2])
-            view.kvcli_memory_bytes = (view.kvcli_memory_bytes or 0) + int(facts[width * i + 2])
+            view.memory_bytes = (view.memory_bytes or 0) + int(facts[width * i + 2])
     return foreign
 
 

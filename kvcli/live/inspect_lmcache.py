@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from kvcli.live.inspect import quotas, scan_batches
+from kvcli.live.inspect import SCAN_COUNT, ShardView, quotas, shard_skew, shard_views, shards_to_dict
 from kvcli.live.reading import execute_read, read_key_facts, reader
+from kvcli.store import cluster
 from kvcli.store.lmcache import (
     KEY_FORMAT,
     KV_SUFFIX,
@@ -109,6 +110,13 @@ class LMCacheInspection:
     memory_sampled: int | None = None  # None: MEMORY USAGE of every key; 0: not read; N: a sample of N keys
     seconds: float = 0.0
     no_touch: bool | None = None
+    cluster: bool = False
+    shards: list[ShardView] = field(default_factory=list)  # LMCache keys, other keys and INFO memory per primary
+
+    @property
+    def skew(self) -> dict:
+        """Largest shard over the mean, of LMCache keys and of used_memory (None: nothing to compare)."""
+        return shard_skew(self.shards, "lmcache")
 
     def to_dict(self) -> dict:
         """JSON-ready, with the layout and LMCache version matched."""
@@ -116,7 +124,9 @@ class LMCacheInspection:
                            "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector"},
                 "server": self.server.to_dict(), "keys": {"scanned": self.scanned_keys, "lmcache": self.lmcache_keys,
                 "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "no_touch": self.no_touch,
-                "seconds": self.seconds, "groups": [g.to_dict() for g in self.groups]}
+                "seconds": self.seconds, "cluster": self.cluster,
+                "shards": shards_to_dict(self.shards, "lmcache", self.lmcache_keys), "skew": self.skew,
+                "groups": [g.to_dict() for g in self.groups]}
 
 
 def inspect_lmcache(client: redis.Redis, sample: int | None = None) -> LMCacheInspection:
@@ -131,15 +141,20 @@ def inspect_lmcache(client: redis.Redis, sample: int | None = None) -> LMCacheIn
     """
     with reader(client) as conn:
         t0 = time.perf_counter()
-        result = LMCacheInspection(server_memory(conn), memory_sampled=sample)
+        cluster.check_whole(conn)  # before INFO: a cluster that is not whole is refused, not summed
+        result = LMCacheInspection(server_memory(conn), memory_sampled=sample, cluster=cluster.is_cluster(conn))
+        result.shards = shard_views(conn, result.server, False)  # MEMORY USAGE is read per model, not per shard
+        views = {v.name: v for v in result.shards}
         chunks: dict[bytes, _Chunk] = {}
-        script = [True]
-        for keys in scan_batches(conn):
+        script = [not result.cluster]  # a script's keys must share a slot: per-key reads on a cluster
+        for shard, keys in cluster.scan(conn, count=SCAN_COUNT):
             result.scanned_keys += len(keys)
             mine = [(key, parsed) for key in keys if (parsed := split_redis_key(key)) is not None]
             foreign = _read_batch(conn, mine, chunks, sample is None, script) if mine else 0
             result.lmcache_keys += len(mine) - foreign
             result.other_keys += len(keys) - len(mine) + foreign
+            views[shard].keys += len(mine) - foreign
+            views[shard].other_keys += len(keys) - len(mine) + foreign
         if sample:
             result.memory_sampled = _sampled_memory(conn, chunks, sample)
         result.groups = _groups(chunks)

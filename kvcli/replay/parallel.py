@@ -172,8 +172,10 @@ class RayUnits:
         if not ray.is_initialized():
             local = address == "local"
             env = {"env_vars": {"PYTHONPATH": _package_root()}} if local else None
+            # a local instance is this run's own: its start-up notices (token authentication, ...) are not the
+            # user's concern; a cluster's warnings are
             ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
-                     runtime_env=env, logging_level="warning", configure_logging=True)
+                     runtime_env=env, logging_level="error" if local else "warning", configure_logging=True)
             self._started = True
         self.jobs = jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._task = ray.remote(num_cpus=1, max_retries=0)(run_unit)

@@ -144,10 +144,10 @@ def test_a_namespace_spreads_and_purge_removes_exactly_its_keys_on_every_shard(c
     assert (found.metadata, found.payloads, found.by_shard) == (200, 200, mine)
     seen = inspect_cache(cc, sample=0, verify=True)
     assert seen.cluster and seen.kvcli_keys == 430 and seen.other_keys == 300
-    assert {s.name: s.kvcli_keys for s in seen.shards} == {
+    assert {s.name: s.keys for s in seen.shards} == {
         name: mine[name] + n for name, n in per_shard(cc, "kvcli:v1:fleet2:*").items()}
     assert sum(s.other_keys for s in seen.shards) == 300 and seen.server.keys == 730
-    assert seen.skew["kvcli_keys"] == pytest.approx(max(s.kvcli_keys for s in seen.shards) * 3 / 430)
+    assert seen.skew["kvcli_keys"] == pytest.approx(max(s.keys for s in seen.shards) * 3 / 430)
     group = next(g for g in seen.groups if g.namespace == "fleet")
     assert (group.chunks, group.metadata_entries, group.payload_objects) == (200, 200, 200) and not group.issues
     done = purge(cc, "fleet")

@@ -24,6 +24,7 @@ from kvcli.model.costcurve import CostCurve
 from kvcli.model.llama import build_model
 from kvcli.model.presets import ModelSpec
 from kvcli.replay.replayer import ReplayConfig, Replayer
+from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
 from kvcli.store.lmcache import (
     KVGroup,
@@ -146,6 +147,11 @@ def test_inspect_counts_chunks_bytes_orphans_exactly(redis_client):
     result = inspect_lmcache(redis_client)
     assert_read_only(redis_client, commands_since_reset(redis_client))
     assert (result.scanned_keys, result.lmcache_keys, result.other_keys) == (17, 14, 3)
+    # per primary (the one server when not a cluster): what its own SCAN holds, summing to the totals
+    assert result.cluster == cluster.is_cluster(redis_client)
+    assert {s.name: s.keys + s.other_keys for s in result.shards} == {
+        name: node.dbsize() for name, node in cluster.shards(redis_client)}
+    assert (sum(s.keys for s in result.shards), sum(s.other_keys for s in result.shards)) == (14, 3)
     a, b = result.groups
     assert a.model_name == LLAMA and b.model_name == "tiny"
     assert (a.chunks, a.metadata_keys, a.kv_keys) == (3, 5, 5)
@@ -180,6 +186,11 @@ def test_inspect_sampled_memory_and_cli(redis_url, redis_client):
     assert group["kv_value_bytes"] == 8292 and group["by_chunk_tokens"] == {"4": 5}
     table = CliRunner().invoke(cli_app(), ["inspect", "--layout", "lmcache", "--redis-url", redis_url])
     assert table.exit_code == 0 and "LMCache keys: 14; other keys: 3" in table.stdout
+    shards = cluster.shards(redis_client)
+    assert [s["lmcache_keys"] + s["other_keys"] for s in doc["shards"]] == [node.dbsize() for _, node in shards]
+    assert sum(s["lmcache_keys_share"] for s in doc["shards"]) == pytest.approx(1.0)
+    assert doc["cluster"] == (len(shards) > 1) and ("Redis Cluster: 3 primaries, all scanned" in table.stdout) == (
+        len(shards) > 1)
 
 
 def test_inspect_as_a_read_only_acl_user_without_scripts_gets_the_same_answer(make_server):
