@@ -301,6 +301,8 @@ def main() -> None:
         interrupted = isinstance(exc, KeyboardInterrupt) or (exc.code == 130 and _signals)
         if not interrupted:
             raise
+        for sig in (signal.SIGTERM, signal.SIGINT):  # exiting already: a further signal is noted, not raised
+            signal.signal(sig, lambda signum, frame: _signals.append(signum))
         signum = _signals[-1] if _signals else signal.SIGINT
         err.print("kvcli: interrupted" if signum == signal.SIGINT else "kvcli: terminated (SIGTERM)")
         sys.exit(128 + signum)

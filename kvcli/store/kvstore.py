@@ -15,7 +15,7 @@ import redis
 from kvcli.errors import BadInputError
 from kvcli.store.chunkstore import ChunkStore, LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.hashing import ChunkedPrompt
-from kvcli.store.namespace import purge
+from kvcli.store.namespace import purge_own
 
 if TYPE_CHECKING:
     import torch
@@ -117,10 +117,11 @@ def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_u
 
 
 def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...]) -> int:
-    """Delete what a run wrote under ``namespace`` in each of ``layouts`` (its own keys only). Returns the count."""
+    """Delete what a run wrote under ``namespace`` (its own, fresh) in each of ``layouts`` (its own keys only: kvcli's
+    layout through :func:`~kvcli.store.namespace.purge_own`). Returns the count."""
     deleted = 0
     if "kvcli" in layouts:
-        deleted += purge(client, namespace).deleted
+        deleted += purge_own(client, namespace)
     if "lmcache" in layouts:
         from kvcli.store.lmcache_store import purge_namespace
 

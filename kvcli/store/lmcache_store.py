@@ -23,7 +23,6 @@ own and :func:`purge_namespace` can delete exactly them; in a real deployment it
 """
 from __future__ import annotations
 
-import re
 import time
 import warnings
 
@@ -53,6 +52,7 @@ from kvcli.store.lmcache import (
     split_redis_key,
     to_kv_2ltd,
 )
+from kvcli.store.namespace import glob_escape
 from kvcli.units import torch_dtype
 
 _DELETE_BATCH = 1000
@@ -278,7 +278,7 @@ class LMCacheStore:
     @property
     def key_pattern(self) -> str:
         """SCAN MATCH pattern of this store's keys."""
-        return _glob_escape(self.model_name) + "@*"
+        return glob_escape(self.model_name) + "@*"
 
     @property
     def value_bytes(self) -> int:
@@ -292,10 +292,6 @@ class LMCacheStore:
         return 2 * base + len(METADATA_SUFFIX) + len(KV_SUFFIX)
 
 
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
 def purge_namespace(client: redis.Redis, namespace: str) -> int:
     """Delete a replay's LMCache-layout keys: those whose ``model_name`` starts with ``{namespace}/`` and that
     parse as LMCache keys (SCAN MATCH, never KEYS; UNLINK in batches). Returns the number deleted.
@@ -305,7 +301,7 @@ def purge_namespace(client: redis.Redis, namespace: str) -> int:
     """
     prefix, deleted, batch = namespace + "/", 0, []
     try:
-        for _, keys in cluster.scan(client, _glob_escape(prefix) + "*@*", _DELETE_BATCH):  # every shard
+        for _, keys in cluster.scan(client, glob_escape(prefix) + "*@*", _DELETE_BATCH):  # every shard
             for key in keys:
                 parsed = split_redis_key(key)
                 if parsed is not None and parsed[0].model_name.startswith(prefix):

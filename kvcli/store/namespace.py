@@ -56,8 +56,12 @@ class PurgeCount:
 
 
 def _pattern(namespace: str, chunk_size: int | None) -> str:
-    escaped = re.sub(r"([*?\[\]\\])", r"\\\1", namespace)
-    return f"{KEY_ROOT}:{KEY_VERSION}:{escaped}:{chunk_size if chunk_size else '*'}:*"
+    return f"{KEY_ROOT}:{KEY_VERSION}:{glob_escape(namespace)}:{chunk_size if chunk_size else '*'}:*"
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with SCAN MATCH's glob characters (``*?[]\\``) escaped: it matches only itself."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _check(namespace: str, chunk_size: int | None) -> None:
@@ -184,6 +188,47 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
         raise RedisFailure(f"{str(exc).rstrip('.')}; {result.deleted:,} keys deleted before it") from None
     result.by_chunk_size = dict(sorted(result.by_chunk_size.items()))
     return result
+
+
+# One step of purge_own inside the server: SCAN a batch of string keys matching the layout's glob, UNLINK them (in
+# slices: Lua's unpack has a stack limit), return the next cursor and how many were deleted.
+_PURGE_OWN_STEP = """
+local scan = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3], 'TYPE', 'string')
+local keys, deleted = scan[2], 0
+for i = 1, #keys, 1000 do deleted = deleted + redis.call('UNLINK', unpack(keys, i, math.min(i + 999, #keys))) end
+return {scan[1], deleted}
+"""
+
+
+def purge_own(client: redis.Redis, namespace: str) -> int:
+    """Delete a namespace that this process created and alone wrote (a replay's own, named at random): one script
+    per SCAN step deletes the matching keys inside the server, so no key crosses the network (a replay's cleanup of
+    113,835 keys: ~0.13 s instead of ~0.25 s here). The glob is kvcli's layout (``{prefix}[1-9]*:[mp]:`` then 32
+    lowercase hex digits); the exact per-key parse of :func:`purge` is not needed for keys only this run wrote.
+    On a cluster, or where the server or the user refuses the script (no scripting, Redis < 6 without SCAN's TYPE
+    option, an ACL), the same keys go through :func:`purge`. Returns the keys deleted.
+
+    Raises:
+        RedisFailure: a step failed after the first (keys of earlier steps are deleted; the message says how many).
+    """
+    _check(namespace, None)
+    if cluster.is_cluster(client):
+        return purge(client, namespace).deleted
+    glob = f"{KEY_ROOT}:{KEY_VERSION}:{glob_escape(namespace)}:[1-9]*:[mp]:" + "[0-9a-f]" * 32
+    cursor, deleted, first = b"0", 0, True
+    step = client.register_script(_PURGE_OWN_STEP)
+    try:
+        while first or cursor not in (b"0", "0", 0):
+            cursor, n = step(keys=[], args=[cursor, glob, BATCH])
+            deleted, first = deleted + int(n), False
+    except redis.exceptions.ResponseError as exc:
+        if first and (isinstance(exc, redis.exceptions.NoPermissionError) or any(
+                word in str(exc).lower() for word in ("permission", "unknown", "syntax", "not allowed", "disabled"))):
+            return purge(client, namespace).deleted  # nothing was deleted: the client-side purge does it all
+        raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
+    except cluster.REDIS_ERRORS as exc:
+        raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
+    return deleted
 
 
 def purge_command(target: RedisTarget, namespace: str, chunk_size: int | None = None) -> str:

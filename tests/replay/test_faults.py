@@ -6,6 +6,7 @@ R1 = R2 = tok(1..10) at chunk size 4: two full chunks each; R1 misses and stores
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import signal
 import subprocess
@@ -19,6 +20,7 @@ import redis
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
+from kvcli.store.namespace import _PURGE_OWN_STEP
 
 pytestmark = pytest.mark.single_server("the fault proxy stands in front of one server")
 
@@ -170,7 +172,10 @@ def _second_signal_during_cleanup(fault_proxy, redis_url, signum: int) -> tuple[
                           "--payload", "accounted", "--redis-url", fault_proxy.url(), "--redis-timeout", "60s"])
     _wait(lambda: client.dbsize() >= 1000 or proc.poll() is not None)
     assert proc.poll() is None, "the replay ended before it could be interrupted"
-    fault_proxy.stall(b"SCAN")  # the cleanup's first SCAN hangs (up to the 60 s timeout)
+    # the cleanup's first step hangs (up to the 60 s timeout): its script (by SHA, once the server holds it; loaded,
+    # its body holds SCAN) or a client-side SCAN
+    fault_proxy.stall(hashlib.sha1(_PURGE_OWN_STEP.encode()).hexdigest().encode())
+    fault_proxy.stall(b"SCAN")
     proc.send_signal(signum)
     _wait(lambda: any("deleting namespace" in x for x in lines) or proc.poll() is not None)
     time.sleep(0.3)

@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import redis
 from test_warm import cli_app
 from typer.testing import CliRunner
 
 from kvcli.errors import BadInputError
-from kvcli.store.namespace import count, purge
+from kvcli.store import cluster
+from kvcli.store.namespace import count, purge, purge_own
 
 H = "0123456789abcdef0123456789abcdef"
 
@@ -130,3 +132,33 @@ def test_layout_parse_key_refuses_look_alike_chunk_sizes():
     assert parse_key(key("a", 4, "m", 0).encode()).chunk_size == 4
     assert parse_key(key("a", 4, "m", 0).replace(":4:", ":04:").encode()) is None
     assert parse_key(key("a", 4, "m", 0).replace(":4:", ":0:").encode()) is None
+
+
+def test_purge_own_deletes_the_namespace_inside_the_server_and_nothing_else(redis_client, filled):
+    """A replay's cleanup of its own namespace: SCAN + UNLINK in one script per step on a single server (no key
+    travels), purge() on a cluster: the same keys either way, look-alikes and other namespaces left alone."""
+    mine, others = filled
+    look_alikes = [key("a", 4, "m", 0).replace(":4:", ":04:")[:-1], key("a", 4, "q", 1)]  # 31 hex digits; kind q
+    for k in look_alikes:
+        redis_client.set(k, b"v")
+    redis_client.rpush(key("a", 16, "m", 0), "v")  # not a string
+    redis_client.config_resetstat()
+    assert purge_own(redis_client, "a") == 12
+    assert not any(redis_client.exists(k) for k in mine)
+    assert all(redis_client.exists(k) for k in others + look_alikes + [key("a", 16, "m", 0)])
+    ran = {k.removeprefix("cmdstat_") for k in redis_client.info("commandstats")}
+    assert not ran & {"flushdb", "flushall", "keys", "del"}
+    assert ("evalsha" in ran or "eval" in ran) != cluster.is_cluster(redis_client)  # the script: single server only
+    assert purge_own(redis_client, "a*") == 1 and redis_client.exists(key("[a]", 4, "m", 0))
+
+
+@pytest.mark.single_server("an ACL on one server")
+def test_purge_own_falls_back_to_the_client_side_purge_without_scripts(make_server):
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    for n in range(5):
+        admin.set(key("run", 8, "m", n), b"v")
+    admin.set(key("other", 8, "m", 0), b"v")
+    admin.acl_setuser("noscript", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@scripting"])
+    user = redis.Redis.from_url(url.replace("redis://", "redis://noscript:pw@"))
+    assert purge_own(user, "run") == 5 and admin.dbsize() == 1
