@@ -12,7 +12,10 @@ store on its node's LRU, one policy decision) on per-request lists prepared once
 lists, turned into numpy arrays once at the end (:class:`Records`). The loop is one method with its state in local
 variables and no inner functions (issue 11); the store is :meth:`ChunkLru.touch` (no list of new chunks) unless the
 policy watches the caches; the prefix match at dispatch is reused when the prefill starts at once (the node's cache
-changes only when one of its prefills ends).
+changes only when one of its prefills ends). With a policy that mirrors the nodes' caches
+(:meth:`~kvcli.route.policies.Policy.mirror_nodes`: ``prefix``, ``cache-aware``, ``cost``), a node's cache is an
+unlimited :class:`ChunkLru` that, at each store, drops the chunks the policy's LRU for that node evicted when it
+stored the same request: the same chunks held at every moment, one LRU's work instead of two.
 """
 from __future__ import annotations
 
@@ -102,8 +105,6 @@ class EventLoop:
         chunk_ids = [r.chunk_ids for r in requests]
         # Most tokens a request can reuse (all but the last): reusable_tokens(hit, prompt) == min(hit, limit).
         limit = reusable_tokens(np.array(prompt, dtype=np.int64), np.array(prompt, dtype=np.int64)).tolist()
-        caches = [ChunkLru(self.capacity_chunks) for _ in range(nodes)]
-        matches = [c.match for c in caches]
         queues = [deque() for _ in range(nodes)]
         active, prefilling, estimate = [0] * nodes, [False] * nodes, [0] * count
         load_tokens, load_requests = view.load_tokens, view.load_requests
@@ -113,6 +114,13 @@ class EventLoop:
         choose = policy.choose
         lookup = policy.lookup if getattr(policy, "looks_up", True) else None
         notify = policy.on_cache_change if getattr(policy, "watches_cache", True) else None
+        # A policy whose index mirrors the nodes' caches hands over its evictions: then each node's cache is an
+        # unlimited ChunkLru that drops what the index evicted at the same store (Policy.mirror_nodes).
+        mirror = getattr(policy, "mirror_nodes", None)
+        mirror = mirror(self.capacity_chunks) if mirror is not None and notify is None else None
+        caches = [ChunkLru(self.capacity_chunks if mirror is None else None) for _ in range(nodes)]
+        matches = [c.match for c in caches]
+        forgets = [c.forget for c in caches]
         # Only a watching policy needs the new chunks named (ChunkLru.touch is store without them).
         stores = [c.store if notify is not None else c.touch for c in caches]
         answers: dict[int, object] = {}  # request -> its lookup's answer, until its DISPATCH event
@@ -127,7 +135,13 @@ class EventLoop:
                 if key < _DISPATCH:
                     node = node_of[i]
                     if key < _DECODE_DONE:
-                        if notify is None:
+                        if mirror is not None:
+                            stores[node](chunk_ids[i])
+                            evicted = mirror[node].popleft()
+                            if evicted:
+                                evictions += len(evicted)
+                                forgets[node](evicted)
+                        elif notify is None:
                             evictions += len(stores[node](chunk_ids[i]))
                         else:
                             new, evicted = stores[node](chunk_ids[i])

@@ -116,6 +116,14 @@ class ChunkLru:
         self._order, self._log, self._logged = order, [], 0
         return order
 
+    def forget(self, hashes: Sequence[bytes]) -> None:
+        """Forget chunks of an unlimited cache (capacity None): one C-level set difference. The routing simulation's
+        node caches use it to drop the chunks that an LRU of their capacity, fed the same requests, evicted
+        (:meth:`kvcli.route.policies.Policy.mirror_nodes`). Raises ValueError on a limited cache."""
+        if self.capacity is not None:
+            raise ValueError("forget() is for an unlimited cache; a limited one evicts by itself")
+        self._order.difference_update(hashes)
+
     def discard(self, chunk_hash: bytes) -> None:
         """Forget a chunk (it left the cache some other way, e.g. expiry)."""
         order = self._order
