@@ -20,7 +20,7 @@ appearance in the log read backwards (requests last-to-first, each chunk 0 first
 nothing is ever evicted, so nothing is logged. (The routing simulation on the Mooncake sample, 3M-token caches,
 rarely evicts: its LRU time is then a fraction.)
 
-Complexity: ``match`` O(c) dict lookups for a request of ``c`` chunks; ``store`` and ``touch`` O(c + e) for ``e``
+Complexity: ``match`` O(c) hash lookups for a request of ``c`` chunks; ``store`` and ``touch`` O(c + e) for ``e``
 evictions, amortized (the replay costs what the logged touches would have cost).
 """
 from __future__ import annotations
