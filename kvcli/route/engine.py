@@ -1,16 +1,21 @@
 """The discrete-event loop of the routing simulation (the model is in :mod:`kvcli.route.simulator`'s docstring).
 
-Events live in one heap of plain tuples ``(time, kind, seq, request, payload)``: at one instant prefill ends run
-first, then decode ends, then dispatches (each in the order they were scheduled, ``seq``). Arrivals are not in the
-heap: they come from the trace already sorted by (time, request index), and one runs once every heap event at or
-before its time has run, which is the same order as if arrivals were heap events of the last kind.
+Events live in one heap of 3-tuples ``(time, key, request)``, ``key = kind * 2**52 + seq``: at one instant prefill
+ends run first, then decode ends, then dispatches (each in the order they were scheduled, ``seq``). The node of a
+prefill or decode end is the request's (:attr:`Records.node`); a lookup's answer waits in a dict until its
+dispatch. Arrivals are not in the heap: they come from the trace already sorted by (time, request index), and one
+runs once every heap event at or before its time has run, which is the same order as if arrivals were heap events
+of the last kind.
 
 Per request the loop does a fixed number of steps (two or three heap events, one or two prefix matches and one
 store on its node's LRU, one policy decision) on per-request lists prepared once; the per-request results are plain
 lists, turned into numpy arrays once at the end (:class:`Records`). The loop is one method with its state in local
-variables (issue 11); the store is :meth:`ChunkLru.touch` (no list of new chunks) unless the policy watches the
-caches; the prefix match at dispatch is reused when the prefill starts at once (the node's cache changes only when
-one of its prefills ends).
+variables and no inner functions (issue 11); the store is :meth:`ChunkLru.touch` (no list of new chunks) unless the
+policy watches the caches; the prefix match at dispatch is reused when the prefill starts at once (the node's cache
+changes only when one of its prefills ends). With a policy that mirrors the nodes' caches
+(:meth:`~kvcli.route.policies.Policy.mirror_nodes`: ``prefix``, ``cache-aware``, ``cost``), a node's cache is an
+unlimited :class:`ChunkLru` that, at each store, drops the chunks the policy's LRU for that node evicted when it
+stored the same request: the same chunks held at every moment, one LRU's work instead of two.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ from kvcli.store.hashing import reusable_tokens
 from kvcli.store.lru import ChunkLru
 
 PREFILL_DONE, DECODE_DONE, DISPATCH = 0, 1, 2
+# Heap keys: kind * 2**52 + sequence number, one int that orders as (kind, seq) for < 2**52 events.
+_PREFILL_DONE, _DECODE_DONE, _DISPATCH = (kind << 52 for kind in (PREFILL_DONE, DECODE_DONE, DISPATCH))
 
 
 @dataclass(slots=True)
@@ -84,10 +91,11 @@ class EventLoop:
     def run(self) -> Records:
         """Run every request to its last token; returns the records.
 
-        One loop over the arrivals, with the heap's events at or before each arrival handled first (the last
-        arrival, at infinity, drains the heap). Per request: at most one lookup, one policy decision, two prefix
+        One loop: the next event is the heap's first if it is at or before the next arrival, else the arrival (the
+        last, at infinity, drains the heap). Per request: at most one lookup, one policy decision, two prefix
         matches on its node's cache (the one at dispatch is reused when the prefill starts at once, as nothing can
-        change the cache in between), one store; everything in local variables.
+        change the cache in between), one store; everything in local variables, no call but the policy's, the
+        caches' and the heap's (the one dispatch block serves an arrival without a lookup and a lookup's end).
         """
         requests, decode_seconds, policy, view = self.requests, self.decode_seconds, self.policy, self.view
         count, nodes, max_batch, prefill_seconds = len(requests), len(view.load_tokens), self.max_batch, \
@@ -97,8 +105,6 @@ class EventLoop:
         chunk_ids = [r.chunk_ids for r in requests]
         # Most tokens a request can reuse (all but the last): reusable_tokens(hit, prompt) == min(hit, limit).
         limit = reusable_tokens(np.array(prompt, dtype=np.int64), np.array(prompt, dtype=np.int64)).tolist()
-        caches = [ChunkLru(self.capacity_chunks) for _ in range(nodes)]
-        matches = [c.match for c in caches]
         queues = [deque() for _ in range(nodes)]
         active, prefilling, estimate = [0] * nodes, [False] * nodes, [0] * count
         load_tokens, load_requests = view.load_tokens, view.load_requests
@@ -108,87 +114,102 @@ class EventLoop:
         choose = policy.choose
         lookup = policy.lookup if getattr(policy, "looks_up", True) else None
         notify = policy.on_cache_change if getattr(policy, "watches_cache", True) else None
+        # A policy whose index mirrors the nodes' caches hands over its evictions: then each node's cache is an
+        # unlimited ChunkLru that drops what the index evicted at the same store (Policy.mirror_nodes).
+        mirror = getattr(policy, "mirror_nodes", None)
+        mirror = mirror(self.capacity_chunks) if mirror is not None and notify is None else None
+        caches = [ChunkLru(self.capacity_chunks if mirror is None else None) for _ in range(nodes)]
+        matches = [c.match for c in caches]
+        forgets = [c.forget for c in caches]
         # Only a watching policy needs the new chunks named (ChunkLru.touch is store without them).
         stores = [c.store if notify is not None else c.touch for c in caches]
-        heap: list[tuple] = []
-        push, pop, seq = heapq.heappush, heapq.heappop, itertools.count()
-        evictions, peak = 0, 0
-
-        def start_prefill(t: float, node: int, i: int, hit: int) -> None:
-            """Start request ``i``'s prefill on ``node`` (free, not prefilling), ``hit`` tokens cached."""
+        answers: dict[int, object] = {}  # request -> its lookup's answer, until its DISPATCH event
+        heap: list[tuple] = []  # (time, key, request): key = kind's base + sequence number (module docstring)
+        push, pop = heapq.heappush, heapq.heappop
+        seq, evictions, peak = 0, 0, 0
+        arrivals = itertools.chain(self.arrivals, [(math.inf, -1)])
+        next_t, next_i = next(arrivals)
+        while True:
+            if heap and heap[0][0] <= next_t:
+                t, key, i = pop(heap)
+                if key < _DISPATCH:
+                    node = node_of[i]
+                    if key < _DECODE_DONE:
+                        if mirror is not None:
+                            stores[node](chunk_ids[i])
+                            evicted = mirror[node].popleft()
+                            if evicted:
+                                evictions += len(evicted)
+                                forgets[node](evicted)
+                        elif notify is None:
+                            evictions += len(stores[node](chunk_ids[i]))
+                        else:
+                            new, evicted = stores[node](chunk_ids[i])
+                            evictions += len(evicted)
+                            if new or evicted:
+                                notify(node, new, evicted)
+                        load_tokens[node] -= estimate[i]
+                        prefilling[node] = False
+                        first_token[i] = t
+                        seq += 1
+                        push(heap, (t + decode_seconds[i], _DECODE_DONE + seq, i))
+                    else:
+                        active[node] -= 1
+                        load_requests[node] -= 1
+                        low = load_requests[node]  # only this node's count fell
+                        if max(load_requests) - low > peak:
+                            peak = max(load_requests) - low
+                        finish[i] = t
+                    # The node may start its next queued prefill.
+                    queue = queues[node]
+                    if not queue or prefilling[node] or active[node] >= max_batch:
+                        continue
+                    i = queue.popleft()
+                    hit = chunk_size * matches[node](chunk_ids[i])
+                    if hit > limit[i]:
+                        hit = limit[i]
+                    estimate_i = estimate[i]
+                else:  # a lookup's end: dispatch below
+                    answer = answers.pop(i)
+                    node = -1
+            else:
+                if next_i < 0:
+                    break
+                t, i = next_t, next_i
+                next_t, next_i = next(arrivals)
+                answer = None if lookup is None else lookup(requests[i])
+                if answer is not None:
+                    out.looked_up[i], out.timed_out[i] = True, answer.timed_out
+                    out.injected[i], out.measured[i] = answer.injected_s, answer.measured_s
+                    answers[i] = answer
+                    seq += 1
+                    push(heap, (t + answer.wait_s, _DISPATCH + seq, i))
+                    continue
+                node = -1
+            if node < 0:  # dispatch request i at t
+                node = choose(requests[i], view, answer)
+                assert 0 <= node < nodes, f"policy chose node {node}"
+                node_of[i], dispatched[i] = node, t
+                hit = chunk_size * matches[node](chunk_ids[i])
+                if hit > limit[i]:
+                    hit = limit[i]
+                estimate[i] = estimate_i = prompt[i] - hit
+                load_tokens[node] += estimate_i
+                load_requests[node] += 1
+                high = load_requests[node]  # only this node's count rose: the imbalance can only grow through it
+                if high - min(load_requests) > peak:
+                    peak = high - min(load_requests)
+                if prefilling[node] or active[node] >= max_batch:  # else its queue is empty: start at once
+                    queues[node].append(i)
+                    continue
+            # Start request i's prefill on node (free, not prefilling), hit tokens cached.
             active[node] += 1
             prefilling[node] = True
-            new = prompt[i] - hit
-            load_tokens[node] += new - estimate[i]
-            estimate[i] = new
+            new_tokens = prompt[i] - hit
+            load_tokens[node] += new_tokens - estimate_i
+            estimate[i] = new_tokens
             hit_tokens[i], prefill_start[i] = hit, t
-            push(heap, (t + prefill_seconds(new, hit), PREFILL_DONE, next(seq), i, node))
-
-        def start_next(t: float, node: int) -> None:
-            """Start the next queued prefill on ``node`` (its queue is not empty) if it is not prefilling and has a
-            free batch slot."""
-            if not prefilling[node] and active[node] < max_batch:
-                i = queues[node].popleft()
-                hit = chunk_size * matches[node](chunk_ids[i])
-                start_prefill(t, node, i, hit if hit < limit[i] else limit[i])
-
-        def dispatch(t: float, i: int, answer) -> None:
-            nonlocal peak
-            node = choose(requests[i], view, answer)
-            assert 0 <= node < nodes, f"policy chose node {node}"
-            node_of[i], dispatched[i] = node, t
-            hit = chunk_size * matches[node](chunk_ids[i])
-            if hit > limit[i]:
-                hit = limit[i]
-            estimate[i] = prompt[i] - hit
-            load_tokens[node] += estimate[i]
-            load_requests[node] += 1
-            high = load_requests[node]  # only this node's count rose: the imbalance can only grow through it
-            if high - min(load_requests) > peak:
-                peak = high - min(load_requests)
-            if not prefilling[node] and active[node] < max_batch:  # then its queue is empty: start at once
-                start_prefill(t, node, i, hit)
-            else:
-                queues[node].append(i)
-
-        for t, i in itertools.chain(self.arrivals, [(math.inf, -1)]):
-            while heap and heap[0][0] <= t:
-                when, kind, _, j, payload = pop(heap)
-                if kind == PREFILL_DONE:
-                    node = payload
-                    if notify is None:
-                        evictions += len(stores[node](chunk_ids[j]))
-                    else:
-                        new, evicted = stores[node](chunk_ids[j])
-                        evictions += len(evicted)
-                        if new or evicted:
-                            notify(node, new, evicted)
-                    load_tokens[node] -= estimate[j]
-                    prefilling[node] = False
-                    first_token[j] = when
-                    push(heap, (when + decode_seconds[j], DECODE_DONE, next(seq), j, node))
-                    if queues[node]:
-                        start_next(when, node)
-                elif kind == DECODE_DONE:
-                    node = payload
-                    active[node] -= 1
-                    load_requests[node] -= 1
-                    low = load_requests[node]  # only this node's count fell
-                    if max(load_requests) - low > peak:
-                        peak = max(load_requests) - low
-                    finish[j] = when
-                    if queues[node]:
-                        start_next(when, node)
-                else:
-                    dispatch(when, j, payload)
-            if i < 0:
-                break
-            answer = None if lookup is None else lookup(requests[i])
-            if answer is None:
-                dispatch(t, i, None)
-            else:
-                out.looked_up[i], out.timed_out[i] = True, answer.timed_out
-                out.injected[i], out.measured[i] = answer.injected_s, answer.measured_s
-                push(heap, (t + answer.wait_s, DISPATCH, next(seq), i, answer))
+            seq += 1
+            push(heap, (t + prefill_seconds(new_tokens, hit), _PREFILL_DONE + seq, i))
         out.evictions, out.peak_imbalance = evictions, peak
         return out

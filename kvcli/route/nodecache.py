@@ -2,7 +2,8 @@
 LRU over chunks, shared with the replay's capacity limit), chunk ids (:attr:`SimRequest.chunk_ids`) in LRU order, at
 most ``capacity_tokens // chunk_size`` chunks each. The router-side policies (``prefix``, ``cache-aware``, ``cost``)
 keep one, fed by their own decisions; the nodes' real caches are the same LRUs, one per node, in
-:mod:`kvcli.route.engine`.
+:mod:`kvcli.route.engine` (or, for those policies, unlimited ones that replay this index's evictions:
+:meth:`kvcli.route.policies.Policy.mirror_nodes`).
 
 Complexity (per request of ``c`` chunks, ``N`` nodes, ``k`` leading chunks held): ``depth`` O(k + 1) dict lookups;
 ``depths`` O(N + sum of the k's), a node that lacks chunk 0 costs one lookup; ``store``/``touch`` O(c + e) for
@@ -35,6 +36,6 @@ class ChunkIndex:
         """:meth:`ChunkLru.store` on ``node``. Returns (new, evicted) chunk ids."""
         return self.caches[node].store(chunk_ids)
 
-    def touch(self, node: int, chunk_ids) -> None:
-        """:meth:`ChunkLru.touch` on ``node`` (:meth:`store` without the new and evicted ids)."""
-        self._touches[node](chunk_ids)
+    def touch(self, node: int, chunk_ids) -> list:
+        """:meth:`ChunkLru.touch` on ``node`` (:meth:`store` without the new ids). Returns the evicted ids."""
+        return self._touches[node](chunk_ids)

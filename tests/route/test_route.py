@@ -27,7 +27,14 @@ from kvcli.route.cachemanager import CacheManagerIndex, DelaySpec
 from kvcli.route.nodecache import ChunkIndex
 from kvcli.route.policies import POLICIES, Draws, make_policy, resolve_policies
 from kvcli.route.report import run_routes, summarize, sweep_points
-from kvcli.route.simulator import STREAM_POLICY, SimConfig, prepare_requests, simulate, single_node_hit_tokens
+from kvcli.route.simulator import (
+    STREAM_POLICY,
+    ClusterView,
+    SimConfig,
+    prepare_requests,
+    simulate,
+    single_node_hit_tokens,
+)
 from kvcli.store.lru import ChunkLru
 from kvcli.traces.request import Request
 from kvcli.units import parse_capacity, parse_duration
@@ -256,6 +263,38 @@ def test_block_draws_equal_one_draw_per_call(draw):
     draws = Draws(lambda size: draw(blocks, size), block=7)
     assert [draws.next() for _ in range(50)] == want
 
+
+
+def results_equal(a, b) -> bool:
+    return all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y
+               for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b)))
+
+
+@pytest.mark.parametrize("name,extra", [("prefix", {}), ("cache-aware", {}), ("cost", {}),
+                                        ("cost", {"temperature": 50.0})])
+@pytest.mark.parametrize("capacity,max_batch", [(None, 64), (40, 64), (200, 2), (200, 64)])
+def test_mirrored_node_caches_equal_their_own_lrus(name, extra, capacity, max_batch):
+    """A router-indexed policy hands the event loop its index's evictions (Policy.mirror_nodes): the nodes then
+    keep unlimited caches that drop what the index evicted. Busy nodes (queues, evictions at 40 and 200 tokens),
+    three of them: every record equals the run where each node keeps its own LRU."""
+    reqs, cfg = mixed_trace(), config(nodes=3, capacity_tokens=capacity, max_batch=max_batch, **extra)
+    mirrored = make_policy(name, cfg)
+    own = make_policy(name, cfg)
+    own.mirror_nodes = lambda capacity_chunks: None
+    a, b = simulate(reqs, mirrored, cfg, COST), simulate(reqs, own, cfg, COST)
+    assert mirrored.evictions is not None and not any(mirrored.evictions)  # every eviction was handed over
+    assert results_equal(a, b)
+    if capacity == 40:
+        assert a.evictions > 0 and np.any(a.prefill_start > a.dispatch)  # the case it is about: both happen
+
+
+def test_mirror_only_from_an_empty_index_of_the_nodes_capacity():
+    cfg = config(nodes=2, capacity_tokens=40)
+    policy = make_policy("prefix", cfg)
+    assert policy.mirror_nodes(None) is None and policy.mirror_nodes(11) is None
+    assert [len(q) for q in policy.mirror_nodes(10)] == [0, 0]
+    policy.choose(requests([a_prompt(1)], [0.0])[0], ClusterView([0, 0], [0, 0], CS), None)
+    assert policy.mirror_nodes(10) is None and policy.evictions is None  # the index holds a decision already
 
 # --- tenants --------------------------------------------------------------------------------------------------
 

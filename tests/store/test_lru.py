@@ -1,4 +1,4 @@
-"""ChunkLru (issue 11: a plain dict and a log of touches until the first eviction, then an OrderedDict) against a
+"""ChunkLru (issue 11: a set and a log of touches until the first eviction, then an OrderedDict) against a
 reference LRU written as plainly as possible: a list, least recent first."""
 from __future__ import annotations
 
@@ -77,6 +77,15 @@ def test_log_is_bounded_without_an_eviction(monkeypatch):
     cache = ChunkLru(100)
     for _ in range(36):  # 36 x 3 = 108 logged chunks: 110 not passed yet
         cache.touch(["x", "y", "z"])
-    assert cache._logged == 108 and type(cache._order) is dict
+    assert cache._logged == 108 and type(cache._order) is set
     cache.touch(["x", "y", "z"])  # 111
     assert cache._logged == 0 and list(cache._order) == ["z", "y", "x"]
+
+
+def test_forget_drops_chunks_of_an_unlimited_cache_only():
+    cache = ChunkLru(None)
+    cache.touch(["a0", "a1", "a2"])
+    cache.forget(["a2", "a1", "zz"])  # a chunk not held is ignored
+    assert len(cache) == 1 and cache.match(["a0", "a1"]) == 1
+    with pytest.raises(ValueError, match="unlimited"):
+        ChunkLru(3).forget(["a0"])
