@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvcli.replay.ttlcurve import TtlCurve
-from kvcli.store.chunkids import ChunkIds
-from kvcli.store.stackdist import NEVER, StackDistances, chain_max
+from kvcli.store.chunkids import ChunkIds, grown
+from kvcli.store.stackdist import NEVER, StackDistances, batch_links, chain_max
 
 FRACTIONS = (0.5, 0.9, 0.99, 1.0)
 """Shares of the unlimited hit tokens whose smallest capacity (and TTL) the result reports."""
@@ -55,30 +55,55 @@ class HitCurve:
         Returns int64 ``[chunks]``: each chunk's chain distance (chunk ``k`` hits at capacity ``C`` chunks iff it is
         ``<= C``; :data:`~kvcli.store.stackdist.NEVER` for a miss at every capacity).
         """
+        return self.observe_many([(hashes, timestamp, prompt_tokens)])[0]
+
+    def observe_many(self, requests: Sequence[tuple[Sequence[bytes], float | None, int | None]]
+                     ) -> list[np.ndarray]:
+        """Several requests ``(hashes, timestamp, prompt_tokens)`` in trace order, each as :meth:`observe`, in one
+        pass of numpy calls over all their chunks (:meth:`StackDistances.access_many
+        <kvcli.store.stackdist.StackDistances.access_many>`, :meth:`TtlCurve.access_many
+        <kvcli.replay.ttlcurve.TtlCurve.access_many>`): the same chain distances and the same curve as one call per
+        request, at a fraction of the per-call cost (the replay passes its ``--pipeline`` batches).
+
+        Returns one int64 ``[chunks]`` array of chain distances per request.
+        """
         t0 = time.perf_counter()
-        ids, first_new = self._ids.ids(hashes)
-        chain = chain_max(self._stack.access(ids, first_new))
-        hits = int(np.searchsorted(chain, NEVER))  # chain is non-decreasing: the hits at some capacity lead
-        if hits:
-            top = int(chain[hits - 1])
+        lengths = np.fromiter((len(h) for h, _, _ in requests), np.int64, len(requests))
+        bounds = np.zeros(len(requests) + 1, np.int64)
+        np.cumsum(lengths, out=bounds[1:])
+        ids, first_new = self._ids.ids_many([h for h, _, _ in requests])
+        links = batch_links(ids, bounds)
+        chain = chain_max(self._stack.access_many(ids, bounds, first_new, links), links.req)
+        hit = chain < NEVER
+        if hit.any():
+            top = int(chain[hit].max())
             if top >= len(self._by_distance):
                 self._by_distance = np.concatenate([self._by_distance, np.zeros(
-                    max(top + 1, 2 * len(self._by_distance)) - len(self._by_distance), np.int64)])
-            np.add.at(self._by_distance, chain[:hits], 1)
-            if hits == len(chain) and prompt_tokens == hits * self.chunk_size:
+                    grown(len(self._by_distance), top + 1) - len(self._by_distance), np.int64)])
+            counts = np.bincount(chain[hit])
+            self._by_distance[:len(counts)] += counts
+            # requests made only of full chunks, all hit from some capacity on: they recompute a token
+            ends = chain[np.maximum(bounds[1:] - 1, 0)]
+            tokens = np.fromiter((-1 if n is None else n for _, _, n in requests), np.int64, len(requests))
+            whole = ends[(lengths > 0) & (ends < NEVER) & (tokens == lengths * self.chunk_size)]
+            if whole.size:
                 if top >= len(self._full):
                     self._full = np.concatenate([self._full, np.zeros(len(self._by_distance) - len(self._full),
                                                                       np.int64)])
-                self._full[top] += 1
-        if timestamp is None:
-            self.untimed_requests += 1
+                np.add.at(self._full, whole, 1)
+        stamps = [t for _, t, _ in requests]
+        untimed = sum(t is None for t in stamps)
+        if untimed:
+            self.untimed_requests += untimed
             self._ttl = None  # one request without a time: no TTL curve for this trace
         elif self._ttl is not None:
-            self._ttl.access(ids, first_new, float(timestamp))
-            self._first = timestamp if self._first is None else min(self._first, timestamp)
-            self._last = timestamp if self._last is None else max(self._last, timestamp)
+            self._ttl.access_many(ids, bounds, first_new, np.array([float(t) for t in stamps], np.float64), links)
+            lo, hi = min(stamps), max(stamps)
+            self._first = lo if self._first is None else min(self._first, lo)
+            self._last = hi if self._last is None else max(self._last, hi)
         self.seconds += time.perf_counter() - t0
-        return chain
+        cuts = bounds.tolist()
+        return [chain[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
 
     @property
     def nbytes(self) -> int:
