@@ -33,7 +33,8 @@ TTL_GRID_SECONDS = np.array([m * 10.0 ** e for e in range(-1, 6) for m in (1, 2,
 
 
 class TtlCurve:
-    """Hit chunks per grid TTL (unlimited capacity), fed one request at a time. Not thread-safe.
+    """Hit chunks per grid TTL (unlimited capacity), fed one request or one batch of requests at a time (the same
+    counts). Not thread-safe.
 
     Args:
         refresh: expire ``T`` after a chunk's last access (True) or after its last write (False).
@@ -124,19 +125,24 @@ class TtlCurve:
         if lacking.any():
             rows[lacking] = self._add_rows(self._when[need[lacking]])
             self._row[need[lacking]] = rows[lacking]
-        present = np.zeros((len(retouch), g), bool)  # [retouch, grid]
         order = np.argsort(links.rank[retouch], kind="stable")  # rounds: first touches in the batch, second, ...
         ranks = links.rank[retouch[order]]
-        cuts = np.searchsorted(ranks, np.arange(int(ranks[-1]) + 2), side="left")
+        cuts = np.searchsorted(ranks, np.arange(int(ranks[-1]) + 2), side="left").tolist()
         row_of = self._row[ids[retouch[order]]].astype(np.int64)
         at_of = at[retouch[order]]
         now = stamps[at_of][:, None]
-        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):  # each chunk at most once per round
+        alive = np.empty((len(retouch), g), bool)  # [retouch by round, grid]
+        writes, grid = self._writes, self.grid
+        for a, b in zip(cuts[:-1], cuts[1:]):  # each chunk at most once per round
+            if b - a == 1:  # one chunk (a chunk in most requests of the batch): plain views, no gathers
+                written = writes[row_of[a]]
+                ok = np.less_equal(now[a] - stamps[written], grid, out=alive[a])
+                written[~ok] = at_of[a]  # absent: written now
+                continue
             rows = row_of[a:b]
-            written = self._writes[rows]
-            alive = now[a:b] - stamps[written] <= self.grid
-            present[order[a:b]] = alive
-            self._writes[rows] = np.where(alive, written, at_of[a:b, None])  # absent: written now
+            written = writes[rows]
+            ok = np.less_equal(now[a:b] - stamps[written], grid, out=alive[a:b])
+            writes[rows] = np.where(ok, written, at_of[a:b, None])  # absent: written now
         # each request's hits per grid TTL: its leading present chunks, all among its touches up to its first unseen
         m, heads = len(retouch), bounds[:-1]
         unseen = np.flatnonzero(fresh)
@@ -147,9 +153,10 @@ class TtlCurve:
         start, stop = start[keep], stop[keep]
         if not start.size:
             return
-        first_absent = np.full((m + 1, g), m, np.int64)  # row of each absent retouch, m for present (and a pad)
-        first_absent[:m][~present] = np.nonzero(~present)[0]
-        first_absent = np.minimum.reduceat(first_absent, np.column_stack([start, stop]).ravel(), axis=0)[::2]
+        absent_at = np.empty((m + 1, g), np.int32)  # [retouch (+ a pad), grid]: its row if absent, else m
+        absent_at[m] = m
+        absent_at[order] = np.where(alive, np.int32(m), order.astype(np.int32)[:, None])
+        first_absent = np.minimum.reduceat(absent_at, np.column_stack([start, stop]).ravel(), axis=0)[::2]
         self._hits[:-1] += (np.minimum(first_absent, stop[:, None]) - start[:, None]).sum(axis=0)
 
     def _stamp_many(self, nows: np.ndarray) -> np.ndarray:

@@ -272,6 +272,28 @@ def test_observe_many_equals_observe_one_by_one(trace, sizes, refresh, untimed):
         assert (a is None and b is None) or a.tolist() == b.tolist(), field
     assert (one.distinct_chunks, one.untimed_requests, one.span_seconds) == (
         many.distinct_chunks, many.untimed_requests, many.span_seconds)
+    deferred = HitCurve(4, refresh)  # deferred in the same cuts, observed BATCH (256) at a time or at the end
+    for group in _cut(requests, sizes):
+        deferred.defer(group)
+    assert deferred.result(1000, 64).to_dict() | {"seconds": 0, "memory_bytes": 0} == \
+        one.to_dict() | {"seconds": 0, "memory_bytes": 0}
+
+
+def test_deferred_requests_come_first_and_in_batches():
+    """defer() holds requests until BATCH of them (or an observe, or the result): 300 requests of one chunk then one
+    more of it through observe: distances as one at a time."""
+    from kvcli.replay.curve import BATCH
+
+    h = chunk_prompt(tok(1, 4), 4, b"r" * 16).hashes
+    other = [chunk_prompt([i] * 4, 4, b"r" * 16).hashes for i in range(1000, 1300)]
+    curve = HitCurve(4)
+    curve.defer([(other[0], 0.0, 4)])
+    curve.defer([(h, 0.0, 4)])
+    assert len(curve._pending) == 2
+    curve.defer([(x, 0.0, 4) for x in other[1:BATCH]])
+    assert not curve._pending  # BATCH + 1 deferred: observed
+    curve.defer([(x, 0.0, 4) for x in other[BATCH:]])
+    assert curve.observe(h, 1.0, 4).tolist() == [300]  # the 299 other chunks touched after it, then itself
 
 
 @settings(max_examples=150, deadline=None)
