@@ -4,7 +4,8 @@ Baseline measured in the same run: the same replay with ``--no-curve`` (``--payl
 embedded server, chunk sizes 16/64/256/1024 together as in the main job). Runs alternate (no curve, curve after
 write, curve after access) so the machine's load hits each alike. Reported, min and median over the repeats:
 
-* the curve's own time (perf_counter around every ``HitCurve.observe``) / the no-curve replay time: the share;
+* the curve's own time (perf_counter around every ``HitCurve.observe`` / ``observe_many``) / the no-curve replay
+  time: the share;
 * (replay with curve - replay without) / replay without: the same share, measured end to end (noisier);
 * the curve's memory (numpy state) per chunk size, and per distinct chunk.
 

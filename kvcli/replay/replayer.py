@@ -459,8 +459,7 @@ class Replayer:
             cs = store.config.chunk_size
             prompts = [entry[3][s] for entry in batch]
             if hit_curve:
-                for (_, n, stamp, _), prompt in zip(batch, prompts):
-                    hit_curve.observe(prompt.hashes, stamp, n)
+                hit_curve.defer([(prompt.hashes, stamp, n) for (_, n, stamp, _), prompt in zip(batch, prompts)])
             done = lookup_and_store(store, prompts) if self._pipeline > 1 and batchable(store) else None
             for i, ((_, n, _, _), prompt) in enumerate(zip(batch, prompts)):
                 crit, back = _critical(res), _background(res)

@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvcli.store.chunkids import grown
+from kvcli.store.stackdist import BatchLinks, batch_links, chain_max
+
 # TTLs evaluated, seconds: 1, 2, 5 x 10^k from 0.1 s to 500,000 s (5.8 days); a TTL longer than the trace's span
 # is the same as no expiry.
 TTL_GRID_SECONDS = np.array([m * 10.0 ** e for e in range(-1, 6) for m in (1, 2, 5)])
 
 
 class TtlCurve:
-    """Hit chunks per grid TTL (unlimited capacity), fed one request at a time. Not thread-safe.
+    """Hit chunks per grid TTL (unlimited capacity), fed one request or one batch of requests at a time (the same
+    counts). Not thread-safe.
 
     Args:
         refresh: expire ``T`` after a chunk's last access (True) or after its last write (False).
@@ -67,42 +71,101 @@ class TtlCurve:
         Args:
             ids: ``[chunks]`` dense ids of its chunks in prompt order (distinct); ids ``>= first_new`` are new.
         """
-        n = len(ids)
-        if n == 0:
-            return
-        r = self._stamp(now)
-        self._grow(int(ids.max()) + 1)
-        seen = ids < first_new
-        stamps = self._stamps
-        if self.refresh:
-            gap = np.full(n, np.inf)
-            gap[seen] = np.maximum(now - stamps[self._when[ids[seen]]], 0.0)
-            chain = np.maximum.accumulate(gap)
-            np.add.at(self._hits, np.searchsorted(self.grid, chain[chain < np.inf], side="left"), 1)
-            self._when[ids] = r
-            return
-        present = np.zeros((n, len(self.grid)), bool)
-        old = ids[seen]
-        if old.size:
-            rows = self._row[old].astype(np.int64)
-            fresh = rows < 0  # seen once so far: at every grid TTL its write is still the first one
-            if fresh.any():
-                rows[fresh] = self._add_rows(self._when[old[fresh]])
-                self._row[old[fresh]] = rows[fresh]
-            written = self._writes[rows]
-            alive = now - stamps[written] <= self.grid
-            present[seen] = alive
-            self._writes[rows] = np.where(alive, written, r)  # absent chunks are written now (SET NX)
-        self._hits[:-1] += np.logical_and.accumulate(present, axis=0).sum(axis=0)
-        self._when[ids[~seen]] = r
+        ids = np.asarray(ids, np.int64)
+        self.access_many(ids, np.array([0, len(ids)], np.int64), first_new, np.array([now], np.float64))
 
-    def _stamp(self, now: float) -> int:
-        r = self._requests
-        if r == len(self._stamps):
-            self._stamps = np.concatenate([self._stamps, np.zeros(r)])
-        self._stamps[r] = now
-        self._requests += 1
-        return r
+    def access_many(self, ids: np.ndarray, bounds: np.ndarray, first_new: int, nows: np.ndarray,
+                    links: BatchLinks | None = None) -> None:
+        """Several requests in order, each as :meth:`access`, in one pass of numpy calls over all their chunks.
+
+        Args:
+            ids: int64 ``[chunks]``: the requests' chunk ids, concatenated (distinct within a request); ids
+                ``>= first_new`` are new to these requests.
+            bounds: int64 ``[requests + 1]``: request ``r``'s chunks are ``ids[bounds[r]:bounds[r + 1]]``.
+            nows: float64 ``[requests]``: their timestamps, seconds.
+            links: :func:`~kvcli.store.stackdist.batch_links` of ``ids`` (computed here when None).
+
+        "After access": a chunk's gap is its request's time minus its previous request's (earlier in the batch or
+        before it), all at once. "After write": a chunk's write time at each grid TTL depends on its previous
+        touches, so its touches are taken in rounds (its first touch in the batch, its second, ...), each round one
+        vectorized step over the chunks touched that often.
+        """
+        lengths = np.diff(bounds)
+        busy = np.flatnonzero(lengths)  # requests with chunks: the only ones stamped
+        if not busy.size:
+            return
+        links = links if links is not None else batch_links(ids, bounds)
+        req, prev, last = links.req, links.prev, links.last
+        number = np.zeros(len(lengths), np.int64)  # each request's number (row of _stamps)
+        number[busy] = self._stamp_many(np.asarray(nows, np.float64)[busy])
+        self._grow(int(ids.max()) + 1)
+        stamps, g = self._stamps, len(self.grid)
+        at = number[req]  # [chunks] request number of each touch
+        again = prev >= 0
+        seen = again | (ids < first_new)  # touched before (in the batch or before it)
+        if self.refresh:
+            before = np.where(again, at[np.maximum(prev, 0)], self._when[ids])
+            gap = np.maximum(stamps[at] - stamps[before], 0.0)
+            # the bin of the first grid TTL that fits, g for none, g + 1 for a chunk never seen: monotone in the
+            # gap, so the chain's running maximum of bins is the bin of its running maximum
+            bins = np.where(seen, np.searchsorted(self.grid, gap, side="left"), g + 1)
+            chain = chain_max(bins, req)
+            self._hits += np.bincount(chain[chain <= g], minlength=g + 1)
+            self._when[ids[last]] = at[last]
+            return
+        fresh = ~seen
+        self._when[ids[fresh]] = at[fresh]  # first write of a new chunk
+        retouch = np.flatnonzero(seen)  # [touches of chunks seen before], in order: the only ones that can hit
+        if not retouch.size:
+            return
+        # a row of write times per chunk touched twice: those seen before the batch, and new ones touched again
+        need = ids[np.flatnonzero(seen & ~again | fresh & ~last)]
+        rows = self._row[need].astype(np.int64)
+        lacking = rows < 0  # seen once so far: at every grid TTL its write is still the first one
+        if lacking.any():
+            rows[lacking] = self._add_rows(self._when[need[lacking]])
+            self._row[need[lacking]] = rows[lacking]
+        order = np.argsort(links.rank[retouch], kind="stable")  # rounds: first touches in the batch, second, ...
+        ranks = links.rank[retouch[order]]
+        cuts = np.searchsorted(ranks, np.arange(int(ranks[-1]) + 2), side="left").tolist()
+        row_of = self._row[ids[retouch[order]]].astype(np.int64)
+        at_of = at[retouch[order]]
+        now = stamps[at_of][:, None]
+        alive = np.empty((len(retouch), g), bool)  # [retouch by round, grid]
+        writes, grid = self._writes, self.grid
+        for a, b in zip(cuts[:-1], cuts[1:]):  # each chunk at most once per round
+            if b - a == 1:  # one chunk (a chunk in most requests of the batch): plain views, no gathers
+                written = writes[row_of[a]]
+                ok = np.less_equal(now[a] - stamps[written], grid, out=alive[a])
+                written[~ok] = at_of[a]  # absent: written now
+                continue
+            rows = row_of[a:b]
+            written = writes[rows]
+            ok = np.less_equal(now[a:b] - stamps[written], grid, out=alive[a:b])
+            writes[rows] = np.where(ok, written, at_of[a:b, None])  # absent: written now
+        # each request's hits per grid TTL: its leading present chunks, all among its touches up to its first unseen
+        m, heads = len(retouch), bounds[:-1]
+        unseen = np.flatnonzero(fresh)
+        k = np.searchsorted(unseen, heads)
+        stop = np.minimum(np.append(unseen, len(ids))[k], bounds[1:])
+        start, stop = np.searchsorted(retouch, heads), np.searchsorted(retouch, stop)
+        keep = stop > start
+        start, stop = start[keep], stop[keep]
+        if not start.size:
+            return
+        absent_at = np.empty((m + 1, g), np.int32)  # [retouch (+ a pad), grid]: its row if absent, else m
+        absent_at[m] = m
+        absent_at[order] = np.where(alive, np.int32(m), order.astype(np.int32)[:, None])
+        first_absent = np.minimum.reduceat(absent_at, np.column_stack([start, stop]).ravel(), axis=0)[::2]
+        self._hits[:-1] += (np.minimum(first_absent, stop[:, None]) - start[:, None]).sum(axis=0)
+
+    def _stamp_many(self, nows: np.ndarray) -> np.ndarray:
+        r, k = self._requests, len(nows)
+        if r + k > len(self._stamps):
+            self._stamps = np.concatenate([self._stamps, np.zeros(grown(len(self._stamps), r + k) - len(self._stamps))])
+        self._stamps[r:r + k] = nows
+        self._requests += k
+        return np.arange(r, r + k, dtype=np.int64)
 
     def _add_rows(self, first: np.ndarray) -> np.ndarray:
         k, have = len(first), len(self._writes)
@@ -117,6 +180,6 @@ class TtlCurve:
 
     def _grow(self, top: int) -> None:
         if top > len(self._when):
-            size = max(top, 2 * len(self._when))
+            size = grown(len(self._when), top)
             self._when = np.concatenate([self._when, np.zeros(size - len(self._when), np.int32)])
             self._row = np.concatenate([self._row, np.full(size - len(self._row), -1, np.int32)])

@@ -53,11 +53,15 @@ class ChunkIds:
         Raises:
             ValueError: a hash is not 16 bytes.
         """
-        n = len(hashes)
+        return self.ids_many([hashes])
+
+    def ids_many(self, groups: Sequence[Sequence[bytes]]) -> tuple[np.ndarray, int]:
+        """:meth:`ids` of the concatenation of ``groups`` (e.g. several requests' hashes), in one lookup."""
+        n = sum(map(len, groups))
         first_new = self._count
         if n == 0:
             return np.empty(0, np.int64), first_new
-        keys = np.frombuffer(b"".join(hashes), dtype="<u8")
+        keys = np.frombuffer(b"".join([b"".join(g) for g in groups]), dtype="<u8")
         if keys.size != 2 * n:
             raise ValueError("chunk hashes must be 16 bytes each")
         keys = keys.reshape(n, 2)
@@ -119,7 +123,7 @@ class ChunkIds:
         id) when it would be more than ``1/_LOAD`` full."""
         n = self._count
         if count > len(self._lo):
-            grow = max(count, 2 * len(self._lo)) - len(self._lo)
+            grow = grown(len(self._lo), count) - len(self._lo)
             self._lo = np.concatenate([self._lo, np.empty(grow, np.uint64)])
             self._hi = np.concatenate([self._hi, np.empty(grow, np.uint64)])
         if _LOAD * count <= len(self._table):
@@ -142,6 +146,13 @@ class ChunkIds:
             busy[free] = False
             slot[todo[busy]] = (s[busy] + 1) & mask
             todo = todo[~placed]
+
+
+def grown(have: int, need: int) -> int:
+    """The new length of an array of ``have`` elements that must hold ``need``: at least double, a power of two
+    when ``have`` is one, so lengths depend on the most ever needed, not on the steps that got there (one request at
+    a time or a batch)."""
+    return max(2 * have, 1 << (need - 1).bit_length())
 
 
 def _claim(table: np.ndarray, slots: np.ndarray) -> np.ndarray:

@@ -225,3 +225,99 @@ def test_one_plot_per_trace(traces, names):
     from kvcli.replay.curvereport import plot_paths
 
     assert [p.name for p in plot_paths("out/c.png", traces)] == names
+
+
+# --- batches (observe_many, TtlCurve.access_many): the same as one request at a time ------------------------------
+
+def _cut(items, sizes):
+    out, i, k = [], 0, 0
+    while i < len(items):
+        out.append(items[i:i + sizes[k % len(sizes)]])
+        i, k = i + sizes[k % len(sizes)], k + 1
+    return out
+
+
+def _curve(requests, sizes, refresh, chunk_size=4):
+    """Chains and result of a HitCurve fed ``requests`` ((hashes, time, tokens)) in groups of ``sizes`` (None:
+    observe, one at a time)."""
+    curve = HitCurve(chunk_size, refresh)
+    if sizes is None:
+        chains = [curve.observe(*r) for r in requests]
+    else:
+        chains = [c for group in _cut(requests, sizes) for c in curve.observe_many(group)]
+    return [c.tolist() for c in chains], curve.result(1000, 64)
+
+
+batch_trace = st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=24),
+                                 st.sampled_from([0, 0, 0.5, 1, 2, 3, 7, -1, -2.5]), st.integers(-1, 2)),
+                       min_size=1, max_size=30)
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch_trace, st.lists(st.integers(1, 12), min_size=1, max_size=4), st.booleans(), st.booleans())
+def test_observe_many_equals_observe_one_by_one(trace, sizes, refresh, untimed):
+    """Random batch cuts of random traces (prefix sharing, a chunk hit by several requests of a batch, empty prompts,
+    equal and decreasing timestamps, prompts of whole chunks or not, a request without a time), both TTL rules: the
+    chains and every array of the result are the same."""
+    times = np.cumsum([dt for _, dt, _ in trace]).tolist()
+    if untimed:
+        times[len(times) // 2] = None
+    requests = [(chunk_prompt(p, 4, b"r" * 16).hashes, t, len(p) + extra)
+                for (p, _, extra), t in zip(trace, times)]
+    chains, one = _curve(requests, None, refresh)
+    got, many = _curve(requests, sizes, refresh)
+    assert got == chains
+    for field in ("hit_chunks_by_capacity", "whole_hits_by_capacity", "ttl_seconds", "ttl_hit_chunks"):
+        a, b = getattr(one, field), getattr(many, field)
+        assert (a is None and b is None) or a.tolist() == b.tolist(), field
+    assert (one.distinct_chunks, one.untimed_requests, one.span_seconds) == (
+        many.distinct_chunks, many.untimed_requests, many.span_seconds)
+    deferred = HitCurve(4, refresh)  # deferred in the same cuts, observed BATCH (256) at a time or at the end
+    for group in _cut(requests, sizes):
+        deferred.defer(group)
+    assert deferred.result(1000, 64).to_dict() | {"seconds": 0, "memory_bytes": 0} == \
+        one.to_dict() | {"seconds": 0, "memory_bytes": 0}
+
+
+def test_deferred_requests_come_first_and_in_batches():
+    """defer() holds requests until BATCH of them (or an observe, or the result): 300 requests of one chunk then one
+    more of it through observe: distances as one at a time."""
+    from kvcli.replay.curve import BATCH
+
+    h = chunk_prompt(tok(1, 4), 4, b"r" * 16).hashes
+    other = [chunk_prompt([i] * 4, 4, b"r" * 16).hashes for i in range(1000, 1300)]
+    curve = HitCurve(4)
+    curve.defer([(other[0], 0.0, 4)])
+    curve.defer([(h, 0.0, 4)])
+    assert len(curve._pending) == 2
+    curve.defer([(x, 0.0, 4) for x in other[1:BATCH]])
+    assert not curve._pending  # BATCH + 1 deferred: observed
+    curve.defer([(x, 0.0, 4) for x in other[BATCH:]])
+    assert curve.observe(h, 1.0, 4).tolist() == [300]  # the 299 other chunks touched after it, then itself
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=24), st.sampled_from([0, 0.5, 1, 2, 3, 7, -1])),
+                min_size=1, max_size=25), st.booleans(), st.lists(st.integers(1, 10), min_size=1, max_size=3))
+def test_batched_ttl_curve_equals_a_simulation_per_ttl(trace, refresh, sizes):
+    """TtlCurve.access_many on random batch cuts == the store's rule simulated per TTL (decreasing times too)."""
+    prompts = [p for p, _ in trace]
+    times = np.cumsum([dt for _, dt in trace]).tolist()
+    grid = [0.5, 1, 2, 3, 5, 8, 13, 1e9]
+    ids, curve = ChunkIds(), TtlCurve(refresh, np.asarray(grid, float))
+    for group in _cut(list(zip(prompts, times)), sizes):
+        hs = [chunk_prompt(p, 4, b"r" * 16).hashes for p, _ in group]
+        got, first = ids.ids_many(hs)
+        bounds = np.concatenate([[0], np.cumsum([len(h) for h in hs])]).astype(np.int64)
+        curve.access_many(got, bounds, first, np.array([t for _, t in group], float))
+    assert curve.hits().tolist() == [_reference(prompts, times, t, refresh) for t in grid]
+
+
+def test_a_hot_chunk_in_every_request_of_a_batch():
+    """One chunk in all 40 requests of a batch, 1 s apart (40 rounds of the write rule): T = 0.5 s rewrites it every
+    time (no hit), T = 2 s writes it at 0, 3, 6, ... s (hits the other 26), T >= 39 s hits 39."""
+    hs = chunk_prompt(tok(1, 4), 4, b"r" * 16).hashes
+    ids, curve = ChunkIds(), TtlCurve(False, np.array([0.5, 2.0, 39.0]))
+    got, first = ids.ids_many([hs] * 40)
+    curve.access_many(got, np.arange(41, dtype=np.int64), first, np.arange(40, dtype=float))
+    assert curve.hits().tolist() == [0, 26, 39]

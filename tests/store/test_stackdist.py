@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from kvcli.store.chunkids import ChunkIds
 from kvcli.store.hashing import chunk_prompt
 from kvcli.store.lru import ChunkLru
-from kvcli.store.stackdist import NEVER, Fenwick, StackDistances, chain_max
+from kvcli.store.stackdist import NEVER, Fenwick, StackDistances, _smaller_before, batch_links, chain_max
 
 ROOT = b"r" * 16
 
@@ -117,3 +117,88 @@ def test_distances_stay_exact_across_renumbering():
             assert lru.match(h) == int((chain <= lru.capacity).sum())
             lru.store(h)
     assert len(sizes) >= 3  # renumbered (and grown) at least twice
+
+
+# --- several requests at once (access_many): the same distances as one call per request ---------------------------
+
+def _cut(items, sizes):
+    """``items`` cut into consecutive groups of ``sizes`` (cycled), the last one what is left."""
+    out, i, k = [], 0, 0
+    while i < len(items):
+        out.append(items[i:i + sizes[k % len(sizes)]])
+        i, k = i + sizes[k % len(sizes)], k + 1
+    return out
+
+
+def _many(stack, ids, groups):
+    """Distances of ``groups`` (lists of hash lists) through access_many, one call per group."""
+    out = []
+    for group in groups:
+        got, first = ids.ids_many(group)
+        bounds = np.concatenate([[0], np.cumsum([len(h) for h in group])]).astype(np.int64)
+        links = batch_links(got, bounds)
+        chain = chain_max(stack.access_many(got, bounds, first, links), links.req)
+        out += [chain[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompts, st.sampled_from([1, 2, 3, 4]), st.lists(st.integers(1, 9), min_size=1, max_size=4),
+       st.lists(st.integers(0, 30), min_size=1, max_size=4))
+def test_batched_distances_equal_one_request_at_a_time_and_chunklru(trace, chunk_size, sizes, capacities):
+    """Random batch cuts (prefix sharing, repeated chunks, empty prompts, a chunk touched by several requests of one
+    batch): access_many == access per request, and ChunkLru agrees at every capacity."""
+    hs = [hashes(p, chunk_size) for p in trace]
+    one = _many(StackDistances(), ChunkIds(expected=1), [[h] for h in hs])
+    assert _many(StackDistances(), ChunkIds(expected=1), _cut(hs, sizes)) == one
+    lrus = [ChunkLru(c) for c in capacities]
+    for h, chain in zip(hs, one):
+        for lru in lrus:
+            assert lru.match(h) == sum(d <= lru.capacity for d in chain)
+            lru.store(h)
+
+
+def test_batched_distances_by_hand():
+    """[a b] [c] [a b] [b'] in one batch, a-b a chain: a request sees the state before it, chunk 0 ends latest."""
+    a, b, c, b2 = (bytes([i]) * 16 for i in range(4))
+    got = _many(StackDistances(), ChunkIds(expected=1), [[[a, b], [c], [a, b], [a, b2]]])
+    assert got == [[NEVER, NEVER], [NEVER], [2, 3], [1, NEVER]]
+    # [a] [b] then [b] [a] in a second batch: no chunk touched twice in it, yet b's touch counts once for a
+    assert _many(StackDistances(), ChunkIds(expected=1), [[[a], [b]], [[b], [a]]]) == [[NEVER], [NEVER], [1], [2]]
+
+
+def test_batched_distances_stay_exact_across_renumbering():
+    """Batches of 1..60 requests fill the tree many times over; ChunkLru agrees throughout."""
+    rng = np.random.default_rng(1)
+    hs = [hashes(rng.integers(0, 3, rng.integers(0, 40)).tolist(), 2) for _ in range(3000)]
+    stack = StackDistances()
+    got = _many(stack, ChunkIds(expected=1), _cut(hs, [1, 60, 7, 33]))
+    lrus = [ChunkLru(c) for c in (1, 7, 50, 400)]
+    for h, chain in zip(hs, got):
+        for lru in lrus:
+            assert lru.match(h) == sum(d <= lru.capacity for d in chain)
+            lru.store(h)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60))
+def test_smaller_before_counts_earlier_smaller_values(values):
+    v = np.array(values, np.int64)
+    want = [sum(v[j] < v[i] for j in range(i)) for i in range(len(v))]
+    assert _smaller_before(v, max(values, default=0)).tolist() == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), unique=True, max_size=5), min_size=1, max_size=8))
+def test_batch_links_and_segmented_chain_max(requests):
+    ids = np.array([i for r in requests for i in r], np.int64)
+    bounds = np.concatenate([[0], np.cumsum([len(r) for r in requests])]).astype(np.int64)
+    links = batch_links(ids, bounds)
+    for i, x in enumerate(ids.tolist()):
+        earlier = [j for j in range(i) if ids[j] == x]
+        assert links.prev[i] == (earlier[-1] if earlier else -1) and links.rank[i] == len(earlier)
+        assert links.last[i] == (x not in ids[i + 1:].tolist())
+        assert bounds[links.req[i]] <= i < bounds[links.req[i] + 1]
+    d = np.where(ids % 3 == 0, NEVER, ids + 1)
+    want = np.concatenate([chain_max(d[a:b]) for a, b in zip(bounds[:-1], bounds[1:])] + [np.empty(0, np.int64)])
+    assert chain_max(d, links.req).tolist() == want.tolist()
