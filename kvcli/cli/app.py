@@ -95,7 +95,7 @@ JOBS_HELP = ("Worker processes for each trace's independent units (chunk size x 
              "that runs no model (--prefill-tps with --measure 0); else 1, so no worker slows the prefills it times "
              "(README, 'Parallel replay').")
 RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a local instance (pip install "
-            "'kvcli[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
+            "'kvcli\\[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
 
 
 @app.command()

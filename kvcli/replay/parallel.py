@@ -33,6 +33,7 @@ from kvcli.replay.results import ReplayConfig
 from kvcli.replay.units import Part, Work, plan_units
 
 POLL_SECONDS = 0.05
+TERMINATE_SECONDS = 2.0  # a terminated worker's time to exit before it is killed (SIGKILL)
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,15 @@ class ProcessUnits:
         if self._pool is None:
             workers = self.jobs
             self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _ignore_sigint)
-            for _ in range(workers):  # the executor starts a worker per waiting task
-                self._pool.submit(_ignore_sigint)
+            # SIGINT blocked while the workers are spawned: they inherit the mask, so a Ctrl-C at any moment of
+            # their start-up (imports) reaches only this process (no traceback from a worker); one that comes now
+            # is delivered here when unblocked
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                for _ in range(workers):  # the executor starts a worker per waiting task
+                    self._pool.submit(_ignore_sigint)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
         """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers.
@@ -148,7 +156,10 @@ class ProcessUnits:
             for process in processes:
                 process.terminate()
             for process in processes:
-                process.join()
+                process.join(TERMINATE_SECONDS)
+                if process.is_alive():  # seen once: a worker stuck writing its result to a pipe nobody reads
+                    process.kill()
+                    process.join()
         pool.shutdown(wait=not terminate, cancel_futures=True)
 
 

@@ -164,6 +164,15 @@ class Replayer:
         if not cfg.keep:
             result.left_behind = self._cleanup(namespace, stores, interrupted=False)
             result.notes += [result.left_behind] if result.left_behind else []
+        else:
+            kept = f"namespace {namespace} kept (--keep)"
+            if "kvcli" in cfg.layouts:
+                kept += f": its kvcli-layout keys: {self.remedy(namespace)}"
+            if "lmcache" in cfg.layouts:
+                kept += (f"; its LMCache-layout keys (model names {namespace}/<chunk size>/...) are not kvcli "
+                         f"purge's (it deletes kvcli's layout only): delete the keys matching '{namespace}/*' "
+                         f"with SCAN and UNLINK")
+            result.notes.append(kept)
         result.calibration = coverage
         # read after the cleanup: a server over maxmemory evicts on any command, reads included
         result.server_evicted_keys = evicted_since(self.client, check)
@@ -224,12 +233,15 @@ class Replayer:
             purge_run(self.client, namespace, self.config.layouts)
             return ""
         except (KeyboardInterrupt, KvcliError) as exc:
-            keys = sum(store.stats.objects_created for store in stores)
             why = (("interrupted again" if interrupted else "interrupted") if isinstance(exc, KeyboardInterrupt)
                    else str(exc))
-            refused = "permission" in why.lower() or "noperm" in why.lower()
-            left = (f"namespace {namespace} was not deleted ({why}): about {keys:,} keys this run wrote (counted "
-                    f"when it stopped) are left; {self.remedy(namespace)}")
+            refused = any(word in why.lower() for word in ("permission", "noperm", "can't run this command"))
+            keys = sum(store.stats.objects_created for store in stores) if self.units is None else 0
+            if keys:  # this process's stores counted them
+                what = f"about {keys:,} keys this run wrote (counted when it stopped) are left"
+            else:  # worker processes wrote them (their counts died with them), or the transfer calibration's probes
+                what = "the keys this run wrote are left"
+            left = f"namespace {namespace} was not deleted ({why}): {what}; {self.remedy(namespace)}"
             left += "; run it as a user allowed SCAN and UNLINK" if refused else ""
             if interrupted or isinstance(exc, KeyboardInterrupt):
                 say(left)

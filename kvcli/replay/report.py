@@ -225,7 +225,9 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
                   f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
                   f"{tok_source}; "
                   f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
-                  f"{context.get('metadata_placement')}", highlight=False, markup=False, soft_wrap=True)
+                  f"{context.get('metadata_placement')}"
+                  f"{'; units in ' + context['units'] if context.get('units') else ''}",
+                  highlight=False, markup=False, soft_wrap=True)
     if curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "

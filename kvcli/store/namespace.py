@@ -223,7 +223,8 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
             deleted, first = deleted + int(n), False
     except redis.exceptions.ResponseError as exc:
         if first and (isinstance(exc, redis.exceptions.NoPermissionError) or any(
-                word in str(exc).lower() for word in ("permission", "unknown", "syntax", "not allowed", "disabled"))):
+                word in str(exc).lower() for word in ("permission", "can't run this command", "unknown", "syntax",
+                                                      "not allowed", "disabled"))):
             return purge(client, namespace).deleted  # nothing was deleted: the client-side purge does it all
         raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
     except cluster.REDIS_ERRORS as exc:

@@ -116,11 +116,12 @@ def _checked_blocks(hash_ids: Any, input_length: int) -> np.ndarray:
     :func:`mooncake_token_ids`)."""
     if not isinstance(hash_ids, list):
         raise BadInputError(f"hash_ids must be a list of integers, not {type(hash_ids).__name__}")
+    blocks = _hash_id_array(hash_ids)  # a bad id is named first, whatever the list's length
     if len(hash_ids) * MOONCAKE_BLOCK_TOKENS < input_length:
         raise BadInputError(f"{len(hash_ids)} hash_ids cover {len(hash_ids) * MOONCAKE_BLOCK_TOKENS} tokens, "
                             f"fewer than input_length {input_length} ({MOONCAKE_BLOCK_TOKENS} tokens per block)")
-    n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)
-    return _hash_id_array(hash_ids)[:n_blocks]
+    n_blocks = -(-input_length // MOONCAKE_BLOCK_TOKENS)  # ceil
+    return blocks[:n_blocks]
 
 
 def _synthesize(blocks: np.ndarray, input_length: int) -> np.ndarray:

@@ -106,3 +106,17 @@ def test_replay_without_scan_prints_its_report_then_names_what_it_left(acl_serve
     assert "; run it as a user allowed SCAN and UNLINK" in out.stderr
     assert "pw@" not in out.output
     assert any("Redis memory of chunk size 4 not read" in n for n in doc["traces"][0]["notes"])
+
+
+def test_replay_without_unlink_names_what_it_left_and_the_permission_it_needs(acl_server, tmp_path):
+    # scripts allowed, UNLINK not: the cleanup's script is refused its UNLINK ("The user executing the script can't
+    # run this command"), the client-side purge then too; the run stops at the calibration's own cleanup
+    admin, url = acl_server(NO_INFO + ["-unlink"])
+    out = _invoke("replay", str(_trace(tmp_path)), "--chunk-sizes", "4", "--measure", "0", "--prefill-tps", "1000",
+                  "--payload", "accounted", "--redis-url", url, "--json")
+    assert out.exit_code == 3, out.output
+    left = sorted(k for k in admin.scan_iter("*") if k != b"foreign")
+    namespace = left[0].decode().split(":")[2]
+    assert f"namespace {namespace} was not deleted (Redis UNLINK failed" in out.stderr
+    assert "the keys this run wrote are left" in out.stderr and len(left) == 16  # the calibration's probes
+    assert "; run it as a user allowed SCAN and UNLINK" in out.stderr

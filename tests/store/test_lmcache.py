@@ -37,6 +37,7 @@ from kvcli.store.lmcache import (
     unpack_record,
 )
 from kvcli.store.lmcache_store import LMCacheStore
+from kvcli.store.namespace import purge
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 # (key fields, LMCache's to_string()) from LMCache 0.5.6
@@ -320,6 +321,16 @@ def test_cli_replay_both_layouts_json_and_refusals(tmp_path, redis_url, redis_cl
         bad = CliRunner().invoke(cli_app(), base + extra)
         assert bad.exit_code == 2 and "--layout" in bad.output
     assert redis_client.dbsize() == 0
+    # --keep: a note names the namespace, the purge of its kvcli keys, and how its LMCache keys are named
+    kept = CliRunner().invoke(cli_app(), base + ["--layout", "kvcli,lmcache", "--keep", "--json"])
+    assert kept.exit_code == 0, kept.output
+    doc = json.loads(kept.stdout)["traces"][0]
+    namespace = doc["per_chunk_size"][0]["namespace"]
+    note = next(n for n in doc["notes"] if "(--keep)" in n)
+    assert f"namespace {namespace} kept (--keep)" in note and f"kvcli purge --namespace {namespace} --yes" in note
+    assert f"matching '{namespace}/*'" in note
+    lmcache_keys = redis_client.keys(f"{namespace}/*")
+    assert lmcache_keys and redis_client.dbsize() == purge(redis_client, namespace).deleted + len(lmcache_keys)
 
 
 def test_lmcache_store_refuses_options_it_has_no_counterpart_for(redis_client):
