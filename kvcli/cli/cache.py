@@ -364,17 +364,19 @@ def _inspect_view(r) -> Group:
 
 def _shards_table(shards, layout: str, total: int, skew: dict):
     """A cluster's primaries: the layout's keys and their share, other keys, used_memory and its share, MEMORY
-    USAGE of the layout's keys (where read), maxmemory; the skew in the title."""
+    USAGE of the layout's keys (kvcli's: read per shard; LMCache's is read per model, so no column), maxmemory;
+    the skew in the title."""
     used = sum(v.used_memory or 0 for v in shards)
+    per_shard_memory = layout == "kvcli"
     rows = [[v.name, v.keys, f"{100 * v.keys / total if total else 0:.1f}%", v.other_keys, fmt_bytes(v.used_memory),
-             f"{100 * (v.used_memory or 0) / used if used else 0:.1f}%",
-             "-" if v.memory_bytes is None else fmt_bytes(v.memory_bytes),
-             fmt_bytes(v.maxmemory) if v.maxmemory else "none"] for v in shards]
+             f"{100 * (v.used_memory or 0) / used if used else 0:.1f}%"]
+            + (["-" if v.memory_bytes is None else fmt_bytes(v.memory_bytes)] if per_shard_memory else [])
+            + [fmt_bytes(v.maxmemory) if v.maxmemory else "none"] for v in shards]
     label = "kvcli" if layout == "kvcli" else "LMCache"
     return _table(f"Redis Cluster: {len(shards)} primaries, all scanned; skew (largest / mean): {label} keys "
                   f"{_x(skew[f'{layout}_keys'])}, used_memory {_x(skew['used_memory'])}",
-                  ["primary", f"{label} keys", "share", "other keys", "used_memory", "share",
-                   f"{label} MEMORY USAGE", "maxmemory"], rows)
+                  ["primary", f"{label} keys", "share", "other keys", "used_memory", "share"]
+                  + ([f"{label} MEMORY USAGE"] if per_shard_memory else []) + ["maxmemory"], rows)
 
 
 def _lmcache_view(r) -> Group:
