@@ -113,12 +113,14 @@ class ProcessUnits:
             # SIGINT blocked while the workers are spawned: they inherit the mask, so a Ctrl-C at any moment of
             # their start-up (imports) reaches only this process (no traceback from a worker); one that comes now
             # is delivered here when unblocked
-            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            mask = getattr(signal, "pthread_sigmask", None)  # POSIX only
+            blocked = mask(signal.SIG_BLOCK, {signal.SIGINT}) if mask else None
             try:
                 for _ in range(workers):  # the executor starts a worker per waiting task
                     self._pool.submit(_ignore_sigint)
             finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                if mask:
+                    mask(signal.SIG_SETMASK, blocked)
 
     def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
         """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers.
