@@ -16,7 +16,9 @@ Two expiry rules, as a chunk store would apply them with Redis expiry (``SET ...
 
 Either way a request's chunk ``k`` hits iff chunks ``0..k`` are all present (a missing chunk ends the hit run);
 under "after write" a chain's head can expire before its tail (it was written earlier). A key is present up to and
-including its expiry instant (Redis expires a key when now > its expiry time), so a gap equal to ``T`` hits.
+including its expiry instant (Redis expires a key when now > its expiry time), so a gap equal to ``T`` hits: gaps
+are compared with ``T`` plus :data:`RESOLUTION_SECONDS`, so that a gap of 0.2 s that floating point makes
+0.20000005 (two epoch timestamps subtracted) still counts as 0.2.
 
 Timestamps are taken in trace order; one earlier than the request before it counts a zero gap.
 """
@@ -30,6 +32,11 @@ from kvcli.store.stackdist import BatchLinks, batch_links, chain_max
 # TTLs evaluated, seconds: 1, 2, 5 x 10^k from 0.1 s to 500,000 s (5.8 days); a TTL longer than the trace's span
 # is the same as no expiry.
 TTL_GRID_SECONDS = np.array([m * 10.0 ** e for e in range(-1, 6) for m in (1, 2, 5)])
+
+
+RESOLUTION_SECONDS = 1e-6
+"""Timestamps are compared to the microsecond: finer than any trace's clock (Mooncake's is in milliseconds, Redis
+expires to the millisecond), coarser than floating point's error on a difference of two epoch times (~1e-7 s)."""
 
 
 class TtlCurve:
@@ -47,6 +54,7 @@ class TtlCurve:
 
     def __init__(self, refresh: bool, grid: np.ndarray = TTL_GRID_SECONDS) -> None:
         self.refresh, self.grid = refresh, np.asarray(grid, np.float64)
+        self._limits = self.grid + RESOLUTION_SECONDS  # a gap hits at TTL T iff gap <= T (to the microsecond)
         g = len(self.grid)
         self._hits = np.zeros(g + 1, np.int64)  # "after write": per grid TTL; "after access": by first TTL that fits
         self._stamps = np.zeros(1024, np.float64)  # timestamp of request r (seconds)
@@ -108,7 +116,7 @@ class TtlCurve:
             gap = np.maximum(stamps[at] - stamps[before], 0.0)
             # the bin of the first grid TTL that fits, g for none, g + 1 for a chunk never seen: monotone in the
             # gap, so the chain's running maximum of bins is the bin of its running maximum
-            bins = np.where(seen, np.searchsorted(self.grid, gap, side="left"), g + 1)
+            bins = np.where(seen, np.searchsorted(self._limits, gap, side="left"), g + 1)
             chain = chain_max(bins, req)
             self._hits += np.bincount(chain[chain <= g], minlength=g + 1)
             self._when[ids[last]] = at[last]
@@ -132,7 +140,7 @@ class TtlCurve:
         at_of = at[retouch[order]]
         now = stamps[at_of][:, None]
         alive = np.empty((len(retouch), g), bool)  # [retouch by round, grid]
-        writes, grid = self._writes, self.grid
+        writes, grid = self._writes, self._limits
         for a, b in zip(cuts[:-1], cuts[1:]):  # each chunk at most once per round
             if b - a == 1:  # one chunk (a chunk in most requests of the batch): plain views, no gathers
                 written = writes[row_of[a]]

@@ -142,6 +142,15 @@ def test_ttl_a_gap_equal_to_the_ttl_hits():
     assert ttl_hits([A, A], [10.0, 15.0], False, [4.999, 5, 6]) == [0, 1, 1]
 
 
+def test_ttl_a_gap_equal_to_the_ttl_hits_to_the_microsecond_whatever_floating_point_makes_of_it():
+    # 3.2 - 3.0 = 0.20000000000000018 and 1700000000.2 - 1700000000.0 = 0.20000004768371582: both are the 0.2 s
+    # gap of the trace, which hits at TTL 0.2 s; a gap 2 microseconds over it does not
+    for t0, t1 in ((3.0, 3.2), (1_700_000_000.0, 1_700_000_000.2)):
+        for refresh in (False, True):
+            assert ttl_hits([A, A], [t0, t1], refresh, [0.1, 0.2, 0.5]) == [0, 1, 1]
+    assert ttl_hits([A, A], [3.0, 3.200002], False, [0.2, 0.5]) == [0, 1]
+
+
 def _reference(prompts, times, ttl, refresh) -> int:
     """The store's rule, simulated per TTL: a lookup hits the present chunks from chunk 0; every absent chunk is then
     written (SET NX EX), and with refresh every chunk of the request renews its life."""
