@@ -69,6 +69,9 @@ def parse_size(text: str | None) -> int | None:
         return None
     m = _SIZE.fullmatch(text.strip().lower())
     if not m:
+        if re.fullmatch(_NUMBER + r"\s*[kmgt]", text.strip().lower()):  # "64G": GB or GiB?
+            shown = text.strip()
+            raise BadInputError(f"size {shown!r} is ambiguous: write '{shown}B' (decimal) or '{shown}iB' (binary)")
         raise BadInputError(f"cannot read size {text!r} (e.g. 1000000, 512MiB, 2GB)")
     return int(_finite(float(m[1]) * _SIZE_UNITS[m[2] or ""], text, "size"))
 

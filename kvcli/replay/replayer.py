@@ -286,7 +286,8 @@ class Replayer:
         result.network = link.to_dict() if link else None
         result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
         result.cost_curve = self.curve.to_dict()
-        result.notes = notes + self._notes(result, lengths, measured, measure_tokens, main) + self._degraded
+        result.notes = (notes + self._notes(result, lengths, measured, measure_tokens, main) + self._degraded
+                        + _capacity_notes(stores, cfg))
         return result
 
     def replay_unit(self, work: Work, indices: tuple[int, ...], upper_bound: bool,
@@ -670,6 +671,23 @@ def _first(look, chunks: int):
         return look
     return dataclasses.replace(look, hit_chunks=chunks, hit_tokens=chunks * (look.hit_tokens // look.hit_chunks),
                                break_reason="", metadata=look.metadata[:chunks], from_read=look.from_read[:chunks])
+
+
+def _capacity_notes(stores, cfg: ReplayConfig) -> list[str]:
+    """What a ``--capacity-tokens`` / ``--capacity-bytes`` holds at each chunk size (the smaller when both are
+    given), and a chunk size at which it holds no chunk (nothing can hit there)."""
+    if not (cfg.capacity_tokens or cfg.capacity_bytes):
+        return []
+    given = " and ".join(part for part in (f"{cfg.capacity_tokens:,} tokens" if cfg.capacity_tokens else "",
+                                           f"{cfg.capacity_bytes:,} bytes" if cfg.capacity_bytes else "") if part)
+    held = {s.config.chunk_size: s.capacity_chunks for s in stores  # kvcli's layout (LMCache's has no capacity)
+            if getattr(s, "capacity_chunks", None) is not None}
+    sizes = "; ".join(f"{chunks:,} chunks at chunk size {cs}" for cs, chunks in held.items())
+    notes = [f"capacity {given}{' (the smaller applies)' if cfg.capacity_tokens and cfg.capacity_bytes else ''}: "
+             f"{sizes}"]
+    notes += [f"chunk size {cs}: the capacity holds no chunk: nothing can hit" for cs, chunks in held.items()
+              if chunks == 0]
+    return notes
 
 
 def _reordered(reader, order: np.ndarray):

@@ -660,6 +660,12 @@ class ChunkStore:
                            written * head, meta_bytes, evicted, seconds)
 
     # -- capacity (client-side LRU over chunks) -------------------------------------------------------------------
+    @property
+    def capacity_chunks(self) -> int | None:
+        """Chunks the client-side capacity holds (the smaller of ``capacity_tokens // chunk_size`` and
+        ``capacity_bytes // payload_bytes`` when both are set), or None without a capacity."""
+        return self._lru.capacity if self._lru is not None else None
+
     def _capacity_chunks(self) -> int:
         cfg = self.config
         limits = []

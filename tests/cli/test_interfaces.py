@@ -66,6 +66,7 @@ def test_purge_takes_both_spellings(redis_url, redis_client):
 @pytest.mark.parametrize("args, message", [
     (["--capacity-bytes", "1e400"], "bad size '1e400': not a finite number"),
     (["--capacity-bytes", "12 parsecs"], "cannot read size '12 parsecs'"),
+    (["--capacity-bytes", "64G"], "size '64G' is ambiguous: write '64GB' (decimal) or '64GiB' (binary)"),
     (["--prefill-tps", "1e400"], "--prefill-tps must be a positive number"),
 ])
 def test_replay_non_finite_numbers_are_one_line_errors(redis_url, args, message):

@@ -215,3 +215,18 @@ def test_a_chunk_the_read_namespace_lost_is_stored_by_the_request_that_computed_
     redis_client.delete(store.payload_key(h[2]), store.payload_key(h[4]))
     res = replay(redis_client, [req(tok(1, 25))] * 2).per_chunk_size[0]
     assert (res.hit_tokens, res.metadata_entries, res.namespace_hit_chunks) == (8 + 24, 2, 2 + 4)
+
+
+def test_a_capacity_is_said_per_chunk_size_and_one_that_holds_no_chunk_is_named(redis_client):
+    # 15 tokens: 3 chunks of 4 (R1 stores 5, the LRU keeps chunks 0-2, R2 hits them: 12), no chunk of 16
+    result = replay(redis_client, [req(tok(1, 20)), req(tok(1, 20))], chunk_sizes=(4, 16), namespace=None,
+                    capacity_tokens=15)
+    assert [r.hit_tokens for r in result.per_chunk_size] == [12, 0]
+    assert result.notes[-2:] == ["capacity 15 tokens: 3 chunks at chunk size 4; 0 chunks at chunk size 16",
+                                 "chunk size 16: the capacity holds no chunk: nothing can hit"]
+    # both limits: the smaller applies, and the note says so (2 chunks' payload bytes at chunk size 4)
+    two = 2 * ChunkStore(redis_client, StoreConfig("x", 4, "m", "raw", SPEC.kv_shape, torch.float32)).value_bytes
+    result = replay(redis_client, [req(tok(1, 20)), req(tok(1, 20))], chunk_sizes=(4,), namespace=None,
+                    capacity_tokens=15, capacity_bytes=two)
+    assert result.per_chunk_size[0].hit_tokens == 8
+    assert result.notes[-1] == f"capacity 15 tokens and {two:,} bytes (the smaller applies): 2 chunks at chunk size 4"
