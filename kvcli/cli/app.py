@@ -212,6 +212,8 @@ def replay(
     check_plot_path(plot)
     if plot is not None and (not curve or namespace is not None):
         raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
+    if ttl_refresh and not curve:
+        raise BadInputError("--ttl-refresh sets the TTL curve's expiry rule: it needs the curve (no --no-curve)")
     config = ReplayConfig(
         chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
         measure=parse_measure(measure), capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens,

@@ -32,8 +32,8 @@ def _ttl(seconds: float | None) -> str:
 
 def _ttl_cell(r: ChunkSizeResult) -> str:
     curve = r.hit_curve
-    if curve.ttl_hit_chunks is None:
-        return "no timestamps"
+    if curve.ttl_hit_chunks is None:  # one request without a timestamp is enough
+        return "no timestamps" if curve.untimed_requests >= r.requests else f"{curve.untimed_requests:,} untimed"
     if curve.unlimited_hit_tokens == 0:
         return "no hits"
     return " / ".join(_ttl(curve.ttl_for(f)) for f in (0.5, 0.9, 0.99))

@@ -216,6 +216,14 @@ def test_cli_json_table_and_plot(tmp_path, redis_url):
     assert table.exit_code == 0, table.output
     assert "cache for 90% of unlimited hits" in table.stdout and "20.0 KiB / 20 tok" in table.stdout
     assert "no timestamps" in table.stdout
+    # one request of three without a timestamp: no TTL curve, and the cell says how many lacked one
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text("".join(json.dumps({"token_ids": p, **({"timestamp": t} if t is not None else {})}) + "\n"
+                               for p, t in zip(SMALLEST, [0.0, None, 2.0])))
+    table = _cli(partial, "--redis-url", redis_url)
+    assert table.exit_code == 0 and "1 untimed" in table.stdout and "no timestamps" not in table.stdout
+    refused = _cli(partial, "--redis-url", redis_url, "--no-curve", "--ttl-refresh")
+    assert refused.exit_code == 2 and "--ttl-refresh sets the TTL curve's expiry rule" in refused.output
 
 
 def test_cli_no_curve_and_bad_plot_paths(tmp_path, redis_url):
