@@ -296,7 +296,7 @@ def load_requests(path, fmt: str = "auto", tokenizer="cl100k_base", chunk_size: 
                   limit: int | None = None, track=None) -> list[SimRequest]:
     """Read (:func:`kvcli.traces.read_trace`), cut to the first ``limit`` requests, and hash a trace.
     ``tokenizer``: a name, folder or loaded Tokenizer. ``track(iterable) -> iterable`` may wrap the stream for
-    progress. Raises BadInputError (also on no requests, or ``limit`` < 1)."""
+    progress. Raises BadInputError (also on no requests, prompts that are all empty, or ``limit`` < 1)."""
     import itertools
 
     from kvcli.model.tokenize import lazy_tokenizer
@@ -309,6 +309,8 @@ def load_requests(path, fmt: str = "auto", tokenizer="cl100k_base", chunk_size: 
     requests = prepare_requests(track(stream) if track else stream, chunk_size, name)
     if not requests:
         raise BadInputError("the trace has no requests", path=str(path))
+    if not any(r.prompt_tokens for r in requests):  # no hit ratio, no prefill, no load to balance
+        raise BadInputError(f"the trace's {len(requests):,} prompts are all empty: nothing to route", path=str(path))
     return requests
 
 

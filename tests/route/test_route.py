@@ -457,6 +457,10 @@ def test_cli_table_and_errors(cli, serial_trace, tmp_path):
     res = cli(untimed, "-p", "random", "--prefill-tps", 1)
     assert res.exit_code == 2 and "--rate" in res.stderr
     assert cli(untimed, "-p", "random", "--prefill-tps", 1, "--rate", 2).exit_code == 0
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"timestamp": 1, "token_ids": []}) + "\n" + json.dumps({"timestamp": 2, "prompt": ""}))
+    res = cli(empty, "--prefill-tps", 1)
+    assert res.exit_code == 2 and f"{empty}: the trace's 2 prompts are all empty: nothing to route" in res.stderr
 
 
 def test_redis_down_is_exit_3(cli, serial_trace):
