@@ -45,7 +45,7 @@ from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.layout import _NAMESPACE_RE, key_prefix
 from kvcli.store.lru import ChunkLru
 from kvcli.store.serde import PayloadError, decode_kv, dtype_name, encode_kv, header_size
-from kvcli.store.server import FaultCounts, fault_counts
+from kvcli.store.server import FaultCounts, fault_counts, script_refused
 from kvcli.units import dtype_bytes
 
 if TYPE_CHECKING:
@@ -420,7 +420,7 @@ class ChunkStore:
         try:
             return self.client.execute_command("EVAL_RO", _LOOKUP_SCRIPT, len(keys), *keys)
         except redis.ResponseError as exc:
-            if _refused(exc):
+            if script_refused(exc):
                 raise _ScriptRefused() from None
             raise
 
@@ -823,11 +823,6 @@ _META_OK = ("", "no-payload", "bad-payload")  # the metadata alone would count t
 
 class _ScriptRefused(Exception):
     """The server has no EVAL_RO/EVALSHA_RO for us (unknown command, ACL, scripting disabled)."""
-
-
-def _refused(exc: redis.ResponseError) -> bool:
-    text = str(exc).lower()
-    return any(word in text for word in ("unknown command", "noperm", "no permissions", "scripting", "not allowed"))
 
 
 def _usable(meta: bytes | None, length: int, digest: bytes, expected: int) -> str:

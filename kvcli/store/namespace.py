@@ -27,7 +27,7 @@ import redis
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION
-from kvcli.store.server import ENV_URL, RedisTarget
+from kvcli.store.server import ENV_URL, RedisTarget, script_refused
 
 BATCH = 5000  # keys per SCAN step (a hint to the server): fewer round trips over a large namespace
 
@@ -222,9 +222,7 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
             cursor, n = step(keys=[], args=[cursor, glob, BATCH])
             deleted, first = deleted + int(n), False
     except redis.exceptions.ResponseError as exc:
-        if first and (isinstance(exc, redis.exceptions.NoPermissionError) or any(
-                word in str(exc).lower() for word in ("permission", "can't run this command", "unknown", "syntax",
-                                                      "not allowed", "disabled"))):
+        if first and script_refused(exc):
             return purge(client, namespace).deleted  # nothing was deleted: the client-side purge does it all
         raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
     except cluster.REDIS_ERRORS as exc:

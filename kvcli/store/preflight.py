@@ -24,10 +24,10 @@ CHUNK_KEY_TAIL = 34
 
 
 @dataclass(frozen=True)
-class ShardMemory:
-    """One primary's memory state and counters (bytes; ``keys`` is its DBSIZE), ``name`` "host:port"."""
+class MemoryFigures:
+    """Memory state and counters read from INFO and DBSIZE: bytes; ``policy`` is maxmemory-policy; ``keys`` is
+    DBSIZE; None where this user may not read them."""
 
-    name: str
     used_memory: int | None
     maxmemory: int | None
     policy: str | None
@@ -38,22 +38,22 @@ class ShardMemory:
 
 
 @dataclass(frozen=True)
-class ServerMemory:
-    """The server's memory state and counters: bytes; ``policy`` is maxmemory-policy; ``keys`` is DBSIZE. On a
-    Redis Cluster the totals over its primaries (``maxmemory`` 0, no limit, when any primary has none; ``policy``
-    and ``version`` "mixed" when they differ), and ``shards`` each primary's own (empty for a single server).
+class ShardMemory(MemoryFigures):
+    """One primary's :class:`MemoryFigures`, ``name`` "host:port"."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ServerMemory(MemoryFigures):
+    """The server's :class:`MemoryFigures`. On a Redis Cluster the totals over its primaries (``maxmemory`` 0, no
+    limit, when any primary has none; ``policy`` and ``version`` "mixed" when they differ), and ``shards`` each
+    primary's own (empty for a single server).
 
     When this Redis user may not run INFO (an ACL without ``@dangerous``), every INFO field is None, ``version``
     is "?" and ``note`` says why; DBSIZE is None too when refused. Callers degrade: no preflight, no eviction count.
     """
 
-    used_memory: int | None
-    maxmemory: int | None
-    policy: str | None
-    evicted_keys: int | None
-    expired_keys: int | None
-    keys: int | None
-    version: str
     note: str = ""
     shards: tuple[ShardMemory, ...] = ()
 
@@ -97,11 +97,11 @@ def _shard_memory(name: str, client: redis.Redis) -> ShardMemory:
     except redis.RedisError as exc:
         raise RedisFailure(f"Redis DBSIZE failed on {name}: {exc}") from None
     if info is None:
-        return ShardMemory(name, None, None, None, None, None, keys, "?")
-    return ShardMemory(name, int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
+        return ShardMemory(None, None, None, None, None, keys, "?", name=name)
+    return ShardMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
                        str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
                        int(info.get("expired_keys", 0)), keys,
-                       str(info.get("valkey_version") or info.get("redis_version", "?")))
+                       str(info.get("valkey_version") or info.get("redis_version", "?")), name=name)
 
 
 def alloc_size(n: int) -> int:

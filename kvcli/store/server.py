@@ -60,6 +60,18 @@ _NOT_RETRIED = (redis.exceptions.AuthenticationError, redis.exceptions.Authoriza
 _QUERY_PASSWORD = re.compile(r"([?&;]password=)[^&;#]*", re.IGNORECASE)
 
 
+def script_refused(exc: Exception) -> bool:
+    """Whether a script call failed because this server or user cannot run it, not because of what it did:
+    scripting unknown or disabled, an ACL refusing EVAL or a command the script calls ("The user executing the
+    script can't run this command"), a command option the server lacks (SCAN's TYPE before Redis 6). The caller
+    then does the same work without a script."""
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in ("unknown", "noperm", "permission", "can't run this command", "scripting",
+                                         "not allowed", "disabled", "syntax"))
+
+
 def mask_url(url: str) -> str:
     """``url`` with every password replaced by ``***``: the userinfo's (``user:secret@``, ``:secret@``, and a bare
     ``secret@`` that redis-py would read as a user name), ``?password=`` / ``&password=``, percent-encoded or not,
