@@ -6,12 +6,13 @@ this script starts, on the same Mooncake trace at one chunk size, and reports th
 * ``before``: kvcli at ``--base REV`` (default a0f3545: main before the pipelined index-only replay, extracted with
   ``git archive``), ``python -m kvcli replay``;
 * ``after``: this checkout, the same command (``--pipeline`` default 256); ``after --pipeline 1``: one request at a
-  time; ``after --no-curve``: without the capacity/TTL curve (which the sketch does not compute);
+  time; ``after --no-curve``: without the capacity/TTL curve (which the sketch does not compute); ``after --jobs
+  1``: without the child that reads and hashes the trace ahead (kvcli/replay/prefetch.py);
 * ``sketch``: read, synthesize tokens, hash, then one server-side Lua script per request (lookup + store of the
   missing chunks) with 256 requests per pipelined round trip (no LRU, no accounting, no cleanup).
 
-Wall seconds (min / median of ``--repeats``), peak RSS (MiB, of that process alone), and each variant's time over
-``sketch``'s and ``before``'s in this run, the hit tokens each found. The token-granular upper bound is off
+Wall seconds (min / median of ``--repeats``), peak RSS (MiB, of that process and of its largest child), and each
+variant's time over ``sketch``'s and ``before``'s in this run, the hit tokens each found. The token-granular upper bound is off
 (``--no-upper-bound``) for every kvcli variant.
 
 Fixed costs (start-up and imports, the transfer calibration, the cleanup's scan of the server) weigh on a trace
@@ -101,11 +102,13 @@ def run(cmd: list[str], env: dict) -> tuple[float, float, dict]:
     return seconds, _peak_rss(err), doc
 
 
-def _peak_rss(stderr: bytes) -> float:
+def _peak_rss(stderr: bytes) -> tuple[float, float]:
+    """Peak RSS (MiB) of the process and of its largest child (the trace read ahead: kvcli/replay/prefetch.py;
+    a forked child's RSS counts the pages it still shares with its parent too)."""
     for line in stderr.decode().splitlines():
         if line.startswith("PEAK_RSS_KB "):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+            return int(line.split()[1]) / 1024, int(line.split()[2]) / 1024
+    return float("nan"), float("nan")
 
 
 def main() -> None:
@@ -132,7 +135,8 @@ def main() -> None:
         "import resource, runpy, sys\nsys.argv = sys.argv[1:]\ncode = 0\ntry:\n"
         "    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
         "except SystemExit as exc:\n    code = exc.code or 0\n"
-        "sys.stderr.write('PEAK_RSS_KB %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "sys.stderr.write('PEAK_RSS_KB %d %d\\n' % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
         "sys.exit(code)\n")
     replay = ["replay", args.trace, "--payload", "accounted", "--measure", "0", "--prefill-tps", "3000",
               "--chunk-sizes", str(args.chunk_size), "--no-upper-bound", "--json"]
@@ -148,6 +152,7 @@ def main() -> None:
             "after": ([sys.executable, wrap, "kvcli", *replay], env_after),
             "after --pipeline 1": ([sys.executable, wrap, "kvcli", *replay, "--pipeline", "1"], env_after),
             "after --no-curve": ([sys.executable, wrap, "kvcli", *replay, "--no-curve"], env_after),
+            "after --jobs 1": ([sys.executable, wrap, "kvcli", *replay, "--jobs", "1"], env_after),
             "sketch": ([sys.executable, wrap, "bench.bench_index_replay", "--trace", args.trace,
                         "--chunk-size", str(args.chunk_size), "--reference", "sketch", url],
                        {**env_after, "PYTHONPATH": str(ROOT)}),
@@ -175,11 +180,12 @@ def main() -> None:
     ref = {k: (min(v), statistics.median(v)) for k, v in times.items()}
     print(f"index-only replay of {Path(args.trace).name}, chunk size {args.chunk_size}, {args.repeats} runs each, "
           f"interleaved; wall seconds of the whole process (start-up and imports included)")
-    print(f"{'variant':22s} {'min s':>7s} {'median s':>9s} {'peak RSS MiB':>13s} {'/ sketch':>9s} {'/ before':>9s}"
+    print(f"{'variant':22s} {'min s':>7s} {'median s':>9s} {'RSS MiB (child)':>15s} {'/ sketch':>9s} {'/ before':>9s}"
           f"  hit tokens")
     for name in variants:
         lo, med = ref[name]
-        print(f"{name:22s} {lo:7.2f} {med:9.2f} {max(rss[name]):13.0f} "
+        own, child = max(r[0] for r in rss[name]), max(r[1] for r in rss[name])
+        print(f"{name:22s} {lo:7.2f} {med:9.2f} {own:7.0f} ({child:5.0f}) "
               f"{lo / ref['sketch'][0]:5.2f}/{med / ref['sketch'][1]:4.2f} "
               f"{lo / ref['before'][0]:5.2f}/{med / ref['before'][1]:4.2f}  {sorted(hits[name])}")
     rest = requests - half

@@ -8,6 +8,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -93,7 +94,8 @@ def parse_measure(text: str) -> int | None:
 JOBS_HELP = ("Worker processes for each trace's independent units (chunk size x layout), each with its own Redis "
              "connection; the report is identical to --jobs 1. Default: the cores, capped by the units, for a replay "
              "that runs no model (--prefill-tps with --measure 0); else 1, so no worker slows the prefills it times "
-             "(README, 'Parallel replay').")
+             "(README, 'Parallel replay'). --jobs 1 also keeps an index-only replay from reading the trace ahead in "
+             "a child process.")
 RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a local instance (pip install "
             "'kvcli\\[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
 
@@ -162,8 +164,9 @@ def replay(
     layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
                                              "lookup), or kvcli,lmcache side by side.")] = "kvcli",
     pipeline: Annotated[int, typer.Option(help="Index-only lookups and stores (--payload accounted, no "
-                                               "--namespace) batched this many requests per two round trips, "
-                                               "with the same results; 1: one request at a time.")] = 256,
+                                               "--namespace) batched this many requests per round trip (one "
+                                               "script; two round trips on a cluster or with a capacity), with the "
+                                               "same results; 1: one request at a time.")] = 256,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     jobs: Annotated[Optional[int], typer.Option(help=JOBS_HELP, show_default=False)] = None,
@@ -260,9 +263,18 @@ class _progress:
                             TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
         self.bar.__enter__()
         self.tasks: dict[str, int] = {}
+        self.shown = 0.0  # time.monotonic() of the last redraw
         return self.update
 
     def update(self, name: str, done: int, total: int) -> None:
+        """Called after every request: redrawn at most 10 times a second (and at the end), never without a
+        terminal (an update costs more than hashing a request's chunks)."""
+        if self.bar.disable:
+            return
+        now = time.monotonic()
+        if name in self.tasks and done < total and now - self.shown < 0.1:
+            return
+        self.shown = now
         if name not in self.tasks:
             self.tasks[name] = self.bar.add_task(f"replay {name}", total=total)
         self.bar.update(self.tasks[name], completed=done)

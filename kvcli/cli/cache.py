@@ -193,6 +193,8 @@ def purge(
 
     where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
+        if target.embedded:
+            err.print("note: no --redis-url: purging a fresh embedded server (empty)")
         try:
             found = count(client, namespace, chunk_size)
             shards = "" if len(found.by_shard) < 2 else (

@@ -82,6 +82,7 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
         model = _models[options]
     replayer = Replayer(_clients[key], model, None, setup.tokenizer, setup.config, spec=setup.spec,
                         model_config=setup.model_config)
+    replayer.prefetch = False  # the units share the cores: no child reading the trace ahead (kvcli.replay.prefetch)
     return replayer.replay_unit(work, indices, upper_bound)
 
 

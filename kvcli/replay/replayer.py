@@ -71,11 +71,12 @@ from kvcli.replay.measure import (
 )
 from kvcli.replay.network import Link, overheads
 from kvcli.replay.plan import replay_preflight, room
+from kvcli.replay.prefetch import Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
 from kvcli.replay.units import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.replay.upper_bound import RadixUpperBound
-from kvcli.store.batch import batchable, lookup_and_store
+from kvcli.store.batch import Batcher, batchable
 from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.cluster import drop_connections
 from kvcli.store.hashing import reusable_tokens
@@ -123,6 +124,8 @@ class Replayer:
         self.remedy: Callable[[str], str] = lambda ns: f"remove them with: kvcli purge --namespace {ns} --yes"
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
         self.units = None  # None: every store in this process; else kvcli.replay.parallel's worker processes or Ray
+        self.prefetch: bool | None = None  # hash the trace in a child process (kvcli.replay.prefetch): None when
+        # it pays (the default), True whenever it can, False never (a worker process: the cores are shared)
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -319,32 +322,42 @@ class Replayer:
         # evict keys (--allow-evictions): it loses chunks at any moment, and each loss must be a miss at the very
         # next lookup (a batch would see it at the next batch)
         self._pipeline = 1 if work.evicts or not any(batchable(store) for store in stores) else cfg.pipeline
-        estimate = lambda: self._estimated(batch, stores, results, ledgers, rates, unlimited, hit_curves,  # noqa
-                                           reach)
-        for index, request in enumerate(work.reader()):
-            if index >= len(lengths):
-                break
-            if request.timestamp is not None:
-                stamps.append(request.timestamp)
-            n = len(request.token_ids)
-            if n == 0:
-                skipped += 1
-            else:
-                if radix is not None:
-                    match[index] = reusable_tokens(radix.match_and_insert(request.token_ids, request.cache_salt), n)
-                if index in measured:
-                    estimate()  # the estimated requests before it first: in trace order
-                    reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited, hit_curves,
-                                              work.measure_tokens)
-                    reach[index] = max(reusable)
+        batched = self._pipeline > 1 and all(batchable(store) for store in stores)
+        ahead = batched and can_prefetch(len(lengths), bool(measured), self.prefetch)
+        items = (Prefetch(work.reader, len(lengths), [store.chunker for store in stores], radix) if ahead
+                 else hashed_here(work.reader, len(lengths), stores, radix, measured))
+        quiet = items.paused if ahead else None  # the child stopped while a lookup is timed
+        self._batchers = [Batcher(store, quiet=quiet) if self._pipeline > 1 and batchable(store) else None
+                          for store in stores]
+        self._inflight = None  # (entries, answers per store) of the batch sent last, not accounted yet
+        estimate = lambda drain=True: self._estimated(batch, stores, results, ledgers, rates, unlimited,  # noqa
+                                                      hit_curves, reach, drain)
+        try:
+            for index, stamp, n, prompts, matched, request in items:
+                if stamp is not None:
+                    stamps.append(stamp)
+                if n == 0:
+                    skipped += 1
                 else:
-                    batch.append((index, n, request.timestamp,
-                                  [store.chunk(request.token_ids, request.cache_salt) for store in stores]))
-                    if len(batch) >= self._pipeline:
-                        estimate()
-            if progress:
-                progress(index + 1, len(lengths))
-        estimate()
+                    if radix is not None:
+                        match[index] = matched
+                    if prompts is None:  # measured
+                        estimate()  # the estimated requests before it first: in trace order
+                        reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited,
+                                                  hit_curves, work.measure_tokens)
+                        reach[index] = max(reusable)
+                    else:
+                        batch.append((index, n, stamp, prompts))
+                        if len(batch) >= self._pipeline:
+                            estimate(False)
+                if progress:
+                    progress(index + 1, len(lengths))
+            estimate()
+        finally:  # a batch still in flight runs before anything else this process sends (a cleanup)
+            items.close()  # the child reading ahead, if any, is stopped
+            for batcher in self._batchers:
+                if batcher is not None:
+                    batcher.close()
         for store, res, hit_curve in zip(stores, results, hit_curves):
             self._finish(store, res)
             res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
@@ -390,8 +403,10 @@ class Replayer:
         for res in results:
             if res.lookups_sampled:
                 notes.append(f"chunk size {res.chunk_size}: {res.lookups_pipelined:,} lookups pipelined, up to "
-                             f"{self.config.pipeline} requests per two round trips (--pipeline); lookup p50/p99 and "
-                             f"each lookup's latency come from {res.lookups_sampled:,} sampled unpipelined lookups")
+                             f"{self.config.pipeline} requests per batch (--pipeline: {res.lookup_round_trips:,} "
+                             f"batch{'es' if res.lookup_round_trips != 1 else ''}); lookup p50/p99 and each lookup's "
+                             f"latency come from {res.lookups_sampled:,} sampled unpipelined lookup"
+                             f"{'s' if res.lookups_sampled != 1 else ''}")
             if res.short_requests:
                 notes.append(f"chunk size {res.chunk_size}: {res.short_requests:,} of {res.requests:,} prompts "
                              f"({res.short_prompt_tokens:,} tokens) are shorter than one chunk: they can never hit")
@@ -457,24 +472,43 @@ class Replayer:
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
     def _estimated(self, batch: list[tuple], stores, results, ledgers, rates, unlimited, hit_curves,
-                   reach: np.ndarray) -> None:
+                   reach: np.ndarray, drain: bool = True) -> None:
         """Look up and store (accounted) the unmeasured requests of ``batch`` (``(request index, prompt tokens,
         timestamp, [chunked prompt per store])``, in trace order) per chunk size, their transfer and store priced
         with the chunk rates, and set ``reach[index]`` (the most any store would reuse, for the upper bound);
-        empties ``batch``. ``config.pipeline`` requests share two
-        round trips where the store allows it (:func:`kvcli.store.batch.lookup_and_store`, the same answers), else
-        each request does its own lookup and store."""
-        if not batch:
-            return
-        reusable: list[list[int]] = [[] for _ in batch]
-        for s, (store, res, ledger, rate, seen, checked, hit_curve) in enumerate(
-                zip(stores, results, ledgers, rates, unlimited, self._checked, hit_curves)):
+        empties ``batch``. ``config.pipeline`` requests go to the server together where the store allows it
+        (:class:`kvcli.store.batch.Batcher`, the same answers), else each request does its own lookup and store.
+
+        A batch a store's batcher sent is accounted at the next call, once the batch after it was sent (the server
+        runs one while this process reads and hashes the next); ``drain``: account everything sent, as every
+        caller but the loop's full batches must (before a measured request, at the end)."""
+        if batch:
+            entries = list(batch)
+            batch.clear()
+            sent = []
+            for s, (store, hit_curve, batcher) in enumerate(zip(stores, hit_curves, self._batchers)):
+                prompts = [entry[3][s] for entry in entries]
+                if hit_curve:
+                    hit_curve.defer([(prompt.hashes, stamp, n) for (_, n, stamp, _), prompt in zip(entries, prompts)])
+                sent.append(batcher.submit(prompts) if batcher is not None else None)
+            previous, self._inflight = self._inflight, (entries, sent)
+            if previous is not None:
+                self._account_batch(*previous, stores, results, ledgers, rates, unlimited, reach)
+        if drain and self._inflight is not None:
+            inflight, self._inflight = self._inflight, None
+            self._account_batch(*inflight, stores, results, ledgers, rates, unlimited, reach)
+
+    def _account_batch(self, entries: list[tuple], sent: list, stores, results, ledgers, rates, unlimited,
+                       reach: np.ndarray) -> None:
+        """Count one batch of :meth:`_estimated` per store: its batcher's answers (``sent``), or one lookup and
+        store per request where the store has no batcher."""
+        reusable: list[list[int]] = [[] for _ in entries]
+        for s, (store, res, ledger, rate, seen, checked, batcher) in enumerate(
+                zip(stores, results, ledgers, rates, unlimited, self._checked, self._batchers)):
             cs = store.config.chunk_size
-            prompts = [entry[3][s] for entry in batch]
-            if hit_curve:
-                hit_curve.defer([(prompt.hashes, stamp, n) for (_, n, stamp, _), prompt in zip(batch, prompts)])
-            done = lookup_and_store(store, prompts) if self._pipeline > 1 and batchable(store) else None
-            for i, ((_, n, _, _), prompt) in enumerate(zip(batch, prompts)):
+            done = batcher.answers(sent[s]) if batcher is not None else None
+            for i, (_, n, _, prompts) in enumerate(entries):
+                prompt = prompts[s]
                 crit, back = _critical(res), _background(res)
                 if done is None:
                     look = store.lookup(prompt)
@@ -492,9 +526,8 @@ class Replayer:
                 res.store_requests += written.chunks_written > 0
                 ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,
                            background=_background(res) - back)
-        for (index, _, _, _), used in zip(batch, reusable):
+        for (index, _, _, _), used in zip(entries, reusable):
             reach[index] = max(used)
-        batch.clear()
 
     def _checksums(self, store, res, prompt, look, checked: dict[bytes, bool]) -> int:
         """The hit run after verifying the checksums of real-payload hit chunks not verified yet, up to

@@ -93,6 +93,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=model_shapes(model_options.model))
         replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
+        replayer.prefetch = False if jobs == 1 else None  # --jobs 1: this process alone (kvcli.replay.prefetch)
         replayer.units = units = make_units(jobs, ray, Setup(
             target.url, reply_timeout(client), model_options, tok_name,
             spec, replayer.model_config, config), target.embedded, runs_model)

@@ -1,11 +1,22 @@
-"""Pipelined index-only lookups and stores: many requests' lookup-then-store in two round trips, the same answers.
+"""Pipelined index-only lookups and stores: many requests' lookup-then-store in one or two round trips, the same
+answers.
 
 An index-only replay (``--payload accounted``) does, per request, a lookup (one round trip) and a store of the
 chunks it found missing (one MSET of metadata: payloads are only accounted), one request after another. Each
 request's store depends on its own lookup and its lookup on every earlier store, so done one by one they cost two
-round trips per request: most of such a replay's time on a big trace (issue 11).
+round trips per request: most of such a replay's time on a big trace (issue 11). :class:`Batcher` does a batch of
+such requests at once, in one of two ways.
 
-:func:`lookup_and_store` does a batch of such requests with the same results:
+**One script** (a single server, no capacity, scripts allowed: an unlimited index-only replay, the path for huge
+traces): the batch is one ``EVAL`` of :data:`_INDEX_SCRIPT`, which does each request's lookup and then its store,
+in order, inside the server: the sketch of issue 11, with a whole batch per call. It goes out on a connection of
+its own and the replay goes on cutting and hashing the next requests while the server runs it; the reply is read
+when the next batch is submitted (replies come back in the order sent), so one batch is in flight at a time. The
+client's LRU of a capacity (which decides what to delete from what each lookup found) and a cluster (a script's keys
+must share a slot) take the two round trips below; so does a server or user that refuses the script (the first
+batch is answered before the next is sent, so a refusal shows there and nothing else is lost).
+
+**Two round trips** (:func:`lookup_and_store`), with the same results:
 
 1. one read of every distinct metadata key the batch's prompts name (a single server: one MGET; a cluster: the
    GETs of each shard in one write, every shard's sent before any reply is read, :func:`kvcli.store.cluster.
@@ -17,28 +28,37 @@ round trips per request: most of such a replay's time on a big trace (issue 11).
    deletes and the MSET of the missing chunks) and, once the server acknowledged the writes,
    :meth:`ChunkStore.account_known`;
 3. every request's deletes and writes in request order, in one round trip (a single server: one pipeline of DELs
-   and MSETs, the MSETs of consecutive requests without a DEL between them merged into one; a cluster: one DEL or SET per key through :func:`~kvcli.store.cluster.by_shard`, whose
-   per-shard order keeps the order of the commands on each key), held from Ctrl-C until acknowledged
+   and MSETs, the MSETs of consecutive requests without a DEL between them merged into one; a cluster: one DEL or
+   SET per key through :func:`~kvcli.store.cluster.by_shard`, whose per-shard order keeps the order of the
+   commands on each key), held from Ctrl-C until acknowledged
    (:func:`~kvcli.store.cluster.uninterrupted`), so a cleanup after an interruption sees all of it or none.
 
 The server ends in the same state, and every request gets the same lookup, as one by one (tests replay traces both
 ways, on a single server and on a cluster, with and without a capacity), except where the server itself deletes
 keys during a batch (maxmemory evictions): one by one sees such a loss at the next lookup, a batch at the next
 batch. What batching loses is each lookup's own latency: one request in :data:`SAMPLE_EVERY` (the first with a full
-chunk from every :data:`SAMPLE_EVERY`-th on) also gets one unpipelined, timed lookup (read-only, its answer not used), the store's ``lookup_seconds`` holds those samples
-(``lookups_sampled``), and each pipelined lookup is priced at their mean so far (its ``seconds``).
+chunk from every :data:`SAMPLE_EVERY`-th on) also gets one unpipelined, timed lookup (read-only, its answer not
+used; taken while no batch is in flight), the store's ``lookup_seconds`` holds those samples (``lookups_sampled``),
+and each pipelined lookup is priced at their mean so far (its ``seconds``).
 
 Faults (a tolerant store, :mod:`kvcli.store.chunkstore`): a read that fails after retries makes every lookup of
 the batch a failed one (a miss that stores nothing); a write that fails stores nothing for the batch's requests
-(their lookups stand), each counted once in the store's stats.
+(their lookups stand), each counted once in the store's stats. A batch script is never sent twice (a second run
+would find its own writes and call them hits): a dropped connection or a timeout fails its lookups, and those of a
+batch sent after it on that connection, whether or not the server ran them (then the server holds chunks the
+report does not count as stored: later lookups may hit them).
 """
 from __future__ import annotations
 
+import contextlib
 import time
+from dataclasses import dataclass
 
+from kvcli.errors import RedisFailure
 from kvcli.store.chunkstore import ChunkStore, LookupResult, RedisUnavailable, StoreResult
 from kvcli.store.cluster import by_shard, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt
+from kvcli.store.server import script_refused
 
 SAMPLE_EVERY = 64  # 1 in 64 requests also gets an unpipelined, timed lookup: ~120 latency samples per 7,500
 _NOTHING = StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
@@ -55,8 +75,8 @@ def batchable(store) -> bool:
             and cfg.ttl is None)
 
 
-def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int = SAMPLE_EVERY
-                     ) -> list[tuple[LookupResult, StoreResult]]:
+def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int = SAMPLE_EVERY,
+                     quiet=None) -> list[tuple[LookupResult, StoreResult]]:
     """Lookup, then store the missing chunks as accounted (index only), for each prompt in order, in two round trips:
     the same results as ``look = store.lookup(p)`` then ``store.store(p, None, start_chunk=look.hit_chunks,
     lookup=look)`` for each prompt in turn (module docstring).
@@ -66,6 +86,7 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
         prompts: prompts cut and hashed by ``store`` (:meth:`ChunkStore.chunk`), in request order.
         sample_every: time one unpipelined lookup per N requests (the first one with a full chunk from each N-th
             on, counted over the store's life).
+        quiet: a context manager factory each timed lookup runs inside (:meth:`Batcher.__init__`), or None.
 
     Returns:
         ``[(lookup, store result)]`` per prompt, acknowledged by the server. A lookup's ``seconds`` is the mean of
@@ -79,16 +100,7 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     if not prompts:
         return []
     st = store.stats
-    for i, prompt in enumerate(prompts):  # latency samples: read-only, answers not used; one per sample_every
-        if prompt.hexes and st.lookups_sampled * sample_every <= st.lookups_pipelined + i:  # lookups with a chunk
-            t0 = time.perf_counter()
-            try:
-                store._read_chunks(prompt.hexes, record=False)
-            except RedisUnavailable as exc:
-                store._absorb(exc)
-                continue
-            st.lookup_seconds.append(time.perf_counter() - t0)
-            st.lookups_sampled += 1
+    _sample(store, prompts, sample_every, quiet)
     st.lookups += len(prompts)
     st.lookups_pipelined += len(prompts)
     price = sum(st.lookup_seconds) / len(st.lookup_seconds) if st.lookup_seconds else 0.0
@@ -143,6 +155,25 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     return [(look, store.account_known(plan, seconds)) for look, plan in zip(looks, plans)]
 
 
+def _sample(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int, quiet=None) -> None:
+    """The latency samples of a batch: one unpipelined, timed lookup (read-only, its answer not used) for the first
+    request with a full chunk from every ``sample_every``-th lookup on (counted over the store's life), each inside
+    ``quiet()`` when given (a context manager that stops other work of this replay for the timing)."""
+    st = store.stats
+    for i, prompt in enumerate(prompts):
+        if prompt.hexes and st.lookups_sampled * sample_every <= st.lookups_pipelined + i:  # lookups with a chunk
+            with quiet() if quiet is not None else contextlib.nullcontext():
+                t0 = time.perf_counter()
+                try:
+                    store._read_chunks(prompt.hexes, record=False)
+                except RedisUnavailable as exc:
+                    store._absorb(exc)
+                    continue
+                seconds = time.perf_counter() - t0
+            st.lookup_seconds.append(seconds)
+            st.lookups_sampled += 1
+
+
 class _Deletes:
     """What :meth:`ChunkStore.plan_known` queues the LRU's deletes on: nothing (a batch takes them from
     ``store._deleting`` and sends them in request order itself)."""
@@ -161,3 +192,216 @@ def _write(client, commands: list[tuple], trips) -> list:
         if isinstance(reply, Exception):
             raise reply
     return replies
+
+
+# -- the scripted batch: lookups and stores inside the server, one batch in flight --------------------------------
+# KEYS: the metadata key of every full chunk of every request of the batch, request after request (a key repeats
+# where requests share a prefix). ARGV[1]: their 8-byte token digests, concatenated in the same order; ARGV[2] and
+# ARGV[3]: an accounted metadata value's constant parts (ChunkStore.meta_parts); ARGV[4..]: each request's number of
+# full chunks. Per request, in order: every chunk's state as ChunkStore.evaluate gives it without payload lengths,
+# then the SETs of what ChunkStore.plan_known writes (the chunks from the hit run's end on that are not usable, with
+# the same values). Returns the script's start and end (TIME: seconds, microseconds) and 4 integers per request: hit
+# chunks, metadata hit chunks, usable chunks after the hit run, why the run broke (0 it did not, 1 missing,
+# 2 token-mismatch, 3 bad-payload). A key of another type reads as missing and is overwritten, as an MSET would.
+_INDEX_SCRIPT = """
+local digests, middle, tail, zeros = ARGV[1], ARGV[2], ARGV[3], string.rep('\\0', 8)
+local t = redis.call('TIME')
+local out, base = {t[1], t[2]}, 0
+for r = 4, #ARGV do
+  local n = tonumber(ARGV[r])
+  local ok, hit, meta_hit, reason = {}, n, n, 0
+  for i = 1, n do
+    local v, s = redis.pcall('GET', KEYS[base + i]), 0
+    if type(v) ~= 'string' then s = 1
+    elseif string.sub(v, 1, 8) ~= string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)) then s = 2
+    elseif string.find(v, '"stored":"real"', 17, true) then s = 3 end
+    ok[i] = s == 0
+    if s ~= 0 and hit == n then hit, reason = i - 1, s end
+    if s ~= 0 and s ~= 3 and meta_hit == n then meta_hit = i - 1 end
+  end
+  local present = 0
+  for i = hit + 1, n do
+    if ok[i] then present = present + 1 else
+      local parent = ''
+      if i > 1 then parent = string.sub(KEYS[base + i - 1], -32) end
+      redis.call('SET', KEYS[base + i],
+                 string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)) .. zeros .. middle .. parent .. tail)
+    end
+  end
+  out[#out + 1] = hit; out[#out + 1] = meta_hit; out[#out + 1] = present; out[#out + 1] = reason
+  base = base + n
+end
+t = redis.call('TIME')
+out[#out + 1] = t[1]; out[#out + 1] = t[2]
+return out
+"""
+_REASONS = ("", "missing", "token-mismatch", "bad-payload")
+
+
+@dataclass
+class Batch:
+    """One batch handed to :meth:`Batcher.submit`: its prompts, and its answers once known (a scripted batch in
+    flight: None until :meth:`Batcher.answers`)."""
+
+    prompts: list[ChunkedPrompt]
+    answers: list[tuple[LookupResult, StoreResult]] | None = None
+    price: float = 0.0  # seconds: the mean sampled lookup when it was sent
+    sent_seconds: float = 0.0  # client-side seconds to build and send it
+    value_bytes: int = 0  # bytes of one metadata value it writes with a parent
+
+
+class Batcher:
+    """A store's pipelined lookups and stores (:func:`batchable`), a batch at a time, with the same answers as one
+    request at a time (module docstring).
+
+    On a single server without a capacity, where the server runs scripts, a batch is ONE ``EVAL`` of
+    :data:`_INDEX_SCRIPT` (the requests' lookups and stores in order, inside the server) on a connection of its
+    own, and :meth:`submit` returns once it is sent: the server runs it while the caller cuts and hashes the next
+    requests, and :meth:`answers` reads its reply (replies come in the order sent, on the one connection). Else
+    (a cluster, a capacity whose LRU the client keeps, scripts refused) :func:`lookup_and_store` answers the batch
+    in :meth:`submit` (two round trips). A scripted batch's store seconds are its client-side build and send plus
+    the script's own time on the server (``TIME`` at its start and end; it includes the batch's lookups' work
+    there), shared equally among its requests.
+
+    A scripted batch is not retried: a dropped connection or a timeout fails its lookups (misses that store
+    nothing, as a failed write does in :func:`lookup_and_store`) whether or not the server ran it, and is counted
+    in the store's stats; :meth:`close` reads any reply still due, so that nothing this process sent runs after it
+    (a cleanup after an interruption then sees every write).
+    """
+
+    def __init__(self, store: ChunkStore, sample_every: int = SAMPLE_EVERY, quiet=None) -> None:
+        """``quiet``: a context manager factory each latency sample runs inside (e.g. one that stops the process
+        hashing the trace ahead, :meth:`kvcli.replay.prefetch.Prefetch.paused`), or None."""
+        self.store, self.sample_every, self.quiet = store, sample_every, quiet
+        self.scripted = not store.cluster and store.resident_chunks is None and store._scripts
+        self._conn = None
+        self._due: list[Batch] = []  # sent, reply not read yet: in the order sent
+        self._tried = False  # a first scripted batch was answered (a refusal would have shown there)
+
+    def submit(self, prompts: list[ChunkedPrompt]) -> Batch:
+        """Read the replies of the batches in flight (their :class:`Batch` objects get their answers), take this
+        batch's latency samples on the idle server, then send it (scripted) or answer it (:func:`lookup_and_store`).
+
+        Raises:
+            RedisFailure, RedisUnavailable: as :func:`lookup_and_store`.
+        """
+        while self._due:
+            self._receive(self._due.pop(0))
+        if not self.scripted or not any(p.hashes for p in prompts):
+            return Batch(prompts, lookup_and_store(self.store, prompts, self.sample_every, self.quiet))
+        store = self.store
+        _sample(store, prompts, self.sample_every, self.quiet)
+        t0 = time.perf_counter()
+        meta = store.prefix + "m:"
+        keys = [meta + x for p in prompts for x in p.hexes]
+        middle, tail = store.meta_parts(False, int(time.time()))
+        args = ["EVAL", _INDEX_SCRIPT, len(keys), *keys, b"".join(d for p in prompts for d in p.digests), middle,
+                tail, *[len(p.hashes) for p in prompts]]
+        st = store.stats
+        price = sum(st.lookup_seconds) / len(st.lookup_seconds) if st.lookup_seconds else 0.0
+        batch = Batch(prompts, None, price, 0.0, 16 + len(middle) + len(tail) + 32)
+        try:
+            if self._conn is None:
+                self._conn = store.client.connection_pool.make_connection()  # its own: replies come in order
+            with uninterrupted():  # sent whole or not at all
+                store._call(self._conn.send_packed_command, self._conn.pack_command(*args), record=False)
+        except RedisUnavailable as exc:
+            st.redis_timeouts += exc.timeout
+            self._drop()
+            self._fail(batch)
+            store._absorb(exc)
+            return batch
+        batch.sent_seconds = time.perf_counter() - t0
+        self._due.append(batch)
+        if not self._tried:  # the first: answered now, so that a refusal falls back before anything else is sent
+            try:
+                self._receive(self._due.pop(0))
+            except _Refused:
+                self.scripted = False
+                st.round_trips -= 1  # the refused one
+                return Batch(prompts, lookup_and_store(store, prompts, self.sample_every, self.quiet))
+        return batch
+
+    def answers(self, batch: Batch) -> list[tuple[LookupResult, StoreResult]]:
+        """``[(lookup, store result)]`` per prompt of ``batch``, as :func:`lookup_and_store` returns them (reading
+        the replies of the batches sent before it first, and its own).
+
+        Raises:
+            RedisFailure: the server refused the script (e.g. OOM, permissions) after the first batch.
+            RedisUnavailable: the reply failed and the store does not absorb it.
+        """
+        while batch.answers is None:
+            self._receive(self._due.pop(0))
+        return batch.answers
+
+    def close(self) -> None:
+        """Read every reply still due (answers dropped), then close this batcher's connection. Call it however the
+        replay ends: before a cleanup, nothing this process sent may still be waiting to run."""
+        try:
+            while self._due:
+                self._due.pop(0).answers = []
+                self._conn.read_response()
+        except Exception:  # noqa: BLE001 - a broken connection: whatever the server had, it ran or dropped
+            pass
+        finally:
+            self._due = []
+            self._drop()
+
+    def _receive(self, batch: Batch) -> None:
+        store, st = self.store, self.store.stats
+        t0 = time.perf_counter()
+        try:
+            reply = store._call(self._conn.read_response)
+        except RedisUnavailable as exc:
+            st.redis_timeouts += exc.timeout  # on this connection of its own, not redis-py's retry's to count
+            self._drop()
+            for due in [batch, *self._due]:  # lost with the connection, whether or not the server ran them
+                self._fail(due)
+            self._due = []
+            store._absorb(exc)
+            return
+        except RedisFailure as exc:
+            if not self._tried and script_refused(exc):
+                raise _Refused() from None
+            raise
+        finally:
+            self._tried = True
+        n = len(batch.prompts)
+        st.lookups += n
+        st.lookups_pipelined += n
+        st.lookup_round_trips += 1
+        store.shard_trips.add()
+        server = (int(reply[-2]) - int(reply[0])) + (int(reply[-1]) - int(reply[1])) / 1e6
+        seconds = (batch.sent_seconds + server + time.perf_counter() - t0) / n
+        cs = store.config.chunk_size
+        answers = []
+        for i, prompt in enumerate(batch.prompts):
+            hit, meta_hit, present, reason = (int(x) for x in reply[2 + 4 * i:6 + 4 * i])
+            full = len(prompt.hashes)
+            written = full - hit - present
+            look = LookupResult(hit, hit * cs, full, _REASONS[reason], batch.price, metadata_hit_chunks=meta_hit)
+            meta_bytes = written * batch.value_bytes - (32 if written and hit == 0 else 0)  # chunk 0: no parent
+            answers.append((look, store._account(range(written), [True] * written, 0, meta_bytes, False, seconds,
+                                                 present=present)))
+        batch.answers = answers
+
+    def _fail(self, batch: Batch) -> None:
+        """A batch lost to a connection failure: its lookups failed (misses that store nothing), counted."""
+        st = self.store.stats
+        st.lookups += len(batch.prompts)
+        st.lookups_pipelined += len(batch.prompts)
+        batch.answers = self._failed(batch)
+
+    @staticmethod
+    def _failed(batch: Batch) -> list[tuple[LookupResult, StoreResult]]:
+        return [(LookupResult(0, 0, len(p.hashes), "redis-error", batch.price, failed=True), _NOTHING)
+                for p in batch.prompts]
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.disconnect()
+            self._conn = None
+
+
+class _Refused(Exception):
+    """The server or the user cannot run the batch script (:func:`~kvcli.store.server.script_refused`)."""

@@ -265,7 +265,7 @@ class ChunkStore:
         self.prefix = key_prefix(config.namespace, config.chunk_size)
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.stats = StoreStats()
-        self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
+        self.chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
         self._spaces = [self.prefix] + ([self.read_prefix] if self.read_prefix else [])
         self._scripts = True  # False once the server refused the lookup script: pipelined lookups from then on
         self.cluster = is_cluster(client)
@@ -274,7 +274,7 @@ class ChunkStore:
         self._lru = ChunkLru(self._capacity_chunks()) if config.capacity_tokens or config.capacity_bytes else None
         static = {"tokens": config.chunk_size, "dtype": dtype_name(config.dtype), "shape": list(config.chunk_shape),
                   "model": config.model_id, "payload": config.payload_bytes}
-        self._meta_json_head = json.dumps(static, separators=(",", ":")).encode()[:-1] + b","
+        self._meta_middle = json.dumps(static, separators=(",", ":")).encode()[:-1] + b',"parent":"'
         self._meta_tails: dict[tuple[bool, int], bytes] = {}
 
     # -- keys ---------------------------------------------------------------------------------------------------
@@ -288,10 +288,10 @@ class ChunkStore:
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt under this store's namespace root (model, tokenizer, ``cache_salt``)."""
-        return self._chunker.chunk(tokens, cache_salt)
+        return self.chunker.chunk(tokens, cache_salt)
 
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
-        return self._chunker.prompt(tokens, cache_salt)
+        return self.chunker.prompt(tokens, cache_salt)
 
     # -- checks -------------------------------------------------------------------------------------------------
     def check_value_size(self, alternative: str = "--payload accounted") -> int:
@@ -630,14 +630,20 @@ class ChunkStore:
 
     def _meta_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
         """token digest (8) || payload checksum (8) || JSON (fields in the module docstring)."""
+        middle, tail = self.meta_parts(real, now)
+        return b"".join((prompt.digests[k], checksum, middle, prompt.hexes[k - 1].encode() if k else b"", tail))
+
+    def meta_parts(self, real: bool, now: int) -> tuple[bytes, bytes]:
+        """The two constant parts of a chunk's metadata value written at unix second ``now``: what comes between
+        the 16 bytes of digest and checksum and the parent's hex (the JSON up to ``"parent":"``), and what comes
+        after it. A value is ``digest || checksum || middle || parent hex (32, none for chunk 0) || tail``."""
         tail = self._meta_tails.get((real, now))
         if tail is None:  # one per second and kind: the fields after the parent
             head, stored = (self.config.header_bytes, "real") if real else (0, "accounted")
             tail = self._meta_tails[(real, now)] = f'","header":{head},"stored":"{stored}","created":{now}}}'.encode()
             if len(self._meta_tails) > 64:
                 self._meta_tails = {(real, now): tail}
-        return b"".join((prompt.digests[k], checksum, self._meta_json_head, b'"parent":"',
-                         prompt.hexes[k - 1].encode() if k else b"", tail))
+        return self._meta_middle, tail
 
     def _account(self, hashes, replies, evicted, meta_bytes, real, seconds, present: int = 0) -> StoreResult:
         cfg = self.config

@@ -58,14 +58,15 @@ class ChunkedPrompt:
     """A prompt cut into chunks, with one prefix hash per full chunk.
 
     Attributes:
-        tokens: ``[tokens]`` uint32 token ids of the whole prompt.
+        tokens: ``[tokens]`` uint32 token ids of the whole prompt (None where another process hashed them:
+            :mod:`kvcli.replay.prefetch`).
         chunk_size: tokens per chunk.
         hashes: 16-byte prefix hashes, one per *full* chunk (``len(tokens) // chunk_size`` of them).
         digests: 8-byte xxh3_64 digests of each full chunk's token bytes (the collision guard).
         hexes: ``hashes`` as 32-digit hex strings (the store's key suffixes).
     """
 
-    tokens: np.ndarray
+    tokens: np.ndarray | None
     chunk_size: int
     hashes: list[bytes]
     digests: list[bytes]
@@ -109,6 +110,17 @@ def chunk_prompt(token_ids, chunk_size: int, root: bytes) -> ChunkedPrompt:
     Raises:
         ValueError: ``chunk_size`` < 1, or a token id outside uint32.
     """
+    tokens, hashes, digests = chunk_hashes(token_ids, chunk_size, root)
+    return chunked(tokens, chunk_size, hashes, digests)
+
+
+def chunk_hashes(token_ids, chunk_size: int, root: bytes) -> tuple[np.ndarray, list[bytes], list[bytes]]:
+    """The hashing of :func:`chunk_prompt` alone: ``(tokens [tokens] '<u4', hashes, digests)`` (16 and 8 bytes per
+    full chunk).
+
+    Raises:
+        ValueError: ``chunk_size`` < 1, or a token id outside uint32.
+    """
     if chunk_size < 1:
         raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
     tokens = as_token_array(token_ids)
@@ -123,9 +135,14 @@ def chunk_prompt(token_ids, chunk_size: int, root: bytes) -> ChunkedPrompt:
         h = _xxh3_128(h + chunk)
         hashes.append(h)
         digests.append(_xxh3_64(chunk))
+    return tokens, hashes, digests
+
+
+def chunked(tokens: np.ndarray | None, chunk_size: int, hashes: list[bytes], digests: list[bytes]) -> ChunkedPrompt:
+    """A :class:`ChunkedPrompt` of hashes and digests :func:`chunk_hashes` computed (here or in another process:
+    ``tokens`` None where they stayed there), with its keys' hex."""
     joined = b"".join(hashes).hex()
-    hexes = [joined[i:i + 32] for i in range(0, 32 * n_full, 32)]
-    return ChunkedPrompt(tokens, chunk_size, hashes, digests, hexes)
+    return ChunkedPrompt(tokens, chunk_size, hashes, digests, [joined[i:i + 32] for i in range(0, len(joined), 32)])
 
 
 class PromptChunker:
@@ -139,10 +156,14 @@ class PromptChunker:
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """:func:`chunk_prompt` of ``tokens`` ``[tokens]`` under the root of this model, tokenizer and salt."""
+        return chunk_prompt(tokens, self.chunk_size, self.root(cache_salt))
+
+    def root(self, cache_salt: str = "") -> bytes:
+        """The 16-byte root of this model and tokenizer under ``cache_salt`` (:func:`namespace_root`, cached)."""
         root = self._roots.get(cache_salt)
         if root is None:
             root = self._roots[cache_salt] = namespace_root(self.model_id, self.tokenizer, cache_salt)
-        return chunk_prompt(tokens, self.chunk_size, root)
+        return root
 
     def prompt(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """``tokens`` as a :class:`ChunkedPrompt` (one already chunked is returned as is)."""

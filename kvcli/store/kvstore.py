@@ -14,7 +14,7 @@ import redis
 
 from kvcli.errors import BadInputError
 from kvcli.store.chunkstore import ChunkStore, LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
-from kvcli.store.hashing import ChunkedPrompt
+from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.namespace import purge_own
 
 if TYPE_CHECKING:
@@ -32,6 +32,7 @@ class KVStore(Protocol):
     layout: str
     config: StoreConfig
     stats: StoreStats
+    chunker: PromptChunker  # what ``chunk`` cuts and hashes with (another process can hash with it too)
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt (the same chunks and hashes in every layout)."""

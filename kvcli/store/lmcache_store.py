@@ -95,7 +95,7 @@ class LMCacheStore:
         self.model_name = run_model_name(config.namespace, config.chunk_size, config.model_id)
         self._head, self._tail = key_affixes(self.model_name, world_size, worker_id, KEY_DTYPES[self._dtype])
         self.stats = StoreStats()
-        self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
+        self.chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
         self._with_metadata: set[int] = set()
         self._with_kv: set[int] = set()
         self._accounted: set[int] = set()
@@ -112,10 +112,10 @@ class LMCacheStore:
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt exactly as :meth:`kvcli.store.ChunkStore.chunk` does (same root and chain)."""
-        return self._chunker.chunk(tokens, cache_salt)
+        return self.chunker.chunk(tokens, cache_salt)
 
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
-        return self._chunker.prompt(tokens, cache_salt)
+        return self.chunker.prompt(tokens, cache_salt)
 
     # -- read ---------------------------------------------------------------------------------------------------
     def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:

@@ -203,8 +203,9 @@ return {scan[1], deleted}
 def purge_own(client: redis.Redis, namespace: str) -> int:
     """Delete a namespace that this process created and alone wrote (a replay's own, named at random): one script
     per SCAN step deletes the matching keys inside the server, so no key crosses the network (a replay's cleanup of
-    113,835 keys: ~0.13 s instead of ~0.25 s here). The glob is kvcli's layout (``{prefix}[1-9]*:[mp]:`` then 32
-    lowercase hex digits); the exact per-key parse of :func:`purge` is not needed for keys only this run wrote.
+    113,835 keys: ~0.13 s instead of ~0.25 s here). The glob is kvcli's layout up to the key kind (``{prefix}[1-9]*:[mp]:*``;
+    spelling out the 32 hex digits made the cleanup ~20% slower); the exact per-key parse of :func:`purge` is not
+    needed for keys only this run wrote.
     On a cluster, or where the server or the user refuses the script (no scripting, Redis < 6 without SCAN's TYPE
     option, an ACL), the same keys go through :func:`purge`. Returns the keys deleted.
 
@@ -214,7 +215,7 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
     _check(namespace, None)
     if cluster.is_cluster(client):
         return purge(client, namespace).deleted
-    glob = f"{KEY_ROOT}:{KEY_VERSION}:{glob_escape(namespace)}:[1-9]*:[mp]:" + "[0-9a-f]" * 32
+    glob = f"{KEY_ROOT}:{KEY_VERSION}:{glob_escape(namespace)}:[1-9]*:[mp]:*"
     cursor, deleted, first = b"0", 0, True
     step = client.register_script(_PURGE_OWN_STEP)
     try:

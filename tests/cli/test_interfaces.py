@@ -63,6 +63,13 @@ def test_purge_takes_both_spellings(redis_url, redis_client):
     assert [k.decode() for k in client.keys("*")] == ["kvcli:v1:ns:8:m:" + "0" * 32]
 
 
+def test_purge_without_a_server_says_it_looked_at_a_fresh_embedded_one(monkeypatch):
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    out = CliRunner().invoke(app, ["purge", "--namespace", "ns", "--yes"])
+    assert out.exit_code == 0, out.output
+    assert out.stderr.splitlines()[0] == "note: no --redis-url: purging a fresh embedded server (empty)"
+
+
 @pytest.mark.parametrize("args, message", [
     (["--capacity-bytes", "1e400"], "bad size '1e400': not a finite number"),
     (["--capacity-bytes", "12 parsecs"], "cannot read size '12 parsecs'"),

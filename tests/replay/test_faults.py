@@ -123,12 +123,15 @@ def test_a_server_gone_mid_run_ends_it_with_exit_3_and_the_purge_command(tmp_pat
 
 BATCH_READ = (b"MGET", b":4:m:")  # a pipelined batch's read of every metadata key it names
 BATCH_WRITE = (b"MSET", b":4:m:")  # a pipelined batch's writes
+TWO_TRIPS = ("--capacity-tokens", "1000")  # a capacity (never reached here): the LRU is the client's, so batches
+# take two round trips (MGET, then MSET) instead of the batch script
+BATCH_SCRIPT = (b"meta_hit", b":4:m:")  # a batch script (its body names meta_hit; a sampled lookup's does not)
 
 
 def test_a_dropped_connection_on_a_batch_read_is_retried_and_counted_once(tmp_path, fault_proxy, redis_client):
     redis_client.set("foreign", "1")
     fault_proxy.drop(*BATCH_READ)  # the proxy closes the connection on the first batch's MGET
-    row = _row(_replay(_trace(tmp_path), fault_proxy.url(), pipeline="256"))
+    row = _row(_replay(_trace(tmp_path), fault_proxy.url(), *TWO_TRIPS, pipeline="256"))
     assert fault_proxy.dropped == 1
     # one batch: R1 misses and stores [1-4] [5-8]; R2 hits them (the batch's own writes): 8
     assert (row["hit_tokens"], row["lookups"], row["lookups_pipelined"], row["metadata_entries"]) == (8, 2, 2, 2)
@@ -138,12 +141,47 @@ def test_a_dropped_connection_on_a_batch_read_is_retried_and_counted_once(tmp_pa
 
 def test_a_stalled_batch_write_stores_nothing_and_the_next_batch_misses(tmp_path, fault_proxy, redis_client):
     fault_proxy.stall(*BATCH_WRITE)  # the first batch's write (R1, R2) never gets a reply
-    row = _row(_replay(_trace(tmp_path, 4), fault_proxy.url(), "--redis-timeout", "300ms", pipeline="2"))
+    row = _row(_replay(_trace(tmp_path, 4), fault_proxy.url(), "--redis-timeout", "300ms", *TWO_TRIPS,
+                       pipeline="2"))
     assert fault_proxy.stalled == 1
     # batch 1: R1 misses, R2 hits R1's chunks in the batch (8), their write times out: nothing counted as stored.
     # Batch 2: R3 reads what the server holds (the proxy held the write back: nothing), misses and stores
     # [1-4] [5-8]; R4 hits 8
     assert (row["hit_tokens"], row["lookups"], row["metadata_entries"]) == (16, 4, 2)
+    assert (row["redis_retries"], row["redis_errors"], row["redis_timeouts"]) == (0, 1, 1)
+    assert list(redis_client.scan_iter("*")) == []
+
+
+def test_a_dropped_batch_script_fails_its_lookups_and_is_not_sent_again(tmp_path, fault_proxy, redis_client):
+    """A batch script is not retried (run twice, its second run would see its own writes as hits): its lookups
+    fail, counted once, and the batches after it go on on a new connection."""
+    redis_client.set("foreign", "1")
+    fault_proxy.drop(*BATCH_SCRIPT)  # the first batch (R1, R2), answered before anything else is sent
+    row = _row(_replay(_trace(tmp_path, 4), fault_proxy.url(), pipeline="2"))
+    assert fault_proxy.dropped == 1
+    # batch 1 failed: two misses that store nothing. Batch 2: R3 misses and stores [1-4] [5-8]; R4 hits 8
+    assert (row["hit_tokens"], row["lookups"], row["lookups_pipelined"], row["metadata_entries"]) == (8, 4, 4, 2)
+    assert (row["redis_retries"], row["redis_errors"], row["redis_timeouts"]) == (0, 1, 0)
+    assert sorted(redis_client.scan_iter("*")) == [b"foreign"]
+
+
+def test_a_batch_lost_in_flight_fails_alone(tmp_path, fault_proxy, redis_client):
+    """The second batch is dropped while this process hashes the third: its reply fails when the third is
+    submitted; the third goes on a new connection."""
+    fault_proxy.drop(*BATCH_SCRIPT, skip=1)
+    row = _row(_replay(_trace(tmp_path, 6), fault_proxy.url(), pipeline="2"))
+    assert fault_proxy.dropped == 1
+    # batch 1: R1 misses and stores [1-4] [5-8], R2 hits 8; batch 2 (R3, R4) failed; batch 3: R5 and R6 hit 8 each
+    assert (row["hit_tokens"], row["lookups"], row["metadata_entries"], row["hit_requests"]) == (24, 6, 2, 3)
+    assert (row["redis_errors"], row["lookup_round_trips"]) == (1, 2)
+
+
+def test_a_stalled_batch_script_times_out_and_the_next_batch_misses(tmp_path, fault_proxy, redis_client):
+    fault_proxy.stall(*BATCH_SCRIPT)  # the first batch's script never reaches the server
+    row = _row(_replay(_trace(tmp_path, 4), fault_proxy.url(), "--redis-timeout", "300ms", pipeline="2"))
+    assert fault_proxy.stalled == 1
+    # batch 1 timed out: two misses that store nothing. Batch 2: R3 misses and stores [1-4] [5-8]; R4 hits 8
+    assert (row["hit_tokens"], row["lookups"], row["metadata_entries"]) == (8, 4, 2)
     assert (row["redis_retries"], row["redis_errors"], row["redis_timeouts"]) == (0, 1, 1)
     assert list(redis_client.scan_iter("*")) == []
 

@@ -8,9 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import redis
 
+from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.presets import ModelSpec
+from kvcli.replay.prefetch import Prefetch
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
 from kvcli.store import cluster
@@ -146,3 +149,114 @@ def test_the_index_only_cli_path_does_not_import_torch(tmp_path, redis_url):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stderr.strip().splitlines()[-1] == "[]"
+
+
+def _values(client, namespace: str) -> dict[bytes, bytes]:
+    """The namespace's keys (namespace taken out) and values (their "created" second taken out)."""
+    import re
+
+    return {k.replace(namespace.encode(), b""): re.sub(rb'"created":\d+', b"", client.get(k))
+            for k in _own_keys(client, namespace)}
+
+
+@pytest.mark.single_server("the batch script runs on a single server (a cluster's batches take two round trips)")
+def test_the_batch_script_writes_the_values_one_by_one_writes(redis_client):
+    """Without a capacity a batch is one EVAL of the batch script (no MGET, no MSET): the same counts as one by one
+    and byte for byte the same metadata values (the script builds them from their constant parts)."""
+    path = ROOT / "sample_traces/sharegpt_multiturn.json"
+    values, rows = {}, {}
+    for pipeline in (1, 256):
+        redis_client.config_resetstat()
+        result = _replay(redis_client, lambda: read_trace(path), pipeline, (16, 64), keep=True)
+        ran = {k.removeprefix("cmdstat_"): v["calls"] for k, v in redis_client.info("commandstats").items()}
+        rows[pipeline] = [{f: getattr(r, f) for f in COMPARED} for r in result.per_chunk_size]
+        values[pipeline] = {}
+        for r in result.per_chunk_size:
+            values[pipeline].update(_values(redis_client, r.namespace))
+            cluster.unlink(redis_client, _own_keys(redis_client, r.namespace))
+        if pipeline == 256:
+            assert "mset" not in ran  # (MGET: the transfer calibration reads its probes)
+            assert ran["eval"] == sum(r.lookup_round_trips for r in result.per_chunk_size)
+            assert all(r.round_trips == r.lookup_round_trips for r in result.per_chunk_size)  # one per batch
+    assert rows[256] == rows[1] and any(r["hit_tokens"] for r in rows[1])
+    assert values[256] == values[1] and len(values[1]) == sum(r["objects_created"] for r in rows[1])
+
+
+@pytest.mark.single_server("an ACL on one server")
+def test_without_scripts_batches_take_two_round_trips_with_the_same_answers(make_server):
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    admin.acl_setuser("noscript", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@scripting"])
+    user = redis.Redis.from_url(url.replace("redis://", "redis://noscript:pw@"))
+    path = ROOT / "sample_traces/chat_shared_system.jsonl"
+    rows = {}
+    for pipeline in (1, 256):
+        admin.config_resetstat()
+        result = _replay(user, lambda: read_trace(path), pipeline, (16,))
+        rows[pipeline] = [{f: getattr(r, f) for f in COMPARED} for r in result.per_chunk_size]
+    ran = {k.removeprefix("cmdstat_") for k, v in admin.info("commandstats").items() if v["calls"]}
+    assert "mset" in ran and not ran & {"eval", "evalsha", "eval_ro"}  # refused (rejected calls): none ran
+    assert rows[256] == rows[1] and rows[1][0]["hit_tokens"] > 0
+    assert admin.dbsize() == 0
+
+
+def _replay_with(client, reader, pipeline, chunk_sizes, prefetch, **kw):
+    config = ReplayConfig(chunk_sizes=chunk_sizes, payload="accounted", measure=0, pipeline=pipeline, **kw)
+    replayer = Replayer(client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config, spec=SPEC)
+    replayer.prefetch = prefetch
+    return replayer.replay("t", reader)
+
+
+@pytest.mark.parametrize("name,chunk_sizes,limit,capacity", SAMPLES, ids=[s[0].split(".")[0] for s in SAMPLES])
+def test_hashing_ahead_in_a_child_gives_the_same_replay(redis_client, monkeypatch, name, chunk_sizes, limit,
+                                                        capacity):
+    """kvcli.replay.prefetch: the trace read and hashed in a forked child (upper bound included) or here: every
+    count, the upper bound, the curve and the keys the same; the child is gone afterwards."""
+    import multiprocessing
+
+    from kvcli.replay import replayer as module
+
+    made = []
+    monkeypatch.setattr(module, "Prefetch", lambda *a: made.append(1) or Prefetch(*a))
+    path = ROOT / "sample_traces" / name
+    rows, curves, keys = {}, {}, {}
+    for prefetch, capacity_tokens in ((False, None), (True, None), (False, capacity), (True, capacity)):
+        result = _replay_with(redis_client, lambda: read_trace(path), 64, chunk_sizes, prefetch, limit=limit,
+                              capacity_tokens=capacity_tokens, keep=True)
+        run = (prefetch, capacity_tokens)
+        rows[run] = [{f: getattr(r, f) for f in COMPARED} for r in result.per_chunk_size]
+        curves[run] = [{k: v for k, v in r.hit_curve.to_dict().items() if k not in ("seconds", "memory_bytes")}
+                       for r in result.per_chunk_size]
+        namespace = result.per_chunk_size[0].namespace
+        own = _own_keys(redis_client, namespace)
+        keys[run] = sorted(k.replace(namespace.encode(), b"") for k in own)
+        cluster.unlink(redis_client, own)
+        assert not [p for p in multiprocessing.active_children() if p.name == "kvcli-prefetch"]
+        assert len(made) == prefetch  # the child hashed the trace, or this process did
+        made.clear()
+    for c in (None, capacity):
+        assert (rows[True, c], curves[True, c], keys[True, c]) == (rows[False, c], curves[False, c], keys[False, c])
+    assert any(r["hit_tokens"] for r in rows[False, None]) and all(r["upper_bound_tokens"] for r in rows[False, None])
+    assert rows[False, capacity] != rows[False, None]  # the capacity changed the outcome
+
+
+class _FailsOnSecondRead:
+    """A trace reader whose second pass (the replay's, after the validating one) fails at its third request."""
+
+    def __init__(self, requests):
+        self.requests, self.calls = requests, 0
+
+    def __call__(self):
+        self.calls += 1
+        for i, request in enumerate(self.requests):
+            if self.calls > 1 and i == 2:
+                raise BadInputError("the trace changed", "t.jsonl", 3)
+            yield request
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_an_error_while_reading_ahead_is_raised_in_the_replay(redis_client, prefetch):
+    reader = _FailsOnSecondRead(_requests([tok(1, 8)] * 4))
+    with pytest.raises(BadInputError, match=r"^t.jsonl:3: the trace changed$"):
+        _replay_with(redis_client, reader, 2, (4,), prefetch)
+    assert redis_client.dbsize() == 0  # the run's namespace was deleted

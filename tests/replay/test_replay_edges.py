@@ -167,8 +167,8 @@ def test_prompts_shorter_than_a_chunk_get_a_note(redis_client):
     assert (rows[8].short_requests, rows[8].short_prompt_tokens) == (2, 8)
     assert (rows[32].short_requests, rows[32].short_prompt_tokens) == (3, 28)
     assert result.notes == [
-        "chunk size 8: 3 lookups pipelined, up to 256 requests per two round trips (--pipeline); lookup p50/p99 "
-        "and each lookup's latency come from 1 sampled unpipelined lookups",
+        "chunk size 8: 3 lookups pipelined, up to 256 requests per batch (--pipeline: 1 batch); lookup p50/p99 "
+        "and each lookup's latency come from 1 sampled unpipelined lookup",
         "chunk size 8: 2 of 3 prompts (8 tokens) are shorter than one chunk: they can never hit",
         "chunk size 32: 3 of 3 prompts (28 tokens) are shorter than one chunk: they can never hit"]
 
