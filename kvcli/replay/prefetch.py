@@ -18,7 +18,7 @@ token ids here) and the replay runs in this process (a worker of ``--jobs`` alre
 tokenizers print a warning in a child forked after they ran threads: a replay that loaded them keeps the work here.
 
 The child ignores SIGINT (a Ctrl-C is the replaying process's to handle) and is killed when the replay ends or
-fails. An error in it (the trace changed since it was validated, a disk error) comes back through the pipe and is
+fails, or dies with it (SIGKILL, an OOM kill: see :func:`_produce`). An error in it (the trace changed since it was validated, a disk error) comes back through the pipe and is
 raised in the replay as a one-line error.
 """
 from __future__ import annotations
@@ -66,8 +66,8 @@ class Prefetch:
     def __init__(self, reader: Callable[[], Iterable], limit: int, chunkers: list[PromptChunker], radix) -> None:
         context = multiprocessing.get_context("fork")
         self._receive, send = context.Pipe(duplex=False)
-        self._child = context.Process(target=_produce, args=(send, reader, limit, chunkers, radix), daemon=True,
-                                      name="kvcli-prefetch")
+        self._child = context.Process(target=_produce, args=(send, self._receive, reader, limit, chunkers, radix),
+                                      daemon=True, name="kvcli-prefetch")
         self._child.start()
         send.close()
         self._sizes = [c.chunk_size for c in chunkers]
@@ -109,11 +109,18 @@ class Prefetch:
         self._child.join()
 
 
-def _produce(send, reader, limit: int, chunkers: list[PromptChunker], radix) -> None:
+def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], radix) -> None:
     """The child: read, hash and send batches of :data:`PREFETCH_BATCH` items, then None; an error as
-    ``("error", class, message)``."""
+    ``("error", class, message)``. It ends with its parent however that ends (even SIGKILL): its copy of the
+    pipe's reading end is closed (a write then fails once the parent's is gone) and, on Linux, the kernel kills it
+    when the parent dies (``PR_SET_PDEATHSIG``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    receive.close()
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # the parent died before that took effect
+        return
     batch: list = []
     try:
         for index, request in enumerate(reader()):
@@ -147,6 +154,18 @@ def _produce(send, reader, limit: int, chunkers: list[PromptChunker], radix) -> 
             pass
     finally:
         send.close()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG); nothing elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measured: set[int]) -> Iterator[Item]:

@@ -227,7 +227,9 @@ class Replayer:
 
     def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool) -> str:
         """Delete the run's namespace; "" when done, else what was left and how to remove it (said at once after
-        an interruption or an error; a second Ctrl-C or SIGTERM during the deletion propagates after saying it)."""
+        an interruption or an error; a second Ctrl-C or SIGTERM during the deletion propagates after saying it).
+        A first one during the deletion at the end of a run goes on deleting as after any interruption, then
+        propagates."""
         say = self.notify or (lambda line: None)
         if interrupted:
             say(f"deleting namespace {namespace}…")
@@ -235,22 +237,28 @@ class Replayer:
         try:
             purge_run(self.client, namespace, self.config.layouts)
             return ""
-        except (KeyboardInterrupt, KvcliError) as exc:
-            why = (("interrupted again" if interrupted else "interrupted") if isinstance(exc, KeyboardInterrupt)
-                   else str(exc))
-            refused = any(word in why.lower() for word in ("permission", "noperm", "can't run this command"))
-            keys = sum(store.stats.objects_created for store in stores) if self.units is None else 0
-            if keys:  # this process's stores counted them
-                what = f"about {keys:,} keys this run wrote (counted when it stopped) are left"
-            else:  # worker processes wrote them (their counts died with them), or the transfer calibration's probes
-                what = "the keys this run wrote are left"
-            left = f"namespace {namespace} was not deleted ({why}): {what}; {self.remedy(namespace)}"
-            left += "; run it as a user allowed SCAN and UNLINK" if refused else ""
-            if interrupted or isinstance(exc, KeyboardInterrupt):
-                say(left)
-            if isinstance(exc, KeyboardInterrupt):
+        except KeyboardInterrupt:
+            if interrupted:  # a second signal: say what is left, and stop
+                say(self._left(namespace, stores, "interrupted again"))
                 raise
+            self._cleanup(namespace, stores, interrupted=True)  # the first signal: the deletion goes on
+            raise
+        except KvcliError as exc:
+            left = self._left(namespace, stores, str(exc))
+            if interrupted:
+                say(left)
             return left
+
+    def _left(self, namespace: str, stores: list[KVStore], why: str) -> str:
+        """What a cleanup that stopped (``why``) left, and how to remove it."""
+        refused = any(word in why.lower() for word in ("permission", "noperm", "can't run this command"))
+        keys = sum(store.stats.objects_created for store in stores) if self.units is None else 0
+        if keys:  # this process's stores counted them
+            what = f"about {keys:,} keys this run wrote (counted when it stopped) are left"
+        else:  # worker processes wrote them (their counts died with them), or the transfer calibration's probes
+            what = "the keys this run wrote are left"
+        left = f"namespace {namespace} was not deleted ({why}): {what}; {self.remedy(namespace)}"
+        return left + ("; run it as a user allowed SCAN and UNLINK" if refused else "")
 
     def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes) -> TraceResult:
         cfg = self.config

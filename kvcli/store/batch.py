@@ -9,7 +9,9 @@ such requests at once, in one of two ways.
 
 **One script** (a single server, no capacity, scripts allowed: an unlimited index-only replay, the path for huge
 traces): the batch is one ``EVAL`` of :data:`_INDEX_SCRIPT`, which does each request's lookup and then its store,
-in order, inside the server: the sketch of issue 11, with a whole batch per call. It goes out on a connection of
+in order, inside the server: the sketch of issue 11, with a whole batch per call (or a few: a script blocks every
+other client of the server while it runs, so one holds at most :data:`MAX_SCRIPT_KEYS` chunks, ~30 ms here; a
+request is never split). It goes out on a connection of
 its own and the replay goes on cutting and hashing the next requests while the server runs it; the reply is read
 when the next batch is submitted (replies come back in the order sent), so one batch is in flight at a time. The
 client's LRU of a capacity (which decides what to delete from what each lookup found) and a cluster (a script's keys
@@ -52,7 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvcli.errors import RedisFailure
 from kvcli.store.chunkstore import ChunkStore, LookupResult, RedisUnavailable, StoreResult
@@ -60,6 +62,8 @@ from kvcli.store.cluster import by_shard, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.server import script_refused
 
+MAX_SCRIPT_KEYS = 4096  # chunks per batch script at most: ~30 ms of the server's time here (a script blocks every
+# other client; 256 requests at chunk size 16 were 200k keys, 1-2 s, past redis-py's reply timeout at times)
 SAMPLE_EVERY = 64  # 1 in 64 requests also gets an unpipelined, timed lookup: ~120 latency samples per 7,500
 _NOTHING = StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
 _MSET_ARGS = 1 << 18  # arguments of one merged MSET at most, far below a server's multibulk limit (1M before 7)
@@ -248,6 +252,7 @@ class Batch:
     price: float = 0.0  # seconds: the mean sampled lookup when it was sent
     sent_seconds: float = 0.0  # client-side seconds to build and send it
     value_bytes: int = 0  # bytes of one metadata value it writes with a parent
+    scripts: list[int] = field(default_factory=list)  # requests per script it was sent as, in order
 
 
 class Batcher:
@@ -293,18 +298,20 @@ class Batcher:
         _sample(store, prompts, self.sample_every, self.quiet)
         t0 = time.perf_counter()
         meta = store.prefix + "m:"
-        keys = [meta + x for p in prompts for x in p.hexes]
         middle, tail = store.meta_parts(False, int(time.time()))
-        args = ["EVAL", _INDEX_SCRIPT, len(keys), *keys, b"".join(d for p in prompts for d in p.digests), middle,
-                tail, *[len(p.hashes) for p in prompts]]
         st = store.stats
         price = sum(st.lookup_seconds) / len(st.lookup_seconds) if st.lookup_seconds else 0.0
         batch = Batch(prompts, None, price, 0.0, 16 + len(middle) + len(tail) + 32)
+        packed = []
+        for group in _groups(prompts):  # scripts of at most MAX_SCRIPT_KEYS keys (a request is never split)
+            keys = [meta + x for p in group for x in p.hexes]
+            digests = b"".join(d for p in group for d in p.digests)
+            packed += self._pack("EVAL", _INDEX_SCRIPT, len(keys), *keys, digests, middle, tail,
+                                 *[len(p.hashes) for p in group])
+            batch.scripts.append(len(group))
         try:
-            if self._conn is None:
-                self._conn = store.client.connection_pool.make_connection()  # its own: replies come in order
             with uninterrupted():  # sent whole or not at all
-                store._call(self._conn.send_packed_command, self._conn.pack_command(*args), record=False)
+                store._call(self._eval, packed, record=False)
         except RedisUnavailable as exc:
             st.redis_timeouts += exc.timeout
             self._drop()
@@ -318,6 +325,7 @@ class Batcher:
                 self._receive(self._due.pop(0))
             except _Refused:
                 self.scripted = False
+                self._drop()
                 st.round_trips -= 1  # the refused one
                 return Batch(prompts, lookup_and_store(store, prompts, self.sample_every, self.quiet))
         return batch
@@ -339,8 +347,10 @@ class Batcher:
         replay ends: before a cleanup, nothing this process sent may still be waiting to run."""
         try:
             while self._due:
-                self._due.pop(0).answers = []
-                self._conn.read_response()
+                due = self._due.pop(0)
+                due.answers = []
+                for _ in due.scripts:
+                    self._conn.read_response()
         except Exception:  # noqa: BLE001 - a broken connection: whatever the server had, it ran or dropped
             pass
         finally:
@@ -349,8 +359,17 @@ class Batcher:
 
     def _receive(self, batch: Batch) -> None:
         store, st = self.store, self.store.stats
+        replies, refused = [], None
         try:
-            reply = store._call(self._conn.read_response)
+            for i in range(len(batch.scripts)):  # every reply read, an error reply too: none left on the connection
+                try:
+                    replies.append(store._call(self._eval_reply, record=i == 0))
+                except RedisUnavailable:
+                    raise
+                except RedisFailure as exc:
+                    refused = refused or exc
+            if refused is not None:
+                raise refused
         except RedisUnavailable as exc:
             st.redis_timeouts += exc.timeout  # on this connection of its own, not redis-py's retry's to count
             self._drop()
@@ -370,12 +389,13 @@ class Batcher:
         st.lookups_pipelined += n
         st.lookup_round_trips += 1
         store.shard_trips.add()
-        server = (int(reply[-2]) - int(reply[0])) + (int(reply[-1]) - int(reply[1])) / 1e6
+        server = sum((int(r[-2]) - int(r[0])) + (int(r[-1]) - int(r[1])) / 1e6 for r in replies)
         seconds = (batch.sent_seconds + server) / n  # not the wait for the reply: the server's time is in it
         cs = store.config.chunk_size
         answers = []
+        counts = [int(x) for r in replies for x in r[2:-2]]
         for i, prompt in enumerate(batch.prompts):
-            hit, meta_hit, present, reason = (int(x) for x in reply[2 + 4 * i:6 + 4 * i])
+            hit, meta_hit, present, reason = counts[4 * i:4 * i + 4]
             full = len(prompt.hashes)
             written = full - hit - present
             look = LookupResult(hit, hit * cs, full, _REASONS[reason], batch.price, metadata_hit_chunks=meta_hit)
@@ -383,6 +403,20 @@ class Batcher:
             answers.append((look, store._account(range(written), [True] * written, 0, meta_bytes, False, seconds,
                                                  present=present)))
         batch.answers = answers
+
+    def _pack(self, *args) -> list:
+        """One command packed for this batcher's connection (made here, not connected yet, the first time: its
+        own, so that replies come back in the order sent)."""
+        if self._conn is None:
+            self._conn = self.store.client.connection_pool.make_connection()
+        return self._conn.pack_command(*args)
+
+    def _eval(self, packed: list) -> None:
+        """Send the packed scripts (named so that a failure reads "Redis EVAL failed")."""
+        self._conn.send_packed_command(packed)
+
+    def _eval_reply(self):
+        return self._conn.read_response()
 
     def _fail(self, batch: Batch) -> None:
         """A batch lost to a connection failure: its lookups failed (misses that store nothing), counted."""
@@ -400,6 +434,18 @@ class Batcher:
         if self._conn is not None:
             self._conn.disconnect()
             self._conn = None
+
+
+def _groups(prompts: list[ChunkedPrompt]) -> list[list[ChunkedPrompt]]:
+    """``prompts`` cut, in order, into runs of at most :data:`MAX_SCRIPT_KEYS` chunks (a longer prompt alone)."""
+    groups, keys = [[]], 0
+    for prompt in prompts:
+        if groups[-1] and keys + len(prompt.hashes) > MAX_SCRIPT_KEYS:
+            groups.append([])
+            keys = 0
+        groups[-1].append(prompt)
+        keys += len(prompt.hashes)
+    return groups
 
 
 class _Refused(Exception):

@@ -244,3 +244,26 @@ def test_a_second_sigterm_during_cleanup_prints_the_purge_command_and_exits_143(
     assert "Traceback" not in err
     assert "was not deleted (interrupted again)" in err and "kvcli purge --namespace replay-" in err
     assert "kvcli: terminated (SIGTERM)" in err
+
+
+def test_one_signal_during_the_final_cleanup_lets_it_finish(fault_proxy, redis_url):
+    """The run is done and deleting its namespace when one Ctrl-C comes: the deletion goes on (on a new
+    connection, as after any interruption) and completes; only a second signal would stop it."""
+    client = redis.Redis.from_url(redis_url)
+    client.set("foreign", "1")
+    fault_proxy.stall(hashlib.sha1(_PURGE_OWN_STEP.encode()).hexdigest().encode())  # the final cleanup's first
+    fault_proxy.stall(b"SCAN")  # step hangs (the script by SHA, or a client-side SCAN)
+    trace = ROOT / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+    proc, lines = _spawn(["replay", str(trace), "--chunk-sizes", "64", "--limit", "200", "--measure", "0",
+                          "--prefill-tps", "1000", "--payload", "accounted", "--redis-url", fault_proxy.url(),
+                          "--redis-timeout", "60s"])
+    _wait(lambda: fault_proxy.stalled >= 1 or proc.poll() is not None)
+    assert proc.poll() is None, "".join(lines)
+    fault_proxy.heal()  # the other rule too: the stalled connection stays stalled, a new one goes through
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    time.sleep(0.2)
+    err = "".join(lines)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    assert "deleting namespace replay-" in err and "was not deleted" not in err
+    assert _keys(redis_url) == [b"foreign"]
