@@ -363,7 +363,7 @@ class Batcher:
         try:
             for i in range(len(batch.scripts)):  # every reply read, an error reply too: none left on the connection
                 try:
-                    replies.append(store._call(self._eval_reply, record=i == 0))
+                    replies.append(store._call(self._eval, record=i == 0))
                 except RedisUnavailable:
                     raise
                 except RedisFailure as exc:
@@ -411,12 +411,13 @@ class Batcher:
             self._conn = self.store.client.connection_pool.make_connection()
         return self._conn.pack_command(*args)
 
-    def _eval(self, packed: list) -> None:
-        """Send the packed scripts (named so that a failure reads "Redis EVAL failed")."""
+    def _eval(self, packed: list | None = None):
+        """Send the packed scripts, or (None) read one script's reply: one name, so that a failure of either reads
+        "Redis EVAL failed" (ChunkStore._call)."""
+        if packed is None:
+            return self._conn.read_response()
         self._conn.send_packed_command(packed)
-
-    def _eval_reply(self):
-        return self._conn.read_response()
+        return None
 
     def _fail(self, batch: Batch) -> None:
         """A batch lost to a connection failure: its lookups failed (misses that store nothing), counted."""
