@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ from kvcli.store import cluster
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION
 from kvcli.store.server import ENV_URL, RedisTarget, script_refused
 
+BUSY_WAIT = 60.0  # seconds a cleanup waits, at most, for a script of another client to end (BUSY replies)
 BATCH = 5000  # keys per SCAN step (a hint to the server): fewer round trips over a large namespace
 
 
@@ -207,7 +209,8 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
     spelling out the 32 hex digits made the cleanup ~20% slower); the exact per-key parse of :func:`purge` is not
     needed for keys only this run wrote.
     On a cluster, or where the server or the user refuses the script (no scripting, Redis < 6 without SCAN's TYPE
-    option, an ACL), the same keys go through :func:`purge`. Returns the keys deleted.
+    option, an ACL), the same keys go through :func:`purge`. While another client's script holds the server
+    (BUSY), a step is sent again every 50 ms, for up to :data:`BUSY_WAIT` seconds. Returns the keys deleted.
 
     Raises:
         RedisFailure: a step failed after the first (keys of earlier steps are deleted; the message says how many).
@@ -218,10 +221,20 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
     glob = f"{KEY_ROOT}:{KEY_VERSION}:{glob_escape(namespace)}:[1-9]*:[mp]:*"
     cursor, deleted, first = b"0", 0, True
     step = client.register_script(_PURGE_OWN_STEP)
+    busy_until = None  # while another client's script holds the server (BUSY), the step waits and is sent again
     try:
         while first or cursor not in (b"0", "0", 0):
-            cursor, n = step(keys=[], args=[cursor, glob, BATCH])
-            deleted, first = deleted + int(n), False
+            try:
+                cursor, n = step(keys=[], args=[cursor, glob, BATCH])
+            except redis.exceptions.ResponseError as exc:
+                if not str(exc).startswith("BUSY"):
+                    raise
+                busy_until = busy_until or time.monotonic() + BUSY_WAIT
+                if time.monotonic() > busy_until:
+                    raise
+                time.sleep(0.05)
+                continue
+            deleted, first, busy_until = deleted + int(n), False, None
     except redis.exceptions.ResponseError as exc:
         if first and script_refused(exc):
             return purge(client, namespace).deleted  # nothing was deleted: the client-side purge does it all

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis
@@ -162,3 +163,25 @@ def test_purge_own_falls_back_to_the_client_side_purge_without_scripts(make_serv
     admin.acl_setuser("noscript", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-@scripting"])
     user = redis.Redis.from_url(url.replace("redis://", "redis://noscript:pw@"))
     assert purge_own(user, "run") == 5 and admin.dbsize() == 1
+
+
+@pytest.mark.single_server("one server's script blocks it")
+def test_purge_own_waits_out_another_clients_long_script(make_server):
+    """While another client's script holds the server, its steps get BUSY: they are sent again until it ends."""
+    import threading
+
+    url = make_server()
+    admin = redis.Redis.from_url(url)
+    admin.config_set("busy-reply-threshold", 100)  # ms: BUSY for others once a script runs longer than this
+    for n in range(7):
+        admin.set(key("run", 8, "m", n), b"v")
+    admin.set(key("other", 8, "m", 0), b"v")
+    spin = "local t = redis.call('TIME') repeat until tonumber(redis.call('TIME')[1]) > tonumber(t[1]) + 1"
+    busy = threading.Thread(target=lambda: redis.Redis.from_url(url, socket_timeout=30).eval(spin, 0))
+    busy.start()
+    time.sleep(0.4)  # the script is past the threshold: other commands get BUSY
+    with pytest.raises(redis.exceptions.ResponseError, match="^BUSY"):
+        admin.dbsize()
+    assert purge_own(redis.Redis.from_url(url), "run") == 7
+    busy.join()
+    assert admin.dbsize() == 1
