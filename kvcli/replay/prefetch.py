@@ -57,7 +57,7 @@ class Prefetch:
     """Items for the first ``limit`` requests of ``reader()``, in order, hashed in a forked child (started here):
     ``(index, timestamp, tokens, prompts, match, None)``, ``prompts`` None for an empty prompt; ``radix`` (a
     :class:`~kvcli.replay.upper_bound.RadixUpperBound` or None) runs in the child, ``match`` its reusable tokens.
-    Iterate once; :meth:`close` (always: it stops the child) ; :meth:`paused` around a timing.
+    Iterate once; :meth:`close` always (it stops the child); :meth:`paused` around a timing.
 
     Raises (iterating):
         KvcliError: what the child raised reading or hashing the trace (BadInputError for bad input).

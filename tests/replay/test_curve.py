@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_stackdist import cut
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
@@ -246,14 +247,6 @@ def test_one_plot_per_trace(traces, names):
 
 # --- batches (observe_many, TtlCurve.access_many): the same as one request at a time ------------------------------
 
-def _cut(items, sizes):
-    out, i, k = [], 0, 0
-    while i < len(items):
-        out.append(items[i:i + sizes[k % len(sizes)]])
-        i, k = i + sizes[k % len(sizes)], k + 1
-    return out
-
-
 def _curve(requests, sizes, refresh, chunk_size=4):
     """Chains and result of a HitCurve fed ``requests`` ((hashes, time, tokens)) in groups of ``sizes`` (None:
     observe, one at a time)."""
@@ -261,7 +254,7 @@ def _curve(requests, sizes, refresh, chunk_size=4):
     if sizes is None:
         chains = [curve.observe(*r) for r in requests]
     else:
-        chains = [c for group in _cut(requests, sizes) for c in curve.observe_many(group)]
+        chains = [c for group in cut(requests, sizes) for c in curve.observe_many(group)]
     return [c.tolist() for c in chains], curve.result(1000, 64)
 
 
@@ -290,7 +283,7 @@ def test_observe_many_equals_observe_one_by_one(trace, sizes, refresh, untimed):
     assert (one.distinct_chunks, one.untimed_requests, one.span_seconds) == (
         many.distinct_chunks, many.untimed_requests, many.span_seconds)
     deferred = HitCurve(4, refresh)  # deferred in the same cuts, observed BATCH (256) at a time or at the end
-    for group in _cut(requests, sizes):
+    for group in cut(requests, sizes):
         deferred.defer(group)
     assert deferred.result(1000, 64).to_dict() | {"seconds": 0, "memory_bytes": 0} == \
         one.to_dict() | {"seconds": 0, "memory_bytes": 0}
@@ -322,7 +315,7 @@ def test_batched_ttl_curve_equals_a_simulation_per_ttl(trace, refresh, sizes):
     times = np.cumsum([dt for _, dt in trace]).tolist()
     grid = [0.5, 1, 2, 3, 5, 8, 13, 1e9]
     ids, curve = ChunkIds(), TtlCurve(refresh, np.asarray(grid, float))
-    for group in _cut(list(zip(prompts, times)), sizes):
+    for group in cut(list(zip(prompts, times)), sizes):
         hs = [chunk_prompt(p, 4, b"r" * 16).hashes for p, _ in group]
         got, first = ids.ids_many(hs)
         bounds = np.concatenate([[0], np.cumsum([len(h) for h in hs])]).astype(np.int64)

@@ -121,8 +121,9 @@ def test_distances_stay_exact_across_renumbering():
 
 # --- several requests at once (access_many): the same distances as one call per request ---------------------------
 
-def _cut(items, sizes):
-    """``items`` cut into consecutive groups of ``sizes`` (cycled), the last one what is left."""
+def cut(items, sizes):
+    """``items`` cut into consecutive groups of ``sizes`` (cycled), the last one what is left (also
+    tests/replay/test_curve.py's)."""
     out, i, k = [], 0, 0
     while i < len(items):
         out.append(items[i:i + sizes[k % len(sizes)]])
@@ -150,7 +151,7 @@ def test_batched_distances_equal_one_request_at_a_time_and_chunklru(trace, chunk
     batch): access_many == access per request, and ChunkLru agrees at every capacity."""
     hs = [hashes(p, chunk_size) for p in trace]
     one = _many(StackDistances(), ChunkIds(expected=1), [[h] for h in hs])
-    assert _many(StackDistances(), ChunkIds(expected=1), _cut(hs, sizes)) == one
+    assert _many(StackDistances(), ChunkIds(expected=1), cut(hs, sizes)) == one
     lrus = [ChunkLru(c) for c in capacities]
     for h, chain in zip(hs, one):
         for lru in lrus:
@@ -172,7 +173,7 @@ def test_batched_distances_stay_exact_across_renumbering():
     rng = np.random.default_rng(1)
     hs = [hashes(rng.integers(0, 3, rng.integers(0, 40)).tolist(), 2) for _ in range(3000)]
     stack = StackDistances()
-    got = _many(stack, ChunkIds(expected=1), _cut(hs, [1, 60, 7, 33]))
+    got = _many(stack, ChunkIds(expected=1), cut(hs, [1, 60, 7, 33]))
     lrus = [ChunkLru(c) for c in (1, 7, 50, 400)]
     for h, chain in zip(hs, got):
         for lru in lrus:
