@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import redis
 
 from kvcli.errors import RedisFailure
-from kvcli.live.reading import execute_read, parse_or_none, payload_ok, reader
+from kvcli.live.reading import execute_read, reader
 from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
+from kvcli.store.judge import HITS, MISSING, WRONG_TYPE, judge
 from kvcli.store.layout import key_prefix
 from kvcli.store.preflight import ServerMemory, server_memory
 
@@ -27,9 +28,10 @@ from kvcli.store.preflight import ServerMemory, server_memory
 class MapRow:
     """One full chunk of a prompt: index, hash hex, tokens ``[start, end)``, status, remaining TTL (s, None: none).
 
-    ``status``: "hit"; for the chunk that breaks the hit run, why ("missing", "expired", "evicted", "no-payload",
-    "no-metadata", "checksum", "token-mismatch", "bad-metadata"); after the break, "unreachable" for a chunk that
-    is present but can never be reached, else its own problem.
+    ``status``: "hit"; for the chunk that breaks the hit run, its state (:mod:`kvcli.store.judge`: "missing",
+    "no-payload", "bad-payload", "no-metadata", "checksum", "token-mismatch", "bad-metadata"), or "expired" /
+    "evicted" for a missing chunk whose cause is inferred; after the break, "unreachable" for a chunk that could
+    be used but can never be reached, else its own state.
     """
 
     index: int
@@ -66,7 +68,7 @@ def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, m
     one connection in ``CLIENT NO-TOUCH`` mode where the server has it (:func:`kvcli.live.reading.reader`).
 
     A key of another type than a string at a chunk's metadata name makes it "bad-metadata"; at its payload name,
-    "no-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of the prompt
+    "bad-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of the prompt
     is still present (so this one was stored) and the server's counters show only expiries or only evictions (Redis
     keeps no record of a removed key, so this is inferred).
 
@@ -93,15 +95,15 @@ def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, 
         if isinstance(r, Exception):
             raise RedisFailure(f"Redis read failed: {r}")
     states = [_state(prompt, k, *replies[3 * k:3 * k + 2]) for k in range(len(prompt.hashes))]
-    hits = next((k for k, s in enumerate(states) if s != "ok"), len(states))
+    hits = next((k for k, s in enumerate(states) if s not in HITS), len(states))
     reason = "" if hits == len(states) else states[hits]
-    if reason == "missing" and any(s != "missing" for s in states[hits:]):
+    if reason == MISSING and any(s != MISSING for s in states[hits:]):
         server = server or server_memory(client)
         if server.known and bool(server.expired_keys) != bool(server.evicted_keys):
             reason = "expired" if server.expired_keys else "evicted"
     rows = []
     for k, (h, state) in enumerate(zip(prompt.hashes, states)):
-        status = "hit" if k < hits else reason if k == hits else "unreachable" if state == "ok" else state
+        status = "hit" if k < hits else reason if k == hits else "unreachable" if state in HITS else state
         pttl = replies[3 * k + 2]
         rows.append(MapRow(k, h.hex(), k * chunk_size, (k + 1) * chunk_size, status,
                            pttl / 1000 if pttl >= 0 else None))
@@ -111,29 +113,14 @@ def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, 
                     None if hits == len(states) else hits, reason)
 
 
-def _state(prompt, k: int, meta_raw, payload) -> str:
-    """One chunk on its own: "ok" or what is wrong with it. A read error (WRONGTYPE: not a string) is bad metadata
-    at the metadata key, no payload at the payload key; any other error is raised."""
-
-    for reply in (meta_raw, payload):
+def _state(prompt, k: int, meta, payload) -> str:
+    """Chunk ``k`` on its own (:func:`kvcli.store.judge.judge`, its payload's bytes read). A read error
+    (WRONGTYPE: not a string) is a key of another type; any other error is raised."""
+    for reply in (meta, payload):
         if isinstance(reply, Exception) and "WRONGTYPE" not in str(reply):
             raise RedisFailure(f"Redis read failed: {reply}")
-    if isinstance(payload, Exception):
-        payload = None
-    if isinstance(meta_raw, Exception):
-        return "bad-metadata"
-    if meta_raw is None:
-        return "missing" if payload is None else "no-metadata"
-    meta = parse_or_none(meta_raw)
-    if meta is None:
-        return "bad-metadata"
-    if meta.token_digest != prompt.token_digest(k):
-        return "token-mismatch"
-    if meta.stored != "real":
-        return "ok"
-    if payload is None:
-        return "no-payload"
-    return "ok" if payload_ok(meta, payload) else "checksum"
+    meta, payload = (WRONG_TYPE if isinstance(x, Exception) else x for x in (meta, payload))
+    return judge(meta, payload, prompt.token_digest(k))
 
 
 def absent_warnings(client: redis.Redis, maps: list[ChunkMap]) -> list[ChunkMap]:

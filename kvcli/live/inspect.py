@@ -21,11 +21,13 @@ whole cluster's; ``shards`` breaks kvcli keys, other keys and memory down per pr
 ``skew`` is the largest shard over the mean (1.0: even). A chunk's metadata and payload may sit on different
 shards: integrity is computed over the union.
 
-Integrity, per namespace and chunk size:
+Integrity, per namespace and chunk size, by the one chunk judge (:mod:`kvcli.store.judge`):
   * orphan metadata: metadata whose payload is gone (a "real" chunk); orphan payloads: payload without metadata
     (both are left by eviction, expiry of one half, or a crash);
   * checksum failures: payloads whose tensor bytes no longer match the checksum in their metadata (verified when
     ``verify``; by default when the payloads total at most 256 MiB);
+  * bad payloads: payloads of another length than their metadata's header + tensor bytes (truncated, overwritten),
+    or a payload-named key of another type than a string;
   * unreachable: chunks stored "real" whose chain back to chunk 0 is broken (an ancestor is missing, orphaned or
     corrupted, or the parent links loop), so no lookup can ever reach them. Metadata-only ("accounted") entries,
     written by replay, are not judged: they have no payload to reach, and their prefix may live in the namespace
@@ -46,9 +48,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
-from kvcli.live.reading import execute_read, parse_or_none, payload_ok, read_key_facts, reader
+from kvcli.live.reading import execute_read, read_key_facts, reader
 from kvcli.store import cluster
-from kvcli.store.layout import _KEY_RE, ChunkMeta, key_prefix, parse_key
+from kvcli.store.judge import BAD_METADATA, BAD_PAYLOAD, CHECKSUM, HITS, NO_PAYLOAD, WRONG_TYPE, judge
+from kvcli.store.layout import ChunkMeta, is_chunk_key, key_prefix, parse_key, parse_or_none
 from kvcli.store.preflight import ServerMemory, server_memory
 
 VERIFY_AUTO_BYTES = 256 << 20
@@ -186,6 +189,7 @@ class _Space:
         self.payload: dict[str, tuple[int, int]] = {}  # hash -> (value bytes, pttl ms)
         self.memory: dict[tuple[str, str], int] = {}  # (kind, hash) -> MEMORY USAGE bytes
         self.bad_checksum: set[str] = set()
+        self.odd_payloads: set[str] = set()  # payload-named keys that hold another type (counted as other keys)
 
 
 def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int | None = None,
@@ -263,7 +267,7 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
 
 def _split(key: bytes) -> tuple[bytes, str, str] | None:
     """``(b"kvcli:v1:{ns}:{cs}", kind, hash hex)`` of a kvcli chunk key, else None (store.parse_key's rules)."""
-    if not key.startswith(b"kvcli:v1:") or _KEY_RE.fullmatch(key) is None:
+    if not is_chunk_key(key):
         return None
     head, kind, h = key.rsplit(b":", 2)
     return head, kind.decode(), h.decode()
@@ -287,6 +291,7 @@ def _read_batch(client, mine, spaces, with_memory: bool, script: list[bool], vie
         if kind == "p":
             if wrong_type:
                 foreign += 1
+                space.odd_payloads.add(h)
                 continue
             if pttl != -2:  # -2: gone since SCAN saw it
                 space.payload[h] = (int(size), pttl)
@@ -373,7 +378,7 @@ def _verify(client, ns: str, cs: int, space: _Space, batch_bytes: int = 1 << 20)
             pipe.get(f"{prefix}p:{todo[end]}")
             size, end = size + space.payload[todo[end]][0], end + 1
         for h, value in zip(todo[start:end], execute_read(pipe)):
-            if value is not None and not payload_ok(space.meta[h][0], value):
+            if value is not None and judge(space.meta[h][0], value) == CHECKSUM:
                 space.bad_checksum.add(h)
         start = end
 
@@ -386,16 +391,9 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
     def group(model: str) -> Group:
         return groups.setdefault(model, Group(ns, model, cs))
 
-    payload, bad = space.payload, space.bad_checksum
     lone = _lone_model(space)
-
-    def intact(h: str) -> bool:
-        entry = space.meta.get(h)
-        if entry is None or entry[0] is None:
-            return False
-        return entry[0].stored != "real" or (h in payload and h not in bad)
-
-    reachable = _reachable(space, intact)
+    states = {h: _state(space, h) for h in space.meta}
+    reachable = _reachable(space, lambda h: states.get(h) in HITS)
     g = None
     for h, (meta, size, pttl) in space.meta.items():
         model = meta.model if meta else "?"
@@ -404,17 +402,15 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
         g.metadata_entries += 1
         g.metadata_bytes += size
         _ttl(g, pttl)
-        if meta is None:
+        state = states[h]
+        if state == BAD_METADATA:
             g.issues["bad_metadata"].append(h)
             continue
-        real_ok = meta.stored != "real" or (h in payload and h not in bad)
-        g.chunks += real_ok
+        g.chunks += state in HITS
         if meta.created is not None:
             g.ages.append(max(0.0, now - meta.created))
-        if meta.stored == "real" and h not in payload:
-            g.issues["orphan_metadata"].append(h)
-        if h in bad:
-            g.issues["checksum_failures"].append(h)
+        if state in _ISSUES:
+            g.issues[_ISSUES[state]].append(h)
         if meta.stored == "real" and not reachable[h]:
             g.issues["unreachable"].append(h)
     for h, (size, pttl) in space.payload.items():
@@ -426,6 +422,21 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
             g.issues["orphan_payloads"].append(h)
     _memory(groups, space, lone)
     return [groups[m] for m in sorted(groups)]
+
+
+_ISSUES = {NO_PAYLOAD: "orphan_metadata", BAD_PAYLOAD: "bad_payload", CHECKSUM: "checksum_failures"}
+
+
+def _state(space: _Space, h: str) -> str:
+    """A metadata entry's chunk state (:func:`kvcli.store.judge.judge`): its payload's length as read (the value's
+    length against the metadata's header + payload bytes), "checksum" when its bytes were verified and failed."""
+    meta = space.meta[h][0]
+    if meta is None:
+        return BAD_METADATA
+    if h in space.bad_checksum:
+        return CHECKSUM
+    payload = space.payload[h][0] if h in space.payload else WRONG_TYPE if h in space.odd_payloads else None
+    return judge(meta, payload)
 
 
 def _ttl(g: Group, pttl: int) -> None:

@@ -1,5 +1,6 @@
-"""Read-only access to a live server shared by inspect and the chunk map: a NO-TOUCH reader connection and checks
-of a chunk's metadata and payload. The server's memory facts are :mod:`kvcli.store.preflight` (replay uses them too).
+"""Read-only access to a live server shared by inspect and the chunk map: a NO-TOUCH reader connection, read
+pipelines and one SCAN step's key facts. Whether a chunk can be used is :mod:`kvcli.store.judge`'s; the server's
+memory facts are :mod:`kvcli.store.preflight` (replay uses them too).
 """
 from __future__ import annotations
 
@@ -7,12 +8,9 @@ import contextlib
 from collections.abc import Iterator
 
 import redis
-import xxhash
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
-from kvcli.store.layout import ChunkMeta, parse_metadata
-from kvcli.store.serde import PayloadError, decode_kv
 from kvcli.store.server import no_touch_client
 
 READ_COMMANDS = frozenset({"scan", "mget", "get", "exists", "strlen", "pttl", "memory|usage", "info", "dbsize",
@@ -77,25 +75,6 @@ def execute_read(pipe, raise_on_error: bool = True):
         return pipe.execute(raise_on_error=raise_on_error)
     except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis read failed: {exc}") from None
-
-
-def parse_or_none(raw: bytes) -> ChunkMeta | None:
-    """Parsed metadata, or None when it is not kvcli metadata (bad or truncated)."""
-    try:
-        return parse_metadata(raw)
-    except PayloadError:
-        return None
-
-
-def payload_ok(meta: ChunkMeta, value: bytes) -> bool:
-    """True when ``value`` decodes to the metadata's shape and its tensor bytes match the metadata's checksum."""
-    try:
-        tensor, _ = decode_kv(value)
-    except PayloadError:
-        return False
-    data = memoryview(value)[len(value) - meta.payload:]
-    return (tuple(tensor.shape) == meta.shape and tensor.numel() * tensor.element_size() == meta.payload
-            and xxhash.xxh3_64_digest(data) == meta.checksum)
 
 
 def read_key_facts(client, keys: list[bytes], metas: list[bytes], with_memory: bool,

@@ -40,14 +40,13 @@ import redis
 import torch
 
 from kvcli.errors import BadInputError, RedisFailure, redis_error_text
-from kvcli.live.reading import payload_ok
 from kvcli.model.presets import ModelSpec
 from kvcli.store import cluster
-from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata, chunk_payload
+from kvcli.store.chunkstore import ChunkStore, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
-from kvcli.store.layout import parse_metadata
+from kvcli.store.judge import ACCOUNTED, MISSING, USABLE, WRONG_TYPE, judge
 from kvcli.store.preflight import CHUNK_KEY_TAIL, Preflight, evicted_since, keys_bytes, preflight, server_memory
-from kvcli.store.serde import PayloadError, dtype_name
+from kvcli.store.records import StoreConfig
 from kvcli.traces.request import Request
 
 
@@ -192,45 +191,15 @@ def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None,
     for k, h in enumerate(prompt.hashes):
         if planned and h in planned:
             continue
-        meta, payload = found[3 * k], found[3 * k + 1]
-        if not _intact(store, prompt, k, meta, payload, verify):
+        meta, payload = (WRONG_TYPE if isinstance(x, Exception) else x for x in found[3 * k:3 * k + 2])
+        state = judge(meta, payload, prompt.digests[k], store.value_bytes, store.expected,
+                      prompt.hexes[k - 1] if k else "")
+        if state != USABLE:  # not present as this store writes it (accounted metadata included): written whole
             write.append(k)
-            if _damaged(meta, payload):
-                damaged.add(k)
+            if not (state == MISSING or (state == ACCOUNTED and payload in (None, 0))):
+                damaged.add(k)  # something is there, other than nothing or replay's metadata-only entry
     pttl = tuple(int(x) if isinstance(x, int) else -2 for x in found[2::3])
     return _Plan(prompt, tuple(write), write[0] if write else len(prompt.hashes), frozenset(damaged), pttl)
-
-
-def _damaged(meta, payload) -> bool:
-    """A chunk not intact that is not simply absent: something is there, other than replay's metadata-only entry
-    (accounted metadata with no payload, which warm completes as a matter of course)."""
-    if meta is None:
-        return payload not in (None, 0)
-    if isinstance(meta, bytes) and payload in (None, 0) and b'"stored":"accounted"' in meta[16:]:
-        return False
-    return True
-
-
-def _intact(store: ChunkStore, prompt: ChunkedPrompt, k: int, meta, payload, verify: bool) -> bool:
-    """Chunk ``k`` is present as this store would write it: metadata (parsed, real, this prompt's digest, model,
-    shape, dtype and parent), and a payload of the exact length (``payload`` is its STRLEN, or with ``verify``
-    its bytes, checked against the checksum)."""
-    if not isinstance(meta, bytes) or isinstance(payload, Exception):  # no key, or a key of another type
-        return False
-    try:
-        m = parse_metadata(meta)
-    except PayloadError:
-        return False
-    cfg = store.config
-    if (m.stored != "real" or m.token_digest != prompt.token_digest(k) or m.model != cfg.model_id
-            or m.shape != cfg.chunk_shape or m.dtype != dtype_name(cfg.dtype) or m.tokens != cfg.chunk_size
-            or m.payload != cfg.payload_bytes or m.header != cfg.header_bytes
-            or m.parent != (prompt.hexes[k - 1] if k else "")):
-        return False
-    size = len(payload) if isinstance(payload, bytes) else payload
-    if size != cfg.header_bytes + cfg.payload_bytes:
-        return False
-    return not verify or payload_ok(m, payload)
 
 
 def estimate(stores: Sequence[ChunkStore], requests: Sequence[Request], verify: bool = False) -> list[SizeTotals]:

@@ -44,7 +44,7 @@ def plan_bytes(stores: Sequence[KVStore], distinct: Sequence[int], payload_chunk
     need = 0
     for store, chunks, payloads in zip(stores, distinct, payload_chunks):
         cfg = store.config
-        resident = chunks if store.resident_chunks is None else min(chunks, store._capacity_chunks())
+        resident = chunks if store.resident_chunks is None else min(chunks, store.config.capacity_chunks)
         key = int(store.key_bytes_per_chunk / 2)
         meta = (len(chunk_metadata(store, store.chunk(np.zeros(cfg.chunk_size, dtype="<u4")), 0))
                 if isinstance(store, ChunkStore) else OTHER_METADATA_BYTES)

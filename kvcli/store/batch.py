@@ -4,16 +4,16 @@ answers.
 An index-only replay (``--payload accounted``) does, per request, a lookup (one round trip) and a store of the
 chunks it found missing (one MSET of metadata: payloads are only accounted), one request after another. Each
 request's store depends on its own lookup and its lookup on every earlier store, so done one by one they cost two
-round trips per request: most of such a replay's time on a big trace (issue 11). :class:`Batcher` does a batch of
+round trips per request: most of such a replay's time on a big trace. :class:`Batcher` does a batch of
 such requests at once, in one of two ways.
 
 **One script** (a single server, no capacity, scripts allowed: an unlimited index-only replay, the path for huge
 traces): the batch is one ``EVAL`` of :data:`_INDEX_SCRIPT`, which does each request's lookup and then its store,
-in order, inside the server: the sketch of issue 11, with a whole batch per call (or a few: a script blocks every
-other client of the server while it runs, so one holds at most :data:`MAX_SCRIPT_KEYS` chunks, ~30 ms here; a
-request is never split). It goes out on a connection of
-its own and the replay goes on cutting and hashing the next requests while the server runs it; the reply is read
-when the next batch is submitted (replies come back in the order sent), so one batch is in flight at a time. The
+in order, inside the server, a whole batch per call (or a few: a script blocks every other client of the server
+while it runs, so one holds at most :data:`MAX_SCRIPT_KEYS` chunks, ~30 ms here; a request is never split). It goes
+out on a connection of its own and the replay goes on cutting and hashing the next requests while the server runs
+it; the reply is read when the next batch is submitted (replies come back in the order sent), so one batch is in
+flight at a time. The
 client's LRU of a capacity (which decides what to delete from what each lookup found) and a cluster (a script's keys
 must share a slot) take the two round trips below; so does a server or user that refuses the script (the first
 batch is answered before the next is sent, so a refusal shows there and nothing else is lost).
@@ -25,10 +25,10 @@ batch is answered before the next is sent, so a refusal shows there and nothing 
    by_shard`): the server's state before the batch;
 2. the requests are answered in order, each from that state overlaid with what the batch's earlier requests wrote
    or deleted (the run's namespace is its own: this process is its only writer and knows those values byte for
-   byte), with the code the one-by-one path runs: :meth:`ChunkStore.evaluate` (``lengths`` None: metadata alone,
-   which is exact when every chunk is accounted, see :func:`batchable`), :meth:`ChunkStore.plan_known` (the LRU's
+   byte), with the code the one-by-one path runs: :meth:`ChunkStore.evaluate` (``states`` None: metadata alone,
+   which is exact when every chunk is accounted, see :func:`batchable`), :meth:`ChunkStore.plan_write` (the LRU's
    deletes and the MSET of the missing chunks) and, once the server acknowledged the writes,
-   :meth:`ChunkStore.account_known`;
+   :meth:`ChunkStore.account_write`;
 3. every request's deletes and writes in request order, in one round trip (a single server: one pipeline of DELs
    and MSETs, the MSETs of consecutive requests without a DEL between them merged into one; a cluster: one DEL or
    SET per key through :func:`~kvcli.store.cluster.by_shard`, whose per-shard order keeps the order of the
@@ -43,7 +43,7 @@ chunk from every :data:`SAMPLE_EVERY`-th on) also gets one unpipelined, timed lo
 used; taken while no batch is in flight), the store's ``lookup_seconds`` holds those samples (``lookups_sampled``),
 and each pipelined lookup is priced at their mean so far (its ``seconds``).
 
-Faults (a tolerant store, :mod:`kvcli.store.chunkstore`): a read that fails after retries makes every lookup of
+Faults (a tolerant store, :mod:`kvcli.store.calls`): a read that fails after retries makes every lookup of
 the batch a failed one (a miss that stores nothing); a write that fails stores nothing for the batch's requests
 (their lookups stand), each counted once in the store's stats. A batch script is never sent twice (a second run
 would find its own writes and call them hits): a dropped connection or a timeout fails its lookups, and those of a
@@ -57,15 +57,17 @@ import time
 from dataclasses import dataclass, field
 
 from kvcli.errors import RedisFailure
-from kvcli.store.chunkstore import ChunkStore, LookupResult, RedisUnavailable, StoreResult
+from kvcli.store.calls import RedisUnavailable
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.cluster import by_shard, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt
+from kvcli.store.judge import JUDGE_LUA, STATES
+from kvcli.store.records import NOTHING_STORED, LookupResult, StoreResult
 from kvcli.store.server import script_refused
 
 MAX_SCRIPT_KEYS = 4096  # chunks per batch script at most: ~30 ms of the server's time here (a script blocks every
 # other client; 256 requests at chunk size 16 were 200k keys, 1-2 s, past redis-py's reply timeout at times)
 SAMPLE_EVERY = 64  # 1 in 64 requests also gets an unpipelined, timed lookup: ~120 latency samples per 7,500
-_NOTHING = StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
 _MSET_ARGS = 1 << 18  # arguments of one merged MSET at most, far below a server's multibulk limit (1M before 7)
 
 
@@ -107,14 +109,14 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     _sample(store, prompts, sample_every, quiet)
     st.lookups += len(prompts)
     st.lookups_pipelined += len(prompts)
-    price = sum(st.lookup_seconds) / len(st.lookup_seconds) if st.lookup_seconds else 0.0
+    price = st.mean_lookup_seconds()
     meta = store.prefix + "m:"
     keys = list(dict.fromkeys(meta + x for p in prompts for x in p.hexes))  # distinct: prompts share prefixes
     try:
-        values = store._read(keys) if keys else []
+        values = store.calls.read(keys) if keys else []
     except RedisUnavailable as exc:
-        store._absorb(exc)
-        return [(LookupResult(0, 0, len(p.hashes), "redis-error", price, failed=True), _NOTHING) for p in prompts]
+        store.calls.absorb(exc)
+        return [(LookupResult.failure(len(p.hashes), price), NOTHING_STORED) for p in prompts]
     st.lookup_round_trips += bool(keys)
     state = dict(zip(keys, values))  # the server's before the batch, then overlaid with the batch's own writes
     t0 = time.perf_counter()
@@ -124,8 +126,8 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     looks, plans = [], []
     for prompt in prompts:
         look = store.evaluate(prompt, [state[meta + x] for x in prompt.hexes], None, price)
-        plan = store.plan_known(_DELETES, prompt, None, look.hit_chunks, len(prompt.hashes), look)
-        deleted, store._deleting = store._deleting, []  # the LRU's victims, deleted before this request's writes
+        plan = store.plan_write(prompt, None, look.hit_chunks, len(prompt.hashes), look)
+        deleted = plan.deletes  # the LRU's victims, deleted before this request's writes
         for key in deleted:
             state[key] = None
         if store.cluster:
@@ -148,15 +150,15 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     try:
         with uninterrupted():  # sent whole and acknowledged, or not at all
             if store.cluster and commands:
-                store._call(_write, store.client, commands, store.shard_trips)
+                store.calls.call(_write, store.client, commands, store.shard_trips)
             elif not store.cluster and len(pipe):
                 store.shard_trips.add()
-                store._call(pipe.execute)
+                store.calls.call(pipe.execute)
     except RedisUnavailable as exc:
-        store._absorb(exc)
-        return [(look, _NOTHING) for look in looks]
+        store.calls.absorb(exc)
+        return [(look, NOTHING_STORED) for look in looks]
     seconds = (time.perf_counter() - t0) / len(prompts)
-    return [(look, store.account_known(plan, seconds)) for look, plan in zip(looks, plans)]
+    return [(look, store.account_write(plan, seconds)) for look, plan in zip(looks, plans)]
 
 
 def _sample(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int, quiet=None) -> None:
@@ -169,24 +171,13 @@ def _sample(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int, 
             with quiet() if quiet is not None else contextlib.nullcontext():
                 t0 = time.perf_counter()
                 try:
-                    store._read_chunks(prompt.hexes, record=False)
+                    store.read_chunks(prompt, record=False)
                 except RedisUnavailable as exc:
-                    store._absorb(exc)
+                    store.calls.absorb(exc)
                     continue
                 seconds = time.perf_counter() - t0
             st.lookup_seconds.append(seconds)
             st.lookups_sampled += 1
-
-
-class _Deletes:
-    """What :meth:`ChunkStore.plan_known` queues the LRU's deletes on: nothing (a batch takes them from
-    ``store._deleting`` and sends them in request order itself)."""
-
-    def delete(self, *keys) -> None:
-        pass
-
-
-_DELETES = _Deletes()
 
 
 def _write(client, commands: list[tuple], trips) -> list:
@@ -201,27 +192,26 @@ def _write(client, commands: list[tuple], trips) -> list:
 # -- the scripted batch: lookups and stores inside the server, one batch in flight --------------------------------
 # KEYS: the metadata key of every full chunk of every request of the batch, request after request (a key repeats
 # where requests share a prefix). ARGV[1]: their 8-byte token digests, concatenated in the same order; ARGV[2] and
-# ARGV[3]: an accounted metadata value's constant parts (ChunkStore.meta_parts); ARGV[4..]: each request's number of
-# full chunks. Per request, in order: every chunk's state as ChunkStore.evaluate gives it without payload lengths,
-# then the SETs of what ChunkStore.plan_known writes (the chunks from the hit run's end on that are not usable, with
-# the same values). Returns the script's start and end (TIME: seconds, microseconds) and 4 integers per request: hit
-# chunks, metadata hit chunks, usable chunks after the hit run, why the run broke (0 it did not, 1 missing,
-# 2 token-mismatch, 3 bad-payload). A key of another type reads as missing and is overwritten, as an MSET would.
-_INDEX_SCRIPT = """
+# ARGV[3]: an accounted metadata value's constant parts (kvcli.store.layout.MetadataWriter: middle, tail); ARGV[4..]:
+# each request's number of full chunks. Per request, in order: every chunk's state by the chunk judge's Lua twin
+# (kvcli.store.judge.JUDGE_LUA, payloads not read: ChunkStore.evaluate without states), then the SETs of what
+# ChunkStore.plan_write writes (the chunks from the hit run's end on that are not hits, with the same values).
+# Returns the script's start and end (TIME: seconds, microseconds) and 4 integers per request: hit chunks, metadata
+# hit chunks, hit chunks after the hit run, the state code of the chunk that broke the run (-1: it did not). A key
+# of another type is bad metadata and is overwritten, as an MSET would.
+_INDEX_SCRIPT = JUDGE_LUA + """
 local digests, middle, tail, zeros = ARGV[1], ARGV[2], ARGV[3], string.rep('\\0', 8)
 local t = redis.call('TIME')
 local out, base = {t[1], t[2]}, 0
 for r = 4, #ARGV do
   local n = tonumber(ARGV[r])
-  local ok, hit, meta_hit, reason = {}, n, n, 0
+  local ok, hit, meta_hit, reason = {}, n, n, -1
   for i = 1, n do
-    local v, s = redis.pcall('GET', KEYS[base + i]), 0
-    if type(v) ~= 'string' then s = 1
-    elseif string.sub(v, 1, 8) ~= string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)) then s = 2
-    elseif string.find(v, '"stored":"real"', 17, true) then s = 3 end
-    ok[i] = s == 0
-    if s ~= 0 and hit == n then hit, reason = i - 1, s end
-    if s ~= 0 and s ~= 3 and meta_hit == n then meta_hit = i - 1 end
+    local s = judge(redis.pcall('GET', KEYS[base + i]), -1,
+                    string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)), 0)
+    ok[i] = s <= 1
+    if not ok[i] and hit == n then hit, reason = i - 1, s end
+    if s ~= 0 and s ~= 1 and s ~= 4 and s ~= 5 and s ~= 8 and meta_hit == n then meta_hit = i - 1 end
   end
   local present = 0
   for i = hit + 1, n do
@@ -239,7 +229,6 @@ t = redis.call('TIME')
 out[#out + 1] = t[1]; out[#out + 1] = t[2]
 return out
 """
-_REASONS = ("", "missing", "token-mismatch", "bad-payload")
 
 
 @dataclass
@@ -278,7 +267,7 @@ class Batcher:
         """``quiet``: a context manager factory each latency sample runs inside (e.g. one that stops the process
         hashing the trace ahead, :meth:`kvcli.replay.prefetch.Prefetch.paused`), or None."""
         self.store, self.sample_every, self.quiet = store, sample_every, quiet
-        self.scripted = not store.cluster and store.resident_chunks is None and store._scripts
+        self.scripted = not store.cluster and store.resident_chunks is None and store.scripts_allowed
         self._conn = None
         self._due: list[Batch] = []  # sent, reply not read yet: in the order sent
         self._tried = False  # a first scripted batch was answered (a refusal would have shown there)
@@ -298,10 +287,10 @@ class Batcher:
         _sample(store, prompts, self.sample_every, self.quiet)
         t0 = time.perf_counter()
         meta = store.prefix + "m:"
-        middle, tail = store.meta_parts(False, int(time.time()))
+        now = int(time.time())
+        middle, tail = store.metadata.middle, store.metadata.tail(False, now)
         st = store.stats
-        price = sum(st.lookup_seconds) / len(st.lookup_seconds) if st.lookup_seconds else 0.0
-        batch = Batch(prompts, None, price, 0.0, 16 + len(middle) + len(tail) + 32)
+        batch = Batch(prompts, None, st.mean_lookup_seconds(), 0.0, store.metadata.length(False, False, now))
         packed = []
         for group in _groups(prompts):  # scripts of at most MAX_SCRIPT_KEYS keys (a request is never split)
             keys = [meta + x for p in group for x in p.hexes]
@@ -311,12 +300,12 @@ class Batcher:
             batch.scripts.append(len(group))
         try:
             with uninterrupted():  # sent whole or not at all
-                store._call(self._eval, packed, record=False)
+                store.calls.call(self._eval, packed, record=False, name="EVAL")
         except RedisUnavailable as exc:
             st.redis_timeouts += exc.timeout
             self._drop()
             self._fail(batch)
-            store._absorb(exc)
+            store.calls.absorb(exc)
             return batch
         batch.sent_seconds = time.perf_counter() - t0
         self._due.append(batch)
@@ -363,7 +352,7 @@ class Batcher:
         try:
             for i in range(len(batch.scripts)):  # every reply read, an error reply too: none left on the connection
                 try:
-                    replies.append(store._call(self._eval, record=i == 0))
+                    replies.append(store.calls.call(self._eval, record=i == 0, name="EVAL"))
                 except RedisUnavailable:
                     raise
                 except RedisFailure as exc:
@@ -376,7 +365,7 @@ class Batcher:
             for due in [batch, *self._due]:  # lost with the connection, whether or not the server ran them
                 self._fail(due)
             self._due = []
-            store._absorb(exc)
+            store.calls.absorb(exc)
             return
         except RedisFailure as exc:
             if not self._tried and script_refused(exc):
@@ -398,10 +387,10 @@ class Batcher:
             hit, meta_hit, present, reason = counts[4 * i:4 * i + 4]
             full = len(prompt.hashes)
             written = full - hit - present
-            look = LookupResult(hit, hit * cs, full, _REASONS[reason], batch.price, metadata_hit_chunks=meta_hit)
+            look = LookupResult(hit, hit * cs, full, "" if reason < 0 else STATES[reason], batch.price,
+                                metadata_hit_chunks=meta_hit)
             meta_bytes = written * batch.value_bytes - (32 if written and hit == 0 else 0)  # chunk 0: no parent
-            answers.append((look, store._account(range(written), [True] * written, 0, meta_bytes, False, seconds,
-                                                 present=present)))
+            answers.append((look, store.account_written(written, meta_bytes, seconds, present)))
         batch.answers = answers
 
     def _pack(self, *args) -> list:
@@ -412,8 +401,7 @@ class Batcher:
         return self._conn.pack_command(*args)
 
     def _eval(self, packed: list | None = None):
-        """Send the packed scripts, or (None) read one script's reply: one name, so that a failure of either reads
-        "Redis EVAL failed" (ChunkStore._call)."""
+        """Send the packed scripts, or (None) read one script's reply."""
         if packed is None:
             return self._conn.read_response()
         self._conn.send_packed_command(packed)
@@ -428,8 +416,7 @@ class Batcher:
 
     @staticmethod
     def _failed(batch: Batch) -> list[tuple[LookupResult, StoreResult]]:
-        return [(LookupResult(0, 0, len(p.hashes), "redis-error", batch.price, failed=True), _NOTHING)
-                for p in batch.prompts]
+        return [(LookupResult.failure(len(p.hashes), batch.price), NOTHING_STORED) for p in batch.prompts]
 
     def _drop(self) -> None:
         if self._conn is not None:

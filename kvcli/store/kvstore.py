@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Protocol
 import redis
 
 from kvcli.errors import BadInputError
-from kvcli.store.chunkstore import ChunkStore, LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.namespace import purge_own
+from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 
 if TYPE_CHECKING:
     import torch
@@ -24,8 +25,8 @@ if TYPE_CHECKING:
 class KVStore(Protocol):
     """A chunk-hash KV-cache store for one namespace, chunk size and model (what replay needs of one).
 
-    ``lookup`` and ``retrieve`` are read-only on the server; ``store`` writes; ``touch`` updates client-side
-    recency only. Shapes: KV ``[layers, 2, kv_heads, tokens, head_dim]``; sizes in bytes; times in seconds.
+    ``lookup`` and ``retrieve`` are read-only on the server; ``store`` writes. Shapes: KV ``[layers, 2, kv_heads,
+    tokens, head_dim]``; sizes in bytes; times in seconds.
     Redis errors are raised as :class:`~kvcli.errors.RedisFailure`.
     """
 
@@ -47,9 +48,6 @@ class KVStore(Protocol):
               end_chunk: int | None = None, overwrite: bool = False,
               lookup: LookupResult | None = None) -> StoreResult:
         """Write full chunks ``[start_chunk, end_chunk)``; ``kv`` None: payload accounted, not written."""
-
-    def touch(self, prompt: ChunkedPrompt, hit_chunks: int) -> None:
-        """Mark a hit run as recently used (client-side capacity only)."""
 
     def accounted(self, prompt: ChunkedPrompt, lookup: LookupResult, k: int) -> bool:
         """Whether hit chunk ``k``'s payload was accounted, not written."""

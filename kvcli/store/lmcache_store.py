@@ -31,14 +31,7 @@ import torch
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.store import cluster
-from kvcli.store.chunkstore import (
-    LookupResult,
-    RetrieveResult,
-    StoreConfig,
-    StoreResult,
-    StoreStats,
-    check_value_size,
-)
+from kvcli.store.chunkstore import check_value_size
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.lmcache import (
     KEY_DTYPES,
@@ -53,6 +46,7 @@ from kvcli.store.lmcache import (
     to_kv_2ltd,
 )
 from kvcli.store.namespace import glob_escape
+from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.units import torch_dtype
 
 _DELETE_BATCH = 1000
@@ -259,9 +253,6 @@ class LMCacheStore:
             raise RedisFailure(f"Redis {command.upper()} failed: {exc}") from None
 
     # -- the common interface (kvcli.store.kvstore.KVStore) -------------------------------------------------------
-    def touch(self, prompt: ChunkedPrompt, hit_chunks: int) -> None:
-        """No client-side recency: LMCache's Redis backend leaves eviction to the server."""
-
     def accounted(self, prompt: ChunkedPrompt, lookup: LookupResult, k: int) -> bool:
         """Whether hit chunk ``k`` was written with its payload only accounted (its metadata key alone)."""
         return fold_hash(prompt.hashes[k]) in self._accounted

@@ -198,10 +198,10 @@ class CountingRetry(Retry):
 
 def _first_sight(error: Exception) -> bool:
     """True the first time an error object is seen (a nested retry loop sees it again on its way out)."""
-    if getattr(error, "_kvcli_counted", False):
+    if getattr(error, "kvcli_counted", False):
         return False
     with contextlib.suppress(AttributeError):
-        error._kvcli_counted = True
+        error.kvcli_counted = True
     return True
 
 

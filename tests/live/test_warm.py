@@ -240,7 +240,7 @@ def test_cli_warm_strict_refuses_then_oom_exits_3_with_the_summary(make_server, 
 def test_rewarm_writes_a_half_present_chunk_whole_with_one_ttl(redis_client, model):
     """A chunk that lost its payload (or its metadata) is written whole: both keys SET, the same TTL on both, the
     metadata's checksum that of the payload beside it; chunks that are present keep their value and no TTL."""
-    from kvcli.live.inspect import payload_ok
+    from kvcli.store.judge import USABLE, judge
 
     warm(redis_client, PROMPTS[:1], model, WarmConfig("h", (16,)))  # 70 tokens: 4 chunks, no TTL
     store = make_stores(redis_client, TINY, WarmConfig("h", (16,)))[0]
@@ -255,7 +255,7 @@ def test_rewarm_writes_a_half_present_chunk_whole_with_one_ttl(redis_client, mod
     assert (real.tokens_reused, real.tokens_prefilled) == (16, 48)  # chunk 0 reused, chunks 1-3 prefilled
     for k in (1, 3):
         m, p_ = redis_client.get(store.meta_key(h[k])), redis_client.get(store.payload_key(h[k]))
-        assert payload_ok(parse_metadata(m), p_) and parse_metadata(m).stored == "real"
+        assert judge(m, p_) == USABLE and parse_metadata(m).stored == "real"
         assert 0 < redis_client.pttl(store.meta_key(h[k])) <= 100_000
         assert 0 < redis_client.pttl(store.payload_key(h[k])) <= 100_000
     assert {k: redis_client.get(k) for k in kept} == kept
@@ -270,8 +270,8 @@ def test_accounted_metadata_is_not_present_and_gets_a_real_payload(redis_client,
     """replay --payload accounted leaves metadata with no payload behind it: warm writes those chunks whole."""
     from dataclasses import replace
 
-    from kvcli.live.inspect import payload_ok
     from kvcli.store.chunkstore import ChunkStore
+    from kvcli.store.judge import USABLE, judge
 
     real_store = make_stores(redis_client, TINY, WarmConfig("acc", (16,)))[0]
     accounted = ChunkStore(redis_client, replace(real_store.config, payload="accounted"))
@@ -285,8 +285,10 @@ def test_accounted_metadata_is_not_present_and_gets_a_real_payload(redis_client,
     real = warm(redis_client, PROMPTS[:1], model, WarmConfig("acc", (16,)))
     assert real.per_size == dry.per_size and real.tokens_prefilled == 64 and real.tokens_reused == 0
     for x in h:
-        meta = parse_metadata(redis_client.get(real_store.meta_key(x)))
-        assert meta.stored == "real" and payload_ok(meta, redis_client.get(real_store.payload_key(x)))
+        raw = redis_client.get(real_store.meta_key(x))
+        assert parse_metadata(raw).stored == "real"
+        assert judge(raw, redis_client.get(real_store.payload_key(x)), real_store.chunk(tokens).digests[h.index(x)],
+                     expect=real_store.expected) == USABLE
     assert real_store.retrieve(tokens).hit_tokens == 64
     assert warm(redis_client, PROMPTS[:1], model, WarmConfig("acc", (16,))).total("objects_written") == 0
 

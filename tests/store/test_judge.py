@@ -1,0 +1,179 @@
+"""The one chunk judge and its Lua twin, over one table of cases, on a live server.
+
+Each case damages (or not) one stored chunk's two keys, then reads them three ways and judges them:
+
+* the lookup's reads (GET of the metadata, STRLEN of a real payload): the Python judge on them, the lookup script
+  (:data:`kvcli.store.judge.LOOKUP_SCRIPT`, the Lua twin) on the server, and ``ChunkStore.lookup``'s answer;
+* the index-only reads (metadata alone, the payload not read): the batch script's Lua twin, through a Batcher;
+* the bytes (GET of both, as the chunk map and warm's ``--verify`` read them): the Python judge with checksum.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import redis
+import torch
+
+from kvcli.store.batch import Batcher
+from kvcli.store.chunkstore import ChunkStore
+from kvcli.store.judge import (
+    ACCOUNTED,
+    BAD_METADATA,
+    BAD_PAYLOAD,
+    CHECKSUM,
+    HITS,
+    MISSING,
+    NO_METADATA,
+    NO_PAYLOAD,
+    NOT_READ,
+    TOKEN_MISMATCH,
+    USABLE,
+    WRONG_TYPE,
+    judge,
+)
+from kvcli.store.layout import is_real
+from kvcli.store.records import StoreConfig
+
+KV_SHAPE = (2, 2, 2, 3)  # [layers, 2, kv_heads, head_dim] per token: 96 bytes/token in fp32
+TOKENS = [5, 6, 7, 8]  # one full chunk at chunk size 4
+
+
+def _store(client, payload="real") -> ChunkStore:
+    return ChunkStore(client, StoreConfig("j", 4, "m", "raw", KV_SHAPE, torch.float32, payload=payload))
+
+
+def _real(client, store, meta, data):
+    store.store(TOKENS, torch.arange(24 * 4, dtype=torch.float32).view(2, 2, 2, 4, 3))
+
+
+def _accounted(client, store, meta, data):
+    _store(client, "accounted").store(TOKENS, None)
+
+
+def _nothing(client, store, meta, data):
+    pass
+
+
+def _orphan_payload(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.delete(meta)
+
+
+def _meta_other_type(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.delete(meta)
+    client.hset(meta, "a", 1)
+
+
+def _other_digest(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.setrange(meta, 0, b"\xff" * 8)
+
+
+def _no_payload(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.delete(data)
+
+
+def _truncated(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.set(data, client.get(data)[:-1])
+
+
+def _payload_other_type(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.delete(data)
+    client.rpush(data, b"x")
+
+
+def _flipped_byte(client, store, meta, data):
+    _real(client, store, meta, data)
+    value = client.get(data)
+    client.setrange(data, len(value) - 1, bytes([value[-1] ^ 1]))
+
+
+def _neither_real_nor_accounted(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.set(meta, client.get(meta).replace(b'"stored":"real"', b'"stored":"other"'))
+
+
+def _unparsable_json(client, store, meta, data):
+    _real(client, store, meta, data)
+    value = client.get(meta)
+    client.set(meta, value[:16] + b'{"stored":"real"')  # digest and checksum kept, the JSON cut
+
+
+#: case, what was done, and the state: by the lookup's reads, by the metadata alone, by the bytes
+CASES = [
+    (_real, USABLE, BAD_PAYLOAD, USABLE),
+    (_accounted, ACCOUNTED, ACCOUNTED, ACCOUNTED),
+    (_nothing, MISSING, MISSING, MISSING),
+    (_orphan_payload, MISSING, MISSING, NO_METADATA),  # a lookup reads no payload without metadata
+    (_meta_other_type, BAD_METADATA, BAD_METADATA, BAD_METADATA),
+    (_other_digest, TOKEN_MISMATCH, TOKEN_MISMATCH, TOKEN_MISMATCH),
+    (_no_payload, NO_PAYLOAD, BAD_PAYLOAD, NO_PAYLOAD),
+    (_truncated, BAD_PAYLOAD, BAD_PAYLOAD, BAD_PAYLOAD),
+    (_payload_other_type, BAD_PAYLOAD, BAD_PAYLOAD, BAD_PAYLOAD),
+    (_flipped_byte, USABLE, BAD_PAYLOAD, CHECKSUM),  # only the bytes show a checksum failure
+    (_neither_real_nor_accounted, BAD_METADATA, BAD_METADATA, BAD_METADATA),
+    (_unparsable_json, USABLE, BAD_PAYLOAD, BAD_METADATA),  # the hot path reads bytes, never parses the JSON
+]
+
+
+def _get(client, key):
+    try:
+        return client.get(key)
+    except redis.ResponseError:  # WRONGTYPE
+        return WRONG_TYPE
+
+
+@pytest.mark.single_server  # the scripts run on a single server (a cluster's lookup is judged in Python)
+@pytest.mark.parametrize("damage, by_lookup, by_metadata, by_bytes", CASES, ids=[c[0].__name__[1:] for c in CASES])
+def test_python_judge_and_lua_twin_agree(redis_client, damage, by_lookup, by_metadata, by_bytes):
+    store = _store(redis_client)
+    prompt = store.chunk(TOKENS)
+    meta_key, payload_key = store.meta_key(prompt.hashes[0]), store.payload_key(prompt.hashes[0])
+    damage(redis_client, store, meta_key, payload_key)
+    digest, size = prompt.digests[0], store.value_bytes
+    meta, payload = _get(redis_client, meta_key), _get(redis_client, payload_key)
+
+    # the lookup's reads: GET of the metadata, STRLEN of the payload only where the metadata records a real one
+    strlen = NOT_READ
+    if isinstance(meta, bytes) and is_real(meta):
+        strlen = WRONG_TYPE if payload is WRONG_TYPE else redis_client.strlen(payload_key)
+    assert judge(meta, strlen, digest, size) == by_lookup
+    assert store.read_chunks(prompt)[1] == [by_lookup]  # the Lua twin, in the lookup script
+    look = store.lookup(prompt)
+    assert (look.hit_chunks, look.break_reason) == ((1, "") if by_lookup in HITS else (0, by_lookup))
+
+    # the bytes, as the chunk map reads them (and warm with --verify)
+    assert judge(meta, payload, digest) == by_bytes
+
+    # the metadata alone (an index-only lookup), in Python and in the batch script's Lua twin
+    assert judge(meta, NOT_READ, digest, size) == by_metadata
+    assert store.evaluate(prompt, [None if meta is WRONG_TYPE else meta]).break_reason in (
+        "" if by_metadata in HITS else by_metadata, MISSING)  # an MGET answers nil for a key of another type
+    batcher = Batcher(_store(redis_client, "accounted"))
+    try:
+        (index_look, _), = batcher.answers(batcher.submit([prompt]))
+    finally:
+        batcher.close()
+    assert index_look.break_reason == ("" if by_metadata in HITS else by_metadata)
+
+
+def test_warm_strictness_checks_the_fields_a_store_writes(redis_client):
+    """With ``expect``, the metadata is parsed and its fields compared: another model, shape or parent is bad
+    metadata, and accounted metadata is not present as a real chunk."""
+    store = _store(redis_client)
+    prompt = store.chunk(TOKENS)
+    _real(redis_client, store, None, None)
+    meta, payload = redis_client.get(store.meta_key(prompt.hashes[0])), redis_client.get(
+        store.payload_key(prompt.hashes[0]))
+    digest = prompt.digests[0]
+    assert judge(meta, payload, digest, store.value_bytes, store.expected, "") == USABLE
+    assert judge(meta, len(payload), digest, store.value_bytes, store.expected, "") == USABLE
+    assert judge(meta, payload, digest, store.value_bytes, store.expected, "ab" * 16) == BAD_METADATA  # parent
+    other = dataclasses.replace(store.expected, model="another")
+    assert judge(meta, payload, digest, store.value_bytes, other, "") == BAD_METADATA
+    assert judge(meta, None, digest, store.value_bytes, store.expected, "") == NO_PAYLOAD
