@@ -83,3 +83,49 @@ def test_every_subpackage_says_what_it_owns_and_may_import():
     for init in ROOT.glob("*/__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "May import" in doc or "Imports:" in doc, init
+
+
+def _own_names(tree: ast.AST) -> set[str]:
+    """Every name a file defines or binds: functions, classes, ``self.x`` / ``cls.x`` attributes, assigned names,
+    import aliases, parameters."""
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+            own.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            own.add(node.id)
+        elif isinstance(node, ast.arg):
+            own.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            own.update(a.asname or a.name.split(".")[0] for a in node.names)
+    return own
+
+
+def _private_reach(path: Path) -> list[str]:
+    """``obj._name`` where ``obj`` is not ``self``/``cls`` and ``_name`` is not defined in the same file, and
+    ``from kvcli.x import _name``: another module's private member."""
+    tree = ast.parse(path.read_text())
+    own, out = _own_names(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvcli"):
+            out += [f"{path.name}:{node.lineno}: imports {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+        elif (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+              and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+              and node.attr not in own):
+            out.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    return out
+
+
+def test_no_module_reaches_into_another_modules_private_members():
+    """A module that needs another's ``_name`` is missing a public method or result type (STYLE.md, "Seams")."""
+    bad = [hit for path in sorted(ROOT.rglob("*.py")) for hit in _private_reach(path)]
+    assert bad == []
+
+
+def test_the_private_reach_check_can_fail(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("from kvcli.store.layout import _KEY_RE\n\ndef f(store):\n    return store._lru, store.prefix\n")
+    assert _private_reach(source) == ["m.py:1: imports _KEY_RE", "m.py:4: ._lru"]

@@ -31,7 +31,7 @@ import xxhash
 
 from kvcli.errors import BadInputError
 from kvcli.model.hf_offline import one_line, transformers
-from kvcli.model.presets import _DTYPES, PRESETS, ModelConfig, ModelSpec, dtype_short, parse_dtype
+from kvcli.model.presets import DTYPE_NAMES, PRESETS, ModelConfig, ModelSpec, dtype_short, parse_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +137,7 @@ def _check_supported(config: Any, text: Any, path: str) -> None:
 def _default_dtype(config: Any) -> str:
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     name = str(dtype).removeprefix("torch.") if dtype is not None else "float32"
-    return name if name in _DTYPES else "bfloat16"
+    return name if name in DTYPE_NAMES else "bfloat16"
 
 
 def _commit(folder: Path) -> str | None:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
 
 # dtype names accepted -> torch's name (kvcli.units sizes them); torch's name -> the short name model ids use
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+DTYPE_NAMES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
            "float16": "float16", "fp16": "float16"}
 _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
@@ -24,9 +24,9 @@ _SHORT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 def dtype_short(dtype: torch.dtype | str) -> str:
     """The short name of a dtype (torch's or a name) as model ids spell it: ``torch.bfloat16`` -> ``"bf16"``.
     Raises BadInputError for a dtype kvcli does not support."""
-    name = _DTYPES.get(dtype_key(dtype).lower())
+    name = DTYPE_NAMES.get(dtype_key(dtype).lower())
     if name is None:
-        raise BadInputError(f"unknown dtype {dtype_key(dtype)!r}; valid: {', '.join(_DTYPES)}")
+        raise BadInputError(f"unknown dtype {dtype_key(dtype)!r}; valid: {', '.join(DTYPE_NAMES)}")
     return _SHORT[name]
 
 
@@ -49,7 +49,7 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype: torch.dtype | str) -> int:
         """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``;
         ``dtype`` a torch dtype or its name. Raises BadInputError for an unknown dtype."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(_DTYPES.get(dtype_key(dtype).lower(),
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(DTYPE_NAMES.get(dtype_key(dtype).lower(),
                                                                                           dtype))
 
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
@@ -68,7 +68,7 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
     ModelConfig("tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=100352,
                 dtype="float32"),
     # The default for replays on a 2-vCPU machine: a 1,024-token bf16 prefill takes ~0.4 s on AVX512-BF16 without
-    # AMX, ~0.1-0.9 s with AMX (shared/MEASURED.md section 5, same shapes). 4,096 KV bytes/token: 1 MiB per
+    # AMX, ~0.1-0.9 s with AMX (bench/bench_prefill.py, same shapes). 4,096 KV bytes/token: 1 MiB per
     # 256-token chunk. bf16 for a serving-like KV size; fp32 is ~1.6x faster where there is no AMX.
     ModelConfig("cpu", layers=8, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1408, vocab=100352,
                 dtype="bfloat16"),
@@ -93,9 +93,9 @@ def check_dtype(name: str) -> str:
     """``"float32"/"fp32"``, ``"bfloat16"/"bf16"``, ``"float16"/"fp16"`` -> torch's name (``"bfloat16"``), without
     importing torch. Raises BadInputError."""
     try:
-        torch_name = _DTYPES[name.lower()]
+        torch_name = DTYPE_NAMES[name.lower()]
     except (KeyError, AttributeError):
-        raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}") from None
+        raise BadInputError(f"unknown dtype {name!r}; valid: {', '.join(DTYPE_NAMES)}") from None
     return torch_name
 
 

@@ -110,8 +110,8 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
     A batch of 1 value and a batch of ``k`` (:func:`probe_plan`) are each written in one pipeline and read in one
     MGET, 3 times after one warm-up round; from the fastest of each, the per-chunk cost is
     ``(t_k - t_1) / (k - 1)`` and the round trip ``t_1 -`` that. Values over :data:`PROBE_CAP` are timed at that
-    size and their per-chunk cost scaled by size (loopback transfers are bandwidth bound at that size;
-    MEASURED.md). Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor bytes
+    size and their per-chunk cost scaled by size (loopback transfers are bandwidth bound at that size).
+    Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor bytes
     (xxh3_64), copy them into the prefix KV.
     """
     size = store.value_bytes

@@ -117,6 +117,8 @@ class Policy:
 
 
 class RoundRobin(Policy):
+    """Node after node, in turn, whatever their caches and load."""
+
     name = "round-robin"
 
     def __init__(self, config: SimConfig) -> None:
@@ -141,6 +143,9 @@ class Random(Policy):
 
 
 class LeastLoaded(Policy):
+    """The node with the fewest outstanding prefill tokens, then requests, then number (:func:`least_loaded`),
+    whatever its cache."""
+
     name = "least-loaded"
 
     def __init__(self, config: SimConfig) -> None:

@@ -9,7 +9,7 @@ takes a chain's tail before its head (as vLLM frees a request's blocks in revers
 front of a kept chunk. Because the order does not depend on the capacity, the resident sets at two capacities are
 nested (Mattson's inclusion property), which is what makes a one-pass hit curve over all capacities exact.
 
-Until the first eviction the order is not needed yet (issue 11): the chunks held are a plain ``set`` (one C-level
+Until the first eviction the order is not needed yet: the chunks held are a plain ``set`` (one C-level
 ``update`` per request: about a quarter of the time of the ``dict.fromkeys`` + ``dict.update`` it replaced, and a
 small part of the ``OrderedDict`` moves and insertions it defers) and the requests' chunk sequences are logged; the
 first time the capacity is exceeded, or once the log holds more than ``LOG_FACTOR * capacity + LOG_SLACK`` chunks

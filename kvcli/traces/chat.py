@@ -8,7 +8,7 @@ from kvcli.model.tokenizer_base import Conversation, Tokenizer, message_role, me
 from kvcli.traces.request import Request
 
 
-class _MessageError(Exception):
+class MessageError(Exception):
     """A bad message at ``index`` of a message list (internal; turned into a located BadInputError)."""
 
     def __init__(self, index: int, reason: str) -> None:
@@ -16,7 +16,7 @@ class _MessageError(Exception):
         self.index, self.reason = index, reason
 
 
-def _chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
+def chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
                    per_agent: bool = False) -> list[Request]:
     """One request per assistant message: prompt = the earlier messages under the chat template + generation
     prompt (:meth:`Conversation.prompt`).
@@ -29,7 +29,7 @@ def _chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
     ``per_agent``. ``output_length`` is the token count of the assistant message's text (no special tokens).
 
     Raises:
-        BadInputError (plain lists) / _MessageError (``per_agent``): a bad message, or one the template refuses.
+        BadInputError (plain lists) / MessageError (``per_agent``): a bad message, or one the template refuses.
     """
     conversations: dict[Any, Conversation] = {}
     requests = []
@@ -52,6 +52,6 @@ def _chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
             conversation.append(message)
         except BadInputError as err:
             if per_agent:
-                raise _MessageError(index, err.reason) from None
+                raise MessageError(index, err.reason) from None
             raise BadInputError(f"message {index + 1}: {err.reason}") from None
     return requests

@@ -7,14 +7,14 @@ from pathlib import Path
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.traces.mooncake import outline_mooncake, read_mooncake
-from kvcli.traces.native import _NATIVE_PROMPT_KEYS, read_native
+from kvcli.traces.native import NATIVE_PROMPT_KEYS, read_native
 from kvcli.traces.records import (
-    _check_file,
-    _first_char,
-    _first_line,
-    _first_record,
-    _json_type,
-    _stem_and_suffix,
+    check_file,
+    json_type,
+    read_first_char,
+    read_first_line,
+    read_first_record,
+    stem_and_suffix,
 )
 from kvcli.traces.request import Outline, Reader, Request, TokenizerArg
 from kvcli.traces.sharegpt import read_sharegpt
@@ -61,7 +61,7 @@ def _resolved(path: str | Path, fmt: str) -> tuple[Path, str]:
     if fmt != "auto" and fmt not in FORMATS:
         raise BadInputError(f"unknown trace format {fmt!r}; valid formats: auto, {', '.join(FORMATS)}")
     path = Path(path)
-    _check_file(path)
+    check_file(path)
     return path, detect_format(path) if fmt == "auto" else fmt
 
 
@@ -72,21 +72,21 @@ def detect_format(path: str | Path) -> str:
         BadInputError: the file is missing, empty, not JSON, or its first record matches no format.
     """
     path = Path(path)
-    _check_file(path)
-    if _stem_and_suffix(path)[1] == ".traj":
+    check_file(path)
+    if stem_and_suffix(path)[1] == ".traj":
         return "swe-agent"
-    first = _first_line(path)
+    first = read_first_line(path)
     refuse_csv(path.name, first[1] if first else b"", str(path), first[0] if first else None)
-    if _first_char(path) == b"[":
+    if read_first_char(path) == b"[":
         return "sharegpt"
-    line_no, record = _first_record(path)
+    line_no, record = read_first_record(path)
     if not isinstance(record, dict):
-        raise BadInputError(f"cannot detect the trace format: the first record is {_json_type(record)}, "
+        raise BadInputError(f"cannot detect the trace format: the first record is {json_type(record)}, "
                             "not an object; pass the format by name", path=str(path), line=line_no)
     for key, fmt in (("hash_ids", "mooncake"), ("conversations", "sharegpt"), ("history", "swe-agent")):
         if key in record:
             return fmt
-    if any(k in record for k in _NATIVE_PROMPT_KEYS):
+    if any(k in record for k in NATIVE_PROMPT_KEYS):
         return "native"
     keys = ", ".join(sorted(record)[:10]) or "none"
     raise BadInputError(f"cannot detect the trace format from the first record's keys ({keys}); expected "

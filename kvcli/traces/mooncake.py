@@ -11,13 +11,13 @@ from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.model.tokenizer_base import TOKEN_DTYPE
 from kvcli.traces.records import (
-    _iter_jsonl,
-    _located,
-    _optional_count,
-    _optional_id,
-    _optional_seconds,
-    _require_object,
-    _short,
+    iter_jsonl,
+    located,
+    optional_count,
+    optional_id,
+    optional_seconds,
+    require_object,
+    shorten,
 )
 from kvcli.traces.request import Outline, Request, TokenizerArg
 
@@ -34,11 +34,11 @@ def read_mooncake(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> It
     ``tokenizer`` is not used (there is no text); the ids are valid ordinary cl100k_base ids.
     """
     del tokenizer
-    for line_no, record in _iter_jsonl(path):
+    for line_no, record in iter_jsonl(path):
         try:
             request = _mooncake_request(record, path, line_no)
         except BadInputError as err:
-            raise _located(err, path, line_no) from None
+            raise located(err, path, line_no) from None
         yield request
 
 
@@ -57,11 +57,11 @@ def _mooncake_request(record: Any, path: Path, line_no: int) -> Request:
 def outline_mooncake(path: Path) -> Iterator[Outline]:
     """Each request's prompt length and arrival time, checked exactly as :func:`read_mooncake` checks it (the same
     errors, file and line), without synthesizing token ids: the first pass of a replay (~4x less work)."""
-    for line_no, record in _iter_jsonl(path):
+    for line_no, record in iter_jsonl(path):
         try:
             input_length, _, timestamp, _, _ = _mooncake_fields(record)
         except BadInputError as err:
-            raise _located(err, path, line_no) from None
+            raise located(err, path, line_no) from None
         yield Outline(input_length, timestamp)
 
 
@@ -71,15 +71,15 @@ def _mooncake_fields(record: Any) -> tuple[int, np.ndarray, float | None, str | 
     Raises:
         BadInputError: a missing or malformed field (without the file and line: the caller adds them).
     """
-    record = _require_object(record)
-    input_length = _optional_count(record.get("input_length"), "input_length")
+    record = require_object(record)
+    input_length = optional_count(record.get("input_length"), "input_length")
     if input_length is None:
         raise BadInputError("a mooncake record needs input_length (an integer >= 0)")
     if "hash_ids" not in record:
         raise BadInputError("a mooncake record needs hash_ids (a list of block ids)")
     blocks = _checked_blocks(record["hash_ids"], input_length)
-    return (input_length, blocks, _optional_seconds(record.get("timestamp"), "timestamp", divisor=1000),
-            _optional_id(record, "session_id"), _optional_count(record.get("output_length"), "output_length"))
+    return (input_length, blocks, optional_seconds(record.get("timestamp"), "timestamp", divisor=1000),
+            optional_id(record, "session_id"), optional_count(record.get("output_length"), "output_length"))
 
 
 def mooncake_token_ids(hash_ids: list[int], input_length: int) -> np.ndarray:
@@ -154,7 +154,7 @@ def _hash_id_array(hash_ids: list) -> np.ndarray:
         i = int(bad[0])
     else:
         i = next((i for i, h in enumerate(hash_ids) if type(h) is not int or not 0 <= h < _MAX_HASH_ID), 0)
-    raise BadInputError(f"hash_ids[{i}] = {_short(hash_ids[i])} is not an integer in [0, 2**55)")
+    raise BadInputError(f"hash_ids[{i}] = {shorten(hash_ids[i])} is not an integer in [0, 2**55)")
 
 
 def _splitmix64_(x: np.ndarray) -> np.ndarray:

@@ -13,32 +13,32 @@ from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import TOKEN_DTYPE
 from kvcli.traces.records import (
-    _iter_jsonl,
-    _located,
-    _optional_count,
-    _optional_id,
-    _optional_seconds,
-    _require_object,
-    _short,
+    iter_jsonl,
+    located,
+    optional_count,
+    optional_id,
+    optional_seconds,
+    require_object,
+    shorten,
 )
 from kvcli.traces.request import Request, TokenizerArg
 
-_NATIVE_PROMPT_KEYS = ("prompt", "messages", "token_ids")
+NATIVE_PROMPT_KEYS = ("prompt", "messages", "token_ids")
 
 
 def read_native(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
     """Requests of a native JSONL trace (format in the module docstring)."""
-    for line_no, record in _iter_jsonl(path):
+    for line_no, record in iter_jsonl(path):
         try:
             request = _native_request(record, tokenizer, path, line_no)
         except BadInputError as err:
-            raise _located(err, path, line_no) from None
+            raise located(err, path, line_no) from None
         yield request
 
 
 def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: int) -> Request:
-    record = _require_object(record)
-    present = [k for k in _NATIVE_PROMPT_KEYS if k in record]
+    record = require_object(record)
+    present = [k for k in NATIVE_PROMPT_KEYS if k in record]
     if len(present) != 1:
         found = ", ".join(present) if present else "none"
         raise BadInputError(f"a native record needs exactly one of prompt, messages, token_ids (found: {found})")
@@ -58,12 +58,12 @@ def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: i
     if salt is not None and not isinstance(salt, str):
         raise BadInputError(f"cache_salt must be a string, not {type(salt).__name__}")
     return Request(
-        id=_optional_id(record, "id") or f"{path.name}:{line_no}",
+        id=optional_id(record, "id") or f"{path.name}:{line_no}",
         token_ids=tokens,
-        timestamp=_optional_seconds(record.get("timestamp"), "timestamp", divisor=1),
-        session_id=_optional_id(record, "session_id"),
+        timestamp=optional_seconds(record.get("timestamp"), "timestamp", divisor=1),
+        session_id=optional_id(record, "session_id"),
         cache_salt=salt or "",
-        output_length=_optional_count(record.get("output_length"), "output_length"),
+        output_length=optional_count(record.get("output_length"), "output_length"),
         source=f"{path}:{line_no}",
     )
 
@@ -89,4 +89,4 @@ def token_array(value: Any) -> np.ndarray:
         i = int(bad[0])
     else:
         i = next((i for i, t in enumerate(value) if type(t) is not int or not 0 <= t <= 0xFFFFFFFF), 0)
-    raise BadInputError(f"token_ids[{i}] = {_short(value[i])} is not an integer in [0, 2**32)")
+    raise BadInputError(f"token_ids[{i}] = {shorten(value[i])} is not an integer in [0, 2**32)")

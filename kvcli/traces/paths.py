@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvcli.errors import BadInputError
 
-_NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
+NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
 STDIN_NAME = "<stdin>"
 _SPOOLED: set[str] = set()
 
@@ -25,7 +25,7 @@ def expand_paths(paths: list[Path]) -> list[Path]:
     for path in paths:
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                           and p.suffix.lower() not in _NOT_TRACES)
+                           and p.suffix.lower() not in NOT_TRACES)
             if not found:
                 raise BadInputError("directory holds no trace files", path=str(path))
             out.extend(found)

@@ -24,7 +24,7 @@ from kvcli.errors import BadInputError
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.traces.detect import read_trace, refuse_csv
 from kvcli.traces.order import arrival_order, order_note
-from kvcli.traces.paths import _NOT_TRACES, STDIN_NAME, expand_paths
+from kvcli.traces.paths import NOT_TRACES, STDIN_NAME, expand_paths
 from kvcli.traces.request import Request, TokenizerArg
 
 
@@ -101,7 +101,7 @@ def _expand(path: Path) -> list[Path]:
     if not path.is_dir():
         return expand_paths([path])
     found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                   and (_is_txt(p) or p.suffix.lower() not in _NOT_TRACES))
+                   and (_is_txt(p) or p.suffix.lower() not in NOT_TRACES))
     if not found:
         raise BadInputError("directory holds no prompt (.txt) or trace files", path=str(path))
     return found

@@ -16,48 +16,54 @@ from kvcli.errors import BadInputError
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def _require_object(record: Any) -> dict:
+def require_object(record: Any) -> dict:
+    """``record`` when it is a JSON object (a dict). Raises BadInputError naming what it is instead."""
     if not isinstance(record, dict):
-        raise BadInputError(f"expected a JSON object, got {_json_type(record)}")
+        raise BadInputError(f"expected a JSON object, got {json_type(record)}")
     return record
 
 
-def _optional_id(record: dict, key: str) -> str | None:
+def optional_id(record: dict, key: str) -> str | None:
+    """``record[key]`` as an id string (a string or an integer), or None when absent. Raises BadInputError."""
     value = record.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise BadInputError(f"{key} must be a string or an integer, not {_json_type(value)}")
+        raise BadInputError(f"{key} must be a string or an integer, not {json_type(value)}")
     return str(value)
 
 
-def _optional_count(value: Any, key: str) -> int | None:
+def optional_count(value: Any, key: str) -> int | None:
+    """``value`` as a count (an integer >= 0, not a boolean), or None. Raises BadInputError naming ``key``."""
     if value is None:
         return None
     if type(value) is not int or value < 0:
-        raise BadInputError(f"{key} must be an integer >= 0, got {_short(value)}")
+        raise BadInputError(f"{key} must be an integer >= 0, got {shorten(value)}")
     return value
 
 
-def _optional_seconds(value: Any, key: str, divisor: int) -> float | None:
+def optional_seconds(value: Any, key: str, divisor: int) -> float | None:
+    """``value`` (a finite number >= 0 in units of 1/``divisor`` s) in seconds, or None. Raises BadInputError."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise BadInputError(f"{key} must be a finite number >= 0, got {_short(value)}")
+        raise BadInputError(f"{key} must be a finite number >= 0, got {shorten(value)}")
     return float(value) / divisor
 
 
-def _short(value: Any, limit: int = 40) -> str:
+def shorten(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters (with "..."), for an error message."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, as an error message says it ("an object", "a string", "null", ...)."""
     return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
             int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
-def _located(err: BadInputError, path: Path, line: int) -> BadInputError:
+def located(err: BadInputError, path: Path, line: int) -> BadInputError:
     """``err`` again, located at ``path:line`` (unless it already has a location)."""
     if err.path:
         return err
@@ -66,14 +72,15 @@ def _located(err: BadInputError, path: Path, line: int) -> BadInputError:
 
 # --------------------------------------------------------------------------------------------- file helpers
 
-def _check_file(path: Path) -> None:
+def check_file(path: Path) -> None:
+    """Raise BadInputError unless ``path`` is an existing regular file."""
     if not path.exists():
         raise BadInputError("file not found", path=str(path))
     if not path.is_file():
         raise BadInputError("not a regular file", path=str(path))
 
 
-def _stem_and_suffix(path: Path) -> tuple[str, str]:
+def stem_and_suffix(path: Path) -> tuple[str, str]:
     """``(stem, suffix)`` of ``path`` with a trailing ``.gz`` removed first: ``a.traj.gz`` -> ``("a", ".traj")``."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     p = Path(name)
@@ -110,7 +117,7 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
         raise BadInputError(_read_error(exc), path=str(path), line=line_no + 1) from None
 
 
-def _first_line(path: Path) -> tuple[int, bytes] | None:
+def read_first_line(path: Path) -> tuple[int, bytes] | None:
     """``(line_no, line)`` of the first non-blank line, or None for a blank file."""
     with contextlib.closing(_iter_lines(path)) as lines:
         return next(lines, None)
@@ -133,13 +140,13 @@ def _parse_line(path: Path, line_no: int, line: bytes) -> Any:
                             path=str(path), line=line_no) from None
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """``(line_no, value)`` of each non-blank line of a JSONL file, streamed."""
     for line_no, line in _iter_lines(path):
         yield line_no, _parse_line(path, line_no, line)
 
 
-def _load_json(path: Path) -> Any:
+def load_json(path: Path) -> Any:
     """The single JSON value of a file (loaded whole)."""
     try:
         with _open_binary(path) as f:
@@ -155,7 +162,7 @@ def _load_json(path: Path) -> Any:
         raise BadInputError(_read_error(exc), path=str(path)) from None
 
 
-def _first_char(path: Path) -> bytes | None:
+def read_first_char(path: Path) -> bytes | None:
     """The first non-whitespace byte of the file, after any UTF-8 BOM (reads a few KiB at a time), or None."""
     try:
         with _open_binary(path) as f:
@@ -174,29 +181,29 @@ def _first_char(path: Path) -> bytes | None:
 
 def _is_json_document(path: Path) -> bool:
     """True when the file is one JSON value rather than JSONL: it starts with ``[`` or with a lone ``{`` line."""
-    if _first_char(path) == b"[":
+    if read_first_char(path) == b"[":
         return True
-    first = _first_line(path)
+    first = read_first_line(path)
     return first is not None and first[1].strip().removeprefix(_UTF8_BOM) == b"{"
 
 
-def _first_record(path: Path) -> tuple[int, Any]:
+def read_first_record(path: Path) -> tuple[int, Any]:
     """``(line_no, value)`` of the first record: the first non-blank JSONL line, or the whole JSON document."""
     if _is_json_document(path):
-        return 1, _load_json(path)
-    first = _first_line(path)
+        return 1, load_json(path)
+    first = read_first_line(path)
     if first is None:
         raise BadInputError("empty file: no records, so no format to detect", path=str(path))
     return first[0], _parse_line(path, *first)
 
 
-def _iter_records(path: Path) -> Iterator[tuple[int, Any]]:
+def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
     """``(record_no, value)``: the elements of a JSON list (1-based index), a JSON object as record 1, or the
     lines of a JSONL file (1-based line)."""
     if not _is_json_document(path):
-        yield from _iter_jsonl(path)
+        yield from iter_jsonl(path)
         return
-    document = _load_json(path)
+    document = load_json(path)
     if isinstance(document, list):
         yield from enumerate(document, 1)
     else:

@@ -8,13 +8,13 @@ from typing import Any
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
-from kvcli.traces.chat import _chat_requests
+from kvcli.traces.chat import chat_requests
 from kvcli.traces.records import (
-    _iter_records,
-    _located,
-    _optional_id,
-    _require_object,
-    _short,
+    iter_records,
+    located,
+    optional_id,
+    require_object,
+    shorten,
 )
 from kvcli.traces.request import Request, TokenizerArg
 
@@ -30,22 +30,22 @@ _SHAREGPT_ROLES = {
 def read_sharegpt(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
     """Requests of a ShareGPT file (JSON list, one object, or JSONL): one per assistant turn."""
     tok = get_tokenizer(tokenizer)
-    for record_no, record in _iter_records(path):
+    for record_no, record in iter_records(path):
         try:
             session_id, messages = _sharegpt_conversation(record, path, record_no)
-            requests = _chat_requests(messages, tok, session_id, f"{path}:{record_no}")
+            requests = chat_requests(messages, tok, session_id, f"{path}:{record_no}")
         except BadInputError as err:
-            raise _located(err, path, record_no) from None
+            raise located(err, path, record_no) from None
         yield from requests
 
 
 def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str, list[dict]]:
     """``(session_id, messages)`` of one ShareGPT conversation, roles mapped to chat roles."""
-    record = _require_object(record)
+    record = require_object(record)
     turns = record.get("conversations")
     if not isinstance(turns, list):
         raise BadInputError("a sharegpt record needs 'conversations', a list of {from, value} turns")
-    session_id = (_optional_id(record, "id") or _optional_id(record, "conversation_id")
+    session_id = (optional_id(record, "id") or optional_id(record, "conversation_id")
                   or f"{path.name}#{record_no}")
     messages = []
     system, tools = record.get("system"), record.get("tools")
@@ -61,7 +61,7 @@ def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str
         speaker, value = turn.get("from", turn.get("role")), turn.get("value", turn.get("content"))
         role = _SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
         if role is None:
-            raise BadInputError(f"conversations[{i}].from = {_short(speaker)} is not one of "
+            raise BadInputError(f"conversations[{i}].from = {shorten(speaker)} is not one of "
                                 f"{', '.join(_SHAREGPT_ROLES)}")
         if not isinstance(value, str):
             raise BadInputError(f"conversations[{i}].value must be a string, not {type(value).__name__}")
