@@ -55,6 +55,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvcli.errors import RedisFailure
 from kvcli.store.calls import RedisUnavailable
@@ -76,9 +77,10 @@ def batchable(store) -> bool:
     layout, accounted payloads (no chunk it can hit has a payload whose length the lookup would check), no
     read-only namespace (whose chunks may hold real payloads) and no TTL (the one-by-one path it mirrors writes
     with MSET)."""
-    cfg = getattr(store, "config", None)
-    return (isinstance(store, ChunkStore) and cfg.payload == "accounted" and cfg.read_namespace is None
-            and cfg.ttl is None)
+    if not isinstance(store, ChunkStore):
+        return False
+    cfg = store.config
+    return cfg.payload == "accounted" and cfg.read_namespace is None and cfg.ttl is None
 
 
 def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int = SAMPLE_EVERY,
@@ -120,7 +122,7 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     st.lookup_round_trips += bool(keys)
     state = dict(zip(keys, values))  # the server's before the batch, then overlaid with the batch's own writes
     t0 = time.perf_counter()
-    pipe = None if store.cluster else store.client.pipeline(transaction=False)
+    pipe: Any = None if store.cluster else store.client.pipeline(transaction=False)  # a single server's
     commands: list[tuple] = []  # a cluster: every DEL and SET in request order
     mset: list = []  # a single server: the MSET arguments since the last DEL (one MSET for consecutive requests)
     looks, plans = [], []
@@ -268,7 +270,7 @@ class Batcher:
         hashing the trace ahead, :meth:`kvcli.replay.prefetch.Prefetch.paused`), or None."""
         self.store, self.sample_every, self.quiet = store, sample_every, quiet
         self.scripted = not store.cluster and store.resident_chunks is None and store.scripts_allowed
-        self._conn = None
+        self._conn: Any = None  # a connection of its own (redis-py's Connection), made at the first batch
         self._due: list[Batch] = []  # sent, reply not read yet: in the order sent
         self._tried = False  # a first scripted batch was answered (a refusal would have shown there)
 
@@ -426,7 +428,8 @@ class Batcher:
 
 def _groups(prompts: list[ChunkedPrompt]) -> list[list[ChunkedPrompt]]:
     """``prompts`` cut, in order, into runs of at most :data:`MAX_SCRIPT_KEYS` chunks (a longer prompt alone)."""
-    groups, keys = [[]], 0
+    groups: list[list[ChunkedPrompt]] = [[]]
+    keys = 0
     for prompt in prompts:
         if groups[-1] and keys + len(prompt.hashes) > MAX_SCRIPT_KEYS:
             groups.append([])

@@ -94,5 +94,5 @@ class Calls:
 
 def _name(fn) -> str:
     """The command a call is named by in errors: the function's name (or a partial's), without underscores."""
-    return (getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "command")
-            ).strip("_").upper()
+    name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", None) or "command"
+    return str(name).strip("_").upper()

@@ -188,7 +188,9 @@ class ChunkStore:
         ok = [own[k] in HITS or (read is not None and read[k] in HITS) for k in range(n)]
         k = next((i for i in range(n) if not ok[i]), n)
         reason = "" if k == n else own[k] if own[k] != MISSING or read is None else read[k]
-        from_read, read_only, usable = (), frozenset(), frozenset()
+        from_read: tuple[bool, ...] = ()
+        read_only: frozenset[int] = frozenset()
+        usable: frozenset[int] = frozenset()
         chosen = tuple(metas[:k])
         if read is not None:
             from_read = tuple(own[i] not in HITS for i in range(k))
@@ -452,7 +454,9 @@ class ChunkStore:
         missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
         now, meta_bytes = int(time.time()), 0
         meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
-        args, firsts, thens = [], [], []  # a single server: MSET args; a cluster: (key, value) pairs
+        args: list = []  # a single server: MSET args
+        firsts: list[tuple[str, memoryview]] = []  # a cluster: (key, value) pairs
+        thens: list[tuple[str, bytes]] = []
         for k in missing:
             checksum = NO_CHECKSUM
             if real:
@@ -586,7 +590,7 @@ def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int,
         ChunkTooLargeError: ``value_bytes`` exceeds the limit and ``config.payload`` is "real".
     """
     try:
-        limit = int(client.config_get("proto-max-bulk-len").get("proto-max-bulk-len", 0))
+        limit = int(dict(client.config_get("proto-max-bulk-len")).get("proto-max-bulk-len") or 0)
     except redis.RedisError:
         limit = 0
     limit = limit or 512 * 1024 * 1024

@@ -99,7 +99,7 @@ def check_whole(client) -> None:
                 f"{info.get('cluster_slots_fail', '?')} failing: a scan would miss keys, so nothing was read")
 
 
-def scan(client, match: str | bytes | None = None, count: int = 1000) -> Iterator[tuple[str, list[bytes]]]:
+def scan(client, match: str | bytes | None = None, count: int = 1000) -> Iterator[tuple[str, list]]:
     """``(shard name, keys)`` batches of every key (matching ``match``) on every primary: SCAN with a cursor, one
     shard after another (never KEYS). Checks :func:`check_whole` first.
 

@@ -79,6 +79,7 @@ class ChunkedPrompt:
 
     def chunk_tokens(self, k: int) -> np.ndarray:
         """Token ids of chunk ``k``, ``[chunk_size]`` (a view)."""
+        assert self.tokens is not None, "the tokens stayed in the process that hashed them"
         return self.tokens[k * self.chunk_size:(k + 1) * self.chunk_size]
 
     def token_digest(self, k: int) -> bytes:
@@ -125,7 +126,7 @@ def chunk_hashes(token_ids, chunk_size: int, root: bytes) -> tuple[np.ndarray, l
         raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
     tokens = as_token_array(token_ids)
     n_full = len(tokens) // chunk_size
-    buf = memoryview(tokens).cast("B")
+    buf = tokens.data.cast("B")
     step = 4 * chunk_size
     hashes: list[bytes] = []
     digests: list[bytes] = []

@@ -126,7 +126,10 @@ def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int 
         length = len(payload)
     if length == 0:
         return NO_PAYLOAD
-    if length != (value_bytes if value_bytes is not None else parsed.header + parsed.payload):
+    if value_bytes is None:
+        assert parsed is not None  # parsed above whenever value_bytes is None
+        value_bytes = parsed.header + parsed.payload
+    if length != value_bytes:
         return BAD_PAYLOAD
     if not isinstance(payload, int):
         checksum, shape = (parsed.checksum, parsed.shape) if parsed is not None else (meta[8:16], None)

@@ -150,9 +150,10 @@ def parse_key(text: str) -> LMCacheKey:
     rest, layer = parts[5:], None
     if rest and rest[0].isdigit():
         layer, rest = int(rest[0]), rest[1:]
-    tags = tuple(tuple(t.split("%", 1)) for t in rest)
-    if any(len(t) != 2 for t in tags):
+    pairs = [t.split("%", 1) for t in rest]
+    if any(len(t) != 2 for t in pairs):
         raise ValueError(f"not an LMCache key (a tag without '%'): {text!r}")
+    tags = tuple((name, value) for name, value in pairs)
     return LMCacheKey(model, int(world), int(worker), int(chunk_hash, 16), dtype, layer, tags)
 
 

@@ -205,13 +205,13 @@ class LMCacheStore:
         if start_chunk >= n:
             return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
         real = kv is not None
-        if real and kv.shape[3] < n * cs:
+        if kv is not None and kv.shape[3] < n * cs:
             raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
         t0 = time.perf_counter()
         ids = [fold_hash(h) for h in prompt.hashes[start_chunk:n]]
         bases = [f"{self._head}{x:x}{self._tail}" for x in ids]
-        if real:
-            values = [memoryview(to_kv_2ltd(kv[:, :, :, k * cs:(k + 1) * cs, :]).view(torch.uint8).numpy())
+        if kv is not None:
+            values = [to_kv_2ltd(kv[:, :, :, k * cs:(k + 1) * cs, :]).view(torch.uint8).numpy().data
                       for k in range(start_chunk, n)]
             self._pipelined("set", [b + KV_SUFFIX for b in bases], values)
         self._pipelined("set", [b + METADATA_SUFFIX for b in bases], [self._record] * len(bases))

@@ -92,18 +92,18 @@ class ChunkLru:
                 return []
             order = self._ordered()
         else:
-            move_to_end = order.move_to_end
+            move_to_end = order.move_to_end  # type: ignore[union-attr]  # an OrderedDict once not a set
             for h in reversed(hashes):
                 if h in order:
                     move_to_end(h)
                 else:
-                    order[h] = None
+                    order[h] = None  # type: ignore[index]
         excess = 0 if self.capacity is None else len(order) - self.capacity
         if excess <= 0:
             return []
         evicted = list(islice(order, excess))  # the least recent, oldest first
         for h in evicted:
-            del order[h]
+            del order[h]  # type: ignore[union-attr]  # an OrderedDict: built before anything is evicted
         return evicted
 
     def _ordered(self) -> OrderedDict:
@@ -122,7 +122,7 @@ class ChunkLru:
         (:meth:`kvcli.route.policies.Policy.mirror_nodes`). Raises ValueError on a limited cache."""
         if self.capacity is not None:
             raise ValueError("forget() is for an unlimited cache; a limited one evicts by itself")
-        self._order.difference_update(hashes)
+        self._order.difference_update(hashes)  # type: ignore[union-attr]  # unlimited: always the set
 
     def discard(self, chunk_hash: bytes) -> None:
         """Forget a chunk (it left the cache some other way, e.g. expiry)."""
@@ -132,4 +132,4 @@ class ChunkLru:
                 order.discard(chunk_hash)
                 return
             order = self._ordered()  # a logged touch would bring it back
-        order.pop(chunk_hash, None)
+        order.pop(chunk_hash, None)  # type: ignore[call-arg]  # an OrderedDict here

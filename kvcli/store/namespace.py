@@ -22,6 +22,7 @@ import shlex
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 
@@ -96,7 +97,8 @@ def _matching(client, namespace: str, chunk_size: int | None):
         cursor, typed = 0, True
         while True:
             try:
-                cursor, keys = node.scan(cursor, match=pattern, count=BATCH, **({"_type": "string"} if typed else {}))
+                cursor, found = node.scan(cursor, match=pattern, count=BATCH, **({"_type": "string"} if typed else {}))
+                keys = cast(list[bytes], found)  # bytes: kvcli's clients never decode responses
             except redis.exceptions.ResponseError as exc:
                 if typed and "syntax" in str(exc).lower():  # Redis < 6: no TYPE option; check each key below
                     typed = False
@@ -205,9 +207,9 @@ return {scan[1], deleted}
 def purge_own(client: redis.Redis, namespace: str) -> int:
     """Delete a namespace that this process created and alone wrote (a replay's own, named at random): one script
     per SCAN step deletes the matching keys inside the server, so no key crosses the network (a replay's cleanup of
-    113,835 keys: ~0.13 s instead of ~0.25 s here). The glob is kvcli's layout up to the key kind (``{prefix}[1-9]*:[mp]:*``;
-    spelling out the 32 hex digits made the cleanup ~20% slower); the exact per-key parse of :func:`purge` is not
-    needed for keys only this run wrote.
+    113,835 keys: ~0.13 s instead of ~0.25 s here). The glob is kvcli's layout up to the key kind
+    (``{prefix}[1-9]*:[mp]:*``; the 32 hex digits spelled out would make the cleanup ~20% slower); the exact
+    per-key parse of :func:`purge` is not needed for keys only this run wrote.
     On a cluster, or where the server or the user refuses the script (no scripting, Redis < 6 without SCAN's TYPE
     option, an ACL), the same keys go through :func:`purge`. While another client's script holds the server
     (BUSY), a step is sent again every 50 ms, for up to :data:`BUSY_WAIT` seconds. Returns the keys deleted.

@@ -76,15 +76,15 @@ def server_memory(client) -> ServerMemory:
     """
     facts = [_shard_memory(name, node) for name, node in cluster.shards(client)]
     first = facts[0]
-    keys = None if any(f.keys is None for f in facts) else sum(f.keys for f in facts)
+    keys = None if any(f.keys is None for f in facts) else sum(f.keys or 0 for f in facts)
     if first.used_memory is None:
         return ServerMemory(None, None, None, None, None, keys, "?",
                             note=f"server memory and counters not read: {INFO_REFUSED}")
     policies, versions = {f.policy for f in facts}, {f.version for f in facts}
-    return ServerMemory(sum(f.used_memory for f in facts),
-                        0 if any(not f.maxmemory for f in facts) else sum(f.maxmemory for f in facts),
-                        first.policy if len(policies) == 1 else "mixed", sum(f.evicted_keys for f in facts),
-                        sum(f.expired_keys for f in facts), keys, first.version if len(versions) == 1 else "mixed",
+    return ServerMemory(sum(f.used_memory or 0 for f in facts),
+                        0 if any(not f.maxmemory for f in facts) else sum(f.maxmemory or 0 for f in facts),
+                        first.policy if len(policies) == 1 else "mixed", sum(f.evicted_keys or 0 for f in facts),
+                        sum(f.expired_keys or 0 for f in facts), keys, first.version if len(versions) == 1 else "mixed",
                         shards=tuple(facts) if cluster.is_cluster(client) else ())
 
 
@@ -167,6 +167,7 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
                          f"{estimate}skipped the check against maxmemory: {INFO_REFUSED}", None)
     if mem.shards and any(sh.maxmemory for sh in mem.shards):
         return _cluster_preflight(mem, need_bytes or 0)
+    assert mem.maxmemory is not None and mem.used_memory is not None  # known: INFO was read
     free = mem.maxmemory - mem.used_memory
     if not mem.maxmemory:
         where = (f"used_memory {fmt_bytes(mem.used_memory)}" if need_bytes is None else
@@ -189,7 +190,7 @@ def _cluster_preflight(mem: ServerMemory, need_bytes: int) -> Preflight:
     much room. The first primary that would not fit decides the policy reported (one that evicts wins), so a run
     that would make any shard evict is refused as on a single server."""
     share = need_bytes / len(mem.shards)
-    short = [sh for sh in mem.shards if sh.maxmemory and share > sh.maxmemory - sh.used_memory]
+    short = [sh for sh in mem.shards if sh.maxmemory and share > sh.maxmemory - (sh.used_memory or 0)]
     worst = next((sh for sh in short if sh.policy != "noeviction"), short[0] if short else None)
     limits = ", ".join(f"{sh.name} {fmt_bytes(sh.maxmemory) if sh.maxmemory else 'none'}" for sh in mem.shards)
     message = (f"{fmt_bytes(need_bytes)} of Redis memory estimated, about {fmt_bytes(int(share))} per primary; "

@@ -81,7 +81,7 @@ def encode_kv(kv: torch.Tensor, metadata: dict[str, str] | None = None) -> memor
     out[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
     if kv.numel():
         out[len(head):].view(kv.dtype).view(kv.shape).copy_(kv)
-    return memoryview(out.numpy())
+    return out.numpy().data
 
 
 def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:

@@ -201,7 +201,7 @@ def _first_sight(error: Exception) -> bool:
     if getattr(error, "kvcli_counted", False):
         return False
     with contextlib.suppress(AttributeError):
-        error.kvcli_counted = True
+        setattr(error, "kvcli_counted", True)  # noqa: B010 - an attribute of our own on redis-py's error
     return True
 
 
@@ -404,6 +404,7 @@ def embedded_server(**config: str) -> Iterator[str]:
             server = None
             if attempt == 2:
                 raise RedisFailure(f"cannot start the embedded Redis server: {exc}") from None
+    assert server is not None  # the last attempt raised otherwise
     try:
         yield server.connection_url
     finally:
