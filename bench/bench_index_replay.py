@@ -12,7 +12,8 @@ this script starts, on the same Mooncake trace at one chunk size, and reports th
   missing chunks) with 256 requests per pipelined round trip (no LRU, no accounting, no cleanup).
 
 Wall seconds (min / median of ``--repeats``), peak RSS (MiB, of that process and of its largest child), and each
-variant's time over ``sketch``'s and ``before``'s in this run, the hit tokens each found. The token-granular upper bound is off
+variant's time over ``sketch``'s and ``before``'s in this run, the hit tokens each found. The token-granular upper
+bound is off
 (``--no-upper-bound``) for every kvcli variant.
 
 Fixed costs (start-up and imports, the transfer calibration, the cleanup's scan of the server) weigh on a trace

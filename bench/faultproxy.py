@@ -14,7 +14,8 @@ that connection:
 
 ``skip`` matches pass before a rule acts, then it acts ``times`` times (None: for good). ``match=()`` matches every
 packet, so ``stall(times=None)`` is a server that stops answering, new connections included;
-``stall(..., for_good=True)`` stalls one matching packet and everything after it, on every connection. Bounded in time: the
+``stall(..., for_good=True)`` stalls one matching packet and everything after it, on every connection. Bounded in
+time: the
 proxy closes everything after ``max_seconds`` (or at :meth:`close`). Redis clients send each command (or
 pipeline) in one write, so one packet holds a whole small command.
 """

@@ -68,7 +68,8 @@ def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, m
     one connection in ``CLIENT NO-TOUCH`` mode where the server has it (:func:`kvcli.live.reading.reader`).
 
     A key of another type than a string at a chunk's metadata name makes it "bad-metadata"; at its payload name,
-    "bad-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of the prompt
+    "bad-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of
+    the prompt
     is still present (so this one was stored) and the server's counters show only expiries or only evictions (Redis
     keeps no record of a removed key, so this is inferred).
 

@@ -25,7 +25,8 @@ Same key layout, namespaces and values as replay's store (store.py), so a warmed
 ``ttl`` expires each chunk's metadata and payload together (``SET ... EX`` on both, in one transaction). A chain's
 head never expires before its tail: when a prompt's later chunks are written, the present chunks before them whose
 TTL is shorter than ``ttl`` get ``EXPIRE ttl`` (both keys, in the first batch's transaction); chunks with no TTL,
-or a longer one, keep it (:attr:`SizeTotals.ttl_refreshed`). The server's ``evicted_keys`` counter is read before and after a real run:
+or a longer one, keep it (:attr:`SizeTotals.ttl_refreshed`). The server's ``evicted_keys`` counter is read before and
+after a real run:
 :attr:`WarmResult.evicted_keys` is the difference (evictions by the server during the run, whoever caused them).
 """
 from __future__ import annotations

@@ -115,7 +115,8 @@ class Savings:
 
     ``saved`` = ``saved_measured`` + ``saved_estimated``; ``share`` = saved / ``trace_prefill`` (the whole trace's
     prefill time without a cache; None without any); ``beyond_share``: the share of ``saved`` from prompts longer
-    than the longest calibrated full prefill (None when nothing is saved); ``critical`` (lookup, transfer, deserialize) delays the first token, ``background``
+    than the longest calibrated full prefill (None when nothing is saved); ``critical`` (lookup, transfer,
+    deserialize) delays the first token, ``background``
     (serialize, store) occupies the server and the link; ``net_sync`` = saved - critical - background,
     ``net_async`` = saved - critical. FLOPs exact.
     """
@@ -251,7 +252,8 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     """Pick a chunk size from net benefits with intervals (``{chunk size: Interval}``, seconds).
 
     Not caching is a candidate too, with a net benefit of exactly 0: "none" when no size's interval reaches above
-    0, "noise" when the best size's interval reaches 0 (or its value is not above 0). Otherwise the best size (largest point value) is recommended when it beats each
+    0, "noise" when the best size's interval reaches 0 (or its value is not above 0). Otherwise the best size
+    (largest point value) is recommended when it beats each
     other size by more than their intervals: with ``draws`` (each size's bootstrap draws of its net benefit, drawn
     with the same cost-curve coefficients), when the 95 % interval of the paired difference is above 0 (the curve's
     common uncertainty, the same for every size of a trace, cancels in a comparison); without draws, when the best

@@ -12,7 +12,8 @@ store on its node's LRU, one policy decision) on per-request lists prepared once
 lists, turned into numpy arrays once at the end (:class:`Records`). The loop is one method with its state in local
 variables and no inner functions (attribute and closure lookups cost more than the work per event); the store is
 :meth:`ChunkLru.touch` (no list of new chunks) unless the policy watches the caches; the prefix match at dispatch is
-reused when the prefill starts at once (the node's cache changes only when one of its prefills ends). With a policy that mirrors the nodes' caches
+reused when the prefill starts at once (the node's cache changes only when one of its prefills ends). With a policy
+that mirrors the nodes' caches
 (:meth:`~kvcli.route.policies.Policy.mirror_nodes`: ``prefix``, ``cache-aware``, ``cost``), a node's cache is an
 unlimited :class:`ChunkLru` that, at each store, drops the chunks the policy's LRU for that node evicted when it
 stored the same request: the same chunks held at every moment, one LRU's work instead of two.

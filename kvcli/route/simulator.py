@@ -15,7 +15,8 @@ The model (what ``kvcli route`` simulates; docs/routing.md says the same for use
 * **Prefill** covers only the tokens not cached on that node at prefill start (the longest run of the request's
   chunks from chunk 0, less the last token when it covers the whole prompt: the engine computes that one,
   :func:`kvcli.store.hashing.reusable_tokens`): ``seconds = cost.seconds(prompt - hit, hit)``. At prefill end the
-  first token is out and the node stores all the request's full chunks. **Decode** then takes ``(output_tokens - 1) * decode_tpot`` s.
+  first token is out and the node stores all the request's full chunks. **Decode** then takes ``(output_tokens - 1) *
+  decode_tpot`` s.
 * **Load** a node reports: outstanding requests (routed, not finished) and outstanding prefill tokens (tokens of
   routed requests whose prefill has not ended, counted without the tokens cached on the node when routed, then
   corrected to the true count at prefill start).

@@ -74,7 +74,8 @@ def test_warm_then_inspect_a_prompt_with_a_checkpoint(tmp_path, redis_url, tiny_
     other = runner.invoke(app, ["inspect", "--prompt", prompts.read_text().rstrip("\n"), "--model", tiny_checkpoint,
                                 "--tokenizer", "cl100k_base", "--chunk-size", "4", "--json", "--redis-url",
                                 redis_url])
-    assert other.exit_code == 0 and json.loads(other.stdout)["chunk_maps"][0]["hit_tokens"] == 0  # another tokenizer: no chunk
+    # another tokenizer: no chunk
+    assert other.exit_code == 0 and json.loads(other.stdout)["chunk_maps"][0]["hit_tokens"] == 0
 
 
 def test_route_takes_a_checkpoint_for_byte_capacities(tmp_path, tiny_checkpoint):

@@ -503,8 +503,8 @@ FAST = ("-p", "round-robin", "--chunk-size", CS, "--prefill-tps", TPS)
     ("w=1,-1", "--sweep w=-1: --w must be >= 0, got -1"),
     ("abs-threshold=nan", "--sweep abs-threshold=nan: --abs-threshold must be a finite number, got nan"),
     ("cache-threshold=0.5,2", "--sweep cache-threshold=2: --cache-threshold must be in [0, 1], got 2"),
-    ("node-capacity=3X", ("--sweep node-capacity=3X: bad capacity '3x'; use tokens (3M tokens, 500k tok, 250000), bytes "
-                          "(40GB, 64GiB) or 'unlimited'")),
+    ("node-capacity=3X", ("--sweep node-capacity=3X: bad capacity '3x'; use tokens (3M tokens, 500k tok, 250000), "
+                          "bytes (40GB, 64GiB) or 'unlimited'")),
     ("lookup-timeout=0", "--sweep lookup-timeout=0: --lookup-timeout must be > 0 seconds, got 0"),
     ("w=", ("bad --sweep 'w='; use PARAM=v1,v2,... with PARAM one of nodes, node-capacity, max-batch, "
             "decode-tpot, rate, seed, abs-threshold, rel-threshold, cache-threshold, w, temperature, lookup-delay, "

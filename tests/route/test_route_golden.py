@@ -25,13 +25,15 @@ MOONCAKE = ("mooncake_conversation_head1000.jsonl.gz", "--chunk-size", 512, "--p
 
 CASES: dict[str, tuple] = {
     "mooncake-timestamps-nodes-capacities": (
-        *MOONCAKE, "-p", IN_PROCESS, "--sweep", "nodes=2,4,8", "--sweep", "node-capacity=300k tokens,3M tokens,unlimited"),
+        *MOONCAKE, "-p", IN_PROCESS, "--sweep", "nodes=2,4,8",
+        "--sweep", "node-capacity=300k tokens,3M tokens,unlimited"),
     "mooncake-rate-random-cost": (
         *MOONCAKE, "-p", IN_PROCESS, "--rate", 4, "--seed", 7, "--nodes", 3, "--node-capacity", "1M tokens",
         "--temperature", 2000, "--w", 0.5, "--sweep", "abs-threshold=4,32", "--sweep", "max-batch=8,64"),
     "glaive-rate-small-chunks": (
         "glaive_toolcall_head30.json", "--chunk-size", 16, "--prefill-tps", 2000, "-p", IN_PROCESS, "--rate", 2,
-        "--max-batch", 4, "--decode-tpot", 0.01, "--sweep", "nodes=2,5", "--sweep", "node-capacity=2k tokens,unlimited"),
+        "--max-batch", 4, "--decode-tpot", 0.01, "--sweep", "nodes=2,5",
+        "--sweep", "node-capacity=2k tokens,unlimited"),
     "chat-tenants-timestamps": (
         "chat_shared_system.jsonl", "--chunk-size", 32, "--prefill-tps", 3000, "-p", IN_PROCESS, "--nodes", 3,
         "--node-capacity", "5k tokens", "--max-batch", 2, "--decode-tpot", 0.05, "--sweep", "cache-threshold=0.1,0.5"),

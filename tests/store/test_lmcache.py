@@ -55,7 +55,8 @@ GOLDEN_RECORDS = [
     (RemoteRecord(33554432, 1, (KVGroup(3, (2, 32, 256, 1024)),)), REC_BF16_8B),
     (RemoteRecord(4096, 1, (KVGroup(4, (2, 2, 4, 64)),)), REC_FP32_TINY),
     (RemoteRecord(2048, 1, (KVGroup(2, (2, 2, 4, 64)),)), REC_FP16_TINY),
-    (RemoteRecord(17989632, 6, (KVGroup(3, (1, 61, 256, 576)),)), "008012010600000003000000010000003d0000000001000040020000"),
+    (RemoteRecord(17989632, 6, (KVGroup(3, (1, 61, 256, 576)),)),
+     "008012010600000003000000010000003d0000000001000040020000"),
     (RemoteRecord(1000, 1, (KVGroup(3, (2, 4, 16, 128)), KVGroup(7, (2, 2, 16, 64)))),
      "e80300000100000003000000020000000400000010000000800000000700000002000000020000001000000040000000"),
 ]
@@ -119,7 +120,7 @@ def test_unpack_record_never_raises_anything_but_value_error(raw):
         pass
 
 
-# -- inspect --layout lmcache -------------------------------------------------------------------------------------------
+# -- inspect --layout lmcache ------------------------------------------------------------------------------------
 def write_like_lmcache(client, key: str, kv: bytes, record_hex: str) -> None:
     """RedisConnector._put: SET <key>kv_bytes, then SET <key>metadata with the packed record."""
     client.set(key + "kv_bytes", kv)
