@@ -301,7 +301,7 @@ class ChunkStore:
             if payload is None:
                 reason = "no-payload"
                 break
-            tensor = checked_tensor(payload, meta[8:16], self.config.chunk_shape)
+            tensor = checked_tensor(payload, meta[8:16], self.config.chunk_shape, self.expected.dtype)
             self.stats.checksum_verified_chunks += 1
             if tensor is None:
                 reason = "checksum"
@@ -330,8 +330,8 @@ class ChunkStore:
         payloads = self.calls.read(self._payload_keys(prompt, lookup, indices), record=False)
         out = []
         for i, payload in zip(indices, payloads):
-            good = payload is not None and checked_tensor(payload, lookup.metadata[i][8:16],
-                                                          self.config.chunk_shape) is not None
+            good = payload is not None and checked_tensor(payload, lookup.metadata[i][8:16], self.config.chunk_shape,
+                                                          self.expected.dtype) is not None
             self.stats.checksum_verified_chunks += 1
             self.stats.checksum_failures += not good
             out.append(good)

@@ -20,7 +20,8 @@ States (:data:`STATES`; a Lua script returns a state's index there, its code):
 ``no-payload``            real metadata, no payload key (evicted, expired, deleted)
 ``bad-payload``           real metadata and a payload of another length or type (truncated, overwritten), or whose
                           length was not read (an index-only lookup cannot vouch for a real payload)
-``checksum``              the payload's bytes do not decode to the chunk's shape or do not match its checksum
+``checksum``              the payload's bytes do not decode to the chunk's shape and dtype, or do not match its
+                          checksum
 ========================  ==========================================================================================
 
 How much is checked depends on what the caller read: a lookup reads the metadata value and the payload's STRLEN
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kvcli.store.layout import ChunkMeta, is_accounted, is_real, parse_or_none
-from kvcli.store.serde import PayloadError, decode_kv
+from kvcli.store.serde import PayloadError, decode_kv, dtype_name
 
 if TYPE_CHECKING:
     import torch
@@ -132,21 +133,26 @@ def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int 
     if length != value_bytes:
         return BAD_PAYLOAD
     if not isinstance(payload, int):
-        checksum, shape = (parsed.checksum, parsed.shape) if parsed is not None else (meta[8:16], None)
-        if checked_tensor(payload, checksum, shape) is None:
+        checksum, shape, dtype = ((parsed.checksum, parsed.shape, parsed.dtype) if parsed is not None
+                                  else (meta[8:16], None, None))
+        if checked_tensor(payload, checksum, shape, dtype) is None:
             return CHECKSUM
     return USABLE
 
 
-def checked_tensor(value, checksum: bytes, shape: tuple[int, ...] | None) -> torch.Tensor | None:
+def checked_tensor(value, checksum: bytes, shape: tuple[int, ...] | None,
+                   dtype: str | None = None) -> torch.Tensor | None:
     """The one checksum verification: the tensor of a payload value (no copy: it shares ``value``'s memory) when it
     decodes (:func:`~kvcli.store.serde.decode_kv`) to ``shape`` (``[layers, 2, kv_heads, chunk_size, head_dim]``;
-    None: any) and the xxh3_64 of its tensor bytes is ``checksum`` (8 bytes); else None."""
+    None: any) and ``dtype`` (its safetensors name, "BF16"; None: any), and the xxh3_64 of its tensor bytes is
+    ``checksum`` (8 bytes); else None. A header that lies about the dtype fails here, though its bytes match."""
     try:
         tensor, _ = decode_kv(value)
     except PayloadError:
         return None
     if shape is not None and tuple(tensor.shape) != tuple(shape):
+        return None
+    if dtype is not None and dtype_name(tensor.dtype) != dtype:
         return None
     size = tensor.numel() * tensor.element_size()
     if xxhash.xxh3_64_digest(memoryview(value)[len(value) - size:]) != checksum:

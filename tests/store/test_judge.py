@@ -93,6 +93,11 @@ def _flipped_byte(client, store, meta, data):
     client.setrange(data, len(value) - 1, bytes([value[-1] ^ 1]))
 
 
+def _dtype_lie(client, store, meta, data):
+    _real(client, store, meta, data)
+    client.set(data, client.get(data).replace(b'"dtype":"F32"', b'"dtype":"I32"'))  # same size, same bytes
+
+
 def _neither_real_nor_accounted(client, store, meta, data):
     _real(client, store, meta, data)
     client.set(meta, client.get(meta).replace(b'"stored":"real"', b'"stored":"other"'))
@@ -116,6 +121,7 @@ CASES = [
     (_truncated, BAD_PAYLOAD, BAD_PAYLOAD, BAD_PAYLOAD),
     (_payload_other_type, BAD_PAYLOAD, BAD_PAYLOAD, BAD_PAYLOAD),
     (_flipped_byte, USABLE, BAD_PAYLOAD, CHECKSUM),  # only the bytes show a checksum failure
+    (_dtype_lie, USABLE, BAD_PAYLOAD, CHECKSUM),  # a header that says int32: its bytes match, its dtype does not
     (_neither_real_nor_accounted, BAD_METADATA, BAD_METADATA, BAD_METADATA),
     (_unparsable_json, USABLE, BAD_PAYLOAD, BAD_METADATA),  # the hot path reads bytes, never parses the JSON
 ]
@@ -177,3 +183,14 @@ def test_warm_strictness_checks_the_fields_a_store_writes(redis_client):
     other = dataclasses.replace(store.expected, model="another")
     assert judge(meta, payload, digest, store.value_bytes, other, "") == BAD_METADATA
     assert judge(meta, None, digest, store.value_bytes, store.expected, "") == NO_PAYLOAD
+
+
+def test_a_payload_whose_header_lies_about_its_dtype_is_a_counted_miss(redis_client):
+    """Its bytes match the checksum, but they are not this store's dtype: retrieve ends the run there (a miss, one
+    checksum failure), never hands the model a tensor of another dtype."""
+    store = _store(redis_client)
+    prompt = store.chunk(TOKENS)
+    _dtype_lie(redis_client, store, None, store.payload_key(prompt.hashes[0]))
+    got = store.retrieve(prompt)
+    assert (got.hit_tokens, got.kv, got.break_reason) == (0, None, "checksum")
+    assert (store.stats.checksum_verified_chunks, store.stats.checksum_failures) == (1, 1)
