@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import redis
 
+from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.llama import build_model
 from kvcli.model.presets import ModelSpec
@@ -249,6 +251,30 @@ def test_cli_rejects_bad_options_with_exit_2(tmp_path, redis_url, args, message)
     out = CliRunner().invoke(app, base + args)
     assert out.exit_code == 2, out.output
     assert message in out.stderr and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"payload": "some"}, "--payload must be real or accounted, got 'some'"),
+    ({"limit": 0}, "--limit must be >= 1, got 0"),
+    ({"pipeline": 0}, "--pipeline must be >= 1, got 0"),
+    ({"link_gbps": float("nan")}, "--link-gbps must be a positive number, got nan"),
+    ({"rtt_seconds": -0.0003}, "--rtt-ms must be a number >= 0, got -0.3"),
+    ({"measure_seconds": float("inf")}, "--measure-seconds must be a number >= 0, got inf"),
+    ({"store_mode": "later"}, "--store-mode must be async or sync, got 'later'"),
+    ({"hit_curve": False, "ttl_refresh": True}, "--ttl-refresh sets the TTL curve's expiry rule"),
+])
+def test_replay_config_checks_its_fields(fields, message):
+    """A library caller's config is checked as the CLI's is, with the same messages."""
+    with pytest.raises(BadInputError, match=re.escape(message)):
+        ReplayConfig(**fields)
+
+
+def test_a_limit_beyond_any_trace_reads_it_all():
+    """``--limit 99999999999999999999`` is more requests than any trace holds: kept as ``sys.maxsize`` (what
+    itertools.islice takes), not refused."""
+    import sys
+
+    assert ReplayConfig(limit=10**20).limit == sys.maxsize and ReplayConfig(limit=5).limit == 5
 
 
 def test_cli_trace_without_requests_is_bad_input(tmp_path, redis_url):
