@@ -18,36 +18,25 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
+from kvcli.cli.options import (DEFAULT_CHUNK_SIZES, DEFAULT_REDIS_TIMEOUT, ChunkSizes, Device, Dtype, JsonOut, Model,
+                               RedisTimeout, RedisUrl, Tokenizer, chunk_sizes_option, parse_chunk_sizes,
+                               timeout_seconds)
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.live.report import (inspect_view, lmcache_view, map_view, print_view, purge_count_line, purge_scope,
                                purge_view, to_json, warm_view)
 from kvcli.tables import stdout_console
 
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
-_SIZES = "16,64,256,1024"
-RedisUrl = Annotated[Optional[str], typer.Option("--redis-url", envvar="REDIS_URL", show_default=False,
-                                                 help="Redis URL (redis://, rediss://, unix://). Default: an "
-                                                      "embedded server started (and stopped) for this command.")]
 Namespace = Annotated[str, typer.Option(help="Key namespace.")]
-ChunkSizes = Annotated[str, typer.Option("--chunk-size", "--chunk-sizes", help="Chunk sizes, tokens (comma list).")]
-Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local Hugging "
-                                         "Face checkpoint folder.")]
-Dtype = Annotated[Optional[str], typer.Option(help="Model/KV dtype (default: the model's).")]
 Seed = Annotated[int, typer.Option(help="Model weight seed of a preset (part of its model id).")]
-Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
-                                                       "(default: the --model folder's own, else cl100k_base).",
-                                                  show_default=False)]
 Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, sharegpt, swe-agent.")]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
 def warm(
     sources: Annotated[list[str], typer.Argument(help="Prompt files (one prompt per line), traces (JSONL with "
                                                  "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
-    namespace: Namespace = "default", chunk_size: ChunkSizes = _SIZES, model: Model = "cpu", dtype: Dtype = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto", seed: Seed = 0,
-    tokenizer: Tokenizer = None, fmt: Format = "auto",
+    namespace: Namespace = "default", chunk_size: ChunkSizes = DEFAULT_CHUNK_SIZES, model: Model = "cpu",
+    dtype: Dtype = None, device: Device = "auto", seed: Seed = 0, tokenizer: Tokenizer = None, fmt: Format = "auto",
     ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
                                                max=10**15)] = None,  # Redis refuses EX beyond ~9.2e15 s
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
@@ -75,12 +64,13 @@ def warm(
     from kvcli.traces.prompts import read_prompts
 
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
-    config = WarmConfig(namespace, _sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
+    config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
+    timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     requests = read_prompts(sources, fmt, tok, notify=say)
     spec = resolve_spec(model, dtype, seed)
     local = None if dry_run else load_model(model, dtype, device, seed)
-    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _WarmBar() as bar:
+    with open_redis(redis_url, timeout) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
         result = run_warm(client, requests, local, config, bar.update, spec, say)
@@ -94,8 +84,8 @@ def warm(
 
 def inspect(
     namespace: Annotated[Optional[str], typer.Option(help="Only this namespace (map: default 'default').")] = None,
-    chunk_size: Annotated[Optional[str], typer.Option("--chunk-size", "--chunk-sizes", help="Chunk sizes for "
-                                                      f"--prompt/--tokens/--request (default {_SIZES}).")] = None,
+    chunk_size: Annotated[str, chunk_sizes_option("Chunk sizes for --prompt/--tokens/--request")
+                          ] = DEFAULT_CHUNK_SIZES,
     sample: Annotated[Optional[int], typer.Option(help="MEMORY USAGE of N sampled keys (0: none; default: all).",
                                                   min=0)] = None,
     verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Check payload checksums "
@@ -125,48 +115,58 @@ def inspect(
 
       kvcli inspect --layout lmcache --redis-url redis://lmcache-redis:6379 --sample 2000
     """
-    from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.inspect import inspect_cache
-    from kvcli.live.reading import reader
     from kvcli.model.load import model_id_of, resolve_tokenizer
     from kvcli.model.tokenize import lazy_tokenizer
-    from kvcli.store.preflight import server_memory
     from kvcli.store.server import open_redis
 
     if layout not in ("kvcli", "lmcache"):
         raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    timeout = timeout_seconds(redis_timeout)
     if layout == "lmcache":
-        return _inspect_lmcache(redis_url, sample, json_out, namespace=namespace, verify=verify, prompt=prompt,
-                                tokens=tokens, request=request)
+        return _inspect_lmcache(redis_url, timeout, sample, json_out, namespace=namespace, verify=verify,
+                                prompt=prompt, tokens=tokens, request=request)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
     ids = _prompt_ids(prompt, tokens, request, tok, fmt, cache_salt)
-    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
+    sizes = () if ids is None else parse_chunk_sizes(chunk_size)  # only a chunk map has chunk sizes
+    with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         if ids is None:
-            result = inspect_cache(client, namespace, sample, verify)
-            return _show("inspect", result, json_out, inspect_view)
-        model_id = model_id_of(model, dtype, seed)
-        with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
-            server = server_memory(conn)
-            maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tok_name, ids[1], server)
-                    for cs in _sizes(chunk_size or _SIZES)]
-            maps = absent_warnings(conn, maps)
-        for m in maps:
-            if m.warning:
-                err.print(f"warning: {m.warning}", markup=False, highlight=False)
+            return _show("inspect", inspect_cache(client, namespace, sample, verify), json_out, inspect_view)
+        maps = _chunk_maps(client, ids, namespace or "default", sizes, model_id_of(model, dtype, seed), tok_name)
     _show("inspect", maps, json_out, map_view)
 
 
-def _inspect_lmcache(redis_url, sample, json_out, **kvcli_only) -> None:
-    """``inspect --layout lmcache``: refuses kvcli-layout options, then reads and prints the LMCache summary."""
+def _chunk_maps(client, ids: tuple[list[int], str], namespace: str, sizes: tuple[int, ...], model_id: str,
+                tok_name: str) -> list:
+    """One prompt's chunk map per chunk size (``ids``: token ids and cache salt), read over one NO-TOUCH
+    connection; their warnings on stderr."""
+    from kvcli.live.chunkmap import absent_warnings, chunk_map
+    from kvcli.live.reading import reader
+    from kvcli.store.preflight import server_memory
+
+    with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
+        server = server_memory(conn)
+        maps = [chunk_map(conn, ids[0], namespace, cs, model_id, tok_name, ids[1], server) for cs in sizes]
+        maps = absent_warnings(conn, maps)
+    for m in maps:
+        if m.warning:
+            err.print(f"warning: {m.warning}", markup=False, highlight=False)
+    return maps
+
+
+def _inspect_lmcache(redis_url: str | None, timeout: float, sample: int | None, json_out: bool,
+                     **kvcli_only) -> None:
+    """``inspect --layout lmcache``: refuses kvcli-layout options, then reads and prints the LMCache summary
+    (``timeout``: seconds for the connect and each reply, as ``--redis-timeout``)."""
     from kvcli.live.inspect_lmcache import inspect_lmcache
     from kvcli.store.server import open_redis
 
     given = [f"--{k}" for k, v in kvcli_only.items() if v is not None]
     if given:
         raise BadInputError(f"{', '.join(given)}: not with --layout lmcache (they read kvcli's own layout)")
-    with open_redis(redis_url) as (client, target):
+    with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         result = inspect_lmcache(client, sample)
@@ -214,15 +214,12 @@ def purge(
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
-def _sizes(text: str) -> tuple[int, ...]:
-    """``"16,64,16"`` -> ``(16, 64)``: positive integers, duplicates dropped (first kept)."""
-    try:
-        sizes = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise BadInputError(f"--chunk-size must be positive integers separated by commas, got {text!r}")
-    return tuple(dict.fromkeys(sizes))
+def _show(command: str, result, json_out: bool, view) -> None:
+    """A command's result on stdout: its JSON document with ``--json``, else its view (:mod:`kvcli.live.report`)."""
+    if json_out:
+        typer.echo(to_json(command, result))
+    else:
+        print_view(stdout_console(), view(result))
 
 
 def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None = None):
@@ -257,14 +254,6 @@ def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None =
                 return r.token_ids, r.cache_salt if cache_salt is None else cache_salt
         raise BadInputError(f"no request at line {line}", path=path)
     return None
-
-
-def _show(command: str, result, json_out: bool, view) -> None:
-    """A command's result on stdout: its JSON document with ``--json``, else its view (:mod:`kvcli.live.report`)."""
-    if json_out:
-        typer.echo(to_json(command, result))
-    else:
-        print_view(stdout_console(), view(result))
 
 
 class _WarmBar:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
+from kvcli.cli.options import redis_url_option
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
@@ -66,9 +67,8 @@ def route(
                                    rich_help_panel=MANAGER, show_default=False)] = True,
     count_lookup_latency: Annotated[Optional[bool], Opt("--count-lookup-latency/--no-count-lookup-latency",
                                                         hidden=True)] = None,
-    redis_url: Annotated[Optional[str], Opt(envvar="REDIS_URL", metavar="<url>", help="Redis for cache-manager "
-                                            "(default: embedded).", show_default=False,
-                                            rich_help_panel=MANAGER)] = None,
+    redis_url: Annotated[Optional[str], redis_url_option("Redis for cache-manager (default: embedded).",
+                                                         metavar="<url>", rich_help_panel=MANAGER)] = None,
     sweep: Annotated[list[str], Opt(metavar="<p=v1,v2>", help="Repeatable; PARAM: nodes, node-capacity, max-batch, "
                                     "decode-tpot, rate, seed, abs-threshold, rel-threshold, cache-threshold, w, "
                                     "temperature, lookup-delay, lookup-timeout.", rich_help_panel=POLICY)] = [],
