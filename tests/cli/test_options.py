@@ -22,6 +22,8 @@ COMMANDS = {
     "inspect-map": ["inspect", "--tokens", "-"],  # replaced by a file in the test
     "inspect-lmcache": ["inspect", "--layout", "lmcache"],
     "purge": ["purge", "--namespace", "ns"],
+    "route": ["route", "-", "-p", "cache-manager", "--chunk-size", "4", "--nodes", "1", "--prefill-tps", "1000",
+              "--no-count-rtt"],
 }
 
 
