@@ -18,7 +18,7 @@ ALLOWED = {
     "model": {"errors", "units"},
     "traces": {"errors", "units", "model"},
     "replay": {"errors", "units", "tables", "traces", "store", "model"},
-    "live": {"errors", "units", "traces", "store", "model"},
+    "live": {"errors", "units", "tables", "traces", "store", "model"},
     "route": {"errors", "units", "tables", "traces", "store", "model"},
     "cli": {"errors", "units", "tables", "traces", "store", "model", "replay", "live", "route"},
     "__main__": {"cli"},

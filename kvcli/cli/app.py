@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import redis
 import typer
@@ -18,9 +18,15 @@ from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.markup import escape
 
-from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
+from kvcli.cli.options import (DEFAULT_CHUNK_SIZES, DEFAULT_REDIS_TIMEOUT, Device, Dtype, JsonOut, Model,
+                               RedisTimeout, RedisUrl, Tokenizer, chunk_sizes_option, parse_chunk_sizes,
+                               timeout_seconds)
 from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
 from kvcli.units import parse_size
+
+if TYPE_CHECKING:
+    from kvcli.replay.results import ReplayConfig, TraceResult
+    from kvcli.replay.runner import ModelOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Chunk-hash KV-cache analysis for LLM serving: replay traces, warm and inspect caches, "
@@ -41,11 +47,6 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
                                                 help="Print kvcli's version and exit.")] = False) -> None:
     """kvcli: how much prefill would a chunk-hash KV cache save on your traffic, at which chunk size, at what
     cost in objects, metadata, bytes and lookups, and how should requests be routed to use it?"""
-
-
-RedisUrl = Annotated[Optional[str], typer.Option(
-    "--redis-url", envvar="REDIS_URL", help="Redis URL (redis://, rediss://, unix://). Default: an embedded "
-    "server started for this command.", show_default=False)]
 
 
 def handle_errors(fn):
@@ -71,17 +72,6 @@ def handle_errors(fn):
     return wrapper
 
 
-def parse_int_list(text: str, what: str) -> tuple[int, ...]:
-    """``"16,64,256"`` -> ``(16, 64, 256)``; BadInputError on anything else."""
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise BadInputError(f"{what} must be comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise BadInputError(f"{what} must be positive integers, got {text!r}")
-    return values
-
-
 def parse_measure(text: str) -> int | None:
     """``"all"`` -> None (every request runs the model); ``"N"`` -> N >= 0."""
     if text.strip().lower() == "all":
@@ -105,14 +95,11 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
 def replay(
     traces: Annotated[list[Path], typer.Argument(help="Trace files or directories (native JSONL, Mooncake, "
                                                   "ShareGPT, SWE-agent .traj; .gz accepted), or - for stdin.")],
-    chunk_sizes: Annotated[str, typer.Option("--chunk-sizes", "--chunk-size",
-                                             help="Chunk sizes to compare, tokens (comma list).")] = "16,64,256,1024",
+    chunk_sizes: Annotated[str, chunk_sizes_option("Chunk sizes to compare")] = DEFAULT_CHUNK_SIZES,
     redis_url: RedisUrl = None,
-    model: Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local "
-                                            "Hugging Face checkpoint folder.")] = "cpu",
-    dtype: Annotated[Optional[str], typer.Option(help="KV/model dtype (float32, bfloat16, float16; default: "
-                                                      "the model's).")] = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto",
+    model: Model = "cpu",
+    dtype: Dtype = None,
+    device: Device = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'.")] = "2",
     measure_max_tokens: Annotated[Optional[int], typer.Option(
         help="Most tokens of a measured prompt that run the model; longer prompts run their first tokens (default "
@@ -141,9 +128,7 @@ def replay(
     capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, payload bytes (e.g. 2GiB).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
                                                              "calibrating the model.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
-                                                          "(default: the --model folder's own, else cl100k_base).",
-                                                     show_default=False)] = None,
+    tokenizer: Tokenizer = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
@@ -167,7 +152,7 @@ def replay(
                                                "--namespace) batched this many requests per round trip (one "
                                                "script; two round trips on a cluster or with a capacity), with the "
                                                "same results; 1: one request at a time.")] = 256,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")] = False,
+    json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     jobs: Annotated[Optional[int], typer.Option(help=JOBS_HELP, show_default=False)] = None,
     ray: Annotated[Optional[str], typer.Option(help=RAY_HELP, show_default=False)] = None,
@@ -188,48 +173,58 @@ def replay(
       kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
     """
-    from kvcli.replay.curvereport import check_plot_path, write_plots
-    from kvcli.replay.report import print_report, stdout_console, summary_line, to_json
     from kvcli.replay.results import ReplayConfig
-    from kvcli.replay.runner import ModelOptions, run_replay
+    from kvcli.replay.runner import run_replay
     from kvcli.store.kvstore import parse_layouts
     from kvcli.store.server import open_redis
     from kvcli.traces.paths import stdin_paths
 
-    if payload not in ("real", "accounted"):
-        raise BadInputError(f"--payload must be real or accounted, got {payload!r}")
-    for flag, value in (("--limit", limit), ("--measure-max-tokens", measure_max_tokens),
-                        ("--capacity-tokens", capacity_tokens), ("--threads", threads), ("--pipeline", pipeline),
-                        ("--jobs", jobs)):
-        if value is not None and value < 1:
-            raise BadInputError(f"{flag} must be >= 1, got {value}")
-    for flag, value in (("--prefill-tps", prefill_tps), ("--link-gbps", link_gbps)):
-        if value is not None and not 0 < value < float("inf"):
-            raise BadInputError(f"{flag} must be a positive number, got {value}")
-    for flag, value in (("--rtt-ms", rtt_ms), ("--measure-seconds", measure_seconds),
-                        ("--calibrate-seconds", calibrate_seconds)):
-        if value is not None and not 0 <= value < float("inf"):
-            raise BadInputError(f"{flag} must be a number >= 0, got {value}")
-    if store_mode not in ("async", "sync"):
-        raise BadInputError(f"--store-mode must be async or sync, got {store_mode!r}")
-    check_plot_path(plot)
-    if plot is not None and (not curve or namespace is not None):
-        raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
-    if ttl_refresh and not curve:
-        raise BadInputError("--ttl-refresh sets the TTL curve's expiry rule: it needs the curve (no --no-curve)")
     config = ReplayConfig(
-        chunk_sizes=parse_int_list(chunk_sizes, "--chunk-sizes"), payload=payload,
-        measure=parse_measure(measure), capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens,
-        capacity_bytes=parse_size(capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed,
-        upper_bound=upper_bound, measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds,
-        store_mode=store_mode, link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3,
-        allow_evictions=allow_evictions, layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh,
-        pipeline=pipeline)
-    options = ModelOptions(model, dtype, device, seed, prefill_tps, threads)
+        chunk_sizes=parse_chunk_sizes(chunk_sizes), payload=payload, measure=parse_measure(measure),
+        capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens, capacity_bytes=parse_size(
+            capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed, upper_bound=upper_bound,
+        measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
+        link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
+        layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline)
+    options = _model_options(model, dtype, device, seed, prefill_tps, threads)
+    _check_run(config, jobs, plot)
+    timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
-    with stdin_paths(traces) as files, open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), \
-            _progress() as progress:
+    with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, files, config, options, fmt, tokenizer, progress, say, jobs, ray)
+    _show_replay(results, context, plot, json_out)
+
+
+def _model_options(model: str, dtype: str | None, device: str, seed: int, prefill_tps: float | None,
+                   threads: int) -> ModelOptions:
+    """replay's local-model options, checked: ``--threads`` >= 1, ``--prefill-tps`` a positive number."""
+    from kvcli.replay.results import check_count, check_positive
+    from kvcli.replay.runner import ModelOptions
+
+    check_count("--threads", threads)
+    check_positive("--prefill-tps", prefill_tps)
+    return ModelOptions(model, dtype, device, seed, prefill_tps, threads)
+
+
+def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> None:
+    """replay's options that are not the config's, checked against it: ``--jobs`` >= 1; ``--plot`` a .png or
+    .svg file, and only with the curve it draws."""
+    from kvcli.replay.curvereport import check_plot_path
+    from kvcli.replay.results import check_count
+
+    check_count("--jobs", jobs)
+    check_plot_path(plot)
+    if plot is not None and (not config.hit_curve or config.namespace is not None):
+        raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
+
+
+def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool) -> None:
+    """The plots (paths on stderr), the report on stdout (JSON with ``--json``), one summary line per trace on
+    stderr. Raises RedisFailure, after all that, when a run's keys could not be deleted."""
+    from kvcli.replay.curvereport import write_plots
+    from kvcli.replay.report import print_report, summary_line, to_json
+    from kvcli.tables import stdout_console
+
     if plot is not None:
         for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
             err.print(f"plot written: {path}", highlight=False)
@@ -242,15 +237,6 @@ def replay(
     left = [r.left_behind for r in results if r.left_behind]
     if left:  # the report stands; the run's keys could not be deleted
         raise RedisFailure("; ".join(left))
-
-
-def _threads(text: str) -> int | None:
-    """``--threads``: ``auto`` -> None (measured), else a count >= 1."""
-    if text.strip().lower() == "auto":
-        return None
-    if not text.strip().isdigit() or int(text) < 1:
-        raise BadInputError(f"--threads must be a count >= 1 or auto, got {text!r}")
-    return int(text)
 
 
 class _progress:

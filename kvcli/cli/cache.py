@@ -1,50 +1,42 @@
-"""``kvcli warm``, ``kvcli inspect`` and ``kvcli purge``: thin typer commands over warm.py, inspection.py, purge.py.
+"""``kvcli warm``, ``kvcli inspect`` and ``kvcli purge``: thin typer commands over :mod:`kvcli.live.warm`,
+:mod:`kvcli.live.inspect` (and :mod:`kvcli.live.chunkmap`, :mod:`kvcli.live.inspect_lmcache`) and
+:mod:`kvcli.store.namespace`; their views and JSON are :mod:`kvcli.live.report`.
 
-Registered by cli.py (``app.command("warm")(warm)``, ...). Results go to stdout (rich tables, or one JSON document
-with ``--json``), progress and notes to stderr. kvcli's errors propagate to cli.py, which prints one line and exits
-with the error's code.
+Registered by :mod:`kvcli.cli.app` (``app.command("warm")(handle_errors(warm))``, ...). Results go to stdout (rich
+tables, or one JSON document with ``--json``), progress and notes to stderr. kvcli's errors propagate to
+``handle_errors``, which prints one line and exits with the error's code.
 """
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console, Group
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
-from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, RedisTimeout, timeout_seconds
+from kvcli.cli.options import (DEFAULT_CHUNK_SIZES, DEFAULT_REDIS_TIMEOUT, ChunkSizes, Device, Dtype, JsonOut, Model,
+                               RedisTimeout, RedisUrl, Tokenizer, chunk_sizes_option, parse_chunk_sizes,
+                               timeout_seconds)
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.tables import print_table, stdout_console
-from kvcli.units import fmt_bytes, json_document
+from kvcli.live.report import (inspect_view, lmcache_view, map_view, print_view, purge_count_line, purge_scope,
+                               purge_view, to_json, warm_view)
+from kvcli.tables import stdout_console
 
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
-_SIZES = "16,64,256,1024"
-RedisUrl = Annotated[Optional[str], typer.Option("--redis-url", envvar="REDIS_URL", show_default=False,
-                                                 help="Redis URL (redis://, rediss://, unix://). Default: an "
-                                                      "embedded server started (and stopped) for this command.")]
 Namespace = Annotated[str, typer.Option(help="Key namespace.")]
-ChunkSizes = Annotated[str, typer.Option("--chunk-size", "--chunk-sizes", help="Chunk sizes, tokens (comma list).")]
-Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local Hugging "
-                                         "Face checkpoint folder.")]
-Dtype = Annotated[Optional[str], typer.Option(help="Model/KV dtype (default: the model's).")]
 Seed = Annotated[int, typer.Option(help="Model weight seed of a preset (part of its model id).")]
-Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
-                                                       "(default: the --model folder's own, else cl100k_base).",
-                                                  show_default=False)]
 Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, sharegpt, swe-agent.")]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
 
 def warm(
     sources: Annotated[list[str], typer.Argument(help="Prompt files (one prompt per line), traces (JSONL with "
                                                  "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
-    namespace: Namespace = "default", chunk_size: ChunkSizes = _SIZES, model: Model = "cpu", dtype: Dtype = None,
-    device: Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")] = "auto", seed: Seed = 0,
-    tokenizer: Tokenizer = None, fmt: Format = "auto",
+    namespace: Namespace = "default", chunk_size: ChunkSizes = DEFAULT_CHUNK_SIZES, model: Model = "cpu",
+    dtype: Dtype = None, device: Device = "auto", seed: Seed = 0, tokenizer: Tokenizer = None, fmt: Format = "auto",
     ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
                                                max=10**15)] = None,  # Redis refuses EX beyond ~9.2e15 s
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
@@ -72,16 +64,17 @@ def warm(
     from kvcli.traces.prompts import read_prompts
 
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
-    config = WarmConfig(namespace, _sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
+    config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
+    timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     requests = read_prompts(sources, fmt, tok, notify=say)
     spec = resolve_spec(model, dtype, seed)
     local = None if dry_run else load_model(model, dtype, device, seed)
-    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target), _WarmBar() as bar:
+    with open_redis(redis_url, timeout) as (client, target), _WarmBar() as bar:
         if target.embedded and not dry_run:
             err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
         result = run_warm(client, requests, local, config, bar.update, spec, say)
-    _print("warm", result, json_out, _warm_view)
+    _show("warm", result, json_out, warm_view)
     if result.evicted_keys:
         err.print(f"warning: the server evicted {result.evicted_keys:,} keys during this warm; what was written may "
                   f"already be gone", markup=False, highlight=False, soft_wrap=True)
@@ -91,8 +84,8 @@ def warm(
 
 def inspect(
     namespace: Annotated[Optional[str], typer.Option(help="Only this namespace (map: default 'default').")] = None,
-    chunk_size: Annotated[Optional[str], typer.Option("--chunk-size", "--chunk-sizes", help="Chunk sizes for "
-                                                      f"--prompt/--tokens/--request (default {_SIZES}).")] = None,
+    chunk_size: Annotated[str, chunk_sizes_option("Chunk sizes for --prompt/--tokens/--request")
+                          ] = DEFAULT_CHUNK_SIZES,
     sample: Annotated[Optional[int], typer.Option(help="MEMORY USAGE of N sampled keys (0: none; default: all).",
                                                   min=0)] = None,
     verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Check payload checksums "
@@ -122,52 +115,62 @@ def inspect(
 
       kvcli inspect --layout lmcache --redis-url redis://lmcache-redis:6379 --sample 2000
     """
-    from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.inspect import inspect_cache
-    from kvcli.live.reading import reader
     from kvcli.model.load import model_id_of, resolve_tokenizer
     from kvcli.model.tokenize import lazy_tokenizer
-    from kvcli.store.preflight import server_memory
     from kvcli.store.server import open_redis
 
     if layout not in ("kvcli", "lmcache"):
         raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    timeout = timeout_seconds(redis_timeout)
     if layout == "lmcache":
-        return _inspect_lmcache(redis_url, sample, json_out, namespace=namespace, verify=verify, prompt=prompt,
-                                tokens=tokens, request=request)
+        return _inspect_lmcache(redis_url, timeout, sample, json_out, namespace=namespace, verify=verify,
+                                prompt=prompt, tokens=tokens, request=request)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
     ids = _prompt_ids(prompt, tokens, request, tok, fmt, cache_salt)
-    with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
+    sizes = () if ids is None else parse_chunk_sizes(chunk_size)  # only a chunk map has chunk sizes
+    with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         if ids is None:
-            result = inspect_cache(client, namespace, sample, verify)
-            return _print("inspect", result, json_out, _inspect_view)
-        model_id = model_id_of(model, dtype, seed)
-        with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
-            server = server_memory(conn)
-            maps = [chunk_map(conn, ids[0], namespace or "default", cs, model_id, tok_name, ids[1], server)
-                    for cs in _sizes(chunk_size or _SIZES)]
-            maps = absent_warnings(conn, maps)
-        for m in maps:
-            if m.warning:
-                err.print(f"warning: {m.warning}", markup=False, highlight=False)
-    _print("inspect", maps, json_out, _map_view)
+            return _show("inspect", inspect_cache(client, namespace, sample, verify), json_out, inspect_view)
+        maps = _chunk_maps(client, ids, namespace or "default", sizes, model_id_of(model, dtype, seed), tok_name)
+    _show("inspect", maps, json_out, map_view)
 
 
-def _inspect_lmcache(redis_url, sample, json_out, **kvcli_only) -> None:
-    """``inspect --layout lmcache``: refuses kvcli-layout options, then reads and prints the LMCache summary."""
+def _chunk_maps(client, ids: tuple[list[int], str], namespace: str, sizes: tuple[int, ...], model_id: str,
+                tok_name: str) -> list:
+    """One prompt's chunk map per chunk size (``ids``: token ids and cache salt), read over one NO-TOUCH
+    connection; their warnings on stderr."""
+    from kvcli.live.chunkmap import absent_warnings, chunk_map
+    from kvcli.live.reading import reader
+    from kvcli.store.preflight import server_memory
+
+    with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
+        server = server_memory(conn)
+        maps = [chunk_map(conn, ids[0], namespace, cs, model_id, tok_name, ids[1], server) for cs in sizes]
+        maps = absent_warnings(conn, maps)
+    for m in maps:
+        if m.warning:
+            err.print(f"warning: {m.warning}", markup=False, highlight=False)
+    return maps
+
+
+def _inspect_lmcache(redis_url: str | None, timeout: float, sample: int | None, json_out: bool,
+                     **kvcli_only) -> None:
+    """``inspect --layout lmcache``: refuses kvcli-layout options, then reads and prints the LMCache summary
+    (``timeout``: seconds for the connect and each reply, as ``--redis-timeout``)."""
     from kvcli.live.inspect_lmcache import inspect_lmcache
     from kvcli.store.server import open_redis
 
     given = [f"--{k}" for k, v in kvcli_only.items() if v is not None]
     if given:
         raise BadInputError(f"{', '.join(given)}: not with --layout lmcache (they read kvcli's own layout)")
-    with open_redis(redis_url) as (client, target):
+    with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         result = inspect_lmcache(client, sample)
-    _print("inspect", result, json_out, _lmcache_view)
+    _show("inspect", result, json_out, lmcache_view)
 
 
 def purge(
@@ -191,38 +194,32 @@ def purge(
     from kvcli.store.namespace import purge as run_purge
     from kvcli.store.server import open_redis
 
-    where = f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
+    scope = purge_scope(namespace, chunk_size)
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: purging a fresh embedded server (empty)")
         try:
             found = count(client, namespace, chunk_size)
-            shards = "" if len(found.by_shard) < 2 else (
-                f" on {len(found.by_shard)} shards: " + ", ".join(f"{k} {v:,}" for k, v in found.by_shard.items()))
-            err.print(f"{found.keys:,} kvcli keys in {where} ({found.metadata:,} metadata, {found.payloads:,} "
-                      f"payloads){shards}", markup=False, highlight=False, soft_wrap=True)
+            err.print(purge_count_line(found, scope), markup=False, highlight=False, soft_wrap=True)
             if found.keys and not yes:
                 if json_out:  # the count, for a script that decides (deleted: 0); still exit 2
-                    _print("purge", found, json_out, lambda r: Text(""))
+                    typer.echo(to_json("purge", found))
                 raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
             done = run_purge(client, namespace, chunk_size) if yes else found
         except RedisFailure as exc:  # what is left is still there: say how to finish
             again = purge_command(target, namespace, chunk_size) if yes else ""
             raise RedisFailure(str(exc).rstrip(".") + (f"; remove what is left with: {again} (again)" if yes else "")
                                ) from None
-    _print("purge", done, json_out, lambda r: Text(f"deleted {r.deleted:,} keys of {where}"))
+    _show("purge", done, json_out, functools.partial(purge_view, scope=scope))
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------
-def _sizes(text: str) -> tuple[int, ...]:
-    """``"16,64,16"`` -> ``(16, 64)``: positive integers, duplicates dropped (first kept)."""
-    try:
-        sizes = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        sizes = ()
-    if not sizes or min(sizes) < 1:
-        raise BadInputError(f"--chunk-size must be positive integers separated by commas, got {text!r}")
-    return tuple(dict.fromkeys(sizes))
+def _show(command: str, result, json_out: bool, view) -> None:
+    """A command's result on stdout: its JSON document with ``--json``, else its view (:mod:`kvcli.live.report`)."""
+    if json_out:
+        typer.echo(to_json(command, result))
+    else:
+        print_view(stdout_console(), view(result))
 
 
 def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None = None):
@@ -257,175 +254,6 @@ def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None =
                 return r.token_ids, r.cache_salt if cache_salt is None else cache_salt
         raise BadInputError(f"no request at line {line}", path=path)
     return None
-
-
-def _print(command: str, result, json_out: bool, view) -> None:
-    if json_out:
-        body = _jsonable(result)
-        typer.echo(json_document(command, {"chunk_maps": body} if isinstance(body, list) else body, indent=1))
-    else:
-        out = stdout_console()
-        shown = view(result)
-        for part in getattr(shown, "renderables", [shown]):  # tables split by columns when too wide: none is cut
-            if isinstance(part, Table):  # a table's identifying columns are repeated in each part
-                print_table(out, part, keep=getattr(part, "keep_columns", 1))
-            else:
-                out.print(part, soft_wrap=isinstance(part, Text) and not out.is_terminal)
-
-
-def _jsonable(obj):
-    if isinstance(obj, list):
-        return [_jsonable(x) for x in obj]
-    if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    import dataclasses
-
-    return dataclasses.asdict(obj)
-
-
-def _table(title: str, columns: list[str], rows: list[list]) -> Table:
-    """A table whose title and cells are plain text: names from the server (namespaces, models) are never read as
-    rich markup (``[/]`` would raise, ``[p]`` would vanish)."""
-    table = Table(title=Text(title), title_justify="left")
-    for i, c in enumerate(columns):
-        table.add_column(c, justify="left" if i == 0 else "right")
-    for row in rows:
-        table.add_row(*(Text(f"{x:,}" if isinstance(x, int) else str(x)) for x in row))
-    return table
-
-
-def _warm_view(r) -> Group:
-    rows = [[t.chunk_size, t.prompts, t.full_chunks, t.chunks_written, t.chunks_present, t.objects_written,
-             fmt_bytes(t.payload_bytes + t.header_bytes), fmt_bytes(t.metadata_bytes)] for t in r.per_size]
-    verb = "would write" if r.dry_run else "wrote"
-    note = (f"{verb} {r.total('objects_written'):,} objects, {fmt_bytes(r.total('bytes'))}" + _why_nothing(r)
-            + ("" if r.dry_run else f"; prefilled {r.tokens_prefilled:,} tokens, reused {r.tokens_reused:,} "
-               f"(model {r.compute_seconds:.2f} s, writes {r.write_seconds:.2f} s)") + f"; {r.seconds:.2f} s"
-            + _repairs(r) + f"\npreflight: {r.preflight.message}"
-            + ("" if not r.evicted_keys else f"\nevicted: the server evicted {r.evicted_keys:,} keys during this "
-               f"warm; what was written may already be gone")
-            + (f"\nstopped: {r.stopped}" if r.stopped else ""))
-    table = _table(f"warm {r.namespace} ({r.model_id}){' — dry run' if r.dry_run else ''}",
-                   ["chunk size", "prompts", "full chunks", "written", "present", "objects", "payload",
-                    "metadata"], rows)
-    return Group(table, Text(note))
-
-
-def _repairs(r) -> str:
-    """Damaged chunks found (and rewritten) and TTLs refreshed along chains, when any."""
-    repaired, refreshed = r.total("chunks_repaired"), r.total("ttl_refreshed")
-    verb = "would rewrite" if r.dry_run else "rewrote"
-    return ((f"\ndamaged: {verb} {repaired:,} chunks found damaged (missing half, wrong length, type, digest or "
-             f"parent{', checksum' if r.verify else ''})" if repaired else "")
-            + (f"\nttl: refreshed {refreshed:,} chunks a longer chain now depends on (a head never expires before "
-               f"its tail)" if refreshed else ""))
-
-
-def _why_nothing(r) -> str:
-    """Why nothing was written, when nothing was and nothing failed: no prompts, no full chunk, all present."""
-    if r.total("objects_written") or r.stopped:
-        return ""
-    if not r.prompts:
-        return ": no prompts"
-    if not r.total("full_chunks"):
-        return ": no prompt is as long as a chunk"
-    return ": everything was already present"
-
-
-def _inspect_view(r) -> Group:
-    s = r.server
-    rows = []
-    for g in r.groups:
-        d = g.to_dict(keys=False)
-        ttl, age = d["ttl_seconds"], d["age_seconds"]
-        rows.append([g.namespace, g.model, g.chunk_size, g.chunks, g.metadata_entries, g.payload_objects,
-                     fmt_bytes(g.payload_bytes), fmt_bytes(g.metadata_bytes), fmt_bytes(g.memory_bytes),
-                     f"{ttl['none']:,} none" + (f"; {ttl['min']:.0f}/{ttl['median']:.0f}/{ttl['max']:.0f} s"
-                                                 if ttl["with_ttl"] else ""),
-                     "–" if age["median"] is None else f"{age['median']:.0f} s",
-                     ", ".join(f"{k} {v:,}" for k, v in d["integrity"].items() if v) or "ok"])
-    table = _table(f"kvcli keys: {r.kvcli_keys:,}; other keys: {r.other_keys:,}",
-                   ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
-                    "redis memory", "ttl min/med/max", "age med", "integrity"], rows)
-    table.keep_columns = 3  # namespace, model and chunk size name a row
-    memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
-              else f"sampled {r.memory_sampled:,} keys across the groups, scaled")
-    maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
-    server = (f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} ({s.policy}), "
-              f"evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}" if s.known else f"server: {s.note}")
-    parts = [table]
-    if r.cluster:
-        parts.append(_shards_table(r.shards, "kvcli", r.kvcli_keys, r.skew))
-        server = "cluster totals, " + server
-    return Group(*parts, Text(f"{server}; "
-                             f"MEMORY USAGE: {memory}; checksums "
-                             f"{'verified' if r.verified else 'not verified (--verify)'}; "
-                             f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
-                             f"{r.seconds:.2f} s"))
-
-
-def _shards_table(shards, layout: str, total: int, skew: dict):
-    """A cluster's primaries: the layout's keys and their share, other keys, used_memory and its share, MEMORY
-    USAGE of the layout's keys (kvcli's: read per shard; LMCache's is read per model, so no column), maxmemory;
-    the skew in the title."""
-    used = sum(v.used_memory or 0 for v in shards)
-    per_shard_memory = layout == "kvcli"
-    rows = [[v.name, v.keys, f"{100 * v.keys / total if total else 0:.1f}%", v.other_keys, fmt_bytes(v.used_memory),
-             f"{100 * (v.used_memory or 0) / used if used else 0:.1f}%"]
-            + (["-" if v.memory_bytes is None else fmt_bytes(v.memory_bytes)] if per_shard_memory else [])
-            + [fmt_bytes(v.maxmemory) if v.maxmemory else "none"] for v in shards]
-    label = "kvcli" if layout == "kvcli" else "LMCache"
-    return _table(f"Redis Cluster: {len(shards)} primaries, all scanned; skew (largest / mean): {label} keys "
-                  f"{_x(skew[f'{layout}_keys'])}, used_memory {_x(skew['used_memory'])}",
-                  ["primary", f"{label} keys", "share", "other keys", "used_memory", "share"]
-                  + ([f"{label} MEMORY USAGE"] if per_shard_memory else []) + ["maxmemory"], rows)
-
-
-def _lmcache_view(r) -> Group:
-    from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_VERSION
-
-    def top(counter) -> str:  # the 3 commonest values, with their chunk counts when there is more than one
-        common = counter.most_common(3)
-        return ", ".join(f"{k}" if len(counter) == 1 else f"{k} ({n:,})" for k, n in common) or "-"
-
-    short = {"orphan_metadata": "orphan meta", "orphan_kv_bytes": "orphan kv", "bad_metadata": "bad meta",
-             "length_mismatch": "bad length"}
-    rows = [[g.model_name, g.chunks, f"{g.metadata_keys:,} / {g.kv_keys:,}", fmt_bytes(g.kv_value_bytes),
-             fmt_bytes(g.metadata_value_bytes), "-" if g.memory_bytes is None else fmt_bytes(g.memory_bytes),
-             top(g.by_chunk_tokens), top(g.by_format), top(g.by_dtype),
-             f"{top(g.by_world_size)} / {len(g.by_worker_id):,}",
-             ", ".join(f"{short[k]} {len(v):,}" for k, v in sorted(g.issues.items())) or "ok"] for g in r.groups]
-    table = _table(f"LMCache keys: {r.lmcache_keys:,}; other keys: {r.other_keys:,}",
-                   ["model", "chunks", "keys meta / kv", "kv bytes", "meta bytes", "redis memory", "tokens/chunk",
-                    "format", "dtype", "world size / workers", "integrity"], rows)
-    s = r.server
-    memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
-              else f"sampled {r.memory_sampled:,} keys across the models, scaled")
-    parts = [table, _shards_table(r.shards, "lmcache", r.lmcache_keys, r.skew)] if r.cluster else [table]
-    return Group(*parts, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector)\n"
-                             f"{'cluster totals, ' if r.cluster else ''}server {s.version}: used_memory {fmt_bytes(s.used_memory)}, evicted_keys "
-                             f"{s.evicted_keys:,}; MEMORY USAGE: {memory}; "
-                             f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "
-                             f"{r.seconds:.2f} s"))
-
-
-def _x(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
-def _map_view(maps) -> Group:
-    parts = []
-    for m in maps:
-        rows = [[r.index, r.hash[:16], f"{r.start}-{r.end}", r.status, "–" if r.ttl is None else f"{r.ttl:.0f} s"]
-                for r in m.rows]
-        table = _table(f"{m.namespace} / chunk size {m.chunk_size} / {m.model_id}",
-                       ["chunk", "hash", "tokens", "status", "ttl"], rows)
-        where = "no break" if m.break_index is None else f"breaks at chunk {m.break_index}: {m.break_reason}"
-        if m.break_index is None and m.rows:
-            where += " (every chunk hits; the last token is computed again for the logits, as an engine does)"
-        parts += [table, Text(f"{m.prompt_tokens:,} tokens: {m.hit_tokens:,} reused, {m.prefill_tokens:,} to "
-                              f"prefill; {where}")]
-    return Group(*parts)
 
 
 class _WarmBar:

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
+from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, redis_timeout_option, redis_url_option, timeout_seconds
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
@@ -66,9 +67,12 @@ def route(
                                    rich_help_panel=MANAGER, show_default=False)] = True,
     count_lookup_latency: Annotated[Optional[bool], Opt("--count-lookup-latency/--no-count-lookup-latency",
                                                         hidden=True)] = None,
-    redis_url: Annotated[Optional[str], Opt(envvar="REDIS_URL", metavar="<url>", help="Redis for cache-manager "
-                                            "(default: embedded).", show_default=False,
-                                            rich_help_panel=MANAGER)] = None,
+    redis_url: Annotated[Optional[str], redis_url_option("Redis for cache-manager (default: embedded).",
+                                                         metavar="<url>", rich_help_panel=MANAGER)] = None,
+    redis_timeout: Annotated[str, redis_timeout_option(
+        "cache-manager: longest wait for the connect and each Redis reply (e.g. 10s, 500ms); then the run fails. "
+        "A dropped connection is retried twice first.", metavar="<time>",
+        rich_help_panel=MANAGER)] = DEFAULT_REDIS_TIMEOUT,
     sweep: Annotated[list[str], Opt(metavar="<p=v1,v2>", help="Repeatable; PARAM: nodes, node-capacity, max-batch, "
                                     "decode-tpot, rate, seed, abs-threshold, rel-threshold, cache-threshold, w, "
                                     "temperature, lookup-delay, lookup-timeout.", rich_help_panel=POLICY)] = [],
@@ -106,6 +110,7 @@ def route(
         check_model(model)  # also with --prefill-tps: a typo should not pass silently
         if limit is not None and limit < 1:
             raise BadInputError(f"--limit must be >= 1, got {limit}")
+        timeout = timeout_seconds(redis_timeout)
         kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)
         config = SimConfig(
             nodes=nodes, capacity_tokens=parse_capacity(node_capacity, kv), chunk_size=chunk_size,
@@ -133,7 +138,7 @@ def route(
             cost, cost_info = prefill_cost(prefill_tps, model)
             task = bar.add_task("simulating", total=len(planned))
             runs = run_routes(requests, names, points, cost, redis_url,
-                              lambda what: bar.update(task, advance=1, description=f"simulating {what}"))
+                              lambda what: bar.update(task, advance=1, description=f"simulating {what}"), timeout)
         report = report_dict(name, runs, cost_info)
         report["notes"] = notes
         if plot is not None:

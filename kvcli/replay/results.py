@@ -3,6 +3,7 @@ and the options that produced them (:class:`ReplayConfig`). Plain data, JSON-rea
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ class ReplayConfig:
         namespace: an existing namespace (e.g. one ``kvcli warm`` filled) whose chunks count as hits; it is only
             read, never written. None: a cold cache. Either way the run writes into a fresh namespace of its own.
         keep: keep the run's own namespace (its keys) on the server after the report; deleted by default.
-        limit: replay only the first N requests of each trace.
+        limit: replay only the first N requests of each trace (more than ``sys.maxsize``: kept as that many).
         memory_sample: keys per chunk size sampled with MEMORY USAGE.
         seed: seed for picking measured requests.
         upper_bound: compute the token-granular upper bound (a radix tree holding each distinct token run once,
@@ -76,12 +77,53 @@ class ReplayConfig:
     pipeline: int = 256
 
     def __post_init__(self) -> None:
-        if self.pipeline < 1:
-            raise BadInputError(f"--pipeline must be >= 1, got {self.pipeline}")
+        """Check the options, alone and together; each message names the ``kvcli replay`` flag that sets them.
+
+        Raises:
+            BadInputError: an unknown payload or store mode; a limit, measured-token cap, token capacity or
+                pipeline below 1; a link speed that is not a positive number; a round trip or time budget that is
+                not a number >= 0; ``ttl_refresh`` without ``hit_curve``; the lmcache layout with a read
+                namespace or a capacity.
+        """
+        if self.payload not in ("real", "accounted"):
+            raise BadInputError(f"--payload must be real or accounted, got {self.payload!r}")
+        for flag, value in (("--limit", self.limit), ("--measure-max-tokens", self.measure_max_tokens),
+                            ("--capacity-tokens", self.capacity_tokens), ("--pipeline", self.pipeline)):
+            check_count(flag, value)
+        if self.limit is not None and self.limit > sys.maxsize:  # longer than any trace: all of it (as route reads)
+            object.__setattr__(self, "limit", sys.maxsize)
+        check_positive("--link-gbps", self.link_gbps)
+        # the round trip as given in ms, to the 15 significant digits a typed number has (the division is undone)
+        rtt_ms = None if self.rtt_seconds is None else float(f"{self.rtt_seconds * 1e3:.15g}")
+        for flag, value in (("--rtt-ms", rtt_ms), ("--measure-seconds", self.measure_seconds),
+                            ("--calibrate-seconds", self.calibrate_seconds)):
+            check_non_negative(flag, value)
+        if self.store_mode not in ("async", "sync"):
+            raise BadInputError(f"--store-mode must be async or sync, got {self.store_mode!r}")
+        if self.ttl_refresh and not self.hit_curve:
+            raise BadInputError("--ttl-refresh sets the TTL curve's expiry rule: it needs the curve (no --no-curve)")
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
             raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
                                 "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "
                                 "to the server)")
+
+
+def check_count(flag: str, value: int | None) -> None:
+    """Raise BadInputError naming ``flag`` unless ``value`` is None or >= 1."""
+    if value is not None and value < 1:
+        raise BadInputError(f"{flag} must be >= 1, got {value}")
+
+
+def check_positive(flag: str, value: float | None) -> None:
+    """Raise BadInputError naming ``flag`` unless ``value`` is None or a finite number > 0."""
+    if value is not None and not 0 < value < float("inf"):
+        raise BadInputError(f"{flag} must be a positive number, got {value}")
+
+
+def check_non_negative(flag: str, value: float | None) -> None:
+    """Raise BadInputError naming ``flag`` unless ``value`` is None or a finite number >= 0."""
+    if value is not None and not 0 <= value < float("inf"):
+        raise BadInputError(f"{flag} must be a number >= 0, got {value}")
 
 
 @dataclass

@@ -164,13 +164,15 @@ def config_dict(config: SimConfig) -> dict:
 
 
 def run_routes(requests: list[SimRequest], policies: list[str], points: list[tuple[dict, SimConfig]], cost,
-               redis_url: str | None = None, on_run: Callable[[str], None] | None = None) -> list[dict]:
+               redis_url: str | None = None, on_run: Callable[[str], None] | None = None,
+               timeout: float | None = None) -> list[dict]:
     """Simulate the runs of :func:`plan_runs` (each policy at each sweep point that changes it); one summary dict
     per run, with ``policy``, ``sweep`` (the swept parameters that affect it) and ``config`` added. Opens Redis
-    (:func:`kvcli.server.open_redis`: ``redis_url``, ``$REDIS_URL`` or the embedded server) only when a policy
-    needs it. Raises RedisFailure, BadInputError."""
+    (:func:`kvcli.store.server.open_redis`: ``redis_url``, ``$REDIS_URL`` or the embedded server; ``timeout``
+    seconds for the connect and each reply, None: its default) only when a policy needs it. Raises RedisFailure,
+    BadInputError."""
     needs = any(POLICIES[p].needs_redis for p in policies)
-    with (open_redis(redis_url) if needs else contextlib.nullcontext((None, None))) as (client, _):
+    with (open_redis(redis_url, timeout) if needs else contextlib.nullcontext((None, None))) as (client, _):
         runs, bounds = [], {}
         for name, labels, config in plan_runs(policies, points):
             key = (config.nodes, config.capacity_chunks, config.rate, config.seed if config.rate else None)

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import redis
 
+from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.llama import build_model
 from kvcli.model.presets import ModelSpec
@@ -227,16 +229,29 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--chunk-sizes", "16,16"], "chunk sizes repeat"),
+    (["--chunk-sizes", "16,0"], "--chunk-sizes must be positive integers separated by commas, got '16,0'"),
+    (["--chunk-sizes", "16,x"], "--chunk-sizes must be positive integers separated by commas, got '16,x'"),
+    (["--payload", "some"], "--payload must be real or accounted, got 'some'"),
     (["--limit", "0"], "--limit must be >= 1"),
     (["--capacity-tokens", "0"], "--capacity-tokens must be >= 1"),
+    (["--measure-max-tokens", "0"], "--measure-max-tokens must be >= 1, got 0"),
+    (["--pipeline", "0"], "--pipeline must be >= 1, got 0"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--jobs", "0"], "--jobs must be >= 1, got 0"),
     (["--prefill-tps", "inf"], "--prefill-tps must be a positive number"),
     (["--redis-url", "http://127.0.0.1:1"], "not a Redis URL"),
     (["--namespace", "a:b"], "namespace 'a:b'"),
     (["--store-mode", "later"], "--store-mode must be async or sync"),
     (["--link-gbps", "0"], "--link-gbps must be a positive number"),
-    (["--rtt-ms", "-1"], "--rtt-ms must be a number >= 0"),
+    (["--rtt-ms", "-1"], "--rtt-ms must be a number >= 0, got -1.0"),
+    (["--rtt-ms", "-0.3"], "--rtt-ms must be a number >= 0, got -0.3"),
+    (["--measure-seconds", "-1"], "--measure-seconds must be a number >= 0, got -1.0"),
     (["--calibrate-seconds", "nan"], "--calibrate-seconds must be a number >= 0"),
+    (["--plot", "curve.pdf"], "--plot must end in .png or .svg, got 'curve.pdf'"),
+    (["--plot", "curve.png", "--no-curve"], "--plot draws the capacity/TTL curve: it needs the curve"),
+    (["--ttl-refresh", "--no-curve"], "--ttl-refresh sets the TTL curve's expiry rule: it needs the curve"),
+    (["--layout", "lmcache", "--capacity-tokens", "64"], "--layout lmcache replays a cold cache without a capacity"),
+    (["--redis-timeout", "0"], "--redis-timeout must be > 0, got '0'"),
 ])
 def test_cli_rejects_bad_options_with_exit_2(tmp_path, redis_url, args, message):
     from typer.testing import CliRunner
@@ -249,6 +264,48 @@ def test_cli_rejects_bad_options_with_exit_2(tmp_path, redis_url, args, message)
     out = CliRunner().invoke(app, base + args)
     assert out.exit_code == 2, out.output
     assert message in out.stderr and "Traceback" not in out.output
+
+
+def test_cli_repeated_chunk_size_counts_once(tmp_path, redis_url):
+    """``--chunk-sizes 16,16`` replays chunk size 16 once, as ``--chunk-sizes 16`` does."""
+    from typer.testing import CliRunner
+
+    from kvcli.cli.app import app
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"token_ids": list(range(1, 40)) + [100 + i]}) + "\n" for i in range(4)))
+    base = ["replay", str(trace), "--measure", "0", "--prefill-tps", "1000", "--payload", "accounted", "--json",
+            "--redis-url", redis_url]
+    runs = [CliRunner().invoke(app, base + ["--chunk-sizes", sizes]) for sizes in ("16", "16,16")]
+    assert all(out.exit_code == 0 for out in runs), [out.output for out in runs]
+    once, twice = (json.loads(out.stdout)["traces"][0]["per_chunk_size"] for out in runs)
+    assert len(once) == len(twice) == 1 and twice[0]["chunk_size"] == 16
+    assert (twice[0]["hit_tokens"], twice[0]["objects_created"]) == (once[0]["hit_tokens"],
+                                                                     once[0]["objects_created"]) == (3 * 32, 2)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"payload": "some"}, "--payload must be real or accounted, got 'some'"),
+    ({"limit": 0}, "--limit must be >= 1, got 0"),
+    ({"pipeline": 0}, "--pipeline must be >= 1, got 0"),
+    ({"link_gbps": float("nan")}, "--link-gbps must be a positive number, got nan"),
+    ({"rtt_seconds": -0.0003}, "--rtt-ms must be a number >= 0, got -0.3"),
+    ({"measure_seconds": float("inf")}, "--measure-seconds must be a number >= 0, got inf"),
+    ({"store_mode": "later"}, "--store-mode must be async or sync, got 'later'"),
+    ({"hit_curve": False, "ttl_refresh": True}, "--ttl-refresh sets the TTL curve's expiry rule"),
+])
+def test_replay_config_checks_its_fields(fields, message):
+    """A library caller's config is checked as the CLI's is, with the same messages."""
+    with pytest.raises(BadInputError, match=re.escape(message)):
+        ReplayConfig(**fields)
+
+
+def test_a_limit_beyond_any_trace_reads_it_all():
+    """``--limit 99999999999999999999`` is more requests than any trace holds: kept as ``sys.maxsize`` (what
+    itertools.islice takes), not refused."""
+    import sys
+
+    assert ReplayConfig(limit=10**20).limit == sys.maxsize and ReplayConfig(limit=5).limit == 5
 
 
 def test_cli_trace_without_requests_is_bad_input(tmp_path, redis_url):

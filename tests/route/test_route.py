@@ -326,6 +326,24 @@ def runs_for(seed, url, rate=None):
     return {r["policy"]: r for r in runs}
 
 
+@pytest.mark.single_server("the timeout reaches open_redis the same way for a cluster")
+def test_run_routes_connects_with_its_timeout(redis_url, monkeypatch):
+    """``run_routes(..., timeout=)`` is the reply timeout of the client cache-manager's index uses."""
+    import kvcli.route.report as report
+    from kvcli.replay.parallel import reply_timeout
+
+    seen = []
+
+    def spy(name, cfg, client=None):
+        seen.append(reply_timeout(client))
+        return make_policy(name, cfg, client)
+
+    monkeypatch.setattr(report, "make_policy", spy)
+    runs = run_routes(requests([a_prompt(1)] * 2, [0.0, 1.0]), ["cache-manager"], [({}, config())], COST, redis_url,
+                      timeout=0.75)
+    assert seen == [0.75] and runs[0]["hit_tokens"] == 16
+
+
 def test_same_seed_same_report(redis_url):
     assert runs_for(3, redis_url) == runs_for(3, redis_url)
     assert runs_for(3, redis_url, rate=20.0) == runs_for(3, redis_url, rate=20.0)
