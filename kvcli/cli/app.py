@@ -18,9 +18,20 @@ from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.markup import escape
 
-from kvcli.cli.options import (DEFAULT_CHUNK_SIZES, DEFAULT_REDIS_TIMEOUT, Device, Dtype, JsonOut, Model,
-                               RedisTimeout, RedisUrl, Tokenizer, chunk_sizes_option, parse_chunk_sizes,
-                               timeout_seconds)
+from kvcli.cli.options import (
+    DEFAULT_CHUNK_SIZES,
+    DEFAULT_REDIS_TIMEOUT,
+    Device,
+    Dtype,
+    JsonOut,
+    Model,
+    RedisTimeout,
+    RedisUrl,
+    Tokenizer,
+    chunk_sizes_option,
+    parse_chunk_sizes,
+    timeout_seconds,
+)
 from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
 from kvcli.units import parse_size
 

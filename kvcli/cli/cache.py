@@ -18,12 +18,33 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from kvcli.cli.options import (DEFAULT_CHUNK_SIZES, DEFAULT_REDIS_TIMEOUT, ChunkSizes, Device, Dtype, JsonOut, Model,
-                               RedisTimeout, RedisUrl, Tokenizer, chunk_sizes_option, parse_chunk_sizes,
-                               timeout_seconds)
+from kvcli.cli.options import (
+    DEFAULT_CHUNK_SIZES,
+    DEFAULT_REDIS_TIMEOUT,
+    ChunkSizes,
+    Device,
+    Dtype,
+    JsonOut,
+    Model,
+    RedisTimeout,
+    RedisUrl,
+    Tokenizer,
+    chunk_sizes_option,
+    parse_chunk_sizes,
+    timeout_seconds,
+)
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.live.report import (inspect_view, lmcache_view, map_view, print_view, purge_count_line, purge_scope,
-                               purge_view, to_json, warm_view)
+from kvcli.live.report import (
+    inspect_view,
+    lmcache_view,
+    map_view,
+    print_view,
+    purge_count_line,
+    purge_scope,
+    purge_view,
+    to_json,
+    warm_view,
+)
 from kvcli.tables import stdout_console
 
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole

@@ -63,7 +63,8 @@ def route(
     lookup_timeout: Annotated[Optional[str], Opt(metavar="<time>", help="Fall back to least-loaded after this "
                                                  "(e.g. 20ms; default: wait).", rich_help_panel=MANAGER)] = None,
     count_rtt: Annotated[bool, Opt("--count-rtt/--no-count-rtt", help="Add the measured Redis round trip to TTFT "
-                                   "(--no-count-rtt: exact, repeatable runs). Old names: --count-lookup-latency, --no-count-lookup-latency.",
+                                   "(--no-count-rtt: exact, repeatable runs). Old names: --count-lookup-latency, "
+                                   "--no-count-lookup-latency.",
                                    rich_help_panel=MANAGER, show_default=False)] = True,
     count_lookup_latency: Annotated[Optional[bool], Opt("--count-lookup-latency/--no-count-lookup-latency",
                                                         hidden=True)] = None,

@@ -279,8 +279,8 @@ def render(report: dict, console: Console) -> None:
         first = [r["policy"]] + ([" ".join(f"{k}={v}" for k, v in r["sweep"].items()) or "any"] if sweep else [])
         n, lk, key = r["per_node"], r["lookups"], (r["policy"], point(r))
         cache.add_row(*first, mark(f"{100 * r['hit_token_ratio']:.1f}", key in best_hit),
-                      f"{100 * r['single_node_hit_token_ratio']:.1f}", _count(r["prefill_tokens"]), _count(r["evictions"]),
-                      _fmt(r["throughput"]["requests_per_second"]))
+                      f"{100 * r['single_node_hit_token_ratio']:.1f}", _count(r["prefill_tokens"]),
+                      _count(r["evictions"]), _fmt(r["throughput"]["requests_per_second"]))
         balance.add_row(*first, f"{n['requests_spread']['max_over_mean']:.2f}", f"{n['requests_spread']['cv']:.2f}",
                         f"{n['prefill_tokens_spread']['max_over_mean']:.2f}",
                         f"{n['prefill_tokens_spread']['cv']:.2f}", str(n["peak_request_imbalance"]))
