@@ -35,7 +35,7 @@ length in its one round trip; the checksums of up to ``verify_sample`` distinct 
 are verified (their payloads read, outside the timings), and a chunk that fails is a miss from then on.
 
 Parallel: each store's replay depends on no other store's (its own prefix, LRU and counts), so the stores split
-into units (:mod:`kvcli.replay.units`) that :meth:`Replayer.replay_unit` runs, in this process or, with ``units``
+into units (:mod:`kvcli.replay.work`) that :meth:`Replayer.replay_unit` runs, in this process or, with ``units``
 set, in worker processes or Ray tasks (:mod:`kvcli.replay.parallel`); everything before (validation, calibration,
 measured picks, preflight, transfer rates) and after (merge, savings, verdict, notes, cleanup) runs here once.
 
@@ -74,8 +74,8 @@ from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.prefetch import Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
-from kvcli.replay.units import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.store.batch import Batcher, batchable
 from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.cluster import drop_connections
@@ -304,7 +304,7 @@ class Replayer:
     def replay_unit(self, work: Work, indices: tuple[int, ...], upper_bound: bool,
                     stores: list[KVStore] | None = None, progress: Callable[[int, int], None] | None = None) -> Part:
         """Replay the whole trace through the stores ``indices`` of ``work.stores`` (made here on this replayer's
-        client unless given) and return their picklable results (:class:`~kvcli.replay.units.Part`); with
+        client unless given) and return their picklable results (:class:`~kvcli.replay.work.Part`); with
         ``upper_bound``, this unit also runs the token-granular upper bound's radix tree (exactly one unit does).
         Used in this process and in each worker (kvcli.replay.parallel): one implementation."""
         cfg = self.config
