@@ -81,8 +81,8 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
             _models[options] = load_model(options.model, options.dtype, options.device, options.seed)
         model = _models[options]
     replayer = Replayer(_clients[key], model, None, setup.tokenizer, setup.config, spec=setup.spec,
-                        model_config=setup.model_config)
-    replayer.prefetch = False  # the units share the cores: no child reading the trace ahead (kvcli.replay.prefetch)
+                        model_config=setup.model_config,
+                        prefetch=False)  # the units share the cores: no child reading the trace ahead
     return replayer.replay_unit(work, indices, upper_bound)
 
 
