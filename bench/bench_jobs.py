@@ -44,7 +44,7 @@ def hashing_baseline(trace: str, sizes: tuple[int, ...], workers: int, repeats: 
     """Seconds of :func:`hash_unit` over ``sizes`` split into 1..``workers`` processes (a started pool each)."""
     import multiprocessing
 
-    from kvcli.replay.units import plan_units
+    from kvcli.replay.work import plan_units
 
     pools = [multiprocessing.get_context("spawn").Pool(n) for n in range(1, workers + 1)]
     try:

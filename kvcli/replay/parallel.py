@@ -1,8 +1,8 @@
-"""Run a replay's independent units (kvcli.replay.units) in worker processes (``--jobs``) or as Ray tasks
+"""Run a replay's independent units (kvcli.replay.work) in worker processes (``--jobs``) or as Ray tasks
 (``--ray``), each with its own Redis connection and, when it measures, its own model.
 
 The parent prepares each trace once (validation, arrival order, calibration, measured picks, preflight, the
-server's transfer rates: kvcli.replay.replayer), splits the stores into units (:func:`~kvcli.replay.units.plan_units`),
+server's transfer rates: kvcli.replay.replayer), splits the stores into units (:func:`~kvcli.replay.work.plan_units`),
 sends each unit with that preparation to a worker, which builds a :class:`~kvcli.replay.replayer.Replayer` on its
 own connection and runs :meth:`~kvcli.replay.replayer.Replayer.replay_unit` (the code the single-process replay
 runs), and merges the parts; savings, verdict, notes and the cleanup of the run's namespace stay in the parent.
@@ -30,7 +30,7 @@ from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
-from kvcli.replay.units import Part, Work, plan_units
+from kvcli.replay.work import Part, Work, plan_units
 
 POLL_SECONDS = 0.05
 TERMINATE_SECONDS = 2.0  # a terminated worker's time to exit before it is killed (SIGKILL)
@@ -81,8 +81,8 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
             _models[options] = load_model(options.model, options.dtype, options.device, options.seed)
         model = _models[options]
     replayer = Replayer(_clients[key], model, None, setup.tokenizer, setup.config, spec=setup.spec,
-                        model_config=setup.model_config)
-    replayer.prefetch = False  # the units share the cores: no child reading the trace ahead (kvcli.replay.prefetch)
+                        model_config=setup.model_config,
+                        prefetch=False)  # the units share the cores: no child reading the trace ahead
     return replayer.replay_unit(work, indices, upper_bound)
 
 

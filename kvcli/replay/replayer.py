@@ -35,9 +35,11 @@ length in its one round trip; the checksums of up to ``verify_sample`` distinct 
 are verified (their payloads read, outside the timings), and a chunk that fails is a miss from then on.
 
 Parallel: each store's replay depends on no other store's (its own prefix, LRU and counts), so the stores split
-into units (:mod:`kvcli.replay.units`) that :meth:`Replayer.replay_unit` runs, in this process or, with ``units``
-set, in worker processes or Ray tasks (:mod:`kvcli.replay.parallel`); everything before (validation, calibration,
-measured picks, preflight, transfer rates) and after (merge, savings, verdict, notes, cleanup) runs here once.
+into units (:mod:`kvcli.replay.work`) that :meth:`Replayer.replay_unit` runs (:mod:`kvcli.replay.unit`: the
+per-request loop, with one :class:`~kvcli.replay.lane.Lane` per store holding its accounting), in this process or,
+with ``units`` set, in worker processes or Ray tasks (:mod:`kvcli.replay.parallel`); everything before
+(validation, calibration, measured picks, preflight, transfer rates) and after (merge, savings, verdict, notes,
+cleanup) runs here once.
 
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
 miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
@@ -60,28 +62,23 @@ import redis
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import ModelConfig, ModelSpec
-from kvcli.replay.curve import HitCurve
 from kvcli.replay.measure import (
     calibrate_transfer,
     curve_check,
     measure_length,
     pick_measured,
     ping_seconds,
-    timed_prefill,
 )
 from kvcli.replay.network import Link, overheads
 from kvcli.replay.plan import replay_preflight, room
-from kvcli.replay.prefetch import Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
-from kvcli.replay.savings import DRAWS, Ledger, recommend, sig, summarize
-from kvcli.replay.units import Part, Work, merge_logs, merge_parts, merged_samples
-from kvcli.replay.upper_bound import RadixUpperBound
-from kvcli.store.batch import Batcher, batchable
+from kvcli.replay.savings import DRAWS, recommend, sig, summarize
+from kvcli.replay.unit import replay_stores
+from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.cluster import drop_connections
-from kvcli.store.hashing import reusable_tokens
 from kvcli.store.kvstore import KVStore, make_store, purge_run
-from kvcli.store.namespace import absent_note, contents, redis_memory
+from kvcli.store.namespace import absent_note, contents
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.server import INFO_REFUSED
 from kvcli.traces.order import arrival_order, order_note
@@ -102,30 +99,39 @@ class Replayer:
         curve: the prefill cost curve when it is fixed (e.g. a flat ``--prefill-tps`` rate); with ``calibration``
             it is replaced, per trace, by the calibration's fit after covering the trace. The measured requests'
             single timings are kept in ``measured_samples`` to check it, not fitted (one noisy timing per point
-            would drag the fit around: see MEASURED.md on this machine's stalls).
+            would drag the fit around: on a shared machine a single timing can include a stall of a few hundred
+            milliseconds).
         tokenizer: tokenizer name (part of the hash root).
+        config: the replay's options.
+        spec: the model's id, per-token KV shape and dtype when ``model`` is None (else the model's own).
         calibration: the pool of timed prefills that covers each trace (None: ``curve`` as given).
         model_config: the model's shapes, for exact FLOPs (default: the model's; None without a model: no FLOPs).
+        notify: gets one line at a time for the user (the cleanup after an interruption, what was left); None:
+            nothing said.
+        remedy: ``remedy(namespace)``: how to remove what a run left in ``namespace``, for the notes (default:
+            the ``kvcli purge`` command for it).
+        units: where a trace's units run (:func:`kvcli.replay.parallel.make_units`'s worker processes or Ray
+            tasks); None: every store in this process.
+        prefetch: hash the trace in a child process (:mod:`kvcli.replay.prefetch`): None when it pays, True
+            whenever it can, False never (e.g. a worker process: the cores are shared).
     """
 
     def __init__(self, client: redis.Redis, model, curve: CostCurve, tokenizer: str, config: ReplayConfig,
                  spec: ModelSpec | None = None, calibration: Calibration | None = None,
-                 model_config: ModelConfig | None = None) -> None:
+                 model_config: ModelConfig | None = None, *, notify: Callable[[str], None] | None = None,
+                 remedy: Callable[[str], str] | None = None, units=None, prefetch: bool | None = None) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
         self.calibration = calibration
         self.model_config = model_config or (model.config if model is not None else None)
-        self._measured_log: list[dict] = []
         spec = model.spec if model is not None else spec
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
-        self._checked: list[dict[bytes, bool]] = []  # per store: chunk hash -> checksum verified good
-        self.notify: Callable[[str], None] | None = None  # one line to the user (cleanup after an interruption)
-        self.remedy: Callable[[str], str] = lambda ns: f"remove them with: kvcli purge --namespace {ns} --yes"
+        self.notify = notify
+        self.remedy: Callable[[str], str] = remedy or _purge_remedy
+        self.units = units
+        self.prefetch = prefetch
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
-        self.units = None  # None: every store in this process; else kvcli.replay.parallel's worker processes or Ray
-        self.prefetch: bool | None = None  # hash the trace in a child process (kvcli.replay.prefetch): None when
-        # it pays (the default), True whenever it can, False never (a worker process: the cores are shared)
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -217,13 +223,14 @@ class Replayer:
                                f"with room, or --capacity-bytes to bound what the replay keeps")
         return check
 
-    def _link(self) -> Link | None:
-        """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server."""
+    def _link(self, measured_gbps: float) -> Link | None:
+        """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server
+        (``measured_gbps``: Gbit/s of the largest chunk's reads)."""
         cfg = self.config
         if cfg.link_gbps is None and cfg.rtt_seconds is None:
             return None
         rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
-        return Link(cfg.link_gbps if cfg.link_gbps is not None else self._measured_gbps, rtt)
+        return Link(cfg.link_gbps if cfg.link_gbps is not None else measured_gbps, rtt)
 
     def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool) -> str:
         """Delete the run's namespace; "" when done, else what was left and how to remove it (said at once after
@@ -264,9 +271,9 @@ class Replayer:
         cfg = self.config
         rates = [calibrate_transfer(self.client, store, room(server_memory(self.client))) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
-        self._measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
-                               if rates[big].get_seconds > 0 else 10.0)
-        link = self._link()
+        measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
+                         if rates[big].get_seconds > 0 else 10.0)
+        link = self._link(measured_gbps)
         self._degraded = []
         used_before = self._used_memory()
         t0 = time.perf_counter()
@@ -277,10 +284,9 @@ class Replayer:
         else:  # worker processes or Ray tasks (kvcli.replay.parallel), the same replay_unit in each
             parts = self.units.run(self, work, progress)
         results, ledgers, skipped, span = merge_parts(parts, len(stores), cfg.upper_bound)
-        if self.units is not None:  # what the workers' replayers gathered
-            self.measured_samples += merged_samples(parts)
-            self._degraded += [note for part in parts for note in part.degraded]
-        self._measured_log = merge_logs(parts)
+        self.measured_samples += merged_samples(parts)
+        self._degraded += [note for part in parts for note in part.degraded]
+        measured_log = merge_logs(parts)
         used_after = self._used_memory()
         requests = len(lengths) - skipped
         delta = None if used_before is None or used_after is None else used_after - used_before
@@ -293,7 +299,7 @@ class Replayer:
         self._savings(result, stores, results, ledgers, rates, link)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
-        result.measured = self._measured_log
+        result.measured = measured_log
         result.network = link.to_dict() if link else None
         result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
         result.cost_curve = self.curve.to_dict()
@@ -304,74 +310,19 @@ class Replayer:
     def replay_unit(self, work: Work, indices: tuple[int, ...], upper_bound: bool,
                     stores: list[KVStore] | None = None, progress: Callable[[int, int], None] | None = None) -> Part:
         """Replay the whole trace through the stores ``indices`` of ``work.stores`` (made here on this replayer's
-        client unless given) and return their picklable results (:class:`~kvcli.replay.units.Part`); with
+        client unless given) and return their picklable results (:class:`~kvcli.replay.work.Part`); with
         ``upper_bound``, this unit also runs the token-granular upper bound's radix tree (exactly one unit does).
-        Used in this process and in each worker (kvcli.replay.parallel): one implementation."""
-        cfg = self.config
-        lengths, measured = work.lengths, work.measured
+        Used in this process and in each worker (kvcli.replay.parallel): one implementation,
+        :func:`kvcli.replay.unit.replay_stores`.
+
+        Raises:
+            RedisFailure: the server failed. BadInputError: the trace changed since it was validated.
+            ModelFailure: the model failed.
+        """
         if stores is None:
             stores = [self._make_store(work.namespace, work.stores[i][1], work.stores[i][0]) for i in indices]
-        rates = [work.rates[i] for i in indices]
-        unlimited = [set() if store.resident_chunks is not None else None for store in stores]
-        results = [ChunkSizeResult(store.config.chunk_size, store.config.namespace, layout=store.layout,
-                                   upper_bound_tokens=0 if cfg.upper_bound else None) for store in stores]
-        ledgers = [Ledger() for _ in stores]
-        self._checked = [{} for _ in stores]
-        self._measured_log, samples_before, degraded_before = [], len(self.measured_samples), len(self._degraded)
-        radix = RadixUpperBound() if cfg.upper_bound and upper_bound else None
-        hit_curves = [HitCurve(store.config.chunk_size, cfg.ttl_refresh)
-                      if cfg.hit_curve and cfg.namespace is None and store.layout == cfg.layouts[0] else None
-                      for store in stores]  # one per chunk size: the curve depends on the hashes, not the layout
-        reach = np.zeros(len(lengths), np.int64)  # per request: the most any of these stores would reuse
-        match = np.zeros(len(lengths), np.int64) if radix is not None else None
-        skipped, stamps = 0, []
-        batch: list[tuple] = []  # estimated requests waiting for their pipelined round trips (_estimated)
-        # one request at a time where no store can batch (real payloads, a read namespace), and on a server that will
-        # evict keys (--allow-evictions): it loses chunks at any moment, and each loss must be a miss at the very
-        # next lookup (a batch would see it at the next batch)
-        self._pipeline = 1 if work.evicts or not any(batchable(store) for store in stores) else cfg.pipeline
-        batched = self._pipeline > 1 and all(batchable(store) for store in stores)
-        ahead = batched and can_prefetch(len(lengths), bool(measured), self.prefetch)
-        items = (Prefetch(work.reader, len(lengths), [store.chunker for store in stores], radix) if ahead
-                 else hashed_here(work.reader, len(lengths), stores, radix, measured))
-        quiet = items.paused if ahead else None  # the child stopped while a lookup is timed
-        self._batchers = [Batcher(store, quiet=quiet) if self._pipeline > 1 and batchable(store) else None
-                          for store in stores]
-        self._inflight = None  # (entries, answers per store) of the batch sent last, not accounted yet
-        estimate = lambda drain=True: self._estimated(batch, stores, results, ledgers, rates, unlimited,  # noqa
-                                                      hit_curves, reach, drain)
-        try:
-            for index, stamp, n, prompts, matched, request in items:
-                if stamp is not None:
-                    stamps.append(stamp)
-                if n == 0:
-                    skipped += 1
-                else:
-                    if radix is not None:
-                        match[index] = matched
-                    if prompts is None:  # measured
-                        estimate()  # the estimated requests before it first: in trace order
-                        reusable = self._measured(index, request, stores, results, ledgers, rates, unlimited,
-                                                  hit_curves, work.measure_tokens)
-                        reach[index] = max(reusable)
-                    else:
-                        batch.append((index, n, stamp, prompts))
-                        if len(batch) >= self._pipeline:
-                            estimate(False)
-                if progress:
-                    progress(index + 1, len(lengths))
-            estimate()
-        finally:  # a batch still in flight runs before anything else this process sends (a cleanup)
-            items.close()  # the child reading ahead, if any, is stopped
-            for batcher in self._batchers:
-                if batcher is not None:
-                    batcher.close()
-        for store, res, hit_curve in zip(stores, results, hit_curves):
-            self._finish(store, res)
-            res.hit_curve = hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if hit_curve else None
-        return Part(indices, results, ledgers, reach, match, skipped,
-                    max(stamps) - min(stamps) if len(stamps) > 1 else None, self._measured_log,
-                    self._degraded[degraded_before:], self.measured_samples[samples_before:])
+        return replay_stores(work, indices, stores, upper_bound, self.client, self.model, self.config,
+                             self.prefetch, progress)
 
     def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
         """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
@@ -479,239 +430,9 @@ class Replayer:
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
 
-    def _estimated(self, batch: list[tuple], stores, results, ledgers, rates, unlimited, hit_curves,
-                   reach: np.ndarray, drain: bool = True) -> None:
-        """Look up and store (accounted) the unmeasured requests of ``batch`` (``(request index, prompt tokens,
-        timestamp, [chunked prompt per store])``, in trace order) per chunk size, their transfer and store priced
-        with the chunk rates, and set ``reach[index]`` (the most any store would reuse, for the upper bound);
-        empties ``batch``. ``config.pipeline`` requests go to the server together where the store allows it
-        (:class:`kvcli.store.batch.Batcher`, the same answers), else each request does its own lookup and store.
-
-        A batch a store's batcher sent is accounted at the next call, once the batch after it was sent (the server
-        runs one while this process reads and hashes the next); ``drain``: account everything sent, as every
-        caller but the loop's full batches must (before a measured request, at the end)."""
-        if batch:
-            entries = list(batch)
-            batch.clear()
-            sent = []
-            for s, (store, hit_curve, batcher) in enumerate(zip(stores, hit_curves, self._batchers)):
-                prompts = [entry[3][s] for entry in entries]
-                if hit_curve:
-                    hit_curve.defer([(prompt.hashes, stamp, n) for (_, n, stamp, _), prompt in zip(entries, prompts)])
-                sent.append(batcher.submit(prompts) if batcher is not None else None)
-            previous, self._inflight = self._inflight, (entries, sent)
-            if previous is not None:
-                self._account_batch(*previous, stores, results, ledgers, rates, unlimited, reach)
-        if drain and self._inflight is not None:
-            inflight, self._inflight = self._inflight, None
-            self._account_batch(*inflight, stores, results, ledgers, rates, unlimited, reach)
-
-    def _account_batch(self, entries: list[tuple], sent: list, stores, results, ledgers, rates, unlimited,
-                       reach: np.ndarray) -> None:
-        """Count one batch of :meth:`_estimated` per store: its batcher's answers (``sent``), or one lookup and
-        store per request where the store has no batcher."""
-        reusable: list[list[int]] = [[] for _ in entries]
-        for s, (store, res, ledger, rate, seen, checked, batcher) in enumerate(
-                zip(stores, results, ledgers, rates, unlimited, self._checked, self._batchers)):
-            cs = store.config.chunk_size
-            done = batcher.answers(sent[s]) if batcher is not None else None
-            for i, (_, n, _, prompts) in enumerate(entries):
-                prompt = prompts[s]
-                crit, back = _critical(res), _background(res)
-                if done is None:
-                    look = store.lookup(prompt)
-                    hit_chunks = self._checksums(store, res, prompt, look, checked)
-                    written = store.store(prompt, None, start_chunk=hit_chunks, lookup=look)
-                else:  # accounted chunks only: nothing to verify, the hit run is the lookup's
-                    look, written = done[i]
-                    hit_chunks = look.hit_chunks
-                reusable[i].append(self._count(res, store, prompt, look, seen, n, hit_chunks))
-                res.store_seconds += written.seconds
-                res.transfer_seconds_estimated += rate.get(hit_chunks)
-                res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
-                res.store_seconds_estimated += rate.put(len(prompt.hashes) - hit_chunks)
-                res.hit_requests += hit_chunks > 0
-                res.store_requests += written.chunks_written > 0
-                ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,
-                           background=_background(res) - back)
-        for (index, _, _, _), used in zip(entries, reusable):
-            reach[index] = max(used)
-
-    def _checksums(self, store, res, prompt, look, checked: dict[bytes, bool]) -> int:
-        """The hit run after verifying the checksums of real-payload hit chunks not verified yet, up to
-        ``verify_sample`` chunks per chunk size (one MGET of their payloads, outside the timings); a chunk that
-        fails is a miss now and whenever it is hit again."""
-        k = look.hit_chunks
-        if len(look.metadata) < k:  # a layout whose lookup reads no metadata (lmcache: EXISTS): nothing to check
-            return k
-        todo = []
-        for i in range(k):
-            good = checked.get(prompt.hashes[i])
-            if good is False:
-                return i
-            if good is None and b'"stored":"real"' in look.metadata[i][16:] \
-                    and len(checked) + len(todo) < self.config.verify_sample:
-                todo.append(i)
-        if not todo:
-            return k
-        for i, good in zip(todo, store.verify(prompt, todo, look)):
-            checked[prompt.hashes[i]] = good
-        return next((i for i in range(k) if checked.get(prompt.hashes[i]) is False), k)
-
-    def _measured(self, index, request, stores, results, ledgers, rates, unlimited, hit_curves,
-                  measure_tokens: int) -> list[int]:
-        """Run one request with the model on its first ``measure_tokens`` tokens (all of them when shorter): full
-        prefill, then per chunk size lookup, retrieve, suffix prefill and store, timed; the rest of a truncated
-        prompt is estimated. Returns, per chunk size, the tokens it would reuse with unlimited capacity."""
-        tokens, n = request.token_ids, len(request.token_ids)
-        length = min(n, measure_tokens) if measure_tokens else n
-        head = tokens[:length]
-        t_full, (logits_full, kv_full) = timed_prefill(self.model, head, None)
-        self.measured_samples.append(PrefillSample(length, 0, t_full))
-        log = {"index": index, "id": request.id, "prompt_tokens": n, "measured_tokens": length,
-               "full_prefill_seconds": t_full, "per_chunk_size": []}
-        real = self.config.payload == "real"
-        reusable = []
-        for store, res, ledger, rate, seen, hit_curve in zip(stores, results, ledgers, rates, unlimited, hit_curves):
-            cs = store.config.chunk_size
-            crit, back = _critical(res), _background(res)
-            prompt = store.chunk(tokens, request.cache_salt)
-            if hit_curve:
-                hit_curve.observe(prompt.hashes, request.timestamp, n)
-            look = store.lookup(prompt)
-            past, got = self._fetch(store, res, prompt, look, kv_full, rate, length)
-            inside = min(look.hit_chunks, length // cs)
-            hit_chunks = look.hit_chunks if got >= inside else got  # hits = what could be retrieved
-            reusable.append(self._count(res, store, prompt, look, seen, n, hit_chunks))
-            reuse = 0 if past is None else past.shape[3]
-            if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
-                kv, t_suffix = kv_full, t_full
-            else:
-                t_suffix, (logits, kv) = timed_prefill(self.model, head[reuse:], past)
-                self.measured_samples.append(PrefillSample(length - reuse, reuse, t_suffix))
-                res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
-            if real and length < n:  # real KV for the measured tokens' chunks, the rest accounted
-                written = store.store(prompt, kv, start_chunk=hit_chunks, end_chunk=length // cs, lookup=look)
-                rest = store.store(prompt, None, start_chunk=max(hit_chunks, length // cs), lookup=look)
-                res.store_seconds += rest.seconds
-                res.store_seconds_estimated += rest.chunks_written * (rate.set_seconds + rate.serialize_seconds)
-                stored = written.chunks_written + rest.chunks_written
-            else:
-                written = store.store(prompt, kv if real else None, start_chunk=hit_chunks, lookup=look)
-                stored = written.chunks_written
-                if not real:
-                    res.store_seconds_estimated += rate.put(written.chunks_written)
-            res.store_seconds += written.seconds
-            res.hit_requests += hit_chunks > 0
-            res.store_requests += stored > 0
-            res.measured_requests += 1
-            res.full_prefill_seconds_measured += t_full
-            res.suffix_prefill_seconds_measured += t_suffix
-            res.saved_prefill_seconds_measured += t_full - t_suffix
-            ledger.add(n, reusable_tokens(hit_chunks * cs, n), length, reuse,
-                       (index, t_full, t_suffix if reuse else None), _critical(res) - crit, _background(res) - back)
-            log["per_chunk_size"].append({"chunk_size": cs, "hit_tokens": hit_chunks * cs, "reused_tokens": reuse,
-                                          "suffix_prefill_seconds": t_suffix, "saved_seconds": t_full - t_suffix})
-        self._measured_log.append(log)
-        return reusable
-
-    def _fetch(self, store, res, prompt, look, kv_full, rate, length: int):
-        """KV of the reusable part of the measured tokens ``[layers, 2, kv_heads, reuse, head_dim]``
-        (:func:`reusable_tokens` of the first ``length``) and the hit chunks retrieved among them. Hit chunks
-        beyond them (a truncated measurement) are priced, not moved."""
-        cs = store.config.chunk_size
-        inside = min(look.hit_chunks, length // cs)
-        outside = look.hit_chunks - inside
-        res.transfer_seconds_estimated += outside * rate.get_seconds
-        res.deserialize_seconds_estimated += outside * rate.deserialize_seconds
-        if inside == 0:
-            return None, 0
-        if self.config.payload != "real":
-            res.transfer_seconds_estimated += rate.get(inside)
-            res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
-            return kv_full[:, :, :, :reusable_tokens(inside * cs, length)], inside
-        got = store.retrieve(prompt, lookup=_first(look, inside))
-        start = end = got.hit_tokens // cs
-        while got.break_reason == "no-payload" and end < inside and store.accounted(prompt, look, end):
-            end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
-        if end > start:
-            done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
-            res.materialized_chunks += done.chunks_present
-            got = store.retrieve(prompt, lookup=_first(store.lookup(prompt, record=False), inside))
-        res.transfer_seconds_measured += got.transfer_seconds
-        res.deserialize_seconds += got.deserialize_seconds
-        res.serialized_bytes_read += got.payload_bytes + got.header_bytes
-        if got.kv is None:
-            return None, 0
-        return got.kv[:, :, :, :reusable_tokens(got.hit_tokens, length)], got.hit_tokens // cs
-
-    @staticmethod
-    def _count(res, store, prompt, look, seen, n, hit_chunks: int) -> int:
-        """Account one request's hits (tokens it reuses: :func:`reusable_tokens`); returns what it would reuse
-        with unlimited capacity (every chunk this run stored, and every chunk the read namespace supplies)."""
-        cs = store.config.chunk_size
-        res.requests += 1
-        res.prompt_tokens += n
-        res.short_requests += n < cs
-        res.short_prompt_tokens += n if n < cs else 0
-        res.hit_tokens += reusable_tokens(hit_chunks * cs, n)
-        res.hit_tokens_metadata_only += reusable_tokens(look.metadata_hit_chunks * cs, n)
-        res.chunks_hit += hit_chunks
-        res.namespace_hit_chunks += sum(look.from_read[:hit_chunks])
-        res.lookup_seconds += look.seconds
-        if seen is None:
-            unlimited = reusable_tokens(hit_chunks * cs, n)
-        else:
-            k = 0
-            for i, h in enumerate(prompt.hashes):
-                if h not in seen and i not in look.read_usable:
-                    break
-                k += 1
-            unlimited = reusable_tokens(k * cs, n)
-            seen.update(prompt.hashes[k:])
-        res.hit_tokens_unlimited += unlimited
-        return unlimited
-
-    # -- calibration and totals -----------------------------------------------------------------------------------
-    def _finish(self, store: KVStore, res: ChunkSizeResult) -> None:
-        st = store.stats
-        for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
-                     "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
-                     "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "checksum_verified_chunks",
-                     "redis_retries", "redis_errors", "redis_timeouts", "lookups_pipelined", "lookups_sampled"):
-            setattr(res, name, getattr(st, name))
-        if st.lookup_seconds:
-            res.lookup_p50_seconds, res.lookup_p99_seconds = (
-                float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))
-        else:  # no prompt had a full chunk: nothing was looked up
-            res.lookup_p50_seconds = res.lookup_p99_seconds = None
-        res.key_bytes_per_chunk = store.key_bytes_per_chunk
-        trips = getattr(store, "shard_trips", None)
-        res.round_trips_by_shard = dict(sorted(trips.counts.items())) if trips is not None else {}
-        try:
-            res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-                self.client, store.key_pattern, self.config.memory_sample)
-        except KvcliError as exc:  # e.g. a user without SCAN or MEMORY: the rest of the report stands
-            self._degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
-
-
-def _critical(res: ChunkSizeResult) -> float:
-    """Critical-path seconds accounted so far on the given server: lookup, transfer, deserialize."""
-    return (res.lookup_seconds + res.transfer_seconds_measured + res.transfer_seconds_estimated
-            + res.deserialize_seconds + res.deserialize_seconds_estimated)
-
-
-def _background(res: ChunkSizeResult) -> float:
-    """Background seconds accounted so far: serialize and store."""
-    return res.store_seconds + res.store_seconds_estimated
-
-
-def _first(look, chunks: int):
-    """The lookup cut to its first ``chunks`` hit chunks (what a truncated measurement retrieves)."""
-    if chunks >= look.hit_chunks:
-        return look
-    return dataclasses.replace(look, hit_chunks=chunks, hit_tokens=chunks * (look.hit_tokens // look.hit_chunks),
-                               break_reason="", metadata=look.metadata[:chunks], from_read=look.from_read[:chunks])
+def _purge_remedy(namespace: str) -> str:
+    """How to remove what a run left in ``namespace`` when the replayer was given no ``remedy``."""
+    return f"remove them with: kvcli purge --namespace {namespace} --yes"
 
 
 def _capacity_notes(stores, cfg: ReplayConfig) -> list[str]:

@@ -90,15 +90,14 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     runs_model = not (model_options.prefill_tps is not None and config.measure == 0)
     with _threads(model_options.threads if runs_model else None), contextlib.ExitStack() as stack:
         model, curve, calibration, spec = prepare_model(model_options, config.measure)
-        replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
-                            model_config=model_shapes(model_options.model))
-        replayer.notify, replayer.remedy = notify, functools.partial(purge_remedy, target)
-        replayer.prefetch = False if jobs == 1 else None  # --jobs 1: this process alone (kvcli.replay.prefetch)
-        replayer.units = units = make_units(jobs, ray, Setup(
-            target.url, reply_timeout(client), model_options, tok_name,
-            spec, replayer.model_config, config), target.embedded, runs_model)
+        shapes = model_shapes(model_options.model)
+        units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
+                                            config), target.embedded, runs_model)
         if units is not None:
             stack.callback(units.close)
+        replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
+                            model_config=shapes, notify=notify, remedy=functools.partial(purge_remedy, target),
+                            units=units, prefetch=False if jobs == 1 else None)  # --jobs 1: this process alone
         results = []
         for path in files:
             def step(done: int, total: int, _name=Path(display_name(path)).name) -> None:

@@ -38,8 +38,8 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.route.cachemanager import DelaySpec
-from kvcli.route.chunkids import ChunkNumbering
 from kvcli.route.engine import EventLoop
+from kvcli.route.numbering import ChunkNumbering
 from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
 from kvcli.store.lru import ChunkLru
 

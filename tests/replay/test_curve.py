@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 from kvcli.cli.app import app
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.presets import ModelSpec
+from kvcli.replay.chunkids import ChunkIds
 from kvcli.replay.curve import HitCurve
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
 from kvcli.replay.ttlcurve import TtlCurve
-from kvcli.store.chunkids import ChunkIds
 from kvcli.store.chunkstore import ChunkStore, StoreConfig
 from kvcli.store.hashing import chunk_prompt
 from kvcli.store.namespace import purge

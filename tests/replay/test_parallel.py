@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from kvcli.cli.app import app
 from kvcli.replay.results import ReplayConfig
 from kvcli.replay.runner import ModelOptions, run_replay
-from kvcli.replay.units import plan_units
+from kvcli.replay.work import plan_units
 from kvcli.store import cluster
 from kvcli.store.server import connect, describe
 

@@ -202,8 +202,8 @@ def test_without_scripts_batches_take_two_round_trips_with_the_same_answers(make
 
 def _replay_with(client, reader, pipeline, chunk_sizes, prefetch, **kw):
     config = ReplayConfig(chunk_sizes=chunk_sizes, payload="accounted", measure=0, pipeline=pipeline, **kw)
-    replayer = Replayer(client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config, spec=SPEC)
-    replayer.prefetch = prefetch
+    replayer = Replayer(client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config, spec=SPEC,
+                        prefetch=prefetch)
     return replayer.replay("t", reader)
 
 
@@ -214,7 +214,7 @@ def test_hashing_ahead_in_a_child_gives_the_same_replay(redis_client, monkeypatc
     count, the upper bound, the curve and the keys the same; the child is gone afterwards."""
     import multiprocessing
 
-    from kvcli.replay import replayer as module
+    from kvcli.replay import unit as module
 
     made = []
     monkeypatch.setattr(module, "Prefetch", lambda *a: made.append(1) or Prefetch(*a))

@@ -83,7 +83,8 @@ def plan_units(stores: tuple[tuple[str, int], ...], jobs: int, upper_bound: bool
 
     A store's work is taken as ``1 + 256 / chunk_size`` (reading and hashing the trace, plus writes and keys that
     grow as chunks shrink); the radix tree weighs :data:`UPPER_BOUND_WEIGHT`. Greedy: heaviest first into the
-    lightest unit, the radix tree last into the lightest. Indices within a unit keep the report's order; exactly one unit runs the upper bound.
+    lightest unit, the radix tree last into the lightest. Indices within a unit keep the report's order; exactly
+    one unit runs the upper bound.
     """
     count = max(1, min(jobs, len(stores)))
     loads = [0.0] * count

@@ -22,7 +22,7 @@ per run instead of ``n log n``. Times are renumbered 1..live when the tree fills
 chunks seen plus one batch (amortized O(log n) per access).
 
 Memory: per distinct chunk, 4 bytes of last-touch time and <= 8 bytes of tree (int32, at most half full), doubling
-as it grows; plus :class:`~kvcli.store.chunkids.ChunkIds`' 24 bytes where the caller maps hashes to ids.
+as it grows; plus :class:`~kvcli.replay.chunkids.ChunkIds`' 24 bytes where the caller maps hashes to ids.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvcli.store.chunkids import grown
+from kvcli.replay.chunkids import grown
 
 NEVER = np.int64(1) << np.int64(62)
 """The distance of a chunk never seen before: larger than any capacity (a miss at every capacity)."""
@@ -124,7 +124,7 @@ class Fenwick:
 
 
 class StackDistances:
-    """LRU stack distances of chunks (dense int ids, e.g. from :class:`~kvcli.store.chunkids.ChunkIds`) under
+    """LRU stack distances of chunks (dense int ids, e.g. from :class:`~kvcli.replay.chunkids.ChunkIds`) under
     :class:`~kvcli.store.lru.ChunkLru`'s order. Not thread-safe.
 
     Every chunk ever touched stays on the stack (an unlimited LRU never drops one), so ``live`` is the number of

@@ -1,6 +1,6 @@
 """Dense ids for chunk hashes: 0, 1, 2, ... in order of first sight, looked up a whole request at a time.
 
-The one-pass curves (:mod:`kvcli.store.stackdist`, :mod:`kvcli.replay.curve`) keep per-chunk state in numpy arrays
+The one-pass curves (:mod:`kvcli.replay.stackdist`, :mod:`kvcli.replay.curve`) keep per-chunk state in numpy arrays
 indexed by id. A Python dict of 16-byte ``bytes`` keys costs about 120 bytes per chunk here (the key object, the
 int value, the table); this open-addressing table costs 24 to 48: both 64-bit halves of each hash by id (16 bytes,
 so a match compares the full 128 bits: no truncation, no false hit) and an int32 id per slot at load <= 1/2 (8

@@ -5,10 +5,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcli.store.chunkids import ChunkIds
+from kvcli.replay.chunkids import ChunkIds
+from kvcli.replay.stackdist import NEVER, Fenwick, StackDistances, _smaller_before, batch_links, chain_max
 from kvcli.store.hashing import chunk_prompt
 from kvcli.store.lru import ChunkLru
-from kvcli.store.stackdist import NEVER, Fenwick, StackDistances, _smaller_before, batch_links, chain_max
 
 ROOT = b"r" * 16
 
