@@ -29,7 +29,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from kvcli.store.chunkstore import ChunkStore, StoreConfig  # noqa: E402
+from kvcli.store.chunkstore import ChunkStore  # noqa: E402
+from kvcli.store.records import StoreConfig
 from kvcli.store.server import connect, embedded_cluster, embedded_server  # noqa: E402
 
 PROMPTS = 200

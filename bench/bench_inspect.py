@@ -19,7 +19,8 @@ import redis
 import torch
 
 from kvcli.live.inspect import inspect_cache
-from kvcli.store.chunkstore import ChunkStore, StoreConfig, chunk_metadata
+from kvcli.store.chunkstore import ChunkStore, chunk_metadata
+from kvcli.store.records import StoreConfig
 from kvcli.store.server import embedded_server
 
 CHAIN = 1000

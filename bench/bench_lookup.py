@@ -21,9 +21,10 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import timed  # noqa: E402
 
-from kvcli.store.chunkstore import ChunkStore, StoreConfig  # noqa: E402
+from kvcli.store.chunkstore import ChunkStore  # noqa: E402
 from kvcli.store.lmcache_store import LMCacheStore, purge_namespace  # noqa: E402
 from kvcli.store.namespace import purge  # noqa: E402
+from kvcli.store.records import StoreConfig
 from kvcli.store.server import open_redis  # noqa: E402
 
 CHUNK = 16
@@ -51,8 +52,8 @@ def main() -> None:
                 rps = lambda t: PROMPTS / t  # noqa: E731
                 fast = timed(lambda: [store.lookup(p) for p in prompts])
                 mget = timed(lambda: [client.mget([store.meta_key(h) for h in p.hashes]) for p in prompts])
-                store._scripts = False
-                piped = timed(lambda: [store.lookup(p) for p in prompts])
+                unscripted = ChunkStore(client, store.config, scripts=False)
+                piped = timed(lambda: [unscripted.lookup(p) for p in prompts])
                 line = (f"{chunks:5d} chunks/prompt, {stored:9s}: lookup {rps(fast[0]):7.0f} / {rps(fast[1]):7.0f} "
                         f"req/s; bare MGET {rps(mget[0]):7.0f} / {rps(mget[1]):7.0f} (lookup costs "
                         f"{fast[0] / mget[0]:.2f}x / {fast[1] / mget[1]:.2f}x); pipelined fallback "

@@ -19,7 +19,6 @@ first from the request's own full prefill (written untimed), so the timed retrie
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -35,6 +34,7 @@ from kvcli.replay.savings import Ledger
 from kvcli.store.batch import Batcher
 from kvcli.store.hashing import ChunkedPrompt, reusable_tokens
 from kvcli.store.kvstore import KVStore
+from kvcli.store.layout import is_real
 from kvcli.store.namespace import redis_memory
 from kvcli.traces.request import Request
 
@@ -151,7 +151,7 @@ class Lane:
             good = checked.get(prompt.hashes[i])
             if good is False:
                 return i
-            if good is None and b'"stored":"real"' in look.metadata[i][16:] \
+            if good is None and is_real(look.metadata[i]) \
                     and len(checked) + len(todo) < self._verify_sample:
                 todo.append(i)
         if not todo:
@@ -232,14 +232,14 @@ class Lane:
             res.transfer_seconds_estimated += rate.get(inside)
             res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
             return kv_full[:, :, :, :reusable_tokens(inside * cs, length)], inside
-        got = store.retrieve(prompt, lookup=_first(look, inside))
+        got = store.retrieve(prompt, lookup=look.first(inside))
         start = end = got.hit_tokens // cs
         while got.break_reason == "no-payload" and end < inside and store.accounted(prompt, look, end):
             end += 1  # payloads this run only accounted for (a chunk stored "real" that lost it is a real miss)
         if end > start:
             done = store.store(prompt, kv_full, start_chunk=start, end_chunk=end, overwrite=True)
             res.materialized_chunks += done.chunks_present
-            got = store.retrieve(prompt, lookup=_first(store.lookup(prompt, record=False), inside))
+            got = store.retrieve(prompt, lookup=store.lookup(prompt, record=False).first(inside))
         res.transfer_seconds_measured += got.transfer_seconds
         res.deserialize_seconds += got.deserialize_seconds
         res.serialized_bytes_read += got.payload_bytes + got.header_bytes
@@ -322,9 +322,4 @@ def _background(res: ChunkSizeResult) -> float:
     return res.store_seconds + res.store_seconds_estimated
 
 
-def _first(look, chunks: int):
-    """The lookup cut to its first ``chunks`` hit chunks (what a truncated measurement retrieves)."""
-    if chunks >= look.hit_chunks:
-        return look
-    return dataclasses.replace(look, hit_chunks=chunks, hit_tokens=chunks * (look.hit_tokens // look.hit_chunks),
-                               break_reason="", metadata=look.metadata[:chunks], from_read=look.from_read[:chunks])
+

@@ -18,8 +18,8 @@ token ids here) and the replay runs in this process (a worker of ``--jobs`` alre
 tokenizers print a warning in a child forked after they ran threads: a replay that loaded them keeps the work here.
 
 The child ignores SIGINT (a Ctrl-C is the replaying process's to handle) and is killed when the replay ends or
-fails, or dies with it (SIGKILL, an OOM kill: see :func:`_produce`). An error in it (the trace changed since it was validated, a disk error) comes back through the pipe and is
-raised in the replay as a one-line error.
+fails, or dies with it (SIGKILL, an OOM kill: see :func:`_produce`). An error in it (the trace changed since it
+was validated, a disk error) comes back through the pipe and is raised in the replay as a one-line error.
 """
 from __future__ import annotations
 

@@ -75,11 +75,11 @@ from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, sig, summarize
 from kvcli.replay.unit import replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
-from kvcli.store.chunkstore import StoreConfig
 from kvcli.store.cluster import drop_connections
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import absent_note, contents
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
+from kvcli.store.records import StoreConfig
 from kvcli.store.server import INFO_REFUSED
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request

@@ -100,9 +100,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
                             units=units, prefetch=False if jobs == 1 else None)  # --jobs 1: this process alone
         results = []
         for path in files:
-            def step(done: int, total: int, _name=Path(display_name(path)).name) -> None:
-                if progress:
-                    progress(_name, done, total)
+            step = functools.partial(_progress_of, progress, Path(display_name(path)).name)
             results.append(replayer.replay(display_name(path), TraceSource(path, fmt, tokenizer), step))
     layers, two, heads, dim = spec.kv_shape
     context = {
@@ -131,6 +129,12 @@ LAYOUT_NOTES = {
                 "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
                 "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
 }
+
+
+def _progress_of(progress: Callable[[str, int, int], None] | None, name: str, done: int, total: int) -> None:
+    """One trace's ``progress(done, total)``: the run's ``progress`` with the trace's file name first."""
+    if progress:
+        progress(name, done, total)
 
 
 @dataclass(frozen=True)

@@ -124,7 +124,7 @@ class SimRequest:
     """A request as the simulator sees it: chunk ids instead of tokens (one int per chunk, not per token).
 
     Attributes:
-        id: the trace's id. chunk_ids: one per full chunk, in prompt order (:mod:`kvcli.route.chunkids`).
+        id: the trace's id. chunk_ids: one per full chunk, in prompt order (:mod:`kvcli.route.numbering`).
         prompt_tokens: prompt length (tokens). output_length: tokens generated, or None (config default).
         timestamp: arrival in seconds, or None. cache_salt: tenant.
         numbering: the trace's :class:`ChunkNumbering`; requests simulated together must share it, or one id

@@ -85,11 +85,13 @@ class ChunkStore:
         client: a redis-py client.
         config: what the store writes and where.
         tolerate_unavailable: absorb a call that fails after retries (module docstring; replay's stores).
+        scripts: False: never send the lookup script (the pipelined reads of a server that refuses scripts).
     """
 
     layout = "kvcli"
 
-    def __init__(self, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False) -> None:
+    def __init__(self, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False,
+                 scripts: bool = True) -> None:
         self.client = client
         self.config = config
         self.stats = StoreStats()
@@ -103,7 +105,7 @@ class ChunkStore:
         self.expected = Expected(config.model_id, dtype_name(config.dtype), config.chunk_shape, config.chunk_size,
                                  config.payload_bytes, config.header_bytes)
         self._spaces = [self.prefix] + ([self.read_prefix] if self.read_prefix else [])
-        self._scripts = True  # False once the server refused the lookup script: pipelined lookups from then on
+        self._scripts = scripts  # False once the server refused the lookup script: pipelined lookups from then on
         capacity = config.capacity_chunks
         self._lru = ChunkLru(capacity) if capacity is not None else None
 

@@ -3,6 +3,7 @@
 (:class:`StoreStats`). Plain data: no Redis calls."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -154,8 +155,6 @@ class LookupResult:
         """This lookup cut to its first ``chunks`` hit chunks (what a truncated measurement retrieves)."""
         if chunks >= self.hit_chunks:
             return self
-        import dataclasses
-
         return dataclasses.replace(self, hit_chunks=chunks, hit_tokens=chunks * (self.hit_tokens // self.hit_chunks),
                                    break_reason="", metadata=self.metadata[:chunks], from_read=self.from_read[:chunks])
 

@@ -21,9 +21,10 @@ from kvcli.replay.curve import HitCurve
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
 from kvcli.replay.ttlcurve import TtlCurve
-from kvcli.store.chunkstore import ChunkStore, StoreConfig
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import chunk_prompt
 from kvcli.store.namespace import purge
+from kvcli.store.records import StoreConfig
 from kvcli.traces.detect import read_trace
 from kvcli.traces.request import Request
 

@@ -176,7 +176,7 @@ def test_measured_request_materializes_accounted_chunks(redis_client, monkeypatc
     assert (rows[4].materialized_chunks, rows[8].materialized_chunks) == (2, 1)
     import torch
 
-    from kvcli.store.chunkstore import StoreConfig
+    from kvcli.store.records import StoreConfig
     header = {cs: StoreConfig("x", cs, model.model_id, "raw", (2, 2, 2, 32), torch.float32).header_bytes
               for cs in (4, 8)}
     assert rows[4].serialized_bytes_read == 8 * 1024 + 2 * header[4]
@@ -330,7 +330,8 @@ def test_no_chunk_size_pays_off_means_no_recommendation(redis_client):
 def test_replay_reads_a_named_namespace_and_never_writes_it(redis_client):
     import torch
 
-    from kvcli.store.chunkstore import ChunkStore, StoreConfig
+    from kvcli.store.chunkstore import ChunkStore
+    from kvcli.store.records import StoreConfig
 
     fleet = ChunkStore(redis_client, StoreConfig("fleet", 4, "m", "raw", (2, 2, 2, 32), torch.float32))
     fleet.store(tok(1, 12), torch.randn(2, 2, 2, 12, 32))  # warmed: [1-4] [5-8] [9-12], real payloads
@@ -352,7 +353,8 @@ def test_measured_hits_count_what_was_retrieved(redis_client, monkeypatch):
     import torch
 
     import kvcli.replay.replayer as replay_mod
-    from kvcli.store.chunkstore import ChunkStore, StoreConfig
+    from kvcli.store.chunkstore import ChunkStore
+    from kvcli.store.records import StoreConfig
 
     model = build_model("tiny", "float32", "cpu", seed=0)
     fleet = ChunkStore(redis_client, StoreConfig("fleet", 4, model.model_id, "raw", (2, 2, 2, 32), torch.float32))
@@ -442,7 +444,7 @@ def test_same_seed_same_verdict(redis_client):
 def test_network_model_prices_transfers_and_stores(redis_client):
     import torch
 
-    from kvcli.store.chunkstore import StoreConfig
+    from kvcli.store.records import StoreConfig
 
     replayer = _replayer(redis_client, measure=0, payload="accounted", link_gbps=10.0, rtt_seconds=0.001)
     result = replayer.replay("t", requests())

@@ -16,7 +16,8 @@ from kvcli.model.costcurve import CostCurve
 from kvcli.model.presets import ModelSpec
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
-from kvcli.store.chunkstore import ChunkStore, StoreConfig
+from kvcli.store.chunkstore import ChunkStore
+from kvcli.store.records import StoreConfig
 from kvcli.traces.request import Request
 
 SPEC = ModelSpec("m", (2, 2, 2, 32), torch.float32)

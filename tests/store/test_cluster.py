@@ -23,8 +23,9 @@ from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
 from kvcli.route.cachemanager import CacheManagerIndex
 from kvcli.store import cluster
-from kvcli.store.chunkstore import ChunkStore, StoreConfig
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.namespace import count, purge
+from kvcli.store.records import StoreConfig
 from kvcli.store.server import connect, embedded_cluster
 from kvcli.traces.detect import read_trace
 from kvcli.traces.request import Request

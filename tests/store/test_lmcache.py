@@ -25,7 +25,7 @@ from kvcli.model.llama import build_model
 from kvcli.model.presets import ModelSpec
 from kvcli.replay.replayer import ReplayConfig, Replayer
 from kvcli.store import cluster
-from kvcli.store.chunkstore import ChunkStore, StoreConfig
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.lmcache import (
     KVGroup,
     LMCacheKey,
@@ -38,6 +38,7 @@ from kvcli.store.lmcache import (
 )
 from kvcli.store.lmcache_store import LMCacheStore
 from kvcli.store.namespace import purge
+from kvcli.store.records import StoreConfig
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 # (key fields, LMCache's to_string()) from LMCache 0.5.6

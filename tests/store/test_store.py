@@ -9,8 +9,9 @@ import redis
 import torch
 from redis.cluster import RedisCluster
 
-from kvcli.store.chunkstore import ChunkStore, ChunkTooLargeError, StoreConfig
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import chunk_prompt, namespace_root
+from kvcli.store.records import ChunkTooLargeError, StoreConfig
 
 KV_SHAPE = (2, 2, 2, 3)  # [layers, 2, kv_heads, head_dim] per token: 24 fp32 values = 96 bytes/token
 
