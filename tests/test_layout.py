@@ -22,7 +22,7 @@ ALLOWED = {
     "route": {"errors", "units", "tables", "traces", "store", "model"},
     "cli": {"errors", "units", "tables", "traces", "store", "model", "replay", "live", "route"},
     "__main__": {"cli"},
-    "__init__": set(),
+    "__init__": {"errors", "traces", "store", "replay", "live", "model"},  # its library names, loaded lazily
 }
 
 
@@ -65,8 +65,8 @@ def test_no_import_cycles():
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
         for nxt in graph[node]:
-            if nxt.count(".") == 1 and modules[nxt].name == "__init__.py":
-                continue  # a package __init__ holds no code that imports back
+            if modules[nxt].name == "__init__.py":
+                continue  # a package __init__ imports nothing at run time (kvcli's own: its names on first use)
             if state.get(nxt) == 1:
                 cycles.append(stack[stack.index(nxt):] + [nxt])
             elif nxt not in state:

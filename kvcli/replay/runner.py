@@ -84,7 +84,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
     ``notify`` gets one line at a time for the user (the cleanup after an interruption, what was left).
     """
-    files = expand_paths(paths)
+    files = expand_paths([Path(p) for p in paths])
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
     tok_name = lazy_tokenizer(tokenizer)[1]  # tiktoken loads only when a record holds text
     runs_model = not (model_options.prefill_tps is not None and config.measure == 0)

@@ -1,0 +1,40 @@
+"""The docs' examples run: every ``>>>`` example in README.md and docs/*.md through doctest, from the repository's
+root (where their relative paths point), on embedded servers. A ```python block must be doctest-style, so no
+example in the docs goes untested."""
+from __future__ import annotations
+
+import doctest
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if ">>> " in p.read_text()], ids=lambda p: p.name)
+def test_examples_print_what_the_page_says(page, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("REDIS_URL", raising=False)  # the examples' open_redis(): an embedded server
+    result = doctest.testfile(str(page), module_relative=False, optionflags=doctest.ELLIPSIS, verbose=False)
+    assert (result.failed, result.attempted > 0) == (0, True)
+
+
+def test_every_python_block_in_the_docs_is_an_example_that_runs():
+    untested = [f"{page.name}: block {i}" for page in PAGES
+                for i, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL))
+                if ">>> " not in block]
+    assert untested == []
+
+
+def test_the_library_names_resolve_and_load_only_when_used():
+    import subprocess
+    import sys
+
+    import kvcli
+
+    assert [name for name in kvcli.__all__ if getattr(kvcli, name, None) is None] == []
+    out = subprocess.run([sys.executable, "-c", "import kvcli, sys; print(sorted(m for m in ('numpy', 'redis', "
+                          "'torch', 'rich') if m in sys.modules))"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"  # `import kvcli` (and so `kvcli --version`) loads none of them
