@@ -49,7 +49,12 @@ _EXPORTS = {
     "RedisFailure": "kvcli.errors",
     "ModelFailure": "kvcli.errors",
 }
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [  # the names of _EXPORTS, spelled out for linters and editors (a test checks they agree)
+    "__version__", "read_trace", "read_prompts", "Request", "open_redis", "ReplayConfig", "TraceResult",
+    "ChunkSizeResult", "ModelOptions", "run_replay", "ChunkStore", "StoreConfig", "judge", "warm", "WarmConfig",
+    "load_model", "inspect_cache", "chunk_map", "count", "purge", "KvcliError", "BadInputError", "RedisFailure",
+    "ModelFailure",
+]
 
 if TYPE_CHECKING:  # what a type checker and an editor see; at run time each name loads on first use
     from kvcli.errors import BadInputError, KvcliError, ModelFailure, RedisFailure

@@ -35,6 +35,7 @@ def test_the_library_names_resolve_and_load_only_when_used():
     import kvcli
 
     assert [name for name in kvcli.__all__ if getattr(kvcli, name, None) is None] == []
+    assert sorted(kvcli.__all__) == sorted(["__version__", *kvcli._EXPORTS])
     out = subprocess.run([sys.executable, "-c", "import kvcli, sys; print(sorted(m for m in ('numpy', 'redis', "
                           "'torch', 'rich') if m in sys.modules))"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # `import kvcli` (and so `kvcli --version`) loads none of them
