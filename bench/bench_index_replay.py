@@ -1,4 +1,4 @@
-"""Index-only replay (``--payload accounted --measure 0``) before and after issue 11, and two references, in one run.
+"""Index-only replay (``--payload accounted --measure 0``): the batch script against two references, in one run.
 
 Every variant runs as its own process (start-up and imports count, as for a user) against the same server that
 this script starts, on the same Mooncake trace at one chunk size, and reports the hit tokens it found:

@@ -1,6 +1,6 @@
 """torch threads: a prefill and the deserialization of its KV with 1 thread and with every core, in one run.
 
-The default model (``cpu`` preset, bf16): a prefill of ``--tokens`` new tokens (default 2,200, issue 11's size), then
+The default model (``cpu`` preset, bf16): a prefill of ``--tokens`` new tokens (default 2,200), then
 deserializing its KV from chunk payloads (chunk size 256: ``decode_kv`` of each, ``torch.cat``), each timed
 ``--repeats`` times per thread count, thread counts interleaved. Prints min / median seconds and the ratio of every
 count to 1 thread. kvcli's default (``--threads 1``) rests on this measurement.

@@ -9,7 +9,7 @@ request per round trip) and ``-P 16``, as many requests as warm wrote chunks. Re
   metadata bytes, MB = 10^6 B); its ratio to redis-benchmark's SET MB/s;
 * end to end: chunks / total seconds (planning, prefill with the tiny model, writing).
 
-Min and median over repeats (the machine is noisy; MEASURED.md). Usage::
+Min and median over repeats (the machine is noisy). Usage::
 
     python bench/bench_warm.py [--chunk-sizes 16,64,256] [--prompts 32] [--tokens 1024] [--repeats 3] [--json]
 """

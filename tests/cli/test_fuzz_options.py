@@ -1,4 +1,4 @@
-"""Property tests (hypothesis) over the command line (issue 9, "Bad input at scale"): any option values and any
+"""Property tests (hypothesis) over the command line: any option values and any
 trace bytes end in exit 0 or 2, never a traceback; a refusal is one line that names the file (and line) when the
 file is at fault; and a failed command leaves no key on the server."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The command line's edges (issue 9, "Interfaces" and "Tokenizers offline"): option spellings, stdin, --version,
+"""The command line's edges (interfaces, tokenizers offline): option spellings, stdin, --version,
 finite numbers, offline tokenizers, and messages that suggest only what the command has."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tables at 80 columns (issue 9): every number and every name is printed whole; a table too wide is split by
+"""Tables at 80 columns: every number and every name is printed whole; a table too wide is split by
 columns (its first column repeated), and only a name wider than the screen on its own is folded over lines."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Restricted Redis users (issue 9): a user without INFO (``~kvcli:* +@all -@dangerous -@admin``) runs replay, warm,
+"""Restricted Redis users: a user without INFO (``~kvcli:* +@all -@dangerous -@admin``) runs replay, warm,
 inspect and purge, and what needs INFO degrades with a note; a user without SCAN gets the replay report, then
 exit 3 naming the keys it could not delete and the command that removes them. Each test starts its own private
 server with ACL users (never the machine's 6379).

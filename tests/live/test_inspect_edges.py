@@ -1,4 +1,4 @@
-"""inspect on damaged and unusual caches (issue 9): parent links that loop, namespaces that are not UTF-8 text,
+"""inspect on damaged and unusual caches: parent links that loop, namespaces that are not UTF-8 text,
 replay's metadata-only entries, a namespace shared by two models, cache salts, a prompt that hits entirely, and
 a namespace that holds nothing for the model or chunk size asked about."""
 from __future__ import annotations

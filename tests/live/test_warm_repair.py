@@ -1,4 +1,4 @@
-"""warm finds and rewrites damaged chunks (issue 9): every kind of damage to one chunk of a warmed chain is found
+"""warm finds and rewrites damaged chunks: every kind of damage to one chunk of a warmed chain is found
 (presence, type, length, digest, parent, model always; checksums with --verify), rewritten whole, and counted;
 and a chain's head never expires before the tail a later warm added."""
 from __future__ import annotations

@@ -15,7 +15,7 @@ PROMPT = 150
 # Chunked-vs-full tolerances. fp32: observed max |diff| about 4e-7 on logits of magnitude ~1 (GEMM blocking differs
 # with the row count; the cached path merges two attention kernels' outputs, kvcli.model.attention). bf16: observed
 # 5.9e-3 (the cached path rounds each attention part to bf16 before the merge: about one ulp, 2**-8 at 0.5..1);
-# other kernels may round differently by an ulp or two (2**-7 at 1..2, so 1.6e-2 as in shared/MEASURED.md), hence
+# other kernels may round differently by an ulp or two (2**-7 at 1..2, so 1.6e-2), hence
 # 5e-2.
 FP32_ATOL = 1e-5
 BF16_ATOL = 5e-2

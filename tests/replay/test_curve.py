@@ -48,7 +48,7 @@ def replay(client, requests, chunk_sizes=(4,), **kw):
         "t", requests)
 
 
-SMALLEST = [tok(1, 16), tok(101, 104), tok(1, 16)]  # issue 10's smallest case, chunk size 4
+SMALLEST = [tok(1, 16), tok(101, 104), tok(1, 16)]  # the smallest case where the LRU order matters, chunk size 4
 
 
 def test_issue_10_smallest_case_replay_hits_12_and_the_curve_agrees(redis_client):

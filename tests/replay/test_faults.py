@@ -1,4 +1,4 @@
-"""Replay under Redis faults (issue 9): a dropped connection, a stalled server, a server that goes away, a second
+"""Replay under Redis faults: a dropped connection, a stalled server, a server that goes away, a second
 Ctrl-C or SIGTERM during cleanup. Faults come from the TCP proxy of bench/faultproxy.py (``fault_proxy`` fixture)
 in front of a private server; every figure is computed by hand.
 

@@ -1,4 +1,4 @@
-"""replay's honest edges (issue 9): what a read namespace supplies is counted only when an engine could load it
+"""replay's honest edges: what a read namespace supplies is counted only when an engine could load it
 (payload present, right length, checksum sampled), the upper bound never falls below the hits, and figures that
 were not computed or have no denominator are null / "–", with notes for prompts shorter than a chunk."""
 from __future__ import annotations

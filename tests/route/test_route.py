@@ -374,7 +374,7 @@ def test_parse_capacity_rejects(bad):
 
 
 def test_parse_capacity_refuses_a_suffix_without_a_unit():
-    """``64G`` could be 64e9 tokens or 64 GB: refused, naming both spellings (issue 9)."""
+    """``64G`` could be 64e9 tokens or 64 GB: refused, naming both spellings."""
     with pytest.raises(BadInputError) as err:
         parse_capacity("64G", 131072)
     assert str(err.value) == ("capacity '64G' is ambiguous: write '64G tokens', or bytes as '64GB' (decimal) or "

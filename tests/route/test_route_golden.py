@@ -1,5 +1,5 @@
 """`kvcli route --json` on the sample traces, pinned: every figure equal to a report computed by the simulator as it
-was before its speed-up (issue 11), stored in tests/route/data/route_golden.json.
+was before its speed-up, stored in tests/route/data/route_golden.json.
 
 The cases cover every policy, trace timestamps and Poisson ``--rate``, 2-8 nodes, capacities from heavy eviction to
 unlimited, queueing (small ``--max-batch``), tenants (cache salts), the random ``cost`` and ``cache-manager`` paths.

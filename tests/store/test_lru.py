@@ -1,4 +1,4 @@
-"""ChunkLru (issue 11: a set and a log of touches until the first eviction, then an OrderedDict) against a
+"""ChunkLru (a set and a log of touches until the first eviction, then an OrderedDict) against a
 reference LRU written as plainly as possible: a list, least recent first."""
 from __future__ import annotations
 

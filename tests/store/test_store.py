@@ -230,7 +230,7 @@ def test_store_config_is_validated(bad):
 
 
 def test_lru_keeps_a_chains_head_over_its_tail(redis_client):
-    """Issue 10's smallest case: chunk size 4, capacity 16 tokens; tok(1..16), [101..104], tok(1..16).
+    """The smallest case where LRU order matters: chunk size 4, capacity 16 tokens; tok(1..16), [101..104], tok(1..16).
 
     After the first request its chunks are ordered (most recent first) c0, c1, c2, c3; the second evicts c3, so the
     third hits c0..c2: 12 of its 16 tokens (0 before the fix, which evicted the head c0 first).

@@ -1,4 +1,4 @@
-"""One set of input rules for every command (issue 9): CSV traces refused alike by replay, route and warm; text
+"""One set of input rules for every command: CSV traces refused alike by replay, route and warm; text
 that is not UTF-8 named by file and line (stdin too, in any locale); and one request order, timestamps first."""
 from __future__ import annotations
 

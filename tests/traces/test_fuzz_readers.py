@@ -1,6 +1,5 @@
 """Property tests (hypothesis) over the trace readers: whatever the bytes, a reader yields valid requests or raises
-one BadInputError that names the file and, for a record, its line; nothing else escapes (issue 9, "Bad input at
-scale")."""
+one BadInputError that names the file and, for a record, its line; nothing else escapes."""
 from __future__ import annotations
 
 import json
