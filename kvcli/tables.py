@@ -43,7 +43,8 @@ def split_table(console: Console, table: Table, keep: int = 1) -> list[Table]:
     while keep > 1 and any(_width(console, _subset(table, list(range(keep)) + [i], True, False)) > console.width
                            for i in range(keep, len(table.columns))):
         keep -= 1  # the identifying columns leave no room for some column: repeat fewer of them
-    key, groups = list(range(keep)), [[]]
+    key: list[int] = list(range(keep))
+    groups: list[list[int]] = [[]]
     for i in range(keep, len(table.columns)):
         if groups[-1] and _width(console, _subset(table, key + groups[-1] + [i], True, False)) > console.width:
             groups.append([])
@@ -88,7 +89,7 @@ def _folded(console: Console, table: Table) -> Table:
     """A table still too wide (a column wider than the console on its own): its widest columns give up their
     fixed width and fold inside words, so every character is still printed."""
     while _width(console, table) > console.width:
-        widest = max((c for c in table.columns if c.width), key=lambda c: c.width, default=None)
+        widest = max((c for c in table.columns if c.width), key=lambda c: c.width or 0, default=None)
         if widest is None:
             break
         widest.width = None

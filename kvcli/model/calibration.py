@@ -54,7 +54,8 @@ class Coverage:
 def ladder(target_tokens: int, start: int, step: int = 2) -> list[int]:
     """``start, step*start, ...`` up to the first value ``>= target_tokens`` (``[]`` when the target is at most
     ``start / step``, i.e. already covered below the ladder)."""
-    out, length = [], start
+    out: list[int] = []
+    length = start
     while step * target_tokens > start and (not out or out[-1] < target_tokens):
         out.append(length)
         length *= step

@@ -105,13 +105,14 @@ def read_checkpoint(path: str) -> Checkpoint:
     weights = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
     digest = _digest(folder, commit, weights)
     heads = text.num_attention_heads
+    rope: dict[str, Any] = getattr(text, "rope_parameters", None) or {}
+    theta = getattr(text, "rope_theta", 10000.0)  # not inline: in the ``or`` mypy infers the default from its left
     shapes = ModelConfig(
         name=f"hf:{config.model_type}@{digest}", layers=text.num_hidden_layers, hidden=text.hidden_size,
         heads=heads, kv_heads=getattr(text, "num_key_value_heads", None) or heads,
         head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
         ffn=getattr(text, "intermediate_size", None) or 0, vocab=text.vocab_size,
-        rope_theta=float((getattr(text, "rope_parameters", None) or {}).get("rope_theta")
-                         or getattr(text, "rope_theta", 10000.0)),
+        rope_theta=float(rope.get("rope_theta") or theta),
         norm_eps=float(getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_eps", None) or 1e-5),
         dtype=_default_dtype(config))
     return Checkpoint(str(folder), config, shapes, shapes.dtype, digest, commit,

@@ -28,6 +28,8 @@ prefill_flops(cfg, p - c, c)`` (:func:`saved_prefill_flops`).
 """
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 
 from kvcli.errors import BadInputError
@@ -101,7 +103,8 @@ def prefill_flops(config: ModelConfig, new_tokens, cached_tokens=0, logits_for: 
     Raises:
         BadInputError: a negative count or a bad ``logits_for``.
     """
-    return sum(prefill_flops_breakdown(config, new_tokens, cached_tokens, logits_for).values())
+    # sum() starts from int 0, which mypy keeps in the type; 0 + array is an array
+    return cast(np.ndarray, sum(prefill_flops_breakdown(config, new_tokens, cached_tokens, logits_for).values()))
 
 
 def saved_prefill_flops(config: ModelConfig, prompt_tokens, hit_tokens) -> np.ndarray:

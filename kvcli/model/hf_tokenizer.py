@@ -116,7 +116,8 @@ class HFTokenizer(Tokenizer):
 
 class _TemplateConversation(Conversation):
     def __init__(self, tok: HFTokenizer) -> None:
-        self._tok, self._messages = tok, []
+        self._tok = tok
+        self._messages: list[dict] = []
 
     def append(self, message: dict) -> None:
         message_text(check_messages([message])[0])  # validates content as the tiktoken backend does

@@ -198,7 +198,7 @@ class LocalModel:
         past = 0 if past_kv is None else past_kv.shape[3]
         total = past + n
         kv = torch.empty(c.kv_shape(total), dtype=self.dtype, device=self.device)
-        if past:
+        if past_kv is not None and past:
             kv[:, :, :, :past].copy_(past_kv)
         positions = torch.arange(past, total, device=self.device)
         angles = positions[:, None].float() * self._inv_freq

@@ -171,7 +171,8 @@ class _ChatMLConversation(Conversation):
     turn k+1 starts with the whole prompt of turn k (see the module docstring)."""
 
     def __init__(self, tok: TiktokenTokenizer) -> None:
-        self._tok, self._parts = tok, []
+        self._tok = tok
+        self._parts: list[np.ndarray] = []
 
     def append(self, message: dict) -> None:
         self._parts.append(self._tok.encode_message(message))

@@ -17,7 +17,7 @@ import numpy as np
 from kvcli.errors import BadInputError
 
 TOKEN_DTYPE = np.dtype("<u4")
-_JSON_KW = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False}
+_JSON_KW: dict[str, Any] = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False}
 
 
 class Conversation(ABC):

@@ -115,8 +115,8 @@ class HitCurve:
                     self._full = np.concatenate([self._full, np.zeros(len(self._by_distance) - len(self._full),
                                                                       np.int64)])
                 np.add.at(self._full, whole, 1)
-        stamps = [t for _, t, _ in requests]
-        untimed = sum(t is None for t in stamps)
+        stamps = [t for _, t, _ in requests if t is not None]
+        untimed = len(requests) - len(stamps)
         if untimed:
             self.untimed_requests += untimed
             self._ttl = None  # one request without a time: no TTL curve for this trace
@@ -148,13 +148,13 @@ class HitCurve:
         full = np.zeros(distinct + 1, np.int64)
         kept_full = min(len(self._full), distinct + 1)
         full[:kept_full] = self._full[:kept_full]
-        ttl = self._ttl
+        ttl, first, last = self._ttl, self._first, self._last  # first and last are set together
         return CurveResult(
             chunk_size=self.chunk_size, payload_bytes_per_chunk=payload_bytes_per_chunk, prompt_tokens=prompt_tokens,
             hit_chunks_by_capacity=hits, whole_hits_by_capacity=np.cumsum(full), distinct_chunks=distinct,
             ttl_seconds=None if ttl is None else ttl.grid, ttl_hit_chunks=None if ttl is None else ttl.hits(),
             ttl_rule="after access" if self.ttl_refresh else "after write", untimed_requests=self.untimed_requests,
-            span_seconds=None if ttl is None or self._first is None else self._last - self._first,
+            span_seconds=None if ttl is None or first is None or last is None else last - first,
             memory_bytes=self.nbytes, seconds=self.seconds)
 
 
@@ -212,7 +212,7 @@ class CurveResult:
         """Smallest grid TTL (seconds) whose hit tokens reach ``fraction`` of the unlimited cache's; None when there
         is no TTL curve, no hit, or no grid TTL reaches it."""
         total = self.hit_chunks_by_capacity[-1]
-        if self.ttl_hit_chunks is None or total == 0:
+        if self.ttl_seconds is None or self.ttl_hit_chunks is None or total == 0:  # both None together
             return None
         ok = np.flatnonzero(self.ttl_hit_chunks >= fraction * total)
         return float(self.ttl_seconds[ok[0]]) if ok.size else None
@@ -242,7 +242,7 @@ class CurveResult:
             "ttl_rule": self.ttl_rule, "untimed_requests": self.untimed_requests,
             "trace_span_seconds": self.span_seconds, "ttl_points": None, "ttl_for_fraction_seconds": None,
             "memory_bytes": self.memory_bytes, "seconds": self.seconds}
-        if self.ttl_hit_chunks is not None:
+        if self.ttl_seconds is not None and self.ttl_hit_chunks is not None:  # both None together
             out["ttl_points"] = [
                 {"ttl_seconds": float(t), "hit_tokens": int(h) * self.chunk_size,
                  "hit_token_ratio": int(h) * self.chunk_size / self.prompt_tokens if self.prompt_tokens else 0.0}

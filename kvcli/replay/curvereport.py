@@ -9,29 +9,36 @@ the same as none.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from kvcli.errors import BadInputError
+from kvcli.replay.curve import CurveResult
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.replay.ttlcurve import TTL_GRID_SECONDS
 from kvcli.units import fmt_bytes
 
+Row = tuple[str, Callable[[ChunkSizeResult], str]]
+"""One row of the replay table: its label and the cell of one result."""
+CurveCell = Callable[[ChunkSizeResult, CurveResult], str]
+"""A curve row's cell: of one result and its curve."""
 
-def _capacity_cell(r: ChunkSizeResult, fraction: float) -> str:
-    c = r.hit_curve.capacity_for(fraction)
+
+def _capacity_cell(r: ChunkSizeResult, curve: CurveResult, fraction: float) -> str:
+    c = curve.capacity_for(fraction)
     if c is None:
         return "no hits"
-    return f"{fmt_bytes(c * r.hit_curve.payload_bytes_per_chunk)} / {c * r.chunk_size:,} tok"
+    return f"{fmt_bytes(c * curve.payload_bytes_per_chunk)} / {c * r.chunk_size:,} tok"
 
 
 def _ttl(seconds: float | None) -> str:
     return f"> {TTL_GRID_SECONDS[-1]:,g} s" if seconds is None else f"{seconds:,g} s"
 
 
-def _ttl_cell(r: ChunkSizeResult) -> str:
-    curve = r.hit_curve
+def _ttl_cell(r: ChunkSizeResult, curve: CurveResult) -> str:
     if curve.ttl_hit_chunks is None:  # one request without a timestamp is enough
         return "no timestamps" if curve.untimed_requests >= r.requests else f"{curve.untimed_requests:,} untimed"
     if curve.unlimited_hit_tokens == 0:
@@ -39,18 +46,26 @@ def _ttl_cell(r: ChunkSizeResult) -> str:
     return " / ".join(_ttl(curve.ttl_for(f)) for f in (0.5, 0.9, 0.99))
 
 
-def curve_rows(results: list[ChunkSizeResult]) -> list[tuple[str, callable]]:
+def curve_rows(results: list[ChunkSizeResult]) -> list[Row]:
     """Rows for the replay table (label, function of a result): the cache size (payload bytes for the model /
     tokens) that reaches 50, 90 and 99% of the unlimited hit tokens, the TTLs that do, and the curve's memory.
     Empty when no result has a curve (``--no-curve``)."""
     if not any(r.hit_curve is not None for r in results):
         return []
     rule = next(r.hit_curve.ttl_rule for r in results if r.hit_curve is not None)
-    rows = [(f"cache for {round(100 * f)}% of unlimited hits", lambda r, f=f: _capacity_cell(r, f))
-            for f in (0.5, 0.9, 0.99)]
+    rows: list[tuple[str, CurveCell]] = [
+        (f"cache for {round(100 * f)}% of unlimited hits", partial(_capacity_cell, fraction=f))
+        for f in (0.5, 0.9, 0.99)]
     rows += [(f"TTL ({rule}) for 50 / 90 / 99%", _ttl_cell),
-             ("curve memory", lambda r: fmt_bytes(r.hit_curve.memory_bytes))]
-    return [(label, lambda r, fn=fn: "-" if r.hit_curve is None else fn(r)) for label, fn in rows]
+             ("curve memory", lambda r, c: fmt_bytes(c.memory_bytes))]
+    return [(label, _with_curve(fn)) for label, fn in rows]
+
+
+def _with_curve(fn: CurveCell) -> Callable[[ChunkSizeResult], str]:
+    """The cell ``fn`` gives a result and its curve; "-" for a result without a curve."""
+    def cell(r: ChunkSizeResult) -> str:
+        return "-" if r.hit_curve is None else fn(r, r.hit_curve)
+    return cell
 
 
 def check_plot_path(path: str | Path | None) -> None:
@@ -100,15 +115,16 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
 
     rows = [r for r in result.per_chunk_size if r.hit_curve is not None]
+    curves = [r.hit_curve for r in result.per_chunk_size if r.hit_curve is not None]  # the rows' curves
     if not rows:
         raise BadInputError("--plot needs the curve: drop --no-curve (and --namespace)")
     fig, (cap, ttl) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained")
     bound = 100 * rows[0].to_dict()["upper_bound_ratio"]
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     widths = np.linspace(3.2, 1.2, len(rows)) if len(rows) > 1 else [1.6]  # lines that coincide stay visible
-    timed = any(r.hit_curve.ttl_hit_chunks is not None for r in rows)
-    for i, r in enumerate(rows):
-        c, color, lw = r.hit_curve, colors[i % len(colors)], widths[i]
+    timed = any(c.ttl_hit_chunks is not None for c in curves)
+    for i, (r, c) in enumerate(zip(rows, curves)):
+        color, lw = colors[i % len(colors)], widths[i]
         if c.unlimited_hit_tokens == 0:  # nothing to draw; still named in the legends
             for ax in (cap, ttl) if timed else (cap,):
                 ax.plot([], [], color=color, lw=lw, label=f"chunk size {r.chunk_size}: no hits")
@@ -122,7 +138,7 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
             if k90:
                 cap.plot([k90 * c.payload_bytes_per_chunk], [100 * c.hit_tokens(k90) / r.prompt_tokens], "o",
                          color=color, ms=4 + 2 * lw, mec="white", zorder=3)
-        if c.ttl_hit_chunks is not None:
+        if c.ttl_seconds is not None and c.ttl_hit_chunks is not None:  # both None together
             keep = _ttl_range(c)
             ratio = 100 * c.ttl_hit_chunks[keep] * c.chunk_size / max(r.prompt_tokens, 1)
             ttl.plot(c.ttl_seconds[keep], ratio, marker="o", ms=2 + lw, color=color, lw=lw,
@@ -131,7 +147,8 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
         if bound > 0:
             ax.axhline(bound, color="grey", ls="--", lw=1, label="token-granular bound")
         ax.set_ylabel("hit token ratio (%)")
-        top_ratio = max([bound] + [100 * r.hit_curve.unlimited_hit_tokens / max(r.prompt_tokens, 1) for r in rows])
+        top_ratio = max([bound] + [100 * c.unlimited_hit_tokens / max(r.prompt_tokens, 1)
+                                   for r, c in zip(rows, curves)])
         ax.set_ylim(0, max(5.0, min(100.0, 1.1 * top_ratio)))
         ax.grid(True, which="major", alpha=0.3)
         ax.set_xscale("log")
@@ -148,12 +165,12 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     top.set_xlabel("cache size (tokens)")
     cap.set_title("LRU: hit ratio by cache size (dot: 90% of unlimited)", fontsize=10)
     cap.legend(fontsize=8, loc="upper left")
-    span = next((r.hit_curve.span_seconds for r in rows if r.hit_curve.span_seconds), None)
+    span = next((c.span_seconds for c in curves if c.span_seconds), None)
     if timed:
         if span:
             ttl.axvline(span, color="grey", ls=":", lw=1, label=f"trace span {span:,.0f} s")
         ttl.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,g}"))
-        ttl.set_xlabel(f"TTL (s, expiry {rows[0].hit_curve.ttl_rule}), log; unlimited capacity")
+        ttl.set_xlabel(f"TTL (s, expiry {curves[0].ttl_rule}), log; unlimited capacity")
         ttl.legend(fontsize=8, loc="upper left")
     else:
         ttl.text(0.5, 0.5, "no TTL curve: the trace has no timestamps", ha="center", va="center",

@@ -32,6 +32,7 @@ from kvcli.replay.network import ServerRates
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.replay.savings import Ledger
 from kvcli.store.batch import Batcher
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, reusable_tokens
 from kvcli.store.kvstore import KVStore
 from kvcli.store.layout import is_real
@@ -92,7 +93,10 @@ class Lane:
         self._hit_curve = (HitCurve(cs, config.ttl_refresh) if config.hit_curve and config.namespace is None
                            and store.layout == config.layouts[0] else None)
         self._checked: dict[bytes, bool] = {}  # chunk hash -> checksum verified good
-        self._batcher = Batcher(store, quiet=quiet) if batched else None
+        self._batcher: Batcher | None = None
+        if batched:
+            assert isinstance(store, ChunkStore), "batched only where batchable(), which takes only a ChunkStore"
+            self._batcher = Batcher(store, quiet=quiet)
 
     # -- estimated requests ---------------------------------------------------------------------------------------
     def submit(self, requests: list[Estimated]):
@@ -146,7 +150,7 @@ class Lane:
         k = look.hit_chunks
         if len(look.metadata) < k:  # a layout whose lookup reads no metadata (lmcache: EXISTS): nothing to check
             return k
-        todo = []
+        todo: list[int] = []
         for i in range(k):
             good = checked.get(prompt.hashes[i])
             if good is False:
@@ -156,7 +160,9 @@ class Lane:
                 todo.append(i)
         if not todo:
             return k
-        for i, good in zip(todo, self.store.verify(prompt, todo, look)):
+        store = self.store
+        assert isinstance(store, ChunkStore), "only kvcli's layout reads metadata, so only it has real hit chunks"
+        for i, good in zip(todo, store.verify(prompt, todo, look)):
             checked[prompt.hashes[i]] = good
         return next((i for i in range(k) if checked.get(prompt.hashes[i]) is False), k)
 

@@ -125,6 +125,7 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
     keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(k)]
     times: dict[tuple[str, int], list[float]] = {}
     sers, desers = [], []
+    encoded: memoryview | bytearray
     for repeat in range(4):  # the first round warms up (allocations, connection buffers): not kept
         for batch in (keys[:1], keys):
             t0 = time.perf_counter()
@@ -139,7 +140,7 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
                 times.setdefault(("set", len(batch)), []).append(t1 - t0)
                 times.setdefault(("get", len(batch)), []).append(t2 - t1)
         t3 = time.perf_counter()
-        if with_torch:
+        if tensor is not None:  # exactly when torch is loaded
             encoded = encode_kv(tensor)
             t4 = time.perf_counter()
             decoded, _ = decode_kv(encoded)

@@ -25,6 +25,7 @@ from concurrent import futures
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Protocol
 
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.presets import ModelConfig, ModelSpec
@@ -36,6 +37,21 @@ POLL_SECONDS = 0.05
 TERMINATE_SECONDS = 2.0  # a terminated worker's time to exit before it is killed (SIGKILL)
 
 
+class ModelChoice(Protocol):
+    """What a worker reads of the model options (kvcli.replay.runner.ModelOptions; runner imports this module)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def dtype(self) -> str | None: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def threads(self) -> int | None: ...
+
+
 @dataclass(frozen=True)
 class Setup:
     """What a worker needs to build its replayer: the Redis URL and reply timeout (seconds; None: the default),
@@ -45,7 +61,7 @@ class Setup:
 
     url: str
     timeout: float | None
-    model_options: object
+    model_options: ModelChoice
     tokenizer: str
     spec: ModelSpec
     model_config: ModelConfig | None
@@ -80,8 +96,9 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
                 torch.set_num_threads(options.threads)
             _models[options] = load_model(options.model, options.dtype, options.device, options.seed)
         model = _models[options]
-    replayer = Replayer(_clients[key], model, None, setup.tokenizer, setup.config, spec=setup.spec,
-                        model_config=setup.model_config,
+    replayer = Replayer(_clients[key], model,
+                        None,  # type: ignore[arg-type]  # no cost curve: a worker's replay_unit never reads it
+                        setup.tokenizer, setup.config, spec=setup.spec, model_config=setup.model_config,
                         prefetch=False)  # the units share the cores: no child reading the trace ahead
     return replayer.replay_unit(work, indices, upper_bound)
 
@@ -104,10 +121,12 @@ class ProcessUnits:
         if jobs < 1:
             raise BadInputError(f"--jobs must be >= 1, got {jobs}")
         units = len(setup.config.chunk_sizes) * len(setup.config.layouts)
-        self.jobs, self.setup, self._pool = min(jobs, units), setup, None  # a worker per unit at most
+        self.jobs, self.setup = min(jobs, units), setup  # a worker per unit at most
+        self._pool: ProcessPoolExecutor | None = None
         self._start()  # now: the workers start (spawn, imports) while this process prepares the first trace
 
-    def _start(self) -> None:
+    def _start(self) -> ProcessPoolExecutor:
+        """The worker pool, started now unless it is running."""
         if self._pool is None:
             workers = self.jobs
             self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _ignore_sigint)
@@ -122,6 +141,7 @@ class ProcessUnits:
             finally:
                 if mask:
                     mask(signal.SIG_SETMASK, blocked)
+        return self._pool
 
     def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
         """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers.
@@ -132,9 +152,9 @@ class ProcessUnits:
         plan = plan_units(work.stores, self.jobs, self.setup.config.upper_bound)
         if len(plan) == 1:
             return _local(replayer, work, plan, progress)
-        self._start()
+        pool = self._start()
         try:
-            pending = [self._pool.submit(run_unit, self.setup, work, indices, upper) for indices, upper in plan]
+            pending = [pool.submit(run_unit, self.setup, work, indices, upper) for indices, upper in plan]
             while not all(f.done() for f in pending):
                 futures.wait(pending, timeout=POLL_SECONDS, return_when=futures.FIRST_EXCEPTION)
                 if any(f.done() and f.exception() is not None for f in pending):
@@ -189,7 +209,9 @@ class RayUnits:
             # a local instance is this run's own: its start-up notices (token authentication, ...) are not the
             # user's concern; a cluster's warnings are
             ray.init(address=None if local else address, include_dashboard=False, log_to_driver=False,
-                     runtime_env=env, logging_level="error" if local else "warning", configure_logging=True)
+                     runtime_env=env, configure_logging=True,
+                     # ray annotates an int, but takes a level's name too (its own default is "info")
+                     logging_level="error" if local else "warning")  # type: ignore[arg-type]
             self._started = True
         self.jobs = jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
         self._task = ray.remote(num_cpus=1, max_retries=0)(run_unit)

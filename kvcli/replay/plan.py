@@ -44,7 +44,8 @@ def plan_bytes(stores: Sequence[KVStore], distinct: Sequence[int], payload_chunk
     need = 0
     for store, chunks, payloads in zip(stores, distinct, payload_chunks):
         cfg = store.config
-        resident = chunks if store.resident_chunks is None else min(chunks, store.config.capacity_chunks)
+        capacity = cfg.capacity_chunks  # set whenever the store counts resident chunks
+        resident = chunks if store.resident_chunks is None or capacity is None else min(chunks, capacity)
         key = int(store.key_bytes_per_chunk / 2)
         meta = (len(chunk_metadata(store, store.chunk(np.zeros(cfg.chunk_size, dtype="<u4")), 0))
                 if isinstance(store, ChunkStore) else OTHER_METADATA_BYTES)
@@ -57,10 +58,12 @@ def plan_bytes(stores: Sequence[KVStore], distinct: Sequence[int], payload_chunk
 def room(mem: ServerMemory) -> int | None:
     """Bytes left under maxmemory (None without one); on a cluster the least room of any primary with a maxmemory
     (a probe's few keys may all land there)."""
-    limited = [sh for sh in mem.shards if sh.maxmemory]
+    # used_memory is None only where INFO was refused, and then so is maxmemory
+    limited = [(sh.maxmemory, sh.used_memory) for sh in mem.shards if sh.maxmemory and sh.used_memory is not None]
     if limited:
-        return min(max(0, sh.maxmemory - sh.used_memory) for sh in limited)
-    return max(0, mem.maxmemory - mem.used_memory) if mem.maxmemory else None
+        return min(max(0, maxmemory - used) for maxmemory, used in limited)
+    maxmemory, used = mem.maxmemory, mem.used_memory
+    return max(0, maxmemory - used) if maxmemory and used is not None else None
 
 
 def probe_bytes(store: KVStore, mem: ServerMemory) -> int:

@@ -28,7 +28,7 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.store.hashing import PromptChunker, chunk_hashes, chunked, reusable_tokens
@@ -168,7 +168,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measured: set[int]) -> Iterator[Item]:
+def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measured: set[int]
+                ) -> Generator[Item, None, None]:
     """The items of :class:`Prefetch`, computed in this process: ``prompts`` None for an empty or a measured
     request (the replay hashes a measured one as it times it), ``request`` the request itself."""
     for index, request in enumerate(reader()):

@@ -124,6 +124,7 @@ class Replayer:
         self.calibration = calibration
         self.model_config = model_config or (model.config if model is not None else None)
         spec = model.spec if model is not None else spec
+        assert spec is not None, "a Replayer without a model needs its spec"
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
@@ -339,9 +340,10 @@ class Replayer:
                     and res.overheads.background > result.span_seconds)
             res.store_mode = "sync" if late else cfg.store_mode
         result.store_mode = cfg.store_mode
-        rows = [r for r in result.per_chunk_size if r.requests]
-        result.verdict = recommend({r.chunk_size: r.savings.net(r.store_mode) for r in rows}, cfg.store_mode,
-                                   {r.chunk_size: r.savings.net_draws(r.store_mode) for r in rows})
+        # each with its savings: the loop above set every store's (the filter only narrows the type)
+        rows = [(r, r.savings) for r in result.per_chunk_size if r.requests and r.savings is not None]
+        result.verdict = recommend({r.chunk_size: s.net(r.store_mode) for r, s in rows}, cfg.store_mode,
+                                   {r.chunk_size: s.net_draws(r.store_mode) for r, s in rows})
 
     def _used_memory(self) -> int | None:
         """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""

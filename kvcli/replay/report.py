@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from kvcli.replay.curvereport import curve_rows
+from kvcli.replay.curvereport import Row, curve_rows
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.tables import print_table, stdout_console
@@ -52,6 +52,11 @@ def _over(r: ChunkSizeResult, part: str) -> str:
     return _s3(getattr(r.overheads, part)) if r.overheads is not None else NA
 
 
+def _lookup_ms(p50: float | None, p99: float | None) -> str:
+    """Lookup latency percentiles "p50 / p99 ms"; – when nothing was looked up (both None together)."""
+    return NA if p50 is None or p99 is None else f"{p50 * 1e3:.2f} / {p99 * 1e3:.2f} ms"
+
+
 def _per_shard(counts: dict[str, int]) -> str:
     """Round trips per shard: "min / max (N shards)", "1 shard" for a single server, – when none was counted (no
     round trip, or a layout that does not count per shard)."""
@@ -63,7 +68,7 @@ def _per_shard(counts: dict[str, int]) -> str:
 
 
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
-ROWS: list[tuple[str, callable]] = [
+ROWS: list[Row] = [
     ("requests", lambda r: f"{r.requests:,}"),
     ("prompt tokens", lambda r: f"{r.prompt_tokens:,}"),
     ("hit tokens", lambda r: f"{r.hit_tokens:,}"),
@@ -85,8 +90,7 @@ ROWS: list[tuple[str, callable]] = [
     ("  per shard, min / max", lambda r: _per_shard(r.round_trips_by_shard)),
     ("Redis retries / errors / timeouts",
      lambda r: f"{r.redis_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
-    ("lookup p50 / p99", lambda r: NA if r.lookup_p50_seconds is None else
-     f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
+    ("lookup p50 / p99", lambda r: _lookup_ms(r.lookup_p50_seconds, r.lookup_p99_seconds)),
     ("lookup time", lambda r: _over(r, "lookup")),
     ("transfer time", lambda r: _over(r, "transfer")),
     ("  measured on this server", lambda r: _secs(r.transfer_seconds_measured)),
@@ -161,15 +165,14 @@ def _facts(result: TraceResult) -> str:
 
 
 # (label, function of a ChunkSizeResult) — the rows that compare key layouts side by side.
-LAYOUT_ROWS: list[tuple[str, callable]] = [
+LAYOUT_ROWS: list[Row] = [
     ("hit tokens", lambda r: f"{r.hit_tokens:,}"),
     ("hit token ratio", lambda r: _pct(r.hit_token_ratio)),
     ("lookups", lambda r: f"{r.lookups:,}"),
     ("lookup round trips", lambda r: f"{r.lookup_round_trips:,}"),
     ("  per lookup", lambda r: NA if r.to_dict()['lookup_round_trips_per_lookup'] is None else
      f"{r.to_dict()['lookup_round_trips_per_lookup']:.2f}"),
-    ("lookup p50 / p99", lambda r: NA if r.lookup_p50_seconds is None else
-     f"{r.lookup_p50_seconds * 1e3:.2f} / {r.lookup_p99_seconds * 1e3:.2f} ms"),
+    ("lookup p50 / p99", lambda r: _lookup_ms(r.lookup_p50_seconds, r.lookup_p99_seconds)),
     ("lookup time", lambda r: _secs(r.lookup_seconds)),
     ("Redis round trips (all)", lambda r: f"{r.round_trips:,}"),
     ("objects created", lambda r: f"{r.objects_created:,}"),

@@ -95,9 +95,9 @@ class ReplayConfig:
         check_positive("--link-gbps", self.link_gbps)
         # the round trip as given in ms, to the 15 significant digits a typed number has (the division is undone)
         rtt_ms = None if self.rtt_seconds is None else float(f"{self.rtt_seconds * 1e3:.15g}")
-        for flag, value in (("--rtt-ms", rtt_ms), ("--measure-seconds", self.measure_seconds),
-                            ("--calibrate-seconds", self.calibrate_seconds)):
-            check_non_negative(flag, value)
+        for flag, seconds in (("--rtt-ms", rtt_ms), ("--measure-seconds", self.measure_seconds),
+                              ("--calibrate-seconds", self.calibrate_seconds)):
+            check_non_negative(flag, seconds)
         if self.store_mode not in ("async", "sync"):
             raise BadInputError(f"--store-mode must be async or sync, got {self.store_mode!r}")
         if self.ttl_refresh and not self.hit_curve:

@@ -107,14 +107,14 @@ class Fenwick:
         """``sum(a[1..p])`` for each of ``positions`` (int64 in ``0..size``), int64 ``[len(positions)]``."""
         tree = self.tree
         if len(positions) <= _FEW:
-            out = []
+            sums: list[int] = []
             for i in np.asarray(positions, np.int64).tolist():
                 total = 0
                 while i:
                     total += int(tree[i])
                     i &= i - 1
-                out.append(total)
-            return np.array(out, np.int64)
+                sums.append(total)
+            return np.array(sums, np.int64)
         i = np.array(positions, np.int64)
         out = np.zeros(i.size, np.int64)
         while i.any():  # tree[0] == 0, so finished positions add nothing

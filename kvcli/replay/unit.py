@@ -49,9 +49,10 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
     batched = pipeline > 1 and all(batchable(store) for store in stores)
     radix = RadixUpperBound() if config.upper_bound and upper_bound else None
     ahead = batched and can_prefetch(requests, bool(work.measured), prefetch)
-    items = (Prefetch(work.reader, requests, [store.chunker for store in stores], radix) if ahead
+    ahead_items = Prefetch(work.reader, requests, [store.chunker for store in stores], radix) if ahead else None
+    items = (ahead_items if ahead_items is not None
              else hashed_here(work.reader, requests, stores, radix, work.measured))
-    quiet = items.paused if ahead else None  # the child stopped while a lookup is timed
+    quiet = ahead_items.paused if ahead_items is not None else None  # the child stopped while a lookup is timed
     lanes = [Lane(store, work.rates[i], config, client, model, batched=pipeline > 1 and batchable(store),
                   quiet=quiet) for i, store in zip(indices, stores)]
     unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=radix is not None)

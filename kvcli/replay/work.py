@@ -112,11 +112,14 @@ def merge_parts(parts: list[Part], stores: int, upper_bound: bool
             assert results[i] is None, f"store {i} replayed twice"
             results[i], ledgers[i] = res, ledger
     assert all(r is not None for r in results), "a store was not replayed"
+    # every slot is filled (asserted above; a ledger comes with each result): the filters only narrow the types
+    done = [r for r in results if r is not None]
+    books = [ledger for ledger in ledgers if ledger is not None]
     if upper_bound:
         upper = int(np.maximum.reduce([p.reach for p in parts] + [p.match for p in parts if p.match is not None]).sum())
-        for res in results:
+        for res in done:
             res.upper_bound_tokens = upper
-    return results, ledgers, parts[0].skipped, parts[0].span_seconds
+    return done, books, parts[0].skipped, parts[0].span_seconds
 
 
 def merge_logs(parts: list[Part]) -> list[dict]:
@@ -125,7 +128,7 @@ def merge_logs(parts: list[Part]) -> list[dict]:
     first = next(p for p in parts if 0 in p.indices)
     merged = []
     for k, entry in enumerate(first.measured_log):
-        rows = {}
+        rows: dict[int, dict] = {}
         for part in parts:
             rows.update(zip(part.indices, part.measured_log[k]["per_chunk_size"]))
         merged.append({**entry, "per_chunk_size": [rows[i] for i in sorted(rows)]})

@@ -32,7 +32,7 @@ def chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
         BadInputError (plain lists) / MessageError (``per_agent``): a bad message, or one the template refuses.
     """
     conversations: dict[Any, Conversation] = {}
-    requests = []
+    requests: list[Request] = []
     for index, message in enumerate(messages):
         try:
             role = message_role(message)

@@ -99,7 +99,7 @@ _AZURE = ("an Azure LLM inference trace (TIMESTAMP, ContextTokens, GeneratedToke
           "only, no prompt text, token ids or block hashes, so which prompts share a prefix is unknown and no "
           "cache hit can be derived; kvcli does not read it (use a trace with prompts, token_ids or Mooncake "
           "hash_ids)")
-_CSV_HEADERS = {("timestamp", "contexttokens", "generatedtokens"): _AZURE}
+_CSV_HEADERS: dict[tuple[str, ...], str] = {("timestamp", "contexttokens", "generatedtokens"): _AZURE}
 
 
 def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None) -> None:

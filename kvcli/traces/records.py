@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import io
 import json
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from kvcli.errors import BadInputError
 
@@ -87,7 +88,7 @@ def stem_and_suffix(path: Path) -> tuple[str, str]:
     return p.stem, p.suffix
 
 
-def _open_binary(path: Path) -> BinaryIO:
+def _open_binary(path: Path) -> io.BufferedIOBase:
     """``path`` opened for reading bytes, through gzip when it starts with the gzip magic bytes."""
     try:
         with open(path, "rb") as raw:
@@ -105,7 +106,7 @@ def _read_error(exc: Exception) -> str:
     return f"cannot read ({type(exc).__name__}: {exc})"
 
 
-def _iter_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+def _iter_lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
     """``(line_no, line)`` for each non-blank line (bytes; decoded by the JSON parser), 1-based, streamed."""
     line_no = 0
     try:
