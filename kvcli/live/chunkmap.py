@@ -108,7 +108,7 @@ def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, 
         pttl = replies[3 * k + 2]
         rows.append(MapRow(k, h.hex(), k * chunk_size, (k + 1) * chunk_size, status,
                            pttl / 1000 if pttl >= 0 else None))
-    n = len(prompt.tokens)
+    n = len(token_ids)
     reused = reusable_tokens(hits * chunk_size, n)
     return ChunkMap(namespace, chunk_size, model_id, n, tuple(rows), reused, n - reused,
                     None if hits == len(states) else hits, reason)

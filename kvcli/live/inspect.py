@@ -144,10 +144,11 @@ def shards_to_dict(shards: list[ShardView], layout: str, total: int) -> list[dic
 def skew(values: list[int | None]) -> float | None:
     """The largest over the mean (1.0: even; N shards with everything on one: N). None for no values, all 0, or a
     value not read."""
-    if any(v is None for v in values):
+    known = [v for v in values if v is not None]
+    if len(known) < len(values):
         return None
-    total = sum(values)
-    return max(values) * len(values) / total if values and total else None
+    total = sum(known)
+    return max(known) * len(known) / total if known and total else None
 
 
 @dataclass
@@ -403,7 +404,7 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
         g.metadata_bytes += size
         _ttl(g, pttl)
         state = states[h]
-        if state == BAD_METADATA:
+        if state == BAD_METADATA or meta is None:  # meta None: not parsed, so bad metadata
             g.issues["bad_metadata"].append(h)
             continue
         g.chunks += state in HITS
@@ -453,7 +454,9 @@ def _reachable(space: _Space, intact) -> dict[str, bool]:
     memo: dict[str, bool] = {}
     bound = len(space.meta)
     for start in space.meta:
-        path, on_path, h = [], set(), start
+        path: list[str] = []
+        on_path: set[str] = set()
+        h = start
         verdict = None
         while h not in memo:
             if h in on_path or len(path) > bound:
@@ -484,4 +487,4 @@ def _memory(groups: dict[str, Group], space: _Space, lone: str) -> None:
     for g in groups.values():
         keys = g.metadata_entries + g.payload_objects
         if g.memory_keys and g.memory_keys < keys:
-            g.memory_bytes = int(g.memory_bytes * keys / g.memory_keys)
+            g.memory_bytes = int((g.memory_bytes or 0) * keys / g.memory_keys)

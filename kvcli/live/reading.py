@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import redis
 
@@ -59,7 +60,8 @@ def reader(client: redis.Redis) -> Iterator[redis.Redis]:
         if state["client"] is not None:
             state["client"].kvcli_no_touch = state["no_touch"]
 
-    ours = state["client"] = no_touch_client(client, on_connect)
+    ours: Any = no_touch_client(client, on_connect)  # a Redis or a RedisCluster, with kvcli_no_touch set here
+    state["client"] = ours
     ours.kvcli_no_touch = state["no_touch"]
     try:
         yield ours

@@ -207,7 +207,7 @@ def estimate(stores: Sequence[ChunkStore], requests: Sequence[Request], verify: 
     """The dry run: what a real run would write now, per chunk size (exact counts and bytes). Read-only."""
     totals = []
     for store in stores:
-        tot, planned = SizeTotals(store.config.chunk_size), set()
+        tot, planned = SizeTotals(store.config.chunk_size), set[bytes]()
         for request in requests:
             p = plan(store, request, planned, verify)
             _count_prompt(tot, p)
@@ -353,7 +353,7 @@ def _compute(stores, plans, request: Request, model, result: WarmResult) -> tupl
         bad = got.hit_tokens // cs if got.break_reason == "checksum" else None
     reused = 0 if past is None else past.shape[3]
     result.tokens_reused += reused
-    if reused >= end:
+    if past is not None and reused >= end:
         return past, best, bad
     result.tokens_prefilled += end - reused
     _, kv = model.prefill(request.token_ids[reused:end], past_kv=past)
@@ -445,7 +445,7 @@ def _to_refresh(p: _Plan, ttl: int | None) -> list[int]:
     return [k for k in range(p.write[-1]) if k not in todo and 0 <= p.pttl[k] < ttl * 1000]
 
 
-def _reason(exc: redis.RedisError) -> str:
+def _reason(exc: Exception) -> str:
     """The server's own words for a refused batch, without redis-py's echo of the command or any value bytes."""
     text = str(exc)
     text = text.split(" caused error: ", 1)[1] if " caused error: " in text else text
