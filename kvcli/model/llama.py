@@ -60,15 +60,23 @@ def resolve_device(device: str) -> torch.device:
     """``"auto"`` (``"cuda"`` when available, else ``"cpu"``) or any torch device string, checked usable.
 
     Raises:
-        BadInputError: an unknown or unusable device.
+        BadInputError: not a device torch knows (``"gpu"``): the spelling is wrong.
+        ModelFailure: a device this machine or this torch build cannot use (``"cuda"`` on a CPU-only torch or a
+            machine without a GPU): the input is fine, the model cannot run here.
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         dev = torch.device(device)
+    except RuntimeError as e:
+        raise BadInputError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N): "
+                            f"{str(e).splitlines()[0]}") from None
+    try:
         torch.empty(0, device=dev)
     except (RuntimeError, AssertionError) as e:
-        raise BadInputError(f"unusable device {device!r}: {str(e).splitlines()[0]}") from None
+        cpu_only = dev.type == "cuda" and torch.version.cuda is None
+        why = "this torch is a CPU-only build" if cpu_only else str(e).splitlines()[0]
+        raise ModelFailure(f"device {device!r} cannot be used here: {why}; run with --device cpu") from None
     return dev
 
 

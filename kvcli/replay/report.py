@@ -265,19 +265,22 @@ def to_json(results: list[TraceResult], context: dict) -> str:
 
 
 def summary_line(result: TraceResult) -> str:
-    """One line per trace for stderr: the verdict, and the best chunk size's hit ratio and savings (seconds with
-    their interval, and the share of the trace's prefill time)."""
-    rows = [r for r in result.per_chunk_size if r.requests]
+    """One line per trace for stderr: the verdict's headline, in the verdict's own words
+    (:attr:`kvcli.replay.savings.Verdict.headline`), and the hit ratio and savings of the chunk size it points at
+    (:attr:`~kvcli.replay.savings.Verdict.focus`: seconds with their interval, the share of the trace's prefill)."""
+    rows = {r.chunk_size: r for r in result.per_chunk_size if r.requests}
     if not result.requests or not rows:
         return f"{result.trace}: no prompt to replay (every request of {result.skipped_empty:,} is empty)"
-    best = max(rows, key=lambda r: (r.net_benefit_seconds, -r.chunk_size))
     v = result.verdict
-    head = (f"chunk size {best.chunk_size}" if result.recommended_chunk_size is not None
-            else ("tie " + "/".join(map(str, v.tied)) if v and v.kind == "tie" else "no chunk size pays off"))
-    saved = (f"saves {fmt_interval(best.savings.saved)} s = {_share(best.savings.share)} of prefill, "
-             f"net {fmt_interval(best.savings.net(best.store_mode))} s ({best.store_mode} stores)"
-             if best.savings else f"net benefit {_secs(best.net_benefit_seconds)}")
-    return (f"{result.trace}: {head} (at {best.chunk_size}: hit {_pct(best.hit_token_ratio)}, {saved}; "
+    if v is not None and v.focus in rows:
+        head, at = v.headline, rows[v.focus]
+    else:  # a result built without a verdict: the best net benefit
+        at = max(rows.values(), key=lambda r: (r.net_benefit_seconds, -r.chunk_size))
+        head = f"chunk size {at.chunk_size}" if at.net_benefit_seconds > 0 else "no chunk size pays off"
+    saved = (f"saves {fmt_interval(at.savings.saved)} s = {_share(at.savings.share)} of prefill, "
+             f"net {fmt_interval(at.savings.net(at.store_mode))} s ({at.store_mode} stores)"
+             if at.savings else f"net benefit {_secs(at.net_benefit_seconds)}")
+    return (f"{result.trace}: {head} (at {at.chunk_size}: hit {_pct(at.hit_token_ratio)}, {saved}; "
             f"{result.measured_requests} measured)")
 
 

@@ -238,13 +238,26 @@ class Verdict:
     ``chunk_size``: recommended, or None. ``kind``: "clear" (it beats every other chunk size by more than the
     interval of their difference), "tie" (``tied``: the sizes the best one does not beat that way), "noise" (the
     best net benefit's own interval reaches 0: not distinguishable from not caching), "none" (no chunk size has a
-    positive net benefit). ``text``: one line.
+    positive net benefit). ``text``: one line, starting with :attr:`headline`. ``focus``: the chunk size the
+    verdict points at: the recommended one, the tied one it names (the fewest objects), the most hopeful, or the
+    best net benefit when none pays (None when nothing was replayed).
     """
 
     chunk_size: int | None
     kind: str
     tied: tuple[int, ...]
     text: str
+    focus: int | None = None
+
+    @property
+    def headline(self) -> str:
+        """The verdict in a few words, as :attr:`text` starts: "chunk size 64", "chunk sizes 16, 64 tie", "no chunk
+        size pays off beyond noise", "no chunk size pays off"."""
+        if self.kind == "clear":
+            return f"chunk size {self.chunk_size}"
+        if self.kind == "tie":
+            return f"chunk sizes {', '.join(map(str, self.tied))} tie"
+        return "no chunk size pays off beyond noise" if self.kind == "noise" else "no chunk size pays off"
 
 
 def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, np.ndarray] | None = None
@@ -267,12 +280,12 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     best = order[0]
     top = nets[best]
     if all(iv.high <= 0 for iv in nets.values()):
-        return Verdict(None, "none", (), f"no chunk size pays off ({how}): every net benefit is <= 0")
+        return Verdict(None, "none", (), f"no chunk size pays off ({how}): every net benefit is <= 0", best)
     if top.low <= 0:
         hope = max(order, key=lambda cs: (nets[cs].high, -cs))
         return Verdict(None, "noise", (hope,), f"no chunk size pays off beyond noise ({how}): the most hopeful, "
                                                f"{hope}, nets {fmt_interval(nets[hope])} s, an interval that "
-                                               f"reaches 0")
+                                               f"reaches 0", hope)
 
     def beaten(cs: int) -> bool:
         if top.value - nets[cs].value < TIE_TOLERANCE * top.value:
@@ -284,10 +297,10 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     tied = tuple(sorted([best] + [cs for cs in order[1:] if not beaten(cs)]))
     if len(tied) == 1:
         return Verdict(best, "clear", tied, f"chunk size {best} ({how}): its net benefit beats every other size's "
-                                            f"by more than their intervals")
+                                            f"by more than their intervals", best)
     return Verdict(None, "tie", tied, f"chunk sizes {', '.join(map(str, tied))} tie ({how}): the differences "
                                       f"between their net benefits are within their intervals; of them, "
-                                      f"{max(tied)} writes the fewest objects")
+                                      f"{max(tied)} writes the fewest objects", max(tied))
 
 
 def sig(x: float, digits: int = 3) -> str:

@@ -72,9 +72,24 @@ def test_bad_dtype():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_unusable_device():
-    with pytest.raises(BadInputError, match="cuda"):
+def test_unusable_device_is_a_model_failure_and_a_misspelt_one_bad_input():
+    with pytest.raises(ModelFailure, match="device 'cuda' cannot be used here: .*; run with --device cpu"):
         build_model("tiny", device="cuda")
+    with pytest.raises(BadInputError, match="unknown device 'gpu'"):
+        build_model("tiny", device="gpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_replay_on_cuda_without_one_exits_4_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvcli.cli.app import app
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"token_ids": [1, 2, 3, 4, 5]}\n')
+    out = CliRunner().invoke(app, ["replay", str(trace), "--model", "tiny", "--device", "cuda", "--measure", "1"])
+    assert out.exit_code == 4, out.output
+    assert out.stderr.strip().splitlines()[-1].startswith("kvcli: error: device 'cuda' cannot be used here")
 
 
 def test_too_big_raises_before_allocating(monkeypatch):

@@ -155,3 +155,26 @@ def test_network_model_by_hand():
     local = overheads(_result(lookup_seconds=0.004, transfer_seconds_measured=0.1, transfer_seconds_estimated=0.2,
                               store_seconds=0.3, store_seconds_estimated=0.4), value, rates, None)
     assert (local.transfer, local.background) == pytest.approx((0.3, 0.7))
+
+
+@pytest.mark.parametrize("nets, headline, at", [
+    # 64 beats 16 by more than both intervals and by more than TIE_TOLERANCE: recommended
+    ({16: Interval(1.0, 0.9, 1.1), 64: Interval(2.0, 1.9, 2.1)}, "chunk size 64", 64),
+    # within each other's intervals: a tie, and the summary names the tied size with the fewest objects (64)
+    ({16: Interval(2.0, 1.5, 2.5), 64: Interval(1.9, 1.4, 2.4)}, "chunk sizes 16, 64 tie", 64),
+    # the best one's interval reaches 0: noise; the summary shows the most hopeful (16: the highest high end)
+    ({16: Interval(0.5, -0.5, 1.5), 64: Interval(0.6, -0.1, 1.2)}, "no chunk size pays off beyond noise", 16),
+    # every interval <= 0: none pays; the summary shows the best net benefit (64)
+    ({16: Interval(-2.0, -3.0, -1.0), 64: Interval(-1.0, -1.5, -0.5)}, "no chunk size pays off", 64),
+])
+def test_the_summary_line_is_the_verdict_in_its_own_words(nets, headline, at):
+    from kvcli.replay.report import summary_line
+    from kvcli.replay.results import TraceResult
+
+    verdict = recommend(nets)
+    assert verdict.text.startswith(headline) and verdict.headline == headline and verdict.focus == at
+    rows = [ChunkSizeResult(cs, "ns", requests=2, prompt_tokens=100, hit_tokens=cs // 2,
+                            saved_prefill_seconds_estimated=iv.value) for cs, iv in nets.items()]
+    line = summary_line(TraceResult("t.jsonl", 2, 0, 0, "accounted", rows, verdict=verdict))
+    hit = {16: "8.0%", 64: "32.0%"}[at]
+    assert line.startswith(f"t.jsonl: {headline} (at {at}: hit {hit}, net benefit ")
