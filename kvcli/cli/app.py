@@ -37,7 +37,6 @@ from kvcli.units import parse_size
 
 if TYPE_CHECKING:
     from kvcli.replay.results import ReplayConfig, TraceResult
-    from kvcli.replay.runner import ModelOptions
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_show_locals=False,
                   help="Chunk-hash KV-cache analysis for LLM serving: replay traces, warm and inspect caches, "
@@ -83,8 +82,11 @@ def handle_errors(fn):
     return wrapper
 
 
-def parse_measure(text: str) -> int | None:
-    """``"all"`` -> None (every request runs the model); ``"N"`` -> N >= 0."""
+def parse_measure(text: str, priced: bool = False) -> int | None:
+    """``--measure``: ``"all"`` -> None (every request runs the model); ``"N"`` -> N >= 0; ``"auto"`` -> 2, or 0
+    when prefill is priced for other hardware (``priced``: nothing here needs timing)."""
+    if text.strip().lower() == "auto":
+        return 0 if priced else 2
     if text.strip().lower() == "all":
         return None
     if not text.strip().isdigit():
@@ -111,7 +113,8 @@ def replay(
     model: Model = "cpu",
     dtype: Dtype = None,
     device: Device = "auto",
-    measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'.")] = "2",
+    measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'. auto: 2, or 0 "
+                                              "with --hardware (prefill priced elsewhere).")] = "auto",
     measure_max_tokens: Annotated[Optional[int], typer.Option(
         help="Most tokens of a measured prompt that run the model; longer prompts run their first tokens (default "
              "2,048 with a count, as --measure-seconds allows; with --measure all, whole prompts unless given).",
@@ -139,6 +142,13 @@ def replay(
     capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, payload bytes (e.g. 2GiB).")] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
                                                              "calibrating the model.")] = None,
+    hardware: Annotated[Optional[str], typer.Option(
+        help="Price prefill, and moving KV to and from the device, on this accelerator (h100-sxm, h200, b200, "
+             "a100-80gb, l40s, mi300x, ...: kvcli hardware lists them): a roofline of the model's exact FLOPs and "
+             "bytes. Deterministic: nothing is timed here.", show_default=False)] = None,
+    mfu: Annotated[Optional[float], typer.Option(
+        help="With --hardware: the share of the dense peak a prefill reaches (default 0.52, interval 0.39-0.67: "
+             "TensorRT-LLM's published first-token latencies).", show_default=False)] = None,
     tokenizer: Tokenizer = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
@@ -185,36 +195,26 @@ def replay(
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
     """
     from kvcli.replay.results import ReplayConfig
-    from kvcli.replay.runner import run_replay
+    from kvcli.replay.runner import ModelOptions, run_replay
     from kvcli.store.kvstore import parse_layouts
     from kvcli.store.server import open_redis
     from kvcli.traces.paths import stdin_paths
 
+    options = ModelOptions(model, dtype, device, seed, prefill_tps, threads, hardware, mfu)
     config = ReplayConfig(
-        chunk_sizes=parse_chunk_sizes(chunk_sizes), payload=payload, measure=parse_measure(measure),
+        chunk_sizes=parse_chunk_sizes(chunk_sizes), payload=payload, measure=parse_measure(measure, options.priced),
         capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens, capacity_bytes=parse_size(
             capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed, upper_bound=upper_bound,
         measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
-        layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline)
-    options = _model_options(model, dtype, device, seed, prefill_tps, threads)
+        layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,
+        priced=options.priced)
     _check_run(config, jobs, plot)
     timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
     with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target), _progress() as progress:
         results, context = run_replay(client, target, files, config, options, fmt, tokenizer, progress, say, jobs, ray)
     _show_replay(results, context, plot, json_out)
-
-
-def _model_options(model: str, dtype: str | None, device: str, seed: int, prefill_tps: float | None,
-                   threads: int) -> ModelOptions:
-    """replay's local-model options, checked: ``--threads`` >= 1, ``--prefill-tps`` a positive number."""
-    from kvcli.replay.results import check_count, check_positive
-    from kvcli.replay.runner import ModelOptions
-
-    check_count("--threads", threads)
-    check_positive("--prefill-tps", prefill_tps)
-    return ModelOptions(model, dtype, device, seed, prefill_tps, threads)
 
 
 def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> None:
@@ -283,9 +283,11 @@ class _progress:
 
 def _register() -> None:
     from kvcli.cli.cache import inspect, purge, warm
+    from kvcli.cli.hardware import hardware
     from kvcli.cli.route import route
 
-    for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route)):
+    for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
+                     ("hardware", hardware)):
         app.command(name)(handle_errors(fn))
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -44,6 +45,44 @@ class PrefillSample:
     seconds: float
 
 
+class PrefillCost(Protocol):
+    """What prices a prefill of ``n`` new tokens after ``c`` cached ones, in seconds: a fitted :class:`CostCurve`
+    (calibrated here, a flat rate, or a profile measured elsewhere) or a :class:`kvcli.model.roofline.Roofline`.
+
+    ``points_data``: the timed points ``((new, cached, seconds), ...)`` it rests on (empty: not calibrated, so no
+    range beyond which it extrapolates); ``longest_full_tokens``: the longest full prefill among them;
+    ``residuals``: the relative noise of a timed prefill around it.
+    """
+
+    @property
+    def points_data(self) -> tuple: ...
+
+    @property
+    def residuals(self) -> tuple: ...
+
+    @property
+    def longest_full_tokens(self) -> int: ...
+
+    def predict(self, new_tokens, cached_tokens=0):
+        """Seconds, numpy broadcasting (a float for scalars); 0 where ``new_tokens`` is 0."""
+
+    def seconds(self, new_tokens: int, cached_tokens: int) -> float:
+        """Seconds for one pair of token counts."""
+
+    def total(self, terms) -> float:
+        """Seconds summed over requests and terms: ``terms`` is ``[(sign, new_tokens, cached_tokens), ...]``
+        with arrays ``[requests]``, e.g. a saving ``[(1, p, 0), (-1, p - h, h)]``."""
+
+    def draws(self, reps: int, seed: int = 0) -> np.ndarray:
+        """``reps`` draws of what the cost is uncertain about, seeded (rows for :meth:`totals`)."""
+
+    def totals(self, draws: np.ndarray, terms) -> np.ndarray:
+        """:meth:`total` under each draw, ``[reps]``."""
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+
+
 def _features(new_tokens, cached_tokens) -> np.ndarray:
     """Design matrix ``[..., 4]``: columns 1, n, n * (n + 1) / 2, n * c."""
     n = np.asarray(new_tokens, dtype=np.float64)
@@ -57,6 +96,14 @@ def features(new_tokens, cached_tokens=0) -> np.ndarray:
     prediction is ``features @ [a, b, d, e]``, so sums of features over many requests predict their total time."""
     f = _features(new_tokens, cached_tokens)
     return np.where(np.asarray(new_tokens)[..., None] > 0, f, 0.0)
+
+
+def _summed(terms) -> np.ndarray:
+    """``sum(sign * features(new, cached))`` over the terms and their requests, ``[4]``."""
+    out = np.zeros(4)
+    for sign, new_tokens, cached_tokens in terms:
+        out += sign * features(new_tokens, cached_tokens).reshape(-1, 4).sum(axis=0)
+    return out
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -220,6 +267,16 @@ class CostCurve:
     def tokens_per_second(self, new_tokens: int, cached_tokens: int = 0) -> float:
         """Prefill throughput, new tokens per second, for ``new_tokens`` after ``cached_tokens``."""
         return new_tokens / self.predict(new_tokens, cached_tokens)
+
+    def total(self, terms) -> float:
+        """Seconds summed over requests and terms (:class:`PrefillCost`): the terms' features, summed with their
+        signs, times the coefficients, one dot product however many requests (a difference of features is exact
+        in integers, so a saving of a flat rate is exact too)."""
+        return float(_summed(terms) @ self.coefficients)
+
+    def totals(self, draws: np.ndarray, terms) -> np.ndarray:
+        """:meth:`total` under each coefficient draw of :meth:`draws` (``[reps, 4]`` -> ``[reps]``)."""
+        return draws @ _summed(terms)
 
     def to_dict(self) -> dict:
         """Coefficients and fit quality, JSON-ready."""

@@ -86,6 +86,7 @@ class Lane:
         self.ledger = Ledger()
         self._rate, self._client, self._model = rate, client, model
         self._real = config.payload == "real"
+        self._priced = config.priced  # a profile or a roofline prices every prefill, measured requests' too
         self._verify_sample, self._memory_sample = config.verify_sample, config.memory_sample
         # chunks an unlimited cache would hold: only where the store's own capacity can evict
         self._seen: set[bytes] | None = set() if store.resident_chunks is not None else None
@@ -215,9 +216,13 @@ class Lane:
         res.full_prefill_seconds_measured += t_full
         res.suffix_prefill_seconds_measured += t_suffix
         res.saved_prefill_seconds_measured += t_full - t_suffix
-        self.ledger.add(n, reusable_tokens(hit_chunks * cs, n), length, reuse,
-                        (index, t_full, t_suffix if reuse else None), _critical(res) - crit,
-                        _background(res) - back)
+        if self._priced:  # the cost prices it whole, as any request: its timings here checked the KV path only
+            self.ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,
+                            background=_background(res) - back)
+        else:
+            self.ledger.add(n, reusable_tokens(hit_chunks * cs, n), length, reuse,
+                            (index, t_full, t_suffix if reuse else None), _critical(res) - crit,
+                            _background(res) - back)
         row = {"chunk_size": cs, "hit_tokens": hit_chunks * cs, "reused_tokens": reuse,
                "suffix_prefill_seconds": t_suffix, "saved_seconds": t_full - t_suffix}
         return Measured(reusable, row, sample)

@@ -12,7 +12,7 @@ import numpy as np
 import redis
 import xxhash
 
-from kvcli.model.costcurve import CostCurve, prefill_clock
+from kvcli.model.costcurve import PrefillCost, prefill_clock
 from kvcli.replay.network import ServerRates
 from kvcli.store import cluster
 from kvcli.store.kvstore import KVStore
@@ -41,7 +41,7 @@ def pick_measured(lengths: np.ndarray, count: int | None, seed: int) -> set[int]
 MEASURE_LENGTHS = (8192, 4096, 2048, 1024, 512, 256, 128)
 
 
-def measure_length(curve: CostCurve, longest: int, requests: int, chunk_sizes: int, budget_seconds: float,
+def measure_length(curve: PrefillCost, longest: int, requests: int, chunk_sizes: int, budget_seconds: float,
                    max_tokens: int) -> int:
     """How many tokens of each measured prompt run the model (tokens; prompts are truncated to it).
 
@@ -61,7 +61,7 @@ def measure_length(curve: CostCurve, longest: int, requests: int, chunk_sizes: i
     return min(cap, MEASURE_LENGTHS[-1])
 
 
-def curve_check(curve: CostCurve, samples) -> dict:
+def curve_check(curve: PrefillCost, samples) -> dict:
     """How well the cost curve predicts measured prefills: median and max of measured / predicted seconds."""
     ratios = sorted(s.seconds / p for s in samples
                     if (p := float(curve.predict(s.new_tokens, s.cached_tokens))) > 0)

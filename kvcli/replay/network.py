@@ -20,10 +20,25 @@ few GB/s; a 25 Gbit/s link 3.1 GB/s): server-side copy time is taken as overlapp
 Critical path (what delays the first token): lookup, transfer, deserialize. Background (what occupies the server
 and the link, not the request, when stores are asynchronous as in LMCache and vLLM's offloading connectors):
 serialize and store.
+
+Priced (a prefill profile or a named accelerator prices the prefill: :func:`priced_overheads`): every overhead
+comes from counts and rates, none from this run's wall times, so the figures do not move with this machine's load.
+Moving KV between the host and the serving device is priced at the device's rates (:class:`DeviceRates`: a
+profile's measured load and save rates, or the accelerator's host link), in place of this machine's serialize and
+deserialize times; the Redis side is the network model when given, else the rates calibrated on the given server
+(fastest of repeats: a chunk SET and GET, the fastest PING for each lookup's round trip).
+
+    lookup      = lookups * round trip
+    transfer    = per request that hits: a GET round trip + hit chunks * GET per chunk   (or the network model)
+    deserialize = hit value bytes / device load rate
+    store       = per request that stores: a SET round trip + chunks written * SET per chunk (or the network model)
+                  + written value bytes / device save rate
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,22 @@ class Link:
     def to_dict(self) -> dict:
         """JSON-ready."""
         return {"link_gbps": self.gbps, "rtt_seconds": self.rtt_seconds}
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """Moving one chunk's KV between the host and the device that serves it, bytes of payload value per second:
+    ``load`` (deserialize, checksum, copy to the device) and ``save`` (copy to the host, serialize); ``source``
+    says where the rates come from."""
+
+    load_bytes_per_second: float
+    save_bytes_per_second: float
+    source: str
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {"load_bytes_per_second": self.load_bytes_per_second,
+                "save_bytes_per_second": self.save_bytes_per_second, "source": self.source}
 
 
 @dataclass(frozen=True)
@@ -116,3 +147,40 @@ def overheads(res, value_bytes: int, rates: ServerRates, link: Link | None) -> O
     lookup = res.lookup_seconds + res.lookups * link.rtt_seconds
     return Overheads(lookup, transfer, deserialize, store,
                      f"network model: {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip")
+
+
+def repeat_spread(rates: ServerRates) -> float:
+    """The relative standard deviation of the transfer calibration's repeats (``rates.spread``: ``t / median -
+    1`` of each timing): how far one timing of this server strays, the spread of an overhead priced from it."""
+    spread = np.asarray(rates.spread, dtype=np.float64)
+    return float(spread.std(ddof=1)) if spread.size > 1 else 0.0
+
+
+def priced_overheads(res, value_bytes: int, rates: ServerRates, link: Link | None, device: DeviceRates,
+                     round_trip_seconds: float) -> Overheads:
+    """Overheads of one :class:`~kvcli.replay.results.ChunkSizeResult` priced from its counts (module docstring,
+    "Priced"): deterministic given the counts and the rates.
+
+    Args:
+        res: the chunk size's totals (lookups, hit and written chunks, requests that hit and that store, bytes).
+        value_bytes: one chunk's stored value (payload + serialization header), bytes.
+        rates: the given server's rates (fastest of repeats), for the Redis side without a network model.
+        link: the network model, or None.
+        device: host <-> device rates.
+        round_trip_seconds: one lookup's round trip without a network model (the fastest PING), seconds.
+    """
+    hit_bytes, written_bytes = res.chunks_hit * value_bytes, res.chunks_written * value_bytes
+    if link is not None:
+        lookup = res.lookups * link.rtt_seconds
+        transfer = link.seconds(hit_bytes, res.hit_requests)
+        store = link.seconds(written_bytes + res.metadata_bytes_written, res.store_requests)
+        where = f"network model: {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip"
+    else:
+        lookup = res.lookups * round_trip_seconds
+        transfer = res.hit_requests * rates.get_round_trip_seconds + res.chunks_hit * rates.get_seconds
+        store = res.store_requests * rates.set_round_trip_seconds + res.chunks_written * rates.set_seconds
+        where = "the given server's rates"
+    deserialize = hit_bytes / device.load_bytes_per_second
+    store += written_bytes / device.save_bytes_per_second
+    return Overheads(lookup, transfer, deserialize, store, f"priced: {where}; KV to and from the device: "
+                                                           f"{device.source}")

@@ -60,7 +60,7 @@ import numpy as np
 import redis
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
-from kvcli.model.costcurve import CostCurve, PrefillSample
+from kvcli.model.costcurve import PrefillCost, PrefillSample
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.measure import (
     calibrate_transfer,
@@ -69,7 +69,7 @@ from kvcli.replay.measure import (
     pick_measured,
     ping_seconds,
 )
-from kvcli.replay.network import Link, overheads
+from kvcli.replay.network import DeviceRates, Link, overheads, priced_overheads, repeat_spread
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, sig, summarize
@@ -86,6 +86,8 @@ from kvcli.traces.request import Request
 
 if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
+
+PRICED_MEASURE_TOKENS = 1024  # tokens a measured request runs in a priced replay, unless --measure-max-tokens
 
 
 class Replayer:
@@ -114,12 +116,15 @@ class Replayer:
             tasks); None: every store in this process.
         prefetch: hash the trace in a child process (:mod:`kvcli.replay.prefetch`): None when it pays, True
             whenever it can, False never (e.g. a worker process: the cores are shared).
+        device: host <-> device rates of the serving device, which a ``config.priced`` replay needs (its
+            overheads priced from counts and rates: :func:`kvcli.replay.network.priced_overheads`).
     """
 
-    def __init__(self, client: redis.Redis, model, curve: CostCurve, tokenizer: str, config: ReplayConfig,
+    def __init__(self, client: redis.Redis, model, curve: PrefillCost, tokenizer: str, config: ReplayConfig,
                  spec: ModelSpec | None = None, calibration: Calibration | None = None,
                  model_config: ModelConfig | None = None, *, notify: Callable[[str], None] | None = None,
-                 remedy: Callable[[str], str] | None = None, units=None, prefetch: bool | None = None) -> None:
+                 remedy: Callable[[str], str] | None = None, units=None, prefetch: bool | None = None,
+                 device: DeviceRates | None = None) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
         self.calibration = calibration
         self.model_config = model_config or (model.config if model is not None else None)
@@ -132,6 +137,7 @@ class Replayer:
         self.remedy: Callable[[str], str] = remedy or _purge_remedy
         self.units = units
         self.prefetch = prefetch
+        self.device = device
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
 
     # -- public ---------------------------------------------------------------------------------------------------
@@ -142,13 +148,16 @@ class Replayer:
         to replay it). ``progress(done, total)`` is called after each request.
 
         Raises:
-            BadInputError: a token id is outside the model's vocabulary (before any write).
+            BadInputError: a token id is outside the model's vocabulary (before any write); a priced replay
+                (``config.priced``) without the device's rates.
             ChunkTooLargeError: a chunk's value exceeds the server's proto-max-bulk-len (before any write).
             RedisFailure: the server failed, or the run would make it evict keys and ``allow_evictions`` is off
                 (before any write).
             ModelFailure: the model failed.
         """
         cfg = self.config
+        if cfg.priced and self.device is None:
+            raise BadInputError("a priced replay needs the serving device's rates (a profile or --hardware)")
         if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
             raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
         reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
@@ -209,6 +218,8 @@ class Replayer:
         longest = int(max(lengths[i] for i in measured))
         if cfg.measure is None:
             return min(longest, cfg.measure_max_tokens or longest)
+        if cfg.priced:  # the cost prices another machine: no budget in this one's seconds to size the runs by
+            return min(longest, cfg.measure_max_tokens or PRICED_MEASURE_TOKENS)
         return measure_length(self.curve, longest, len(measured), len(cfg.chunk_sizes), cfg.measure_seconds,
                               cfg.measure_max_tokens or 2048)
 
@@ -275,6 +286,7 @@ class Replayer:
         measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
                          if rates[big].get_seconds > 0 else 10.0)
         link = self._link(measured_gbps)
+        round_trip = ping_seconds(self.client) if cfg.priced and link is None else 0.0
         self._degraded = []
         used_before = self._used_memory()
         t0 = time.perf_counter()
@@ -297,7 +309,7 @@ class Replayer:
                              _payload_label(cfg.payload, len(measured), requests), main,
                              delta, time.perf_counter() - t0, by_layout=by_layout)
         result.span_seconds = span
-        self._savings(result, stores, results, ledgers, rates, link)
+        self._savings(result, stores, results, ledgers, rates, link, round_trip)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
         result.measured = measured_log
@@ -325,15 +337,22 @@ class Replayer:
         return replay_stores(work, indices, stores, upper_bound, self.client, self.model, self.config,
                              self.prefetch, progress)
 
-    def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
+    def _savings(self, result: TraceResult, stores, results, ledgers, rates, link, round_trip: float) -> None:
         """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
-        layout's (:mod:`kvcli.replay.savings`)."""
+        layout's (:mod:`kvcli.replay.savings`). A priced replay's overheads come from counts and rates, their
+        spread from the transfer calibration's repeats (``round_trip``: a lookup's, without a network model)."""
         cfg = self.config
         draws = self.curve.draws(DRAWS, cfg.seed)
         for i, (store, res, ledger, rate) in enumerate(zip(stores, results, ledgers, rates)):
-            res.overheads = overheads(res, store.value_bytes, rate, link)
+            spread = None
+            if self.device is not None and cfg.priced:
+                res.overheads = priced_overheads(res, store.value_bytes, rate, link, self.device, round_trip)
+                spread = 0.0 if link is not None else repeat_spread(rate)
+            else:
+                res.overheads = overheads(res, store.value_bytes, rate, link)
             res.savings = summarize(ledger, self.curve, res.overheads.critical, res.overheads.background,
-                                    self.curve.residuals, self.model_config, cfg.seed, draws, stream=i)
+                                    self.curve.residuals, self.model_config, cfg.seed, draws, stream=i,
+                                    overhead_spread=spread)
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
             # asynchronous stores only while the server and link keep up with them over the trace's span
             late = (cfg.store_mode == "async" and result.span_seconds is not None
@@ -380,7 +399,7 @@ class Replayer:
                       if r.requests and not r.namespace_hit_chunks]
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
-        ratio = check.get("median_measured_over_predicted")
+        ratio = None if self.config.priced else check.get("median_measured_over_predicted")  # another machine's
         if ratio is not None and not 0.5 <= ratio <= 2.0:
             notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
                          f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")

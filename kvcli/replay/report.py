@@ -130,9 +130,14 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
     verdict = _verdict_line(result)
     transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")
-    table.caption = (f"{verdict} Measured: timed with the model and Redis in this run; estimated: prefill from the "
-                     f"cost curve ({curve_source}), transfers from {transfers}. Intervals: 95%, from the "
-                     f"calibration's spread and this run's timing noise.")
+    if curve_source.startswith("roofline"):
+        table.caption = (f"{verdict} Priced, not timed: prefill from the {curve_source} (every request), overheads "
+                         f"from counts and rates (transfers from {transfers}, KV to and from the device at its host "
+                         f"link). Intervals: 95%, from the utilization's published range and the rates' repeats.")
+    else:
+        table.caption = (f"{verdict} Measured: timed with the model and Redis in this run; estimated: prefill from "
+                         f"the cost curve ({curve_source}), transfers from {transfers}. Intervals: 95%, from the "
+                         f"calibration's spread and this run's timing noise.")
     table.caption_justify = "left"
     return table
 
@@ -231,7 +236,15 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
                   f"{context.get('metadata_placement')}"
                   f"{'; units in ' + context['units'] if context.get('units') else ''}",
                   highlight=False, markup=False, soft_wrap=True)
-    if curve:
+    if curve.get("kind") == "roofline":
+        acc, rates = curve["accelerator"], context.get("device_rates") or {}
+        console.print(f"prefill priced on {acc['label']}: a roofline of the model's FLOPs and bytes "
+                      f"({acc['bf16_flops_per_second'] / 1e12:,.0f} TFLOP/s dense BF16, "
+                      f"{acc['hbm_bytes_per_second'] / 1e12:.2f} TB/s HBM) at MFU {curve['mfu']:.2f} "
+                      f"[{curve['mfu_interval'][0]:.2f}, {curve['mfu_interval'][1]:.2f}]; KV to and from the "
+                      f"device at {rates.get('load_bytes_per_second', 0) / 1e9:.0f} GB/s ({acc['host_link']}); "
+                      f"overheads priced from counts and rates, not timed", highlight=False, soft_wrap=True)
+    elif curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "
                 f"{curve['d_seconds_per_pair']:.3g} s x n(n+1)/2 + "

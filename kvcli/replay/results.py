@@ -50,6 +50,10 @@ class ReplayConfig:
             them with a real payload (their payloads are read, outside the timings); a failure is a miss.
         pipeline: estimated requests per pipelined batch of an index-only store (accounted payloads, no read
             namespace: :mod:`kvcli.store.batch`, two round trips per batch, the same results); 1: one by one.
+        priced: every prefill, a measured request's too, is priced by a cost given from outside (a profile
+            measured on other hardware, a named accelerator's roofline) and every overhead from counts and rates
+            (:func:`kvcli.replay.network.priced_overheads`), so the figures do not move with this machine's load;
+            measured requests still run here, to check the KV path (real bytes retrieved, logits compared).
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -75,6 +79,7 @@ class ReplayConfig:
     ttl_refresh: bool = False
     verify_sample: int = 64
     pipeline: int = 256
+    priced: bool = False
 
     def __post_init__(self) -> None:
         """Check the options, alone and together; each message names the ``kvcli replay`` flag that sets them.

@@ -9,34 +9,54 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
 
+from kvcli.errors import BadInputError
 from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
-from kvcli.model.costcurve import CostCurve
+from kvcli.model.costcurve import CostCurve, PrefillCost
+from kvcli.model.hardware import get_accelerator
 from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
-from kvcli.model.presets import ModelConfig, get_preset
+from kvcli.model.presets import ModelConfig, ModelSpec, get_preset
+from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, Roofline
 from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.measure import curve_check
+from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
 from kvcli.replay.replayer import Replayer
-from kvcli.replay.results import ReplayConfig, TraceResult
+from kvcli.replay.results import ReplayConfig, TraceResult, check_count, check_positive
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.server import INFO_REFUSED, RedisTarget
 from kvcli.traces.detect import outline_trace, read_trace
 from kvcli.traces.paths import display_name, expand_paths
-from kvcli.units import dtype_bytes
+from kvcli.units import dtype_bytes, dtype_key
+
+if TYPE_CHECKING:
+    from kvcli.model.calibration import Calibration
 
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Which local model: ``model`` (a preset name, see model.PRESETS, or a Hugging Face checkpoint folder),
-    ``dtype`` name or None for the model's own, ``device``, ``seed`` (presets' weights); ``prefill_tps`` replaces
-    the calibrated cost curve with a constant tokens/s when given; ``threads``: torch threads while the replay runs
-    on a CPU (1 by default: on a small machine shared with other work, one thread's timings repeat within a few
-    percent; two threads' swing several-fold with the machine's load)."""
+    """Which local model, and what prices its prefill.
+
+    Attributes:
+        model: a preset name (see model.PRESETS) or a Hugging Face checkpoint folder.
+        dtype: dtype name, or None for the model's own. device: where it runs. seed: a preset's weights.
+        prefill_tps: price prefill at this constant tokens/s instead of calibrating here.
+        threads: torch threads while the replay runs on a CPU (1 by default: on a small machine shared with other
+            work, one thread's timings repeat within a few percent; two threads' swing several-fold with the load).
+        hardware: price prefill on this named accelerator (:mod:`kvcli.model.hardware`, a roofline of the model's
+            exact FLOPs and bytes: :mod:`kvcli.model.roofline`) instead of calibrating here.
+        mfu: the roofline's utilization (None: :data:`kvcli.model.roofline.DEFAULT_MFU`); its interval keeps the
+            published points' relative spread around it.
+
+    Raises:
+        BadInputError: ``threads`` < 1; ``prefill_tps`` not a positive number; two ways to price prefill at once;
+            ``mfu`` without ``hardware`` or outside (0, 1]; an unknown accelerator.
+    """
 
     model: str = "cpu"
     dtype: str | None = None
@@ -44,30 +64,86 @@ class ModelOptions:
     seed: int = 0
     prefill_tps: float | None = None
     threads: int | None = 1
+    hardware: str | None = None
+    mfu: float | None = None
+
+    def __post_init__(self) -> None:
+        check_count("--threads", self.threads)
+        check_positive("--prefill-tps", self.prefill_tps)
+        given = [flag for flag, value in (("--prefill-tps", self.prefill_tps), ("--hardware", self.hardware))
+                 if value is not None]
+        if len(given) > 1:
+            raise BadInputError(f"{' and '.join(given)} both price prefill: give one")
+        if self.mfu is not None and self.hardware is None:
+            raise BadInputError("--mfu sets the roofline's utilization: it needs --hardware")
+        if self.mfu is not None and not 0 < self.mfu <= 1:
+            raise BadInputError(f"--mfu must be in (0, 1], got {self.mfu}")
+        if self.hardware is not None:
+            get_accelerator(self.hardware)
+
+    @property
+    def priced(self) -> bool:
+        """Whether something other than this machine prices prefill (a named accelerator)."""
+        return self.hardware is not None
 
 
-def prepare_model(options: ModelOptions, measure: int | None):
-    """Build the model when anything will run it, and the cost curve: the calibration's base points timed now
-    (:class:`~kvcli.model.calibration.Calibration`, extended per trace by the replay), or ``prefill_tps``.
+class Prepared(NamedTuple):
+    """What :func:`prepare_model` built: the model (None when nothing runs it), the prefill cost, the calibration
+    that extends it per trace (None: the cost is fixed), the model's spec, and the serving device's host <-> device
+    rates (None unless prefill is priced elsewhere)."""
 
-    Returns ``(model or None, curve, calibration or None, spec)``.
+    model: Any  # a LocalModel or an HFModel: prefill, synchronize, device, spec
+    cost: PrefillCost
+    calibration: Calibration | None
+    spec: ModelSpec
+    device: DeviceRates | None
+
+
+def prepare_model(options: ModelOptions, measure: int | None) -> Prepared:
+    """Build the model when anything will run it, and the prefill cost: the calibration's base points timed now
+    (:class:`~kvcli.model.calibration.Calibration`, extended per trace by the replay), ``prefill_tps``, or a named
+    accelerator's roofline.
 
     Raises:
-        BadInputError: unknown preset, checkpoint folder or dtype; no way to estimate prefill (nothing measured,
-            no tps).
+        BadInputError: unknown preset, checkpoint folder, dtype or accelerator; a dtype the accelerator has no
+            tensor-core figure for.
         ModelFailure: the model does not fit in memory or cannot be loaded.
     """
     spec = resolve_spec(options.model, options.dtype, options.seed)  # validates model and dtype first
-    if options.prefill_tps is not None and measure == 0:
-        return None, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
-    model = load_model(options.model, options.dtype, options.device, options.seed)
+    fixed: PrefillCost | None = None
+    device = None
     if options.prefill_tps is not None:
-        return model, CostCurve.from_tokens_per_second(options.prefill_tps), None, spec
+        fixed = CostCurve.from_tokens_per_second(options.prefill_tps)
+    elif options.hardware is not None:
+        fixed, device = roofline_cost(options, spec)
+    if fixed is not None and measure == 0:
+        return Prepared(None, fixed, None, spec, device)
+    model = load_model(options.model, options.dtype, options.device, options.seed)
+    if fixed is not None:
+        return Prepared(model, fixed, None, spec, device)
     from kvcli.model.calibration import Calibration  # torch: only where a model runs
 
     calibration = Calibration(model, seed=options.seed)
     calibration.cover(1, 0.0)  # the base points
-    return model, calibration.curve(), calibration, spec
+    return Prepared(model, calibration.curve(), calibration, spec, None)
+
+
+def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, DeviceRates]:
+    """The roofline of ``options.model``'s shapes on ``options.hardware`` (its utilization ``options.mfu``, the
+    published points' relative spread kept around it), and the device's host link as its KV load and save rates.
+
+    Raises:
+        BadInputError: an unknown accelerator; a dtype it has no tensor-core figure for.
+    """
+    assert options.hardware is not None
+    accelerator = get_accelerator(options.hardware)
+    dtype = dtype_key(spec.dtype)
+    mfu = DEFAULT_MFU if options.mfu is None else options.mfu
+    low, high = (x * mfu / DEFAULT_MFU for x in MFU_RANGE)
+    cost = Roofline(model_shapes(options.model), accelerator, dtype_bytes(spec.dtype), dtype, mfu,
+                    (low, min(1.0, high)))
+    link = accelerator.host_bytes_per_second
+    return cost, DeviceRates(link, link, f"{accelerator.label}'s {accelerator.host_link} at its peak rate")
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
@@ -87,9 +163,10 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
     files = expand_paths([Path(p) for p in paths])
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
     tok_name = lazy_tokenizer(tokenizer)[1]  # tiktoken loads only when a record holds text
-    runs_model = not (model_options.prefill_tps is not None and config.measure == 0)
+    fixed_cost = model_options.prefill_tps is not None or model_options.priced
+    runs_model = not (fixed_cost and config.measure == 0)
     with _threads(model_options.threads if runs_model else None), contextlib.ExitStack() as stack:
-        model, curve, calibration, spec = prepare_model(model_options, config.measure)
+        model, curve, calibration, spec, device = prepare_model(model_options, config.measure)
         shapes = model_shapes(model_options.model)
         units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
                                             config), target.embedded, runs_model)
@@ -97,7 +174,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
             stack.callback(units.close)
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=shapes, notify=notify, remedy=functools.partial(purge_remedy, target),
-                            units=units, prefetch=False if jobs == 1 else None)  # --jobs 1: this process alone
+                            units=units, prefetch=False if jobs == 1 else None,  # --jobs 1: this process alone
+                            device=device)
         results = []
         for path in files:
             step = functools.partial(_progress_of, progress, Path(display_name(path)).name)
@@ -111,7 +189,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], conf
         "redis": target.display + (" (embedded)" if target.embedded else ""),
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
-        "cost_curve_source": "prefill_tps" if model_options.prefill_tps else "measured in this run",
+        "cost_curve_source": _cost_source(model_options),
+        "device_rates": device.to_dict() if device is not None else None,
         "calibration_seconds": calibration.spent_seconds if calibration else 0.0,
         "torch_threads": model_options.threads, "store_mode": config.store_mode, "units": describe_units(units),
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
@@ -129,6 +208,15 @@ LAYOUT_NOTES = {
                 "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
                 "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
 }
+
+
+def _cost_source(options: ModelOptions) -> str:
+    """What priced the prefill, for the report's context."""
+    if options.prefill_tps is not None:
+        return "prefill_tps"
+    if options.hardware is not None:
+        return f"roofline: {get_accelerator(options.hardware).label}"
+    return "measured in this run"
 
 
 def _progress_of(progress: Callable[[str, int, int], None] | None, name: str, done: int, total: int) -> None:

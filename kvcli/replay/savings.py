@@ -4,14 +4,16 @@ records, kept during the replay), :func:`summarize` (savings, shares, FLOPs, net
 
 Savings, per request of ``n`` prompt tokens reusing ``r`` (hit tokens, at most ``n - 1``: the last token is always
 computed): ``t(n, 0) - t(n - r, r)``. A measured request contributes its timed difference on the ``L`` tokens it ran
-(its prompt, or its first ``L`` tokens when the measuring budget truncated it); the cost curve gives the rest:
-``curve(n, r) - curve(L, r_L)`` (0 when nothing was truncated; everything for an estimated request). The curve part
-is linear in the curve's coefficients, so the ledger keeps feature sums (:func:`kvcli.model.costcurve.features`) and
-any coefficient draw prices them in one dot product.
+(its prompt, or its first ``L`` tokens when the measuring budget truncated it); the prefill cost gives the rest:
+``cost(n, r) - cost(L, r_L)`` (0 when nothing was truncated; everything for an estimated request). The cost is a
+:class:`~kvcli.model.costcurve.PrefillCost`: a curve calibrated in this run, a profile measured on other hardware,
+or a roofline of a named accelerator; it sums its seconds over the ledger's requests (a fitted curve in one dot
+product of summed features) under its point estimate and under each of its draws.
 
 Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inputs give the same interval):
 
-* the curve part: coefficient draws from the calibration's residual bootstrap (:meth:`CostCurve.draws`);
+* the cost part: the cost's own draws (a fitted curve: coefficient draws from the calibration's residual
+  bootstrap, :meth:`CostCurve.draws`; a roofline: utilizations across their published range);
 * every timing: multiplied by ``1 + x`` with ``x`` drawn from this run's relative timing noise: for a measured
   prefill, the calibration's relative residuals (how far a timed prefill strays from the curve); for an overhead
   total (critical path, background), the transfer calibration's repeat spread (``t / median - 1`` of chunk SETs
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvcli.model.costcurve import CostCurve, features
+from kvcli.model.costcurve import PrefillCost
 from kvcli.model.flops import prefill_flops, saved_prefill_flops
 from kvcli.model.presets import ModelConfig
 
@@ -164,29 +166,39 @@ def _interval(point: float, draws: np.ndarray) -> Interval:
     return Interval(float(point), float(min(lo, point)), float(max(hi, point)))
 
 
-def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: float, noise,
+def _priced(cost: PrefillCost, n, r, m, mr, draws: np.ndarray | None = None):
+    """What ``cost`` prices of the requests ``(n, r, m, mr)`` (module docstring): ``(saved, full)`` seconds, the
+    estimated saving and full prefill time, summed; under each of ``draws`` (``[reps]`` each) when given."""
+    zero = np.zeros(len(n), dtype=np.int64)
+    full = [(1, n, zero), (-1, m, zero)]
+    saved = full + [(-1, n - r, r), (1, m - mr, mr)]
+    if draws is None:
+        return cost.total(saved), cost.total(full)
+    return cost.totals(draws, saved), cost.totals(draws, full)
+
+
+def summarize(ledger: Ledger, curve: PrefillCost, critical: float, background: float, noise,
               model: ModelConfig | None, seed: int = 0, coef_draws: np.ndarray | None = None,
-              stream: int = 0) -> Savings:
+              stream: int = 0, overhead_spread: float | None = None) -> Savings:
     """Savings, shares, FLOPs and net benefits of one chunk size, with intervals (module docstring).
 
     Args:
         ledger: the chunk size's per-request records.
-        curve: the cost curve that prices what was not measured.
+        curve: the prefill cost that prices what was not measured.
         critical, background: overhead totals (seconds) of the critical path and of background work.
         noise: relative noise samples of a timed prefill (e.g. ``[0.05, -0.02, ...]``); empty for none.
         model: the model's shapes for exact FLOPs (None: FLOPs reported as 0).
         seed: for the draws. coef_draws: ``curve.draws(DRAWS, seed)``, passed in to share them across chunk sizes.
         stream: this chunk size's own stream of timing-noise draws (its index): overhead and suffix-prefill noise
             is independent between chunk sizes; a measured full prefill's noise is the same for all of them.
+        overhead_spread: the overheads' relative spread when they are priced from rates rather than summed from
+            this run's wall times (None: from the ledger, module docstring).
     """
     n = np.asarray(ledger.prompt_tokens, dtype=np.int64)
     r = np.asarray(ledger.reused_tokens, dtype=np.int64)
     m = np.asarray(ledger.measured_tokens, dtype=np.int64)
     mr = np.asarray(ledger.measured_reused, dtype=np.int64)
-    full_f = features(n, 0) - features(m, 0)
-    saved_f = full_f - (features(n - r, r) - features(m - mr, mr))
     beyond = n > curve.longest_full_tokens if curve.points_data else np.zeros(len(n), dtype=bool)
-    coef = curve.coefficients
     draws = curve.draws(DRAWS, seed) if coef_draws is None else coef_draws
     rng = np.random.default_rng([seed, 1, stream])
     noise = np.asarray(noise, dtype=np.float64)
@@ -199,21 +211,23 @@ def summarize(ledger: Ledger, curve: CostCurve, critical: float, background: flo
     full_j = {i: jitter(DRAWS, np.random.default_rng([seed, 2, i])) for i in ids}
     measured_full = sum(t_full.values())
     measured_saved = sum(f - s for _, f, s in ledger.timings if s is not None)
-    saved_draws = draws @ saved_f.sum(axis=0) if len(n) else np.zeros(DRAWS)
-    full_draws = draws @ full_f.sum(axis=0) if len(n) else np.zeros(DRAWS)
+    saved_draws, full_draws = _priced(curve, n, r, m, mr, draws) if len(n) else (np.zeros(DRAWS), np.zeros(DRAWS))
     for i, f, s in ledger.timings:
         if s is not None:
             saved_draws = saved_draws + f * full_j[i] - s * jitter(DRAWS)
     for i in ids:
         full_draws = full_draws + t_full[i] * full_j[i]
-    estimated = float(coef @ saved_f.sum(axis=0)) if len(n) else 0.0
+    estimated, estimated_full = _priced(curve, n, r, m, mr) if len(n) else (0.0, 0.0)
     saved = measured_saved + estimated
-    trace_prefill = measured_full + (float(coef @ full_f.sum(axis=0)) if len(n) else 0.0)
+    trace_prefill = measured_full + estimated_full
     with np.errstate(divide="ignore", invalid="ignore"):
         share_draws = np.where(full_draws > 0, saved_draws / full_draws, 0.0)
-    beyond_saved = float(coef @ saved_f[beyond].sum(axis=0)) if beyond.any() else 0.0
-    crit_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("critical"))
-    back_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("background"))
+    beyond_saved = _priced(curve, n[beyond], r[beyond], m[beyond], mr[beyond])[0] if beyond.any() else 0.0
+    if overhead_spread is None:
+        crit_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("critical"))
+        back_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("background"))
+    else:
+        crit_spread = back_spread = overhead_spread
     crit_draws = critical * np.maximum(0.0, 1.0 + crit_spread * rng.standard_normal(DRAWS))
     back_draws = background * np.maximum(0.0, 1.0 + back_spread * rng.standard_normal(DRAWS))
     flops_saved = flops_total = 0.0

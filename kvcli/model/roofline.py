@@ -1,0 +1,138 @@
+"""Prefill time on a named accelerator, from the model's exact FLOPs and bytes: a roofline.
+
+Per transformer layer, a prefill of ``n`` new tokens after ``c`` cached ones takes the longer of its compute and
+its memory traffic (Williams, Waterman and Patterson 2009, "Roofline: an insightful visual performance model",
+CACM 52(4)):
+
+    t_layer = max(F_layer / (peak * mfu), B_layer / hbm_bandwidth)
+    t(n, c) = layers * t_layer + max(F_head / (peak * mfu), B_head / hbm_bandwidth)       (0 when n = 0)
+
+``F`` is :func:`kvcli.model.flops.prefill_flops_breakdown` (projections, SwiGLU MLP, causal attention pairs, one
+row of LM head); ``B`` the bytes a layer moves: its weights once, the cached KV read (``c`` tokens), the new KV
+written (``n`` tokens) and its activations in and out (``n x hidden``), at the model's element size; the head
+reads its ``vocab x hidden`` weights. ``peak`` is the accelerator's dense tensor FLOP/s for the compute dtype
+(:mod:`kvcli.model.hardware`).
+
+``mfu`` (model FLOPs utilization) is what a real engine reaches of that peak in prefill. Default
+:data:`DEFAULT_MFU`, with the interval :data:`MFU_RANGE`: the median and the span of the utilizations implied by
+TensorRT-LLM's published first-token latencies at batch 1, LLaMA 7B, 2,048 input tokens (36 ms on H100 FP8, 73 ms
+on L40S FP8, 133 ms on A100 FP16: 0.39, 0.52 and 0.67 of the dense peaks with these FLOPs; docs/hardware.md,
+tests/model/test_roofline.py). A fixed per-call cost (kernel launches, scheduling: the same 2,048-token tables show
+7-16 ms at 128 tokens, where the roofline says 1-3 ms) is left out: it is paid with or without a cache hit, so it
+cancels in what a hit saves, and only makes the share of prefill saved look larger.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvcli.model.flops import prefill_flops_breakdown
+from kvcli.model.hardware import Accelerator
+from kvcli.model.presets import ModelConfig
+
+DEFAULT_MFU = 0.52
+MFU_RANGE = (0.39, 0.67)
+#: The published first-token latencies the default comes from: (model, input tokens, GPU, dtype, seconds).
+PUBLISHED_TTFT = (("llama-2-7b", 2048, "h100-sxm", "float8", 0.036), ("llama-2-7b", 2048, "l40s", "float8", 0.073),
+                  ("llama-2-7b", 2048, "a100-80gb", "bfloat16", 0.133))
+PUBLISHED_SOURCE = "https://github.com/NVIDIA/TensorRT-LLM/blob/release/0.5.0/docs/source/performance.md"
+LLAMA_2_7B = ModelConfig("llama-2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008,
+                         vocab=32000, rope_theta=10000.0, dtype="float16")
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Prefill seconds of one model on one accelerator (module docstring): the same interface as
+    :class:`kvcli.model.costcurve.CostCurve` (``predict``, ``seconds``, ``total``, ``draws``, ``totals``).
+
+    Attributes:
+        config: the model's shapes.
+        accelerator: where it runs.
+        element_bytes: bytes per weight and KV element (2 for bfloat16).
+        compute_dtype: the tensor-core dtype of its matrix multiplies ("bfloat16", "float8").
+        mfu: the share of the dense peak a prefill reaches; ``mfu_range`` (low, high) gives its interval.
+    """
+
+    config: ModelConfig
+    accelerator: Accelerator
+    element_bytes: int = 2
+    compute_dtype: str = "bfloat16"
+    mfu: float = DEFAULT_MFU
+    mfu_range: tuple[float, float] = MFU_RANGE
+
+    def __post_init__(self) -> None:
+        from kvcli.errors import BadInputError
+
+        low, high = self.mfu_range
+        if not (0 < low <= self.mfu <= high <= 1):
+            raise BadInputError(f"--mfu must be in (0, 1] and within its interval, got {self.mfu} in [{low}, {high}]")
+        self.accelerator.peak_flops(self.compute_dtype)  # the dtype has a tensor-core figure here
+
+    # -- the cost interface (kvcli.model.costcurve.PrefillCost) -----------------------------------------------
+    @property
+    def points_data(self) -> tuple:
+        """No calibration points: no range beyond which the figure is extrapolated."""
+        return ()
+
+    @property
+    def residuals(self) -> tuple:
+        """No timing noise of its own (its interval is the utilization's)."""
+        return ()
+
+    @property
+    def longest_full_tokens(self) -> int:
+        """0: nothing was timed (see :attr:`points_data`)."""
+        return 0
+
+    def predict(self, new_tokens, cached_tokens=0, mfu: float | None = None):
+        """Seconds to prefill ``new_tokens`` after ``cached_tokens`` (numpy broadcasting; a float for scalars);
+        0 where ``new_tokens`` is 0."""
+        n = np.asarray(new_tokens, dtype=np.float64)
+        c = np.asarray(cached_tokens, dtype=np.float64)
+        g, acc, b = self.config, self.accelerator, self.element_bytes
+        rate = acc.peak_flops(self.compute_dtype) * (self.mfu if mfu is None else mfu)
+        f = prefill_flops_breakdown(g, n, c)
+        layer_flops = (f["qkv"] + f["out_proj"] + f["mlp"] + f["attention"]) / g.layers
+        block_params = g.hidden * g.head_dim * (2 * g.heads + 2 * g.kv_heads) + 3 * g.hidden * g.ffn + 2 * g.hidden
+        kv_per_token = 2 * g.kv_heads * g.head_dim * b  # one layer's K and V of one token
+        layer_bytes = block_params * b + (c + n) * kv_per_token + 2 * n * g.hidden * b
+        layer = np.maximum(layer_flops / rate, layer_bytes / acc.hbm_bytes_per_second)
+        head = np.maximum(f["lm_head"] / rate, g.vocab * g.hidden * b / acc.hbm_bytes_per_second)
+        t = np.where(n > 0, g.layers * layer + head, 0.0)
+        return float(t) if t.ndim == 0 else t
+
+    def seconds(self, new_tokens: int, cached_tokens: int) -> float:
+        """:meth:`predict` for one pair of ints (tokens)."""
+        return float(self.predict(new_tokens, cached_tokens))
+
+    def total(self, terms, mfu: float | None = None) -> float:
+        """Seconds summed over requests and terms (``[(sign, new_tokens, cached_tokens), ...]``, arrays
+        ``[requests]``: :class:`kvcli.model.costcurve.PrefillCost`)."""
+        return float(sum(sign * np.sum(self.predict(n, c, mfu)) for sign, n, c in terms))
+
+    def draws(self, reps: int, seed: int = 0) -> np.ndarray:
+        """``reps`` utilizations, uniform over :attr:`mfu_range`, seeded: the interval of what the figures give."""
+        low, high = self.mfu_range
+        return np.random.default_rng([seed, 7]).uniform(low, high, reps)
+
+    def totals(self, draws: np.ndarray, terms) -> np.ndarray:
+        """:meth:`total` under each utilization of ``draws`` (``[reps]``)."""
+        return np.array([self.total(terms, float(m)) for m in draws])
+
+    def tokens_per_second(self, new_tokens: int, cached_tokens: int = 0) -> float:
+        """Prefill throughput, new tokens per second."""
+        return new_tokens / self.seconds(new_tokens, cached_tokens)
+
+    def to_dict(self) -> dict:
+        """JSON-ready: what the figure rests on."""
+        return {"kind": "roofline", "accelerator": self.accelerator.to_dict(), "compute_dtype": self.compute_dtype,
+                "element_bytes": self.element_bytes, "mfu": self.mfu, "mfu_interval": list(self.mfu_range),
+                "mfu_source": PUBLISHED_SOURCE}
+
+
+def implied_mfu(config: ModelConfig, tokens: int, accelerator: Accelerator, dtype: str, seconds: float) -> float:
+    """The utilization a measured full prefill of ``tokens`` tokens in ``seconds`` implies: its FLOPs
+    (:func:`kvcli.model.flops.prefill_flops_breakdown`) over ``seconds x`` the dense peak for ``dtype``."""
+    flops = float(sum(prefill_flops_breakdown(config, tokens, 0).values()))
+    return flops / seconds / accelerator.peak_flops(dtype)

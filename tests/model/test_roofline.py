@@ -1,0 +1,125 @@
+"""The roofline of named accelerators: exact seconds by hand, the default utilization from the published points it
+cites, and a replay priced with it (deterministic: the same savings and verdict every run)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from kvcli.cli.app import app
+from kvcli.errors import BadInputError
+from kvcli.model.hardware import ACCELERATORS, Accelerator, get_accelerator
+from kvcli.model.presets import ModelConfig
+from kvcli.model.roofline import DEFAULT_MFU, LLAMA_2_7B, MFU_RANGE, PUBLISHED_TTFT, Roofline, implied_mfu
+
+SMALL = ModelConfig("small", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=1000)
+FAKE = Accelerator("fake", "a test part", 1e12, None, 1e11, 1e9, "PCIe", 1e10, ("by hand",))
+
+
+def test_seconds_by_hand_compute_and_memory_bound():
+    r = Roofline(SMALL, FAKE, element_bytes=2, compute_dtype="bfloat16", mfu=0.5, mfu_range=(0.5, 0.5))
+    # 100 new tokens: per layer QKV 1,638,400 + output 819,200 + MLP 4,915,200 + attention 256 x 5,050 pairs
+    # = 8,665,600 FLOPs at 0.5e12 FLOP/s = 17.3312 us, above its 112,384 bytes at 1e11 B/s (1.12 us); the head
+    # reads 128,000 bytes (1.28 us) for 128,000 FLOPs (0.256 us): 2 x 17.3312 + 1.28 = 35.9424 us
+    assert r.seconds(100, 0) == pytest.approx(35.9424e-6, rel=1e-12)
+    # 1 new token: memory bound, 74,368 bytes per layer (weights 73,984, KV 128, activations 256) = 0.74368 us
+    assert r.seconds(1, 0) == pytest.approx(2 * 0.74368e-6 + 1.28e-6, rel=1e-12)
+    # cached tokens add their KV reads (128 bytes each per layer) and attention pairs (256 FLOPs per pair)
+    assert r.seconds(1, 10_000) == pytest.approx(2 * (74_368 + 10_000 * 128) / 1e11 + 1.28e-6, rel=1e-12)
+    assert r.seconds(0, 500) == 0.0
+    n, c = np.array([100, 1, 0]), np.array([0, 0, 5])
+    assert r.total([(1, n, c), (-1, n[:1], c[:1])]) == pytest.approx(r.seconds(1, 0))
+
+
+def test_draws_span_the_utilization_interval_and_price_each():
+    r = Roofline(SMALL, FAKE, mfu=0.5, mfu_range=(0.25, 1.0))
+    draws = r.draws(400, seed=3)
+    assert draws.min() >= 0.25 and draws.max() <= 1.0 and np.array_equal(draws, r.draws(400, seed=3))
+    n = np.array([100, 200])
+    totals = r.totals(draws[:2], [(1, n, np.zeros(2, dtype=np.int64))])
+    assert totals[0] == pytest.approx(float(np.sum(r.predict(n, 0, mfu=float(draws[0])))))
+
+
+def test_the_default_utilization_is_what_the_published_first_token_latencies_imply():
+    """TensorRT-LLM's batch-1 first-token latencies for LLaMA 7B at 2,048 input tokens, with kvcli's exact FLOPs:
+    0.39 (H100, FP8), 0.52 (L40S, FP8), 0.67 (A100, FP16) of the dense peaks; the default is their median and the
+    interval their span."""
+    implied = sorted(implied_mfu(LLAMA_2_7B, tokens, ACCELERATORS[gpu], dtype, seconds)
+                     for _, tokens, gpu, dtype, seconds in PUBLISHED_TTFT)
+    assert [round(x, 2) for x in implied] == [0.39, 0.52, 0.67]
+    assert (DEFAULT_MFU, MFU_RANGE) == (round(implied[1], 2), (round(implied[0], 2), round(implied[2], 2)))
+
+
+def test_unknown_accelerator_and_a_dtype_without_tensor_cores_are_refused():
+    with pytest.raises(BadInputError, match="unknown --hardware 'h100'; known: h100-sxm, h200"):
+        get_accelerator("h100")
+    with pytest.raises(BadInputError, match="no dense tensor FLOP/s for float32"):
+        Roofline(SMALL, ACCELERATORS["h100-sxm"], element_bytes=4, compute_dtype="float32")
+    with pytest.raises(BadInputError, match="float8"):
+        Roofline(SMALL, ACCELERATORS["a100-80gb"], compute_dtype="float8")
+
+
+TRACE = "".join(json.dumps({"token_ids": list(range(1, n)), "timestamp": t}) + "\n"
+                for n, t in ((600, 0), (900, 1), (700, 2), (1200, 3)))
+
+
+def _priced(tmp_path, *extra):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    out = CliRunner().invoke(app, ["replay", str(trace), "--model", "llama-3-8b", "--hardware", "h100-sxm",
+                                   "--payload", "accounted", "--chunk-sizes", "16,256", "--json", *extra])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.stdout)
+
+
+def test_a_replay_priced_on_named_hardware_is_deterministic(tmp_path, redis_url):
+    """No model runs (--measure auto: 0 when priced), nothing is extrapolated, and two runs give the same savings,
+    overheads and verdict to the last digit (the network model prices the Redis side: nothing is timed)."""
+    link = ["--link-gbps", "100", "--rtt-ms", "0.1", "--redis-url", redis_url]
+    first, second = _priced(tmp_path, *link), _priced(tmp_path, *link)
+    for doc in (first, second):
+        assert doc["context"]["device"] == "no device (model not run)"
+        assert doc["context"]["cost_curve"]["kind"] == "roofline"
+    rows = [[(r["hit_tokens"], r["savings"], r["overheads"]) for r in d["traces"][0]["per_chunk_size"]]
+            for d in (first, second)]
+    assert rows[0] == rows[1]
+    assert first["traces"][0]["verdict"] == second["traces"][0]["verdict"]
+    (t,) = first["traces"]
+    assert t["measured_requests"] == 0
+    for r in t["per_chunk_size"]:
+        assert r["savings"]["saved_beyond_calibration_share"] in (0.0, None)
+    # R2 reuses R1's 599 tokens' full chunks: 592 at chunk size 16, 512 at 256; R3, R4 likewise of the longest before
+    assert [r["hit_tokens"] for r in t["per_chunk_size"]] == [592 + 688 + 896, 512 + 512 + 768]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--hardware", "h100"], "unknown --hardware 'h100'"),
+    (["--mfu", "0.5"], "--mfu sets the roofline's utilization: it needs --hardware"),
+    (["--hardware", "h100-sxm", "--prefill-tps", "1000"], "--prefill-tps and --hardware both price prefill"),
+    (["--hardware", "h100-sxm", "--mfu", "1.5"], "--mfu must be in (0, 1]"),
+])
+def test_bad_pricing_options_are_one_line_errors(tmp_path, args, message):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    out = CliRunner().invoke(app, ["replay", str(trace), "--payload", "accounted", *args])
+    assert out.exit_code == 2 and message in out.stderr, out.output
+
+
+def test_a_float32_model_on_named_hardware_is_refused(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    out = CliRunner().invoke(app, ["replay", str(trace), "--model", "tiny", "--hardware", "h100-sxm",
+                                   "--payload", "accounted"])
+    assert out.exit_code == 2 and "no dense tensor FLOP/s for float32" in out.stderr, out.output
+
+
+def test_kvcli_hardware_lists_every_accelerator_with_its_source():
+    out = CliRunner().invoke(app, ["hardware", "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert [a["name"] for a in doc["accelerators"]] == list(ACCELERATORS)
+    assert all(a["sources"] and a["bf16_flops_per_second"] > 0 for a in doc["accelerators"])
+    table = CliRunner().invoke(app, ["hardware"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and all(name in table.stdout for name in ACCELERATORS)
