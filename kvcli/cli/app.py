@@ -283,9 +283,10 @@ class _progress:
 
 def _register() -> None:
     from kvcli.cli.cache import inspect, purge, warm
+    from kvcli.cli.profile import profile
     from kvcli.cli.route import route
 
-    for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route)):
+    for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route), ("profile", profile)):
         app.command(name)(handle_errors(fn))
 
 
