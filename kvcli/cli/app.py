@@ -284,10 +284,11 @@ class _progress:
 def _register() -> None:
     from kvcli.cli.cache import inspect, purge, warm
     from kvcli.cli.hardware import hardware
+    from kvcli.cli.profile import profile
     from kvcli.cli.route import route
 
     for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
-                     ("hardware", hardware)):
+                     ("profile", profile), ("hardware", hardware)):
         app.command(name)(handle_errors(fn))
 
 

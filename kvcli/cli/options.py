@@ -1,6 +1,6 @@
 """Options that several commands share, each declared once with its parser: ``--redis-url``, ``--redis-timeout``,
-``--chunk-sizes`` (a comma list) and the local model's ``--model``, ``--dtype``, ``--device``, ``--tokenizer``,
-plus ``--json``.
+``--chunk-sizes`` (a comma list) and the local model's ``--model``, ``--dtype``, ``--device``, ``--threads``,
+``--tokenizer``, plus ``--json``.
 
 Each is an ``Annotated`` type for a command's signature (``redis_url: RedisUrl = None``). Where a command says
 more in its help (route's ``--redis-url`` is for its cache-manager policy, in its own help panel), it builds the
@@ -48,6 +48,8 @@ Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b,
 Dtype = Annotated[Optional[str], typer.Option(help="KV/model dtype (float32, bfloat16, float16; default: the "
                                                    "model's).")]
 Device = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]
+Threads = Annotated[int, typer.Option(help="torch threads for the local model on a CPU (1: repeatable timings on a "
+                                           "shared machine).")]
 Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
                                                        "(default: the --model folder's own, else cl100k_base).",
                                                   show_default=False)]

@@ -15,16 +15,22 @@ replay asks for its 95th percentile), in this order, each kind until the budget 
 
 The longest full prefill timed (:attr:`CostCurve.longest_full_tokens`) is where extrapolation of what a hit saves
 starts; the replay reports the share of its estimate beyond it.
+
+:meth:`Calibration.time_points` times a given list of points instead, every one and without a budget, repeats
+interleaved (``kvcli profile``'s grid, :mod:`kvcli.model.profile`); both time each prefill the same way.
 """
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve, PrefillSample, prefill_clock
+from kvcli.units import fmt_bytes
 
 BASE_POINTS = ((32, 0), (128, 0), (512, 0), (1024, 0), (256, 256), (512, 512), (64, 960))
 THIN_NEW_TOKENS = 64
@@ -110,9 +116,7 @@ class Calibration:
         skipped with it. ``Coverage.seconds`` is the wall time the call took."""
         t0 = time.perf_counter()
         used = 0.0
-        if not self.samples:  # one untimed warm-up: the first call allocates and initializes
-            self.model.prefill(self._rng.integers(0, self.model.config.vocab, 32, dtype=np.uint32))
-            self.model.synchronize()
+        self._warm_up()
         added, skipped, blocked = 0, [], set()
         for kind, n, c in plan_points(max(int(target_tokens), 1)):
             if (n, c) in self._timed:
@@ -130,9 +134,69 @@ class Calibration:
         self.spent_seconds += seconds
         return Coverage(int(target_tokens), self.longest_tokens, added, tuple(skipped), seconds)
 
+    def time_points(self, points: Sequence[tuple[int, int]], repeats: int,
+                    progress: Callable[[int, int, tuple[int, int]], None] | None = None) -> list[tuple[int, int, str]]:
+        """Time every ``(new, cached)`` point ``repeats`` times, interleaved: round ``r`` times each point once, in
+        order, so a slow spell of the device spreads over the points instead of hitting one; after the untimed
+        warm-up, each timing between two device synchronizations, on :func:`prefill_clock`. The samples join the
+        pool (:attr:`samples`), points already in it are timed again. No budget: every point that fits runs.
+
+        Args:
+            points: ``(new_tokens >= 1, cached_tokens >= 0)`` pairs, distinct.
+            repeats: timings per point, >= 1.
+            progress: called before each timing with (timings done, timings planned, the point about to run), and
+                once at the end with (planned, planned, the last point).
+
+        Returns:
+            The points not timed, ``(new, cached, why)`` in the order given: a prefix KV larger than
+            ``max_past_bytes``, or the device ran out of memory (CUDA; that point's timings are dropped, the others
+            go on).
+
+        Raises:
+            BadInputError: ``repeats < 1``, a point with ``new < 1`` or ``cached < 0``, or a point given twice.
+        """
+        if repeats < 1 or len(set(points)) != len(points) or any(n < 1 or c < 0 for n, c in points):
+            raise BadInputError("time_points needs distinct points (new >= 1, cached >= 0) and repeats >= 1")
+        self._warm_up()
+        skipped = [(n, c, self._too_large(c)) for n, c in points if not self._past_fits(c)]
+        todo = [p for p in points if self._past_fits(p[1])]
+        tokens = {p: self._rng.integers(0, self.model.config.vocab, p[0], dtype=np.uint32) for p in todo}
+        timed: dict[tuple[int, int], list[float]] = {p: [] for p in todo}
+        done, total = 0, len(todo) * repeats
+        for _ in range(repeats):
+            for point in [p for p in todo if p in timed]:
+                if progress is not None:
+                    progress(done, total, point)
+                try:
+                    timed[point].append(self._timed_prefill(tokens[point], self._past(point[1])))
+                    done += 1
+                    continue
+                except torch.cuda.OutOfMemoryError:
+                    pass
+                torch.cuda.empty_cache()  # here, not in the except block: its traceback holds the failed tensors
+                done, total = done - len(timed.pop(point)), total - repeats
+                skipped.append((*point, f"out of memory on {self.model.device}"))
+        if progress is not None and todo:
+            progress(total, total, todo[-1])
+        for (n, c), seconds in timed.items():
+            self.samples.extend(PrefillSample(n, c, t) for t in seconds)
+            self._timed.add((n, c))
+        self._curve = None
+        return sorted(skipped, key=lambda s: points.index(s[:2]))
+
     # -- timing ---------------------------------------------------------------------------------------------------
+    def _warm_up(self) -> None:
+        """One untimed prefill before the pool's first timing: the first call allocates and initializes."""
+        if not self.samples:
+            self.model.prefill(self._rng.integers(0, self.model.config.vocab, 32, dtype=np.uint32))
+            self.model.synchronize()
+
     def _past_fits(self, cached: int) -> bool:
         return cached * self.model.config.kv_bytes_per_token(self.model.dtype) <= self.max_past_bytes
+
+    def _too_large(self, cached: int) -> str:
+        need = cached * self.model.config.kv_bytes_per_token(self.model.dtype)
+        return f"prefix KV of {cached:,} tokens is {fmt_bytes(need)}, over the {fmt_bytes(self.max_past_bytes)} cap"
 
     def _past(self, cached: int) -> torch.Tensor | None:
         """Random KV ``[layers, 2, kv_heads, cached, head_dim]``: one seeded random block, tiled."""
@@ -145,17 +209,23 @@ class Calibration:
         reps = -(-cached // _BLOCK)
         return self._block.repeat(1, 1, 1, reps, 1)[:, :, :, :cached]
 
-    def _time_point(self, new: int, cached: int, repeats: int) -> float:
-        """Time one point ``repeats`` times; returns the model time spent (seconds)."""
+    def _timed_prefill(self, tokens: np.ndarray, past: torch.Tensor | None) -> float:
+        """The one timed prefill: model seconds of ``prefill(tokens, past)`` between two device synchronizations,
+        on :func:`prefill_clock`."""
         model = self.model
-        tokens = self._rng.integers(0, model.config.vocab, new, dtype=np.uint32)
-        past = self._past(cached)
         clock = prefill_clock(model)
+        model.synchronize()
+        start = clock()
+        model.prefill(tokens, past)
+        model.synchronize()
+        return clock() - start
+
+    def _time_point(self, new: int, cached: int, repeats: int) -> float:
+        """Time one point ``repeats`` times in a row; returns the model time spent (seconds)."""
+        tokens = self._rng.integers(0, self.model.config.vocab, new, dtype=np.uint32)
+        past = self._past(cached)
         for _ in range(repeats):
-            start = clock()
-            model.prefill(tokens, past)
-            model.synchronize()
-            self.samples.append(PrefillSample(new, cached, clock() - start))
+            self.samples.append(PrefillSample(new, cached, self._timed_prefill(tokens, past)))
         self._timed.add((new, cached))
         self._curve = None
         return sum(s.seconds for s in self.samples[-repeats:])

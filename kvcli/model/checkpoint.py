@@ -3,8 +3,9 @@
 What the store needs of a checkpoint (its :class:`~kvcli.model.presets.ModelSpec`) comes from ``config.json``
 (read with transformers' ``AutoConfig``, offline): the per-token KV shape ``(layers, 2, kv_heads, head_dim)``
 with ``kv_heads = num_key_value_heads`` (grouped-query attention; ``num_attention_heads`` when absent) and
-``head_dim`` from the config (``hidden_size / num_attention_heads`` when absent), and the default dtype (the
-config's ``dtype``/``torch_dtype``; float32 when it has none).
+``head_dim`` from the config (``hidden_size / num_attention_heads`` when absent), the default dtype (the
+config's ``dtype``/``torch_dtype``; float32 when it has none) and the context (``max_position_embeddings``;
+8,192 when absent).
 
 Model id (part of every chunk hash's root): ``"hf:<model_type>@<16 hex>:<dtype>"``, e.g.
 ``"hf:llama@3f0c9a1d2b4e5f60:bf16"``. The digest is xxh3-64 over, in order: the source commit when the folder
@@ -114,7 +115,7 @@ def read_checkpoint(path: str) -> Checkpoint:
         ffn=getattr(text, "intermediate_size", None) or 0, vocab=text.vocab_size,
         rope_theta=float(rope.get("rope_theta") or theta),
         norm_eps=float(getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_eps", None) or 1e-5),
-        dtype=_default_dtype(config))
+        dtype=_default_dtype(config), context=int(getattr(text, "max_position_embeddings", None) or 8192))
     return Checkpoint(str(folder), config, shapes, shapes.dtype, digest, commit,
                       sum(p.stat().st_size for p in weights))
 

@@ -32,7 +32,9 @@ def dtype_short(dtype: torch.dtype | str) -> str:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes of a Llama-style decoder. ``dtype`` is the preset's default dtype name."""
+    """Shapes of a Llama-style decoder. ``dtype`` is the preset's default dtype name; ``context`` the longest
+    prompt the model is made for, tokens (a checkpoint's ``max_position_embeddings``; a preset: its real model's):
+    the default length ``kvcli profile`` times prefills up to."""
 
     name: str
     layers: int
@@ -45,6 +47,7 @@ class ModelConfig:
     rope_theta: float = 500000.0
     norm_eps: float = 1e-5
     dtype: str = "bfloat16"
+    context: int = 8192
 
     def kv_bytes_per_token(self, dtype: torch.dtype | str) -> int:
         """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``;
@@ -73,9 +76,9 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
     ModelConfig("cpu", layers=8, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1408, vocab=100352,
                 dtype="bfloat16"),
     ModelConfig("qwen2.5-0.5b", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64, ffn=4864,
-                vocab=151936, rope_theta=1e6, norm_eps=1e-6),
+                vocab=151936, rope_theta=1e6, norm_eps=1e-6, context=32768),
     ModelConfig("llama-3.2-1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192,
-                vocab=128256),
+                vocab=128256, context=131072),
     ModelConfig("llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
                 vocab=128256),
 )}

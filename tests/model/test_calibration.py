@@ -1,9 +1,11 @@
-"""kvcli.model.calibration: the planned points by hand, budgets, the pool across traces, residual-bootstrap draws."""
+"""kvcli.model.calibration: the planned points by hand, budgets, the pool across traces, interleaved timing of given
+points, residual-bootstrap draws."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from kvcli.errors import BadInputError
 from kvcli.model.calibration import BASE_POINTS, Calibration, ladder, plan_points
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.llama import build_model
@@ -48,6 +50,18 @@ def test_past_memory_cap_skips_thin_points(tiny):
     cal = Calibration(tiny, max_past_bytes=2000 * 1024)  # tiny: 1,024 KV bytes per token in fp32
     cov = cal.cover(1500, 600.0)
     assert cov.skipped == ((64, 4032),)  # its 4,032 cached tokens would take 4 MiB of random KV
+
+
+def test_time_points_interleaves_and_skips_what_does_not_fit(tiny):
+    cal = Calibration(tiny, max_past_bytes=100 * 1024)
+    order = []
+    skipped = cal.time_points([(32, 0), (16, 200), (64, 64)], 3, lambda done, total, p: order.append((done, p)))
+    assert skipped == [(16, 200, "prefix KV of 200 tokens is 200.0 KiB, over the 100.0 KiB cap")]
+    assert order == [(0, (32, 0)), (1, (64, 64)), (2, (32, 0)), (3, (64, 64)), (4, (32, 0)), (5, (64, 64)),
+                     (6, (64, 64))]
+    assert [(s.new_tokens, s.cached_tokens) for s in cal.samples] == [(32, 0)] * 3 + [(64, 64)] * 3
+    with pytest.raises(BadInputError):
+        cal.time_points([(32, 0), (32, 0)], 1)
 
 
 def test_draws_exact_data_have_no_spread_and_noisy_data_are_seeded():

@@ -1,0 +1,175 @@
+"""``kvcli profile``: the typer command over :mod:`kvcli.model.profile` (registered by :mod:`kvcli.cli.app` as
+``app.command("profile")(handle_errors(profile))``), its stdout tables, and the store's payload path it times.
+
+Results go to stdout (tables, or the profile document with ``--json``), progress to stderr: a rich bar on a
+terminal, else one line per phase. kvcli's errors propagate to ``handle_errors`` (one line, the error's exit code).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from kvcli.cli.options import Device, Dtype, JsonOut, Model, Threads
+from kvcli.errors import BadInputError
+
+if TYPE_CHECKING:  # kvcli.model.profile loads on use: `kvcli --help` never imports torch
+    from kvcli.model.profile import KvCodec, Profile
+
+err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
+
+
+def profile(
+    out: Annotated[Path, typer.Option("--out", help="The profile file to write (JSON).", show_default=False)],
+    model: Model = "cpu", dtype: Dtype = None, device: Device = "auto",
+    max_tokens: Annotated[Optional[int], typer.Option(
+        help="Longest point timed, new + cached tokens (>= 512; default: the model's context length).",
+        show_default=False)] = None,
+    repeats: Annotated[int, typer.Option(help="Timings of each point and chunk size, interleaved.")] = 3,
+    threads: Threads = 1,
+    json_out: JsonOut = False,
+) -> None:
+    """Measure a model's prefill cost surface t(new, cached tokens) and its KV load/save rates on a device, and
+    write them to a portable JSON profile that `kvcli replay --prefill-profile FILE` prices savings with.
+
+    Examples:
+
+      kvcli profile --model llama-3-8b --device cuda --max-tokens 32768 --out profiles/llama-3-8b-h200-bf16.json
+
+      kvcli profile --model tiny --device cpu --max-tokens 1024 --repeats 2 --out /tmp/tiny.json --json
+    """
+    from kvcli.model.load import load_model
+    from kvcli.model.profile import check_max_tokens, device_facts, measure_profile, profile_points, torch_threads
+    from kvcli.replay.results import check_count
+    from kvcli.tables import stdout_console
+
+    check_count("--repeats", repeats)
+    check_count("--threads", threads)
+    if max_tokens is not None:
+        check_max_tokens(max_tokens)
+    _check_writable(out)
+    local = load_model(model, dtype, device)
+    facts = device_facts(local.device)
+    planned = len(profile_points(max_tokens or local.config.context))
+    heads = {"prefill": f"timing {planned} points x {repeats} repeats on {facts['device']} ({facts['name']})",
+             "kv": "load/save rates of 64, 256 and 1024-token chunks"}
+    with torch_threads(threads), _Bar(heads) as bar:
+        result = measure_profile(local, max_tokens, repeats, bar.update, codec=store_codec())
+    result.save(out)
+    err.print(f"profile: written {out}", markup=False, highlight=False)
+    if json_out:
+        typer.echo(result.to_json())
+    else:
+        print_profile(result, stdout_console())
+
+
+def store_codec() -> KvCodec:
+    """The store's payload path as a :class:`KvCodec`: encode = :func:`kvcli.store.serde.encode_kv` and the
+    xxh3_64 of the value's tensor bytes (as :func:`kvcli.store.chunkstore.chunk_payload`), decode =
+    :func:`kvcli.store.judge.checked_tensor` (decode, shape, dtype and checksum)."""
+    import xxhash
+
+    from kvcli.model.profile import KvCodec
+    from kvcli.store.judge import checked_tensor
+    from kvcli.store.serde import dtype_name, encode_kv
+
+    def encode(kv):
+        value = encode_kv(kv)
+        return value, xxhash.xxh3_64_digest(value[len(value) - kv.numel() * kv.element_size():])
+
+    def decode(value, checksum, shape, dtype):
+        return checked_tensor(value, checksum, shape, dtype_name(dtype))
+
+    return KvCodec(encode, decode)
+
+
+def print_profile(result: Profile, console: Console) -> None:
+    """stdout's view of a profile: the timed (and skipped) points, the fit, the KV rates; a heading line each."""
+    from kvcli.tables import print_table
+
+    facts = result.device
+    points = Table()
+    for name in ("kind", "new", "cached", "min s", "median s", "new tokens/s"):
+        points.add_column(name, justify="left" if name == "kind" else "right")
+    for p in result.points:
+        fastest = min(p.seconds)
+        points.add_row(p.kind, f"{p.new_tokens:,}", f"{p.cached_tokens:,}", f"{fastest:.4f}",
+                       f"{statistics.median(p.seconds):.4f}", f"{p.new_tokens / fastest:,.0f}" if fastest else "–")
+    for s in result.skipped:
+        points.add_row(f"{s.kind}: skipped", f"{s.new_tokens:,}", f"{s.cached_tokens:,}", s.reason, "", "")
+    curve = result.curve()
+    fit = Table()
+    for name in ("a s", "b s/token", "d s/pair", "e s/cached pair", "r2", "max rel error", "longest full"):
+        fit.add_column(name, justify="right")
+    fit.add_row(f"{curve.a:.3e}", f"{curve.b:.3e}", f"{curve.d:.3e}", f"{curve.e:.3e}", _num(curve.r2, ".4f"),
+                _num(curve.max_rel_error, ".1%"), f"{result.longest_full_tokens:,}")
+    kv = Table()
+    for name in ("chunk tokens", "value bytes", "load min s", "save min s", "load GB/s", "save GB/s"):
+        kv.add_column(name, justify="right")
+    for t in result.kv_timings:
+        load, save = min(t.load_seconds), min(t.save_seconds)
+        kv.add_row(f"{t.chunk_tokens:,}", f"{t.value_bytes:,}", f"{load:.6f}", f"{save:.6f}",
+                   _gbps(t.value_bytes / load if load else None, unit=False),
+                   _gbps(t.value_bytes / save if save else None, unit=False))
+    for heading, table in (
+            (f"prefill of {result.model_id} on {facts['device']} ({facts['name']}): {result.repeats} repeats, "
+             f"clock {result.clock}", points),
+            ("fit: t = a + b*n + d*n(n+1)/2 + e*n*c seconds (n new, c cached tokens)", fit),
+            (f"KV payload: load {_gbps(result.load_bytes_per_second)}, save {_gbps(result.save_bytes_per_second)} "
+             "(value bytes over the fastest repeat of the largest chunk)", kv)):
+        console.print(heading, markup=False, highlight=False)
+        print_table(console, table)
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _gbps(rate: float | None, unit: bool = True) -> str:
+    return "–" if rate is None else f"{rate / 1e9:.2f}" + (" GB/s" if unit else "")
+
+
+def _check_writable(out: Path) -> None:
+    """Raise BadInputError naming ``--out`` unless a file can be written there (checked before measuring)."""
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise BadInputError(f"--out {out} is a directory; give a file name (e.g. {out / 'profile.json'})")
+    if not folder.is_dir():
+        raise BadInputError(f"--out {out}: no such directory {folder}")
+    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise BadInputError(f"--out {out}: not writable")
+
+
+class _Bar:
+    """Progress on stderr: a rich bar (timings done of planned, the current one) on a terminal; else one line per
+    phase, from ``heads`` (phase -> what it does)."""
+
+    def __init__(self, heads: dict[str, str]) -> None:
+        self.heads, self.phase = heads, ""
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
+        self.task: TaskID | None = None
+
+    def __enter__(self) -> _Bar:
+        self.bar.__enter__()
+        return self
+
+    def update(self, phase: str, done: int, total: int, what: str) -> None:
+        """:data:`kvcli.model.profile.Progress`."""
+        if phase != self.phase:
+            self.phase = phase
+            if self.bar.disable:
+                err.print(f"profile: {self.heads.get(phase, phase)} ...", markup=False, highlight=False)
+            else:
+                self.task = self.bar.add_task(phase, total=total)
+        if self.task is not None:
+            self.bar.update(self.task, completed=done, total=total, description=f"{phase}: {what}")
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
