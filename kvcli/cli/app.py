@@ -114,7 +114,8 @@ def replay(
     dtype: Dtype = None,
     device: Device = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'. auto: 2, or 0 "
-                                              "with --hardware (prefill priced elsewhere).")] = "auto",
+                                              "with --hardware or --prefill-profile (prefill priced "
+                                              "elsewhere).")] = "auto",
     measure_max_tokens: Annotated[Optional[int], typer.Option(
         help="Most tokens of a measured prompt that run the model; longer prompts run their first tokens (default "
              "2,048 with a count, as --measure-seconds allows; with --measure all, whole prompts unless given).",
@@ -149,6 +150,10 @@ def replay(
     mfu: Annotated[Optional[float], typer.Option(
         help="With --hardware: the share of the dense peak a prefill reaches (default 0.52, interval 0.39-0.67: "
              "TensorRT-LLM's published first-token latencies).", show_default=False)] = None,
+    prefill_profile: Annotated[Optional[Path], typer.Option(
+        help="Price prefill, and moving KV to and from the device, with a profile `kvcli profile` measured (on "
+             "a GPU elsewhere, typically) for this --model and --dtype. Deterministic: nothing is timed here.",
+        show_default=False)] = None,
     tokenizer: Tokenizer = None,
     fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
@@ -200,7 +205,8 @@ def replay(
     from kvcli.store.server import open_redis
     from kvcli.traces.paths import stdin_paths
 
-    options = ModelOptions(model, dtype, device, seed, prefill_tps, threads, hardware, mfu)
+    options = ModelOptions(model, dtype, device, seed, prefill_tps, threads, hardware, mfu,
+                           None if prefill_profile is None else str(prefill_profile))
     config = ReplayConfig(
         chunk_sizes=parse_chunk_sizes(chunk_sizes), payload=payload, measure=parse_measure(measure, options.priced),
         capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens, capacity_bytes=parse_size(

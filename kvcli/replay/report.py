@@ -130,10 +130,12 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
     verdict = _verdict_line(result)
     transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")
-    if curve_source.startswith("roofline"):
+    if curve_source.startswith(("roofline", "profile")):
+        spread = ("the utilization's published range" if curve_source.startswith("roofline")
+                  else "the profile's spread")
         table.caption = (f"{verdict} Priced, not timed: prefill from the {curve_source} (every request), overheads "
-                         f"from counts and rates (transfers from {transfers}, KV to and from the device at its host "
-                         f"link). Intervals: 95%, from the utilization's published range and the rates' repeats.")
+                         f"from counts and rates (transfers from {transfers}, KV to and from the device at its "
+                         f"rates). Intervals: 95%, from {spread} and the rates' repeats.")
     else:
         table.caption = (f"{verdict} Measured: timed with the model and Redis in this run; estimated: prefill from "
                          f"the cost curve ({curve_source}), transfers from {transfers}. Intervals: 95%, from the "
@@ -249,7 +251,12 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "
                 f"{curve['d_seconds_per_pair']:.3g} s x n(n+1)/2 + "
                 f"{curve.get('e_seconds_per_cached_pair', 0.0):.3g} s x n c")
-        if check.get("samples"):
+        rates = context.get("device_rates")
+        if rates:
+            line += (f"; KV to and from the device at {rates['load_bytes_per_second'] / 1e9:.2f} / "
+                     f"{rates['save_bytes_per_second'] / 1e9:.2f} GB/s ({rates['source']}); overheads priced from "
+                     f"counts and rates, not timed")
+        elif check.get("samples"):
             line += (f"; measured/predicted on {check['samples']} measured prefills: median "
                      f"{check['median_measured_over_predicted']:.2f}, max {check['max_measured_over_predicted']:.2f}")
         console.print(line, highlight=False, soft_wrap=True)

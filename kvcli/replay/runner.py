@@ -19,6 +19,7 @@ from kvcli.model.costcurve import CostCurve, PrefillCost
 from kvcli.model.hardware import get_accelerator
 from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
 from kvcli.model.presets import ModelConfig, ModelSpec, get_preset
+from kvcli.model.profile import Profile
 from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, Roofline
 from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.measure import curve_check
@@ -52,6 +53,8 @@ class ModelOptions:
             exact FLOPs and bytes: :mod:`kvcli.model.roofline`) instead of calibrating here.
         mfu: the roofline's utilization (None: :data:`kvcli.model.roofline.DEFAULT_MFU`); its interval keeps the
             published points' relative spread around it.
+        profile: price prefill, and moving KV to and from the device, with a profile ``kvcli profile`` measured
+            (a JSON file: :class:`kvcli.model.profile.Profile`) for this model's shapes and dtype.
 
     Raises:
         BadInputError: ``threads`` < 1; ``prefill_tps`` not a positive number; two ways to price prefill at once;
@@ -66,12 +69,13 @@ class ModelOptions:
     threads: int | None = 1
     hardware: str | None = None
     mfu: float | None = None
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         check_count("--threads", self.threads)
         check_positive("--prefill-tps", self.prefill_tps)
-        given = [flag for flag, value in (("--prefill-tps", self.prefill_tps), ("--hardware", self.hardware))
-                 if value is not None]
+        given = [flag for flag, value in (("--prefill-tps", self.prefill_tps), ("--hardware", self.hardware),
+                                          ("--prefill-profile", self.profile)) if value is not None]
         if len(given) > 1:
             raise BadInputError(f"{' and '.join(given)} both price prefill: give one")
         if self.mfu is not None and self.hardware is None:
@@ -83,8 +87,8 @@ class ModelOptions:
 
     @property
     def priced(self) -> bool:
-        """Whether something other than this machine prices prefill (a named accelerator)."""
-        return self.hardware is not None
+        """Whether something other than this machine prices prefill (a named accelerator, a profile)."""
+        return self.hardware is not None or self.profile is not None
 
 
 class Prepared(NamedTuple):
@@ -116,6 +120,8 @@ def prepare_model(options: ModelOptions, measure: int | None) -> Prepared:
         fixed = CostCurve.from_tokens_per_second(options.prefill_tps)
     elif options.hardware is not None:
         fixed, device = roofline_cost(options, spec)
+    elif options.profile is not None:
+        fixed, device = profile_cost(options.profile, model_shapes(options.model), spec)
     if fixed is not None and measure == 0:
         return Prepared(None, fixed, None, spec, device)
     model = load_model(options.model, options.dtype, options.device, options.seed)
@@ -126,6 +132,24 @@ def prepare_model(options: ModelOptions, measure: int | None) -> Prepared:
     calibration = Calibration(model, seed=options.seed)
     calibration.cover(1, 0.0)  # the base points
     return Prepared(model, calibration.curve(), calibration, spec, None)
+
+
+def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec) -> tuple[CostCurve, DeviceRates]:
+    """The cost curve a profile's points fit, and its measured KV load and save rates.
+
+    Raises:
+        BadInputError: the file is not a profile; it was measured for other shapes or another dtype (the message
+            names the ``--model`` it was measured with); it holds no KV rates.
+    """
+    profile = Profile.load(path)
+    why = profile.matches(shapes, spec.dtype)
+    if why:
+        raise BadInputError(f"--prefill-profile: {why}", path=path)
+    load, save = profile.load_bytes_per_second, profile.save_bytes_per_second
+    if not load or not save:
+        raise BadInputError("--prefill-profile: the profile holds no KV load/save rates (kv_rates)", path=path)
+    where = f"{profile.device.get('name') or profile.device.get('device')}, measured by the profile"
+    return profile.curve(), DeviceRates(load, save, where)
 
 
 def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, DeviceRates]:
@@ -216,6 +240,8 @@ def _cost_source(options: ModelOptions) -> str:
         return "prefill_tps"
     if options.hardware is not None:
         return f"roofline: {get_accelerator(options.hardware).label}"
+    if options.profile is not None:
+        return f"profile: {options.profile}"
     return "measured in this run"
 
 
