@@ -97,8 +97,8 @@ def parse_measure(text: str, priced: bool = False) -> int | None:
 JOBS_HELP = ("Worker processes for each trace's independent units (chunk size x layout), each with its own Redis "
              "connection; the report is identical to --jobs 1. Default: the cores, capped by the units, for a replay "
              "that runs no model (--prefill-tps with --measure 0); else 1, so no worker slows the prefills it times "
-             "(README, 'Parallel replay'). --jobs 1 also keeps an index-only replay from reading the trace ahead in "
-             "a child process.")
+             "(docs/replay.md, 'Parallel replay'). --jobs 1 also keeps an index-only replay from reading the trace "
+             "ahead in a child process.")
 RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a local instance (pip install "
             "'kvcli\\[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
 

@@ -30,6 +30,7 @@ from kvcli.cli.options import (
     RedisUrl,
     Tokenizer,
     chunk_sizes_option,
+    one_chunk_size,
     parse_chunk_sizes,
     timeout_seconds,
 )
@@ -196,8 +197,8 @@ def _inspect_lmcache(redis_url: str | None, timeout: float, sample: int | None, 
 
 def purge(
     namespace: Annotated[str, typer.Option(help="The namespace to delete (required).", show_default=False)],
-    chunk_size: Annotated[Optional[int], typer.Option("--chunk-size", "--chunk-sizes", help="Only this chunk size.",
-                                                      min=1)] = None,
+    chunk_size: Annotated[Optional[str], typer.Option("--chunk-size", "--chunk-sizes", help="Only this chunk size "
+                                                      "(one).", show_default=False)] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
@@ -215,20 +216,21 @@ def purge(
     from kvcli.store.namespace import purge as run_purge
     from kvcli.store.server import open_redis
 
-    scope = purge_scope(namespace, chunk_size)
+    size = None if chunk_size is None else one_chunk_size(chunk_size)
+    scope = purge_scope(namespace, size)
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: purging a fresh embedded server (empty)")
         try:
-            found = count(client, namespace, chunk_size)
+            found = count(client, namespace, size)
             err.print(purge_count_line(found, scope), markup=False, highlight=False, soft_wrap=True)
             if found.keys and not yes:
                 if json_out:  # the count, for a script that decides (deleted: 0); still exit 2
                     typer.echo(to_json("purge", found))
                 raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
-            done = run_purge(client, namespace, chunk_size) if yes else found
+            done = run_purge(client, namespace, size) if yes else found
         except RedisFailure as exc:  # what is left is still there: say how to finish
-            again = purge_command(target, namespace, chunk_size) if yes else ""
+            again = purge_command(target, namespace, size) if yes else ""
             raise RedisFailure(str(exc).rstrip(".") + (f"; remove what is left with: {again} (again)" if yes else "")
                                ) from None
     _show("purge", done, json_out, functools.partial(purge_view, scope=scope))

@@ -17,7 +17,8 @@ from kvcli.errors import BadInputError
 REDIS_URL_HELP = ("Redis URL (redis://, rediss://, unix://). Default: an embedded server started (and stopped) for "
                   "this command.")
 REDIS_TIMEOUT_HELP = ("Longest wait for the connect and for each Redis reply (e.g. 10s, 500ms); then the call fails "
-                      "(replay: a miss, counted). A dropped connection is retried twice first.")
+                      "(replay counts it as a miss and goes on; other commands stop, exit 3). A dropped connection "
+                      "is retried twice first.")
 DEFAULT_REDIS_TIMEOUT = "10s"  # = kvcli.store.server.DEFAULT_TIMEOUT
 DEFAULT_CHUNK_SIZES = "16,64,256,1024"
 
@@ -71,15 +72,33 @@ def parse_chunk_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
+def one_chunk_size(text: str) -> int:
+    """``--chunk-size`` of a command that takes one size (route, purge): :func:`parse_chunk_sizes`, exactly one.
+
+    Raises:
+        BadInputError: not a positive integer, or more than one.
+    """
+    sizes = parse_chunk_sizes(text)
+    if len(sizes) != 1:
+        raise BadInputError(f"--chunk-size takes one size here, got {text!r}")
+    return sizes[0]
+
+
 def timeout_seconds(text: str) -> float:
     """``--redis-timeout`` in seconds (:func:`kvcli.units.parse_duration`), > 0.
 
     Raises:
         BadInputError: not a duration, or not > 0.
     """
+    import os
+
     from kvcli.units import parse_duration
 
-    seconds = parse_duration(text)
+    where = " (from $KVCLI_REDIS_TIMEOUT)" if os.environ.get("KVCLI_REDIS_TIMEOUT") == text else ""
+    try:
+        seconds = parse_duration(text)
+    except BadInputError as exc:
+        raise BadInputError(f"--redis-timeout{where}: {exc}") from None
     if not seconds > 0:
-        raise BadInputError(f"--redis-timeout must be > 0, got {text!r}")
+        raise BadInputError(f"--redis-timeout must be > 0, got {text!r}{where}")
     return seconds

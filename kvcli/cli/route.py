@@ -9,7 +9,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from kvcli.cli.options import DEFAULT_REDIS_TIMEOUT, redis_timeout_option, redis_url_option, timeout_seconds
+from kvcli.cli.options import (
+    DEFAULT_REDIS_TIMEOUT,
+    one_chunk_size,
+    redis_timeout_option,
+    redis_url_option,
+    timeout_seconds,
+)
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
@@ -31,8 +37,8 @@ def route(
     node_capacity: Annotated[str, Opt(metavar="<size>", help="KV cache per node: tokens (3M tokens, 500k tok, "
                                       "250000) or bytes (40GB, 64GiB, at --model's KV bytes/token), or "
                                       "'unlimited'.", rich_help_panel=CLUSTER)] = "3M tokens",
-    chunk_size: Annotated[int, Opt("--chunk-size", "--chunk-sizes", help="Tokens per chunk, one size (Mooncake "
-                                   "traces: 512-token blocks).", rich_help_panel=CLUSTER)] = 256,
+    chunk_size: Annotated[str, Opt("--chunk-size", "--chunk-sizes", help="Tokens per chunk, one size (Mooncake "
+                                   "traces: 512-token blocks).", rich_help_panel=CLUSTER)] = "256",
     prefill_tps: Annotated[Optional[float], Opt(help="Prefill tokens/s per node; default: measure the "
                                                 "--model's cost curve now.", rich_help_panel=CLUSTER)] = None,
     model: Annotated[str, Opt(help="Model preset or Hugging Face checkpoint folder for the cost curve and byte "
@@ -112,9 +118,10 @@ def route(
         if limit is not None and limit < 1:
             raise BadInputError(f"--limit must be >= 1, got {limit}")
         timeout = timeout_seconds(redis_timeout)
+        size = one_chunk_size(chunk_size)
         kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)
         config = SimConfig(
-            nodes=nodes, capacity_tokens=parse_capacity(node_capacity, kv), chunk_size=chunk_size,
+            nodes=nodes, capacity_tokens=parse_capacity(node_capacity, kv), chunk_size=size,
             max_batch=max_batch, decode_tpot=decode_tpot, default_output_tokens=output_length, rate=rate, seed=seed,
             abs_threshold=abs_threshold, rel_threshold=rel_threshold, cache_threshold=cache_threshold, cost_weight=w,
             temperature=temperature, lookup_delay=DelaySpec.parse(lookup_delay), count_measured_latency=
@@ -131,7 +138,7 @@ def route(
                       f"({', '.join(names)}); each runs once", highlight=False, soft_wrap=True)
         with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, stdin_path(trace) as source:
             track = lambda it: bar.track(it, description="hashing trace")  # noqa: E731
-            requests = load_requests(source, fmt, resolve_tokenizer(tokenizer, model), chunk_size, limit, track)
+            requests = load_requests(source, fmt, resolve_tokenizer(tokenizer, model), size, limit, track)
             order = arrival_order([r.timestamp for r in requests]) if rate is None else None
             if order is not None:  # simulated in timestamp order (as replay and warm take it): say so
                 notes.append(order_note(order, name))

@@ -125,14 +125,15 @@ def _state(prompt, k: int, meta, payload) -> str:
 
 
 def absent_warnings(client: redis.Redis, maps: list[ChunkMap]) -> list[ChunkMap]:
-    """``maps`` with a warning on each map whose first chunk misses, naming what its namespace does hold (models,
-    chunk sizes, key counts): a silent miss is often another seed, model or chunk size, or a typo. One SCAN of the
-    namespace, only when some map needs it. Read-only."""
+    """``maps`` with a warning on each map whose first chunk is missing (nothing at either of its keys), naming
+    what its namespace does hold (models, chunk sizes, key counts): a silent miss is often another seed, model or
+    chunk size, or a typo. A first chunk that is there but damaged gets no such warning: its status says what is
+    wrong. One SCAN of the namespace, only when some map needs it. Read-only."""
     import dataclasses
 
     from kvcli.store.namespace import absent_note, contents
 
-    todo = [m for m in maps if m.rows and m.rows[0].status != "hit"]
+    todo = [m for m in maps if m.rows and m.rows[0].status in (MISSING, "expired", "evicted")]
     if not todo:
         return maps
     found = {}

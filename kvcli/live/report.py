@@ -199,7 +199,7 @@ def map_view(maps: list[ChunkMap]) -> Group:
         table = plain_table(f"{m.namespace} / chunk size {m.chunk_size} / {m.model_id}",
                             ["chunk", "hash", "tokens", "status", "ttl"], rows)
         where = "no break" if m.break_index is None else f"breaks at chunk {m.break_index}: {m.break_reason}"
-        if m.break_index is None and m.rows:
+        if m.break_index is None and m.rows and m.prompt_tokens == len(m.rows) * m.chunk_size:
             where += " (every chunk hits; the last token is computed again for the logits, as an engine does)"
         parts += [table, Text(f"{m.prompt_tokens:,} tokens: {m.hit_tokens:,} reused, {m.prefill_tokens:,} to "
                               f"prefill; {where}")]
@@ -220,5 +220,7 @@ def purge_count_line(found: PurgeCount, scope: str) -> str:
 
 
 def purge_view(done: PurgeCount, scope: str) -> Text:
-    """``kvcli purge``'s result: the keys deleted."""
+    """``kvcli purge``'s result: the keys deleted, or that there was nothing to delete."""
+    if not done.keys:
+        return Text(f"nothing to delete: {scope} holds no kvcli keys")
     return Text(f"deleted {done.deleted:,} keys of {scope}")

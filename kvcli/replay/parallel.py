@@ -163,8 +163,9 @@ class ProcessUnits:
             return [f.result() for f in pending]
         except BrokenProcessPool:
             self.close(terminate=True)
-            raise KvcliError("a replay worker process died (killed, or out of memory?); rerun with --jobs 1 or "
-                             "fewer jobs") from None
+            raise KvcliError("a replay worker process died (killed, out of memory, or, from a Python script, one "
+                             "without an `if __name__ == '__main__':` guard: each worker imports it again); rerun "
+                             "with --jobs 1 (jobs=1) or fewer jobs") from None
         except BaseException:  # Ctrl-C, SIGTERM or a unit's error: no worker may write after the cleanup
             self.close(terminate=True)
             raise

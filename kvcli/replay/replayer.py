@@ -158,8 +158,6 @@ class Replayer:
         cfg = self.config
         if cfg.priced and self.device is None:
             raise BadInputError("a priced replay needs the serving device's rates (a profile or --hardware)")
-        if len(set(cfg.chunk_sizes)) != len(cfg.chunk_sizes):
-            raise BadInputError(f"chunk sizes repeat: {','.join(map(str, cfg.chunk_sizes))}")
         reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
         lengths, order = self._validate(reader, name)
         notes = [order_note(order, name)] if order is not None else []

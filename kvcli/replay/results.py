@@ -20,7 +20,7 @@ class ReplayConfig:
     """Options of one replay (frozen; built at the CLI edge).
 
     Attributes:
-        chunk_sizes: chunk sizes to compare (tokens), each in its own namespace.
+        chunk_sizes: chunk sizes to compare (tokens), each in its own namespace (a size given twice counts once).
         payload: "real" (measured requests write and read real KV) or "accounted" (no payload is ever written).
         measure: requests per trace that run the model (None: all of them).
         measure_max_tokens: the most tokens of a measured prompt that run the model; longer prompts are measured on
@@ -90,6 +90,14 @@ class ReplayConfig:
                 not a number >= 0; ``ttl_refresh`` without ``hit_curve``; the lmcache layout with a read
                 namespace or a capacity.
         """
+        sizes = self.chunk_sizes
+        if (not isinstance(sizes, (tuple, list)) or not sizes
+                or not all(isinstance(cs, int) and not isinstance(cs, bool) and cs >= 1 for cs in sizes)):
+            raise BadInputError(f"--chunk-sizes must be positive integers, got {sizes!r}")
+        object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(sizes)))  # a size given twice counts once
+        if self.measure is not None and (isinstance(self.measure, bool) or not isinstance(self.measure, int)
+                                         or self.measure < 0):
+            raise BadInputError(f"--measure must be a count >= 0 or all (None), got {self.measure!r}")
         if self.payload not in ("real", "accounted"):
             raise BadInputError(f"--payload must be real or accounted, got {self.payload!r}")
         for flag, value in (("--limit", self.limit), ("--measure-max-tokens", self.measure_max_tokens),

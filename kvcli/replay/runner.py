@@ -170,21 +170,25 @@ def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, Dev
     return cost, DeviceRates(link, link, f"{accelerator.label}'s {accelerator.host_link} at its peak rate")
 
 
-def run_replay(client: redis.Redis, target: RedisTarget, paths: list[Path], config: ReplayConfig,
+def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | list, config: ReplayConfig,
                model_options: ModelOptions, fmt: str = "auto", tokenizer: str | None = None,
                progress: Callable[[str, int, int], None] | None = None,
-               notify: Callable[[str], None] | None = None, jobs: int | None = None,
+               notify: Callable[[str], None] | None = None, jobs: int | None = 1,
                ray: str | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
 
-    ``jobs``: worker processes for a trace's independent units (kvcli.replay.parallel; None: its default), or Ray
-    tasks on the cluster at ``ray`` (an address, or "local"); the results are identical to ``jobs=1``.
+    ``paths``: trace files or directories (a single path may be given as it is).
+
+    ``jobs``: worker processes for a trace's independent units (kvcli.replay.parallel; 1, the default: this
+    process alone; None: the CLI's default, the cores for a replay that runs no model), or Ray tasks on the
+    cluster at ``ray`` (an address, or "local"); the results are identical to ``jobs=1``. More than one job from a
+    Python script needs the ``if __name__ == "__main__":`` guard (each worker imports the script again).
 
     ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when
     ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
     ``notify`` gets one line at a time for the user (the cleanup after an interruption, what was left).
     """
-    files = expand_paths([Path(p) for p in paths])
+    files = expand_paths([Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths])
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
     tok_name = lazy_tokenizer(tokenizer)[1]  # tiktoken loads only when a record holds text
     fixed_cost = model_options.prefill_tps is not None or model_options.priced

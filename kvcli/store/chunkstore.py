@@ -50,6 +50,7 @@ from kvcli.store.judge import (
     checked_tensor,
     codes_to_states,
     judge,
+    payload_ok,
 )
 from kvcli.store.layout import NO_CHECKSUM, MetadataWriter, is_accounted, is_real, key_prefix
 from kvcli.store.lru import ChunkLru
@@ -332,8 +333,8 @@ class ChunkStore:
         payloads = self.calls.read(self._payload_keys(prompt, lookup, indices), record=False)
         out = []
         for i, payload in zip(indices, payloads):
-            good = payload is not None and checked_tensor(payload, lookup.metadata[i][8:16], self.config.chunk_shape,
-                                                          self.expected.dtype) is not None
+            good = payload is not None and payload_ok(payload, lookup.metadata[i][8:16], self.config.chunk_shape,
+                                                      self.expected.dtype)
             self.stats.checksum_verified_chunks += 1
             self.stats.checksum_failures += not good
             out.append(good)

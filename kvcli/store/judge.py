@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kvcli.store.layout import ChunkMeta, is_accounted, is_real, parse_or_none
-from kvcli.store.serde import PayloadError, decode_kv, dtype_name
+from kvcli.store.serde import PayloadError, decode_kv, payload_layout
 
 if TYPE_CHECKING:
     import torch
@@ -135,28 +135,34 @@ def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int 
     if not isinstance(payload, int):
         checksum, shape, dtype = ((parsed.checksum, parsed.shape, parsed.dtype) if parsed is not None
                                   else (meta[8:16], None, None))
-        if checked_tensor(payload, checksum, shape, dtype) is None:
+        if not payload_ok(payload, checksum, shape, dtype):
             return CHECKSUM
     return USABLE
 
 
+def payload_ok(value, checksum: bytes, shape: tuple[int, ...] | None, dtype: str | None = None) -> bool:
+    """The one checksum verification, without torch: whether a payload value's header (:func:`~kvcli.store.serde.
+    payload_layout`) says ``shape`` (``[layers, 2, kv_heads, chunk_size, head_dim]``; None: any) and ``dtype`` (its
+    safetensors name, "BF16"; None: any), and the xxh3_64 of its tensor bytes is ``checksum`` (8 bytes). A header
+    that lies about the dtype fails here, though its bytes match."""
+    try:
+        layout = payload_layout(value)
+    except PayloadError:
+        return False
+    if shape is not None and layout.shape != tuple(shape):
+        return False
+    if dtype is not None and layout.safetensors_dtype != dtype:
+        return False
+    return xxhash.xxh3_64_digest(memoryview(value).cast("B")[layout.start:layout.end]) == checksum
+
+
 def checked_tensor(value, checksum: bytes, shape: tuple[int, ...] | None,
                    dtype: str | None = None) -> torch.Tensor | None:
-    """The one checksum verification: the tensor of a payload value (no copy: it shares ``value``'s memory) when it
-    decodes (:func:`~kvcli.store.serde.decode_kv`) to ``shape`` (``[layers, 2, kv_heads, chunk_size, head_dim]``;
-    None: any) and ``dtype`` (its safetensors name, "BF16"; None: any), and the xxh3_64 of its tensor bytes is
-    ``checksum`` (8 bytes); else None. A header that lies about the dtype fails here, though its bytes match."""
-    try:
-        tensor, _ = decode_kv(value)
-    except PayloadError:
+    """The tensor of a payload value (no copy: it shares ``value``'s memory) when :func:`payload_ok` holds, else
+    None."""
+    if not payload_ok(value, checksum, shape, dtype):
         return None
-    if shape is not None and tuple(tensor.shape) != tuple(shape):
-        return None
-    if dtype is not None and dtype_name(tensor.dtype) != dtype:
-        return None
-    size = tensor.numel() * tensor.element_size()
-    if xxhash.xxh3_64_digest(memoryview(value)[len(value) - size:]) != checksum:
-        return None
+    tensor, _ = decode_kv(value)
     return tensor
 
 

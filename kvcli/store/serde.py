@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import struct
 import warnings
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,18 +85,30 @@ def encode_kv(kv: torch.Tensor, metadata: dict[str, str] | None = None) -> memor
     return out.numpy().data
 
 
-def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:
-    """Deserialize a payload made by :func:`encode_kv` (or any one-tensor safetensors file) without a copy.
+@dataclass(frozen=True, slots=True)
+class PayloadLayout:
+    """Where a payload's tensor is, read from its header alone (no torch): ``dtype`` (torch's name,
+    "bfloat16"), ``shape``, the tensor bytes ``[start, end)`` of the value, and the header's ``__metadata__``."""
 
-    Returns:
-        ``(tensor, metadata)``; the tensor shares memory with ``payload`` (read-only when ``payload`` is bytes).
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+    metadata: dict[str, str]
+
+    @property
+    def safetensors_dtype(self) -> str:
+        """The dtype as safetensors names it ("BF16")."""
+        return _DTYPES[self.dtype]
+
+
+def payload_layout(payload) -> PayloadLayout:
+    """Parse a payload's header (:func:`encode_kv`'s format) and check it against the bytes, without torch.
 
     Raises:
         PayloadError: the bytes are not a valid one-tensor safetensors payload (truncated or corrupted header,
             unknown dtype, data size not matching the shape).
     """
-    import torch
-
     view = memoryview(payload).cast("B")
     try:
         (n,) = struct.unpack_from("<Q", view, 0)
@@ -105,18 +118,33 @@ def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:
         meta = head.pop("__metadata__", {}) or {}
         (spec,) = head.values()
         name = _BY_NAME[spec["dtype"]]
-        dtype = getattr(torch, name)
         shape = tuple(int(d) for d in spec["shape"])
         start, end = (int(x) for x in spec["data_offsets"])
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise PayloadError(f"not a KV payload: {exc}") from None
-    count = end - start
     expect = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[name]
-    if count != expect or 8 + n + end > len(view):
+    if end - start != expect or 8 + n + end > len(view):
         raise PayloadError(f"KV payload data is {len(view) - 8 - n} bytes, header says {expect}")
+    return PayloadLayout(name, shape, 8 + n + start, 8 + n + end, meta)
+
+
+def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:
+    """Deserialize a payload made by :func:`encode_kv` (or any one-tensor safetensors file) without a copy.
+
+    Returns:
+        ``(tensor, metadata)``; the tensor shares memory with ``payload`` (read-only when ``payload`` is bytes).
+
+    Raises:
+        PayloadError: as :func:`payload_layout`.
+    """
+    import torch
+
+    layout = payload_layout(payload)
+    dtype = getattr(torch, layout.dtype)
+    count = layout.end - layout.start
     if count == 0:
-        return torch.empty(shape, dtype=dtype), meta
+        return torch.empty(layout.shape, dtype=dtype), layout.metadata
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write into it
-        flat = torch.frombuffer(view, dtype=torch.uint8, count=count, offset=8 + n + start)
-    return flat.view(dtype).view(shape), meta
+        flat = torch.frombuffer(memoryview(payload).cast("B"), dtype=torch.uint8, count=count, offset=layout.start)
+    return flat.view(dtype).view(layout.shape), layout.metadata

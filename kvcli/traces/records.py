@@ -77,6 +77,9 @@ def check_file(path: Path) -> None:
     """Raise BadInputError unless ``path`` is an existing regular file."""
     if not path.exists():
         raise BadInputError("file not found", path=str(path))
+    if path.is_dir():
+        raise BadInputError("a directory: a reader reads one trace file (kvcli replay DIR and "
+                            "kvcli.traces.paths.expand_paths take each trace file of a directory)", path=str(path))
     if not path.is_file():
         raise BadInputError("not a regular file", path=str(path))
 
@@ -131,7 +134,7 @@ def _parse_line(path: Path, line_no: int, line: bytes) -> Any:
         BadInputError: at ``path:line_no``, invalid JSON or not UTF-8.
     """
     try:
-        return json.loads(line)
+        return json.loads(line.rstrip(b"\r\n"))  # without its line end: an error at the end names its column
     except RecursionError:
         raise BadInputError("JSON nested too deeply", path=str(path), line=line_no) from None
     except json.JSONDecodeError as exc:

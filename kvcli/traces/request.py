@@ -34,6 +34,13 @@ class Request:
     output_length: int | None = None
     source: str = ""
 
+    def __repr__(self) -> str:
+        """One line: the id, source, token count and first tokens (not the whole array)."""
+        head = ", ".join(str(int(t)) for t in self.token_ids[:4])
+        more = ", ..." if len(self.token_ids) > 4 else ""
+        return (f"Request({self.id!r}, {len(self.token_ids):,} tokens [{head}{more}], timestamp={self.timestamp}, "
+                f"session_id={self.session_id!r}, cache_salt={self.cache_salt!r}, source={self.source!r})")
+
 
 class Outline(NamedTuple):
     """What a replay's first pass needs of a request, where a format can give it without the token ids

@@ -94,3 +94,25 @@ def test_every_redis_command_connects_with_its_timeout(name, redis_url, tmp_path
     assert out.exit_code == 0, out.output
     assert made and set(made) == {0.75}
 
+
+
+@pytest.mark.parametrize("name", ["purge", "route"])
+def test_a_command_of_one_chunk_size_refuses_two_in_one_line(name, tmp_path):
+    out = CliRunner().invoke(app, _args(name, tmp_path) + ["--chunk-size", "16,64"], input=TOKENS)
+    assert out.exit_code == 2, out.output
+    assert out.stderr.strip().splitlines()[-1] == "kvcli: error: --chunk-size takes one size here, got '16,64'"
+
+
+def test_purge_of_an_empty_namespace_says_there_is_nothing_to_delete(redis_url):
+    out = CliRunner().invoke(app, ["purge", "--namespace", "empty", "--redis-url", redis_url])
+    assert out.exit_code == 0, out.output
+    assert out.stdout.strip() == "nothing to delete: namespace 'empty' holds no kvcli keys"
+
+
+def test_a_bad_redis_timeout_names_the_option_and_where_it_came_from():
+    out = CliRunner().invoke(app, ["purge", "--namespace", "x", "--redis-timeout", "abc"])
+    assert out.exit_code == 2 and out.stderr.strip().splitlines()[-1].startswith("kvcli: error: --redis-timeout: ")
+    out = CliRunner().invoke(app, ["purge", "--namespace", "x"], env={"KVCLI_REDIS_TIMEOUT": "0"})
+    assert out.exit_code == 2
+    assert out.stderr.strip().splitlines()[-1] == ("kvcli: error: --redis-timeout must be > 0, got '0' "
+                                                  "(from $KVCLI_REDIS_TIMEOUT)")

@@ -337,3 +337,23 @@ def test_inspect_leaves_lfu_counters_alone_over_one_connection(make_server, mode
     assert freqs() == before
     client.get(keys[0])  # a read without NO-TOUCH does count: the check above can see a touch
     assert freqs()[0] == before[0] + 1
+
+
+def test_a_damaged_first_chunk_gets_its_state_not_a_warning_about_the_namespace(redis_client):
+    """A first chunk that is there but damaged (its metadata gone, its payload left) is ``no-metadata`` in the map,
+    and the map gets no "nothing stored for this prompt (another tokenizer?)" warning: that is for a first chunk
+    with nothing at either key."""
+    import torch
+
+    from kvcli.live.chunkmap import absent_warnings, chunk_map
+    from kvcli.store.chunkstore import ChunkStore
+    from kvcli.store.records import StoreConfig
+
+    store = ChunkStore(redis_client, StoreConfig("dmg", 4, "m", "raw", (1, 2, 1, 2), torch.float32))
+    tokens = list(range(1, 9))
+    store.store(tokens, torch.zeros(1, 2, 1, 8, 2))
+    redis_client.delete(store.meta_key(store.chunk(tokens).hashes[0]))
+    (m,) = absent_warnings(redis_client, [chunk_map(redis_client, tokens, "dmg", 4, "m", "raw")])
+    assert ([r.status for r in m.rows], m.warning) == (["no-metadata", "unreachable"], "")
+    (gone,) = absent_warnings(redis_client, [chunk_map(redis_client, [9] * 8, "dmg", 4, "m", "raw")])
+    assert [r.status for r in gone.rows] == ["missing", "missing"] and "holds" in gone.warning

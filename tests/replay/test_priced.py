@@ -65,3 +65,17 @@ def test_a_file_that_is_not_a_profile_is_refused(tmp_path, redis_url):
 def test_two_ways_to_price_prefill_are_refused(tmp_path, redis_url, profile):
     out = _replay(tmp_path, redis_url, "--model", "tiny", "--prefill-profile", str(profile), "--prefill-tps", "5")
     assert out.exit_code == 2 and "--prefill-tps and --prefill-profile both price prefill" in out.stderr
+
+
+def test_run_replay_takes_one_path_as_given_and_runs_in_this_process_by_default(tmp_path):
+    """A library caller's ``run_replay(client, target, "trace.jsonl", ...)``: one path as it is, and ``jobs=1`` by
+    default (worker processes from a script need its ``__main__`` guard)."""
+    import kvcli
+
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE)
+    config = kvcli.ReplayConfig(chunk_sizes=(16,), payload="accounted", measure=0)
+    with kvcli.open_redis() as (client, target):
+        results, context = kvcli.run_replay(client, target, str(trace), config, kvcli.ModelOptions(prefill_tps=3000))
+    assert [r.hit_tokens for r in results[0].per_chunk_size] == [288 + 384 + 496]
+    assert context["units"] == "this process"

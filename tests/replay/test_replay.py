@@ -293,11 +293,21 @@ def test_cli_repeated_chunk_size_counts_once(tmp_path, redis_url):
     ({"measure_seconds": float("inf")}, "--measure-seconds must be a number >= 0, got inf"),
     ({"store_mode": "later"}, "--store-mode must be async or sync, got 'later'"),
     ({"hit_curve": False, "ttl_refresh": True}, "--ttl-refresh sets the TTL curve's expiry rule"),
+    ({"chunk_sizes": 16}, "--chunk-sizes must be positive integers, got 16"),
+    ({"chunk_sizes": "16,64"}, "--chunk-sizes must be positive integers, got '16,64'"),
+    ({"chunk_sizes": (0,)}, "--chunk-sizes must be positive integers, got (0,)"),
+    ({"chunk_sizes": (16.5,)}, "--chunk-sizes must be positive integers, got (16.5,)"),
+    ({"chunk_sizes": ()}, "--chunk-sizes must be positive integers, got ()"),
+    ({"measure": -1}, "--measure must be a count >= 0 or all (None), got -1"),
 ])
 def test_replay_config_checks_its_fields(fields, message):
     """A library caller's config is checked as the CLI's is, with the same messages."""
     with pytest.raises(BadInputError, match=re.escape(message)):
         ReplayConfig(**fields)
+
+
+def test_a_chunk_size_given_twice_counts_once_in_the_library_too():
+    assert ReplayConfig(chunk_sizes=[16, 64, 16]).chunk_sizes == (16, 64)
 
 
 def test_a_limit_beyond_any_trace_reads_it_all():

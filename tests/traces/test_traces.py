@@ -399,3 +399,20 @@ def test_chat_sample_turns_extend_each_other():
             assert nxt.token_ids[:len(prev.token_ids)].tolist() == prev.token_ids.tolist()
     assert {r.cache_salt for r in by_session["acme-1"]} == {"acme"}
     assert {r.cache_salt for r in by_session["public-1"]} == {""}
+
+
+def test_a_line_cut_short_names_its_column_and_a_request_prints_in_one_line(tmp_path):
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"token_ids": [1, 2]}\n{"token_ids":[1,2,3,\n')
+    with pytest.raises(BadInputError, match=r"cut.jsonl:2: invalid JSON: Expecting value \(column 21\)"):
+        list(read_trace(cut))
+    ok = tmp_path / "ok.jsonl"
+    ok.write_text(json.dumps({"token_ids": list(range(100)), "id": "r1"}) + "\n")
+    (first,) = list(read_trace(ok))
+    assert repr(first) == ("Request('r1', 100 tokens [0, 1, 2, 3, ...], timestamp=None, session_id=None, "
+                           f"cache_salt='', source='{tmp_path / 'ok.jsonl'}:1')")
+
+
+def test_read_trace_on_a_directory_says_what_to_use(tmp_path):
+    with pytest.raises(BadInputError, match="a directory: a reader reads one trace file"):
+        read_trace(tmp_path)
