@@ -287,7 +287,8 @@ def to_json(results: list[TraceResult], context: dict) -> str:
 def summary_line(result: TraceResult) -> str:
     """One line per trace for stderr: the verdict's headline, in the verdict's own words
     (:attr:`kvcli.replay.savings.Verdict.headline`), and the hit ratio and savings of the chunk size it points at
-    (:attr:`~kvcli.replay.savings.Verdict.focus`: seconds with their interval, the share of the trace's prefill)."""
+    (:attr:`~kvcli.replay.savings.Verdict.focus`: seconds with their interval, the share of the trace's prefill,
+    and the share of the saving that is extrapolated beyond the cost's calibrated range, when there is one)."""
     rows = {r.chunk_size: r for r in result.per_chunk_size if r.requests}
     if not result.requests or not rows:
         return f"{result.trace}: no prompt to replay (every request of {result.skipped_empty:,} is empty)"
@@ -300,6 +301,9 @@ def summary_line(result: TraceResult) -> str:
     saved = (f"saves {fmt_interval(at.savings.saved)} s = {_share(at.savings.share)} of prefill, "
              f"net {fmt_interval(at.savings.net(at.store_mode))} s ({at.store_mode} stores)"
              if at.savings else f"net benefit {_secs(at.net_benefit_seconds)}")
+    beyond = at.savings.beyond_share if at.savings else None
+    if beyond:  # what the estimate rests on least: say it where the figure is read
+        saved += f", {100 * beyond:.3g}% of the saving from prompts beyond the calibrated range"
     return (f"{result.trace}: {head} (at {at.chunk_size}: hit {_pct(at.hit_token_ratio)}, {saved}; "
             f"{result.measured_requests} measured)")
 

@@ -181,7 +181,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
 
     ``jobs``: worker processes for a trace's independent units (kvcli.replay.parallel; 1, the default: this
     process alone; None: the CLI's default, the cores for a replay that runs no model), or Ray tasks on the
-    cluster at ``ray`` (an address, or "local"); the results are identical to ``jobs=1``. More than one job from a
+    cluster at ``ray`` (an address, or "local"; ``jobs=None``: as many tasks per trace as the cluster has CPUs);
+    the results are identical to ``jobs=1``. More than one job from a
     Python script needs the ``if __name__ == "__main__":`` guard (each worker imports the script again).
 
     ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when

@@ -178,3 +178,16 @@ def test_the_summary_line_is_the_verdict_in_its_own_words(nets, headline, at):
     line = summary_line(TraceResult("t.jsonl", 2, 0, 0, "accounted", rows, verdict=verdict))
     hit = {16: "8.0%", 64: "32.0%"}[at]
     assert line.startswith(f"t.jsonl: {headline} (at {at}: hit {hit}, net benefit ")
+
+
+def test_the_summary_line_says_how_much_of_the_saving_is_extrapolated():
+    from kvcli.replay.report import summary_line
+    from kvcli.replay.results import TraceResult
+    from kvcli.replay.savings import Savings
+
+    iv = Interval(10.0, 9.0, 11.0)
+    savings = Savings(iv, 0.0, 10.0, Interval(40.0, 39.0, 41.0), Interval(0.25, 0.24, 0.26), 0.625, 0.0, 0.0,
+                      0.5, 0.0, iv, iv)
+    row = ChunkSizeResult(64, "ns", requests=1, prompt_tokens=100, hit_tokens=50, savings=savings)
+    line = summary_line(TraceResult("t", 1, 0, 0, "accounted", [row], verdict=recommend({64: iv})))
+    assert line.endswith("(async stores), 62.5% of the saving from prompts beyond the calibrated range; 0 measured)")
