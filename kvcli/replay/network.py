@@ -22,17 +22,18 @@ and the link, not the request, when stores are asynchronous as in LMCache and vL
 serialize and store.
 
 Priced (a prefill profile or a named accelerator prices the prefill: :func:`priced_overheads`): every overhead
-comes from counts and rates, none from this run's wall times, so the figures do not move with this machine's load.
-Moving KV between the host and the serving device is priced at the device's rates (:class:`DeviceRates`: a
+comes from counts and models, none from this run's wall times, so the figures do not move with this machine's
+load. Moving KV between the host and the serving device is priced at the device's rates (:class:`DeviceRates`: a
 profile's measured load and save rates, or the accelerator's host link), in place of this machine's serialize and
-deserialize times; the Redis side is the network model when given, else the rates calibrated on the given server
-(fastest of repeats: a chunk SET and GET, the fastest PING for each lookup's round trip).
+deserialize times; the Redis side is the network model, :data:`PRICED_LINK` for what ``--link-gbps`` / ``--rtt-ms``
+do not give (a loopback Redis on the replaying machine says nothing of a serving fleet's, and its timings move
+with this machine's load).
 
-    lookup      = lookups * round trip
-    transfer    = per request that hits: a GET round trip + hit chunks * GET per chunk   (or the network model)
+    lookup      = lookups * R
+    transfer    = R * requests_with_hits + hit_bytes * 8 / (G * 1e9)
     deserialize = hit value bytes / device load rate
-    store       = per request that stores: a SET round trip + chunks written * SET per chunk (or the network model)
-                  + written value bytes / device save rate
+    store       = R * requests_that_store + (stored_value_bytes + metadata_bytes) * 8 / (G * 1e9)
+                  + stored value bytes / device save rate
 """
 from __future__ import annotations
 
@@ -82,6 +83,12 @@ class Link:
     def to_dict(self) -> dict:
         """JSON-ready."""
         return {"link_gbps": self.gbps, "rtt_seconds": self.rtt_seconds}
+
+
+#: The network a priced replay puts between the serving node and Redis unless told (--link-gbps, --rtt-ms): a
+#: 100 Gbit/s datacenter link with a 0.1 ms round trip (a NIC of that speed is common in GPU servers' front-end
+#: networks; the figure is a stated assumption, shown in the report, not a measurement).
+PRICED_LINK = Link(100.0, 1e-4)
 
 
 @dataclass(frozen=True)
@@ -151,36 +158,27 @@ def overheads(res, value_bytes: int, rates: ServerRates, link: Link | None) -> O
 
 def repeat_spread(rates: ServerRates) -> float:
     """The relative standard deviation of the transfer calibration's repeats (``rates.spread``: ``t / median -
-    1`` of each timing): how far one timing of this server strays, the spread of an overhead priced from it."""
+    1`` of each timing): how far one timing of this server strays."""
     spread = np.asarray(rates.spread, dtype=np.float64)
     return float(spread.std(ddof=1)) if spread.size > 1 else 0.0
 
 
-def priced_overheads(res, value_bytes: int, rates: ServerRates, link: Link | None, device: DeviceRates,
-                     round_trip_seconds: float) -> Overheads:
+def priced_overheads(res, value_bytes: int, link: Link, device: DeviceRates) -> Overheads:
     """Overheads of one :class:`~kvcli.replay.results.ChunkSizeResult` priced from its counts (module docstring,
-    "Priced"): deterministic given the counts and the rates.
+    "Priced"): deterministic given the counts, the network model and the device's rates.
 
     Args:
         res: the chunk size's totals (lookups, hit and written chunks, requests that hit and that store, bytes).
         value_bytes: one chunk's stored value (payload + serialization header), bytes.
-        rates: the given server's rates (fastest of repeats), for the Redis side without a network model.
-        link: the network model, or None.
+        link: the network between the serving node and Redis.
         device: host <-> device rates.
-        round_trip_seconds: one lookup's round trip without a network model (the fastest PING), seconds.
     """
     hit_bytes, written_bytes = res.chunks_hit * value_bytes, res.chunks_written * value_bytes
-    if link is not None:
-        lookup = res.lookups * link.rtt_seconds
-        transfer = link.seconds(hit_bytes, res.hit_requests)
-        store = link.seconds(written_bytes + res.metadata_bytes_written, res.store_requests)
-        where = f"network model: {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip"
-    else:
-        lookup = res.lookups * round_trip_seconds
-        transfer = res.hit_requests * rates.get_round_trip_seconds + res.chunks_hit * rates.get_seconds
-        store = res.store_requests * rates.set_round_trip_seconds + res.chunks_written * rates.set_seconds
-        where = "the given server's rates"
+    lookup = res.lookups * link.rtt_seconds
+    transfer = link.seconds(hit_bytes, res.hit_requests)
+    store = link.seconds(written_bytes + res.metadata_bytes_written, res.store_requests)
     deserialize = hit_bytes / device.load_bytes_per_second
     store += written_bytes / device.save_bytes_per_second
-    return Overheads(lookup, transfer, deserialize, store, f"priced: {where}; KV to and from the device: "
-                                                           f"{device.source}")
+    return Overheads(lookup, transfer, deserialize, store,
+                     f"priced: network model {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip; KV to "
+                     f"and from the device: {device.source}")

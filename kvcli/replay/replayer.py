@@ -69,7 +69,7 @@ from kvcli.replay.measure import (
     pick_measured,
     ping_seconds,
 )
-from kvcli.replay.network import DeviceRates, Link, overheads, priced_overheads, repeat_spread
+from kvcli.replay.network import PRICED_LINK, DeviceRates, Link, overheads, priced_overheads, repeat_spread
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, sig, summarize
@@ -235,8 +235,12 @@ class Replayer:
 
     def _link(self, measured_gbps: float) -> Link | None:
         """The network model when ``link_gbps`` or ``rtt_seconds`` is set; the other one measured on the server
-        (``measured_gbps``: Gbit/s of the largest chunk's reads)."""
+        (``measured_gbps``: Gbit/s of the largest chunk's reads). A priced replay always has one, and nothing of it
+        measured: what is not given is :data:`kvcli.replay.network.PRICED_LINK`'s."""
         cfg = self.config
+        if cfg.priced:
+            return Link(cfg.link_gbps if cfg.link_gbps is not None else PRICED_LINK.gbps,
+                        cfg.rtt_seconds if cfg.rtt_seconds is not None else PRICED_LINK.rtt_seconds)
         if cfg.link_gbps is None and cfg.rtt_seconds is None:
             return None
         rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
@@ -284,7 +288,6 @@ class Replayer:
         measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
                          if rates[big].get_seconds > 0 else 10.0)
         link = self._link(measured_gbps)
-        round_trip = ping_seconds(self.client) if cfg.priced and link is None else 0.0
         self._degraded = []
         used_before = self._used_memory()
         t0 = time.perf_counter()
@@ -307,7 +310,7 @@ class Replayer:
                              _payload_label(cfg.payload, len(measured), requests), main,
                              delta, time.perf_counter() - t0, by_layout=by_layout)
         result.span_seconds = span
-        self._savings(result, stores, results, ledgers, rates, link, round_trip)
+        self._savings(result, stores, results, ledgers, rates, link)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
         result.measured = measured_log
@@ -335,22 +338,22 @@ class Replayer:
         return replay_stores(work, indices, stores, upper_bound, self.client, self.model, self.config,
                              self.prefetch, progress)
 
-    def _savings(self, result: TraceResult, stores, results, ledgers, rates, link, round_trip: float) -> None:
+    def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
         """Overheads and savings with intervals of every store (all layouts), and the verdict on the first
-        layout's (:mod:`kvcli.replay.savings`). A priced replay's overheads come from counts and rates, their
-        spread from the transfer calibration's repeats (``round_trip``: a lookup's, without a network model)."""
+        layout's (:mod:`kvcli.replay.savings`). A priced replay's overheads come from counts and the network model,
+        with no spread of their own (nothing in them is timed)."""
         cfg = self.config
         draws = self.curve.draws(DRAWS, cfg.seed)
         for i, (store, res, ledger, rate) in enumerate(zip(stores, results, ledgers, rates)):
             spread = None
-            if self.device is not None and cfg.priced:
-                res.overheads = priced_overheads(res, store.value_bytes, rate, link, self.device, round_trip)
-                spread = 0.0 if link is not None else repeat_spread(rate)
+            if self.device is not None and cfg.priced and link is not None:
+                res.overheads = priced_overheads(res, store.value_bytes, link, self.device)
+                spread = 0.0
             else:
                 res.overheads = overheads(res, store.value_bytes, rate, link)
             res.savings = summarize(ledger, self.curve, res.overheads.critical, res.overheads.background,
                                     self.curve.residuals, self.model_config, cfg.seed, draws, stream=i,
-                                    overhead_spread=spread)
+                                    overhead_spread=spread, overhead_floor=repeat_spread(rate))
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
             # asynchronous stores only while the server and link keep up with them over the trace's span
             late = (cfg.store_mode == "async" and result.span_seconds is not None
@@ -376,6 +379,11 @@ class Replayer:
         range, truncated measurements, background work a trace's span cannot absorb; prompts shorter than one
         chunk; a read namespace that gave nothing; chunks whose payload failed its checksum."""
         notes = []
+        cfg = self.config
+        if cfg.priced and (cfg.link_gbps is None or cfg.rtt_seconds is None):
+            notes.append(f"the Redis side is priced across a {PRICED_LINK.gbps:g} Gbit/s network with a "
+                         f"{PRICED_LINK.rtt_seconds * 1e3:g} ms round trip where --link-gbps / --rtt-ms do not say "
+                         f"(an assumption, not a measurement: give your network's)")
         if self.config.hit_curve and self.config.namespace is not None:
             notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
         for res in results:

@@ -19,14 +19,11 @@ Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inpu
   total (critical path, background), the transfer calibration's repeat spread (``t / median - 1`` of chunk SETs
   and GETs on the same server). A measured full prefill shared by the chunk sizes gets one draw, so the sizes'
   comparison stays paired; suffix prefills draw independently per chunk size;
-* an overhead total (critical path, background): Redis timings are wall time and drift with the machine's load,
-  so its relative spread is that of the overhead per prompt token across ``BLOCKS`` consecutive blocks of the
-  trace's requests, and at least ``OVERHEAD_NOISE_FLOOR`` (normal draws with that relative standard deviation,
-  clipped at 0: with the floor of 1, an overhead's interval runs from 0 to about 3x its value, so caching pays
-  "beyond noise" only where it saves more than about 3x its overhead). The floor is what Redis wall time does
-  between runs here: a 5-request trace's critical path took 4.4-10.2 ms in three runs, the Mooncake sample's
-  background stores for llama-3-8b 2,210-5,270 s, and a lookup's p99 is 10-70x its p50 on this machine. A
-  network-modelled overhead keeps the same relative spread.
+* an overhead total (critical path, background) summed from this run's wall times: its relative spread is the
+  larger of what this run measured of it: the spread of the overhead per prompt token across ``BLOCKS``
+  consecutive blocks of the trace's requests, and the repeat spread of the transfer calibration (how far one
+  timing of the server strays) (normal draws with that relative standard deviation, clipped at 0). A priced
+  overhead (a profile or a named accelerator: counts through the network model) is not timed and has none.
 
 Recommendation (:func:`recommend`): chunk sizes are compared in pairs with the same coefficient draws (the curve's
 uncertainty is common to every size of a trace and cancels in a comparison); a size beats another when the 95 %
@@ -51,7 +48,6 @@ from kvcli.model.presets import ModelConfig
 DRAWS = 400
 LEVEL = 95.0
 BLOCKS = 10
-OVERHEAD_NOISE_FLOOR = 1.0
 TIE_TOLERANCE = 0.05
 
 
@@ -179,7 +175,7 @@ def _priced(cost: PrefillCost, n, r, m, mr, draws: np.ndarray | None = None):
 
 def summarize(ledger: Ledger, curve: PrefillCost, critical: float, background: float, noise,
               model: ModelConfig | None, seed: int = 0, coef_draws: np.ndarray | None = None,
-              stream: int = 0, overhead_spread: float | None = None) -> Savings:
+              stream: int = 0, overhead_spread: float | None = None, overhead_floor: float = 0.0) -> Savings:
     """Savings, shares, FLOPs and net benefits of one chunk size, with intervals (module docstring).
 
     Args:
@@ -191,8 +187,10 @@ def summarize(ledger: Ledger, curve: PrefillCost, critical: float, background: f
         seed: for the draws. coef_draws: ``curve.draws(DRAWS, seed)``, passed in to share them across chunk sizes.
         stream: this chunk size's own stream of timing-noise draws (its index): overhead and suffix-prefill noise
             is independent between chunk sizes; a measured full prefill's noise is the same for all of them.
-        overhead_spread: the overheads' relative spread when they are priced from rates rather than summed from
-            this run's wall times (None: from the ledger, module docstring).
+        overhead_spread: the overheads' relative spread when they are priced rather than summed from this run's
+            wall times (None: from the ledger, module docstring).
+        overhead_floor: the least relative spread of an overhead summed from wall times: how far one timing of
+            the server strays (the transfer calibration's repeats).
     """
     n = np.asarray(ledger.prompt_tokens, dtype=np.int64)
     r = np.asarray(ledger.reused_tokens, dtype=np.int64)
@@ -224,8 +222,8 @@ def summarize(ledger: Ledger, curve: PrefillCost, critical: float, background: f
         share_draws = np.where(full_draws > 0, saved_draws / full_draws, 0.0)
     beyond_saved = _priced(curve, n[beyond], r[beyond], m[beyond], mr[beyond])[0] if beyond.any() else 0.0
     if overhead_spread is None:
-        crit_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("critical"))
-        back_spread = max(OVERHEAD_NOISE_FLOOR, ledger.overhead_spread("background"))
+        crit_spread = max(overhead_floor, ledger.overhead_spread("critical"))
+        back_spread = max(overhead_floor, ledger.overhead_spread("background"))
     else:
         crit_spread = back_spread = overhead_spread
     crit_draws = critical * np.maximum(0.0, 1.0 + crit_spread * rng.standard_normal(DRAWS))
