@@ -123,3 +123,18 @@ def test_kvcli_hardware_lists_every_accelerator_with_its_source():
     assert all(a["sources"] and a["bf16_flops_per_second"] > 0 for a in doc["accelerators"])
     table = CliRunner().invoke(app, ["hardware"], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and all(name in table.stdout for name in ACCELERATORS)
+
+
+def test_the_mooncake_sample_priced_on_an_h100_extrapolates_nothing(redis_url):
+    """Llama-3-8B on an H100 SXM prices every Mooncake prompt (up to 121,924 tokens here) from its FLOPs and bytes:
+    no calibrated range, so 0% of any saving lies beyond one."""
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[2] / "sample_traces" / "mooncake_conversation_head1000.jsonl.gz"
+    out = CliRunner().invoke(app, ["replay", str(trace), "--hardware", "h100-sxm", "--model", "llama-3-8b",
+                                   "--payload", "accounted", "--measure", "0", "--chunk-sizes", "512", "--limit",
+                                   "200", "--redis-url", redis_url, "--json"])
+    assert out.exit_code == 0, out.output
+    (row,) = json.loads(out.stdout)["traces"][0]["per_chunk_size"]
+    assert row["savings"]["saved_prefill_seconds"]["value_seconds"] > 0
+    assert row["savings"]["saved_beyond_calibration_share"] == 0.0
