@@ -12,9 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
-import redis
 import typer
-from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.markup import escape
 
@@ -72,13 +70,17 @@ def handle_errors(fn):
         except KvcliError as exc:
             err.print(f"[red]kvcli: error:[/] {escape(redact(str(exc), url))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
-        except (redis.RedisError, RedisClusterException) as exc:
-            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(redis_error_text(exc), url))}", highlight=False,
-                      soft_wrap=True)
-            raise typer.Exit(3) from None
         except MemoryError:
             err.print("[red]kvcli: error:[/] out of memory running the model; try a smaller --model or --measure")
             raise typer.Exit(4) from None
+        except Exception as exc:  # a redis-py error that no kvcli code wrapped: redis is loaded if one was raised
+            from redis.exceptions import RedisClusterException, RedisError
+
+            if not isinstance(exc, (RedisError, RedisClusterException)):
+                raise
+            err.print(f"[red]kvcli: error:[/] Redis: {escape(redact(redis_error_text(exc), url))}", highlight=False,
+                      soft_wrap=True)
+            raise typer.Exit(3) from None
     return wrapper
 
 

@@ -17,8 +17,6 @@ from kvcli.cli.options import (
     timeout_seconds,
 )
 from kvcli.errors import BadInputError, KvcliError
-from kvcli.route.cachemanager import DelaySpec
-from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
 from kvcli.units import json_document, parse_capacity, parse_duration
 
 Opt = typer.Option
@@ -105,9 +103,11 @@ def route(
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
     """
     from kvcli.model.load import check_model, resolve_tokenizer
+    from kvcli.route.cachemanager import DelaySpec
     from kvcli.route.policies import resolve_policies
     from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
+    from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
     from kvcli.traces.order import arrival_order, order_note
     from kvcli.traces.paths import STDIN_NAME, stdin_path
 

@@ -154,3 +154,15 @@ def test_stderr_summary_is_one_line_when_piped(redis_url):
     assert re.fullmatch(r"<stdin>: (chunk size 4|no chunk size pays off( beyond noise)?) \(at 4: hit 43\.8%, "
                         r"saves 0\.00700 \[0\.00700, 0\.00700\] s = 43\.8% \[44, 44\] of prefill, "
                         r"net \S+ \[\S+, \S+\] s \(async stores\); 0 measured\)", summary[0])
+
+
+def test_the_command_line_loads_no_heavy_library_before_a_command_runs():
+    """``kvcli --version`` and ``--help`` import only the CLI: no numpy, redis, torch or xxhash (each command
+    imports what it needs when it runs)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import kvcli.cli.app, sys; print(sorted(m for m in ('numpy', "
+                          "'redis', 'torch', 'xxhash') if m in sys.modules))"], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
