@@ -3,7 +3,8 @@ formatter, and the JSON document envelope every command's ``--json`` output shar
 
 JSON field names carry their unit (``_seconds``, ``_bytes``, ``_tokens``; ratios are plain ``_ratio`` numbers in
 [0, 1]); the same name means the same thing in every command (``model_id``, ``hit_token_ratio``, ...). Every
-document starts with ``schema_version`` (bumped when a field changes meaning or disappears) and ``command``.
+document starts with ``schema_version`` (bumped when a field changes meaning or disappears), ``command`` and
+``provenance`` (which kvcli, command line, when, on what machine: :mod:`kvcli.provenance`).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import re
 from collections.abc import Callable
 
 from kvcli.errors import BadInputError
+from kvcli.provenance import provenance
 
 SCHEMA_VERSION = 1
 
@@ -136,7 +138,8 @@ def _clean(obj):
 
 
 def json_document(command: str, body: dict, indent: int | None = 2) -> str:
-    """The one JSON document a command prints: ``{"schema_version", "command", **body}``, non-finite floats as
-    null, anything else not JSON-native as its ``str``."""
-    return json.dumps(_clean({"schema_version": SCHEMA_VERSION, "command": command, **body}), indent=indent,
-                      default=str)
+    """The one JSON document a command prints: ``{"schema_version", "command", "provenance", **body}``
+    (:func:`kvcli.provenance.provenance`: elapsed seconds up to this call), non-finite floats as null, anything
+    else not JSON-native as its ``str``."""
+    head = {"schema_version": SCHEMA_VERSION, "command": command, "provenance": provenance()}
+    return json.dumps(_clean({**head, **body}), indent=indent, default=str)

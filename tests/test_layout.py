@@ -12,15 +12,18 @@ ROOT = Path(kvcli.__file__).parent
 # subpackage -> kvcli subpackages (or top-level modules) it may import; mirrors each __init__'s "May import" line.
 ALLOWED = {
     "errors": set(),
-    "units": {"errors"},
+    "redact": set(),
+    "provenance": {"redact"},
+    "units": {"errors", "provenance"},
     "tables": set(),
-    "store": {"errors", "units"},
-    "model": {"errors", "units"},
+    "store": {"errors", "units", "redact"},
+    "model": {"errors", "units", "redact", "provenance"},
     "traces": {"errors", "units", "model"},
     "replay": {"errors", "units", "tables", "traces", "store", "model"},
     "live": {"errors", "units", "tables", "traces", "store", "model"},
     "route": {"errors", "units", "tables", "traces", "store", "model"},
-    "cli": {"errors", "units", "tables", "traces", "store", "model", "replay", "live", "route"},
+    "cli": {"errors", "units", "redact", "provenance", "tables", "traces", "store", "model", "replay", "live",
+            "route"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model"},  # its library names, loaded lazily
 }

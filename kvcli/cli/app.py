@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from kvcli import provenance
 from kvcli.cli.options import (
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
@@ -55,6 +56,7 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
                                                 help="Print kvcli's version and exit.")] = False) -> None:
     """kvcli: how much prefill would a chunk-hash KV cache save on your traffic, at which chunk size, at what
     cost in objects, metadata, bytes and lookups, and how should requests be routed to use it?"""
+    provenance.begin()  # every JSON document's start time and elapsed seconds count from here
 
 
 def handle_errors(fn):
@@ -62,7 +64,8 @@ def handle_errors(fn):
     passwords are masked in every message."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from kvcli.store.server import ENV_URL, redact
+        from kvcli.redact import redact
+        from kvcli.store.server import ENV_URL
 
         url = kwargs.get("redis_url") or os.environ.get(ENV_URL)
         try:

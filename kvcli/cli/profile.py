@@ -61,10 +61,10 @@ def profile(
              "kv": "load/save rates of 64, 256 and 1024-token chunks"}
     with torch_threads(threads), _Bar(heads) as bar:
         result = measure_profile(local, max_tokens, repeats, bar.update, codec=store_codec())
-    result.save(out)
+    text = result.save(out)
     err.print(f"profile: written {out}", markup=False, highlight=False)
     if json_out:
-        typer.echo(result.to_json())
+        typer.echo(text)
     else:
         print_profile(result, stdout_console())
 

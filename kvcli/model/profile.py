@@ -25,7 +25,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import re
 import sys
 import time
@@ -37,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 from kvcli.errors import BadInputError, ModelFailure
 from kvcli.model.costcurve import CostCurve, PrefillSample, prefill_clock
 from kvcli.model.presets import ModelConfig, check_dtype, dtype_short
+from kvcli.provenance import cpu_model, host_facts, ram_bytes
+from kvcli.redact import mask_argv
 from kvcli.units import dtype_key, json_document
 
 if TYPE_CHECKING:
@@ -224,18 +225,20 @@ class Profile:
         :meth:`to_dict`, indent 1."""
         return json_document("profile", self.to_dict(), indent=1)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path) -> str:
         """Write :meth:`to_json` to ``path`` (through a temporary file beside it, so a reader never sees half a
-        profile). Raises BadInputError naming ``path`` when it cannot be written."""
+        profile) and return the text written. Raises BadInputError naming ``path`` when it cannot be written."""
         path = Path(path)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        text = self.to_json()
         try:
-            tmp.write_text(self.to_json() + "\n", encoding="utf-8")
+            tmp.write_text(text + "\n", encoding="utf-8")
             os.replace(tmp, path)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise BadInputError(f"cannot write the profile: {exc.strerror or exc}", path=str(path)) from None
+        return text
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -320,8 +323,9 @@ def measure_profile(model, max_tokens: int | None = None, repeats: int = 3, prog
     points, skipped, curve = _time_plan(model, plan, repeats, int(max_past_bytes), progress)
     checkpoint = getattr(model, "checkpoint", None)
     return Profile(
-        format=FORMAT, kvcli_version=__version__, created=created, command_line=tuple(sys.argv), device=device,
-        host=host, model_id=model.model_id, model=checkpoint.path if checkpoint is not None else model.config.name,
+        format=FORMAT, kvcli_version=__version__, created=created, command_line=tuple(mask_argv(sys.argv)),
+        device=device, host=host, model_id=model.model_id,
+        model=checkpoint.path if checkpoint is not None else model.config.name,
         dtype=dtype_key(model.dtype), shapes=model.config, clock=prefill_clock(model).__name__,
         max_tokens=max_tokens, repeats=repeats, max_past_bytes=int(max_past_bytes), points=points,
         skipped=skipped, fit=curve.to_dict(), kv_timings=measure_kv(model, codec, repeats, progress),
@@ -411,7 +415,7 @@ def device_facts(device: torch.device) -> dict:
     import torch
 
     facts: dict[str, Any] = {"device": str(device), "type": device.type, "name": cpu_model(),
-                             "memory_bytes": _ram_bytes(), "capability": None, "cuda_version": None,
+                             "memory_bytes": ram_bytes(), "capability": None, "cuda_version": None,
                              "driver_version": None}
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -423,24 +427,6 @@ def device_facts(device: torch.device) -> dict:
         facts["name"] = device.type
     facts.update(torch_version=torch.__version__, torch_threads=torch.get_num_threads())
     return facts
-
-
-def host_facts() -> dict:
-    """JSON-ready facts of this machine: ``cpu`` (its model), ``cores`` (``os.cpu_count``), ``usable_cores``
-    (those this process may run on), ``platform`` and ``python`` (versions)."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return {"cpu": cpu_model(), "cores": os.cpu_count() or 1, "usable_cores": usable,
-            "platform": platform.platform(), "python": platform.python_version()}
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo's ``model name``; else ``platform.processor()``; else ``"unknown"``)."""
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name") and ":" in line:
-                    return " ".join(line.split(":", 1)[1].split())
-    return platform.processor() or "unknown"
 
 
 @contextlib.contextmanager
@@ -468,13 +454,6 @@ def _rate(timings: tuple[KvTiming, ...], which: str) -> float | None:
     largest = max(timings, key=lambda t: t.chunk_tokens)
     fastest = min(getattr(largest, which))
     return largest.value_bytes / fastest if fastest > 0 else None
-
-
-def _ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def _nvidia_driver() -> str | None:

@@ -34,11 +34,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import EqualJitterBackoff
@@ -47,6 +46,7 @@ from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.redact import mask_url, redact
 from kvcli.store.cluster import check_whole
 
 ENV_URL = "REDIS_URL"
@@ -54,10 +54,6 @@ DEFAULT_TIMEOUT = 10.0  # seconds: connect, and each reply (--redis-timeout)
 RETRIES = 2  # re-sends of a command whose connection dropped (redis-py Retry)
 BACKOFF_BASE, BACKOFF_CAP = 0.1, 1.0  # seconds (redis-py EqualJitterBackoff)
 _NOT_RETRIED = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
-
-
-# -- passwords --------------------------------------------------------------------------------------------------------
-_QUERY_PASSWORD = re.compile(r"([?&;]password=)[^&;#]*", re.IGNORECASE)
 
 
 def script_refused(exc: Exception) -> bool:
@@ -72,50 +68,6 @@ def script_refused(exc: Exception) -> bool:
                                          "not allowed", "disabled", "syntax"))
 
 
-def mask_url(url: str) -> str:
-    """``url`` with every password replaced by ``***``: the userinfo's (``user:secret@``, ``:secret@``, and a bare
-    ``secret@`` that redis-py would read as a user name), ``?password=`` / ``&password=``, percent-encoded or not,
-    even in a URL too malformed to parse (a ``/`` or ``#`` in an unencoded password). Safe to print."""
-    text = _QUERY_PASSWORD.sub(r"\1***", url)
-    scheme, sep, rest = text.partition("://")
-    if sep and "@" in rest and not rest.startswith("/"):  # unix:///path@x.sock has no userinfo
-        userinfo, _, host = rest.rpartition("@")
-        user = userinfo.partition(":")[0] if ":" in userinfo else ""
-        text = f"{scheme}://{user}:***@{host}" if userinfo else text
-    return text
-
-
-def url_secrets(url: str) -> list[str]:
-    """The passwords a URL carries (as written and percent-decoded), longest first: for scrubbing free text."""
-    found: set[str] = set()
-    with contextlib.suppress(ValueError):
-        parts = urlsplit(url)
-        for value in (parts.password, parts.username if parts.password is None else None):
-            if value:
-                found.update((value, unquote(value)))
-        for value in parse_qs(parts.query).get("password", []):
-            found.update((value, unquote(value)))
-    _, sep, rest = url.partition("://")
-    if sep and "@" in rest and not rest.startswith("/"):
-        userinfo = rest.rpartition("@")[0]
-        secret = userinfo.partition(":")[2] if ":" in userinfo else userinfo
-        if secret:
-            found.update((secret, unquote(secret)))
-    for m in _QUERY_PASSWORD.finditer(url):
-        value = url[m.end(1):m.end()]
-        if value:
-            found.update((value, unquote(value)))
-    return sorted((s for s in found if s), key=len, reverse=True)
-
-
-def redact(text: str, url: str | None) -> str:
-    """``text`` (an error message) with every password of ``url`` replaced by ``***`` (see :func:`mask_url`)."""
-    if not url:
-        return text
-    text = text.replace(url, mask_url(url))
-    for secret in url_secrets(url):
-        text = text.replace(secret, "***")
-    return text
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 

@@ -106,7 +106,7 @@ def test_profile_round_trips_and_refits_the_same_curve(measured, tmp_path):
     assert (curve.a, curve.b, curve.d, curve.e) == (fitted.a, fitted.b, fitted.d, fitted.e)
     assert curve.points_data == fitted.points_data and curve.to_dict() == profile.fit
     doc = json.loads(path.read_text())
-    assert list(doc)[:4] == ["schema_version", "command", "format", "kvcli_version"]
+    assert list(doc)[:5] == ["schema_version", "command", "provenance", "format", "kvcli_version"]
     assert doc["kv_rates"]["load_bytes_per_second"] == profile.load_bytes_per_second
 
 

@@ -63,7 +63,8 @@ def run_fitted() -> list[dict]:
 
 
 def run_case(args: tuple, redis_url: str | None) -> dict:
-    """The ``kvcli route --json`` report of ``args`` (trace name first), without its wall-clock figures."""
+    """The ``kvcli route --json`` report of ``args`` (trace name first), without its wall-clock figures and its
+    provenance."""
     from kvcli.cli.route import route
 
     app = typer.Typer()
@@ -75,6 +76,7 @@ def run_case(args: tuple, redis_url: str | None) -> dict:
     res = CliRunner().invoke(app, argv, env={"REDIS_URL": None})
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
+    del report["provenance"]  # which kvcli, when, on what machine: not the simulation's figures
     for run in report["runs"]:
         del run["lookups"]["measured_seconds"]  # the real Redis round trip: wall clock
     return report

@@ -21,10 +21,11 @@ from typer.testing import CliRunner
 
 from kvcli.cli.app import app
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.redact import mask_url, redact
 from kvcli.store.calls import RedisUnavailable
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.records import StoreConfig
-from kvcli.store.server import DEFAULT_TIMEOUT, RETRIES, connect, fault_counts, mask_url, redact, server_info
+from kvcli.store.server import DEFAULT_TIMEOUT, RETRIES, connect, fault_counts, server_info
 
 SECRET = "Sekr3t-pw"
 
