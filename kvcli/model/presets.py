@@ -70,11 +70,12 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
     # 1,024 KV bytes per token in fp32; for tests.
     ModelConfig("tiny", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=128, vocab=100352,
                 dtype="float32"),
-    # The default for replays on a 2-vCPU machine: a 1,024-token bf16 prefill takes ~0.4 s on AVX512-BF16 without
-    # AMX, ~0.1-0.9 s with AMX (bench/bench_prefill.py, same shapes). 4,096 KV bytes/token: 1 MiB per
-    # 256-token chunk. bf16 for a serving-like KV size; fp32 is ~1.6x faster where there is no AMX.
+    # The default for replays on a 2-vCPU machine, in fp32 because every CPU computes it natively: a 1,024-token
+    # prefill takes ~1.1 s of CPU time on an AVX2-only AMD EPYC, where bf16 is emulated and takes ~5.9 s (15x its
+    # ~0.4 s on AVX512-BF16). 8,192 KV bytes/token: 2 MiB per 256-token chunk. --dtype bfloat16 gives a
+    # serving-like KV size where the CPU has bf16 instructions.
     ModelConfig("cpu", layers=8, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1408, vocab=100352,
-                dtype="bfloat16"),
+                dtype="float32"),
     ModelConfig("qwen2.5-0.5b", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64, ffn=4864,
                 vocab=151936, rope_theta=1e6, norm_eps=1e-6, context=32768),
     ModelConfig("llama-3.2-1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192,
