@@ -5,7 +5,8 @@ Trace readers: a prompt trace file in, :class:`Request` objects (prompt token id
 
 Entry point: ``read_trace(path, fmt="auto", tokenizer="cl100k_base")``; ``tokenizer`` is a tiktoken name, a Hugging
 Face tokenizer folder or a loaded :class:`~kvcli.model.tokenizer_base.Tokenizer`. Every format may be
-gzip-compressed (detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line;
+gzip-compressed (detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line
+(a line longer than :data:`kvcli.traces.records.MAX_LINE_BYTES`, 64 MiB, is refused before it is read whole);
 JSON documents (ShareGPT lists, SWE-agent ``.traj``) are a single JSON value and are loaded whole. Text is UTF-8.
 
 Formats (``fmt`` names; ``FORMATS`` maps each to its reader):
