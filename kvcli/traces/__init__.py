@@ -36,7 +36,9 @@ ids are synthesized by :func:`mooncake_token_ids`: equal hash ids give equal 512
 
 ``sharegpt`` -- a JSON list of conversations (or one conversation object, or JSONL with one per line), each
 ``{"id"|"conversation_id", "conversations": [{"from": ..., "value": str}, ...], "system"?: str, "tools"?: str}``
-(``role``/``content`` are accepted in place of ``from``/``value``). ``from`` maps to a chat role (human/user ->
+(``role``/``content`` are accepted in place of ``from``/``value``; a value may also be a list of OpenAI content
+parts, ``[{"type": "text", "text": ...}]``, joined as a native message's are:
+:func:`kvcli.model.tokenizer_base.message_text`). ``from`` maps to a chat role (human/user ->
 user, gpt/assistant/chatgpt/bing/bard -> assistant, system -> system, function_call -> assistant, observation/tool
 -> tool). A non-empty ``system`` becomes a leading system message, then non-empty ``tools`` (glaive tool-use
 format, a JSON string; not ``"[]"``) a system message ``"Tools available:\\n" + tools``. **Each assistant turn is

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
+from kvcli.model.tokenizer_base import message_text
 from kvcli.traces.chat import chat_requests
 from kvcli.traces.records import (
     iter_records,
@@ -63,7 +64,13 @@ def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str
         if role is None:
             raise BadInputError(f"conversations[{i}].from = {shorten(speaker)} is not one of "
                                 f"{', '.join(_SHAREGPT_ROLES)}")
-        if not isinstance(value, str):
-            raise BadInputError(f"conversations[{i}].value must be a string, not {type(value).__name__}")
-        messages.append({"role": role, "content": value})
+        message = {"role": role, "content": value}
+        if not isinstance(value, (str, list)):
+            raise BadInputError(f"conversations[{i}].value must be a string or a list of content parts, "
+                                f"not {type(value).__name__}")
+        try:
+            message_text(message)  # content parts are joined as in any chat message: checked here, where named
+        except BadInputError as err:
+            raise BadInputError(f"conversations[{i}].value: {err.reason}") from None
+        messages.append(message)
     return session_id, messages
