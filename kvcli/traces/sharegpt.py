@@ -48,7 +48,7 @@ def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str
         raise BadInputError("a sharegpt record needs 'conversations', a list of {from, value} turns")
     session_id = (optional_id(record, "id") or optional_id(record, "conversation_id")
                   or f"{path.name}#{record_no}")
-    messages = []
+    messages: list[dict] = []
     system, tools = record.get("system"), record.get("tools")
     if isinstance(system, str) and system:
         messages.append({"role": "system", "content": system})
