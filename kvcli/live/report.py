@@ -14,6 +14,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from kvcli.store.layout import ROUTE_NAMESPACE
 from kvcli.tables import print_table
 from kvcli.units import fmt_bytes, json_document
 
@@ -117,7 +118,9 @@ def inspect_view(r: Inspection) -> Group:
                                                  if ttl["with_ttl"] else ""),
                      "–" if age["median"] is None else f"{age['median']:.0f} s",
                      ", ".join(f"{k} {v:,}" for k, v in d["integrity"].items() if v) or "ok"])
-    table = plain_table(f"kvcli keys: {r.kvcli_keys:,}; other keys: {r.other_keys:,}",
+    route = (f"; route index keys: {r.route_index_keys:,} (kvcli purge --namespace {ROUTE_NAMESPACE})"
+             if r.route_index_keys else "")
+    table = plain_table(f"kvcli keys: {r.kvcli_keys:,}{route}; other keys: {r.other_keys:,}",
                         ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
                          "redis memory", "ttl min/med/max", "age med", "integrity"], rows)
     table.keep_columns = 3  # namespace, model and chunk size name a row
@@ -218,11 +221,13 @@ def purge_scope(namespace: str, chunk_size: int | None) -> str:
 
 
 def purge_count_line(found: PurgeCount, scope: str) -> str:
-    """``kvcli purge``'s count before deleting (on stderr): keys, metadata, payloads, and per shard on a cluster."""
+    """``kvcli purge``'s count before deleting (on stderr): keys, metadata, payloads, route index keys (when any),
+    and per shard on a cluster."""
     shards = "" if len(found.by_shard) < 2 else (
         f" on {len(found.by_shard)} shards: " + ", ".join(f"{k} {v:,}" for k, v in found.by_shard.items()))
-    return (f"{found.keys:,} kvcli keys in {scope} ({found.metadata:,} metadata, {found.payloads:,} payloads)"
-            f"{shards}")
+    route = f", {found.route_index:,} route index keys" if found.route_index else ""
+    return (f"{found.keys:,} kvcli keys in {scope} ({found.metadata:,} metadata, {found.payloads:,} payloads"
+            f"{route}){shards}")
 
 
 def purge_view(done: PurgeCount, scope: str) -> Text:
