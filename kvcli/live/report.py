@@ -14,7 +14,6 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from kvcli.store.layout import ROUTE_NAMESPACE
 from kvcli.tables import print_table
 from kvcli.units import fmt_bytes, json_document
 
@@ -118,6 +117,8 @@ def inspect_view(r: Inspection) -> Group:
                                                  if ttl["with_ttl"] else ""),
                      "–" if age["median"] is None else f"{age['median']:.0f} s",
                      ", ".join(f"{k} {v:,}" for k, v in d["integrity"].items() if v) or "ok"])
+    from kvcli.store.layout import ROUTE_NAMESPACE
+
     route = (f"; route index keys: {r.route_index_keys:,} (kvcli purge --namespace {ROUTE_NAMESPACE})"
              if r.route_index_keys else "")
     table = plain_table(f"kvcli keys: {r.kvcli_keys:,}{route}; other keys: {r.other_keys:,}",
