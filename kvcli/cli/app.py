@@ -71,6 +71,9 @@ def handle_errors(fn):
         from kvcli.store.server import ENV_URL
 
         url = kwargs.get("redis_url") or os.environ.get(ENV_URL)
+        # torch's C++ start-up imports numpy and clears whatever error that import raises, a KeyboardInterrupt
+        # included: imported here, before any command imports torch, a Ctrl-C during it stops the command
+        import numpy  # noqa: F401
         try:
             return fn(*args, **kwargs)
         except KvcliError as exc:
@@ -349,7 +352,8 @@ def main() -> None:
     try:
         app()
     except (SystemExit, KeyboardInterrupt) as exc:  # typer turns KeyboardInterrupt into exit 130
-        interrupted = isinstance(exc, KeyboardInterrupt) or (exc.code == 130 and _signals)
+        # after a signal the exit is 128 + its number, even when a library swallowed its KeyboardInterrupt
+        interrupted = isinstance(exc, KeyboardInterrupt) or bool(_signals)
         if not interrupted:
             raise
         for sig in (signal.SIGTERM, signal.SIGINT):  # exiting already: a further signal is noted, not raised

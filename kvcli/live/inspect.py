@@ -11,7 +11,8 @@ one round trip (MGET of the metadata values plus one EVAL_RO for every key's PTT
 where scripts are refused, the same commands pipelined one per key). Foreign keys (anything that is not
 ``kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash}``) are counted as "other" and nothing else is done with them; so
 is a payload-named key that does not hold a string, while a metadata-named key that does not hold a string is
-bad metadata.
+bad metadata. Keys of ``kvcli route``'s cache-manager indexes (:func:`kvcli.store.layout.is_route_index_key`) are
+counted apart, as route index keys, and not read.
 
 On a Redis Cluster every primary is scanned (after checking that the cluster serves all 16,384 slots: a shard
 that is down or a slot nobody serves fails the command, exit 3, so a partial view is never presented as the whole),
@@ -51,7 +52,7 @@ import redis
 from kvcli.live.reading import execute_read, read_key_facts, reader
 from kvcli.store import cluster
 from kvcli.store.judge import BAD_METADATA, BAD_PAYLOAD, CHECKSUM, HITS, NO_PAYLOAD, WRONG_TYPE, judge
-from kvcli.store.layout import ChunkMeta, is_chunk_key, key_prefix, parse_key, parse_or_none
+from kvcli.store.layout import ChunkMeta, is_chunk_key, is_route_index_key, key_prefix, parse_key, parse_or_none
 from kvcli.store.preflight import ServerMemory, server_memory
 
 VERIFY_AUTO_BYTES = 256 << 20
@@ -153,11 +154,13 @@ def skew(values: list[int | None]) -> float | None:
 
 @dataclass
 class Inspection:
-    """The whole read: server state, key counts (kvcli / other), groups, and how memory and checksums were read."""
+    """The whole read: server state, key counts (kvcli chunks / route index / other), groups, and how memory and
+    checksums were read. A shard's ``other_keys`` counts route index keys with the other keys."""
 
     server: ServerMemory
     scanned_keys: int = 0
     kvcli_keys: int = 0
+    route_index_keys: int = 0
     other_keys: int = 0
     groups: list[Group] = field(default_factory=list)
     memory_sampled: int | None = None  # None: MEMORY USAGE of every kvcli key; 0: not read; N: a sample of N
@@ -176,8 +179,9 @@ class Inspection:
         """JSON-ready, integrity problems listed by chunk hash."""
         server = {k: v for k, v in self.server.__dict__.items() if k != "shards"}
         return {"server": server, "keys": {"scanned": self.scanned_keys, "kvcli": self.kvcli_keys,
-                "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "checksums_verified":
-                self.verified, "no_touch": self.no_touch, "seconds": self.seconds, "cluster": self.cluster,
+                "route_index": self.route_index_keys, "other": self.other_keys},
+                "memory_sampled_keys": self.memory_sampled, "checksums_verified": self.verified,
+                "no_touch": self.no_touch, "seconds": self.seconds, "cluster": self.cluster,
                 "shards": shards_to_dict(self.shards, "kvcli", self.kvcli_keys), "skew": self.skew,
                 "groups": [g.to_dict() for g in self.groups]}
 
@@ -230,7 +234,10 @@ def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, ver
         for key in keys:
             parts = _split(key)
             if parts is None:
-                result.other_keys += 1
+                if is_route_index_key(key):
+                    result.route_index_keys += 1
+                else:
+                    result.other_keys += 1
                 view.other_keys += 1
                 continue
             result.kvcli_keys += 1

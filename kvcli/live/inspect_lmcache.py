@@ -11,7 +11,8 @@ of the metadata values and one EVAL_RO for every key's PTTL, STRLEN and MEMORY U
 pipelined where scripts are refused). KV bytes are never read: their size is STRLEN. Any key that is not
 ``<key>metadata`` or ``<key>kv_bytes`` with a key LMCache could have written (its dtype names, integer fields,
 lower-case hex hash) is counted as "other" and nothing else is done with it; so is a ``kv_bytes`` key that does
-not hold a string.
+not hold a string. Keys of LMCache 0.3.x's older layout (a leading ``{fmt}@`` field:
+:func:`kvcli.store.lmcache.legacy_model`) are counted apart, by model, and not read either.
 
 Per model (the key's ``model_name``):
   * chunks: complete pairs, whose record decodes and whose kv_bytes value holds exactly the record's ``length``
@@ -35,11 +36,14 @@ from kvcli.store import cluster
 from kvcli.store.lmcache import (
     KEY_FORMAT,
     KV_SUFFIX,
+    LEGACY_KEY_FORMAT,
+    LEGACY_VERSIONS,
     LMCACHE_COMMIT,
     LMCACHE_VERSION,
     METADATA_SUFFIX,
     LMCacheKey,
     RemoteRecord,
+    legacy_model,
     split_redis_key,
     unpack_record,
 )
@@ -100,12 +104,16 @@ class LMCacheGroup:
 
 @dataclass
 class LMCacheInspection:
-    """The whole read: server state, key counts (LMCache / other), one group per model, how memory was read."""
+    """The whole read: server state, key counts (LMCache / LMCache 0.3.x's older layout / other), one group per
+    model, how memory was read. ``legacy_models``: keys of the older layout per model name (not read further); a
+    shard's ``other_keys`` counts them with the other keys."""
 
     server: ServerMemory
     scanned_keys: int = 0
     lmcache_keys: int = 0
+    legacy_keys: int = 0
     other_keys: int = 0
+    legacy_models: Counter = field(default_factory=Counter)
     groups: list[LMCacheGroup] = field(default_factory=list)
     memory_sampled: int | None = None  # None: MEMORY USAGE of every key; 0: not read; N: a sample of N keys
     seconds: float = 0.0
@@ -123,7 +131,10 @@ class LMCacheInspection:
         return {"layout": {"name": "lmcache", "keys": KEY_FORMAT,
                            "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector"},
                 "server": self.server.to_dict(), "keys": {"scanned": self.scanned_keys, "lmcache": self.lmcache_keys,
-                "other": self.other_keys}, "memory_sampled_keys": self.memory_sampled, "no_touch": self.no_touch,
+                "lmcache_legacy": self.legacy_keys, "other": self.other_keys},
+                "legacy_layout": {"keys": LEGACY_KEY_FORMAT, "matched": f"LMCache {LEGACY_VERSIONS}",
+                                  "keys_by_model": dict(sorted(self.legacy_models.items()))},
+                "memory_sampled_keys": self.memory_sampled, "no_touch": self.no_touch,
                 "seconds": self.seconds, "cluster": self.cluster,
                 "shards": shards_to_dict(self.shards, "lmcache", self.lmcache_keys), "skew": self.skew,
                 "groups": [g.to_dict() for g in self.groups]}
@@ -149,10 +160,14 @@ def inspect_lmcache(client: redis.Redis, sample: int | None = None) -> LMCacheIn
         script = [not result.cluster]  # a script's keys must share a slot: per-key reads on a cluster
         for shard, keys in cluster.scan(conn, count=SCAN_COUNT):
             result.scanned_keys += len(keys)
-            mine = [(key, parsed) for key in keys if (parsed := split_redis_key(key)) is not None]
+            parsed_keys = [(key, split_redis_key(key)) for key in keys]
+            mine = [(key, parsed) for key, parsed in parsed_keys if parsed is not None]
             foreign = _read_batch(conn, mine, chunks, sample is None, script) if mine else 0
+            legacy = [model for key, parsed in parsed_keys if parsed is None and (model := legacy_model(key))]
+            result.legacy_models.update(legacy)
             result.lmcache_keys += len(mine) - foreign
-            result.other_keys += len(keys) - len(mine) + foreign
+            result.legacy_keys += len(legacy)
+            result.other_keys += len(keys) - len(mine) - len(legacy) + foreign
             views[shard].keys += len(mine) - foreign
             views[shard].other_keys += len(keys) - len(mine) + foreign
         if sample:

@@ -117,7 +117,11 @@ def inspect_view(r: Inspection) -> Group:
                                                  if ttl["with_ttl"] else ""),
                      "–" if age["median"] is None else f"{age['median']:.0f} s",
                      ", ".join(f"{k} {v:,}" for k, v in d["integrity"].items() if v) or "ok"])
-    table = plain_table(f"kvcli keys: {r.kvcli_keys:,}; other keys: {r.other_keys:,}",
+    from kvcli.store.layout import ROUTE_NAMESPACE
+
+    route = (f"; route index keys: {r.route_index_keys:,} (kvcli purge --namespace {ROUTE_NAMESPACE})"
+             if r.route_index_keys else "")
+    table = plain_table(f"kvcli keys: {r.kvcli_keys:,}{route}; other keys: {r.other_keys:,}",
                         ["namespace", "model", "chunk", "chunks", "metadata", "payloads", "payload", "meta bytes",
                          "redis memory", "ttl min/med/max", "age med", "integrity"], rows)
     table.keep_columns = 3  # namespace, model and chunk size name a row
@@ -162,7 +166,7 @@ def _times(value: float | None) -> str:
 def lmcache_view(r: LMCacheInspection) -> Group:
     """``kvcli inspect --layout lmcache``: one row per model (chunks, keys, bytes, memory, the commonest chunk
     lengths, formats, dtypes, world sizes, integrity), a cluster's primaries, then the layout and server facts."""
-    from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_VERSION
+    from kvcli.store.lmcache import KEY_FORMAT, LEGACY_KEY_FORMAT, LEGACY_VERSIONS, LMCACHE_VERSION
 
     def top(counter) -> str:  # the 3 commonest values, with their chunk counts when there is more than one
         common = counter.most_common(3)
@@ -175,13 +179,19 @@ def lmcache_view(r: LMCacheInspection) -> Group:
              top(g.by_chunk_tokens), top(g.by_format), top(g.by_dtype),
              f"{top(g.by_world_size)} / {len(g.by_worker_id):,}",
              ", ".join(f"{short[k]} {len(v):,}" for k, v in sorted(g.issues.items())) or "ok"] for g in r.groups]
-    table = plain_table(f"LMCache keys: {r.lmcache_keys:,}; other keys: {r.other_keys:,}",
+    legacy = f"; LMCache {LEGACY_VERSIONS} keys (older layout): {r.legacy_keys:,}" if r.legacy_keys else ""
+    table = plain_table(f"LMCache keys: {r.lmcache_keys:,}{legacy}; other keys: {r.other_keys:,}",
                         ["model", "chunks", "keys meta / kv", "kv bytes", "meta bytes", "redis memory",
                          "tokens/chunk", "format", "dtype", "world size / workers", "integrity"], rows)
     s = r.server
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the models, scaled")
     parts = [table, shards_table(r.shards, "lmcache", r.lmcache_keys, r.skew)] if r.cluster else [table]
+    if r.legacy_keys:
+        models = ", ".join(f"{m} ({n:,})" for m, n in r.legacy_models.most_common())
+        parts.append(Text(f"older layout: {r.legacy_keys:,} keys in LMCache {LEGACY_VERSIONS}'s layout "
+                          f"{LEGACY_KEY_FORMAT}, by model: {models}; counted, not read (kvcli reads LMCache "
+                          f"{LMCACHE_VERSION}'s layout; an LMCache that writes the older layout is a 0.3.x release)"))
     return Group(*parts, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector)\n"
                              f"{'cluster totals, ' if r.cluster else ''}server {s.version}: used_memory "
                              f"{fmt_bytes(s.used_memory)}, evicted_keys {s.evicted_keys:,}; MEMORY USAGE: {memory}; "
@@ -215,11 +225,13 @@ def purge_scope(namespace: str, chunk_size: int | None) -> str:
 
 
 def purge_count_line(found: PurgeCount, scope: str) -> str:
-    """``kvcli purge``'s count before deleting (on stderr): keys, metadata, payloads, and per shard on a cluster."""
+    """``kvcli purge``'s count before deleting (on stderr): keys, metadata, payloads, route index keys (when any),
+    and per shard on a cluster."""
     shards = "" if len(found.by_shard) < 2 else (
         f" on {len(found.by_shard)} shards: " + ", ".join(f"{k} {v:,}" for k, v in found.by_shard.items()))
-    return (f"{found.keys:,} kvcli keys in {scope} ({found.metadata:,} metadata, {found.payloads:,} payloads)"
-            f"{shards}")
+    route = f", {found.route_index:,} route index keys" if found.route_index else ""
+    return (f"{found.keys:,} kvcli keys in {scope} ({found.metadata:,} metadata, {found.payloads:,} payloads"
+            f"{route}){shards}")
 
 
 def purge_view(done: PurgeCount, scope: str) -> Text:

@@ -274,7 +274,7 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
         _check_vocab(requests, model.config.vocab)
     planned = estimate(stores, requests, config.verify)
     before = server_memory(client)
-    check = preflight(client, plan_bytes(stores, planned), before)
+    check = preflight(client, plan_bytes(stores, planned), before, writes_ttl=config.ttl is not None)
     per_size = planned if config.dry_run else [SizeTotals(s.config.chunk_size) for s in stores]
     result = WarmResult(config.namespace, spec.model_id, len(requests), per_size, config.dry_run, check,
                         estimate=planned, verify=config.verify)

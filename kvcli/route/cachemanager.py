@@ -3,8 +3,12 @@
 The notes' second design: the router asks a cache-management service which node holds the longest reusable
 prefix. Here that service is a Redis (or Valkey) server:
 
-* Layout: one set per chunk, key ``kvcli:route:{<run>}:`` + the 16 raw hash bytes, members the node numbers as
-  decimal strings (``b"0"``, ``b"1"``...). ``<run>`` is random per index, so runs never see each other's keys.
+* Layout: one set per chunk, key ``kvcli:v1:kvcli-route:route:{<run>}:`` + the 16-byte hash in hex
+  (:func:`kvcli.store.layout.route_index_prefix`), members the node numbers as decimal strings (``b"0"``,
+  ``b"1"``...). ``<run>`` is random per index, so runs never see each other's keys. Every key carries a TTL of
+  :data:`~kvcli.store.layout.ROUTE_INDEX_TTL_SECONDS` (an hour), set with each SADD and set again on all of the
+  index's keys every third of it, so an index whose run was killed is gone within the hour; ``kvcli purge
+  --namespace kvcli-route --yes`` deletes it at once, and ``kvcli inspect`` counts it as route index keys.
 * Redis Cluster: ``{<run>}`` is a hash tag, so every key of one index hashes to ONE slot: the query script's KEYS
   (all of a request's chunks) must share a slot, and a per-chunk-set index has no smaller unit that a script can
   walk alone. The cost: one index lives on one shard (its memory and its queries are that shard's; a simulation's
@@ -31,6 +35,7 @@ import redis
 
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
+from kvcli.store.layout import ROUTE_INDEX_TTL_SECONDS, route_index_prefix
 from kvcli.units import parse_duration
 
 _Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
@@ -112,9 +117,10 @@ class CacheManagerIndex:
 
     def __init__(self, client: redis.Redis, nodes: int) -> None:
         self.client, self.nodes = client, nodes
-        self.prefix = b"kvcli:route:{" + os.urandom(6).hex().encode() + b"}:"  # a hash tag: one slot per index
+        self.prefix = route_index_prefix(os.urandom(6).hex())  # a hash tag: one slot per index
         self.queries = self.writes = 0
         self._sha = self._call("SCRIPT LOAD", client.script_load, _QUERY_LUA)
+        self._refresh_at = time.monotonic() + ROUTE_INDEX_TTL_SECONDS / 3
 
     def _call(self, what: str, fn, *args):
         try:
@@ -126,13 +132,27 @@ class CacheManagerIndex:
         """Node ``node`` newly cached ``stored`` and evicted ``evicted`` (chunk hashes): one pipelined round trip."""
         if not stored and not evicted:
             return
+        if time.monotonic() >= self._refresh_at:
+            self._refresh()
         pipe, member, prefix = self.client.pipeline(transaction=False), str(node), self.prefix
         for h in stored:
-            pipe.sadd(prefix + h, member)
+            key = prefix + h.hex().encode()
+            pipe.sadd(key, member)
+            pipe.expire(key, ROUTE_INDEX_TTL_SECONDS)
         for h in evicted:
-            pipe.srem(prefix + h, member)
+            pipe.srem(prefix + h.hex().encode(), member)
         self._call("publish", pipe.execute)
         self.writes += 1
+
+    def _refresh(self) -> None:
+        """Set every key's TTL again (SCAN of the index, EXPIRE pipelined): a chunk no node stored for a third of
+        the TTL is still indexed while the run lasts."""
+        for _, keys in cluster.scan(self.client, self.prefix + b"*", 1000):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.expire(key, ROUTE_INDEX_TTL_SECONDS)
+            self._call("refresh", pipe.execute)
+        self._refresh_at = time.monotonic() + ROUTE_INDEX_TTL_SECONDS / 3
 
     def query(self, hashes) -> tuple[list[int], float]:
         """Leading chunks of ``hashes`` held by each node, in ONE round trip (EVALSHA).
@@ -143,7 +163,7 @@ class CacheManagerIndex:
         depths = [0] * self.nodes
         if not hashes:
             return depths, 0.0
-        keys = [self.prefix + h for h in hashes]
+        keys = [self.prefix + h.hex().encode() for h in hashes]
         start = time.perf_counter()
         flat = self._call("query", self.client.evalsha, self._sha, len(keys), *keys)
         seconds = time.perf_counter() - start

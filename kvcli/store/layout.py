@@ -8,6 +8,11 @@ Key layout (format version 1), all under kvcli's own prefix so nothing else on t
 ``hash hex`` is the 32-hex-digit prefix hash of the chunk (hashing.py), so a key names the namespace, the chunk
 size, the model, tokenizer and cache salt (through the hash root) and every token before and in the chunk.
 
+``kvcli route``'s cache-manager index (``kvcli/route/cachemanager.py``) lives in the namespace
+:data:`ROUTE_NAMESPACE`, one set per chunk, each with a TTL of :data:`ROUTE_INDEX_TTL_SECONDS`::
+
+    kvcli:v1:kvcli-route:route:{run}:{hash hex}   the nodes holding one chunk (a set; ``{run}``: 12 hex digits)
+
 Metadata sits *beside* the payload (its own key), so a lookup reads only small values, and an orphan (metadata
 without payload or the reverse, left by eviction or a crash) is visible to ``kvcli inspect``. Its value is
 ``token_digest (8 bytes) || payload_checksum (8 bytes) || JSON`` where the JSON holds ``tokens``, ``dtype``,
@@ -34,6 +39,10 @@ PAYLOAD_FORMAT = "kvcli-kv/1"  # the ``format`` entry of each payload's safetens
 REAL, ACCOUNTED = b'"stored":"real"', b'"stored":"accounted"'  # the ``stored`` field as it appears in the JSON
 
 _NAMESPACE_RE = re.compile(r"[A-Za-z0-9._@+=-]{1,200}")
+
+ROUTE_NAMESPACE = "kvcli-route"  # route's cache-manager indexes: kvcli purge --namespace kvcli-route deletes them
+ROUTE_KIND = "route"  # the field after the namespace in a route index key (where a chunk key has its chunk size)
+ROUTE_INDEX_TTL_SECONDS = 3600  # a route index key's TTL, set again whenever route writes it
 
 
 def check_namespace(name: str) -> str:
@@ -181,6 +190,21 @@ class KeyParts:
 
 # chunk sizes as kvcli writes them: decimal, >= 1, no leading zero ("0" and "04" are look-alikes, never kvcli's)
 _KEY_RE = re.compile(rf"{KEY_ROOT}:{KEY_VERSION}:(.+):([1-9][0-9]*):([mp]):([0-9a-f]{{32}})".encode(), re.DOTALL)
+
+
+_ROUTE_KEY_RE = re.compile(rf"{KEY_ROOT}:{KEY_VERSION}:{ROUTE_NAMESPACE}:{ROUTE_KIND}:"
+                           r"\{[0-9a-f]{12}\}:[0-9a-f]{32}".encode())
+
+
+def route_index_prefix(run: str) -> bytes:
+    """The prefix of one route index's keys, ``kvcli:v1:kvcli-route:route:{<run>}:`` (``run``: 12 hex digits);
+    a chunk's key is the prefix and its 16-byte hash in hex. ``{<run>}`` is a hash tag: one slot per index."""
+    return f"{KEY_ROOT}:{KEY_VERSION}:{ROUTE_NAMESPACE}:{ROUTE_KIND}:{{{run}}}:".encode()
+
+
+def is_route_index_key(key: bytes) -> bool:
+    """Whether ``key`` is named as a key of a route index (:func:`route_index_prefix`)."""
+    return _ROUTE_KEY_RE.fullmatch(key) is not None
 
 
 def is_chunk_key(key: bytes) -> bool:

@@ -28,6 +28,15 @@ one ``EXISTS <key>metadata`` per chunk, in order, stopping at the first miss; a 
 
 **KV bytes** (the ``kv_bytes`` key's value): the chunk's tensor bytes, no header. Format ``KV_2LTD`` (the default
 for a non-MLA model) is ``[2, layers, tokens, kv_heads * head_dim]``: K and V first, then layers.
+
+**The older layout** (LMCache 0.3.1 to 0.3.12; 0.3.13 dropped the leading field): the same two suffixes after a key
+string that starts with the serving engine's format, ``vllm`` (or ``huggingface``)::
+
+    {fmt}@{model_name}@{world_size}@{worker_id}@{chunk_hash}[@{dtype}][@{layer_id}][@{tag}%{value}...]
+
+where ``chunk_hash`` is a SHA-256 hex digest (0.3.1), a Python int in decimal (0.3.3) or in lower-case hex (0.3.6
+on), and the ``dtype`` field is there from 0.3.10 on. kvcli recognises these keys (:func:`legacy_model`) to count
+and name them; it reads neither their records nor their bytes.
 """
 from __future__ import annotations
 
@@ -88,6 +97,12 @@ FORMATS = {0: "UNDEFINED", 1: "KV_2LTD", 2: "KV_T2D", 3: "KV_2TD", 4: "BINARY", 
 KV_2LTD = 1
 _TOKEN_AXIS = {1: 2, 2: 0, 3: 1, 6: 2, 7: 0, 8: 0}
 _UNPADDED = (4, 5)  # BINARY, BINARY_BUFFER: zeros in their shape are real, never stripped
+
+LEGACY_VERSIONS = "0.3.1-0.3.12"
+LEGACY_KEY_FORMAT = ("{fmt}@{model_name}@{world_size}@{worker_id}@{chunk_hash}[@{dtype}][@{layer_id}]"
+                     "[@{tag}%{value}...]{metadata|kv_bytes}")
+_LEGACY_DTYPE_NAMES = _KEY_DTYPE_NAMES | {"fp8", "fp8_e4m3"}  # 0.3.x's names beside today's
+_ENGINE_FORMAT = re.compile(r"[a-z][a-z0-9_]*")
 
 _INT = re.compile(r"-?[0-9]+")
 _HEX = re.compile(r"-?[0-9a-f]+")
@@ -166,6 +181,28 @@ def split_redis_key(key: bytes) -> tuple[LMCacheKey, str] | None:
             except (ValueError, UnicodeDecodeError):
                 return None
     return None
+
+
+def legacy_model(key: bytes) -> str | None:
+    """The model name of a Redis key in LMCache 0.3.x's older layout (module docstring), else None; a key of
+    today's layout (:func:`split_redis_key`) is not one."""
+    suffix = next((x for x in (METADATA_SUFFIX, KV_SUFFIX) if key.endswith(x.encode())), None)
+    if suffix is None or split_redis_key(key) is not None:
+        return None
+    try:
+        parts = key[:-len(suffix)].decode().split("@")
+    except UnicodeDecodeError:
+        return None
+    if len(parts) < 5 or not _ENGINE_FORMAT.fullmatch(parts[0]) or not parts[1]:
+        return None
+    if not (_INT.fullmatch(parts[2]) and _INT.fullmatch(parts[3]) and _HEX.fullmatch(parts[4])):
+        return None
+    rest = parts[5:]
+    if rest and rest[0] in _LEGACY_DTYPE_NAMES:
+        rest = rest[1:]
+    if rest and rest[0].isdigit():
+        rest = rest[1:]
+    return parts[1] if all("%" in tag for tag in rest) else None
 
 
 def fold_hash(digest: bytes) -> int:

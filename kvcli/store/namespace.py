@@ -8,6 +8,9 @@ one asked for, so namespace ``a`` never matches ``a:b``'s keys, and a key outsid
 not a chunk size kvcli would write (``0``, ``04``), not 32 lowercase hex digits, not ``m``/``p``, or not a string
 (kvcli writes nothing else). Deletion is UNLINK (Redis >= 4) in pipelined batches; never FLUSHDB or
 FLUSHALL. :func:`count` first (read-only), then :func:`purge` (the CLI requires ``--yes`` between the two).
+The namespace :data:`~kvcli.store.layout.ROUTE_NAMESPACE` also holds ``kvcli route``'s cache-manager indexes, sets
+named by :func:`~kvcli.store.layout.route_index_prefix` (found with ``TYPE set``, each name checked the same way):
+purging that namespace whole deletes them too (``route_index`` in the count); a chunk size never selects them.
 
 On a Redis Cluster both SCAN every primary (:func:`kvcli.store.cluster.scan`: refused unless the cluster serves
 every slot, and a shard that fails fails the command, so a count is never one shard's), count keys per shard
@@ -28,7 +31,7 @@ import redis
 
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
-from kvcli.store.layout import KEY_ROOT, KEY_VERSION
+from kvcli.store.layout import KEY_ROOT, KEY_VERSION, ROUTE_KIND, ROUTE_NAMESPACE, is_route_index_key
 from kvcli.store.server import ENV_URL, RedisTarget, script_refused
 
 BUSY_WAIT = 60.0  # seconds a cleanup waits, at most, for a script of another client to end (BUSY replies)
@@ -38,7 +41,8 @@ BATCH = 5000  # keys per SCAN step (a hint to the server): fewer round trips ove
 @dataclass
 class PurgeCount:
     """kvcli keys of one namespace (and chunk size): metadata entries and payloads, per chunk size and per shard
-    (``{"host:port": keys}``: the one server, or every primary of a cluster)."""
+    (``{"host:port": keys}``: the one server, or every primary of a cluster), and route index keys (sets of
+    ``kvcli route``'s cache-manager index, in :data:`~kvcli.store.layout.ROUTE_NAMESPACE` only)."""
 
     namespace: str
     chunk_size: int | None
@@ -47,11 +51,12 @@ class PurgeCount:
     by_chunk_size: dict[int, int] = field(default_factory=dict)
     by_shard: dict[str, int] = field(default_factory=dict)
     deleted: int = 0
+    route_index: int = 0
 
     @property
     def keys(self) -> int:
-        """All matching keys (metadata + payloads)."""
-        return self.metadata + self.payloads
+        """All matching keys (metadata + payloads + route index keys)."""
+        return self.metadata + self.payloads + self.route_index
 
     def to_dict(self) -> dict:
         """JSON-ready, with ``keys``."""
@@ -76,9 +81,11 @@ def _check(namespace: str, chunk_size: int | None) -> None:
 
 def _matching(client, namespace: str, chunk_size: int | None):
     """Batches ``(shard, [(key, chunk size, kind)])`` of exactly this namespace's chunk keys (strings only), every
-    shard of a cluster (:func:`kvcli.store.cluster.check_whole` first: never a partial view).
+    shard of a cluster (:func:`kvcli.store.cluster.check_whole` first: never a partial view); in
+    :data:`~kvcli.store.layout.ROUTE_NAMESPACE` without a chunk size, then its route index keys (sets; chunk size 0,
+    kind ``b"r"``).
 
-    Each key is ``{prefix}{chunk_size}:{m|p}:{32 hex}`` (layout.parse_key's rules, the namespace prefix being
+    Each chunk key is ``{prefix}{chunk_size}:{m|p}:{32 hex}`` (layout.parse_key's rules, the namespace prefix being
     matched already by the SCAN pattern). A run's cleanup checks hundreds of thousands of keys, so a SCAN step's
     keys are matched by one regex over them joined by newlines (C speed), unless a key holds a newline itself (then
     one match per key).
@@ -87,17 +94,32 @@ def _matching(client, namespace: str, chunk_size: int | None):
         RedisFailure: SCAN (or TYPE) failed: refused by an ACL, no reply within the timeout, connection gone.
     """
     _check(namespace, chunk_size)
-    pattern = _pattern(namespace, chunk_size)
     size = rb"[1-9][0-9]*" if chunk_size is None else str(chunk_size).encode()
     body = re.escape(_prefix(namespace)) + rb"(" + size + rb"):([mp]):[0-9a-f]{32}"
     joined = re.compile(rb"^(" + body + rb")$", re.MULTILINE).findall
     single = re.compile(body).fullmatch
+
+    def chunk_keys(keys: list[bytes]) -> list:
+        blob = b"\n".join(keys)
+        if blob.count(b"\n") == len(keys) - 1:  # no key holds a newline: every line is one key
+            return [(k, int(cs), kind) for k, cs, kind in joined(blob)]
+        return [(k, int(m[1]), m[2]) for k in keys if (m := single(k)) is not None]
+
     cluster.check_whole(client)
+    yield from _scan(client, _pattern(namespace, chunk_size), "string", chunk_keys)
+    if namespace == ROUTE_NAMESPACE and chunk_size is None:
+        yield from _scan(client, f"{KEY_ROOT}:{KEY_VERSION}:{ROUTE_NAMESPACE}:{ROUTE_KIND}:*", "set",
+                         lambda keys: [(k, 0, b"r") for k in keys if is_route_index_key(k)])
+
+
+def _scan(client, pattern: str, kind: str, select):
+    """Batches ``(shard, select(keys))`` of the keys of type ``kind`` that SCAN MATCH ``pattern`` finds on every
+    shard (empty batches left out). Raises RedisFailure."""
     for shard, node in cluster.shards(client):
         cursor, typed = 0, True
         while True:
             try:
-                cursor, found = node.scan(cursor, match=pattern, count=BATCH, **({"_type": "string"} if typed else {}))
+                cursor, found = node.scan(cursor, match=pattern, count=BATCH, **({"_type": kind} if typed else {}))
                 keys = cast(list[bytes], found)  # bytes: kvcli's clients never decode responses
             except redis.exceptions.ResponseError as exc:
                 if typed and "syntax" in str(exc).lower():  # Redis < 6: no TYPE option; check each key below
@@ -106,21 +128,16 @@ def _matching(client, namespace: str, chunk_size: int | None):
                 raise RedisFailure(f"Redis SCAN failed on {shard}: {exc}") from None
             except cluster.REDIS_ERRORS as exc:
                 raise RedisFailure(f"Redis SCAN failed on {shard}: {exc}") from None
-            if keys:
-                blob = b"\n".join(keys)
-                if blob.count(b"\n") == len(keys) - 1:  # no key holds a newline: every line is one key
-                    mine = [(k, int(cs), kind) for k, cs, kind in joined(blob)]
-                else:
-                    mine = [(k, int(m[1]), m[2]) for k in keys if (m := single(k)) is not None]
-                if mine and not typed:
-                    mine = _strings(node, mine)
-                if mine:
-                    yield shard, mine
+            mine = select(keys) if keys else []
+            if mine and not typed:
+                mine = _of_type(node, mine, kind)
+            if mine:
+                yield shard, mine
             if cursor == 0:
                 break
 
 
-def _strings(client: redis.Redis, batch):
+def _of_type(client: redis.Redis, batch, kind: str):
     pipe = client.pipeline(transaction=False)
     for key, _, _ in batch:
         pipe.type(key)
@@ -128,12 +145,15 @@ def _strings(client: redis.Redis, batch):
         kinds = pipe.execute()
     except redis.RedisError as exc:
         raise RedisFailure(f"Redis TYPE failed: {exc}") from None
-    return [entry for entry, kind in zip(batch, kinds) if kind in (b"string", "string")]
+    return [entry for entry, found in zip(batch, kinds) if found in (kind.encode(), kind)]
 
 
 def _tally(result: PurgeCount, shard: str, batch) -> None:
     result.by_shard[shard] = result.by_shard.get(shard, 0) + len(batch)
     for _, size, kind in batch:
+        if kind == b"r":
+            result.route_index += 1
+            continue
         result.by_chunk_size[size] = result.by_chunk_size.get(size, 0) + 1
         result.metadata += kind == b"m"
         result.payloads += kind == b"p"
@@ -327,6 +347,8 @@ def contents(client: redis.Redis, namespace: str, sample: int = 100) -> dict[int
     todo: dict[int, list[bytes]] = {}
     for _, batch in _matching(client, namespace, None):
         for key, size, kind in batch:
+            if kind == b"r":  # a route index key: no chunk
+                continue
             entry = out.setdefault(size, SizeContents(size))
             if kind == b"m":
                 entry.metadata += 1

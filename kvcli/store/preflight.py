@@ -26,7 +26,8 @@ CHUNK_KEY_TAIL = 34
 @dataclass(frozen=True)
 class MemoryFigures:
     """Memory state and counters read from INFO and DBSIZE: bytes; ``policy`` is maxmemory-policy; ``keys`` is
-    DBSIZE; None where this user may not read them."""
+    DBSIZE; ``expiring_keys`` the keys that carry a TTL (INFO keyspace ``expires``, every database); None where
+    this user may not read them."""
 
     used_memory: int | None
     maxmemory: int | None
@@ -34,6 +35,7 @@ class MemoryFigures:
     evicted_keys: int | None
     expired_keys: int | None
     keys: int | None
+    expiring_keys: int | None
     version: str
 
 
@@ -78,18 +80,19 @@ def server_memory(client) -> ServerMemory:
     first = facts[0]
     keys = None if any(f.keys is None for f in facts) else sum(f.keys or 0 for f in facts)
     if first.used_memory is None:
-        return ServerMemory(None, None, None, None, None, keys, "?",
+        return ServerMemory(None, None, None, None, None, keys, None, "?",
                             note=f"server memory and counters not read: {INFO_REFUSED}")
     policies, versions = {f.policy for f in facts}, {f.version for f in facts}
     return ServerMemory(sum(f.used_memory or 0 for f in facts),
                         0 if any(not f.maxmemory for f in facts) else sum(f.maxmemory or 0 for f in facts),
                         first.policy if len(policies) == 1 else "mixed", sum(f.evicted_keys or 0 for f in facts),
-                        sum(f.expired_keys or 0 for f in facts), keys, first.version if len(versions) == 1 else "mixed",
+                        sum(f.expired_keys or 0 for f in facts), keys, sum(f.expiring_keys or 0 for f in facts),
+                        first.version if len(versions) == 1 else "mixed",
                         shards=tuple(facts) if cluster.is_cluster(client) else ())
 
 
 def _shard_memory(name: str, client: redis.Redis) -> ShardMemory:
-    info = server_info(client, "memory", "stats", "server")
+    info = server_info(client, "memory", "stats", "server", "keyspace")
     try:
         keys = int(client.dbsize())
     except redis.exceptions.NoPermissionError:
@@ -97,11 +100,34 @@ def _shard_memory(name: str, client: redis.Redis) -> ShardMemory:
     except redis.RedisError as exc:
         raise RedisFailure(f"Redis DBSIZE failed on {name}: {exc}") from None
     if info is None:
-        return ShardMemory(None, None, None, None, None, keys, "?", name=name)
+        return ShardMemory(None, None, None, None, None, keys, None, "?", name=name)
+    expiring = sum(int(db.get("expires", 0)) for name_, db in info.items()
+                   if name_.startswith("db") and name_[2:].isdigit() and isinstance(db, dict))
     return ShardMemory(int(info.get("used_memory", 0)), int(info.get("maxmemory", 0)),
                        str(info.get("maxmemory_policy", "?")), int(info.get("evicted_keys", 0)),
-                       int(info.get("expired_keys", 0)), keys,
+                       int(info.get("expired_keys", 0)), keys, expiring,
                        str(info.get("valkey_version") or info.get("redis_version", "?")), name=name)
+
+
+def evicts_when_full(policy: str | None, expiring_keys: int | None, writes_ttl: bool = False) -> bool:
+    """Whether a server over maxmemory makes room by evicting keys (else it refuses writes with an out-of-memory
+    error): every policy but ``noeviction``, except a ``volatile-*`` policy when no key on the server carries a TTL
+    (``expiring_keys`` 0) and the run writes none (``writes_ttl`` False): such a policy evicts only keys with a TTL,
+    so it has nothing to evict and acts as ``noeviction`` does."""
+    if policy == "noeviction":
+        return False
+    return not (policy is not None and policy.startswith("volatile-") and expiring_keys == 0 and not writes_ttl)
+
+
+def full_server(policy: str | None, evicts: bool, who: str = "the server") -> str:
+    """What a server (``who``) over maxmemory does, in words, for a preflight message (``evicts``:
+    :func:`evicts_when_full`)."""
+    if evicts:
+        return f"{who} will evict keys (maybe other data, maybe these chunks)"
+    if policy == "noeviction":
+        return "writes will stop at the first out-of-memory reply"
+    return (f"writes will stop at the first out-of-memory reply, as under noeviction: {policy} evicts only keys "
+            f"with a TTL, and no key here has one")
 
 
 def alloc_size(n: int) -> int:
@@ -124,8 +150,9 @@ class Preflight:
     """The estimate against the server's memory (bytes). ``fits`` is None when the server has no maxmemory or this
     user may not read it (INFO refused: ``used_memory``, ``maxmemory`` and ``policy`` None, the check skipped).
 
-    ``evicts``: the run would push the server over maxmemory under a policy that evicts keys (any policy but
-    noeviction): other keys on the server, or the run's own, may be evicted.
+    ``evicts``: the run would push the server over maxmemory under a policy that evicts keys
+    (:func:`evicts_when_full`: any policy but noeviction, and a volatile-* one only when some key has a TTL): other
+    keys on the server, or the run's own, may be evicted. ``policy_evicts``: that policy judgement alone.
     """
 
     estimate_bytes: int
@@ -135,11 +162,12 @@ class Preflight:
     fits: bool | None
     message: str
     evicted_keys_before: int | None = 0
+    policy_evicts: bool = True
 
     @property
     def evicts(self) -> bool:
         """True when the estimate does not fit and the policy evicts keys to make room."""
-        return self.fits is False and self.policy != "noeviction"
+        return self.fits is False and self.policy_evicts
 
     def to_dict(self) -> dict:
         """JSON-ready, with unit-suffixed names."""
@@ -148,7 +176,8 @@ class Preflight:
                 "message": self.message}
 
 
-def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | None = None) -> Preflight:
+def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | None = None,
+              writes_ttl: bool = False) -> Preflight:
     """Compare ``need_bytes`` (from :func:`keys_bytes`) with ``maxmemory - used_memory``.
 
     Args:
@@ -156,6 +185,7 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
         need_bytes: estimated Redis memory the run adds; None when not estimated (a caller may skip the estimate
             on a server without maxmemory: there is nothing to compare it with).
         mem: the server's state, read just before.
+        writes_ttl: the run's keys carry a TTL (``warm --ttl``): a volatile-* policy may evict them.
 
     Raises:
         RedisFailure: INFO failed.
@@ -166,7 +196,7 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
         return Preflight(need_bytes or 0, None, None, None, None,
                          f"{estimate}skipped the check against maxmemory: {INFO_REFUSED}", None)
     if mem.shards and any(sh.maxmemory for sh in mem.shards):
-        return _cluster_preflight(mem, need_bytes or 0)
+        return _cluster_preflight(mem, need_bytes or 0, writes_ttl)
     assert mem.maxmemory is not None and mem.used_memory is not None  # known: INFO was read
     free = mem.maxmemory - mem.used_memory
     if not mem.maxmemory:
@@ -177,32 +207,33 @@ def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | N
     need_bytes = need_bytes or 0
     where = f"{fmt_bytes(need_bytes)} of Redis memory estimated; used_memory {fmt_bytes(mem.used_memory)}"
     fits = need_bytes <= free
+    evicts = evicts_when_full(mem.policy, mem.expiring_keys, writes_ttl)
     message = f"{where}, maxmemory {fmt_bytes(mem.maxmemory)} ({mem.policy})"
     if not fits:
-        message += (": does not fit; writes will stop at the first out-of-memory reply" if mem.policy == "noeviction"
-                    else ": does not fit; the server will evict keys (maybe other data, maybe these chunks)")
-    return Preflight(need_bytes, mem.used_memory, mem.maxmemory, mem.policy, fits, message, mem.evicted_keys)
+        message += f": does not fit; {full_server(mem.policy, evicts)}"
+    return Preflight(need_bytes, mem.used_memory, mem.maxmemory, mem.policy, fits, message, mem.evicted_keys,
+                     evicts)
 
 
-def _cluster_preflight(mem: ServerMemory, need_bytes: int) -> Preflight:
+def _cluster_preflight(mem: ServerMemory, need_bytes: int, writes_ttl: bool) -> Preflight:
     """A cluster's check, shard by shard: the keys spread evenly over the primaries (their chunk hashes pick the
     slots), so each primary gets ``need_bytes / primaries``; it fits when every primary with a maxmemory has that
     much room. The first primary that would not fit decides the policy reported (one that evicts wins), so a run
     that would make any shard evict is refused as on a single server."""
     share = need_bytes / len(mem.shards)
     short = [sh for sh in mem.shards if sh.maxmemory and share > sh.maxmemory - (sh.used_memory or 0)]
-    worst = next((sh for sh in short if sh.policy != "noeviction"), short[0] if short else None)
+    evicts = {sh.name: evicts_when_full(sh.policy, sh.expiring_keys, writes_ttl) for sh in mem.shards}
+    worst = next((sh for sh in short if evicts[sh.name]), short[0] if short else None)
     limits = ", ".join(f"{sh.name} {fmt_bytes(sh.maxmemory) if sh.maxmemory else 'none'}" for sh in mem.shards)
     message = (f"{fmt_bytes(need_bytes)} of Redis memory estimated, about {fmt_bytes(int(share))} per primary; "
                f"used_memory {fmt_bytes(mem.used_memory)} over {len(mem.shards)} primaries, maxmemory {limits}")
     if worst is not None:
         message += (f": does not fit on {worst.name} (used_memory {fmt_bytes(worst.used_memory)}, maxmemory "
                     f"{fmt_bytes(worst.maxmemory)}, {worst.policy}); "
-                    + ("writes will stop at the first out-of-memory reply" if worst.policy == "noeviction" else
-                       "that shard will evict keys (maybe other data, maybe these chunks)"))
+                    + full_server(worst.policy, evicts[worst.name], "that shard"))
     policy = worst.policy if worst is not None else mem.policy
     return Preflight(need_bytes, mem.used_memory, sum(sh.maxmemory or 0 for sh in mem.shards), policy,
-                     worst is None, message, mem.evicted_keys)
+                     worst is None, message, mem.evicted_keys, worst is None or evicts[worst.name])
 
 
 def evicted_since(client: redis.Redis, before: Preflight | ServerMemory) -> int | None:

@@ -5,7 +5,8 @@ Trace readers: a prompt trace file in, :class:`Request` objects (prompt token id
 
 Entry point: ``read_trace(path, fmt="auto", tokenizer="cl100k_base")``; ``tokenizer`` is a tiktoken name, a Hugging
 Face tokenizer folder or a loaded :class:`~kvcli.model.tokenizer_base.Tokenizer`. Every format may be
-gzip-compressed (detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line;
+gzip-compressed (detected by the gzip magic bytes, whatever the suffix). JSONL files are streamed line by line
+(a line longer than :data:`kvcli.traces.records.MAX_LINE_BYTES`, 64 MiB, is refused before it is read whole);
 JSON documents (ShareGPT lists, SWE-agent ``.traj``) are a single JSON value and are loaded whole. Text is UTF-8.
 
 Formats (``fmt`` names; ``FORMATS`` maps each to its reader):
@@ -35,7 +36,9 @@ ids are synthesized by :func:`mooncake_token_ids`: equal hash ids give equal 512
 
 ``sharegpt`` -- a JSON list of conversations (or one conversation object, or JSONL with one per line), each
 ``{"id"|"conversation_id", "conversations": [{"from": ..., "value": str}, ...], "system"?: str, "tools"?: str}``
-(``role``/``content`` are accepted in place of ``from``/``value``). ``from`` maps to a chat role (human/user ->
+(``role``/``content`` are accepted in place of ``from``/``value``; a value may also be a list of OpenAI content
+parts, ``[{"type": "text", "text": ...}]``, joined as a native message's are:
+:func:`kvcli.model.tokenizer_base.message_text`). ``from`` maps to a chat role (human/user ->
 user, gpt/assistant/chatgpt/bing/bard -> assistant, system -> system, function_call -> assistant, observation/tool
 -> tool). A non-empty ``system`` becomes a leading system message, then non-empty ``tools`` (glaive tool-use
 format, a JSON string; not ``"[]"``) a system message ``"Tools available:\\n" + tools``. **Each assistant turn is

@@ -75,10 +75,11 @@ def detect_format(path: str | Path) -> str:
     check_file(path)
     if stem_and_suffix(path)[1] == ".traj":
         return "swe-agent"
+    if read_first_char(path) == b"[":  # a JSON list, maybe all on one line: no line of it is read as a line
+        refuse_csv(path.name, b"", str(path))
+        return "sharegpt"
     first = read_first_line(path)
     refuse_csv(path.name, first[1] if first else b"", str(path), first[0] if first else None)
-    if read_first_char(path) == b"[":
-        return "sharegpt"
     line_no, record = read_first_record(path)
     if not isinstance(record, dict):
         raise BadInputError(f"cannot detect the trace format: the first record is {json_type(record)}, "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kvcli.errors import BadInputError
+from kvcli.units import fmt_bytes
 
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -103,22 +104,42 @@ def _open_binary(path: Path) -> io.BufferedIOBase:
 
 _READ_ERRORS = (OSError, EOFError, zlib.error)
 _UTF8_BOM = b"\xef\xbb\xbf"
+_BLOCK = 1 << 20  # bytes read at a time where a reader takes a file in blocks
+
+#: The longest line of a JSONL trace kvcli reads, in bytes, its line end included (64 MiB). A record is parsed
+#: whole, and parsing takes many times its bytes in memory, so a longer line is refused as soon as this many bytes
+#: of it are read, never read whole. Readers look it up on each call.
+MAX_LINE_BYTES = 64 << 20
 
 
-def _read_error(exc: Exception) -> str:
-    return f"cannot read ({type(exc).__name__}: {exc})"
+def _read_error(exc: Exception, path: Path, lines_read: int) -> BadInputError:
+    """A read failure (an I/O error, gzip data cut short or corrupt) located at the line the reading had reached:
+    ``lines_read`` complete lines were read before it."""
+    return BadInputError(f"cannot read past line {lines_read} ({type(exc).__name__}: {exc})" if lines_read else
+                         f"cannot read ({type(exc).__name__}: {exc})", path=str(path), line=lines_read + 1)
 
 
 def _iter_lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
-    """``(line_no, line)`` for each non-blank line (bytes; decoded by the JSON parser), 1-based, streamed."""
-    line_no = 0
+    """``(line_no, line)`` for each non-blank line (bytes; decoded by the JSON parser), 1-based, streamed: at most
+    :data:`MAX_LINE_BYTES` + 1 bytes of a line are held at once.
+
+    Raises:
+        BadInputError: at ``path:line_no``, a line longer than :data:`MAX_LINE_BYTES`, or the file cannot be read
+            there (gzip data cut short or corrupt, an I/O error).
+    """
+    line_no, limit = 0, MAX_LINE_BYTES
     try:
         with _open_binary(path) as f:
-            for line_no, line in enumerate(f, 1):
+            while line := f.readline(limit + 1):
+                line_no += 1
+                if len(line) > limit:
+                    raise BadInputError(f"line longer than {fmt_bytes(limit)}, the longest trace line kvcli reads "
+                                        "(each record is parsed whole); split the record or shorten its prompt",
+                                        path=str(path), line=line_no)
                 if line.strip():
                     yield line_no, line
     except _READ_ERRORS as exc:
-        raise BadInputError(_read_error(exc), path=str(path), line=line_no + 1) from None
+        raise _read_error(exc, path, line_no) from None
 
 
 def read_first_line(path: Path) -> tuple[int, bytes] | None:
@@ -151,10 +172,14 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def load_json(path: Path) -> Any:
-    """The single JSON value of a file (loaded whole)."""
+    """The single JSON value of a file (loaded whole).
+
+    Raises:
+        BadInputError: invalid JSON, not UTF-8, or the file cannot be read (located at the line reached).
+    """
     try:
-        with _open_binary(path) as f:
-            return json.load(f)
+        data = _read_all(path)
+        return json.loads(data)
     except RecursionError:
         raise BadInputError("JSON nested too deeply", path=str(path)) from None
     except json.JSONDecodeError as exc:
@@ -162,24 +187,42 @@ def load_json(path: Path) -> Any:
                             line=exc.lineno) from None
     except UnicodeDecodeError as exc:
         raise BadInputError(f"not UTF-8 text ({exc.reason} at byte {exc.start + 1})", path=str(path)) from None
+
+
+def _read_all(path: Path) -> bytes:
+    """Every byte of the file, read in blocks (gunzipped). Raises BadInputError at the line reached."""
+    blocks: list[bytes] = []
+    lines = 0
+    try:
+        with _open_binary(path) as f:
+            while block := f.read1(_BLOCK):  # read1: what one step decompressed, so a cut names its line
+                blocks.append(block)
+                lines += block.count(b"\n")
     except _READ_ERRORS as exc:
-        raise BadInputError(_read_error(exc), path=str(path)) from None
+        raise _read_error(exc, path, lines) from None
+    return b"".join(blocks)
 
 
 def read_first_char(path: Path) -> bytes | None:
-    """The first non-whitespace byte of the file, after any UTF-8 BOM (reads a few KiB at a time), or None."""
+    """The first non-whitespace byte of the file, after any UTF-8 BOM (reads up to 4 KiB at a time), or None.
+
+    Raises:
+        BadInputError: the file cannot be read (located at the line reached).
+    """
+    lines = 0
     try:
         with _open_binary(path) as f:
-            chunk = f.read(4096)
+            chunk = f.read1(4096)  # read1: what one step decompressed, so a cut further on is not read here
             if chunk.startswith(_UTF8_BOM):
                 chunk = chunk[len(_UTF8_BOM):]
             while chunk:
                 stripped = chunk.lstrip()
                 if stripped:
                     return stripped[:1]
-                chunk = f.read(4096)
+                lines += chunk.count(b"\n")
+                chunk = f.read1(4096)
     except _READ_ERRORS as exc:
-        raise BadInputError(_read_error(exc), path=str(path)) from None
+        raise _read_error(exc, path, lines) from None
     return None
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
+from kvcli.model.tokenizer_base import message_text
 from kvcli.traces.chat import chat_requests
 from kvcli.traces.records import (
     iter_records,
@@ -47,7 +48,7 @@ def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str
         raise BadInputError("a sharegpt record needs 'conversations', a list of {from, value} turns")
     session_id = (optional_id(record, "id") or optional_id(record, "conversation_id")
                   or f"{path.name}#{record_no}")
-    messages = []
+    messages: list[dict] = []
     system, tools = record.get("system"), record.get("tools")
     if isinstance(system, str) and system:
         messages.append({"role": "system", "content": system})
@@ -63,7 +64,13 @@ def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str
         if role is None:
             raise BadInputError(f"conversations[{i}].from = {shorten(speaker)} is not one of "
                                 f"{', '.join(_SHAREGPT_ROLES)}")
-        if not isinstance(value, str):
-            raise BadInputError(f"conversations[{i}].value must be a string, not {type(value).__name__}")
-        messages.append({"role": role, "content": value})
+        message = {"role": role, "content": value}
+        if not isinstance(value, (str, list)):
+            raise BadInputError(f"conversations[{i}].value must be a string or a list of content parts, "
+                                f"not {type(value).__name__}")
+        try:
+            message_text(message)  # content parts are joined as in any chat message: checked here, where named
+        except BadInputError as err:
+            raise BadInputError(f"conversations[{i}].value: {err.reason}") from None
+        messages.append(message)
     return session_id, messages

@@ -192,7 +192,7 @@ def test_cli_inspect_json_and_request_map(redis_url, redis_client, model, tmp_pa
     res = runner.invoke(cli_app(), ["inspect", "--sample", "2", "--json", "--redis-url", redis_url])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert doc["keys"] == {"scanned": 4, "kvcli": 4, "other": 0} and doc["memory_sampled_keys"] == 2
+    assert doc["keys"] == {"scanned": 4, "kvcli": 4, "route_index": 0, "other": 0} and doc["memory_sampled_keys"] == 2
     res = runner.invoke(cli_app(), ["inspect", "--request", f"{trace}:2", "--model", "tiny", "--chunk-size", "16",
                                     "--json", "--redis-url", redis_url])
     assert res.exit_code == 0, res.output

@@ -68,7 +68,7 @@ def test_a_namespace_that_is_not_utf8_is_another_key(redis_url, redis_client, mo
     redis_client.set(b"kvcli:v1:\xff\xfe:16:p:" + b"0" * 32, b"x")
     for args in ((), ("--namespace", "i")):
         doc = inspect_json(redis_url, *args)
-        assert doc["keys"] == {"scanned": 6, "kvcli": 4, "other": 2}
+        assert doc["keys"] == {"scanned": 6, "kvcli": 4, "route_index": 0, "other": 2}
         assert [(g["namespace"], g["chunks"]) for g in doc["groups"]] == [("i", 2)]
 
 

@@ -31,6 +31,7 @@ from kvcli.store.lmcache import (
     LMCacheKey,
     RemoteRecord,
     kv_record,
+    legacy_model,
     pack_record,
     parse_key,
     split_redis_key,
@@ -194,6 +195,53 @@ def test_inspect_sampled_memory_and_cli(redis_url, redis_client):
     assert sum(s["lmcache_keys_share"] for s in doc["shards"]) == pytest.approx(1.0)
     assert doc["cluster"] == (len(shards) > 1) and ("Redis Cluster: 3 primaries, all scanned" in table.stdout) == (
         len(shards) > 1)
+
+
+# Key strings as LMCache 0.3.x's CacheEngineKey.to_string() / LayerCacheEngineKey.to_string() wrote them, each
+# followed by the connector's suffix: 0.3.1 (a SHA-256 hex digest), 0.3.3 (a Python int in decimal, here negative),
+# 0.3.6-0.3.9 (hex, a layer, a tag), 0.3.10-0.3.12 (hex, then the dtype).
+LEGACY_KEYS = [
+    (f"vllm@{LLAMA}@1@0@{'ab' * 32}", LLAMA),
+    (f"vllm@{LLAMA}@2@1@-8046412345678901234", LLAMA),
+    ("huggingface@tiny@1@0@1a2b@3@user%acme", "tiny"),
+    (f"vllm@{LLAMA}@1@0@7f3a@bfloat16", LLAMA),
+    (f"vllm@{LLAMA}@1@0@7f3a@fp8_e4m3@12", LLAMA),
+]
+
+
+@pytest.mark.parametrize("key, model", LEGACY_KEYS)
+def test_keys_of_the_older_layout_name_their_model(key, model):
+    for suffix in ("metadata", "kv_bytes"):
+        assert split_redis_key((key + suffix).encode()) is None  # not today's layout
+        assert legacy_model((key + suffix).encode()) == model
+    assert legacy_model(key.encode()) is None  # no suffix: not a key LMCache wrote
+
+
+@pytest.mark.parametrize("key", [f"{LLAMA}@1@0@7f3a@halfmetadata",  # today's layout
+                                 "vllm@m@x@0@7f3ametadata", "VLLM@m@1@0@7fmetadata", "vllm@m@1@0@xyzmetadata",
+                                 "vllm@m@1@0@7f@badtagmetadata", "vllm@@1@0@7fmetadata", "session:42"])
+def test_other_keys_are_not_of_the_older_layout(key):
+    assert legacy_model(key.encode()) is None
+
+
+def test_inspect_counts_and_names_the_older_layout(redis_url, redis_client):
+    fill_lmcache(redis_client)
+    for key, _ in LEGACY_KEYS:
+        redis_client.set(key + "kv_bytes", b"\x01" * 64)
+        redis_client.set(key + "metadata", b"\x00" * 28)
+    result = inspect_lmcache(redis_client)
+    assert (result.scanned_keys, result.lmcache_keys, result.legacy_keys, result.other_keys) == (27, 14, 10, 3)
+    assert result.legacy_models == {LLAMA: 8, "tiny": 2}
+    assert [g.model_name for g in result.groups] == [LLAMA, "tiny"]  # their chunks are not read as today's
+    out = CliRunner().invoke(cli_app(), ["inspect", "--layout", "lmcache", "--json", "--redis-url", redis_url])
+    doc = json.loads(out.stdout)
+    assert doc["keys"] == {"scanned": 27, "lmcache": 14, "lmcache_legacy": 10, "other": 3}
+    assert doc["legacy_layout"]["matched"] == "LMCache 0.3.1-0.3.12"
+    assert doc["legacy_layout"]["keys_by_model"] == {LLAMA: 8, "tiny": 2}
+    table = CliRunner().invoke(cli_app(), ["inspect", "--layout", "lmcache", "--redis-url", redis_url]).stdout
+    assert "LMCache keys: 14; LMCache 0.3.1-0.3.12 keys (older layout): 10; other keys: 3" in table
+    assert "older layout: 10 keys in LMCache 0.3.1-0.3.12's layout {fmt}@{model_name}@" in table
+    assert f"by model: {LLAMA} (8), tiny (2); counted, not read" in table
 
 
 def test_inspect_as_a_read_only_acl_user_without_scripts_gets_the_same_answer(make_server):

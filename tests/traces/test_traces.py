@@ -228,6 +228,24 @@ def test_sharegpt_unknown_speaker(tmp_path):
     assert str(err).startswith(f"{tmp_path / 's.json'}:2: conversations[1].from = 'robot' is not one of human")
 
 
+def test_sharegpt_content_parts_read_as_native_messages_read_them(tmp_path, tok):
+    parts = [{"type": "text", "text": "Look at"}, {"type": "image_url", "image_url": {"url": "u"}},
+             {"type": "text", "text": "this."}]
+    answer = [{"type": "text", "text": "A cat."}]
+    record = {"id": "p", "conversations": [{"from": "human", "value": parts}, {"from": "gpt", "value": answer},
+                                           {"from": "human", "value": "And?"}, {"from": "gpt", "value": "No."}]}
+    first, second = read_trace(write_json(tmp_path / "parts.json", [record]))
+    native = write_jsonl(tmp_path / "n.jsonl", [
+        {"messages": [{"role": "user", "content": parts}]},
+        {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": answer},
+                      {"role": "user", "content": "And?"}]}])
+    assert [r.token_ids.tolist() for r in (first, second)] == [r.token_ids.tolist() for r in read_trace(native)]
+    assert first.output_length == len(tok.encode("A cat."))
+    bad = {"conversations": [{"from": "human", "value": [7]}, {"from": "gpt", "value": "x"}]}
+    err = bad_input(write_json(tmp_path / "bad.json", [record, bad]))
+    assert str(err).startswith(f"{tmp_path / 'bad.json'}:2: conversations[0].value: a content part must be an object")
+
+
 # ------------------------------------------------------------------------------------------------ swe-agent
 
 def traj(history: list) -> dict:
