@@ -31,12 +31,13 @@ from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.server import INFO_REFUSED, RedisTarget
-from kvcli.traces.detect import outline_trace, read_trace
+from kvcli.traces.detect import outline_trace, read_trace, trace_note
 from kvcli.traces.paths import display_name, expand_paths
 from kvcli.units import dtype_bytes, dtype_key
 
 if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
+    from kvcli.traces.hashids import TraceFormat
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, Dev
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | list, config: ReplayConfig,
-               model_options: ModelOptions, fmt: str = "auto", tokenizer: str | None = None,
+               model_options: ModelOptions, fmt: str | TraceFormat = "auto", tokenizer: str | None = None,
                progress: Callable[[str, int, int], None] | None = None,
                notify: Callable[[str], None] | None = None, jobs: int | None = 1,
                ray: str | None = None) -> tuple[list[TraceResult], dict]:
@@ -188,6 +189,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
     ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when
     ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
     ``notify`` gets one line at a time for the user (the cleanup after an interruption, what was left).
+    ``fmt``: a format name, or a :class:`~kvcli.traces.hashids.TraceFormat` with hash-id declarations; a hash-id
+    trace's result gets a note on how it was read (:func:`kvcli.traces.detect.trace_note`).
     """
     files = expand_paths([Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths])
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
@@ -209,6 +212,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
         for path in files:
             step = functools.partial(_progress_of, progress, Path(display_name(path)).name)
             results.append(replayer.replay(display_name(path), TraceSource(path, fmt, tokenizer), step))
+            note = trace_note(path, fmt)
+            results[-1].notes += [note] if note else []
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
@@ -263,7 +268,7 @@ class TraceSource:
     takes it)."""
 
     path: Path
-    fmt: str
+    fmt: str | TraceFormat
     tokenizer: str
 
     def __call__(self):
