@@ -32,16 +32,23 @@ def begin(argv: list[str] | tuple[str, ...] | None = None) -> None:
     _clock.update(wall=time.time(), mono=time.monotonic(), argv=tuple(argv) if argv is not None else None)
 
 
+def elapsed_seconds() -> float:
+    """Wall seconds since the command began (:func:`begin`)."""
+    mono = _clock["mono"]
+    assert isinstance(mono, float)
+    return time.monotonic() - mono
+
+
 def provenance() -> dict:
     """This command's provenance object (module docstring): JSON-ready, passwords masked."""
     from kvcli import __version__
 
-    wall, mono, argv = _clock["wall"], _clock["mono"], _clock["argv"]
-    assert isinstance(wall, float) and isinstance(mono, float)
+    wall, argv = _clock["wall"], _clock["argv"]
+    assert isinstance(wall, float)
     started = datetime.fromtimestamp(wall, tz=timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
     line = argv if isinstance(argv, tuple) else tuple(sys.argv)
     return {"kvcli_version": __version__, "command_line": mask_argv(line), "started_at": started,
-            "elapsed_seconds": round(time.monotonic() - mono, 3), "host": host_facts()}
+            "elapsed_seconds": round(elapsed_seconds(), 3), "host": host_facts()}
 
 
 def host_facts() -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from kvcli.errors import BadInputError
 from kvcli.provenance import provenance
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  #: the JSON documents' layout: a reader checks it before it reads a field
 
 #: Bytes per element of the dtypes kvcli handles, by torch's name: known without importing torch (~1 s, ~200 MiB),
 #: so a command that never computes with tensors (an index-only replay) never loads it.

@@ -13,17 +13,18 @@ ROOT = Path(kvcli.__file__).parent
 ALLOWED = {
     "errors": set(),
     "redact": set(),
+    "figures": {"errors"},
     "provenance": {"redact"},
     "units": {"errors", "provenance"},
     "tables": set(),
     "store": {"errors", "units", "redact"},
     "model": {"errors", "units", "redact", "provenance"},
     "traces": {"errors", "units", "model"},
-    "replay": {"errors", "units", "tables", "traces", "store", "model"},
+    "replay": {"errors", "units", "tables", "figures", "traces", "store", "model"},
     "live": {"errors", "units", "tables", "traces", "store", "model"},
-    "route": {"errors", "units", "tables", "traces", "store", "model"},
-    "cli": {"errors", "units", "redact", "provenance", "tables", "traces", "store", "model", "replay", "live",
-            "route"},
+    "route": {"errors", "units", "tables", "figures", "traces", "store", "model"},
+    "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "traces", "store", "model", "replay",
+            "live", "route"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model"},  # its library names, loaded lazily
 }

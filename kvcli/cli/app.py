@@ -30,6 +30,7 @@ from kvcli.cli.options import (
     RedisTimeout,
     RedisUrl,
     SkipBadRecords,
+    Threads,
     TimestampUnit,
     Tokenizer,
     chunk_sizes_option,
@@ -38,6 +39,8 @@ from kvcli.cli.options import (
     trace_format,
 )
 from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
+from kvcli.redact import mask_url
+from kvcli.replay.events import ReplayEvents
 from kvcli.units import parse_size
 
 if TYPE_CHECKING:
@@ -147,8 +150,7 @@ def replay(
                                                          "measure the given server).")] = None,
     allow_evictions: Annotated[bool, typer.Option(help="Run even when the server would evict keys to fit the "
                                                        "replay (maybe other people's).")] = False,
-    threads: Annotated[int, typer.Option(help="torch threads for the local model on a CPU (1: repeatable "
-                                              "timings on a shared machine).")] = 1,
+    threads: Threads = 1,
     payload: Annotated[str, typer.Option(help="real: measured requests move real KV through Redis; "
                                               "accounted: index and metadata only, payload bytes counted.")] = "real",
     capacity_tokens: Annotated[Optional[int], typer.Option(help="LRU capacity per chunk size, tokens.")] = None,
@@ -233,18 +235,20 @@ def replay(
         priced=options.priced)
     _check_run(config, jobs, plot)
     timeout = timeout_seconds(redis_timeout)
-    say = lambda line: err.print(line, markup=False, highlight=False, soft_wrap=True)  # noqa: E731
-    with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target), _progress() as progress:
-        results, context = run_replay(client, target, files, config, options, trace_format(
-            fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records), tokenizer, progress, say, jobs,
-            ray)
+    with _ReplayConsole() as events:
+        url = redis_url or os.environ.get("REDIS_URL")
+        events.phase(f"connecting to Redis at {mask_url(url)}" if url else "starting the embedded Redis server")
+        with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target):
+            results, context = run_replay(client, target, files, config, options, trace_format(
+                fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records), tokenizer, events,
+                jobs, ray)
     _show_replay(results, context, plot, json_out)
 
 
 def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> None:
     """replay's options that are not the config's, checked against it: ``--jobs`` >= 1; ``--plot`` a .png or
     .svg file, and only with the curve it draws."""
-    from kvcli.replay.curvereport import check_plot_path
+    from kvcli.figures import check_plot_path
     from kvcli.replay.results import check_count
 
     check_count("--jobs", jobs)
@@ -254,10 +258,10 @@ def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> Non
 
 
 def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool) -> None:
-    """The plots (paths on stderr), the report on stdout (JSON with ``--json``), one summary line per trace on
-    stderr. Raises RedisFailure, after all that, when a run's keys could not be deleted."""
+    """The plots (paths on stderr), the report on stdout (JSON with ``--json``; each trace's summary line went to
+    stderr as it finished). Raises RedisFailure, after all that, when a run's keys could not be deleted."""
     from kvcli.replay.curvereport import write_plots
-    from kvcli.replay.report import print_report, summary_line, to_json
+    from kvcli.replay.report import print_report, to_json
     from kvcli.tables import stdout_console
 
     if plot is not None:
@@ -267,38 +271,60 @@ def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, j
         typer.echo(to_json(results, context))
     else:
         print_report(results, stdout_console(), context)
-    for result in results:
-        err.print(summary_line(result), highlight=False, markup=False)
     left = [r.left_behind for r in results if r.left_behind]
     if left:  # the report stands; the run's keys could not be deleted
         raise RedisFailure("; ".join(left))
 
 
-class _progress:
-    """A rich progress bar on stderr, one task per trace; a no-op when stderr is not a terminal."""
+class _ReplayConsole(ReplayEvents):
+    """A replay's events on stderr: on a terminal, a transient spinner for each phase and a bar per trace's
+    requests (redrawn at most 10 times a second); elsewhere one line per phase with the seconds since the command
+    began (:func:`kvcli.provenance.elapsed_seconds`). Each trace's summary line is printed as soon as that trace
+    is done, either way."""
 
     def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=err, transient=True, disable=not err.is_terminal)
         self.bar.__enter__()
-        self.tasks: dict[str, int] = {}
+        self.task: int | None = None  # the current phase's (or trace's requests') task
+        self.counting: str | None = None  # the trace whose requests the task counts
         self.shown = 0.0  # time.monotonic() of the last redraw
-        return self.update
+        return self
 
-    def update(self, name: str, done: int, total: int) -> None:
-        """Called after every request: redrawn at most 10 times a second (and at the end), never without a
-        terminal (an update costs more than hashing a request's chunks)."""
+    def phase(self, text: str) -> None:
+        if self.bar.disable:
+            err.print(f"[{provenance.elapsed_seconds():6.1f}s] {text}", markup=False, highlight=False)
+            return
+        self._replace(text, None)
+        self.counting = None
+
+    def requests(self, trace: str, done: int, total: int) -> None:
         if self.bar.disable:
             return
         now = time.monotonic()
-        if name in self.tasks and done < total and now - self.shown < 0.1:
+        if self.counting != trace:
+            self._replace(f"replay {trace}", total)
+            self.counting = trace
+        elif done < total and now - self.shown < 0.1:
             return
         self.shown = now
-        if name not in self.tasks:
-            self.tasks[name] = self.bar.add_task(f"replay {name}", total=total)
-        self.bar.update(self.tasks[name], completed=done)
+        assert self.task is not None
+        self.bar.update(self.task, completed=done)
+
+    def trace_done(self, result: TraceResult) -> None:
+        from kvcli.replay.report import summary_line
+
+        err.print(summary_line(result), highlight=False, markup=False)
+
+    def note(self, line: str) -> None:
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def _replace(self, description: str, total: int | None) -> None:
+        if self.task is not None:
+            self.bar.remove_task(self.task)
+        self.task = self.bar.add_task(description, total=total)
 
     def __exit__(self, *exc):
         self.bar.__exit__(*exc)

@@ -31,6 +31,7 @@ from kvcli.cli.options import (
     RedisTimeout,
     RedisUrl,
     SkipBadRecords,
+    Threads,
     TimestampUnit,
     Tokenizer,
     chunk_sizes_option,
@@ -64,8 +65,8 @@ def warm(
     sources: Annotated[list[str], typer.Argument(help="Prompt files (one prompt per line), traces (JSONL with "
                                                  "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
     namespace: Namespace = "default", chunk_size: ChunkSizes = DEFAULT_CHUNK_SIZES, model: Model = "cpu",
-    dtype: Dtype = None, device: Device = "auto", seed: Seed = 0, tokenizer: Tokenizer = None, fmt: Format = "auto",
-    ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
+    dtype: Dtype = None, device: Device = "auto", threads: Threads = 1, seed: Seed = 0, tokenizer: Tokenizer = None,
+    fmt: Format = "auto", ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
                                                max=10**15)] = None,  # Redis refuses EX beyond ~9.2e15 s
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
     verify: Annotated[bool, typer.Option("--verify", help="Read present chunks' payloads and rewrite those that "
@@ -89,10 +90,13 @@ def warm(
     from kvcli.live.warm import WarmConfig
     from kvcli.live.warm import warm as run_warm
     from kvcli.model.load import load_model, resolve_spec, resolve_tokenizer
+    from kvcli.model.threads import torch_threads
     from kvcli.model.tokenize import lazy_tokenizer
+    from kvcli.replay.results import check_count
     from kvcli.store.server import open_redis
     from kvcli.traces.prompts import read_prompts
 
+    check_count("--threads", threads)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
     config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
     timeout = timeout_seconds(redis_timeout)
@@ -100,11 +104,12 @@ def warm(
     requests = read_prompts(sources, trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block,
                                                   skip_bad_records), tok, notify=say)
     spec = resolve_spec(model, dtype, seed)
-    local = None if dry_run else load_model(model, dtype, device, seed)
-    with open_redis(redis_url, timeout) as (client, target), _WarmBar() as bar:
-        if target.embedded and not dry_run:
-            err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
-        result = run_warm(client, requests, local, config, bar.update, spec, say)
+    with torch_threads(None if dry_run else threads):
+        local = None if dry_run else load_model(model, dtype, device, seed)
+        with open_redis(redis_url, timeout) as (client, target), _WarmBar() as bar:
+            if target.embedded and not dry_run:
+                err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
+            result = run_warm(client, requests, local, config, bar.update, spec, say)
     _show("warm", result, json_out, warm_view)
     if result.evicted_keys:
         err.print(f"warning: the server evicted {result.evicted_keys:,} keys during this warm; what was written may "

@@ -45,7 +45,8 @@ def profile(
       kvcli profile --model tiny --device cpu --max-tokens 1024 --repeats 2 --out /tmp/tiny.json --json
     """
     from kvcli.model.load import load_model
-    from kvcli.model.profile import check_max_tokens, device_facts, measure_profile, profile_points, torch_threads
+    from kvcli.model.profile import check_max_tokens, device_facts, measure_profile, profile_points
+    from kvcli.model.threads import torch_threads
     from kvcli.replay.results import check_count
     from kvcli.tables import stdout_console
 

@@ -15,6 +15,7 @@ from kvcli.cli.options import (
     DropTailBlock,
     HashBlockTokens,
     SkipBadRecords,
+    Threads,
     TimestampUnit,
     one_chunk_size,
     redis_timeout_option,
@@ -32,8 +33,9 @@ CLUSTER, POLICY, MANAGER, IO = "Cluster and workload", "Policies and sweep", "ca
 
 
 def route(
-    trace: Annotated[Path, typer.Argument(help="Trace: native JSONL, mooncake, sharegpt, swe-agent (.gz ok), or - "
-                                                "for stdin.")],
+    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories: native JSONL, mooncake, sharegpt, "
+                                                      "swe-agent (.gz ok), or - for stdin; each simulated on its own.",
+                                                 show_default=False)],
     policy: Annotated[list[str], Opt("--policy", "-p", metavar="<names>", help="round-robin, least-loaded, random, "
                                      "prefix, cache-manager, cache-aware, cost, or all; repeat or comma-separate.",
                                      rich_help_panel=POLICY)] = ["all"],
@@ -48,6 +50,7 @@ def route(
     model: Annotated[str, Opt(help="Model preset or Hugging Face checkpoint folder for the cost curve and byte "
                                    "capacities.",
                               rich_help_panel=CLUSTER)] = "cpu",
+    threads: Threads = 1,
     decode_tpot: Annotated[float, Opt(help="Seconds per output token after the first.",
                                       rich_help_panel=CLUSTER)] = 0.02,
     max_batch: Annotated[int, Opt(help="Requests a node serves at once; prefill runs one at a time.",
@@ -109,21 +112,25 @@ def route(
 
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
     """
+    from kvcli.figures import check_plot_path, plot_paths
     from kvcli.model.load import check_model, resolve_tokenizer
+    from kvcli.model.threads import torch_threads
+    from kvcli.replay.results import check_count
     from kvcli.route.cachemanager import DelaySpec
     from kvcli.route.policies import resolve_policies
-    from kvcli.route.report import check_plot_path, plan_runs, render, report_dict, run_routes, sweep_points
+    from kvcli.route.report import plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
     from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
     from kvcli.traces.order import arrival_order, order_note
-    from kvcli.traces.paths import STDIN_NAME, stdin_path
+    from kvcli.traces.paths import display_name, expand_paths, stdin_paths
 
     err = Console(stderr=True, soft_wrap=True)
-    name, notes = STDIN_NAME if str(trace) == "-" else trace.name, []
+    reports: list[dict] = []
     try:
         check_model(model)  # also with --prefill-tps: a typo should not pass silently
         if limit is not None and limit < 1:
             raise BadInputError(f"--limit must be >= 1, got {limit}")
+        check_count("--threads", threads)
         timeout = timeout_seconds(redis_timeout)
         size = one_chunk_size(chunk_size)
         kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)
@@ -143,29 +150,41 @@ def route(
         if unused:
             err.print(f"kvcli: note: --sweep {escape(', '.join(unused))} changes none of the policies run "
                       f"({', '.join(names)}); each runs once", highlight=False, soft_wrap=True)
-        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, stdin_path(trace) as source:
-            track = lambda it: bar.track(it, description="hashing trace")  # noqa: E731
-            requests = load_requests(source, trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block,
-                                                          skip_bad_records),
-                                     resolve_tokenizer(tokenizer, model), size, limit, track)
-            order = arrival_order([r.timestamp for r in requests]) if rate is None else None
-            if order is not None:  # simulated in timestamp order (as replay and warm take it): say so
-                notes.append(order_note(order, name))
-                err.print(f"kvcli: note: {notes[-1]}", markup=False, highlight=False)
-            cost, cost_info = prefill_cost(prefill_tps, model)
-            task = bar.add_task("simulating", total=len(planned))
-            runs = run_routes(requests, names, points, cost, redis_url,
-                              lambda what: bar.update(task, advance=1, description=f"simulating {what}"), timeout)
-        report = report_dict(name, runs, cost_info)
-        report["notes"] = notes
+        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, \
+                stdin_paths(traces) as given:
+            files = expand_paths(given)
+            cost = None
+            for path in files:
+                name, notes = Path(display_name(path)).name, []
+                track = lambda it, name=name: bar.track(it, description=f"hashing {name}")  # noqa: E731
+                read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+                requests = load_requests(path, read_as, resolve_tokenizer(tokenizer, model), size, limit, track)
+                order = arrival_order([r.timestamp for r in requests]) if rate is None else None
+                if order is not None:  # simulated in timestamp order (as replay and warm take it): say so
+                    notes.append(order_note(order, name))
+                    err.print(f"kvcli: note: {notes[-1]}", markup=False, highlight=False)
+                if cost is None:  # measured once, for every trace
+                    with torch_threads(threads if prefill_tps is None else None):
+                        cost, cost_info = prefill_cost(prefill_tps, model)
+                task = bar.add_task(f"simulating {name}", total=len(planned))
+                runs = run_routes(requests, names, points, cost, redis_url,
+                                  lambda what, task=task: bar.update(task, advance=1, description=f"simulating {what}"),
+                                  timeout)
+                bar.remove_task(task)
+                reports.append({**report_dict(name, runs, cost_info), "notes": notes})
         if plot is not None:
-            write_plot(report, plot)
+            for report, out in zip(reports, plot_paths(plot, [r["trace"] for r in reports])):
+                write_plot(report, out)
     except KvcliError as exc:  # also handled by kvcli.cli.handle_errors; here for apps that mount route alone
         err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
     if json_out:
-        typer.echo(json_document("route", report, indent=1))
+        typer.echo(json_document("route", {"traces": reports}, indent=1))
     else:
         from kvcli.tables import stdout_console
 
-        render(report, stdout_console())  # pipes and files: wide, no 80-column cut
+        out = stdout_console()  # pipes and files: wide, no 80-column cut
+        for i, report in enumerate(reports):
+            if i:
+                out.print()
+            render(report, out)

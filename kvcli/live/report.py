@@ -199,6 +199,9 @@ def map_view(maps: list[ChunkMap]) -> Group:
         table = plain_table(f"{m.namespace} / chunk size {m.chunk_size} / {m.model_id}",
                             ["chunk", "hash", "tokens", "status", "ttl"], rows)
         where = "no break" if m.break_index is None else f"breaks at chunk {m.break_index}: {m.break_reason}"
+        if not m.rows:  # nothing to look up: a partial chunk is never cached, by kvcli or an engine
+            where = (f"no full chunk to look up ({m.prompt_tokens:,} tokens, fewer than the chunk size "
+                     f"{m.chunk_size:,}: a partial chunk is never cached)")
         if m.break_index is None and m.rows and m.prompt_tokens == len(m.rows) * m.chunk_size:
             where += " (every chunk hits; the last token is computed again for the logits, as an engine does)"
         parts += [table, Text(f"{m.prompt_tokens:,} tokens: {m.hit_tokens:,} reused, {m.prefill_tokens:,} to "

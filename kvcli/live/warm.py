@@ -31,7 +31,6 @@ after a real run:
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +41,7 @@ import torch
 
 from kvcli.errors import BadInputError, RedisFailure, redis_error_text
 from kvcli.model.presets import ModelSpec
+from kvcli.model.threads import torch_threads
 from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
@@ -318,7 +318,7 @@ def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progre
             _count_prompt(tot, p)
         t1 = time.perf_counter()
         result.compute_seconds += t1 - t0
-        with _one_thread():
+        with torch_threads(1):  # chunk copies are small and memory-bound: other threads only add wake-ups
             for tot, store, p in zip(result.per_size, stores, plans):
                 result.stopped = _write(store, p, kv, tot, config, done, progress, request)
                 if result.stopped:
@@ -326,18 +326,6 @@ def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progre
         result.write_seconds += time.perf_counter() - t1
         if result.stopped:
             return
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Serialize on one torch thread: chunk copies are small and memory-bound, and intra-op threads only add wake-up
-    latency (a 256 KiB copy took 11.8 ms with 2 threads on a busy 2-vCPU machine, 0.012 ms with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _compute(stores, plans, request: Request, model, result: WarmResult) -> tuple[torch.Tensor, int, int | None]:

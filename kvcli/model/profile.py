@@ -28,7 +28,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -427,20 +427,6 @@ def device_facts(device: torch.device) -> dict:
         facts["name"] = device.type
     facts.update(torch_version=torch.__version__, torch_threads=torch.get_num_threads())
     return facts
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """torch's intra-op threads set to ``threads`` for the block (None: unchanged), then restored."""
-    import torch
-
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kvcli.errors import BadInputError
+from kvcli.figures import check_plot_path, plot_paths
 from kvcli.replay.curve import CurveResult
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.replay.ttlcurve import TTL_GRID_SECONDS
@@ -66,20 +67,6 @@ def _with_curve(fn: CurveCell) -> Callable[[ChunkSizeResult], str]:
     def cell(r: ChunkSizeResult) -> str:
         return "-" if r.hit_curve is None else fn(r, r.hit_curve)
     return cell
-
-
-def check_plot_path(path: str | Path | None) -> None:
-    """Raise BadInputError unless ``path`` is None or ends in ``.png`` or ``.svg`` (checked before replaying)."""
-    if path is not None and Path(path).suffix.lower() not in (".png", ".svg"):
-        raise BadInputError(f"--plot must end in .png or .svg, got {Path(path).name!r}")
-
-
-def plot_paths(path: str | Path, traces: list[str]) -> list[Path]:
-    """One figure per trace: ``path`` itself for one trace, else ``{stem}-{trace stem}{suffix}`` beside it."""
-    path = Path(path)
-    if len(traces) == 1:
-        return [path]
-    return [path.with_name(f"{path.stem}-{Path(t).name.split('.')[0]}{path.suffix}") for t in traces]
 
 
 def write_plots(results: list[TraceResult], path: str | Path, kv_bytes_per_token: int, model_id: str) -> list[Path]:

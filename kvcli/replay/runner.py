@@ -21,7 +21,9 @@ from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokeniz
 from kvcli.model.presets import ModelConfig, ModelSpec, get_preset
 from kvcli.model.profile import Profile
 from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, Roofline
+from kvcli.model.threads import torch_threads
 from kvcli.model.tokenize import lazy_tokenizer
+from kvcli.replay.events import ReplayEvents
 from kvcli.replay.measure import curve_check
 from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
@@ -104,10 +106,11 @@ class Prepared(NamedTuple):
     device: DeviceRates | None
 
 
-def prepare_model(options: ModelOptions, measure: int | None) -> Prepared:
+def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[str], None] | None = None) -> Prepared:
     """Build the model when anything will run it, and the prefill cost: the calibration's base points timed now
     (:class:`~kvcli.model.calibration.Calibration`, extended per trace by the replay), ``prefill_tps``, or a named
-    accelerator's roofline.
+    accelerator's roofline. ``phase`` is told "calibrating prefill ..." as the base points begin
+    (:meth:`kvcli.replay.events.ReplayEvents.phase`).
 
     Raises:
         BadInputError: unknown preset, checkpoint folder, dtype or accelerator; a dtype the accelerator has no
@@ -130,6 +133,8 @@ def prepare_model(options: ModelOptions, measure: int | None) -> Prepared:
         return Prepared(model, fixed, None, spec, device)
     from kvcli.model.calibration import Calibration  # torch: only where a model runs
 
+    if phase is not None:
+        phase(f"calibrating prefill on {model.device}: timing the base points")
     calibration = Calibration(model, seed=options.seed)
     calibration.cover(1, 0.0)  # the base points
     return Prepared(model, calibration.curve(), calibration, spec, None)
@@ -173,8 +178,7 @@ def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, Dev
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | list, config: ReplayConfig,
                model_options: ModelOptions, fmt: str | TraceFormat = "auto", tokenizer: str | None = None,
-               progress: Callable[[str, int, int], None] | None = None,
-               notify: Callable[[str], None] | None = None, jobs: int | None = 1,
+               events: ReplayEvents | None = None, jobs: int | None = 1,
                ray: str | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
 
@@ -188,7 +192,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
 
     ``tokenizer``: a tiktoken name or a tokenizer folder; None for the checkpoint's own tokenizer when
     ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
-    ``notify`` gets one line at a time for the user (the cleanup after an interruption, what was left).
+    ``events`` hears each phase as it begins, the requests done, each trace's result as soon as it is done and
+    the lines for the user (:class:`~kvcli.replay.events.ReplayEvents`; None: nothing is told).
     ``fmt``: a format name, or a :class:`~kvcli.traces.hashids.TraceFormat` with hash-id declarations; a hash-id
     trace's result gets a note on how it was read (:func:`kvcli.traces.detect.trace_note`).
     """
@@ -197,23 +202,36 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
     tok_name = lazy_tokenizer(tokenizer)[1]  # tiktoken loads only when a record holds text
     fixed_cost = model_options.prefill_tps is not None or model_options.priced
     runs_model = not (fixed_cost and config.measure == 0)
-    with _threads(model_options.threads if runs_model else None), contextlib.ExitStack() as stack:
-        model, curve, calibration, spec, device = prepare_model(model_options, config.measure)
+    events = events or ReplayEvents()
+    if runs_model:  # a bad trace is refused before the model loads and calibrates (tens of seconds on a CPU)
+        events.phase(f"checking {len(files)} trace{'s' if len(files) > 1 else ''}")
+        for path in files:
+            for _ in TraceSource(path, fmt, tokenizer).outline():
+                pass
+    if runs_model:  # torch's import (a second or more) starts here
+        where = "" if model_options.device == "auto" else f" on {model_options.device}"
+        spec_id = resolve_spec(model_options.model, model_options.dtype, model_options.seed).model_id
+        events.phase(f"loading the model {spec_id}{where}")
+    with torch_threads(model_options.threads if runs_model else None), contextlib.ExitStack() as stack:
+        model, curve, calibration, spec, device = prepare_model(model_options, config.measure, events.phase)
         shapes = model_shapes(model_options.model)
         units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
                                             config), target.embedded, runs_model)
         if units is not None:
             stack.callback(units.close)
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
-                            model_config=shapes, notify=notify, remedy=functools.partial(purge_remedy, target),
+                            model_config=shapes, notify=events.note, remedy=functools.partial(purge_remedy, target),
                             units=units, prefetch=False if jobs == 1 else None,  # --jobs 1: this process alone
                             device=device)
         results = []
-        for path in files:
-            step = functools.partial(_progress_of, progress, Path(display_name(path)).name)
-            results.append(replayer.replay(display_name(path), TraceSource(path, fmt, tokenizer), step))
+        for i, path in enumerate(files, 1):
+            name = display_name(path)
+            events.phase(f"trace {i} of {len(files)}: {name}")
+            step = functools.partial(events.requests, Path(name).name)
+            results.append(replayer.replay(name, TraceSource(path, fmt, tokenizer), step))
             note = trace_note(path, fmt)
             results[-1].notes += [note] if note else []
+            events.trace_done(results[-1])
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
@@ -255,12 +273,6 @@ def _cost_source(options: ModelOptions) -> str:
     return "measured in this run"
 
 
-def _progress_of(progress: Callable[[str, int, int], None] | None, name: str, done: int, total: int) -> None:
-    """One trace's ``progress(done, total)``: the run's ``progress`` with the trace's file name first."""
-    if progress:
-        progress(name, done, total)
-
-
 @dataclass(frozen=True)
 class TraceSource:
     """A picklable reader of one trace file (worker processes and Ray tasks read it themselves): called, a fresh
@@ -283,24 +295,6 @@ class TraceSource:
 def model_shapes(model: str) -> ModelConfig:
     """The shapes of ``model`` (a preset, or a checkpoint folder's config) for exact FLOPs, without weights."""
     return read_checkpoint(model).shapes if is_checkpoint_name(model) else get_preset(model)
-
-
-@contextlib.contextmanager
-def _threads(threads: int | None):
-    """torch's intra-op threads set to ``threads`` for the block (None: unchanged, torch not even imported: a
-    replay that runs no model never loads it), then restored."""
-    if threads is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _itemsize(dtype) -> int:

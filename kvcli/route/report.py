@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvcli.errors import BadInputError
+from kvcli.figures import check_plot_path
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.policies import POLICIES, config_fields, make_policy
 from kvcli.route.simulator import SimConfig, SimRequest, SimResult, simulate, single_node_hit_tokens
@@ -314,12 +315,6 @@ def margin(entry: dict, word: str, show: Callable[[float], str]) -> str:
     if by is None:
         return f", {entry['runner_up']} {show(entry['runner_up_value'])}"
     return f", {by:.2f}x {word}{entry['runner_up']}"
-
-
-def check_plot_path(path: str | Path | None) -> None:
-    """Raise BadInputError unless ``path`` is None or ends in ``.png`` or ``.svg`` (checked before simulating)."""
-    if path is not None and Path(path).suffix.lower() not in (".png", ".svg"):
-        raise BadInputError(f"--plot must end in .png or .svg, got {Path(path).name!r}")
 
 
 def _short(text: str, width: int = 60) -> str:

@@ -116,3 +116,17 @@ def test_a_bad_redis_timeout_names_the_option_and_where_it_came_from():
     assert out.exit_code == 2
     assert out.stderr.strip().splitlines()[-1] == ("kvcli: error: --redis-timeout must be > 0, got '0' "
                                                   "(from $KVCLI_REDIS_TIMEOUT)")
+
+
+@pytest.mark.parametrize("args", [
+    ["replay", "-", "--chunk-sizes", "4", "--measure", "1"],
+    ["warm", "-", "--model", "tiny", "--chunk-size", "4"],
+    ["route", "-", "--chunk-size", "4", "--nodes", "1"],
+    ["profile", "--model", "tiny", "--out", "p.json"],
+], ids=lambda a: a[0])
+def test_every_command_that_runs_a_model_takes_threads(args):
+    """replay, warm, route and profile read ``--threads`` alike and refuse 0 before they connect or load a model."""
+    out = CliRunner().invoke(app, args + ["--threads", "0", "--redis-url", "redis://127.0.0.1:1"]
+                             if args[0] != "profile" else args + ["--threads", "0"], input=TOKENS)
+    assert out.exit_code == 2, out.output
+    assert out.stderr.splitlines()[-1] == "kvcli: error: --threads must be >= 1, got 0"

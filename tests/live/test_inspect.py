@@ -197,7 +197,7 @@ def test_cli_inspect_json_and_request_map(redis_url, redis_client, model, tmp_pa
                                     "--json", "--redis-url", redis_url])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
-    assert (doc["schema_version"], doc["command"]) == (1, "inspect")
+    assert (doc["schema_version"], doc["command"]) == (2, "inspect")
     (m,) = doc["chunk_maps"]
     assert (m["hit_tokens"], m["prefill_tokens"], m["break_index"]) == (32, 2, None)
     res = runner.invoke(cli_app(), ["inspect", "--prompt", "x", "--tokens", str(trace), "--redis-url", redis_url])

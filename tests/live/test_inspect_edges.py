@@ -179,3 +179,16 @@ def test_replay_namespace_warns_what_it_holds(redis_client, model):
     assert [n for n in result.notes if n.startswith("namespace")] == [
         f"namespace 'fleet' holds nothing for model {TINY.model_id} at chunk size 32 (another --seed, --model, "
         f"--dtype or chunk size, or a typo?); it holds: {holds}"]
+
+
+def test_a_prompt_shorter_than_a_chunk_says_so(redis_url, tmp_path):
+    """Eleven tokens at chunk size 16 have no full chunk to look up: the map says why its table is empty."""
+    tokens = tmp_path / "t.txt"
+    tokens.write_text(" ".join(map(str, range(1, 12))))
+    res = CliRunner().invoke(app, ["inspect", "--tokens", str(tokens), "--model", "tiny", "--chunk-size", "4,16",
+                                   "--redis-url", redis_url])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.stdout.split())
+    assert ("11 tokens: 0 reused, 11 to prefill; no full chunk to look up (11 tokens, fewer than the chunk size 16: "
+            "a partial chunk is never cached)") in out
+    assert "11 tokens: 0 reused, 11 to prefill; breaks at chunk 0: missing" in out

@@ -85,7 +85,7 @@ def test_route_takes_a_checkpoint_for_byte_capacities(tmp_path, tiny_checkpoint)
                                    "--node-capacity", "1MB", "--policy", "round-robin", "--chunk-size", "4",
                                    "--rate", "1", "--no-count-rtt", "--json"])
     assert out.exit_code == 0, out.output
-    (run,) = json.loads(out.stdout)["runs"]
+    (run,) = json.loads(out.stdout)["traces"][0]["runs"]
     assert run["config"]["capacity_tokens"] == 1_000_000 // 512  # 512 KV bytes per token from config.json
 
 

@@ -24,8 +24,8 @@ from kvcli.model.profile import (
     check_max_tokens,
     measure_profile,
     profile_points,
-    torch_threads,
 )
+from kvcli.model.threads import torch_threads
 
 BASE = [("base", n, c) for n, c in BASE_POINTS]
 

@@ -241,7 +241,7 @@ def test_cli_no_curve_and_bad_plot_paths(tmp_path, redis_url):
 @pytest.mark.parametrize("traces, names", [(["a.jsonl"], ["c.png"]), (["a.jsonl", "b.json.gz"],
                                                                      ["c-a.png", "c-b.png"])])
 def test_one_plot_per_trace(traces, names):
-    from kvcli.replay.curvereport import plot_paths
+    from kvcli.figures import plot_paths
 
     assert [p.name for p in plot_paths("out/c.png", traces)] == names
 

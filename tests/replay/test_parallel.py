@@ -172,7 +172,8 @@ def test_cli_checks_jobs_and_ray(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed: its import fails
     res = CliRunner().invoke(app, [*base, "--ray", "local"])
     assert res.exit_code == 2, res.output
-    assert res.stderr.strip() == "kvcli: error: --ray needs Ray, which is not installed: pip install 'kvcli[ray]'"
+    assert res.stderr.strip().splitlines()[-1] == ("kvcli: error: --ray needs Ray, which is not installed: "
+                                                   "pip install 'kvcli[ray]'")
 
 
 def _start_parallel_replay(url: str) -> tuple[subprocess.Popen, list[str], redis.Redis]:

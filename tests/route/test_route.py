@@ -441,7 +441,7 @@ COMMON = ("--chunk-size", CS, "--prefill-tps", TPS, "--decode-tpot", TPOT, "--no
 def test_cli_json_matches_the_hand_computed_runs(cli, serial_trace):
     res = cli(serial_trace, "-p", "prefix,round-robin", *COMMON)
     assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
+    (report,) = json.loads(res.stdout)["traces"]
     by = {r["policy"]: r for r in report["runs"]}
     assert by["prefix"]["hit_tokens"] == 24 and by["round-robin"]["hit_tokens"] == 12
     assert by["prefix"]["per_node"]["requests"] == [4, 0]
@@ -457,7 +457,7 @@ def test_cli_cache_manager_with_sweep_and_plots(cli, serial_trace, redis_url, tm
                   "--no-count-lookup-latency", "--sweep", "lookup-delay=0,250ms", "--plot", out)
         assert res.exit_code == 0, res.output
         assert out.stat().st_size > 1000
-    runs = json.loads(res.stdout)["runs"]
+    runs = json.loads(res.stdout)["traces"][0]["runs"]
     assert [(r["policy"], r["sweep"]) for r in runs] == [  # the delay does not change prefix: it runs once
         ("cache-manager", {"lookup-delay": "0"}), ("cache-manager", {"lookup-delay": "250ms"}), ("prefix", {})]
     assert runs[1]["ttft_seconds"]["p50"] == runs[0]["ttft_seconds"]["p50"] + 0.25
@@ -547,7 +547,7 @@ def test_limit_below_one_is_a_one_line_error(serial_trace, limit):
 
 def test_limit_keeps_the_first_requests(serial_trace):
     res = kvcli_route(serial_trace, *FAST, "--limit", 2, "--json")
-    assert res.exit_code == 0 and json.loads(res.stdout)["runs"][0]["requests"] == 2
+    assert res.exit_code == 0 and json.loads(res.stdout)["traces"][0]["runs"][0]["requests"] == 2
 
 
 @pytest.mark.parametrize("option,value,message", [
@@ -644,7 +644,7 @@ def test_sweep_runs_each_policy_only_where_the_parameter_matters():
 def test_cli_sweep_has_no_duplicate_rows_and_compares_every_policy(serial_trace):
     res = kvcli_route(serial_trace, "-p", "prefix,cache-aware", *COMMON, "--sweep", "abs-threshold=2,8")
     assert res.exit_code == 0, res.output
-    report = json.loads(res.stdout)
+    (report,) = json.loads(res.stdout)["traces"]
     assert [(r["policy"], r["sweep"]) for r in report["runs"]] == [
         ("prefix", {}), ("cache-aware", {"abs-threshold": "2"}), ("cache-aware", {"abs-threshold": "8"})]
     assert [w["sweep"] for w in report["winners"]] == [{"abs-threshold": "2"}, {"abs-threshold": "8"}]
@@ -652,7 +652,7 @@ def test_cli_sweep_has_no_duplicate_rows_and_compares_every_policy(serial_trace)
         assert w["hit_token_ratio"] == {"policy": "prefix", "value": 24 / 72, "runner_up": "cache-aware",
                                   "runner_up_value": 24 / 72, "by": 1.0}
     res = kvcli_route(serial_trace, "-p", "prefix", *COMMON, "--sweep", "w=1,2")
-    assert res.exit_code == 0 and [r["sweep"] for r in json.loads(res.stdout)["runs"]] == [{}]
+    assert res.exit_code == 0 and [r["sweep"] for r in json.loads(res.stdout)["traces"][0]["runs"]] == [{}]
     assert res.stderr == "kvcli: note: --sweep w changes none of the policies run (prefix); each runs once\n"
 
 
@@ -687,7 +687,7 @@ def test_cli_count_rtt_and_its_old_name(serial_trace):
     def counted(*flag):
         res = kvcli_route(serial_trace, *FAST, "--json", *flag)
         assert res.exit_code == 0, res.output
-        return json.loads(res.stdout)["runs"][0]["config"]["count_measured_latency"]
+        return json.loads(res.stdout)["traces"][0]["runs"][0]["config"]["count_measured_latency"]
 
     assert counted() is True and counted("--count-rtt") is True and counted("--count-lookup-latency") is True
     assert counted("--no-count-rtt") is False and counted("--no-count-lookup-latency") is False
