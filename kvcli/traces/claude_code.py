@@ -52,7 +52,8 @@ class _Scoped:
         return out
 
 
-def _iter(path: Path, fmt: TraceFormat, synthesize: bool) -> Iterator[Request | Outline]:
+def _iter(path: Path, fmt: TraceFormat, synthesize: bool, skipped: list[BadInputError] | None = None
+          ) -> Iterator[Request | Outline]:
     blocks, scoped = BlockIds(fmt), _Scoped()
     divisor = time_divisor(fmt, SCHEMA)
     for row_no, row in iter_records(path):
@@ -68,6 +69,8 @@ def _iter(path: Path, fmt: TraceFormat, synthesize: bool) -> Iterator[Request | 
                 raise BadInputError(f"hash_id_scope must be 'local' or 'global', got {shorten(scope)}")
         except BadInputError as err:
             if fmt.skip_bad_records:
+                if skipped is not None:
+                    skipped.append(located(err, path, row_no))
                 continue
             raise located(err, path, row_no) from None
         for k, item in enumerate(requests, 1):
@@ -81,9 +84,12 @@ def _iter(path: Path, fmt: TraceFormat, synthesize: bool) -> Iterator[Request | 
                 t = optional_seconds(item.get("t"), "t", divisor=divisor)
                 out = optional_count(item.get("out"), "out")
             except BadInputError as err:
+                located_err = BadInputError(f"requests[{k - 1}]: {err.reason}", path=str(path), line=row_no)
                 if fmt.skip_bad_records:
+                    if skipped is not None:
+                        skipped.append(located_err)
                     continue
-                raise BadInputError(f"requests[{k - 1}]: {err.reason}", path=str(path), line=row_no) from None
+                raise located_err from None
             if synthesize:
                 yield Request(id=f"{session}:{k}", token_ids=block_token_ids(keys, block_tokens, length),
                               timestamp=t, session_id=session, output_length=out, source=f"{path}:{row_no}")
@@ -104,8 +110,10 @@ def read_claude_code(path: Path, tokenizer: TokenizerArg, fmt: TraceFormat) -> I
         yield r
 
 
-def outline_claude_code(path: Path, fmt: TraceFormat) -> Iterator[Outline]:
-    """Each request's prompt length and time, checked as :func:`read_claude_code` checks it, no token ids."""
-    for r in _iter(path, fmt, False):
+def outline_claude_code(path: Path, fmt: TraceFormat, skipped: list[BadInputError] | None = None
+                        ) -> Iterator[Outline]:
+    """Each request's prompt length and time, checked as :func:`read_claude_code` checks it, no token ids; with
+    ``fmt.skip_bad_records``, each skipped row or request's error is appended to ``skipped``."""
+    for r in _iter(path, fmt, False, skipped):
         assert isinstance(r, Outline)
         yield r

@@ -98,7 +98,10 @@ def trace_note(path: str | Path, fmt: str | TraceFormat = "auto") -> str | None:
     first = read_first_record(path)[1]
     first_block = first.get("block_size") if isinstance(first, dict) else None
     skipped: list[BadInputError] = []
-    if spec.skip_bad_records and name != "claude-code":
+    if spec.skip_bad_records and name == "claude-code":
+        for _ in outline_claude_code(path, spec, skipped):
+            pass
+    elif spec.skip_bad_records:
         for _ in iter_hash_id_records(path, HASH_ID_FORMATS[name], spec, skipped):
             pass
     return semantics_note(HASH_ID_FORMATS[name], spec, first_block, skipped)

@@ -164,6 +164,11 @@ def test_claude_code_ids_are_scoped_per_session(tmp_path):
     assert str(info.value) == (f"{tmp_path / 'bad.jsonl'}:2: requests[0]: 1 hash_ids for input_length 128 at 64 "
                                "tokens per id: expected ceil(128/64) = 2")
     assert [o.prompt_tokens for o in outline_trace(path)] == [128, 130, 128]
+    skip = TraceFormat(skip_bad_records=True)
+    assert [r.id for r in read_trace(tmp_path / "bad.jsonl", skip)] == ["s1:1", "s1:2"]
+    assert trace_note(tmp_path / "bad.jsonl", skip).endswith("; 1 records failed their checks and were skipped "
+                                                             "(--skip-bad-records), the first: "
+                                                             f"{str(info.value)}")
 
 
 @settings(max_examples=60, deadline=None)
