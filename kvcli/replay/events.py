@@ -15,10 +15,11 @@ if TYPE_CHECKING:
 class ReplayEvents:
     """A replay's events; every method does nothing here: override the ones you want.
 
-    Phases, in order: ``"loading the model ..."`` (when a model runs), ``"calibrating prefill ..."`` (the base
-    points, when this machine prices prefill), then per trace ``"trace i of n: name"``, ``"reading name ..."``,
-    ``"calibrating prefill up to N tokens ..."`` (when the trace's prompts are longer than the points so far),
-    ``"replaying name: R requests x C stores ..."`` (then :meth:`requests`), ``"cleaning up ..."``.
+    Phases, in order: ``"checking N traces"`` and ``"loading the model ..."`` (when a model runs: a bad trace is
+    refused before it loads), ``"calibrating prefill ..."`` (the base points, when this machine prices prefill),
+    then per trace ``"trace i of n: name"``, ``"reading name"``, ``"calibrating prefill up to N tokens ..."`` (when
+    the trace's prompts are longer than the points so far), ``"replaying name: R requests x C stores"`` (then
+    :meth:`requests`), ``"cleaning up: ..."`` (unless the keys are kept).
     """
 
     def phase(self, text: str) -> None:

@@ -110,6 +110,8 @@ class Replayer:
         model_config: the model's shapes, for exact FLOPs (default: the model's; None without a model: no FLOPs).
         notify: gets one line at a time for the user (the cleanup after an interruption, what was left); None:
             nothing said.
+        phase: told each phase of a trace as it begins (reading, calibrating prefill further, replaying, cleaning
+            up: :meth:`kvcli.replay.events.ReplayEvents.phase`); None: nothing told.
         remedy: ``remedy(namespace)``: how to remove what a run left in ``namespace``, for the notes (default:
             the ``kvcli purge`` command for it).
         units: where a trace's units run (:func:`kvcli.replay.parallel.make_units`'s worker processes or Ray
@@ -124,7 +126,7 @@ class Replayer:
                  spec: ModelSpec | None = None, calibration: Calibration | None = None,
                  model_config: ModelConfig | None = None, *, notify: Callable[[str], None] | None = None,
                  remedy: Callable[[str], str] | None = None, units=None, prefetch: bool | None = None,
-                 device: DeviceRates | None = None) -> None:
+                 device: DeviceRates | None = None, phase: Callable[[str], None] | None = None) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
         self.calibration = calibration
         self.model_config = model_config or (model.config if model is not None else None)
@@ -134,6 +136,7 @@ class Replayer:
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
         self.notify = notify
+        self.phase: Callable[[str], None] = phase or (lambda text: None)
         self.remedy: Callable[[str], str] = remedy or _purge_remedy
         self.units = units
         self.prefetch = prefetch
@@ -159,6 +162,7 @@ class Replayer:
         if cfg.priced and self.device is None:
             raise BadInputError("a priced replay needs the serving device's rates (a profile or --hardware)")
         reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
+        self.phase(f"reading {name}")
         lengths, order = self._validate(reader, name)
         notes = [order_note(order, name)] if order is not None else []
         if order is not None:  # not in arrival order: held in memory and taken in timestamp order
@@ -172,6 +176,8 @@ class Replayer:
             if cfg.payload == "real":
                 store.check_value_size()
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
+        self.phase(f"replaying {name}: {len(lengths):,} request{'s' if len(lengths) != 1 else ''} x "
+                   f"{len(stores)} store{'s' if len(stores) != 1 else ''}")
         try:
             result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes)
         except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
@@ -179,6 +185,7 @@ class Replayer:
                 self._cleanup(namespace, stores, interrupted=True)
             raise
         if not cfg.keep:
+            self.phase(f"cleaning up: deleting namespace {namespace}")
             result.left_behind = self._cleanup(namespace, stores, interrupted=False)
             result.notes += [result.left_behind] if result.left_behind else []
         else:
@@ -203,6 +210,8 @@ class Replayer:
         if self.calibration is None:
             return {}
         target = int(np.percentile(lengths[lengths > 0], 95)) if (lengths > 0).any() else 1
+        if target > self.calibration.longest_tokens:
+            self.phase(f"calibrating prefill up to {target:,} tokens (the trace's 95th-percentile prompt)")
         coverage = self.calibration.cover(target, self.config.calibrate_seconds)
         self.curve = self.calibration.curve()
         return coverage.to_dict()

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from kvcli.cli.app import app
 
 PHASE = re.compile(r"\[ *\d+\.\ds\] (.*)")
+CLEANUP = "cleaning up: deleting namespace replay-*"
 
 
 def test_each_phase_is_a_line_and_each_summary_comes_as_its_trace_ends(tmp_path, redis_url):
@@ -20,13 +21,15 @@ def test_each_phase_is_a_line_and_each_summary_comes_as_its_trace_ends(tmp_path,
                                    "4", "--calibrate-seconds", "0", "--redis-url", redis_url, "--json"])
     assert out.exit_code == 0, out.output
     lines = out.stderr.splitlines()
-    shown = [PHASE.fullmatch(line)[1] if PHASE.fullmatch(line) else line.split(":")[0] for line in lines]
+    shown = [re.sub(r"replay-\S+", "replay-*", PHASE.fullmatch(line)[1]) if PHASE.fullmatch(line)
+             else line.split(":")[0] for line in lines]
     assert shown == [f"connecting to Redis at {redis_url}", "checking 2 traces",
                      "loading the model kvcli/tiny@seed0:fp32", "calibrating prefill on cpu: timing the base points",
-                     f"trace 1 of 2: {a}", str(a),
-                     f"trace 2 of 2: {b}", str(b)]
+                     f"trace 1 of 2: {a}", f"reading {a}", f"replaying {a}: 2 requests x 1 store",
+                     CLEANUP, str(a),
+                     f"trace 2 of 2: {b}", f"reading {b}", f"replaying {b}: 2 requests x 1 store", CLEANUP, str(b)]
     # a: R2 reuses chunk [1-4] [5-8] minus its last token: 7 of 16; b: 11 of 24
-    assert "(at 4: hit 43.8%," in lines[5] and "(at 4: hit 45.8%," in lines[7]
+    assert "(at 4: hit 43.8%," in lines[8] and "(at 4: hit 45.8%," in lines[13]
     assert [t["trace"] for t in json.loads(out.stdout)["traces"]] == [str(a), str(b)]
 
 
@@ -36,8 +39,10 @@ def test_a_replay_that_runs_no_model_says_where_its_redis_is_first(tmp_path):
     out = CliRunner().invoke(app, ["replay", str(a), "--measure", "0", "--prefill-tps", "1000", "--chunk-sizes", "4",
                                    "--payload", "accounted"], env={"REDIS_URL": None})
     assert out.exit_code == 0, out.output
-    phases = [PHASE.fullmatch(line)[1] for line in out.stderr.splitlines() if PHASE.fullmatch(line)]
-    assert phases == ["starting the embedded Redis server", f"trace 1 of 1: {a}"]
+    phases = [re.sub(r"replay-\S+", "replay-*", PHASE.fullmatch(line)[1]) for line in out.stderr.splitlines()
+              if PHASE.fullmatch(line)]
+    assert phases == ["starting the embedded Redis server", f"trace 1 of 1: {a}", f"reading {a}",
+                      f"replaying {a}: 1 request x 1 store", CLEANUP]
 
 
 def test_a_bad_trace_is_refused_before_the_model_loads(tmp_path, redis_url):
