@@ -20,17 +20,23 @@ from kvcli import provenance
 from kvcli.cli.options import (
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
+    TRACE_FORMATS_HELP,
     Device,
+    DropTailBlock,
     Dtype,
+    HashBlockTokens,
     JsonOut,
     Model,
     RedisTimeout,
     RedisUrl,
+    SkipBadRecords,
     Threads,
+    TimestampUnit,
     Tokenizer,
     chunk_sizes_option,
     parse_chunk_sizes,
     timeout_seconds,
+    trace_format,
 )
 from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
 from kvcli.redact import mask_url
@@ -118,7 +124,8 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
 @handle_errors
 def replay(
     traces: Annotated[list[Path], typer.Argument(help="Trace files or directories (native JSONL, Mooncake, "
-                                                  "ShareGPT, SWE-agent .traj; .gz accepted), or - for stdin.")],
+                                                  "Bailian and other hash-id traces, ShareGPT, SWE-agent .traj; "
+                                                  ".gz accepted), or - for stdin.")],
     chunk_sizes: Annotated[str, chunk_sizes_option("Chunk sizes to compare")] = DEFAULT_CHUNK_SIZES,
     redis_url: RedisUrl = None,
     model: Model = "cpu",
@@ -165,7 +172,11 @@ def replay(
              "a GPU elsewhere, typically) for this --model and --dtype. Deterministic: nothing is timed here.",
         show_default=False)] = None,
     tokenizer: Tokenizer = None,
-    fmt: Annotated[str, typer.Option("--format", help="auto, native, mooncake, sharegpt, swe-agent.")] = "auto",
+    fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
+    hash_block_tokens: HashBlockTokens = None,
+    timestamp_unit: TimestampUnit = None,
+    drop_tail_block: DropTailBlock = False,
+    skip_bad_records: SkipBadRecords = False,
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
                                                           "`kvcli warm` filled) as hits; it is read, never "
@@ -231,7 +242,9 @@ def replay(
         url = redis_url or os.environ.get("REDIS_URL")
         events.phase(f"connecting to Redis at {mask_url(url)}" if url else "starting the embedded Redis server")
         with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target):
-            results, context = run_replay(client, target, files, config, options, fmt, tokenizer, events, jobs, ray)
+            results, context = run_replay(client, target, files, config, options, trace_format(
+                fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records), tokenizer, events,
+                jobs, ray)
     _show_replay(results, context, plot, json_out)
 
 
@@ -323,12 +336,13 @@ class _ReplayConsole(ReplayEvents):
 
 def _register() -> None:
     from kvcli.cli.cache import inspect, purge, warm
+    from kvcli.cli.export import export
     from kvcli.cli.hardware import hardware
     from kvcli.cli.profile import profile
     from kvcli.cli.route import route
 
     for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
-                     ("profile", profile), ("hardware", hardware)):
+                     ("profile", profile), ("hardware", hardware), ("export", export)):
         app.command(name)(handle_errors(fn))
 
 

@@ -23,17 +23,22 @@ from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
     ChunkSizes,
     Device,
+    DropTailBlock,
     Dtype,
+    HashBlockTokens,
     JsonOut,
     Model,
     RedisTimeout,
     RedisUrl,
+    SkipBadRecords,
     Threads,
+    TimestampUnit,
     Tokenizer,
     chunk_sizes_option,
     one_chunk_size,
     parse_chunk_sizes,
     timeout_seconds,
+    trace_format,
 )
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.live.report import (
@@ -52,7 +57,8 @@ from kvcli.tables import stdout_console
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
 Namespace = Annotated[str, typer.Option(help="Key namespace.")]
 Seed = Annotated[int, typer.Option(help="Model weight seed of a preset (part of its model id).")]
-Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, sharegpt, swe-agent.")]
+Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, bailian, hash-ids, "
+                                                     "claude-code, sharegpt, swe-agent.")]
 
 
 def warm(
@@ -68,6 +74,8 @@ def warm(
     strict: Annotated[bool, typer.Option(help="Refuse to write when the estimate does not fit maxmemory.")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
+    hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
+    drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
 ) -> None:
     """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
 
@@ -93,7 +101,8 @@ def warm(
     config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
     timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
-    requests = read_prompts(sources, fmt, tok, notify=say)
+    requests = read_prompts(sources, trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block,
+                                                  skip_bad_records), tok, notify=say)
     spec = resolve_spec(model, dtype, seed)
     with torch_threads(None if dry_run else threads):
         local = None if dry_run else load_model(model, dtype, device, seed)

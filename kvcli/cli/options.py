@@ -1,6 +1,7 @@
 """Options that several commands share, each declared once with its parser: ``--redis-url``, ``--redis-timeout``,
 ``--chunk-sizes`` (a comma list) and the local model's ``--model``, ``--dtype``, ``--device``, ``--threads``,
-``--tokenizer``, plus ``--json``.
+``--tokenizer``, plus ``--json``, and what every command that reads traces accepts about hash-id traces
+(``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``, ``--skip-bad-records``: :func:`trace_format`).
 
 Each is an ``Annotated`` type for a command's signature (``redis_url: RedisUrl = None``). Where a command says
 more in its help (route's ``--redis-url`` is for its cache-manager policy, in its own help panel), it builds the
@@ -56,6 +57,25 @@ Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tok
                                                   show_default=False)]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
+TRACE_FORMATS_HELP = "auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent."
+HASH_IDS_PANEL = "Hash-id traces (Mooncake, Bailian, block_size records, Claude-Code sessions)"
+HashBlockTokens = Annotated[Optional[int], typer.Option(
+    "--hash-block-tokens", metavar="B", show_default=False, rich_help_panel=HASH_IDS_PANEL,
+    help="Tokens per hash id of a hash-id trace (default: the record's block_size, else the format's: Mooncake "
+         "512, Bailian 16, Claude-Code 64). Every record is checked: len(hash_ids) == ceil(input_length / B).")]
+TimestampUnit = Annotated[Optional[str], typer.Option(
+    "--timestamp-unit", metavar="s|ms|us", show_default=False, rich_help_panel=HASH_IDS_PANEL,
+    help="Unit of a hash-id trace's timestamps (default: the format's: Mooncake and block_size records ms, "
+         "Bailian and Claude-Code s).")]
+DropTailBlock = Annotated[bool, typer.Option(
+    "--drop-tail-block", rich_help_panel=HASH_IDS_PANEL,
+    help="Make each request's last hash id its own, never shared (Bailian: a request's last block id can change "
+         "once decoding starts): hits fall by at most one block per request; prompt lengths stay.")]
+SkipBadRecords = Annotated[bool, typer.Option(
+    "--skip-bad-records", rich_help_panel=HASH_IDS_PANEL,
+    help="Skip (and count, in the report's notes) a hash-id record that fails its checks, instead of stopping "
+         "with its file and line.")]
+
 
 def parse_chunk_sizes(text: str) -> tuple[int, ...]:
     """``--chunk-sizes``: ``"16,64,16"`` -> ``(16, 64)``; positive integers, a repeat dropped (the first kept).
@@ -102,3 +122,18 @@ def timeout_seconds(text: str) -> float:
     if not seconds > 0:
         raise BadInputError(f"--redis-timeout must be > 0, got {text!r}{where}")
     return seconds
+
+
+def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str | None = None,
+                 drop_tail_block: bool = False, skip_bad_records: bool = False):
+    """The format argument every trace reader takes (:func:`kvcli.traces.detect.read_trace`): ``fmt`` itself when
+    no hash-id option was given, else a :class:`kvcli.traces.hashids.TraceFormat` carrying them.
+
+    Raises:
+        BadInputError: ``--hash-block-tokens`` < 1, an unknown ``--timestamp-unit``.
+    """
+    if block_tokens is None and timestamp_unit is None and not drop_tail_block and not skip_bad_records:
+        return fmt
+    from kvcli.traces.hashids import TraceFormat
+
+    return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)

@@ -11,11 +11,17 @@ from rich.progress import Progress
 
 from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
+    TRACE_FORMATS_HELP,
+    DropTailBlock,
+    HashBlockTokens,
+    SkipBadRecords,
     Threads,
+    TimestampUnit,
     one_chunk_size,
     redis_timeout_option,
     redis_url_option,
     timeout_seconds,
+    trace_format,
 )
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.units import json_document, parse_capacity, parse_duration
@@ -85,8 +91,9 @@ def route(
                                     "decode-tpot, rate, seed, abs-threshold, rel-threshold, cache-threshold, w, "
                                     "temperature, lookup-delay, lookup-timeout.", rich_help_panel=POLICY)] = [],
     limit: Annotated[Optional[int], Opt(help="Only the first N requests (N >= 1).", rich_help_panel=IO)] = None,
-    fmt: Annotated[str, Opt("--format", help="auto, native, mooncake, sharegpt, swe-agent.",
-                            rich_help_panel=IO)] = "auto",
+    fmt: Annotated[str, Opt("--format", help=TRACE_FORMATS_HELP, rich_help_panel=IO)] = "auto",
+    hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
+    drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     tokenizer: Annotated[Optional[str], Opt(help="tiktoken encoding or tokenizer folder for text prompts (default: "
                                              "the --model folder's own, else cl100k_base).", show_default=False,
                                              rich_help_panel=IO)] = None,
@@ -150,7 +157,8 @@ def route(
             for path in files:
                 name, notes = Path(display_name(path)).name, []
                 track = lambda it, name=name: bar.track(it, description=f"hashing {name}")  # noqa: E731
-                requests = load_requests(path, fmt, resolve_tokenizer(tokenizer, model), size, limit, track)
+                read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+                requests = load_requests(path, read_as, resolve_tokenizer(tokenizer, model), size, limit, track)
                 order = arrival_order([r.timestamp for r in requests]) if rate is None else None
                 if order is not None:  # simulated in timestamp order (as replay and warm take it): say so
                     notes.append(order_note(order, name))

@@ -33,12 +33,13 @@ from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.server import INFO_REFUSED, RedisTarget
-from kvcli.traces.detect import outline_trace, read_trace
+from kvcli.traces.detect import outline_trace, read_trace, trace_note
 from kvcli.traces.paths import display_name, expand_paths
 from kvcli.units import dtype_bytes, dtype_key
 
 if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
+    from kvcli.traces.hashids import TraceFormat
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, Dev
 
 
 def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | list, config: ReplayConfig,
-               model_options: ModelOptions, fmt: str = "auto", tokenizer: str | None = None,
+               model_options: ModelOptions, fmt: str | TraceFormat = "auto", tokenizer: str | None = None,
                events: ReplayEvents | None = None, jobs: int | None = 1,
                ray: str | None = None) -> tuple[list[TraceResult], dict]:
     """Replay each trace file in turn (each cold, in its own namespaces) and return results and run context.
@@ -193,6 +194,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
     ``model_options.model`` is a folder that has one, else ``cl100k_base`` (:func:`resolve_tokenizer`).
     ``events`` hears each phase as it begins, the requests done, each trace's result as soon as it is done and
     the lines for the user (:class:`~kvcli.replay.events.ReplayEvents`; None: nothing is told).
+    ``fmt``: a format name, or a :class:`~kvcli.traces.hashids.TraceFormat` with hash-id declarations; a hash-id
+    trace's result gets a note on how it was read (:func:`kvcli.traces.detect.trace_note`).
     """
     files = expand_paths([Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths])
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
@@ -226,6 +229,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
             events.phase(f"trace {i} of {len(files)}: {name}")
             step = functools.partial(events.requests, Path(name).name)
             results.append(replayer.replay(name, TraceSource(path, fmt, tokenizer), step))
+            note = trace_note(path, fmt)
+            results[-1].notes += [note] if note else []
             events.trace_done(results[-1])
     layers, two, heads, dim = spec.kv_shape
     context = {
@@ -275,7 +280,7 @@ class TraceSource:
     takes it)."""
 
     path: Path
-    fmt: str
+    fmt: str | TraceFormat
     tokenizer: str
 
     def __call__(self):

@@ -34,6 +34,14 @@ error here: the request comes out with an empty (or header-only) token array. Ex
 ids are synthesized by :func:`mooncake_token_ids`: equal hash ids give equal 512-token blocks. ``id`` is
 ``"<file name>:<line>"``; an optional ``session_id`` is kept.
 
+``bailian``, ``hash-ids``, ``claude-code`` -- hash-id traces with explicit block semantics
+(:mod:`kvcli.traces.hashids`, :mod:`kvcli.traces.claude_code`): Qwen-Bailian (16 tokens per id, seconds, sessions
+from ``parent_chat_id``), records with ``block_size``, SemiAnalysis Claude-Code sessions (64 tokens per id, ids
+scoped per session). Every record is checked, ``len(hash_ids) == ceil(input_length / B)``. ``fmt`` may be a
+:class:`~kvcli.traces.hashids.TraceFormat` that declares tokens per id, the timestamp unit, a private tail block or
+skipping bad records (a Mooncake trace with any declared is read there too). Token ids come from
+:func:`kvcli.traces.synth.block_token_ids`, one function for every block size.
+
 ``sharegpt`` -- a JSON list of conversations (or one conversation object, or JSONL with one per line), each
 ``{"id"|"conversation_id", "conversations": [{"from": ..., "value": str}, ...], "system"?: str, "tools"?: str}``
 (``role``/``content`` are accepted in place of ``from``/``value``; a value may also be a list of OpenAI content
@@ -56,7 +64,9 @@ generation prompt); ``output_length`` is its token count; ``session_id`` is the 
 
 Auto-detection (:func:`detect_format`, reads only the first record of a JSONL file): a ``.traj`` suffix ->
 swe-agent; a first non-space character ``[`` -> sharegpt; otherwise the first record (the first non-blank line,
-or the whole document when that line is a lone ``{``) decides: ``hash_ids`` -> mooncake, ``conversations`` ->
+or the whole document when that line is a lone ``{``) decides: ``hash_ids`` -> bailian (with ``chat_id``,
+``parent_chat_id``, ``turn`` or ``type``), hash-ids (with ``block_size``) or mooncake; ``requests`` with
+``block_size`` or ``hash_id_scope`` -> claude-code; ``conversations`` ->
 sharegpt, ``history`` -> swe-agent, ``prompt``/``messages``/``token_ids`` -> native. CSV is refused first, by the
 one rule every command applies (:func:`kvcli.traces.detect.refuse_csv`): an Azure LLM inference trace (known by
 its ``TIMESTAMP,ContextTokens,GeneratedTokens`` header; prompt lengths only, so no prefix sharing can be derived)

@@ -9,7 +9,6 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
-from kvcli.model.tokenizer_base import TOKEN_DTYPE
 from kvcli.traces.records import (
     iter_jsonl,
     located,
@@ -20,12 +19,12 @@ from kvcli.traces.records import (
     shorten,
 )
 from kvcli.traces.request import Outline, Request, TokenizerArg
+from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids
 
 MOONCAKE_BLOCK_TOKENS = 512
 #: synthesized Mooncake token ids are < this, so they are ordinary (non-special) cl100k_base ids.
-MOONCAKE_VOCAB = 100_256
+MOONCAKE_VOCAB = SYNTH_VOCAB
 _MAX_HASH_ID = 2**55  # hash_id * 512 + 511 must fit in uint64
-
 
 
 def read_mooncake(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
@@ -126,20 +125,7 @@ def _checked_blocks(hash_ids: Any, input_length: int) -> np.ndarray:
 
 def _synthesize(blocks: np.ndarray, input_length: int) -> np.ndarray:
     """Token ids ``[input_length]`` ``'<u4'`` of uint64 block ids ``[blocks]`` (:func:`mooncake_token_ids`)."""
-    x = (blocks[:, None] * np.uint64(MOONCAKE_BLOCK_TOKENS) + _BLOCK_OFFSETS).reshape(-1)[:input_length]
-    x = _splitmix64_(x)
-    x >>= _S32
-    x *= _VOCAB
-    x >>= _S32
-    return x.astype(TOKEN_DTYPE)
-
-
-_BLOCK_OFFSETS = np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.uint64)
-_SM64_GAMMA = np.uint64(0x9E3779B97F4A7C15)
-_SM64_M1 = np.uint64(0xBF58476D1CE4E5B9)
-_SM64_M2 = np.uint64(0x94D049BB133111EB)
-_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
-_VOCAB = np.uint64(MOONCAKE_VOCAB)
+    return block_token_ids(blocks, MOONCAKE_BLOCK_TOKENS, input_length)
 
 
 def _hash_id_array(hash_ids: list) -> np.ndarray:
@@ -155,14 +141,3 @@ def _hash_id_array(hash_ids: list) -> np.ndarray:
     else:
         i = next((i for i, h in enumerate(hash_ids) if type(h) is not int or not 0 <= h < _MAX_HASH_ID), 0)
     raise BadInputError(f"hash_ids[{i}] = {shorten(hash_ids[i])} is not an integer in [0, 2**55)")
-
-
-def _splitmix64_(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer on a contiguous uint64 array, elementwise, wrapping, **in place**; returns ``x``."""
-    x += _SM64_GAMMA
-    x ^= x >> _S30
-    x *= _SM64_M1
-    x ^= x >> _S27
-    x *= _SM64_M2
-    x ^= x >> _S31
-    return x

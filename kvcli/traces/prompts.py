@@ -23,12 +23,13 @@ from typing import IO
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.traces.detect import read_trace, refuse_csv
+from kvcli.traces.hashids import TraceFormat, as_trace_format
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import NOT_TRACES, STDIN_NAME, expand_paths
 from kvcli.traces.request import Request, TokenizerArg
 
 
-def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: TokenizerArg = "cl100k_base",
+def read_prompts(sources: Sequence[str], fmt: str | TraceFormat = "auto", tokenizer: TokenizerArg = "cl100k_base",
                  stdin: IO | None = None, notify=None) -> list[Request]:
     """Prompts from files, directories (their ``.txt`` prompt files and trace files) and ``-`` (stdin), tokenized.
 
@@ -41,6 +42,7 @@ def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: Tokenizer
     in name order: ``.txt`` prompt files and the trace files replay reads (hidden files, notes, scripts and plots
     skipped). All prompts are held in memory (warm plans the whole run before it writes).
 
+    ``fmt`` may also be a :class:`~kvcli.traces.hashids.TraceFormat` (a name with hash-id declarations).
     ``stdin``: where ``-`` reads from (default ``sys.stdin``'s bytes); ``notify(line)`` hears a trace was reordered.
 
     Raises:
@@ -52,8 +54,9 @@ def read_prompts(sources: Sequence[str], fmt: str = "auto", tokenizer: Tokenizer
         if source == "-":
             out.extend(_from_stdin(_stdin_bytes(stdin), fmt, tokenizer, notify))
             continue
+        name = as_trace_format(fmt).name
         for path in _expand(Path(source)):
-            if fmt == "lines" or (fmt == "auto" and (_is_txt(path) or _looks_like_lines(path))):
+            if name == "lines" or (name == "auto" and (_is_txt(path) or _looks_like_lines(path))):
                 out.extend(_lines(_read_text(path), str(path), tokenizer))
             else:
                 out.extend(_in_order(read_trace(path, fmt, tokenizer), str(path), notify))
@@ -143,10 +146,11 @@ def _lines(text: str, name: str, tokenizer: TokenizerArg) -> list[Request]:
             for i, line in enumerate(lines, 1) if line.strip()]
 
 
-def _from_stdin(data: bytes, fmt: str, tokenizer: TokenizerArg, notify=None) -> list[Request]:
+def _from_stdin(data: bytes, fmt: str | TraceFormat, tokenizer: TokenizerArg, notify=None) -> list[Request]:
     start = data.lstrip().removeprefix(b"\xef\xbb\xbf")[:1]
-    if fmt == "lines" or (fmt == "auto" and start not in (b"{", b"[")):
-        if fmt != "lines":
+    name = as_trace_format(fmt).name
+    if name == "lines" or (name == "auto" and start not in (b"{", b"[")):
+        if name != "lines":
             refuse_csv(STDIN_NAME, data.lstrip().split(b"\n", 1)[0], STDIN_NAME, 1)
         return _lines(_decode(data, STDIN_NAME), STDIN_NAME, tokenizer)
     with tempfile.TemporaryDirectory() as tmp:  # read_trace reads regular files only

@@ -337,8 +337,9 @@ def test_unknown_format_name(tmp_path):
     path = write_jsonl(tmp_path / "n.jsonl", [{"prompt": "a"}])
     with pytest.raises(BadInputError) as info:
         read_trace(path, "vllm")
-    assert str(info.value) == "unknown trace format 'vllm'; valid formats: auto, native, mooncake, sharegpt, swe-agent"
-    assert set(FORMATS) == {"native", "mooncake", "sharegpt", "swe-agent"}
+    assert str(info.value) == ("unknown trace format 'vllm'; valid formats: auto, native, mooncake, sharegpt, "
+                               "swe-agent, bailian, hash-ids, claude-code")
+    assert set(FORMATS) == {"native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code"}
 
 
 def test_missing_file(tmp_path):
@@ -372,6 +373,7 @@ SAMPLE_FILES = [
     ("chat_shared_system.jsonl", "native", 24, 13_573),
     ("no_reuse.jsonl", "native", 10, 1_514),
     ("tokens_small.jsonl", "native", 6, 78),
+    ("bailian_handmade.jsonl", "bailian", 12, 2_920),
 ]
 
 

@@ -1,0 +1,99 @@
+"""``kvcli export``: an anonymized hash-id trace (Mooncake or Bailian) of any trace kvcli reads."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from kvcli.cli.options import (
+    TRACE_FORMATS_HELP,
+    DropTailBlock,
+    HashBlockTokens,
+    SkipBadRecords,
+    TimestampUnit,
+    Tokenizer,
+    trace_format,
+)
+
+
+def export(
+    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
+    key_file: Annotated[Path, typer.Option(help="HMAC key (kept by you; created with 32 random bytes when it does "
+                                                "not exist): the same key gives the same block digests.")],
+    out: Annotated[Path, typer.Option(help="The anonymized trace, JSONL (- for stdout).")],
+    out_format: Annotated[str, typer.Option("--format", help="mooncake (ms) or bailian (s).")] = "mooncake",
+    block_size: Annotated[Optional[int], typer.Option(help="Tokens per hash id (default: the format's, mooncake "
+                                                           "512, bailian 16; another size is written as "
+                                                           "block_size).", show_default=False)] = None,
+    id_map: Annotated[Optional[Path], typer.Option(help="Keep the block numbering in FILE (32 bytes per id, read and "
+                                                        "extended): later exports of the same traffic reuse the "
+                                                        "same ids.", show_default=False)] = None,
+    round_seconds: Annotated[Optional[float], typer.Option(help="Round timestamps to a multiple of SECONDS.",
+                                                           show_default=False)] = None,
+    input_format: Annotated[str, typer.Option("--input-format", help=TRACE_FORMATS_HELP)] = "auto",
+    tokenizer: Tokenizer = None,
+    hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
+    drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+) -> None:
+    """Write an anonymized hash-id trace of TRACE...: chained HMAC-SHA256 block digests (under --key-file) numbered
+    0, 1, 2, ...; no text and no token ids; lengths, timestamps and sessions kept. Replaying it gives the original's
+    hit tokens at every chunk size that is a multiple of --block-size.
+
+    Examples:
+
+      kvcli export chat.jsonl --key-file ~/.kvcli-export.key --out chat.mooncake.jsonl
+
+      kvcli export logs/ --format bailian --key-file team.key --id-map team.ids --round-seconds 1 --out week.jsonl
+    """
+    from kvcli.model.load import resolve_tokenizer
+    from kvcli.model.tokenize import lazy_tokenizer
+    from kvcli.traces.export import EXPORT_FORMATS, BlockNumbering, load_key, read_id_map, write_id_map
+    from kvcli.traces.paths import expand_paths, stdin_paths
+
+    err = Console(stderr=True, soft_wrap=True)
+    fmt = trace_format(input_format, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    block = block_size if block_size is not None else EXPORT_FORMATS.get(out_format, (1, 1))[0]
+    key, created = load_key(key_file)
+    known = read_id_map(id_map)
+    numbering = BlockNumbering(key, block, known)
+    tok = lazy_tokenizer(resolve_tokenizer(tokenizer, "cpu"))[0]
+    with stdin_paths(traces) as files:
+        written = _write(expand_paths(files), fmt, tok, out_format, numbering, round_seconds, out)
+    if id_map is not None:
+        write_id_map(id_map, numbering.digests, len(known))
+    if created:
+        err.print(f"created key file {key_file} (32 random bytes): keep it; later exports with it give equal "
+                  f"digests", highlight=False, markup=False)
+    err.print(f"wrote {written:,} requests to {out}: {len(numbering.digests) - len(known):,} new block ids of "
+              f"{block} tokens ({len(numbering.digests):,} in all)", highlight=False, markup=False)
+
+
+def _write(files, fmt, tokenizer, out_format, numbering, round_seconds, out: Path) -> int:
+    """Export every trace of ``files`` into ``out`` (``-``: stdout); returns the requests written. The output is
+    written to a temporary file beside ``out`` and renamed once complete, so a failed export leaves no half file."""
+    import contextlib
+    import itertools
+    import os
+    import sys
+
+    from kvcli.errors import BadInputError
+    from kvcli.traces.detect import read_trace
+    from kvcli.traces.export import export_records, write_jsonl
+
+    requests = itertools.chain.from_iterable(read_trace(path, fmt, tokenizer) for path in files)
+    records = export_records(requests, out_format, numbering, round_seconds)
+    if str(out) == "-":
+        return write_jsonl(records, sys.stdout)
+    partial = out.with_name(out.name + ".partial")
+    try:
+        with open(partial, "w", encoding="utf-8") as f:
+            written = write_jsonl(records, f)
+        os.replace(partial, out)
+    except OSError as exc:
+        raise BadInputError(f"cannot write: {exc.strerror or exc}", path=str(out)) from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            partial.unlink()
+    return written

@@ -1,0 +1,297 @@
+"""Hash-id traces: records of prefix block ids instead of text, each id standing for a block of a known number of
+tokens, read with explicit semantics.
+
+Formats (``HASH_ID_FORMATS``; each record has ``input_length`` and ``hash_ids``):
+
+* ``mooncake`` -- Mooncake FAST'25 (kvcache-ai/Mooncake ``FAST25-release/traces``): 512 tokens per id, ``timestamp``
+  in ms, optional ``session_id``. Read by :mod:`kvcli.traces.mooncake` unless an option below is declared; then
+  here, with Mooncake's 512 and ms as defaults.
+* ``bailian`` -- Alibaba's Qwen-Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon, Apache-2.0; the
+  KVCache-in-the-wild ATC'25 traces): 16 tokens per id, ``timestamp`` in seconds, ``chat_id``, ``parent_chat_id``
+  (-1 for a session's first turn), ``turn``, ``type``; the session is the root of the ``parent_chat_id`` chain.
+* ``hash-ids`` -- any other hash-id trace whose records carry ``block_size`` (the kvcache-simulator shape
+  ``{"block_size", "hash_ids", "input_length"}``), or any hash-id trace read with ``--hash-block-tokens``;
+  ``timestamp`` in ms (Mooncake's convention) unless ``--timestamp-unit`` says otherwise; optional ``session_id``.
+
+Every record is checked: ``len(hash_ids) == ceil(input_length / B)``. The block size ``B`` is never guessed: a
+record's ``block_size``, else ``--hash-block-tokens``, else the format's own; a record whose ``block_size``
+disagrees with ``--hash-block-tokens`` is an error. Ids are integers in ``[0, 2**64)``. Token ids are synthesized
+per id by :func:`kvcli.traces.synth.block_token_ids` (the block key is the id itself when it is below
+``2**63 // B``; a larger id is folded into that range by SplitMix64, so two distinct large ids share tokens with
+probability about ``B / 2**63`` a pair), so any chunk size replays any block size.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvcli.errors import BadInputError
+from kvcli.traces.records import (
+    iter_jsonl,
+    located,
+    optional_count,
+    optional_id,
+    optional_seconds,
+    require_object,
+    shorten,
+)
+from kvcli.traces.request import Outline, Request, TokenizerArg
+from kvcli.traces.synth import block_token_ids, splitmix64_
+
+#: ``--timestamp-unit`` names -> units per second.
+TIMESTAMP_UNITS = {"s": 1, "ms": 1000, "us": 1_000_000}
+
+
+@dataclass(frozen=True)
+class TraceFormat:
+    """A trace format (a name of :data:`kvcli.traces.detect.FORMATS`, or ``"auto"``) and what the user declared
+    about hash-id traces; other formats ignore the declarations.
+
+    Attributes:
+        name: the format, or ``"auto"`` (detected per file).
+        block_tokens: ``--hash-block-tokens``: tokens per hash id (None: the record's ``block_size`` or the
+            format's own).
+        timestamp_unit: ``--timestamp-unit``: ``s``, ``ms`` or ``us`` (None: the format's own).
+        drop_tail_block: ``--drop-tail-block``: each request's last hash id is made its own (never shared): the
+            last block id of a Bailian request can change once decoding starts.
+        skip_bad_records: ``--skip-bad-records``: a record that fails its checks is skipped and counted instead of
+            stopping the read.
+
+    Raises:
+        BadInputError: ``block_tokens`` < 1 or an unknown ``timestamp_unit``.
+    """
+
+    name: str = "auto"
+    block_tokens: int | None = None
+    timestamp_unit: str | None = None
+    drop_tail_block: bool = False
+    skip_bad_records: bool = False
+
+    def __post_init__(self) -> None:
+        if self.block_tokens is not None and (type(self.block_tokens) is not int or self.block_tokens < 1):
+            raise BadInputError(f"--hash-block-tokens must be an integer >= 1, got {self.block_tokens!r}")
+        if self.timestamp_unit is not None and self.timestamp_unit not in TIMESTAMP_UNITS:
+            raise BadInputError(f"--timestamp-unit must be one of {', '.join(TIMESTAMP_UNITS)}, got "
+                                f"{self.timestamp_unit!r}")
+
+    @property
+    def declared(self) -> bool:
+        """Whether any hash-id option was given (a Mooncake trace is then read here, not by its own reader)."""
+        return (self.block_tokens is not None or self.timestamp_unit is not None or self.drop_tail_block
+                or self.skip_bad_records)
+
+
+def as_trace_format(fmt: str | TraceFormat) -> TraceFormat:
+    """``fmt`` as a :class:`TraceFormat` (a name: nothing declared)."""
+    return fmt if isinstance(fmt, TraceFormat) else TraceFormat(fmt)
+
+
+@dataclass(frozen=True)
+class HashIdSchema:
+    """What a hash-id format says itself: tokens per id (None: each record's ``block_size``), its timestamps'
+    unit, and where its sessions come from (for the report's note)."""
+
+    name: str
+    block_tokens: int | None
+    timestamp_unit: str
+    sessions: str
+
+
+HASH_ID_FORMATS = {
+    "mooncake": HashIdSchema("mooncake", 512, "ms", "session_id when present"),
+    "bailian": HashIdSchema("bailian", 16, "s", "the root of each parent_chat_id chain"),
+    "hash-ids": HashIdSchema("hash-ids", None, "ms", "session_id when present"),
+    "claude-code": HashIdSchema("claude-code", 64, "s", "one per session row; hash ids scoped to it"),
+}
+
+
+class BlockIds:
+    """Block keys of hash-id requests for :func:`~kvcli.traces.synth.block_token_ids`, checked; one per reader
+    (it numbers the private keys of dropped tail blocks, in file order, so every read of a file gives the same
+    tokens)."""
+
+    def __init__(self, fmt: TraceFormat) -> None:
+        self.fmt = fmt
+        self._private = 0  # private keys handed out so far
+
+    def block_tokens(self, record_value: Any, schema: HashIdSchema) -> int:
+        """Tokens per id for one record: its ``block_size``, else ``--hash-block-tokens``, else the format's.
+
+        Raises:
+            BadInputError: a malformed ``block_size``, one that contradicts ``--hash-block-tokens``, or none known.
+        """
+        declared = self.fmt.block_tokens
+        if record_value is not None:
+            if type(record_value) is not int or record_value < 1:
+                raise BadInputError(f"block_size must be an integer >= 1, got {shorten(record_value)}")
+            if declared is not None and declared != record_value:
+                raise BadInputError(f"block_size {record_value} contradicts --hash-block-tokens {declared}")
+            return record_value
+        if declared is not None:
+            return declared
+        if schema.block_tokens is not None:
+            return schema.block_tokens
+        raise BadInputError("a hash-id record without block_size: its tokens per hash id are unknown; pass "
+                            "--hash-block-tokens B")
+
+    def keys(self, hash_ids: Any, input_length: int, block_tokens: int) -> np.ndarray:
+        """The ``[blocks]`` uint64 keys of one record's ``hash_ids``, checked: ``len(hash_ids) ==
+        ceil(input_length / block_tokens)``; the last one private with ``drop_tail_block``.
+
+        Raises:
+            BadInputError: not a list of integers in ``[0, 2**64)``, or the wrong number of them.
+        """
+        if not isinstance(hash_ids, list):
+            raise BadInputError(f"hash_ids must be a list of integers, not {type(hash_ids).__name__}")
+        ids = _id_array(hash_ids)
+        need = -(-input_length // block_tokens)
+        if len(hash_ids) != need:
+            raise BadInputError(f"{len(hash_ids)} hash_ids for input_length {input_length} at {block_tokens} tokens "
+                                f"per id: expected ceil({input_length}/{block_tokens}) = {need}")
+        limit = np.uint64(2**63 // block_tokens)
+        big = ids >= limit
+        if big.any():
+            ids[big] = splitmix64_(ids[big].copy()) % limit
+        if self.fmt.drop_tail_block and len(ids):
+            ids[-1] = self.private_key(block_tokens)
+        return ids
+
+    def private_key(self, block_tokens: int) -> np.uint64:
+        """A key no hash id maps to (``2**63 // block_tokens`` and up, one per call, in call order)."""
+        self._private += 1
+        return np.uint64(2**63 // block_tokens + self._private - 1)
+
+
+def _id_array(hash_ids: list) -> np.ndarray:
+    """``hash_ids`` as a fresh uint64 array. Raises BadInputError naming the first id not in ``[0, 2**64)``."""
+    try:
+        arr = np.array(hash_ids, dtype=np.uint64) if hash_ids else np.zeros(0, dtype=np.uint64)
+        if all(type(h) is int for h in hash_ids):
+            return arr
+    except (ValueError, OverflowError, TypeError):
+        pass
+    i = next((i for i, h in enumerate(hash_ids) if type(h) is not int or not 0 <= h < 2**64), 0)
+    raise BadInputError(f"hash_ids[{i}] = {shorten(hash_ids[i])} is not an integer in [0, 2**64)")
+
+
+def time_divisor(fmt: TraceFormat, schema: HashIdSchema) -> int:
+    """Timestamp units per second: ``--timestamp-unit``, else the format's."""
+    return TIMESTAMP_UNITS[fmt.timestamp_unit or schema.timestamp_unit]
+
+
+class _Sessions:
+    """Bailian sessions: each ``chat_id``'s root along its ``parent_chat_id`` chain (a parent not seen yet is its
+    own root)."""
+
+    def __init__(self) -> None:
+        self._root: dict[str, str] = {}
+
+    def of(self, record: dict) -> str | None:
+        chat = optional_id(record, "chat_id")
+        parent = optional_id(record, "parent_chat_id")
+        root = chat if parent in (None, "-1") else self._root.get(parent, parent)
+        if chat is not None and root is not None:
+            self._root[chat] = root
+        return root
+
+
+@dataclass(frozen=True)
+class _Fields:
+    input_length: int
+    keys: np.ndarray
+    block_tokens: int
+    timestamp: float | None
+    session_id: str | None
+    output_length: int | None
+    request_id: str | None
+
+
+def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sessions) -> _Fields:
+    """One line record of ``schema``'s format, checked (errors without the file and line: the caller adds them)."""
+    record = require_object(record)
+    input_length = optional_count(record.get("input_length"), "input_length")
+    if input_length is None:
+        raise BadInputError(f"a {schema.name} record needs input_length (an integer >= 0)")
+    if "hash_ids" not in record:
+        raise BadInputError(f"a {schema.name} record needs hash_ids (a list of block ids)")
+    block_tokens = blocks.block_tokens(record.get("block_size"), schema)
+    keys = blocks.keys(record["hash_ids"], input_length, block_tokens)
+    timestamp = optional_seconds(record.get("timestamp"), "timestamp", divisor=time_divisor(blocks.fmt, schema))
+    if schema.name == "bailian":
+        session, request_id = sessions.of(record), optional_id(record, "chat_id")
+    else:
+        session, request_id = optional_id(record, "session_id"), None
+    return _Fields(input_length, keys, block_tokens, timestamp, session,
+                   optional_count(record.get("output_length"), "output_length"), request_id)
+
+
+def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
+                         skipped: list[BadInputError] | None = None) -> Iterator[tuple[int, _Fields]]:
+    """``(line, fields)`` of each record of a line-per-request hash-id trace, checked, in file order.
+
+    ``skipped``: with ``fmt.skip_bad_records``, each record that failed its checks is appended here (located
+    errors) instead of raised.
+
+    Raises:
+        BadInputError: at ``path:line``, a record that fails its checks (unless skipped).
+    """
+    blocks, sessions = BlockIds(fmt), _Sessions()
+    for line_no, record in iter_jsonl(path):
+        try:
+            fields = _fields(record, schema, blocks, sessions)
+        except BadInputError as err:
+            if not fmt.skip_bad_records:
+                raise located(err, path, line_no) from None
+            if skipped is not None:
+                skipped.append(located(err, path, line_no))
+            continue
+        yield line_no, fields
+
+
+def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema, fmt: TraceFormat
+                       ) -> Iterator[Request]:
+    """Requests of a line-per-request hash-id trace (``mooncake`` with declarations, ``bailian``, ``hash-ids``),
+    token ids synthesized per id (module docstring). ``tokenizer`` is not used (there is no text).
+
+    Raises:
+        BadInputError: at ``path:line``, while iterating, a record that fails its checks (unless skipped).
+    """
+    del tokenizer
+    for line_no, f in iter_hash_id_records(path, schema, fmt):
+        yield Request(id=f.request_id or f"{path.name}:{line_no}",
+                      token_ids=block_token_ids(f.keys, f.block_tokens, f.input_length), timestamp=f.timestamp,
+                      session_id=f.session_id, output_length=f.output_length, source=f"{path}:{line_no}")
+
+
+def outline_hash_id_trace(path: Path, schema: HashIdSchema, fmt: TraceFormat) -> Iterator[Outline]:
+    """Each request's prompt length and arrival time, checked as :func:`read_hash_id_trace` checks it, without
+    synthesizing token ids."""
+    for _, f in iter_hash_id_records(path, schema, fmt):
+        yield Outline(f.input_length, f.timestamp)
+
+
+def semantics_note(schema: HashIdSchema, fmt: TraceFormat, first_block_size: Any,
+                   skipped: list[BadInputError] | None) -> str:
+    """One line for the report: how a hash-id trace was read (tokens per id and from where, the timestamp unit and
+    from where, sessions, the tail block, skipped records)."""
+    if first_block_size is not None:
+        block = f"{first_block_size} tokens per hash id (the records' block_size)"
+    elif fmt.block_tokens is not None:
+        block = f"{fmt.block_tokens} tokens per hash id (--hash-block-tokens)"
+    else:
+        block = f"{schema.block_tokens} tokens per hash id (the format's)"
+    unit = (f"timestamps in {fmt.timestamp_unit} (--timestamp-unit)" if fmt.timestamp_unit
+            else f"timestamps in {schema.timestamp_unit} (the format's)")
+    parts = [f"read as a {schema.name} hash-id trace: {block}, {unit}, sessions: {schema.sessions}"]
+    if fmt.drop_tail_block:
+        parts.append("each request's last hash id made its own (--drop-tail-block): its tail block is never shared, "
+                     "so hits can only fall, by at most one block per request; prompt lengths are unchanged")
+    if skipped:
+        parts.append(f"{len(skipped):,} records failed their checks and were skipped (--skip-bad-records), the first: "
+                     f"{skipped[0]}")
+    return "; ".join(parts)
+

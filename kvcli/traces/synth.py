@@ -1,0 +1,65 @@
+"""Token ids synthesized for hash-id traces (no text): one deterministic function of (block key, position) that
+every hash-id reader uses, whatever its block size, so equal keys give equal tokens and distinct keys distinct ones.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvcli.model.tokenizer_base import TOKEN_DTYPE
+
+#: synthesized token ids are < this, so they are ordinary (non-special) cl100k_base ids.
+SYNTH_VOCAB = 100_256
+
+
+def block_token_ids(keys: np.ndarray, block_tokens: int, input_length: int) -> np.ndarray:
+    """Token ids of a prompt made of blocks of ``block_tokens`` tokens, block ``b`` standing for ``keys[b]``.
+
+    Token ``j`` (0 <= j < block_tokens) of block ``b`` is ``((splitmix64(keys[b] * block_tokens + j) >> 32) *
+    100256) >> 32``, in wrapping uint64 arithmetic, where ``splitmix64`` is the output function of Vigna's
+    SplitMix64::
+
+        z = x + 0x9E3779B97F4A7C15
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+        z = z ^ (z >> 31)
+
+    (its high 32 bits mapped onto ``[0, 100256)`` by multiply-shift, Lemire's range reduction). The blocks are
+    concatenated and cut to ``input_length`` tokens. With ``block_tokens`` 512 this is Mooncake's function
+    (:func:`kvcli.traces.mooncake.mooncake_token_ids`). ``keys[b] * block_tokens + j`` is one-to-one while every
+    key is below ``2**64 // block_tokens``, so distinct keys give independent pseudo-random blocks: two distinct
+    16-token blocks coincide with probability about 100256**-16. Vectorized: no Python loop per block or token.
+
+    Args:
+        keys: ``[blocks]`` uint64 block keys, each < ``2**64 // block_tokens``; ``blocks * block_tokens >=
+            input_length``.
+        block_tokens: tokens per block, >= 1.
+        input_length: prompt length in tokens, >= 0.
+
+    Returns:
+        ``[input_length]`` ``'<u4'`` token ids, each < 100,256.
+    """
+    offsets = np.arange(block_tokens, dtype=np.uint64)
+    x = (keys.astype(np.uint64)[:, None] * np.uint64(block_tokens) + offsets).reshape(-1)[:input_length]
+    x = splitmix64_(x)
+    x >>= _S32
+    x *= _VOCAB
+    x >>= _S32
+    return x.astype(TOKEN_DTYPE)
+
+
+def splitmix64_(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on a contiguous uint64 array, elementwise, wrapping, **in place**; returns ``x``."""
+    x += _SM64_GAMMA
+    x ^= x >> _S30
+    x *= _SM64_M1
+    x ^= x >> _S27
+    x *= _SM64_M2
+    x ^= x >> _S31
+    return x
+
+
+_SM64_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_SM64_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_SM64_M2 = np.uint64(0x94D049BB133111EB)
+_S27, _S30, _S31, _S32 = np.uint64(27), np.uint64(30), np.uint64(31), np.uint64(32)
+_VOCAB = np.uint64(SYNTH_VOCAB)
