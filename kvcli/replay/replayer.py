@@ -69,7 +69,15 @@ from kvcli.replay.measure import (
     pick_measured,
     ping_seconds,
 )
-from kvcli.replay.network import PRICED_LINK, DeviceRates, Link, overheads, priced_overheads, repeat_spread
+from kvcli.replay.network import (
+    PRICED_LINK,
+    DeviceRates,
+    Link,
+    ServerRates,
+    overheads,
+    priced_overheads,
+    repeat_spread,
+)
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, sig, summarize
@@ -142,6 +150,7 @@ class Replayer:
         self.prefetch = prefetch
         self.device = device
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
+        self._rates: dict[tuple, ServerRates] = {}  # transfer costs measured this run, by store shape
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -290,9 +299,18 @@ class Replayer:
         left = f"namespace {namespace} was not deleted ({why}): {what}; {self.remedy(namespace)}"
         return left + ("; run it as a user allowed SCAN and UNLINK" if refused else "")
 
+    def _transfer_rates(self, store: KVStore) -> ServerRates:
+        """This server's chunk SET/GET and (de)serialize costs for ``store``'s chunk value, measured once per run
+        (:func:`~kvcli.replay.measure.calibrate_transfer`, ~0.5 s a store) and shared by every trace that has a store of
+        the same layout, chunk size and value size."""
+        key = (type(store).__name__, store.config.chunk_size, store.value_bytes)
+        if key not in self._rates:
+            self._rates[key] = calibrate_transfer(self.client, store, room(server_memory(self.client)))
+        return self._rates[key]
+
     def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes) -> TraceResult:
         cfg = self.config
-        rates = [calibrate_transfer(self.client, store, room(server_memory(self.client))) for store in stores]
+        rates = [self._transfer_rates(store) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
         measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
                          if rates[big].get_seconds > 0 else 10.0)
