@@ -169,8 +169,7 @@ class Replayer:
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
         stores = [self._make_store(namespace, cs, layout) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
-            if cfg.payload == "real":
-                store.check_value_size()
+            store.check_value_size()
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         try:
             result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes)

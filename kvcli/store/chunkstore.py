@@ -584,20 +584,23 @@ class ChunkStore:
 
 def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int,
                      alternative: str = "--payload accounted") -> int:
-    """Refuse ``value_bytes``-byte chunk values (real payloads only) over the server's ``proto-max-bulk-len``;
-    ``alternative`` is one more way out the message suggests (the command's own option), or "" for none.
+    """Refuse ``value_bytes``-byte chunk values over the server's ``proto-max-bulk-len``, real or accounted payloads
+    alike (a store the server could not hold is no answer, and a replay's transfer calibration writes values of one
+    chunk's size either way); ``alternative`` is one more way out the message suggests for real payloads (the
+    command's own option), or "" for none.
 
     Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
 
     Raises:
-        ChunkTooLargeError: ``value_bytes`` exceeds the limit and ``config.payload`` is "real".
+        ChunkTooLargeError: ``value_bytes`` exceeds the limit.
     """
     try:
         limit = int(dict(client.config_get("proto-max-bulk-len")).get("proto-max-bulk-len") or 0)
     except redis.RedisError:
         limit = 0
     limit = limit or 512 * 1024 * 1024
-    if config.payload == "real" and value_bytes > limit:
+    alternative = alternative if config.payload == "real" else ""
+    if value_bytes > limit:
         raise ChunkTooLargeError(
             f"chunk size {config.chunk_size} makes {value_bytes:,}-byte values, over the server's "
             f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size"
