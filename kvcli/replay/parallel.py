@@ -34,6 +34,7 @@ from kvcli.replay.lifeline import die_with_parent
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
 from kvcli.replay.work import Part, Work, plan_units
+from kvcli.store.server import reply_timeout  # noqa: F401 - the workers' timeout, for the runner
 
 POLL_SECONDS = 0.05
 TERMINATE_SECONDS = 2.0  # a terminated worker's time to exit before it is killed (SIGKILL)
@@ -326,15 +327,3 @@ def describe_units(units) -> str:
     if isinstance(units, RayUnits):
         return f"Ray ({units.address}), up to {units.jobs} tasks per trace"
     return f"up to {units.jobs} worker processes"
-
-
-def reply_timeout(client) -> float | None:
-    """The reply timeout (seconds) ``client`` was made with (:func:`kvcli.store.server.connect`), for the workers'
-    own connections; None when it cannot be read (the default is used)."""
-    pool = getattr(client, "connection_pool", None)
-    try:
-        if pool is None:  # a cluster client: its nodes' connections carry it
-            pool = client.get_default_node().redis_connection.connection_pool
-        return pool.connection_kwargs.get("socket_timeout")
-    except AttributeError:
-        return None

@@ -193,6 +193,13 @@ def _start_parallel_replay(url: str) -> tuple[subprocess.Popen, list[str], redis
     return proc, lines, client
 
 
+def _workers(proc: subprocess.Popen) -> list[int]:
+    """The pids of a replay's worker processes (its children started by multiprocessing's spawn)."""
+    return [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                               text=True).stdout.split()
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+
+
 def _finished(proc: subprocess.Popen, lines: list[str], client: redis.Redis, code: int) -> str:
     proc.wait(timeout=120)
     time.sleep(0.2)
@@ -220,9 +227,7 @@ def test_an_interrupted_parallel_replay_stops_its_workers_and_deletes_its_keys(m
 
 def test_a_killed_worker_fails_the_run_in_one_line_and_its_keys_are_deleted(make_server):
     proc, lines, client = _start_parallel_replay(make_server())
-    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                  text=True).stdout.split()
-               if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+    workers = _workers(proc)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
     err = _finished(proc, lines, client, 1)
@@ -242,9 +247,7 @@ def _alive(pid: int) -> bool:
 def test_a_parallel_replay_killed_with_sigkill_takes_its_workers_with_it(make_server):
     """kill -9 of the parent: nothing of it runs to stop the workers, yet they die with it and stop writing."""
     proc, _, client = _start_parallel_replay(make_server())
-    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                  text=True).stdout.split()
-               if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+    workers = _workers(proc)
     assert len(workers) == 2
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
