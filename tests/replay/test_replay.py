@@ -229,6 +229,26 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     assert redis.Redis.from_url(url).dbsize() == 0
 
 
+def test_cli_accounted_chunk_too_large_refused_before_any_write(tmp_path, make_server):
+    """Accounted payloads are refused as real ones are (exit 2, one line, nothing written), not left to fail on the
+    transfer calibration's chunk-sized values (Redis's "invalid bulk length", exit 3)."""
+    from typer.testing import CliRunner
+
+    from kvcli.cli.app import app
+
+    url = make_server(**{"proto-max-bulk-len": "1mb"})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"token_ids": list(range(3000))}) + "\n")
+    bad = CliRunner().invoke(app, ["replay", str(trace), "--model", "tiny", "--measure", "0", "--prefill-tps",
+                                   "1000", "--payload", "accounted", "--chunk-sizes", "512,2048", "--redis-url", url,
+                                   "--json"])
+    assert bad.exit_code == 2, bad.output
+    assert bad.stderr.strip() == (
+        "kvcli: error: chunk size 2048 makes 2,097,320-byte values, over the server's proto-max-bulk-len of "
+        "1,048,576 bytes; use a smaller chunk size or raise proto-max-bulk-len")
+    assert redis.Redis.from_url(url).dbsize() == 0
+
+
 @pytest.mark.parametrize("args, message", [
     (["--chunk-sizes", "16,0"], "--chunk-sizes must be positive integers separated by commas, got '16,0'"),
     (["--chunk-sizes", "16,x"], "--chunk-sizes must be positive integers separated by commas, got '16,x'"),
