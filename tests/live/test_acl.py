@@ -100,7 +100,9 @@ def test_replay_without_scan_prints_its_report_then_names_what_it_left(acl_serve
     assert doc["traces"][0]["per_chunk_size"][0]["hit_tokens"] == 8
     left = sorted(k for k in admin.scan_iter("*") if k != b"foreign")
     namespace = left[0].decode().split(":")[2]
-    assert len(left) == 2 and all(k.startswith(f"kvcli:v1:{namespace}:4:m:".encode()) for k in left)
+    # the two metadata entries and the run's sentinel (kvcli/store/runmark.py), all in the run's namespace
+    assert len(left) == 3 and all(k.startswith(f"kvcli:v1:{namespace}:4:m:".encode()) for k in left[:2])
+    assert left[2] == f"kvcli:v1:{namespace}:4:p:{'0' * 32}".encode()
     assert f"namespace {namespace} was not deleted (Redis SCAN failed" in out.stderr
     assert f"kvcli purge --namespace {namespace} --yes --redis-url 'redis://kv:***@" in out.stderr
     assert "; run it as a user allowed SCAN and UNLINK" in out.stderr
@@ -118,5 +120,6 @@ def test_replay_without_unlink_names_what_it_left_and_the_permission_it_needs(ac
     left = sorted(k for k in admin.scan_iter("*") if k != b"foreign")
     namespace = left[0].decode().split(":")[2]
     assert f"namespace {namespace} was not deleted (Redis UNLINK failed" in out.stderr
-    assert "the keys this run wrote are left" in out.stderr and len(left) == 16  # the calibration's probes
+    # the calibration's 16 probes and the run's sentinel
+    assert "the keys this run wrote are left" in out.stderr and len(left) == 17
     assert "; run it as a user allowed SCAN and UNLINK" in out.stderr
