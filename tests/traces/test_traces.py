@@ -338,8 +338,9 @@ def test_unknown_format_name(tmp_path):
     with pytest.raises(BadInputError) as info:
         read_trace(path, "vllm")
     assert str(info.value) == ("unknown trace format 'vllm'; valid formats: auto, native, mooncake, sharegpt, "
-                               "swe-agent, bailian, hash-ids, claude-code")
-    assert set(FORMATS) == {"native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code"}
+                               "swe-agent, bailian, hash-ids, claude-code, openai-batch, gateway, lines")
+    assert set(FORMATS) == {"native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code",
+                            "openai-batch", "gateway", "lines"}
 
 
 def test_missing_file(tmp_path):
