@@ -375,6 +375,7 @@ SAMPLE_FILES = [
     ("no_reuse.jsonl", "native", 10, 1_514),
     ("tokens_small.jsonl", "native", 6, 78),
     ("bailian_handmade.jsonl", "bailian", 12, 2_920),
+    ("openai_batch_handmade.jsonl", "openai-batch", 6, 1_296),
 ]
 
 
