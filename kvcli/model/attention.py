@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
@@ -107,6 +106,9 @@ def _attend(q, k, v, past: int, scale: float | None, masked: bool) -> torch.Tens
         mask = torch.arange(total, device=q.device)[None, :] <= torch.arange(past, total, device=q.device)[:, None]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     if q.device.type != "cpu" or _CPU_FLASH is None:
+        # imported here: torch.nn.attention.bias loads torch._dynamo (seconds), which the CPU path never needs
+        from torch.nn.attention.bias import causal_lower_right
+
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(new, total), scale=scale,
                                               enable_gqa=True)
     out_a, lse_a = _CPU_FLASH(q, k[:, :, :past], v[:, :, :past], scale=scale)

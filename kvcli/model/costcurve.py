@@ -26,6 +26,7 @@ points scatter around the curve. Far outside the calibrated range the draws fan 
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from dataclasses import dataclass
@@ -81,6 +82,24 @@ class PrefillCost(Protocol):
 
     def to_dict(self) -> dict:
         """JSON-ready."""
+
+
+@functools.lru_cache(maxsize=16)
+def _bootstrap(points_data: tuple, residuals: tuple, coef: tuple, reps: int, seed: int) -> np.ndarray:
+    """:meth:`CostCurve.draws` of a fitted curve, ``[reps, 4]``, read-only: computed once per curve and seed (a replay
+    prices every trace with the same curve until the calibration grows, and each bootstrap is ``reps`` NNLS fits)."""
+    n_points = len(points_data)
+    pts = np.array(points_data, dtype=np.float64)
+    x = _features(pts[:, 0], pts[:, 1])
+    pred = x @ np.asarray(coef)
+    resid = np.asarray(residuals) * np.sqrt(n_points / (n_points - 4))
+    rng = np.random.default_rng(seed)
+    out = np.empty((reps, 4))
+    for i in range(reps):
+        y = pred * (1.0 + rng.choice(resid, size=n_points, replace=True))
+        out[i] = _weighted_nnls(x, np.maximum(y, 1e-12))
+    out.flags.writeable = False
+    return out
 
 
 def _features(new_tokens, cached_tokens) -> np.ndarray:
@@ -224,19 +243,9 @@ class CostCurve:
         that was not fitted (a flat rate) or fitted to no more points than coefficients gives ``reps`` copies of
         its own coefficients: it carries no spread of its own."""
         coef = self.coefficients
-        n_points = len(self.points_data)
-        if n_points <= 4 or not self.residuals:
+        if len(self.points_data) <= 4 or not self.residuals:
             return np.tile(coef, (reps, 1))
-        pts = np.array(self.points_data, dtype=np.float64)
-        x = _features(pts[:, 0], pts[:, 1])
-        pred = x @ coef
-        resid = np.asarray(self.residuals) * np.sqrt(n_points / (n_points - 4))
-        rng = np.random.default_rng(seed)
-        out = np.empty((reps, 4))
-        for i in range(reps):
-            y = pred * (1.0 + rng.choice(resid, size=n_points, replace=True))
-            out[i] = _weighted_nnls(x, np.maximum(y, 1e-12))
-        return out
+        return _bootstrap(self.points_data, self.residuals, tuple(coef), reps, seed)
 
     @classmethod
     def from_tokens_per_second(cls, tokens_per_second: float) -> CostCurve:

@@ -301,7 +301,8 @@ class Lane:
         for name in ("objects_created", "metadata_entries", "chunks_written", "payload_bytes_written",
                      "payload_bytes_accounted", "header_bytes_written", "metadata_bytes_written", "round_trips",
                      "lookups", "lookup_round_trips", "evicted_chunks", "checksum_failures", "checksum_verified_chunks",
-                     "redis_retries", "redis_errors", "redis_timeouts", "lookups_pipelined", "lookups_sampled"):
+                     "redis_retries", "redis_errors", "redis_timeouts", "redis_busy_retries", "lookups_pipelined",
+                     "lookups_sampled"):
             setattr(res, name, getattr(st, name))
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (

@@ -13,7 +13,8 @@ Workers read the trace themselves (the reader must be picklable: kvcli.replay.ru
 so on Ray every node needs the trace files at the same path, kvcli installed, and a Redis it can reach.
 
 Interrupts: workers ignore SIGINT (the terminal sends it to the whole process group); on Ctrl-C, SIGTERM or an
-error the parent terminates them (Ray: cancels the tasks) before it deletes the run's namespace.
+error the parent terminates them (Ray: cancels the tasks) before it deletes the run's namespace. A parent that
+dies without a word (SIGKILL, an OOM kill) takes its workers with it (:mod:`kvcli.replay.lifeline`).
 """
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ from typing import Protocol
 
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.model.presets import ModelConfig, ModelSpec
+from kvcli.replay.lifeline import die_with_parent
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
 from kvcli.replay.work import Part, Work, plan_units
+from kvcli.store.server import reply_timeout  # noqa: F401 - the workers' timeout, for the runner
 
 POLL_SECONDS = 0.05
 TERMINATE_SECONDS = 2.0  # a terminated worker's time to exit before it is killed (SIGKILL)
@@ -103,8 +106,16 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
     return replayer.replay_unit(work, indices, upper_bound)
 
 
-def _ignore_sigint() -> None:
+def _worker_start() -> None:
+    """A worker's first act: ignore SIGINT (a Ctrl-C is the parent's to handle) and die with the parent, however it
+    ends (:func:`kvcli.replay.lifeline.die_with_parent`): a worker never writes to Redis for a replay that is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if not die_with_parent():
+        raise SystemExit(1)  # the parent is gone already
+
+
+def _started() -> None:
+    """A task that does nothing: submitted once per worker to start them all at once."""
 
 
 def _local(replayer: Replayer, work: Work, plan, progress) -> list[Part]:
@@ -129,7 +140,7 @@ class ProcessUnits:
         """The worker pool, started now unless it is running."""
         if self._pool is None:
             workers = self.jobs
-            self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _ignore_sigint)
+            self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _worker_start)
             # SIGINT blocked while the workers are spawned: they inherit the mask, so a Ctrl-C at any moment of
             # their start-up (imports) reaches only this process (no traceback from a worker); one that comes now
             # is delivered here when unblocked
@@ -137,7 +148,7 @@ class ProcessUnits:
             blocked = mask(signal.SIG_BLOCK, {signal.SIGINT}) if mask else None
             try:
                 for _ in range(workers):  # the executor starts a worker per waiting task
-                    self._pool.submit(_ignore_sigint)
+                    self._pool.submit(_started)
             finally:
                 if mask:
                     mask(signal.SIG_SETMASK, blocked)
@@ -316,15 +327,3 @@ def describe_units(units) -> str:
     if isinstance(units, RayUnits):
         return f"Ray ({units.address}), up to {units.jobs} tasks per trace"
     return f"up to {units.jobs} worker processes"
-
-
-def reply_timeout(client) -> float | None:
-    """The reply timeout (seconds) ``client`` was made with (:func:`kvcli.store.server.connect`), for the workers'
-    own connections; None when it cannot be read (the default is used)."""
-    pool = getattr(client, "connection_pool", None)
-    try:
-        if pool is None:  # a cluster client: its nodes' connections carry it
-            pool = client.get_default_node().redis_connection.connection_pool
-        return pool.connection_kwargs.get("socket_timeout")
-    except AttributeError:
-        return None

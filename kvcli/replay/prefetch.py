@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
 
 from kvcli.errors import BadInputError, KvcliError
+from kvcli.replay.lifeline import die_with_parent
 from kvcli.store.hashing import PromptChunker, chunk_hashes, chunked, reusable_tokens
 
 PREFETCH_BATCH = 256  # requests per message from the child
@@ -112,14 +113,12 @@ class Prefetch:
 def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], radix) -> None:
     """The child: read, hash and send batches of :data:`PREFETCH_BATCH` items, then None; an error as
     ``("error", class, message)``. It ends with its parent however that ends (even SIGKILL): its copy of the
-    pipe's reading end is closed (a write then fails once the parent's is gone) and, on Linux, the kernel kills it
-    when the parent dies (``PR_SET_PDEATHSIG``)."""
+    pipe's reading end is closed (a write then fails once the parent's is gone) and it is tied to the parent
+    (:func:`kvcli.replay.lifeline.die_with_parent`: killed when the parent dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     receive.close()
-    parent = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent:  # the parent died before that took effect
+    if not die_with_parent():  # the parent died already
         return
     batch: list = []
     try:
@@ -154,18 +153,6 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
             pass
     finally:
         send.close()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG); nothing elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measured: set[int]

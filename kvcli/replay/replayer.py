@@ -42,9 +42,11 @@ with ``units`` set, in worker processes or Ray tasks (:mod:`kvcli.replay.paralle
 cleanup) runs here once.
 
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
-miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
-own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace X…"); when
-that deletion fails or is interrupted again, what was left and the command that removes it are said.
+miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. After a
+dropped connection or a timeout they check that the server is still the one the run started on, holding the run's
+sentinel key (:mod:`kvcli.store.runmark`); when it is not (restarted, replaced, flushed) the run stops (exit 3).
+The run's own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace
+X…"); when that deletion fails or is interrupted again, what was left and the command that removes it are said.
 """
 from __future__ import annotations
 
@@ -69,7 +71,15 @@ from kvcli.replay.measure import (
     pick_measured,
     ping_seconds,
 )
-from kvcli.replay.network import PRICED_LINK, DeviceRates, Link, overheads, priced_overheads, repeat_spread
+from kvcli.replay.network import (
+    PRICED_LINK,
+    DeviceRates,
+    Link,
+    ServerRates,
+    overheads,
+    priced_overheads,
+    repeat_spread,
+)
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, sig, summarize
@@ -80,6 +90,7 @@ from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import absent_note, contents
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.records import StoreConfig
+from kvcli.store.runmark import RunMark, delete_sentinel, mark_run, write_sentinel
 from kvcli.store.server import INFO_REFUSED
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
@@ -142,6 +153,7 @@ class Replayer:
         self.prefetch = prefetch
         self.device = device
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
+        self._rates: dict[tuple, ServerRates] = {}  # transfer costs measured this run, by store shape
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -171,15 +183,17 @@ class Replayer:
         measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.seed)
         measure_tokens = self._measure_tokens(lengths, measured)
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
-        stores = [self._make_store(namespace, cs, layout) for layout in cfg.layouts for cs in cfg.chunk_sizes]
+        mark = mark_run(self.client, namespace, cfg.chunk_sizes[0])  # the server this run starts on
+        stores = [self._make_store(namespace, cs, layout, mark) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
-            if cfg.payload == "real":
-                store.check_value_size()
+            store.check_value_size()
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         self.phase(f"replaying {name}: {len(lengths):,} request{'s' if len(lengths) != 1 else ''} x "
                    f"{len(stores)} store{'s' if len(stores) != 1 else ''}")
         try:
-            result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes)
+            write_sentinel(self.client, mark)
+            result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
+                               mark)
         except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
                 self._cleanup(namespace, stores, interrupted=True)
@@ -189,6 +203,7 @@ class Replayer:
             result.left_behind = self._cleanup(namespace, stores, interrupted=False)
             result.notes += [result.left_behind] if result.left_behind else []
         else:
+            delete_sentinel(self.client, mark)  # the chunks are kept, not the run's bookkeeping
             kept = f"namespace {namespace} kept (--keep)"
             if "kvcli" in cfg.layouts:
                 kept += f": its kvcli-layout keys: {self.remedy(namespace)}"
@@ -290,9 +305,19 @@ class Replayer:
         left = f"namespace {namespace} was not deleted ({why}): {what}; {self.remedy(namespace)}"
         return left + ("; run it as a user allowed SCAN and UNLINK" if refused else "")
 
-    def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes) -> TraceResult:
+    def _transfer_rates(self, store: KVStore) -> ServerRates:
+        """This server's chunk SET/GET and (de)serialize costs for ``store``'s chunk value, measured once per run
+        (:func:`~kvcli.replay.measure.calibrate_transfer`, ~0.5 s a store) and shared by every trace that has a store of
+        the same layout, chunk size and value size."""
+        key = (type(store).__name__, store.config.chunk_size, store.value_bytes)
+        if key not in self._rates:
+            self._rates[key] = calibrate_transfer(self.client, store, room(server_memory(self.client)))
+        return self._rates[key]
+
+    def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
+             mark: RunMark | None = None) -> TraceResult:
         cfg = self.config
-        rates = [calibrate_transfer(self.client, store, room(server_memory(self.client))) for store in stores]
+        rates = [self._transfer_rates(store) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
         measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
                          if rates[big].get_seconds > 0 else 10.0)
@@ -301,7 +326,7 @@ class Replayer:
         used_before = self._used_memory()
         t0 = time.perf_counter()
         work = Work(name, reader, lengths, measured, measure_tokens, stores[0].config.namespace,
-                    tuple((s.layout, s.config.chunk_size) for s in stores), rates, check.evicts)
+                    tuple((s.layout, s.config.chunk_size) for s in stores), rates, check.evicts, mark)
         if self.units is None:  # in this process, one unit holding every store
             parts = [self.replay_unit(work, tuple(range(len(stores))), True, stores, progress)]
         else:  # worker processes or Ray tasks (kvcli.replay.parallel), the same replay_unit in each
@@ -343,7 +368,8 @@ class Replayer:
             ModelFailure: the model failed.
         """
         if stores is None:
-            stores = [self._make_store(work.namespace, work.stores[i][1], work.stores[i][0]) for i in indices]
+            stores = [self._make_store(work.namespace, work.stores[i][1], work.stores[i][0], work.mark)
+                      for i in indices]
         return replay_stores(work, indices, stores, upper_bound, self.client, self.model, self.config,
                              self.prefetch, progress)
 
@@ -459,12 +485,13 @@ class Replayer:
             raise BadInputError("the trace holds no requests", path=name)
         return np.asarray(lengths, dtype=np.int64), arrival_order(stamps)
 
-    def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli") -> KVStore:
+    def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli", mark: RunMark | None = None
+                    ) -> KVStore:
         cfg = self.config
         return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
-            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True)
+            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True, mark=mark)
 
 def _purge_remedy(namespace: str) -> str:
     """How to remove what a run left in ``namespace`` when the replayer was given no ``remedy``."""

@@ -184,6 +184,7 @@ class ChunkSizeResult:
     redis_retries: int = 0  # commands re-sent after a dropped connection (redis-py Retry)
     redis_errors: int = 0  # lookups/retrieves/stores that failed after retries: misses, nothing stored
     redis_timeouts: int = 0  # replies that did not come within --redis-timeout
+    redis_busy_retries: int = 0  # calls sent again after a BUSY reply (another client's long script)
     checksum_verified_chunks: int = 0
     measured_requests: int = 0
     full_prefill_seconds_measured: float = 0.0

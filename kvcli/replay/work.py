@@ -21,6 +21,7 @@ from kvcli.model.costcurve import PrefillSample
 from kvcli.replay.network import ServerRates
 from kvcli.replay.results import ChunkSizeResult
 from kvcli.replay.savings import Ledger
+from kvcli.store.runmark import RunMark
 from kvcli.traces.request import Request
 
 UPPER_BOUND_WEIGHT = 4.0  # the radix tree's cost in units of a 1,024-token store (bench/bench_jobs.py, roughly)
@@ -43,6 +44,8 @@ class Work:
             unit).
         evicts: the preflight says the server will evict keys (``--allow-evictions``): requests one at a time, no
             pipelined batches (kvcli.store.batch), so every eviction is a miss at the very next lookup.
+        mark: the run's server (:mod:`kvcli.store.runmark`), which every unit's stores check after a dropped
+            connection; None: not checked.
     """
 
     name: str
@@ -54,6 +57,7 @@ class Work:
     stores: tuple[tuple[str, int], ...]
     rates: list[ServerRates]
     evicts: bool = False
+    mark: RunMark | None = None
 
 
 @dataclass

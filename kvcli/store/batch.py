@@ -58,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.errors import RedisFailure
-from kvcli.store.calls import RedisUnavailable
+from kvcli.store.calls import RedisUnavailable, ScriptKilled, ServerBusy
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.cluster import by_shard, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt
@@ -244,6 +244,7 @@ class Batch:
     sent_seconds: float = 0.0  # client-side seconds to build and send it
     value_bytes: int = 0  # bytes of one metadata value it writes with a parent
     scripts: list[int] = field(default_factory=list)  # requests per script it was sent as, in order
+    packed: list[list] = field(default_factory=list)  # each script's command, packed (sent again after BUSY)
 
 
 class Batcher:
@@ -293,16 +294,16 @@ class Batcher:
         middle, tail = store.metadata.middle, store.metadata.tail(False, now)
         st = store.stats
         batch = Batch(prompts, None, st.mean_lookup_seconds(), 0.0, store.metadata.length(False, False, now))
-        packed = []
         for group in _groups(prompts):  # scripts of at most MAX_SCRIPT_KEYS keys (a request is never split)
             keys = [meta + x for p in group for x in p.hexes]
             digests = b"".join(d for p in group for d in p.digests)
-            packed += self._pack("EVAL", _INDEX_SCRIPT, len(keys), *keys, digests, middle, tail,
-                                 *[len(p.hashes) for p in group])
+            batch.packed.append(self._pack("EVAL", _INDEX_SCRIPT, len(keys), *keys, digests, middle, tail,
+                                           *[len(p.hashes) for p in group]))
             batch.scripts.append(len(group))
         try:
             with uninterrupted():  # sent whole or not at all
-                store.calls.call(self._eval, packed, record=False, name="EVAL")
+                store.calls.call(self._eval, [c for packed in batch.packed for c in packed], record=False,
+                                 name="EVAL")
         except RedisUnavailable as exc:
             st.redis_timeouts += exc.timeout
             self._drop()
@@ -350,17 +351,12 @@ class Batcher:
 
     def _receive(self, batch: Batch) -> None:
         store, st = self.store, self.store.stats
-        replies, refused = [], None
         try:
-            for i in range(len(batch.scripts)):  # every reply read, an error reply too: none left on the connection
-                try:
-                    replies.append(store.calls.call(self._eval, record=i == 0, name="EVAL"))
-                except RedisUnavailable:
-                    raise
-                except RedisFailure as exc:
-                    refused = refused or exc
-            if refused is not None:
-                raise refused
+            replies = self._replies(batch)
+        except (ScriptKilled, _Lost) as exc:  # every reply was read: the connection stays
+            self._fail(batch)
+            store.calls.absorb(exc)
+            return
         except RedisUnavailable as exc:
             st.redis_timeouts += exc.timeout  # on this connection of its own, not redis-py's retry's to count
             self._drop()
@@ -394,6 +390,52 @@ class Batcher:
             meta_bytes = written * batch.value_bytes - (32 if written and hit == 0 else 0)  # chunk 0: no parent
             answers.append((look, store.account_written(written, meta_bytes, seconds, present)))
         batch.answers = answers
+
+    def _replies(self, batch: Batch) -> list:
+        """The reply of every script of ``batch``, read in order (an error reply too: none is left on the
+        connection). Scripts answered BUSY (another client's script ran; they did not) are sent again, in order,
+        with :meth:`~kvcli.store.calls.Calls.call`'s waits, while nothing sent after them has run.
+
+        Raises:
+            ScriptKilled: another client's SCRIPT KILL stopped one of them.
+            _Lost: a script ran after one answered BUSY, or another batch was sent behind it: sending that one
+                again would run it out of order.
+            RedisUnavailable: a reply did not come (connection, timeout), or BUSY outlasted the reply timeout.
+            RedisFailure: the server refused a script (e.g. OOM, permissions).
+        """
+        calls, st = self.store.calls, self.store.stats
+        replies: list = [None] * len(batch.scripts)
+        start, backoff = 0, None
+        while True:
+            busy: list[int] = []
+            failed: RedisFailure | None = None
+            for i in range(start, len(batch.scripts)):
+                try:
+                    replies[i] = calls.call(self._eval, record=i == start, name="EVAL", busy_retry=False)
+                except ServerBusy:
+                    busy.append(i)
+                except ScriptKilled as exc:
+                    failed = failed or exc
+                except RedisUnavailable:
+                    raise
+                except RedisFailure as exc:
+                    failed = failed or exc
+            if failed is not None:
+                raise failed
+            if not busy:
+                return replies
+            if busy != list(range(busy[0], len(batch.scripts))) or self._due:
+                st.redis_errors += 1
+                raise _Lost("Redis EVAL failed: a batch script answered BUSY ran out of order with the others")
+            backoff = backoff or calls.busy_backoff()
+            if not backoff.wait():
+                raise calls.unavailable("EVAL", f"busy with another client's script for {calls.busy_seconds:g} s, "
+                                                f"the reply timeout", True, "BUSY")
+            st.redis_busy_retries += len(busy)
+            start = busy[0]
+            with uninterrupted():
+                calls.call(self._eval, [c for packed in batch.packed[start:] for c in packed], record=False,
+                           name="EVAL")
 
     def _pack(self, *args) -> list:
         """One command packed for this batcher's connection (made here, not connected yet, the first time: its
@@ -437,6 +479,10 @@ def _groups(prompts: list[ChunkedPrompt]) -> list[list[ChunkedPrompt]]:
         groups[-1].append(prompt)
         keys += len(prompt.hashes)
     return groups
+
+
+class _Lost(RedisUnavailable):
+    """A batch whose scripts cannot all be answered in order (:meth:`Batcher._replies`): its lookups fail."""
 
 
 class _Refused(Exception):

@@ -8,6 +8,20 @@ raises :class:`RedisUnavailable`; in a tolerant store (replay's) the caller abso
 KV, a failed store writes nothing more), until :data:`MAX_FAILURES_IN_ROW` calls in a row on the client have
 failed: then the server is taken as gone and the error is raised anyway. Other errors (out of memory,
 permissions) always raise, as :class:`~kvcli.errors.RedisFailure`.
+
+Two replies of a server that is busy with a script are not the end of a call:
+
+* ``BUSY`` (another client's script runs past the server's ``busy-reply-threshold``; the command did not run): the
+  call is sent again (:class:`~kvcli.store.busy.Backoff`) until the script ends, for up to the client's reply
+  timeout (``--redis-timeout``) in all, each send counted in ``redis_busy_retries``; still BUSY then, the call has
+  failed as a timeout would (:class:`RedisUnavailable`).
+* "Script killed by user" (another client's ``SCRIPT KILL`` stopped a script of ours: a lookup, a batch): the call
+  failed, as one that lost its connection does (:class:`ScriptKilled`, a :class:`RedisUnavailable` that does not
+  count towards :data:`MAX_FAILURES_IN_ROW`: the server answers).
+
+A store made with a :class:`~kvcli.store.runmark.RunMark` also checks, after any dropped connection or timeout on
+its client, that the server is still the run's (:func:`~kvcli.store.runmark.check_run`) before the next call goes
+on; when it is not, :class:`~kvcli.store.runmark.ServerRestarted` ends the run (exit 3).
 """
 from __future__ import annotations
 
@@ -16,9 +30,11 @@ from collections.abc import Callable
 import redis
 
 from kvcli.errors import RedisFailure, redis_error_text
+from kvcli.store.busy import Backoff, is_busy, is_script_killed
 from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, mget
 from kvcli.store.records import StoreStats
-from kvcli.store.server import FaultCounts, fault_counts
+from kvcli.store.runmark import RunMark, check_run
+from kvcli.store.server import DEFAULT_TIMEOUT, FaultCounts, fault_counts, reply_timeout
 
 MAX_FAILURES_IN_ROW = 3  # calls failing after retries, in a row, before a tolerant store gives up
 
@@ -32,53 +48,124 @@ class RedisUnavailable(RedisFailure):
         self.timeout, self.final = timeout, final
 
 
+class ScriptKilled(RedisUnavailable):
+    """A script of ours was stopped by another client's ``SCRIPT KILL``: the call failed, the server answers."""
+
+
+class ServerBusy(RedisFailure):
+    """A BUSY reply to a call made with ``busy_retry=False`` (the caller sends it again itself: the batch script)."""
+
+
 class Calls:
     """The Redis calls of one store on one client, counted in the store's :class:`~kvcli.store.records.
-    StoreStats` (``round_trips``, ``redis_errors``, ``redis_retries``, ``redis_timeouts``) and, per shard, in
-    :attr:`shard_trips`.
+    StoreStats` (``round_trips``, ``redis_errors``, ``redis_retries``, ``redis_busy_retries``, ``redis_timeouts``)
+    and, per shard, in :attr:`shard_trips`.
 
     Args:
         client: a redis-py client (a single server or a Redis Cluster).
         stats: the store's running totals, updated in place.
         tolerate_unavailable: whether the store absorbs a :class:`RedisUnavailable` (:meth:`absorb`).
+        mark: the run's server (:mod:`kvcli.store.runmark`), checked after a dropped connection or a timeout;
+            None: never checked.
     """
 
-    def __init__(self, client: redis.Redis, stats: StoreStats, tolerate_unavailable: bool = False) -> None:
-        self.client, self.stats, self.tolerate_unavailable = client, stats, tolerate_unavailable
+    def __init__(self, client: redis.Redis, stats: StoreStats, tolerate_unavailable: bool = False,
+                 mark: RunMark | None = None) -> None:
+        self.client, self.stats, self.tolerate_unavailable, self.mark = client, stats, tolerate_unavailable, mark
         self.shard_trips = ShardTrips(client)  # round trips per shard: {"host:port": count}
         self._faults = fault_counts(client) or FaultCounts()
+        self.busy_seconds = reply_timeout(client) or DEFAULT_TIMEOUT  # the longest a call waits out BUSY replies
 
-    def call(self, fn: Callable, *args, record: bool = True, name: str | None = None):
+    def call(self, fn: Callable, *args, record: bool = True, name: str | None = None, busy_retry: bool = True):
         """``fn(*args)`` as one round trip (counted in ``round_trips`` when ``record``); ``name`` is the command
-        named in an error (default: ``fn``'s name, upper case).
+        named in an error (default: ``fn``'s name, upper case). A BUSY reply sends it again (module docstring;
+        a pipeline's ``execute`` with its commands queued again), unless ``busy_retry`` is False.
 
         Raises:
             RedisUnavailable: the call failed after retries (``final`` once :data:`MAX_FAILURES_IN_ROW` calls in a
-                row on this client have).
+                row on this client have), or stayed BUSY for the client's reply timeout; :class:`ScriptKilled`: a
+                script of ours was killed.
+            ServerBusy: a BUSY reply, with ``busy_retry`` False.
+            ServerRestarted: a connection dropped or timed out earlier, and the server is no longer the run's.
             RedisFailure: any other error of the server or the client.
         """
         self.stats.round_trips += record
         faults, st = self._faults, self.stats
+        self.verify()
         retries, timeouts = faults.retries, faults.timeouts
+        label = name or _name(fn)
         try:
-            result = fn(*args)
+            result = self._busy_retried(fn, args, busy_retry)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-            faults.failed_in_row += 1
-            st.redis_errors += 1
+            faults.unverified = True  # a connection of its own (the batch script's) has no retry to say so
             timeout = isinstance(exc, redis.exceptions.TimeoutError)
             why = "no reply within the timeout" if timeout else "the connection kept dropping"
-            if faults.failed_in_row >= MAX_FAILURES_IN_ROW:
-                raise RedisUnavailable(f"the Redis server stopped answering: {faults.failed_in_row} calls in a row "
-                                       f"failed after retries (last: {name or _name(fn)}, {why}: {exc})", timeout,
-                                       final=True) from None
-            raise RedisUnavailable(f"Redis {name or _name(fn)} failed after retries ({why}): {exc}", timeout) from None
+            raise self.unavailable(label, why, timeout, str(exc)) from None
         except REDIS_ERRORS as exc:
-            raise RedisFailure(f"Redis {name or _name(fn)} failed: {redis_error_text(exc)}") from None
+            if is_script_killed(exc):
+                st.redis_errors += 1
+                raise ScriptKilled(f"Redis {label} failed: a SCRIPT KILL from another client stopped it") from None
+            if is_busy(exc) and not busy_retry:
+                raise ServerBusy(f"Redis {label} failed: {redis_error_text(exc)}") from None
+            if is_busy(exc):
+                st.redis_timeouts += 1  # no usable reply within the timeout (redis-py counts only its own)
+                raise self.unavailable(label, f"busy with another client's script for {self.busy_seconds:g} s, "
+                                              f"the reply timeout", True, redis_error_text(exc)) from None
+            raise RedisFailure(f"Redis {label} failed: {redis_error_text(exc)}") from None
         finally:
             st.redis_retries += faults.retries - retries
             st.redis_timeouts += faults.timeouts - timeouts
         faults.failed_in_row = 0
+        self.verify()  # a connection dropped and was made again during the call: its answer may be another server's
         return result
+
+    def _busy_retried(self, fn: Callable, args: tuple, busy_retry: bool):
+        """``fn(*args)``, sent again after each BUSY reply (``busy_retry``) while :attr:`busy_seconds` last."""
+        backoff, again = None, _requeue(fn, args)
+        while True:
+            try:
+                return fn(*args)
+            except redis.exceptions.ResponseError as exc:
+                if not busy_retry or not is_busy(exc):
+                    raise
+                backoff = backoff or Backoff(self.busy_seconds)
+                if not backoff.wait():
+                    raise
+                self.stats.redis_busy_retries += 1
+                again()
+
+    def busy_backoff(self) -> Backoff:
+        """The waits of a caller that sends a BUSY call again itself (``busy_retry=False``): as :meth:`call`'s."""
+        return Backoff(self.busy_seconds)
+
+    def unavailable(self, name: str, why: str, timeout: bool, detail: str = "") -> RedisUnavailable:
+        """A call named ``name`` failed for good (``why``, the error's own words in ``detail``; ``timeout``: no
+        usable reply in time): counted in ``redis_errors`` and towards :data:`MAX_FAILURES_IN_ROW`; returns the
+        error to raise (``final`` once that many failed in a row)."""
+        faults = self._faults
+        faults.failed_in_row += 1
+        self.stats.redis_errors += 1
+        if faults.failed_in_row >= MAX_FAILURES_IN_ROW:
+            return RedisUnavailable(f"the Redis server stopped answering: {faults.failed_in_row} calls in a row "
+                                    f"failed after retries (last: {name}, {why}: {detail})", timeout, final=True)
+        return RedisUnavailable(f"Redis {name} failed after retries ({why}): {detail}", timeout)
+
+    def verify(self) -> None:
+        """After a dropped connection or a timeout on this client, check that the server is still the run's
+        (:func:`~kvcli.store.runmark.check_run`); nothing without a mark, or when the check cannot reach the
+        server (the next call fails or reconnects, and the check runs again after it).
+
+        Raises:
+            ServerRestarted: the server restarted, was replaced, or lost the run's keys.
+        """
+        faults = self._faults
+        if self.mark is None or not faults.unverified:
+            return
+        try:
+            check_run(self.client, self.mark)
+        except REDIS_ERRORS:
+            return
+        faults.unverified = False
 
     def read(self, keys: list[str], record: bool = True) -> list:
         """MGET of ``keys`` (one round trip per shard on a cluster: :func:`kvcli.store.cluster.mget`), counted per
@@ -90,6 +177,22 @@ class Calls:
         docstring); the caller then goes on by the rule."""
         if not self.tolerate_unavailable or exc.final:
             raise exc
+
+
+def _requeue(fn: Callable, args: tuple) -> Callable[[], None]:
+    """What makes ``fn(*args)`` ready to be called again as the first time: a pipeline's ``execute`` (or a partial
+    of it, or a function given the pipeline) empties the pipeline, so its commands are queued again; anything else
+    needs nothing."""
+    owners = [getattr(fn, "__self__", None), getattr(getattr(fn, "func", None), "__self__", None), *args]
+    owner = next((o for o in owners if isinstance(o, redis.client.Pipeline)), None)
+    if owner is None:
+        return lambda: None
+    queued = list(owner.command_stack)
+
+    def again() -> None:
+        owner.command_stack = list(queued)
+
+    return again
 
 
 def _name(fn) -> str:

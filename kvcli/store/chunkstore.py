@@ -28,14 +28,14 @@ more; each is counted in :class:`~kvcli.store.records.StoreStats`.
 """
 from __future__ import annotations
 
-import functools
 import time
 from typing import TYPE_CHECKING
 
 import redis
 import xxhash
 
-from kvcli.errors import KvcliError, RedisFailure
+from kvcli.errors import KvcliError
+from kvcli.store.busy import is_busy
 from kvcli.store.calls import Calls, RedisUnavailable
 from kvcli.store.cluster import by_shard, is_cluster, set_in_order, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
@@ -64,6 +64,7 @@ from kvcli.store.records import (
     StoreStats,
     WritePlan,
 )
+from kvcli.store.runmark import RunMark
 from kvcli.store.serde import dtype_name, encode_kv
 from kvcli.store.server import script_refused
 
@@ -87,16 +88,17 @@ class ChunkStore:
         config: what the store writes and where.
         tolerate_unavailable: absorb a call that fails after retries (module docstring; replay's stores).
         scripts: False: never send the lookup script (the pipelined reads of a server that refuses scripts).
+        mark: the run's server, checked after a dropped connection (:mod:`kvcli.store.runmark`); None: never.
     """
 
     layout = "kvcli"
 
     def __init__(self, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False,
-                 scripts: bool = True) -> None:
+                 scripts: bool = True, mark: RunMark | None = None) -> None:
         self.client = client
         self.config = config
         self.stats = StoreStats()
-        self.calls = Calls(client, self.stats, tolerate_unavailable)
+        self.calls = Calls(client, self.stats, tolerate_unavailable, mark)
         self.prefix = key_prefix(config.namespace, config.chunk_size)
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
@@ -241,9 +243,7 @@ class ChunkStore:
         pipe.mget(meta_keys)
         for key in payload_keys:
             pipe.strlen(key)
-        replies = self.calls.call(functools.partial(pipe.execute, raise_on_error=False), record=record)
-        if isinstance(replies[0], Exception):
-            raise RedisFailure(f"Redis MGET failed: {replies[0]}")
+        replies = self.calls.call(_execute_reads, pipe, record=record, name="MGET")
         metas = list(replies[0])
         return metas, self._judged(prompt, metas, [WRONG_TYPE if isinstance(x, Exception) else int(x)
                                                    for x in replies[1:]])
@@ -582,22 +582,37 @@ class ChunkStore:
             return self.calls.call(set_in_order, self.client, deletes, firsts, thens, nx, ex, self.shard_trips)
 
 
+def _execute_reads(pipe) -> list:
+    """A lookup's pipelined MGET and STRLENs: their replies, an error reply to a STRLEN among them (a key of another
+    type); a BUSY reply to any, or any error reply to the MGET, is raised (the call is then sent again, or fails)."""
+    replies = pipe.execute(raise_on_error=False)
+    busy = next((r for r in replies if isinstance(r, Exception) and is_busy(r)), None)
+    if busy is not None:
+        raise busy
+    if isinstance(replies[0], Exception):
+        raise replies[0]
+    return replies
+
+
 def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int,
                      alternative: str = "--payload accounted") -> int:
-    """Refuse ``value_bytes``-byte chunk values (real payloads only) over the server's ``proto-max-bulk-len``;
-    ``alternative`` is one more way out the message suggests (the command's own option), or "" for none.
+    """Refuse ``value_bytes``-byte chunk values over the server's ``proto-max-bulk-len``, real or accounted payloads
+    alike (a store the server could not hold is no answer, and a replay's transfer calibration writes values of one
+    chunk's size either way); ``alternative`` is one more way out the message suggests for real payloads (the
+    command's own option), or "" for none.
 
     Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
 
     Raises:
-        ChunkTooLargeError: ``value_bytes`` exceeds the limit and ``config.payload`` is "real".
+        ChunkTooLargeError: ``value_bytes`` exceeds the limit.
     """
     try:
         limit = int(dict(client.config_get("proto-max-bulk-len")).get("proto-max-bulk-len") or 0)
     except redis.RedisError:
         limit = 0
     limit = limit or 512 * 1024 * 1024
-    if config.payload == "real" and value_bytes > limit:
+    alternative = alternative if config.payload == "real" else ""
+    if value_bytes > limit:
         raise ChunkTooLargeError(
             f"chunk size {config.chunk_size} makes {value_bytes:,}-byte values, over the server's "
             f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size"

@@ -17,6 +17,7 @@ from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.namespace import purge_own
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
+from kvcli.store.runmark import RunMark
 
 if TYPE_CHECKING:
     import torch
@@ -100,10 +101,12 @@ def parse_layouts(text: str) -> tuple[str, ...]:
     return names
 
 
-def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False) -> KVStore:
+def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False,
+               mark: RunMark | None = None) -> KVStore:
     """The store of ``layout`` for ``config``. ``tolerate_unavailable``: kvcli's store counts a call that still
     fails after redis-py's retries as a miss (:class:`~kvcli.store.chunkstore.ChunkStore`); the lmcache store
-    stops the run instead.
+    stops the run instead. ``mark``: the run's server, which kvcli's store checks after a dropped connection
+    (:mod:`kvcli.store.runmark`; the lmcache store does not).
 
     Raises:
         BadInputError: an unknown layout, or options the layout does not support.
@@ -111,16 +114,15 @@ def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_u
     if layout not in LAYOUTS:
         raise BadInputError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
     if layout == "kvcli":
-        return ChunkStore(client, config, tolerate_unavailable=tolerate_unavailable)
+        return ChunkStore(client, config, tolerate_unavailable=tolerate_unavailable, mark=mark)
     return LAYOUTS[layout](client, config)
 
 
 def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...]) -> int:
     """Delete what a run wrote under ``namespace`` (its own, fresh) in each of ``layouts`` (its own keys only: kvcli's
-    layout through :func:`~kvcli.store.namespace.purge_own`). Returns the count."""
-    deleted = 0
-    if "kvcli" in layouts:
-        deleted += purge_own(client, namespace)
+    layout through :func:`~kvcli.store.namespace.purge_own`, whatever the layouts: the run's sentinel,
+    :mod:`kvcli.store.runmark`, is named in it). Returns the count."""
+    deleted = purge_own(client, namespace)
     if "lmcache" in layouts:
         from kvcli.store.lmcache_store import purge_namespace
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import cast
@@ -31,6 +30,7 @@ import redis
 
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
+from kvcli.store.busy import Backoff, is_busy
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION, ROUTE_KIND, ROUTE_NAMESPACE, is_route_index_key
 from kvcli.store.server import ENV_URL, RedisTarget, script_refused
 
@@ -232,7 +232,8 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
     per-key parse of :func:`purge` is not needed for keys only this run wrote.
     On a cluster, or where the server or the user refuses the script (no scripting, Redis < 6 without SCAN's TYPE
     option, an ACL), the same keys go through :func:`purge`. While another client's script holds the server
-    (BUSY), a step is sent again every 50 ms, for up to :data:`BUSY_WAIT` seconds. Returns the keys deleted.
+    (BUSY), a step is sent again (:class:`~kvcli.store.busy.Backoff`), for up to :data:`BUSY_WAIT` seconds.
+    Returns the keys deleted.
 
     Raises:
         RedisFailure: a step failed after the first (keys of earlier steps are deleted; the message says how many).
@@ -243,20 +244,19 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
     glob = f"{KEY_ROOT}:{KEY_VERSION}:{glob_escape(namespace)}:[1-9]*:[mp]:*"
     cursor, deleted, first = b"0", 0, True
     step = client.register_script(_PURGE_OWN_STEP)
-    busy_until = None  # while another client's script holds the server (BUSY), the step waits and is sent again
+    backoff = None  # while another client's script holds the server (BUSY), the step waits and is sent again
     try:
         while first or cursor not in (b"0", "0", 0):
             try:
                 cursor, n = step(keys=[], args=[cursor, glob, BATCH])
             except redis.exceptions.ResponseError as exc:
-                if not str(exc).startswith("BUSY"):
+                if not is_busy(exc):
                     raise
-                busy_until = busy_until or time.monotonic() + BUSY_WAIT
-                if time.monotonic() > busy_until:
+                backoff = backoff or Backoff(BUSY_WAIT)
+                if not backoff.wait():
                     raise
-                time.sleep(0.05)
                 continue
-            deleted, first, busy_until = deleted + int(n), False, None
+            deleted, first, backoff = deleted + int(n), False, None
     except redis.exceptions.ResponseError as exc:
         if first and script_refused(exc):
             return purge(client, namespace).deleted  # nothing was deleted: the client-side purge does it all

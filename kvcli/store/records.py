@@ -218,6 +218,7 @@ class StoreStats:
     redis_retries: int = 0  # commands redis-py re-sent on a fresh connection after a drop
     redis_errors: int = 0  # calls that failed after retries (a tolerant store absorbs them: kvcli.store.calls)
     redis_timeouts: int = 0  # replies that did not come within the client's timeout
+    redis_busy_retries: int = 0  # calls sent again after a BUSY reply (another client's script: kvcli.store.calls)
     checksum_verified_chunks: int = 0
     lookup_seconds: list[float] = field(default_factory=list)  # each timed lookup (seconds)
     lookups_pipelined: int = 0  # lookups answered in batches (kvcli.store.batch): not timed one by one

@@ -100,12 +100,14 @@ class FaultCounts:
     """What redis-py's retry layer saw on one client's connections, cumulative: ``retries`` (a command re-sent on a
     fresh connection after its connection dropped), ``dropped`` (connections that failed mid-command) and
     ``timeouts`` (replies not received within the timeout). Shared by every connection of the client; a
-    :class:`~kvcli.store.chunkstore.ChunkStore` adds ``failed_in_row``."""
+    :class:`~kvcli.store.chunkstore.ChunkStore` adds ``failed_in_row``, and ``unverified`` is set on each drop or
+    timeout until :mod:`kvcli.store.calls` has checked that the server is still the run's."""
 
     retries: int = 0
     dropped: int = 0
     timeouts: int = 0
     failed_in_row: int = 0  # calls that failed after retries since the last one that succeeded (chunkstore.py)
+    unverified: bool = False  # a connection dropped or timed out since the server was last checked (calls.py)
 
 
 class CountingRetry(Retry):
@@ -133,11 +135,13 @@ class CountingRetry(Retry):
             except _NOT_RETRIED as exc:
                 raise _Final(exc) from None
             except (redis.exceptions.TimeoutError, socket.timeout) as exc:  # not retried: counted here
+                counts.unverified = True
                 if _first_sight(exc):
                     counts.timeouts += 1
                 raise
 
         def failed(error, *more):
+            counts.unverified = True  # the next connection may reach another server
             if _first_sight(error):  # redis-py 6+ nests a connect retry inside the command's
                 counts.dropped += 1
             return fail(error, *more)
@@ -308,6 +312,31 @@ def describe(client: redis.Redis | RedisCluster, url: str, embedded: bool) -> Re
     if isinstance(client, RedisCluster):
         return RedisTarget(url, embedded, True, len(client.get_primaries()))
     return RedisTarget(url, embedded)
+
+
+def reply_timeout(client) -> float | None:
+    """The reply timeout (seconds) ``client`` was made with (:func:`connect`); None when it cannot be read."""
+    pool = getattr(client, "connection_pool", None)
+    try:
+        if pool is None:  # a cluster client: its nodes' connections carry it
+            pool = client.get_default_node().redis_connection.connection_pool
+        return pool.connection_kwargs.get("socket_timeout")
+    except AttributeError:
+        return None
+
+
+def address(client) -> str:
+    """Where ``client`` connects, as a URL without user or password (safe to print): ``redis://host:port/db``,
+    ``rediss://...``, ``unix:///path``, or a cluster's ``redis+cluster://host:port`` (the node it was given)."""
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        return f"redis+cluster://{node.host}:{node.port}"
+    kwargs = client.connection_pool.connection_kwargs
+    db = int(kwargs.get("db", 0) or 0)
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}" + (f"?db={db}" if db else "")
+    scheme = "rediss" if "SSL" in client.connection_pool.connection_class.__name__ else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}" + (f"/{db}" if db else "")
 
 
 def server_info(client: redis.Redis, *sections: str) -> dict | None:

@@ -6,6 +6,7 @@ R1 = R2 = tok(1..10) at chunk size 4: two full chunks each; R1 misses and stores
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import signal
@@ -17,10 +18,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from faultproxy import FaultProxy  # bench/faultproxy.py (tests/conftest.py puts bench/ on the path)
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
 from kvcli.store.namespace import _PURGE_OWN_STEP
+from kvcli.store.runmark import SENTINEL_HEX
 
 pytestmark = pytest.mark.single_server("the fault proxy stands in front of one server")
 
@@ -83,8 +86,8 @@ def test_the_report_table_shows_retries_errors_and_timeouts(tmp_path, fault_prox
                                    "--prefill-tps", "1000", "--payload", "accounted", "--redis-url",
                                    fault_proxy.url(), "--pipeline", "1"])
     assert out.exit_code == 0, out.output
-    line = next(x for x in out.stdout.splitlines() if "Redis retries / errors / timeouts" in x)
-    assert "1 / 0 / 0" in line
+    line = next(x for x in out.stdout.splitlines() if "Redis retries / BUSY retries / errors / timeouts" in x)
+    assert "1 / 0 / 0 / 0" in line
 
 
 def test_a_server_that_stops_answering_ends_the_run_and_names_what_was_left(tmp_path, fault_proxy, redis_url):
@@ -103,7 +106,9 @@ def test_a_server_that_stops_answering_ends_the_run_and_names_what_was_left(tmp_
     command = f"kvcli purge --namespace {namespace} --yes --redis-url {fault_proxy.url()}"
     assert command in err and "was not deleted" in err
     left = [k for k in _keys(redis_url) if k != b"foreign"]
-    assert len(left) == 2 and all(k.startswith(f"kvcli:v1:{namespace}:4:m:".encode()) for k in left)  # R1's
+    sentinel = f"kvcli:v1:{namespace}:4:p:{SENTINEL_HEX}".encode()  # the run's (kvcli.store.runmark)
+    assert sentinel in left and len(left) == 3  # R1's two chunks and the sentinel
+    assert all(k.startswith(f"kvcli:v1:{namespace}:4:m:".encode()) for k in left if k != sentinel)
     fault_proxy.heal()
     done = CliRunner().invoke(app, command.split()[1:])  # the command exactly as printed
     assert done.exit_code == 0, done.output
@@ -118,7 +123,7 @@ def test_a_server_gone_mid_run_ends_it_with_exit_3_and_the_purge_command(tmp_pat
     assert "the Redis server stopped answering: 3 calls in a row failed" in out.stderr
     assert "was not deleted" in out.stderr
     assert "kvcli purge --namespace replay-" in out.stderr and f"--redis-url {fault_proxy.url()}" in out.stderr
-    assert len(_keys(redis_url)) == 2  # R1's two metadata entries, named in the message
+    assert len(_keys(redis_url)) == 3  # R1's two metadata entries and the run's sentinel, named in the message
 
 
 BATCH_READ = (b"MGET", b":4:m:")  # a pipelined batch's read of every metadata key it names
@@ -267,3 +272,151 @@ def test_one_signal_during_the_final_cleanup_lets_it_finish(fault_proxy, redis_u
     assert proc.returncode == 130 and "Traceback" not in err, err
     assert "deleting namespace replay-" in err and "was not deleted" not in err
     assert _keys(redis_url) == [b"foreign"]
+
+
+# -- a server busy with a script, a script of ours killed, a server restarted ------------------------------------------
+SPIN = ("local t = redis.call('TIME') local stop = t[1] * 1e6 + t[2] + ARGV[1] * 1e6 "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] >= stop return 1")  # busy for ARGV[1] seconds
+BATCH_EVAL = b"$4\r\nEVAL\r\n"  # the batch script's EVAL (not EVAL_RO, not EVALSHA)
+
+
+def _spin(url: str, seconds: float) -> None:
+    with contextlib.suppress(redis.exceptions.ResponseError):  # killed
+        redis.Redis.from_url(url, socket_timeout=120).eval(SPIN, 0, seconds)
+
+
+def _busy_for(url: str, seconds: float) -> threading.Thread:
+    """Another client's script that holds the server ``seconds`` (unless killed: it writes nothing); returns once
+    other clients get BUSY."""
+    spinner = threading.Thread(target=_spin, args=(url, seconds), daemon=True)
+    spinner.start()
+    probe = redis.Redis.from_url(url, socket_timeout=60)
+    deadline = time.monotonic() + 30  # a bound on the wait, not a measurement
+    while time.monotonic() < deadline:
+        try:
+            probe.ping()
+        except redis.exceptions.ResponseError as exc:
+            assert str(exc).startswith("BUSY")
+            return spinner
+        time.sleep(0.005)
+    raise AssertionError("the other client's script never made the server BUSY")
+
+
+@pytest.mark.parametrize("pipeline, match", [("1", LOOKUP_R2), ("256", (BATCH_EVAL,))])
+def test_busy_from_another_clients_script_is_waited_out_and_counted(tmp_path, make_server, pipeline, match):
+    """R2's lookup (pipeline 1: its EVAL_RO; 256: the one batch script holding R1 and R2) gets BUSY while another
+    client's 1-second script runs: it is sent again until the script ends, and R2 hits its 8 tokens."""
+    url = make_server(**{"busy-reply-threshold": "10"})  # ms: others get BUSY once a script runs longer
+    spinners = []
+    with FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])) as proxy:
+        proxy.on(*match, skip=1 if pipeline == "1" else 0, call=lambda: spinners.append(_busy_for(url, 1.0)))
+        out = _replay(_trace(tmp_path), proxy.url(), pipeline=pipeline)
+        assert proxy.fired == 1
+    row = _row(out)
+    assert (row["hit_tokens"], row["prompt_tokens"], row["lookups"]) == (8, 20, 2)
+    assert row["redis_busy_retries"] >= 1 and (row["redis_errors"], row["redis_timeouts"]) == (0, 0)
+    spinners[0].join()
+    assert redis.Redis.from_url(url).dbsize() == 0
+
+
+def test_busy_past_the_timeout_fails_that_call_only(tmp_path, make_server):
+    """R2's lookup stays BUSY for longer than the timeout; the other client's script is killed at the replay's next
+    command (the SCAN of its Redis memory), so the rest of the run finds the server free."""
+    url = make_server(**{"busy-reply-threshold": "10"})
+    spinners = []
+    with FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])) as proxy:
+        def busy() -> None:
+            spinners.append(_busy_for(url, 60))
+            proxy.on(b"SCAN", call=redis.Redis.from_url(url).script_kill)
+
+        proxy.on(*LOOKUP_R2, skip=1, call=busy)
+        out = _replay(_trace(tmp_path), proxy.url(), "--redis-timeout", "300ms")
+    row = _row(out)  # R2's lookup stayed BUSY for the 300 ms timeout: a failed lookup (a miss), stores nothing
+    assert (row["hit_tokens"], row["lookups"], row["metadata_entries"]) == (0, 1, 2)
+    assert row["redis_busy_retries"] >= 1 and (row["redis_errors"], row["redis_timeouts"]) == (1, 1)
+    spinners[0].join()
+
+
+def test_a_script_kill_of_a_batch_script_fails_that_batch_only(tmp_path, make_server):
+    """Eight copies of one 100,001-token prompt at chunk size 4, two requests per batch: each request's lookup is
+    one script (25,000 chunks, past the 4,096 a script holds). Once the first batch ran (R1 writes the chunks, R2
+    hits), another client SCRIPT KILLs the first script it can (a later batch's: they only read, so they can be
+    killed): that batch's two lookups fail (misses, one Redis error) and the run goes on. Hit tokens: 7 requests x
+    100,000 without the kill, 5 with it."""
+    url = make_server(**{"busy-reply-threshold": "1"})
+    admin = redis.Redis.from_url(url, socket_timeout=60)
+    path = tmp_path / "t.jsonl"
+    line = json.dumps({"token_ids": list(range(1, 100_002))})
+    path.write_text("".join(f"{line}\n" for _ in range(8)))
+    kills, stop = [], threading.Event()
+
+    def killer() -> None:
+        while not stop.is_set():
+            try:
+                ran = admin.info("commandstats").get("cmdstat_eval", {}).get("calls", 0)
+            except redis.exceptions.ResponseError:  # BUSY: a script runs
+                continue
+            if ran >= 2:  # the first batch's two scripts are done
+                break
+        while not stop.is_set():
+            try:
+                kills.append(admin.script_kill())
+                return
+            except redis.exceptions.ResponseError:  # NOTBUSY (between scripts), UNKILLABLE
+                time.sleep(0.001)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    out = _replay(path, url, pipeline="2")
+    stop.set()
+    thread.join()
+    assert kills == [True], "no script was killed"
+    row = _row(out)
+    assert (row["hit_tokens"], row["prompt_tokens"], row["lookups"]) == (500_000, 800_008, 8)
+    assert (row["redis_errors"], row["redis_timeouts"]) == (1, 0)
+    assert admin.dbsize() == 0
+
+
+def test_a_killed_lookup_script_is_a_failed_lookup(tmp_path, make_server):
+    """pipeline 1: R2's lookup script (EVAL_RO) is killed while it runs: a miss, and the run goes on."""
+    url = make_server(**{"busy-reply-threshold": "1"})
+    admin = redis.Redis.from_url(url, socket_timeout=60)
+    path = tmp_path / "t.jsonl"
+    line = json.dumps({"token_ids": list(range(1, 100_002))})
+    path.write_text(f"{line}\n{line}\n")
+    kills = []
+
+    def kill_it() -> None:
+        def loop():
+            while True:
+                try:
+                    kills.append(admin.script_kill())
+                    return
+                except redis.exceptions.ResponseError:
+                    time.sleep(0.001)
+        threading.Thread(target=loop, daemon=True).start()
+
+    with FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])) as proxy:
+        proxy.on(*LOOKUP_R2, skip=1, call=kill_it)
+        out = _replay(path, proxy.url())
+    assert kills == [True]
+    row = _row(out)
+    assert (row["hit_tokens"], row["lookups"], row["redis_errors"]) == (0, 1, 1)
+
+
+def test_a_server_restarted_empty_mid_run_stops_the_replay(tmp_path):
+    """The server is restarted (no persistence: empty) when R2's lookup arrives; the connection drops, redis-py
+    reconnects to the new server, whose run_id differs: the replay stops with exit 3, no report."""
+    from servers import Server  # bench/servers.py
+
+    with Server(appendonly=False) as server, FaultProxy("127.0.0.1", server.port) as proxy:
+        proxy.on(*LOOKUP_R2, skip=1, call=server.restart)
+        out = _replay(_trace(tmp_path, 5), proxy.url())
+        assert proxy.fired == 1
+        assert out.exit_code == 3, out.output
+        assert out.stdout == ""
+        error = out.stderr.strip().splitlines()[-1]
+        assert error.startswith(f"kvcli: error: the Redis server at {proxy.url()} restarted during the replay "
+                                f"(INFO run_id changed)"), error
+        assert "Traceback" not in out.stderr
+        assert redis.Redis(port=server.port).dbsize() == 0  # what it wrote after the restart was deleted

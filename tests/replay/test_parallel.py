@@ -194,6 +194,13 @@ def _start_parallel_replay(url: str) -> tuple[subprocess.Popen, list[str], redis
     return proc, lines, client
 
 
+def _workers(proc: subprocess.Popen) -> list[int]:
+    """The pids of a replay's worker processes (its children started by multiprocessing's spawn)."""
+    return [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                               text=True).stdout.split()
+            if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+
+
 def _finished(proc: subprocess.Popen, lines: list[str], client: redis.Redis, code: int) -> str:
     proc.wait(timeout=120)
     time.sleep(0.2)
@@ -221,10 +228,37 @@ def test_an_interrupted_parallel_replay_stops_its_workers_and_deletes_its_keys(m
 
 def test_a_killed_worker_fails_the_run_in_one_line_and_its_keys_are_deleted(make_server):
     proc, lines, client = _start_parallel_replay(make_server())
-    workers = [int(pid) for pid in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                  text=True).stdout.split()
-               if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")]
+    workers = _workers(proc)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)
     err = _finished(proc, lines, client, 1)
     assert "kvcli: error: a replay worker process died (killed, out of memory" in err and "rerun with --jobs 1" in err
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie, dead but not reaped by its new parent, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_parallel_replay_killed_with_sigkill_takes_its_workers_with_it(make_server):
+    """kill -9 of the parent: nothing of it runs to stop the workers, yet they die with it and stop writing."""
+    proc, _, client = _start_parallel_replay(make_server())
+    workers = _workers(proc)
+    assert len(workers) == 2
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    deadline = time.monotonic() + 60  # a bound on the wait, not a measurement
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:  # a failed test leaves no writer behind
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+    keys = client.dbsize()
+    time.sleep(0.5)
+    assert client.dbsize() == keys  # nothing writes any more

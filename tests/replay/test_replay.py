@@ -90,8 +90,9 @@ def test_replay_counts_accounted(redis_client, pipeline):
         # estimated saving at 1000 tok/s with no fixed cost: reuse (min(hit, n-1)) tokens / 1000
         assert res.saved_prefill_seconds_estimated == pytest.approx(exp["hit_tokens"] / 1000)
         assert res.savings.saved.value == pytest.approx(exp["hit_tokens"] / 1000)
-    # 4 saves 28 ms, 8 saves 24 ms: 4 wins, or ties with 8 if this run's overhead noise is that wide
-    assert result.verdict.kind in ("clear", "tie") and result.verdict.tied[0] == 4
+    # 4 saves 28 ms, 8 saves 24 ms: 4 leads; whether it wins clearly, ties with 8 or is within noise depends on
+    # the overheads this run measured (a loaded machine's round trips spread wide)
+    assert result.verdict.tied[0] == 4
     assert redis_client.dbsize() == 0  # a fresh namespace, deleted after the report
 
 
@@ -225,6 +226,26 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     assert json.loads(ok.stdout)["traces"][0]["per_chunk_size"][0]["objects_created"] == 2 * 5
     bad = CliRunner().invoke(app, args + ["--chunk-sizes", "512,2048"])
     assert bad.exit_code == 2 and "proto-max-bulk-len" in bad.stderr
+    assert redis.Redis.from_url(url).dbsize() == 0
+
+
+def test_cli_accounted_chunk_too_large_refused_before_any_write(tmp_path, make_server):
+    """Accounted payloads are refused as real ones are (exit 2, one line, nothing written), not left to fail on the
+    transfer calibration's chunk-sized values (Redis's "invalid bulk length", exit 3)."""
+    from typer.testing import CliRunner
+
+    from kvcli.cli.app import app
+
+    url = make_server(**{"proto-max-bulk-len": "1mb"})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"token_ids": list(range(3000))}) + "\n")
+    bad = CliRunner().invoke(app, ["replay", str(trace), "--model", "tiny", "--measure", "0", "--prefill-tps",
+                                   "1000", "--payload", "accounted", "--chunk-sizes", "512,2048", "--redis-url", url,
+                                   "--json"])
+    assert bad.exit_code == 2, bad.output
+    assert bad.stderr.strip() == (
+        "kvcli: error: chunk size 2048 makes 2,097,320-byte values, over the server's proto-max-bulk-len of "
+        "1,048,576 bytes; use a smaller chunk size or raise proto-max-bulk-len")
     assert redis.Redis.from_url(url).dbsize() == 0
 
 
