@@ -23,8 +23,9 @@ ALLOWED = {
     "replay": {"errors", "units", "tables", "figures", "traces", "store", "model"},
     "live": {"errors", "units", "tables", "traces", "store", "model"},
     "route": {"errors", "units", "tables", "figures", "traces", "store", "model"},
+    "analysis": {"errors", "units", "tables", "traces", "model", "replay"},
     "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "traces", "store", "model", "replay",
-            "live", "route"},
+            "live", "route", "analysis"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model"},  # its library names, loaded lazily
 }

@@ -340,9 +340,10 @@ def _register() -> None:
     from kvcli.cli.hardware import hardware
     from kvcli.cli.profile import profile
     from kvcli.cli.route import route
+    from kvcli.cli.stats import stats
 
     for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
-                     ("profile", profile), ("hardware", hardware), ("export", export)):
+                     ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats)):
         app.command(name)(handle_errors(fn))
 
 

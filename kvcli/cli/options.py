@@ -57,7 +57,8 @@ Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tok
                                                   show_default=False)]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 
-TRACE_FORMATS_HELP = "auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent."
+TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent, openai-batch, "
+                      "gateway, lines.")
 HASH_IDS_PANEL = "Hash-id traces (Mooncake, Bailian, block_size records, Claude-Code sessions)"
 HashBlockTokens = Annotated[Optional[int], typer.Option(
     "--hash-block-tokens", metavar="B", show_default=False, rich_help_panel=HASH_IDS_PANEL,

@@ -88,9 +88,12 @@ class HFTokenizer(Tokenizer):
         """Text of ``token_ids`` (special tokens kept)."""
         return self._tok.decode([int(t) for t in token_ids])
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> np.ndarray:
-        """``apply_chat_template`` of the normalized messages (module docstring). Returns ``[tokens]`` ``'<u4'``;
-        empty for no messages (an empty request, which replay skips: engines refuse an empty conversation).
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list | None = None) -> np.ndarray:
+        """``apply_chat_template`` of the normalized messages (module docstring), with ``tools`` handed to the
+        template as an OpenAI-compatible engine hands a request's tools (a template that does not use them renders
+        none, as on the engine). Returns ``[tokens]`` ``'<u4'``; empty for no messages (an empty request, which
+        replay skips: engines refuse an empty conversation).
 
         Raises:
             BadInputError: invalid messages; the folder has no chat template; the template refuses them.
@@ -102,8 +105,8 @@ class HFTokenizer(Tokenizer):
             raise BadInputError(f"tokenizer {self.path} has no chat template, so it cannot render messages; use a "
                                 f"checkpoint whose tokenizer_config.json or chat_template.jinja has one")
         try:
-            ids = self._tok.apply_chat_template(engine_messages, add_generation_prompt=add_generation_prompt,
-                                                tokenize=True, return_dict=False)
+            ids = self._tok.apply_chat_template(engine_messages, tools=tools or None, tokenize=True,
+                                                add_generation_prompt=add_generation_prompt, return_dict=False)
         except Exception as exc:  # jinja2's TemplateError from raise_exception(), or a template bug
             raise BadInputError(f"the chat template of {self.path} refuses these messages: {one_line(exc)}") \
                 from None

@@ -34,7 +34,9 @@ and the generation prompt (``add_generation_prompt=True``) appends ``<|im_start|
 * then, when the message has ``tool_calls`` (or the legacy ``function_call``), their JSON text (same
   ``json.dumps`` settings), after a ``"\\n"`` when the text so far is not empty.
 
-Other message keys (``name``, ``tool_call_id``, ...) are not rendered.
+Other message keys (``name``, ``tool_call_id``, ...) are not rendered. A request's ``tools`` render as one more
+system message, ``"Tools available:\\n"`` + their JSON, after a leading system message
+(:func:`~kvcli.model.tokenizer_base.with_tools`; glaive's ShareGPT ``tools`` render the same way).
 
 **Token ids are built per piece**: the header ``<|im_start|>{role}\\n``, the text, and the footer
 ``<|im_end|>\\n`` of every message are encoded *separately* and their ids concatenated. BPE never merges across
@@ -71,6 +73,7 @@ from kvcli.model.tokenizer_base import (
     check_messages,
     message_role,
     message_text,
+    with_tools,
 )
 
 DEFAULT_TOKENIZER = "cl100k_base"
@@ -141,12 +144,15 @@ class TiktokenTokenizer(Tokenizer):
         role = message_role(message)
         return np.concatenate((self.header(role), self.encode(message_text(message)), self._footer))
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> np.ndarray:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list | None = None) -> np.ndarray:
         """Token ids of a conversation under the chat template (see the module docstring).
 
         Args:
             messages: OpenAI-style messages, in order.
             add_generation_prompt: append ``<|im_start|>assistant\\n`` (the prompt of the next assistant turn).
+            tools: a request's tools, rendered as the system message of
+                :func:`~kvcli.model.tokenizer_base.with_tools` (after a leading system message).
 
         Returns:
             ``[tokens]`` ``'<u4'`` array.
@@ -154,7 +160,7 @@ class TiktokenTokenizer(Tokenizer):
         Raises:
             BadInputError: ``messages`` is not a list of valid messages.
         """
-        parts = [self.encode_message(m) for m in check_messages(messages)]
+        parts = [self.encode_message(m) for m in with_tools(check_messages(messages), tools)]
         if add_generation_prompt:
             parts.append(self.generation_prompt)
         if not parts:

@@ -70,12 +70,15 @@ class Tokenizer(ABC):
         """Text of ``token_ids``; for display and debugging."""
 
     @abstractmethod
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> np.ndarray:
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True,
+                    tools: list | None = None) -> np.ndarray:
         """Token ids of a conversation under this tokenizer's chat template.
 
         Args:
             messages: OpenAI-style messages, in order.
             add_generation_prompt: append the prompt of the next assistant turn.
+            tools: an OpenAI request's ``tools`` (function definitions), part of the prompt prefix: a Hugging Face
+                template renders them itself; kvcli's ChatML renders :func:`with_tools`. None or ``[]``: none.
 
         Returns:
             ``[tokens]`` ``'<u4'`` array.
@@ -87,6 +90,46 @@ class Tokenizer(ABC):
     @abstractmethod
     def conversation(self) -> Conversation:
         """An empty :class:`Conversation` under this tokenizer's chat template."""
+
+
+def tools_message(tools: Any) -> dict | None:
+    """The system message kvcli's own rendering gives a request's tools: ``"Tools available:\\n"`` then the
+    tools as text (a string as given, as glaive's ``tools`` field holds it; anything else its JSON,
+    ``json.dumps(tools, ensure_ascii=False)``, keys in their given order); None for no tools (None, ``""``, ``[]``,
+    ``"[]"``)."""
+    if not tools:
+        return None
+    text = tools if isinstance(tools, str) else json.dumps(tools, ensure_ascii=False)
+    if text.strip() in ("", "[]"):
+        return None
+    return {"role": "system", "content": "Tools available:\n" + text}
+
+
+def with_tools(messages: list[dict], tools: Any) -> list[dict]:
+    """``messages`` with :func:`tools_message` inserted after a leading system message (first when there is
+    none), so a shared system prompt stays a shared prefix; ``messages`` itself when there are no tools."""
+    extra = tools_message(tools)
+    if extra is None:
+        return messages
+    at = 1 if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system" else 0
+    return [*messages[:at], extra, *messages[at:]]
+
+
+def check_tools(tools: Any) -> list | None:
+    """An OpenAI request's ``tools``: a list of objects (None when absent or null).
+
+    Raises:
+        BadInputError: not a list, or an element that is not an object (its index is named).
+    """
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise BadInputError(f"tools must be a list of tool objects, not {type(tools).__name__}")
+    bad = next((i for i, t in enumerate(tools) if not isinstance(t, dict)), None)
+    if bad is not None:
+        raise BadInputError(f"tools[{bad}] must be an object like {{'type': 'function', 'function': ...}}, "
+                            f"not {type(tools[bad]).__name__}")
+    return tools
 
 
 def check_messages(messages: Any) -> list[dict]:

@@ -10,7 +10,24 @@ Memory: each distinct token run is kept once (4 bytes per token).
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import NamedTuple
+
 import numpy as np
+
+
+class Segment(NamedTuple):
+    """A run of tokens that later requests reused (:meth:`RadixUpperBound.shared_segments`).
+
+    Attributes:
+        cache_salt: the tenant. start: tokens of the prefix before it. tokens: ``[tokens]`` uint32, the run.
+        reused: later requests whose reused prefix covers the whole run.
+    """
+
+    cache_salt: str
+    start: int
+    tokens: np.ndarray
+    reused: int
 
 
 class _Node:
@@ -21,11 +38,12 @@ class _Node:
 
 
 class _Edge:
-    __slots__ = ("tokens", "child")
+    __slots__ = ("tokens", "child", "reused")
 
-    def __init__(self, tokens: np.ndarray, child: _Node) -> None:
+    def __init__(self, tokens: np.ndarray, child: _Node, reused: int = 0) -> None:
         self.tokens = tokens
         self.child = child
+        self.reused = reused  # later requests whose match covered this whole edge
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -55,17 +73,32 @@ class RadixUpperBound:
             k = _common(edge.tokens, tokens[pos:])
             if k < len(edge.tokens):
                 self._split(edge, k)
+                edge.reused += 1
                 pos += k
                 if pos < n:
                     edge.child.children[int(tokens[pos])] = _Edge(tokens[pos:].copy(), _Node())
                 return pos
+            edge.reused += 1
             pos += k
             node = edge.child
         return pos
 
+    def shared_segments(self) -> Iterator[Segment]:
+        """Every run of tokens later requests reused, one per edge of the tree with a reuse: together they
+        partition the matches, ``sum(len(s.tokens) * s.reused) == sum of match_and_insert's returns``. Depth
+        first, children in insertion order; the arrays are the tree's own (do not modify them)."""
+        for salt, root in self._roots.items():
+            stack = [(root, 0)]
+            while stack:
+                node, depth = stack.pop()
+                for edge in reversed(node.children.values()):
+                    if edge.reused:
+                        yield Segment(salt, depth, edge.tokens, edge.reused)
+                        stack.append((edge.child, depth + len(edge.tokens)))
+
     @staticmethod
     def _split(edge: _Edge, k: int) -> None:
-        tail = _Edge(edge.tokens[k:], edge.child)
+        tail = _Edge(edge.tokens[k:], edge.child, edge.reused)
         middle = _Node()
         middle.children[int(tail.tokens[0])] = tail
         edge.tokens, edge.child = edge.tokens[:k], middle

@@ -29,6 +29,15 @@ error here: the request comes out with an empty (or header-only) token array. Ex
     {"id": "r1", "timestamp": 0.5, "session_id": "s1", "cache_salt": "acme", "output_length": 40,
      "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]}
 
+A file of OpenAI request bodies (``{"model", "messages", "tools", ...}`` per line) is native: ``tools`` (a list of
+tool objects, with ``messages`` only) are part of the prompt, handed to a Hugging Face template as the engine hands
+them, or rendered by kvcli's ChatML as a system message after a leading one.
+
+``openai-batch``, ``gateway`` -- OpenAI Batch input lines (``custom_id``, ``body``) and gateway logs (LiteLLM
+spend logs, JSONL or CSV: a request field and a time field): :mod:`kvcli.traces.openai`,
+:mod:`kvcli.traces.gateway`; each body renders as a native record does. ``lines`` -- one completion prompt per
+line (:mod:`kvcli.traces.lines`).
+
 ``mooncake`` -- Mooncake (FAST'25) JSONL: ``timestamp`` (ms; converted to seconds), ``input_length``,
 ``output_length``, ``hash_ids`` (prefix-chained block ids, 512 tokens per block). There is no text, so token
 ids are synthesized by :func:`mooncake_token_ids`: equal hash ids give equal 512-token blocks. ``id`` is
@@ -63,14 +72,18 @@ generation prompt); ``output_length`` is its token count; ``session_id`` is the 
 ``"<stem>:<k>"`` (k = 1-based call number).
 
 Auto-detection (:func:`detect_format`, reads only the first record of a JSONL file): a ``.traj`` suffix ->
-swe-agent; a first non-space character ``[`` -> sharegpt; otherwise the first record (the first non-blank line,
+swe-agent; ``.txt`` -> lines; a first non-space character ``[`` -> sharegpt; a first line that is a CSV header with
+a gateway log's columns -> gateway; other CSV refused; any other first line not starting with ``{`` -> lines;
+otherwise the first record (the first non-blank line,
 or the whole document when that line is a lone ``{``) decides: ``hash_ids`` -> bailian (with ``chat_id``,
 ``parent_chat_id``, ``turn`` or ``type``), hash-ids (with ``block_size``) or mooncake; ``requests`` with
 ``block_size`` or ``hash_id_scope`` -> claude-code; ``conversations`` ->
-sharegpt, ``history`` -> swe-agent, ``prompt``/``messages``/``token_ids`` -> native. CSV is refused first, by the
-one rule every command applies (:func:`kvcli.traces.detect.refuse_csv`): an Azure LLM inference trace (known by
-its ``TIMESTAMP,ContextTokens,GeneratedTokens`` header; prompt lengths only, so no prefix sharing can be derived)
-or any ``.csv``/``.tsv`` file.
+sharegpt, ``history`` -> swe-agent; then ``custom_id`` and ``body`` -> openai-batch, a request and a time field ->
+gateway, ``prompt``/``messages``/``token_ids`` -> native, and a record that fits more than one of these three is
+refused, naming the formats to pass (:func:`kvcli.traces.detect.request_format`). CSV other than a gateway log is
+refused, by the one rule every command applies (:func:`kvcli.traces.detect.refuse_csv`): an Azure LLM inference
+trace (known by its ``TIMESTAMP,ContextTokens,GeneratedTokens`` header; prompt lengths only, so no prefix sharing can
+be derived) or any ``.csv``/``.tsv`` file.
 
 Order: readers yield file order; commands take requests in arrival order (:mod:`kvcli.traces.order`: timestamps
 when every request has one, stable) and say when that reorders a trace. ``-`` (stdin) is spooled to a file by

@@ -8,6 +8,7 @@ from pathlib import Path
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.traces.claude_code import outline_claude_code, read_claude_code
+from kvcli.traces.gateway import REQUEST_FIELDS, TIME_FIELDS, is_gateway_record, read_gateway
 from kvcli.traces.hashids import (
     HASH_ID_FORMATS,
     TraceFormat,
@@ -17,8 +18,10 @@ from kvcli.traces.hashids import (
     read_hash_id_trace,
     semantics_note,
 )
+from kvcli.traces.lines import read_lines
 from kvcli.traces.mooncake import outline_mooncake, read_mooncake
 from kvcli.traces.native import NATIVE_PROMPT_KEYS, read_native
+from kvcli.traces.openai import BATCH_KEYS, read_openai_batch
 from kvcli.traces.records import (
     check_file,
     json_type,
@@ -39,8 +42,9 @@ def read_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: Tok
     Args:
         path: the trace file (optionally gzip-compressed).
         fmt: ``"auto"`` or one of :data:`FORMATS` (``native``, ``mooncake``, ``sharegpt``, ``swe-agent``,
-            ``bailian``, ``hash-ids``, ``claude-code``), or a :class:`~kvcli.traces.hashids.TraceFormat` that also
-            declares hash-id semantics (tokens per id, timestamp unit, the tail block, skipping bad records).
+            ``bailian``, ``hash-ids``, ``claude-code``, ``openai-batch``, ``gateway``, ``lines``), or a
+            :class:`~kvcli.traces.hashids.TraceFormat` that also declares hash-id semantics (tokens per id, timestamp
+            unit, the tail block, skipping bad records).
         tokenizer: tokenizer name (or a loaded :class:`~kvcli.tokenize.Tokenizer`) for text prompts; loaded only
             when a record needs it (Mooncake and ``token_ids`` records never do).
 
@@ -60,6 +64,8 @@ def _reader(name: str, spec: TraceFormat) -> Reader:
     hash-id reader, with Mooncake's 512 tokens and ms as its defaults)."""
     if name == "claude-code":
         return functools.partial(read_claude_code, fmt=spec)
+    if name == "gateway":
+        return functools.partial(read_gateway, fmt=spec)
     if name in HASH_ID_FORMATS and (name != "mooncake" or spec.declared):
         return functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS[name], fmt=spec)
     return FORMATS[name]
@@ -125,13 +131,19 @@ def detect_format(path: str | Path) -> str:
     """
     path = Path(path)
     check_file(path)
-    if stem_and_suffix(path)[1] == ".traj":
+    suffix = stem_and_suffix(path)[1].lower()
+    if suffix == ".traj":
         return "swe-agent"
+    if suffix == ".txt":
+        return "lines"
     if read_first_char(path) == b"[":  # a JSON list, maybe all on one line: no line of it is read as a line
         refuse_csv(path.name, b"", str(path))
         return "sharegpt"
     first = read_first_line(path)
-    refuse_csv(path.name, first[1] if first else b"", str(path), first[0] if first else None)
+    if first is not None:
+        text = text_format(path.name, first[1], str(path), first[0])
+        if text is not None:
+            return text
     line_no, record = read_first_record(path)
     if not isinstance(record, dict):
         raise BadInputError(f"cannot detect the trace format: the first record is {json_type(record)}, "
@@ -143,13 +155,65 @@ def detect_format(path: str | Path) -> str:
     for key, fmt in (("conversations", "sharegpt"), ("history", "swe-agent")):
         if key in record:
             return fmt
-    if any(k in record for k in NATIVE_PROMPT_KEYS):
-        return "native"
+    return request_format(record, path, line_no)
+
+
+def request_format(record: dict, path: Path, line_no: int) -> str:
+    """The format of a first record that holds one request: ``openai-batch`` (``custom_id`` and ``body``),
+    ``gateway`` (:func:`kvcli.traces.gateway.is_gateway_record`) or ``native`` (``prompt``, ``messages`` or
+    ``token_ids``). A gateway row's ``messages`` is the gateway's copy of the request's, so it alone does not make
+    the row native.
+
+    Raises:
+        BadInputError: no format fits, or more than one does (the error names them and says to pass one).
+    """
+    fits = {"openai-batch": all(k in record for k in BATCH_KEYS), "gateway": is_gateway_record(record),
+            "native": any(k in record for k in NATIVE_PROMPT_KEYS)}
+    if fits["gateway"] and not any(k in record for k in ("prompt", "token_ids")):
+        fits["native"] = False
+    found = [name for name, fit in fits.items() if fit]
+    if len(found) == 1:
+        return found[0]
     keys = ", ".join(sorted(record)[:10]) or "none"
+    if found:
+        raise BadInputError(f"ambiguous trace format: the first record's keys ({keys}) fit {' and '.join(found)}; "
+                            f"pass the format by name (--format {' or --format '.join(found)}; kvcli export: "
+                            "--input-format)", path=str(path), line=line_no)
     raise BadInputError(f"cannot detect the trace format from the first record's keys ({keys}); expected "
                         "hash_ids (mooncake, bailian, hash-ids), conversations (sharegpt), history (swe-agent), "
-                        "requests with block_size (claude-code) or prompt/messages/token_ids (native)",
+                        "requests with block_size (claude-code), custom_id and body (openai-batch), a request and "
+                        f"a time field (gateway: {', '.join(REQUEST_FIELDS)} or messages, and "
+                        f"{', '.join(TIME_FIELDS)}) or prompt/messages/token_ids (native)",
                         path=str(path), line=line_no)
+
+
+def text_format(name: str, first_line: bytes, path: str, line: int | None = None) -> str | None:
+    """The format a file's first non-blank line says, when it is not JSON: ``gateway`` for a CSV header with a
+    gateway log's columns (:func:`kvcli.traces.gateway.is_gateway_record`), ``lines`` (one prompt per line) for
+    any other text that does not start with ``{``; None for a JSON line. The rule every command applies, warm's
+    ``-`` (stdin) included.
+
+    Raises:
+        BadInputError: at ``path:line``, other CSV input (:func:`refuse_csv`).
+    """
+    text = first_line.strip().removeprefix(b"\xef\xbb\xbf")
+    if text.startswith(b"{"):
+        return None
+    if is_gateway_record(csv_header(text)):
+        return "gateway"
+    refuse_csv(name, first_line, path, line)
+    return "lines"
+
+
+def csv_header(line: bytes) -> list[str]:
+    """The column names of a CSV header line (quoted names unquoted, spaces around them dropped)."""
+    import csv
+
+    try:
+        row = next(csv.reader([line.decode("utf-8", "replace")]), [])
+    except csv.Error:
+        return []
+    return [c.strip() for c in row]
 
 
 #: fields only a Bailian record has, beside hash_ids
@@ -173,9 +237,9 @@ _CSV_HEADERS: dict[tuple[str, ...], str] = {("timestamp", "contexttokens", "gene
 
 
 def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None) -> None:
-    """The one rule every command applies to CSV input: a known CSV trace (by its header) or any ``.csv``/``.tsv``
-    file is refused with a message saying what it is; kvcli reads no CSV format (``warm --format lines`` reads
-    any text file as one prompt per line).
+    """The one rule every command applies to CSV input other than a gateway log (:func:`text_format`): a known CSV
+    trace (by its header) or any ``.csv``/``.tsv`` file is refused with a message saying what it is (``--format
+    lines`` reads any text file as one prompt per line).
 
     Raises:
         BadInputError: at ``path:line``, when the input is CSV.
@@ -186,8 +250,9 @@ def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None)
         raise BadInputError(known, path=path, line=line)
     suffix = name.lower().removesuffix(".gz").rpartition(".")[2]
     if suffix in ("csv", "tsv"):
-        raise BadInputError(f"a {suffix.upper()} file: kvcli reads no {suffix.upper()} trace format (native JSONL, "
-                            f"Mooncake, ShareGPT, SWE-agent); warm --format lines reads it as one prompt per line",
+        raise BadInputError(f"a {suffix.upper()} file: kvcli reads {suffix.upper()} only as a gateway log (a "
+                            f"header with a request column, {', '.join(REQUEST_FIELDS)} or messages, and a time "
+                            f"column, {', '.join(TIME_FIELDS)}); --format lines reads it as one prompt per line",
                             path=path)
 
 
@@ -200,4 +265,7 @@ FORMATS: dict[str, Reader] = {
     "hash-ids": functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS["hash-ids"],
                                   fmt=TraceFormat("hash-ids")),
     "claude-code": functools.partial(read_claude_code, fmt=TraceFormat("claude-code")),
+    "openai-batch": read_openai_batch,
+    "gateway": functools.partial(read_gateway, fmt=TraceFormat("gateway")),
+    "lines": read_lines,
 }

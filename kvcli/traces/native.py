@@ -11,7 +11,7 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
-from kvcli.model.tokenizer_base import TOKEN_DTYPE
+from kvcli.model.tokenizer_base import TOKEN_DTYPE, check_tools
 from kvcli.traces.records import (
     iter_jsonl,
     located,
@@ -38,34 +38,50 @@ def read_native(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iter
 
 def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: int) -> Request:
     record = require_object(record)
-    present = [k for k in NATIVE_PROMPT_KEYS if k in record]
-    if len(present) != 1:
-        found = ", ".join(present) if present else "none"
-        raise BadInputError(f"a native record needs exactly one of prompt, messages, token_ids (found: {found})")
-    key = present[0]
-    value = record[key]
-    if key == "prompt":
-        if not isinstance(value, str):
-            raise BadInputError(f"prompt must be a string, not {type(value).__name__}")
-        tokens = get_tokenizer(tokenizer).encode_prompt(value)
-    elif key == "messages":
-        if not isinstance(value, list):
-            raise BadInputError(f"messages must be a list of chat messages, not {type(value).__name__}")
-        tokens = get_tokenizer(tokenizer).encode_chat(value, add_generation_prompt=True)
-    else:
-        tokens = token_array(value)
     salt = record.get("cache_salt")
     if salt is not None and not isinstance(salt, str):
         raise BadInputError(f"cache_salt must be a string, not {type(salt).__name__}")
     return Request(
         id=optional_id(record, "id") or f"{path.name}:{line_no}",
-        token_ids=tokens,
+        token_ids=prompt_tokens(record, tokenizer, "a native record"),
         timestamp=optional_seconds(record.get("timestamp"), "timestamp", divisor=1),
         session_id=optional_id(record, "session_id"),
         cache_salt=salt or "",
         output_length=optional_count(record.get("output_length"), "output_length"),
         source=f"{path}:{line_no}",
     )
+
+
+def prompt_tokens(record: dict, tokenizer: TokenizerArg, what: str) -> np.ndarray:
+    """The prompt token ids of a request object, the one rendering every format of requests shares (native
+    records, OpenAI request bodies in Batch files and gateway logs): exactly one of ``prompt`` (a string, a
+    completion prompt: :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_prompt`), ``messages`` (chat messages,
+    with the request's ``tools``, under the chat template plus the generation prompt:
+    :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_chat`) or ``token_ids``; ``what`` names the object in
+    the error. Returns ``[tokens]`` ``'<u4'``.
+
+    Raises:
+        BadInputError: none or several of the three, a value of the wrong type, bad ``tools`` (a list of
+            objects), or messages the template refuses.
+    """
+    present = [k for k in NATIVE_PROMPT_KEYS if k in record]
+    if len(present) != 1:
+        found = ", ".join(present) if present else "none"
+        raise BadInputError(f"{what} needs exactly one of prompt, messages, token_ids (found: {found})")
+    key = present[0]
+    value = record[key]
+    tools = check_tools(record.get("tools"))
+    if tools and key != "messages":
+        raise BadInputError(f"tools go with messages (a chat request), not with {key}")
+    if key == "prompt":
+        if not isinstance(value, str):
+            raise BadInputError(f"prompt must be a string, not {type(value).__name__}")
+        return get_tokenizer(tokenizer).encode_prompt(value)
+    if key == "messages":
+        if not isinstance(value, list):
+            raise BadInputError(f"messages must be a list of chat messages, not {type(value).__name__}")
+        return get_tokenizer(tokenizer).encode_chat(value, add_generation_prompt=True, tools=tools)
+    return token_array(value)
 
 
 def token_array(value: Any) -> np.ndarray:

@@ -10,16 +10,17 @@ from pathlib import Path
 
 from kvcli.errors import BadInputError
 
-NOT_TRACES = (".md", ".txt", ".py", ".sh", ".csv", ".png", ".svg")
+NOT_TRACES = (".md", ".py", ".sh", ".csv", ".png", ".svg")
 STDIN_NAME = "<stdin>"
 _SPOOLED: set[str] = set()
 
 
 def expand_paths(paths: list[Path]) -> list[Path]:
-    """Files as given; a directory contributes its trace files (sorted; notes, scripts and plots skipped).
+    """Files as given; a directory contributes its trace files and ``.txt`` prompt files (sorted; hidden files,
+    notes, scripts, CSV and plots skipped): every command reads the same files of a directory.
 
     Raises:
-        BadInputError: a path does not exist, or a directory holds no trace file.
+        BadInputError: a path does not exist, or a directory holds no prompt or trace file.
     """
     out: list[Path] = []
     for path in paths:
@@ -27,7 +28,7 @@ def expand_paths(paths: list[Path]) -> list[Path]:
             found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
                            and p.suffix.lower() not in NOT_TRACES)
             if not found:
-                raise BadInputError("directory holds no trace files", path=str(path))
+                raise BadInputError("directory holds no prompt (.txt) or trace files", path=str(path))
             out.extend(found)
         elif path.exists():
             out.append(path)

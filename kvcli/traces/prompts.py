@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import IO
 
 from kvcli.errors import BadInputError
-from kvcli.model.tokenize import get_tokenizer
-from kvcli.traces.detect import read_trace, refuse_csv
+from kvcli.traces.detect import detect_format, read_trace, text_format
 from kvcli.traces.hashids import TraceFormat, as_trace_format
+from kvcli.traces.lines import decode_text, lines_requests
 from kvcli.traces.order import arrival_order, order_note
-from kvcli.traces.paths import NOT_TRACES, STDIN_NAME, expand_paths
+from kvcli.traces.paths import STDIN_NAME, expand_paths
+from kvcli.traces.records import read_first_char
 from kvcli.traces.request import Request, TokenizerArg
 
 
@@ -55,9 +56,9 @@ def read_prompts(sources: Sequence[str], fmt: str | TraceFormat = "auto", tokeni
             out.extend(_from_stdin(_stdin_bytes(stdin), fmt, tokenizer, notify))
             continue
         name = as_trace_format(fmt).name
-        for path in _expand(Path(source)):
-            if name == "lines" or (name == "auto" and (_is_txt(path) or _looks_like_lines(path))):
-                out.extend(_lines(_read_text(path), str(path), tokenizer))
+        for path in expand_paths([Path(source)]):
+            if name == "lines" or (name == "auto" and _looks_like_lines(path)):
+                out.extend(lines_requests(_read_text(path), str(path), tokenizer))
             else:
                 out.extend(_in_order(read_trace(path, fmt, tokenizer), str(path), notify))
     return out
@@ -82,34 +83,6 @@ def _in_order(requests, name: str, notify) -> list[Request]:
     return [requests[i] for i in order.tolist()]
 
 
-def _decode(data: bytes, name: str) -> str:
-    """UTF-8 text of ``data`` (a BOM dropped), or a one-line error naming ``name`` and the line of the first bad
-    byte (never the bytes themselves beyond their value)."""
-    try:
-        return data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise BadInputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at column {column}); prompts must be "
-                            f"UTF-8", path=name, line=line) from None
-
-
-def _is_txt(path: Path) -> bool:
-    return path.name.lower().removesuffix(".gz").endswith(".txt")
-
-
-def _expand(path: Path) -> list[Path]:
-    """A file as given; a directory's prompt (``.txt``) and trace files, sorted (replay's skip list otherwise)."""
-
-    if not path.is_dir():
-        return expand_paths([path])
-    found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                   and (_is_txt(p) or p.suffix.lower() not in NOT_TRACES))
-    if not found:
-        raise BadInputError("directory holds no prompt (.txt) or trace files", path=str(path))
-    return found
-
-
 def _read_bytes(path: Path, limit: int = -1) -> bytes:
     """The file's bytes (gunzipped when it starts with the gzip magic), or its first ``limit`` bytes."""
     try:
@@ -124,35 +97,21 @@ def _read_bytes(path: Path, limit: int = -1) -> bytes:
 
 def _read_text(path: Path) -> str:
     """The file's UTF-8 text (gunzipped when it starts with the gzip magic)."""
-    return _decode(_read_bytes(path), str(path))
+    return decode_text(_read_bytes(path), str(path))
 
 
 def _looks_like_lines(path: Path) -> bool:
-    """Auto-detection for warm: a trace when it starts with ``{`` or ``[`` (or is a ``.traj``), CSV refused (the
-    rule of every command), anything else a lines file."""
-    if path.name.removesuffix(".gz").endswith(".traj"):
-        return False
-    head = _read_bytes(path, 4096)
-    refuse_csv(path.name, head.lstrip().split(b"\n", 1)[0], str(path), 1)
-    return head.lstrip().removeprefix(b"\xef\xbb\xbf")[:1] not in (b"{", b"[")
-
-
-def _lines(text: str, name: str, tokenizer: TokenizerArg) -> list[Request]:
-    lines = text.split("\n")  # lines end at \n only (as the line numbers of errors count them)
-    if not any(line.strip() for line in lines):
-        return []
-    tok = get_tokenizer(tokenizer)
-    return [Request(f"{name}:{i}", tok.encode_prompt(line.rstrip("\r")), source=f"{name}:{i}")
-            for i, line in enumerate(lines, 1) if line.strip()]
+    """Auto-detection, the rule of every command (:func:`kvcli.traces.detect.detect_format`): a lines file, or
+    a trace; an empty file holds no prompts."""
+    return read_first_char(path) is None or detect_format(path) == "lines"
 
 
 def _from_stdin(data: bytes, fmt: str | TraceFormat, tokenizer: TokenizerArg, notify=None) -> list[Request]:
     start = data.lstrip().removeprefix(b"\xef\xbb\xbf")[:1]
     name = as_trace_format(fmt).name
-    if name == "lines" or (name == "auto" and start not in (b"{", b"[")):
-        if name != "lines":
-            refuse_csv(STDIN_NAME, data.lstrip().split(b"\n", 1)[0], STDIN_NAME, 1)
-        return _lines(_decode(data, STDIN_NAME), STDIN_NAME, tokenizer)
+    if name == "lines" or (name == "auto" and start != b"[" and text_format(
+            STDIN_NAME, data.lstrip().split(b"\n", 1)[0], STDIN_NAME, 1) == "lines"):
+        return lines_requests(decode_text(data, STDIN_NAME), STDIN_NAME, tokenizer)
     with tempfile.TemporaryDirectory() as tmp:  # read_trace reads regular files only
         path = Path(tmp) / "stdin.jsonl"
         path.write_bytes(data)

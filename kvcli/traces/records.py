@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import gzip
 import io
+import itertools
 import json
 import math
 import zlib
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from kvcli.errors import BadInputError
 from kvcli.units import fmt_bytes
@@ -178,7 +179,7 @@ def load_json(path: Path) -> Any:
         BadInputError: invalid JSON, not UTF-8, or the file cannot be read (located at the line reached).
     """
     try:
-        data = _read_all(path)
+        data = read_all_bytes(path)
         return json.loads(data)
     except RecursionError:
         raise BadInputError("JSON nested too deeply", path=str(path)) from None
@@ -189,7 +190,7 @@ def load_json(path: Path) -> Any:
         raise BadInputError(f"not UTF-8 text ({exc.reason} at byte {exc.start + 1})", path=str(path)) from None
 
 
-def _read_all(path: Path) -> bytes:
+def read_all_bytes(path: Path) -> bytes:
     """Every byte of the file, read in blocks (gunzipped). Raises BadInputError at the line reached."""
     blocks: list[bytes] = []
     lines = 0
@@ -242,6 +243,39 @@ def read_first_record(path: Path) -> tuple[int, Any]:
     if first is None:
         raise BadInputError("empty file: no records, so no format to detect", path=str(path))
     return first[0], _parse_line(path, *first)
+
+
+def iter_csv(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """``(line_no, row)`` of each data row of a CSV file with a header row (:mod:`csv`, streamed; UTF-8, a BOM
+    allowed; a field may span lines): ``line_no`` is the 1-based line the row starts on, ``row`` maps each header
+    name to its cell (``""`` when the row is short). A field may hold up to :data:`MAX_LINE_BYTES` characters.
+
+    Raises:
+        BadInputError: at ``path:line_no``, malformed CSV, text that is not UTF-8, or the file cannot be read there.
+    """
+    import csv
+
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE_BYTES))
+    line_no = 0
+    try:
+        with io.TextIOWrapper(cast(BinaryIO, _open_binary(path)), encoding="utf-8-sig", newline="") as text:
+            rows = csv.reader(text)
+            header = next(rows, None)
+            line_no = rows.line_num
+            while header is not None:
+                start = line_no + 1
+                row = next(rows, None)
+                line_no = rows.line_num
+                if row is None:
+                    return
+                if any(cell.strip() for cell in row):
+                    yield start, dict(itertools.zip_longest(header, row[:len(header)], fillvalue=""))
+    except csv.Error as exc:
+        raise BadInputError(f"malformed CSV: {exc}", path=str(path), line=line_no + 1) from None
+    except UnicodeDecodeError as exc:
+        raise BadInputError(f"not UTF-8 text ({exc.reason})", path=str(path), line=line_no + 1) from None
+    except _READ_ERRORS as exc:
+        raise _read_error(exc, path, line_no) from None
 
 
 def iter_records(path: Path) -> Iterator[tuple[int, Any]]:

@@ -1,14 +1,13 @@
 """ShareGPT conversations (and glaive tool-use): one request per assistant turn."""
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
-from kvcli.model.tokenizer_base import message_text
+from kvcli.model.tokenizer_base import message_text, tools_message
 from kvcli.traces.chat import chat_requests
 from kvcli.traces.records import (
     iter_records,
@@ -52,10 +51,9 @@ def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str
     system, tools = record.get("system"), record.get("tools")
     if isinstance(system, str) and system:
         messages.append({"role": "system", "content": system})
-    if tools and not isinstance(tools, str):
-        tools = json.dumps(tools, ensure_ascii=False)
-    if isinstance(tools, str) and tools.strip() not in ("", "[]"):
-        messages.append({"role": "system", "content": "Tools available:\n" + tools})
+    tools_turn = tools_message(tools)  # the rendering of every request's tools with kvcli's own template
+    if tools_turn is not None:
+        messages.append(tools_turn)
     for i, turn in enumerate(turns):
         if not isinstance(turn, dict):
             raise BadInputError(f"conversations[{i}] must be an object with from and value")

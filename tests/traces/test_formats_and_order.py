@@ -58,8 +58,10 @@ def test_warm_refuses_any_csv_unless_told_to_read_lines(redis_url, tmp_path, red
     args = ["warm", str(table), "--model", "tiny", "--chunk-size", "2", "--redis-url", redis_url, "--json"]
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 2
-    assert out.stderr == (f"kvcli: error: {table}: a CSV file: kvcli reads no CSV trace format (native JSONL, "
-                          "Mooncake, ShareGPT, SWE-agent); warm --format lines reads it as one prompt per line\n")
+    assert out.stderr == (f"kvcli: error: {table}: a CSV file: kvcli reads CSV only as a gateway log (a header with a "
+                          "request column, proxy_server_request, request_body, request or messages, and a time "
+                          "column, startTime, start_time, created_at, timestamp); --format lines reads it as one "
+                          "prompt per line\n")
     assert redis_client.dbsize() == 0
     lines = CliRunner().invoke(app, args + ["--format", "lines"])
     assert lines.exit_code == 0, lines.output

@@ -338,8 +338,9 @@ def test_unknown_format_name(tmp_path):
     with pytest.raises(BadInputError) as info:
         read_trace(path, "vllm")
     assert str(info.value) == ("unknown trace format 'vllm'; valid formats: auto, native, mooncake, sharegpt, "
-                               "swe-agent, bailian, hash-ids, claude-code")
-    assert set(FORMATS) == {"native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code"}
+                               "swe-agent, bailian, hash-ids, claude-code, openai-batch, gateway, lines")
+    assert set(FORMATS) == {"native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code",
+                            "openai-batch", "gateway", "lines"}
 
 
 def test_missing_file(tmp_path):
@@ -374,6 +375,7 @@ SAMPLE_FILES = [
     ("no_reuse.jsonl", "native", 10, 1_514),
     ("tokens_small.jsonl", "native", 6, 78),
     ("bailian_handmade.jsonl", "bailian", 12, 2_920),
+    ("openai_batch_handmade.jsonl", "openai-batch", 6, 1_296),
 ]
 
 

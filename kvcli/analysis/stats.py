@@ -1,0 +1,120 @@
+"""A trace's workload statistics: request and session counts, prompt-length percentiles, and the share of prompt
+tokens inside a prefix shared with an earlier request, with the prefixes that share most.
+
+Rules:
+
+* Requests are taken in arrival order (:mod:`kvcli.traces.order`), the order every command uses.
+* **Shared tokens** of a request: the longest common prefix, in tokens, of its prompt with any earlier request's
+  of the same ``cache_salt``: exact at token granularity, over the token ids kvcli replays (a hash-id trace's are
+  synthesized per block: two prompts share the tokens of their common blocks, and by chance rarely a token more).
+  It is what an unlimited radix cache reuses
+  (:class:`kvcli.replay.upper_bound.RadixUpperBound`, the same radix as replay's upper bound; edges compared with
+  one vectorized ``!=``, never a Python loop over tokens); the share is their sum over all prompt tokens.
+* **Top shared prefixes**: the radix's reused runs (:meth:`~kvcli.replay.upper_bound.RadixUpperBound.shared_segments`):
+  a run is the tokens between two branch points of the prefix tree, reused whole by some number of later requests;
+  its saved tokens are its length times those requests. The runs partition the shared tokens (their saved tokens
+  sum to the trace's shared tokens), so a system prompt every request repeats is one run, saved once per
+  request, and each conversation's history after it another.
+* Percentiles: numpy's linear interpolation over the prompt lengths.
+
+Cost: one pass over the trace; memory, the radix (4 bytes per distinct token) plus the requests' token ids while
+a trace out of timestamp order is reordered.
+"""
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.traces.order import arrival_order
+from kvcli.traces.request import Request
+
+#: the prompt-length percentiles reported.
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """One run of a shared prefix that later requests reuse whole (module docstring).
+
+    Attributes:
+        start: tokens before the run (0: the run starts the prompt). tokens: its length, tokens.
+        requests: later requests that reuse it. saved_tokens: ``tokens * requests``.
+        head: its first token ids (at most :data:`HEAD_TOKENS`), for the report to show as words.
+        cache_salt: the tenant it belongs to.
+    """
+
+    start: int
+    tokens: int
+    requests: int
+    saved_tokens: int
+    head: np.ndarray = field(repr=False)
+    cache_salt: str = ""
+
+    @property
+    def end(self) -> int:
+        """Tokens of the whole prefix up to the run's end."""
+        return self.start + self.tokens
+
+
+#: token ids of a prefix kept to show its first words.
+HEAD_TOKENS = 24
+
+
+@dataclass(frozen=True)
+class TraceStats:
+    """The statistics of one trace (module docstring).
+
+    Attributes:
+        requests: requests read. sessions: distinct session ids (None when no request has one).
+        prompt_tokens: their prompt tokens. percentiles: ``{50: p50, 90: p90, 99: p99}`` prompt tokens (empty for
+        no request); max_prompt_tokens, mean_prompt_tokens: tokens.
+        shared_tokens: prompt tokens inside a prefix shared with an earlier request. reordered: requests out of
+        timestamp order (0: taken as in the file). top: the shared prefixes with the most saved tokens, most first.
+    """
+
+    requests: int
+    sessions: int | None
+    prompt_tokens: int
+    percentiles: dict[int, float]
+    max_prompt_tokens: int
+    mean_prompt_tokens: float
+    shared_tokens: int
+    reordered: int
+    top: list[SharedPrefix]
+
+    @property
+    def shared_token_ratio(self) -> float:
+        """``shared_tokens / prompt_tokens`` (0 for no prompt tokens)."""
+        return self.shared_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def trace_stats(requests: Iterable[Request], top: int = 10) -> TraceStats:
+    """The statistics of ``requests`` (one trace, in file order; taken in arrival order), with the ``top`` shared
+    prefix runs by saved tokens (ties: the earlier start first, then depth-first order).
+
+    Raises:
+        BadInputError: as the trace's reader, when iteration reaches a bad record.
+    """
+    requests = list(requests)
+    order = arrival_order([r.timestamp for r in requests])
+    ordered = requests if order is None else [requests[i] for i in order.tolist()]
+    radix = RadixUpperBound()
+    lengths = np.fromiter((len(r.token_ids) for r in ordered), dtype=np.int64, count=len(ordered))
+    shared_total = 0
+    for request in ordered:
+        shared_total += radix.match_and_insert(request.token_ids, request.cache_salt)
+    ranked = heapq.nsmallest(top, enumerate(radix.shared_segments()),
+                             key=lambda e: (-len(e[1].tokens) * e[1].reused, e[1].start, e[0]))
+    sessions = {r.session_id for r in requests if r.session_id is not None}
+    return TraceStats(
+        requests=len(requests), sessions=len(sessions) if sessions else None, prompt_tokens=int(lengths.sum()),
+        percentiles={p: float(np.percentile(lengths, p)) for p in PERCENTILES} if len(lengths) else {},
+        max_prompt_tokens=int(lengths.max()) if len(lengths) else 0,
+        mean_prompt_tokens=float(lengths.mean()) if len(lengths) else 0.0, shared_tokens=shared_total,
+        reordered=0 if order is None else int(np.count_nonzero(order != np.arange(len(order)))),
+        top=[SharedPrefix(s.start, len(s.tokens), s.reused, len(s.tokens) * s.reused, s.tokens[:HEAD_TOKENS].copy(),
+                          s.cache_salt) for _, s in ranked])

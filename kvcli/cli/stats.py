@@ -1,0 +1,54 @@
+"""``kvcli stats``: a workload at a glance (no Redis)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kvcli.cli.options import (
+    TRACE_FORMATS_HELP,
+    DropTailBlock,
+    HashBlockTokens,
+    JsonOut,
+    SkipBadRecords,
+    TimestampUnit,
+    Tokenizer,
+    trace_format,
+)
+
+
+def stats(
+    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
+    top: Annotated[int, typer.Option(help="Shared prefixes listed per trace.")] = 10,
+    fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
+    tokenizer: Tokenizer = None,
+    hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
+    drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    json_out: JsonOut = False,
+) -> None:
+    """The workload at a glance, without Redis: requests, sessions, prompt-length percentiles, the share of prompt
+    tokens inside a prefix shared with an earlier request (exact to the token), and the shared prefixes that would
+    save the most tokens, with their first words for text traces.
+
+    Examples:
+
+      kvcli stats sample_traces/
+
+      kvcli stats spend_logs.jsonl --tokenizer ~/models/Qwen2.5-7B-Instruct --top 5 --json
+    """
+    from kvcli.analysis.report import print_stats, to_body
+    from kvcli.analysis.workload import trace_reports
+    from kvcli.tables import stdout_console
+    from kvcli.units import json_document
+
+    if top < 0:
+        from kvcli.errors import BadInputError
+
+        raise BadInputError(f"--top must be >= 0, got {top}")
+    spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    reports = trace_reports(traces, spec, tokenizer, top)
+    if json_out:
+        typer.echo(json_document("stats", to_body(reports), indent=1))
+    else:
+        print_stats(reports, stdout_console())

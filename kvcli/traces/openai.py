@@ -1,0 +1,71 @@
+"""OpenAI-shaped requests: the request body every OpenAI-compatible format carries, and OpenAI Batch input files.
+
+A **request body** is what a client POSTs to ``/v1/chat/completions`` (``messages``, ``tools``, ``model``, ...) or
+``/v1/completions`` (``prompt``). Its prompt is rendered exactly as a native record's
+(:func:`kvcli.traces.native.prompt_tokens`): ``messages`` with the request's ``tools`` under the chat template plus
+the generation prompt, so a Batch line, a gateway log row and the native record ``{"messages": ..., "tools": ...}``
+of the same request give the same token ids. ``cache_salt`` (vLLM's request field) is the tenant salt; ``model``
+and the sampling fields do not change the prompt. A file of bodies, one per line, is a native trace.
+
+**OpenAI Batch input** (JSONL; ``fmt="openai-batch"``): ``{"custom_id": ..., "method": "POST", "url":
+"/v1/chat/completions", "body": {...}}`` per line. ``id`` is ``custom_id``; there are no timestamps or sessions.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kvcli.errors import BadInputError
+from kvcli.model.tokenize import DEFAULT_TOKENIZER
+from kvcli.traces.native import prompt_tokens
+from kvcli.traces.records import iter_jsonl, json_type, located, optional_id, require_object
+from kvcli.traces.request import Request, TokenizerArg
+
+#: the keys that make a record an OpenAI Batch input line.
+BATCH_KEYS = ("custom_id", "body")
+
+
+def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str, source: str,
+                 timestamp: float | None = None, session_id: str | None = None,
+                 output_length: int | None = None) -> Request:
+    """The :class:`Request` of one OpenAI request body (module docstring); ``what`` names the body in errors.
+
+    Raises:
+        BadInputError: the body is not an object, has neither ``messages`` nor ``prompt``, or holds a bad value
+            (see :func:`~kvcli.traces.native.prompt_tokens`); ``cache_salt`` that is not a string.
+    """
+    if not isinstance(body, dict):
+        raise BadInputError(f"{what} must be a request object, not {json_type(body)}")
+    if "messages" not in body and "prompt" not in body:
+        keys = ", ".join(sorted(body)[:10]) or "none"
+        raise BadInputError(f"{what} has neither messages (a chat completion) nor prompt (a completion); its keys: "
+                            f"{keys}")
+    salt = body.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadInputError(f"{what}.cache_salt must be a string, not {json_type(salt)}")
+    try:
+        tokens = prompt_tokens({k: body[k] for k in ("messages", "prompt", "tools") if k in body}, tokenizer, what)
+    except BadInputError as err:
+        raise BadInputError(f"{what}: {err.reason}") from None
+    return Request(id=request_id, token_ids=tokens, timestamp=timestamp, session_id=session_id,
+                   cache_salt=salt or "", output_length=output_length, source=source)
+
+
+def read_openai_batch(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
+    """Requests of an OpenAI Batch input file (module docstring), in file order.
+
+    Raises:
+        BadInputError: at ``path:line``, a line that is not a Batch request (no ``custom_id`` or ``body``) or a bad
+            body (:func:`body_request`).
+    """
+    for line_no, record in iter_jsonl(path):
+        try:
+            record = require_object(record)
+            if any(k not in record for k in BATCH_KEYS):
+                raise BadInputError("an OpenAI Batch line needs custom_id and body")
+            request = body_request(record["body"], tokenizer, "body",
+                                   optional_id(record, "custom_id") or f"{path.name}:{line_no}", f"{path}:{line_no}")
+        except BadInputError as err:
+            raise located(err, path, line_no) from None
+        yield request
