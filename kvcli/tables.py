@@ -8,6 +8,8 @@ module only sizes and splits them.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 
 from rich.console import Console
 from rich.measure import Measurement
@@ -17,11 +19,21 @@ from rich.text import Text
 PIPE_WIDTH = 160
 
 
+class _Results(Console):
+    """A console whose reader may stop early (``| head``): then the command ends quietly with exit 141, as a
+    SIGPIPE would end it (rich's own default is exit 1, which scripts read as a kvcli error)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(128 + signal.SIGPIPE)
+
+
 def stdout_console() -> Console:
     """The console for results: the terminal's width; ``$COLUMNS`` when set; else 160 columns for a pipe or a
-    file (rich would otherwise assume 80)."""
-    out = Console()
-    return out if out.is_terminal or os.environ.get("COLUMNS", "").isdigit() else Console(width=PIPE_WIDTH)
+    file (rich would otherwise assume 80). A reader that stops early ends the command with exit 141."""
+    out = _Results()
+    return out if out.is_terminal or os.environ.get("COLUMNS", "").isdigit() else _Results(width=PIPE_WIDTH)
 
 
 def print_table(console: Console, table: Table, keep: int = 1) -> None:

@@ -21,6 +21,7 @@ from kvcli.cli.options import (
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
+    TRACES_HELP,
     Device,
     DropTailBlock,
     Dtype,
@@ -85,6 +86,9 @@ def handle_errors(fn):
         except KvcliError as exc:
             err.print(f"[red]kvcli: error:[/] {escape(redact(str(exc), url))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
+        except BrokenPipeError:  # the reader of stdout stopped (| head): quiet, as if SIGPIPE had ended the command
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+            raise typer.Exit(128 + signal.SIGPIPE) from None
         except MemoryError:
             err.print("[red]kvcli: error:[/] out of memory running the model; try a smaller --model or --measure")
             raise typer.Exit(4) from None
@@ -123,9 +127,7 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
 @app.command()
 @handle_errors
 def replay(
-    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories (native JSONL, Mooncake, "
-                                                  "Bailian and other hash-id traces, ShareGPT, SWE-agent .traj; "
-                                                  ".gz accepted), or - for stdin.")],
+    traces: Annotated[list[Path], typer.Argument(help=TRACES_HELP + ".")],
     chunk_sizes: Annotated[str, chunk_sizes_option("Chunk sizes to compare")] = DEFAULT_CHUNK_SIZES,
     redis_url: RedisUrl = None,
     model: Model = "cpu",

@@ -59,6 +59,9 @@ JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document o
 
 TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent, openai-batch, "
                       "gateway, lines.")
+TRACES_HELP = ("Trace files or directories in any --format (native JSONL with prompt/messages/token_ids, OpenAI "
+               "Batch, gateway logs, prompt lines, Mooncake, Bailian and other hash-id traces, ShareGPT, SWE-agent "
+               ".traj; detected; .gz accepted), or - for stdin")
 HASH_IDS_PANEL = "Hash-id traces (Mooncake, Bailian, block_size records, Claude-Code sessions)"
 HashBlockTokens = Annotated[Optional[int], typer.Option(
     "--hash-block-tokens", metavar="B", show_default=False, rich_help_panel=HASH_IDS_PANEL,

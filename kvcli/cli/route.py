@@ -12,6 +12,7 @@ from rich.progress import Progress
 from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
+    TRACES_HELP,
     DropTailBlock,
     HashBlockTokens,
     SkipBadRecords,
@@ -33,8 +34,7 @@ CLUSTER, POLICY, MANAGER, IO = "Cluster and workload", "Policies and sweep", "ca
 
 
 def route(
-    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories: native JSONL, mooncake, sharegpt, "
-                                                      "swe-agent (.gz ok), or - for stdin; each simulated on its own.",
+    traces: Annotated[list[Path], typer.Argument(help=TRACES_HELP + "; each simulated on its own.",
                                                  show_default=False)],
     policy: Annotated[list[str], Opt("--policy", "-p", metavar="<names>", help="round-robin, least-loaded, random, "
                                      "prefix, cache-manager, cache-aware, cost, or all; repeat or comma-separate.",

@@ -203,7 +203,9 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
     fixed_cost = model_options.prefill_tps is not None or model_options.priced
     runs_model = not (fixed_cost and config.measure == 0)
     events = events or ReplayEvents()
-    if runs_model:  # a bad trace is refused before the model loads and calibrates (tens of seconds on a CPU)
+    # a bad trace is refused before the model loads and calibrates (tens of seconds on a CPU), and before any
+    # trace's report is done (a replay that fails prints none)
+    if runs_model or len(files) > 1:
         events.phase(f"checking {len(files)} trace{'s' if len(files) > 1 else ''}")
         for path in files:
             for _ in TraceSource(path, fmt, tokenizer).outline():

@@ -127,6 +127,7 @@ class SimRequest:
         id: the trace's id. chunk_ids: one per full chunk, in prompt order (:mod:`kvcli.route.numbering`).
         prompt_tokens: prompt length (tokens). output_length: tokens generated, or None (config default).
         timestamp: arrival in seconds, or None. cache_salt: tenant.
+        source: ``"<file>:<line>"`` of the trace record, for error messages ("" when unknown).
         numbering: the trace's :class:`ChunkNumbering`; requests simulated together must share it, or one id
             could stand for two chunks (:func:`simulate` checks).
     """
@@ -138,6 +139,7 @@ class SimRequest:
     timestamp: float | None
     cache_salt: str
     numbering: ChunkNumbering = field(repr=False, compare=False)
+    source: str = field(default="", compare=False)
 
     @property
     def hashes(self) -> tuple[bytes, ...]:
@@ -160,7 +162,7 @@ def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> l
             "kvcli-route", tokenizer, r.cache_salt))
         chunk_ids = numbering.number(chunk_prompt(r.token_ids, chunk_size, root).hashes)
         out.append(SimRequest(r.id, chunk_ids, int(len(r.token_ids)), r.output_length, r.timestamp, r.cache_salt,
-                              numbering))
+                              numbering, r.source))
     numbering.close()
     return out
 
@@ -184,7 +186,8 @@ def arrival_times(requests: list[SimRequest], rate: float | None, seed: int) -> 
         return np.concatenate([[0.0], np.cumsum(gaps[1:])]) if len(requests) else gaps
     missing = next((r for r in requests if r.timestamp is None), None)
     if missing is not None:
-        raise BadInputError(f"request {missing.id} has no timestamp; pass --rate to use Poisson arrivals")
+        where = f"{missing.source}: " if missing.source else ""
+        raise BadInputError(f"{where}request {missing.id} has no timestamp; pass --rate to use Poisson arrivals")
     return np.array([r.timestamp for r in requests], dtype=np.float64)
 
 

@@ -57,3 +57,17 @@ def test_a_bad_trace_is_refused_before_the_model_loads(tmp_path, redis_url):
     assert [PHASE.fullmatch(line)[1] for line in lines[:-1]] == [f"connecting to Redis at {redis_url}",
                                                                  "checking 2 traces"]
     assert lines[-1].startswith(f"kvcli: error: {b}:2: invalid JSON")
+
+
+def test_an_index_only_replay_checks_every_trace_before_the_first_report(tmp_path, redis_url):
+    """Two traces, the second bad: refused in the check, before the first trace's report is made and lost."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps({"token_ids": [1, 2, 3, 4, 5]}) + "\n")
+    b.write_text('{"token_ids": [1,\n')
+    out = CliRunner().invoke(app, ["replay", str(a), str(b), "--measure", "0", "--prefill-tps", "1000",
+                                   "--chunk-sizes", "4", "--payload", "accounted", "--redis-url", redis_url])
+    assert out.exit_code == 2, out.output
+    lines = out.stderr.splitlines()
+    assert [PHASE.fullmatch(line)[1] for line in lines[:-1]] == [f"connecting to Redis at {redis_url}",
+                                                                 "checking 2 traces"]
+    assert lines[-1].startswith(f"kvcli: error: {b}:1: invalid JSON")

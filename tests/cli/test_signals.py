@@ -1,5 +1,5 @@
 """kvcli's entry point and signals: a Ctrl-C while a command imports torch stops it with exit 130, in a real
-process sent a real SIGINT."""
+process sent a real SIGINT; a reader of stdout that stops early ends the command quietly with exit 141."""
 from __future__ import annotations
 
 import subprocess
@@ -45,3 +45,13 @@ def test_ctrl_c_while_warm_imports_torch_exits_130_having_written_nothing(tmp_pa
     assert proc.stderr.strip().splitlines()[-1] == "kvcli: interrupted"
     assert "Traceback" not in proc.stderr
     assert redis.Redis.from_url(url).dbsize() == 0  # stopped before it wrote anything
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly_with_141():
+    """``kvcli stats ... | head``: stdout's reading end is closed before the table is written; the command ends as
+    SIGPIPE would end it (128 + 13), saying nothing (rich's own default was exit 1, read as a kvcli error)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvcli", "stats", "sample_traces/chat_shared_system.jsonl"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command has imported what it needs, let alone printed
+    _, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err) == (141, b"")

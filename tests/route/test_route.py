@@ -474,6 +474,7 @@ def test_cli_table_and_errors(cli, serial_trace, tmp_path):
     untimed.write_text(json.dumps({"token_ids": [1, 2, 3]}) + "\n")
     res = cli(untimed, "-p", "random", "--prefill-tps", 1)
     assert res.exit_code == 2 and "--rate" in res.stderr
+    assert f"kvcli: error: {untimed}:1: request " in res.stderr  # the file and line of the first untimed request
     assert cli(untimed, "-p", "random", "--prefill-tps", 1, "--rate", 2).exit_code == 0
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"timestamp": 1, "token_ids": []}) + "\n" + json.dumps({"timestamp": 2, "prompt": ""}))
