@@ -40,7 +40,7 @@ def _iv(r: ChunkSizeResult, get) -> str:
 def _share(iv: Interval | None) -> str:
     if iv is None:
         return NA
-    return f"{sig(100 * iv.value)}% [{sig(100 * iv.low, 2)}, {sig(100 * iv.high, 2)}]"
+    return f"{sig(100 * iv.value)}% [{sig(100 * iv.low)}, {sig(100 * iv.high)}]"  # one precision: the point inside
 
 
 def _flops(r: ChunkSizeResult) -> str:

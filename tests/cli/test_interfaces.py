@@ -152,7 +152,7 @@ def test_stderr_summary_is_one_line_when_piped(redis_url):
     summary = [line for line in out.stderr.splitlines() if "saves" in line]
     assert len(summary) == 1  # R2 reuses 7 of its 8 tokens: 7 of 16, 7 ms at 1,000 tokens/s (exact: no interval)
     assert re.fullmatch(r"<stdin>: (chunk size 4|no chunk size pays off( beyond noise)?) \(at 4: hit 43\.8%, "
-                        r"saves 0\.00700 \[0\.00700, 0\.00700\] s = 43\.8% \[44, 44\] of prefill, "
+                        r"saves 0\.00700 \[0\.00700, 0\.00700\] s = 43\.8% \[43\.8, 43\.8\] of prefill, "
                         r"net \S+ \[\S+, \S+\] s \(async stores\); 0 measured\)", summary[0])
 
 
