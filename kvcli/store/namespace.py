@@ -32,7 +32,7 @@ from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
 from kvcli.store.busy import Backoff, is_busy
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION, ROUTE_KIND, ROUTE_NAMESPACE, is_route_index_key
-from kvcli.store.runmark import is_sentinel
+from kvcli.store.runmark import SENTINEL_TAIL
 from kvcli.store.server import ENV_URL, RedisTarget, script_refused
 
 BUSY_WAIT = 60.0  # seconds a cleanup waits, at most, for a script of another client to end (BUSY replies)
@@ -308,7 +308,7 @@ def redis_memory(client, pattern: str, sample: int, keys: int | None = None) -> 
     pipe = client.pipeline(transaction=False)
     for batch in scan_keys(client, pattern):
         for key in batch:
-            if is_sentinel(key):  # the run's own marker, not a chunk
+            if key.endswith(SENTINEL_TAIL):  # the run's own marker, not a chunk (SCAN replies are bytes)
                 continue
             seen += 1
             if sampled < sample:

@@ -28,13 +28,9 @@ SENTINEL_HEX = "0" * 32  # the sentinel's "hash": no chunk's (a prefix hash of 1
 SENTINEL_VALUE = b"kvcli run sentinel"
 
 
-_SENTINEL_TAIL = ("p:" + SENTINEL_HEX).encode()
-
-
-def is_sentinel(key: bytes | str) -> bool:
-    """Whether ``key`` is a run's sentinel (named like a payload key whose hash is :data:`SENTINEL_HEX`): not a
-    chunk, so the store's memory and key counts leave it out."""
-    return (key.encode() if isinstance(key, str) else key).endswith(_SENTINEL_TAIL)
+#: How a run's sentinel key ends (a payload key whose hash is :data:`SENTINEL_HEX`): ``key.endswith(SENTINEL_TAIL)``
+#: tells it from a chunk's key, so the store's memory leaves it out.
+SENTINEL_TAIL = ("p:" + SENTINEL_HEX).encode()
 
 
 class ServerRestarted(RedisFailure):
