@@ -23,7 +23,7 @@ ALLOWED = {
     "replay": {"errors", "units", "tables", "figures", "traces", "store", "model"},
     "live": {"errors", "units", "tables", "traces", "store", "model"},
     "route": {"errors", "units", "tables", "figures", "traces", "store", "model"},
-    "analysis": {"errors", "units", "tables", "traces", "model", "replay"},
+    "analysis": {"errors", "units", "tables", "traces", "model", "replay", "store"},
     "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "traces", "store", "model", "replay",
             "live", "route", "analysis"},
     "__main__": {"cli"},

@@ -1,6 +1,8 @@
-"""``kvcli stats``: a workload at a glance, no Redis: requests, sessions, prompt lengths, and the prompt tokens a
-prefix cache could reuse.
+"""Trace analysis without a live cache: ``kvcli stats`` (a workload at a glance: requests, sessions, prompt lengths,
+the prompt tokens a prefix cache could reuse) and ``kvcli explain`` (why each request reused what it did, by cause,
+and where its prompt diverged).
 
-May import: kvcli.errors, kvcli.units, kvcli.tables, kvcli.traces, kvcli.model (the tokenizer) and
-kvcli.replay.upper_bound (the token radix of replay's upper bound). Not store, live, route or cli.
+May import: kvcli.errors, kvcli.units, kvcli.tables, kvcli.traces, kvcli.model (the tokenizer, model specs),
+kvcli.replay (the token radix of replay's upper bound, the TTL rules) and kvcli.store (chunk hashes, the LRU, the
+engines' block hashes, the store's capacity rule). Not live, route or cli.
 """

@@ -1,16 +1,28 @@
-"""The traces ``kvcli stats`` reads, each to a :class:`~kvcli.analysis.report.TraceReport`."""
+"""The traces ``kvcli stats`` and ``kvcli explain`` read: each to a :class:`~kvcli.analysis.report.TraceReport` or
+a :class:`~kvcli.analysis.explain.TraceExplanation`."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from kvcli.analysis.explain import BlockHashes, ExplainConfig, Explainer, TraceExplanation
 from kvcli.analysis.report import TraceReport
 from kvcli.analysis.stats import trace_stats
-from kvcli.model.load import resolve_tokenizer
+from kvcli.errors import BadInputError
+from kvcli.model.load import resolve_spec, resolve_tokenizer
 from kvcli.model.tokenize import get_tokenizer, lazy_tokenizer
-from kvcli.traces.detect import detect_format, read_trace, trace_note
+from kvcli.model.tokenizer_base import Tokenizer
+from kvcli.store.enginehash import block_hashes
+from kvcli.store.records import StoreConfig
+from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
 from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, as_trace_format
+from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
+from kvcli.traces.request import Request
 
 
 def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int) -> list[TraceReport]:
@@ -20,19 +32,104 @@ def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | No
     Raises:
         BadInputError: a missing path, an undetectable or ambiguous format, a bad record (``file:line``).
     """
-    tok = lazy_tokenizer(resolve_tokenizer(tokenizer, "cpu"))[0]
     reports = []
-    with stdin_paths(paths) as given:
-        for path in expand_paths(given):
-            name = as_trace_format(fmt).name
-            name = detect_format(path) if name == "auto" else name
-            stats = trace_stats(read_trace(path, fmt, tok), top)
-            reports.append(TraceReport(display_name(path), name, stats, trace_note(path, fmt),
-                                       get_tokenizer(tok).decode if _is_text(path, name) else None))
+    for path, name, tok in each_trace(paths, fmt, tokenizer):
+        stats = trace_stats(read_trace(path, fmt, tok), top)
+        reports.append(TraceReport(display_name(path), name, stats, trace_note(path, fmt),
+                                   get_tokenizer(tok).decode if is_text_trace(path, name) else None))
     return reports
 
 
-def _is_text(path: Path, fmt: str) -> bool:
+def each_trace(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, model: str = "cpu"
+               ) -> Iterator[tuple[Path, str, Tokenizer | str]]:
+    """``(path, format name, tokenizer)`` of each trace file of ``paths`` (directories expanded, ``-`` for stdin),
+    the tokenizer resolved as replay resolves it for ``model`` (None: the checkpoint's own, else ``cl100k_base``)
+    and loaded only when a record holds text.
+
+    Raises:
+        BadInputError: a missing path, an undetectable or ambiguous format.
+    """
+    tok = lazy_tokenizer(resolve_tokenizer(tokenizer, model))[0]
+    with stdin_paths(paths) as given:
+        for path in expand_paths(given):
+            name = as_trace_format(fmt).name
+            yield path, detect_format(path) if name == "auto" else name, tok
+
+
+@dataclass
+class ExplainedTrace:
+    """One trace explained (:func:`explain_traces`).
+
+    Attributes:
+        name: the trace as reports name it. fmt: its format. explanation: the requests explained.
+        notes: how it was read (hash-id semantics, reordering). tokens: the ids of the requests asked for with
+            ``request_id`` and of their predecessors, by arrival index (``[tokens]`` uint32).
+    """
+
+    name: str
+    fmt: str
+    explanation: TraceExplanation
+    notes: list[str]
+    tokens: dict[int, np.ndarray]
+
+
+def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, config: ExplainConfig,
+                   request_id: str | None = None, model: str = "cpu") -> list[ExplainedTrace]:
+    """Every trace of ``paths`` (directories expanded, ``-`` for stdin) explained at ``config``, read as every
+    command reads it (:func:`each_trace`); with ``request_id``, the traces that hold that request keep its and its
+    predecessor's token ids.
+
+    Raises:
+        BadInputError: a missing path, an undetectable format, a bad record (``file:line``), a request id no trace
+            holds, and :meth:`kvcli.analysis.explain.Explainer.add`'s errors.
+    """
+    out = []
+    for path, name, tok in each_trace(paths, fmt, tokenizer, model):
+        text = is_text_trace(path, name)
+        schema = HASH_ID_FORMATS.get(name)
+        block = as_trace_format(fmt).block_tokens or (schema.block_tokens if schema else None)
+        explainer = Explainer(config, keep_text=text, decode=get_tokenizer(tok).decode if text else None,
+                              block_tokens=block)
+        if request_id is not None:
+            explainer.watch.add(request_id)
+        requests, order = ordered_requests(path, fmt, tok, name)
+        for request in requests:
+            explainer.add(request)
+        explanation = explainer.result
+        explanation.reordered = 0 if order is None else int(np.count_nonzero(order != np.arange(len(order))))
+        notes = [n for n in (trace_note(path, fmt), order_note(order, display_name(path))) if n]
+        tokens: dict[int, np.ndarray] = {}
+        if request_id is not None and any(e.id == request_id for e in explanation.explained):
+            e = explanation.request(request_id)
+            wanted = {e.index, e.predecessor} - {-1}
+            requests, _ = ordered_requests(path, fmt, tok, name)
+            tokens = {i: r.token_ids for i, r in enumerate(requests) if i in wanted}
+        out.append(ExplainedTrace(display_name(path), name, explanation, notes, tokens))
+    if request_id is not None and not any(t.tokens for t in out):
+        raise BadInputError(f"no request with id {request_id!r} in {', '.join(t.name for t in out) or 'the traces'} "
+                            f"(ids are the trace's id field, else <file name>:<line>)")
+    return out
+
+
+def ordered_requests(path: Path, fmt: str | TraceFormat, tok, name: str
+                     ) -> tuple[Iterator[Request], np.ndarray | None]:
+    """The requests of one trace in arrival order (:mod:`kvcli.traces.order`), and the order (None: file order).
+    A hash-id trace is streamed when it is already in order (its outline, no token ids, tells); other traces are
+    read whole first (their outline would tokenize them anyway).
+
+    Raises:
+        BadInputError: as the trace's reader.
+    """
+    if name in HASH_ID_FORMATS:
+        order = arrival_order([o.timestamp for o in outline_trace(path, fmt, tok)])
+        if order is None:
+            return read_trace(path, fmt, tok), None
+    requests = list(read_trace(path, fmt, tok))
+    order = arrival_order([r.timestamp for r in requests])
+    return (iter(requests) if order is None else (requests[i] for i in order.tolist())), order
+
+
+def is_text_trace(path: Path, fmt: str) -> bool:
     """Whether a trace's prompts are text (their first words can be shown): not a hash-id trace, and not a native
     trace of ``token_ids``."""
     if fmt in HASH_ID_FORMATS:
@@ -41,3 +138,42 @@ def _is_text(path: Path, fmt: str) -> bool:
         record = read_first_record(path)[1]
         return not (isinstance(record, dict) and "token_ids" in record)
     return True
+
+
+def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None, tokenizer: str | None = None,
+                   capacity_tokens: int | None = None, capacity_bytes: int | None = None, ttl: float | None = None,
+                   ttl_refresh: bool = False) -> ExplainConfig:
+    """The :class:`~kvcli.analysis.explain.ExplainConfig` of replay's options: the hash root of ``model`` (a preset
+    or a checkpoint folder, no weights loaded) and ``tokenizer`` as replay's, and the capacity in chunks as replay's
+    store counts it (:attr:`kvcli.store.records.StoreConfig.capacity_chunks`: the smaller of the two, bytes of the
+    model's KV payload per chunk).
+
+    Raises:
+        BadInputError: an unknown model or dtype, a capacity or TTL that is not > 0, a chunk size < 1.
+    """
+    spec = resolve_spec(model, dtype)
+    tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))[1]
+    chunks = None
+    if capacity_tokens is not None or capacity_bytes is not None:
+        chunks = StoreConfig(namespace="kvcli-explain", chunk_size=chunk_size, model_id=spec.model_id,
+                             tokenizer=tok_name, kv_shape=spec.kv_shape, dtype=spec.dtype, payload="accounted",
+                             capacity_tokens=capacity_tokens, capacity_bytes=capacity_bytes).capacity_chunks
+    return ExplainConfig(chunk_size, chunks, ttl, ttl_refresh, spec.model_id, tok_name)
+
+
+def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None) -> BlockHashes:
+    """How explain names blocks: :func:`kvcli.store.enginehash.block_hashes` of ``scheme`` at the config's chunk
+    size (kvcli's own under the config's hash root), checked now on an empty prompt's first block.
+
+    Raises:
+        BadInputError: an unknown scheme, or one that needs ``hash_seed`` without it.
+    """
+    def hashes(tokens: np.ndarray, cache_salt: str) -> list[str]:
+        return block_hashes(scheme, tokens, config.chunk_size, cache_salt=cache_salt, hash_seed=hash_seed,
+                            model_id=config.model_id, tokenizer=config.tokenizer)
+
+    try:
+        hashes(np.zeros(config.chunk_size, np.uint32), "")
+    except ValueError as err:
+        raise BadInputError(f"--hash {scheme}: {err}") from None
+    return BlockHashes(scheme, hashes)

@@ -338,6 +338,7 @@ class _ReplayConsole(ReplayEvents):
 
 def _register() -> None:
     from kvcli.cli.cache import inspect, purge, warm
+    from kvcli.cli.explain import explain
     from kvcli.cli.export import export
     from kvcli.cli.hardware import hardware
     from kvcli.cli.profile import profile
@@ -345,7 +346,8 @@ def _register() -> None:
     from kvcli.cli.stats import stats
 
     for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
-                     ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats)):
+                     ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats),
+                     ("explain", explain)):
         app.command(name)(handle_errors(fn))
 
 

@@ -102,7 +102,10 @@ def one_chunk_size(text: str) -> int:
     Raises:
         BadInputError: not a positive integer, or more than one.
     """
-    sizes = parse_chunk_sizes(text)
+    try:
+        sizes = parse_chunk_sizes(text)
+    except BadInputError:
+        raise BadInputError(f"--chunk-size must be a positive integer, got {text!r}") from None
     if len(sizes) != 1:
         raise BadInputError(f"--chunk-size takes one size here, got {text!r}")
     return sizes[0]

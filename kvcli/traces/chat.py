@@ -5,7 +5,7 @@ from typing import Any
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenizer_base import Conversation, Tokenizer, message_role, message_text
-from kvcli.traces.request import Request
+from kvcli.traces.request import ChatPrompt, Request
 
 
 class MessageError(Exception):
@@ -32,6 +32,7 @@ def chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
         BadInputError (plain lists) / MessageError (``per_agent``): a bad message, or one the template refuses.
     """
     conversations: dict[Any, Conversation] = {}
+    histories: dict[Any, list[dict]] = {}  # the messages each conversation holds, for the requests' ChatPrompt
     requests: list[Request] = []
     for index, message in enumerate(messages):
         try:
@@ -40,6 +41,7 @@ def chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
             conversation = conversations.get(agent)
             if conversation is None:
                 conversation = conversations[agent] = tok.conversation()
+                histories[agent] = []
             if role == "assistant" and not (per_agent and message.get("is_demo")):
                 k = len(requests) + 1
                 requests.append(Request(
@@ -48,8 +50,10 @@ def chat_requests(messages: list, tok: Tokenizer, session_id: str, source: str,
                     session_id=session_id,
                     output_length=len(tok.encode(message_text(message))),
                     source=f"{source}:{index + 1}" if per_agent else source,
+                    chat=ChatPrompt(list(histories[agent])),
                 ))
             conversation.append(message)
+            histories[agent].append(message)
         except BadInputError as err:
             if per_agent:
                 raise MessageError(index, err.reason) from None

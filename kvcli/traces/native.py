@@ -21,7 +21,7 @@ from kvcli.traces.records import (
     require_object,
     shorten,
 )
-from kvcli.traces.request import Request, TokenizerArg
+from kvcli.traces.request import ChatPrompt, Request, TokenizerArg
 
 NATIVE_PROMPT_KEYS = ("prompt", "messages", "token_ids")
 
@@ -49,6 +49,7 @@ def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: i
         cache_salt=salt or "",
         output_length=optional_count(record.get("output_length"), "output_length"),
         source=f"{path}:{line_no}",
+        chat=prompt_chat(record),
     )
 
 
@@ -82,6 +83,13 @@ def prompt_tokens(record: dict, tokenizer: TokenizerArg, what: str) -> np.ndarra
             raise BadInputError(f"messages must be a list of chat messages, not {type(value).__name__}")
         return get_tokenizer(tokenizer).encode_chat(value, add_generation_prompt=True, tools=tools)
     return token_array(value)
+
+
+def prompt_chat(record: dict) -> ChatPrompt | None:
+    """The :class:`~kvcli.traces.request.ChatPrompt` of a request object :func:`prompt_tokens` accepted: its
+    ``messages`` and ``tools`` when it is a chat request, else None."""
+    messages = record.get("messages")
+    return ChatPrompt(messages, record.get("tools") or None) if isinstance(messages, list) else None
 
 
 def token_array(value: Any) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
-from kvcli.traces.native import prompt_tokens
+from kvcli.traces.native import prompt_chat, prompt_tokens
 from kvcli.traces.records import iter_jsonl, json_type, located, optional_id, require_object
 from kvcli.traces.request import Request, TokenizerArg
 
@@ -49,7 +49,7 @@ def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str,
     except BadInputError as err:
         raise BadInputError(f"{what}: {err.reason}") from None
     return Request(id=request_id, token_ids=tokens, timestamp=timestamp, session_id=session_id,
-                   cache_salt=salt or "", output_length=output_length, source=source)
+                   cache_salt=salt or "", output_length=output_length, source=source, chat=prompt_chat(body))
 
 
 def read_openai_batch(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:

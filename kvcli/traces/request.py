@@ -2,7 +2,7 @@
 implements."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -10,6 +10,20 @@ from typing import NamedTuple
 import numpy as np
 
 from kvcli.model.tokenizer_base import Tokenizer
+
+
+class ChatPrompt(NamedTuple):
+    """The chat messages a request's prompt was rendered from (for ``kvcli explain``, which names the message where
+    two prompts first differ).
+
+    Attributes:
+        messages: the OpenAI-style messages under the chat template, in order (the trace's own objects: not to be
+            modified).
+        tools: the request's ``tools`` (function definitions), or None.
+    """
+
+    messages: Sequence[dict]
+    tools: list | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +38,8 @@ class Request:
         cache_salt: tenant salt ("" when none); requests of different salts never share cache.
         output_length: tokens the request generated (for routing's decode time), or None.
         source: ``"<file>:<line>"`` (1-based record number) for error messages.
+        chat: the messages the prompt was rendered from, for a chat request (None for a text, token-id or hash-id
+            prompt).
     """
 
     id: str
@@ -33,6 +49,7 @@ class Request:
     cache_salt: str = ""
     output_length: int | None = None
     source: str = ""
+    chat: ChatPrompt | None = None
 
     def __repr__(self) -> str:
         """One line: the id, source, token count and first tokens (not the whole array)."""

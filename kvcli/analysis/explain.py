@@ -1,0 +1,324 @@
+"""Why each request reused what it did: its prompt tokens split into the tokens a chunk-hash cache reused and the
+tokens it lost, by cause, beside the request its best prefix came from.
+
+Per request of ``n`` prompt tokens, in the order every command takes a trace (:mod:`kvcli.traces.order`), at one
+chunk size ``cs``:
+
+* ``B``, the **best prefix**: its longest common token prefix with any earlier request of the same cache salt (the
+  token radix of replay's upper bound, :class:`kvcli.replay.upper_bound.RadixUpperBound`); ``B_any``, the same over
+  earlier requests of *any* salt (only traces with two salts or more differ); the **predecessor**: the latest earlier
+  request that shares ``B_any`` tokens.
+* ``U = floor(B / cs) * cs``, the chunks an unlimited chunk-hash store holds for it (its run of chunk hits: every
+  earlier request stored each of its full chunks, so a chunk is held iff an earlier prompt holds its whole prefix);
+  ``C``, the run the replay's LRU holds at the capacity (:class:`kvcli.store.lru.ChunkLru`, touched as replay
+  touches it); ``F``, the run that is also unexpired at the TTL (expiry as :mod:`kvcli.replay.ttlcurve` rules it:
+  a chunk lives ``ttl`` seconds from the write that stored it, or from its last request with ``refresh``; an absent
+  chunk, evicted or expired, is written again). ``F <= C <= U <= B <= B_any <= n``.
+* A request reuses ``reused = reusable(F)`` tokens, ``reusable(h) = min(h, n - 1)``
+  (:func:`kvcli.store.hashing.reusable_tokens`: a fully cached prompt still computes its last token), and the rest
+  is lost, each span to one cause:
+
+  ============== =========================================================================================
+  cause          tokens
+  ============== =========================================================================================
+  expiry         ``reusable(C) - reusable(F)``: held at the capacity, expired at the TTL
+  eviction       ``reusable(U) - reusable(C)``: held by an unlimited store, evicted by the capacity
+  chunk_boundary ``reusable(B) - reusable(U)``: the shared prefix ends inside a chunk (its partial chunk)
+  last_token     ``B - reusable(B)``: 1 when the whole prompt was seen before (the engine computes it again)
+  cache_salt     ``B_any - B``: shared with an earlier request of another cache salt only
+  divergence     ``n - B_any`` when the predecessor goes on past ``B_any``: the prompt differs from it there
+  new            ``n - B_any`` otherwise: the prompt goes past the end of every earlier prompt it shares a prefix
+                 with (a conversation's new turn; all of a first request), which no cache could have held
+  ============== =========================================================================================
+
+  so ``reused`` plus the causes is ``n`` for every request. Summed over a trace, ``reused`` is replay's hit tokens
+  and ``reused + expiry + eviction + chunk_boundary`` its token-granular upper bound (reusable(B)).
+
+Where a prompt diverges, :mod:`kvcli.analysis.divergence` names the place: the message, its role and field (chat
+traces), or the token position, with an excerpt of both prompts around the first difference.
+
+Cost: one pass over the trace; the radix (4 bytes per distinct token); with a capacity or TTL, each request's chunk
+hashes (:mod:`kvcli.store.hashing`) and the LRU's and expiry's 16-byte keys; for text traces, every request's token
+ids and messages are kept to show excerpts (4 bytes per token).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvcli.analysis.divergence import Site, locate
+from kvcli.errors import BadInputError
+from kvcli.replay.ttlcurve import RESOLUTION_SECONDS
+from kvcli.replay.upper_bound import PrefixMatch, RadixUpperBound
+from kvcli.store.hashing import PromptChunker, reusable_tokens
+from kvcli.store.lru import ChunkLru
+from kvcli.traces.request import ChatPrompt, Request
+
+#: the causes of lost tokens, in the order reports list them (module docstring).
+CAUSES = ("chunk_boundary", "eviction", "expiry", "last_token", "cache_salt", "divergence", "new")
+
+
+@dataclass(frozen=True)
+class ExplainConfig:
+    """What the cache being explained is.
+
+    Attributes:
+        chunk_size: tokens per chunk.
+        capacity_chunks: the LRU's capacity in chunks (None: unlimited).
+        ttl: seconds a chunk lives (None: no expiry). ttl_refresh: from its last request, not its last write.
+        model_id, tokenizer: the chunk hashes' root (:func:`kvcli.store.hashing.namespace_root`), as replay's.
+
+    Raises:
+        BadInputError: a chunk size < 1, a capacity < 0 or a TTL <= 0.
+    """
+
+    chunk_size: int
+    capacity_chunks: int | None = None
+    ttl: float | None = None
+    ttl_refresh: bool = False
+    model_id: str = ""
+    tokenizer: str = ""
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise BadInputError(f"--chunk-size must be >= 1, got {self.chunk_size}")
+        if self.capacity_chunks is not None and self.capacity_chunks < 0:
+            raise BadInputError(f"capacity must be >= 0 chunks, got {self.capacity_chunks}")
+        if self.ttl is not None and not self.ttl > 0:
+            raise BadInputError(f"--ttl must be > 0 seconds, got {self.ttl}")
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One request explained (module docstring; every count in tokens).
+
+    Attributes:
+        index: its number in arrival order (0-based). id, source: the trace's id and ``file:line``.
+        prompt_tokens: ``n``. reused_tokens: what it reused. best_prefix_tokens: ``B`` (same cache salt).
+        best_prefix_tokens_any_salt: ``B_any``. predecessor: the index of the request that prefix came from (-1:
+        none shares a token). first_divergent_token: ``B_any`` where the prompt diverges from the predecessor
+        (None when it extends it or matches whole). lost_tokens_by_cause: tokens per :data:`CAUSES`.
+        cache_salt: the request's salt. site: where it diverges (None: no divergence, or not located).
+    """
+
+    index: int
+    id: str
+    source: str
+    prompt_tokens: int
+    reused_tokens: int
+    best_prefix_tokens: int
+    best_prefix_tokens_any_salt: int
+    predecessor: int
+    first_divergent_token: int | None
+    lost_tokens_by_cause: dict[str, int]
+    cache_salt: str = ""
+    site: Site | None = None
+
+    @property
+    def upper_bound_tokens(self) -> int:
+        """What an unlimited token-granular cache reuses: ``reusable(B)`` (replay's upper bound, per request)."""
+        return reusable_tokens(self.best_prefix_tokens, self.prompt_tokens)
+
+
+@dataclass
+class SiteTotal:
+    """Divergences at one place in a trace (:class:`~kvcli.analysis.divergence.Site` label).
+
+    Attributes:
+        label: the place. requests: requests that diverge there. tokens: their ``divergence`` tokens.
+        example: the first such request's site (its excerpts). example_request: that request's id.
+    """
+
+    label: str
+    requests: int = 0
+    tokens: int = 0
+    example: Site | None = None
+    example_request: str = ""
+
+
+@dataclass
+class TraceExplanation:
+    """A trace explained: totals by cause (tokens), the divergence sites, and each request.
+
+    Attributes:
+        requests: requests read. prompt_tokens, reused_tokens, upper_bound_tokens: sums over them.
+        lost_tokens_by_cause: tokens per :data:`CAUSES`. sites: divergence places by label.
+        explained: every request's :class:`Explanation`, in arrival order (the ids of predecessors resolve here).
+        reordered: requests out of timestamp order (0: taken in file order).
+        chunk_states: for the requests :attr:`Explainer.watch` names (by index), per full chunk whether the
+            cache held it (LRU, or stored before when unlimited) and whether it was unexpired, when the request
+            came (only with a capacity or TTL).
+    """
+
+    config: ExplainConfig
+    requests: int = 0
+    prompt_tokens: int = 0
+    reused_tokens: int = 0
+    upper_bound_tokens: int = 0
+    lost_tokens_by_cause: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    sites: dict[str, SiteTotal] = field(default_factory=dict)
+    explained: list[Explanation] = field(default_factory=list)
+    reordered: int = 0
+    chunk_states: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)
+
+    def top_sites(self, top: int) -> list[SiteTotal]:
+        """The ``top`` divergence sites by lost tokens (ties: more requests, then the label)."""
+        return sorted(self.sites.values(), key=lambda s: (-s.tokens, -s.requests, s.label))[:top]
+
+    def request(self, request_id: str) -> Explanation:
+        """The explanation of the request with id ``request_id`` (the first when ids repeat).
+
+        Raises:
+            BadInputError: no request has that id.
+        """
+        for e in self.explained:
+            if e.id == request_id:
+                return e
+        raise BadInputError(f"no request with id {request_id!r} in the trace (ids are the trace's id field, else "
+                            f"<file name>:<line>)")
+
+
+@dataclass(frozen=True)
+class BlockHashes:
+    """How the chunk map names blocks: ``hashes(tokens, cache_salt)`` -> one id per full chunk, and the scheme's
+    name (``kvcli``, ``vllm``, ...)."""
+
+    scheme: str
+    hashes: Callable[[np.ndarray, str], list[str]]
+
+
+class _Expiry:
+    """Chunk expiry for one TTL (the rules of :mod:`kvcli.replay.ttlcurve`): a chunk's time is its last write
+    ("after write") or last request (``refresh``); it is present at ``now`` iff ``now - time <= ttl``, to the
+    microsecond."""
+
+    def __init__(self, ttl: float, refresh: bool) -> None:
+        self.limit, self.refresh = ttl + RESOLUTION_SECONDS, refresh
+        self.times: dict[bytes, float] = {}
+
+    def present(self, hashes: list[bytes], now: float) -> list[bool]:
+        times, limit = self.times, self.limit
+        return [h in times and now - times[h] <= limit for h in hashes]
+
+    def update(self, hashes: list[bytes], present: list[bool], now: float) -> None:
+        """After a request at ``now``: absent chunks written; with ``refresh``, every chunk renewed."""
+        times = self.times
+        for h, here in zip(hashes, present):
+            if self.refresh or not here:
+                times[h] = now
+
+
+def _run(flags: Iterable[bool]) -> int:
+    """Leading ``True`` flags."""
+    k = 0
+    for f in flags:
+        if not f:
+            break
+        k += 1
+    return k
+
+
+class Explainer:
+    """Explains a trace's requests one at a time, in arrival order (module docstring).
+
+    Args:
+        config: the cache. keep_text: keep each request's token ids and messages, so a divergence can be shown
+            in the text (text traces). decode: token ids -> text, for excerpts of text prompts (None: token
+            positions only). block_tokens: a hash-id trace's tokens per hash id (sites are then hash ids).
+    """
+
+    def __init__(self, config: ExplainConfig, keep_text: bool = False,
+                 decode: Callable[[np.ndarray], str] | None = None, block_tokens: int | None = None) -> None:
+        self.config, self.keep_text, self.decode, self.block_tokens = config, keep_text, decode, block_tokens
+        self.result = TraceExplanation(config)
+        self._radix = RadixUpperBound()  # per cache salt: replay's upper bound
+        self._blind: RadixUpperBound | None = None  # every salt as one, once a second salt appears
+        self._first_salt: str | None = None
+        needs_hashes = config.capacity_chunks is not None or config.ttl is not None
+        self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size) if needs_hashes else None
+        self._lru = ChunkLru(config.capacity_chunks) if config.capacity_chunks is not None else None
+        self._expiry = _Expiry(config.ttl, config.ttl_refresh) if config.ttl is not None else None
+        self._clock = 0.0
+        self._tokens: list[np.ndarray | None] = []
+        self._chats: list[ChatPrompt | None] = []
+        self.watch: set[str] = set()  # request ids whose per-chunk states to keep (result.chunk_states)
+
+    def add(self, request: Request) -> Explanation:
+        """Explain the next request (arrival order) and add it to :attr:`result`.
+
+        Raises:
+            BadInputError: a TTL is set and the request has no timestamp (its file and line named).
+        """
+        cfg, res = self.config, self.result
+        index, tokens, salt = res.requests, request.token_ids, request.cache_salt
+        n, cs = len(tokens), cfg.chunk_size
+        if self._first_salt is None:
+            self._first_salt = salt
+        elif salt != self._first_salt and self._blind is None:
+            self._blind = self._radix.copy(self._first_salt)
+        match = self._radix.match(tokens, salt, index)
+        blind = self._blind.match(tokens, "", index) if self._blind is not None else match
+        b, b_any = match.tokens, blind.tokens
+        unlimited = b // cs * cs
+        held = expired_run = unlimited
+        if self._chunker is not None:
+            held, expired_run = self._cached(request, index, unlimited // cs)
+        reuse = {h: reusable_tokens(h, n) for h in (b, unlimited, held, expired_run)}
+        beyond = n - b_any
+        diverges = blind.continues and beyond > 0
+        lost = {"chunk_boundary": reuse[b] - reuse[unlimited], "eviction": reuse[unlimited] - reuse[held],
+                "expiry": reuse[held] - reuse[expired_run], "last_token": b - reuse[b], "cache_salt": b_any - b,
+                "divergence": beyond if diverges else 0, "new": 0 if diverges else beyond}
+        site = self._site(request, blind) if diverges else None
+        e = Explanation(index, request.id, request.source, n, reuse[expired_run], b, b_any, blind.predecessor,
+                        b_any if diverges else None, lost, salt, site)
+        res.requests += 1
+        res.prompt_tokens += n
+        res.reused_tokens += e.reused_tokens
+        res.upper_bound_tokens += reuse[b]
+        for cause, tokens_lost in lost.items():
+            res.lost_tokens_by_cause[cause] += tokens_lost
+        if site is not None:
+            total = res.sites.get(site.label)
+            if total is None:
+                total = res.sites[site.label] = SiteTotal(site.label, example=site, example_request=request.id)
+            total.requests += 1
+            total.tokens += lost["divergence"]
+        res.explained.append(e)
+        if self.keep_text:
+            self._tokens.append(tokens)
+            self._chats.append(request.chat)
+        return e
+
+    def _cached(self, request: Request, index: int, unlimited: int) -> tuple[int, int]:
+        """``(C, F)``: the run of chunks the LRU holds, and the run also unexpired, in tokens; then the request's
+        chunks are touched (the LRU's and the expiry's). ``unlimited``: the unlimited store's run, chunks."""
+        assert self._chunker is not None
+        cs = self.config.chunk_size
+        hashes = self._chunker.chunk(request.token_ids, request.cache_salt).hashes
+        lru, expiry = self._lru, self._expiry
+        # held: in the LRU; an unlimited store holds a chunk iff an earlier request stored it (the unlimited run)
+        in_lru = [h in lru for h in hashes] if lru is not None else [k < unlimited for k in range(len(hashes))]
+        if expiry is not None:
+            if request.timestamp is None:
+                raise BadInputError(f"{request.source}: --ttl needs a timestamp on every request; this one has none")
+            self._clock = max(self._clock, request.timestamp)
+            fresh = expiry.present(hashes, self._clock)
+            present = [a and b for a, b in zip(in_lru, fresh)]
+        else:
+            fresh, present = [True] * len(hashes), in_lru
+        if request.id in self.watch:
+            self.result.chunk_states[index] = list(zip(in_lru, fresh))
+        if expiry is not None:
+            expiry.update(hashes, present, self._clock)
+        if lru is not None:
+            lru.store(hashes)
+        return _run(in_lru) * cs, _run(present) * cs
+
+    def _site(self, request: Request, blind: PrefixMatch) -> Site | None:
+        if not self.keep_text or blind.predecessor < 0:
+            return locate(None, None, None, None, blind.tokens, None, self.block_tokens)
+        return locate(request.chat, self._chats[blind.predecessor], request.token_ids,
+                      self._tokens[blind.predecessor], blind.tokens, self.decode)

@@ -1,0 +1,254 @@
+"""``kvcli explain``'s output: the JSON body and the rich tables of explained traces
+(:class:`~kvcli.analysis.workload.ExplainedTrace`), and one request's chunk map beside its predecessor's."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from kvcli.analysis.explain import CAUSES, BlockHashes, Explanation, TraceExplanation
+from kvcli.analysis.workload import ExplainedTrace
+from kvcli.tables import print_table
+
+#: what each cause means, for the tables' captions and the JSON document.
+CAUSE_HELP = {
+    "reused": "tokens the chunk-hash cache reused",
+    "chunk_boundary": "shared with an earlier prompt, but inside the partial chunk where the shared prefix ends",
+    "eviction": "held by an unlimited cache, evicted by the capacity (LRU)",
+    "expiry": "held at the capacity, expired by the TTL",
+    "last_token": "the whole prompt was cached: the engine computes its last token again",
+    "cache_salt": "shared only with requests of another cache salt",
+    "divergence": "after the first token where the prompt differs from its best predecessor",
+    "new": "past the end of every earlier prompt it shares a prefix with (no cache could hold them)",
+}
+#: requests listed per trace as those that lost the most reusable tokens (every cause but "new").
+WORST_REQUESTS = 5
+
+
+def to_body(traces: list[ExplainedTrace], top: int, request_id: str | None = None,
+            block_hashes: BlockHashes | None = None) -> dict:
+    """The JSON body (for :func:`kvcli.units.json_document`): the causes' meanings and one object per trace, each
+    with its totals, top divergence sites and every request; with ``request_id``, that request's chunk map too."""
+    return {"causes": CAUSE_HELP, "traces": [_trace_json(t, top, request_id, block_hashes) for t in traces]}
+
+
+def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashes: BlockHashes | None) -> dict:
+    x = t.explanation
+    cfg = x.config
+    ids = [e.id for e in x.explained]
+    body = {
+        "trace": t.name, "format": t.fmt, "notes": t.notes, "chunk_size": cfg.chunk_size,
+        "capacity_chunks": cfg.capacity_chunks, "ttl_seconds": cfg.ttl, "ttl_refresh": cfg.ttl_refresh,
+        "requests": x.requests, "prompt_tokens": x.prompt_tokens, "reused_tokens": x.reused_tokens,
+        "upper_bound_tokens": x.upper_bound_tokens, "lost_tokens_by_cause": x.lost_tokens_by_cause,
+        "reordered_requests": x.reordered,
+        "top_divergence_sites": [{"site": s.label, "requests": s.requests, "divergence_tokens": s.tokens,
+                                  "message_index": s.example.message_index if s.example else None,
+                                  "role": s.example.role if s.example else None,
+                                  "field": s.example.field if s.example else None,
+                                  "example_request": s.example_request,
+                                  "example_ours": s.example.ours if s.example else None,
+                                  "example_predecessor": s.example.theirs if s.example else None}
+                                 for s in x.top_sites(top)],
+        "per_request": [_request_json(e, ids) for e in x.explained],
+    }
+    if request_id is not None and t.tokens:
+        e = x.request(request_id)
+        body["request"] = {**_request_json(e, ids), "chunks": chunk_map(t, e, block_hashes)}
+    return body
+
+
+def _request_json(e: Explanation, ids: list[str]) -> dict:
+    site = e.site
+    return {"id": e.id, "source": e.source, "cache_salt": e.cache_salt, "prompt_tokens": e.prompt_tokens,
+            "reused_tokens": e.reused_tokens, "upper_bound_tokens": e.upper_bound_tokens,
+            "best_prefix_tokens": e.best_prefix_tokens,
+            "best_prefix_tokens_any_salt": e.best_prefix_tokens_any_salt,
+            "predecessor": ids[e.predecessor] if e.predecessor >= 0 else None,
+            "first_divergent_token": e.first_divergent_token, "lost_tokens_by_cause": e.lost_tokens_by_cause,
+            "divergence_site": site.label if site else None,
+            "divergence_ours": site.ours if site else None, "divergence_predecessor": site.theirs if site else None}
+
+
+def spans(e: Explanation, chunk_size: int) -> list[tuple[str, int, int]]:
+    """The request's tokens on the token axis, ``(cause, start, end)`` (end exclusive; empty spans left out), in
+    position order: reused, then expiry, eviction, chunk_boundary, last_token, cache_salt, then divergence or new
+    (the counts of :class:`~kvcli.analysis.explain.Explanation`, laid where they fall)."""
+    lost, n = e.lost_tokens_by_cause, e.prompt_tokens
+    order = ["reused", "expiry", "eviction", "chunk_boundary", "last_token", "cache_salt", "divergence", "new"]
+    sizes = {"reused": e.reused_tokens, **lost}
+    out, at = [], 0
+    for cause in order:
+        if sizes[cause]:
+            out.append((cause, at, at + sizes[cause]))
+            at += sizes[cause]
+    assert at == n, (at, n)
+    return out
+
+
+def chunk_map(t: ExplainedTrace, e: Explanation, block_hashes: BlockHashes | None) -> list[dict]:
+    """One row per chunk of request ``e`` (full chunks, then the partial tail): its tokens, the causes of its
+    tokens, its block hash and its predecessor's for the same chunk (``block_hashes``; None: no hashes), and
+    whether the LRU held it and it was unexpired when the request came (with a capacity or TTL)."""
+    cs = t.explanation.config.chunk_size
+    n = e.prompt_tokens
+    laid = spans(e, cs)
+    ours = t.tokens.get(e.index)
+    theirs = t.tokens.get(e.predecessor) if e.predecessor >= 0 else None
+    pred = t.explanation.explained[e.predecessor] if e.predecessor >= 0 else None
+    mine = block_hashes.hashes(ours, e.cache_salt) if block_hashes and ours is not None else []
+    other = block_hashes.hashes(theirs, pred.cache_salt) if block_hashes and theirs is not None and pred else []
+    states = t.explanation.chunk_states.get(e.index)
+    rows = []
+    for k, start in enumerate(range(0, n, cs)):
+        end = min(n, start + cs)
+        parts = {c: min(end, b) - max(start, a) for c, a, b in laid if min(end, b) > max(start, a)}
+        row = {"chunk": k, "start_token": start, "end_token": end, "full": end - start == cs, "tokens_by_cause": parts,
+               "hash": mine[k] if k < len(mine) else None,
+               "predecessor_hash": other[k] if k < len(other) else None}
+        if states is not None and k < len(states):
+            row["held"], row["unexpired"] = states[k]
+        rows.append(row)
+    return rows
+
+
+# -------------------------------------------------------------------------------------------------------- text
+
+def print_explained(traces: list[ExplainedTrace], console: Console, top: int, request_id: str | None = None,
+                    block_hashes: BlockHashes | None = None) -> None:
+    """Per trace: the causes table, the top divergence sites and the requests that lost most; with
+    ``request_id``, that request's chunk map instead of the lists."""
+    for t in traces:
+        x = t.explanation
+        cfg = x.config
+        cache = (f"chunk {cfg.chunk_size}, " + (f"capacity {cfg.capacity_chunks:,} chunks" if cfg.capacity_chunks
+                                                is not None else "unlimited capacity")
+                 + (f", TTL {cfg.ttl:g} s {'from last access' if cfg.ttl_refresh else 'from write'}"
+                    if cfg.ttl is not None else ""))
+        if request_id is not None:
+            if t.tokens:
+                _print_request(t, x.request(request_id), console, block_hashes, cache)
+            continue
+        print_table(console, _causes_table(t, cache), keep=1)
+        sites = x.top_sites(top)
+        if sites:
+            print_table(console, _sites_table(t, sites), keep=1)
+        worst = _worst(x)
+        if worst:
+            print_table(console, _worst_table(t, worst), keep=1)
+        for note in t.notes:
+            console.print(Text(f"{t.name}: {note}"))
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part / whole:.1%}" if whole else "–"
+
+
+def _causes_table(t: ExplainedTrace, cache: str) -> Table:
+    x = t.explanation
+    table = Table(title=Text(f"{t.name}: {x.requests:,} requests, {x.prompt_tokens:,} prompt tokens ({cache}): where "
+                             "they went"), title_justify="left")
+    for column in ("tokens", "count", "of prompt tokens", "meaning"):
+        table.add_column(column, justify="left" if column in ("tokens", "meaning") else "right")
+    table.add_row("reused", f"{x.reused_tokens:,}", _share(x.reused_tokens, x.prompt_tokens), CAUSE_HELP["reused"])
+    for cause in CAUSES:
+        n = x.lost_tokens_by_cause[cause]
+        table.add_row(f"lost: {cause.replace('_', ' ')}" if cause != "new" else "new", f"{n:,}",
+                      _share(n, x.prompt_tokens), CAUSE_HELP[cause])
+    table.caption = (f"upper bound (unlimited, token-granular): {x.upper_bound_tokens:,} tokens "
+                     f"({_share(x.upper_bound_tokens, x.prompt_tokens)}) = reused + chunk boundary + eviction + expiry")
+    table.caption_justify = "left"
+    return table
+
+
+def _sites_table(t: ExplainedTrace, sites) -> Table:
+    table = Table(title=Text(f"{t.name}: where prompts first differ from their best predecessor, by tokens after "
+                             "it"), title_justify="left")
+    texts = any(s.example is not None and s.example.ours is not None for s in sites)
+    for column in ("site", "requests", "tokens after it", "of prompt tokens",
+                   *(("example: this prompt", "its predecessor") if texts else ())):
+        table.add_column(column, justify="right" if column in ("requests", "tokens after it", "of prompt tokens")
+                         else "left", overflow="fold")
+    total = t.explanation.prompt_tokens
+    for s in sites:
+        ex = s.example
+        cells = [s.label, f"{s.requests:,}", f"{s.tokens:,}", _share(s.tokens, total)]
+        if texts:
+            cells += [ex.ours or "" if ex else "", ex.theirs or "" if ex else ""]
+        table.add_row(*cells)
+    return table
+
+
+def _lost(e: Explanation) -> int:
+    return sum(v for c, v in e.lost_tokens_by_cause.items() if c != "new")
+
+
+def _worst(x: TraceExplanation) -> list[Explanation]:
+    ranked = sorted((e for e in x.explained if _lost(e)), key=lambda e: (-_lost(e), e.index))
+    return ranked[:WORST_REQUESTS]
+
+
+def _worst_table(t: ExplainedTrace, worst: list[Explanation]) -> Table:
+    x = t.explanation
+    table = Table(title=Text(f"{t.name}: the requests that lost the most tokens (every cause but new; "
+                             "kvcli explain --request ID maps one)"), title_justify="left")
+    for column in ("request", "prompt tokens", "reused", "best prefix", "lost", "mostly", "predecessor", "site"):
+        table.add_column(column, justify="left" if column in ("request", "mostly", "predecessor", "site")
+                         else "right", overflow="fold")
+    for e in worst:
+        cause = max((c for c in CAUSES if c != "new"), key=lambda c: e.lost_tokens_by_cause[c])
+        pred = x.explained[e.predecessor].id if e.predecessor >= 0 else "–"
+        table.add_row(e.id, f"{e.prompt_tokens:,}", f"{e.reused_tokens:,}", f"{e.best_prefix_tokens_any_salt:,}",
+                      f"{_lost(e):,}", cause.replace("_", " "), pred, e.site.label if e.site else "")
+    return table
+
+
+def _short(block_hash: str | None) -> str:
+    """A block hash as the chunk map prints it: its first 16 characters (the JSON has it whole)."""
+    if block_hash is None:
+        return "–"
+    return block_hash if len(block_hash) <= 16 else block_hash[:16] + "…"
+
+
+def _print_request(t: ExplainedTrace, e: Explanation, console: Console, block_hashes: BlockHashes | None,
+                   cache: str) -> None:
+    x = t.explanation
+    pred = x.explained[e.predecessor] if e.predecessor >= 0 else None
+    head = (f"request {e.id} ({e.source or t.name}): {e.prompt_tokens:,} prompt tokens, reused {e.reused_tokens:,} "
+            f"({cache}); best prefix {e.best_prefix_tokens_any_salt:,} tokens"
+            + (f" from {pred.id} ({pred.source})" if pred else " (no earlier prompt shares a token)"))
+    console.print(Text(head))
+    if e.best_prefix_tokens != e.best_prefix_tokens_any_salt:
+        console.print(Text(f"  its cache salt {e.cache_salt!r} shares only {e.best_prefix_tokens:,} of them "
+                           f"(the predecessor's salt: {pred.cache_salt if pred else ''!r})"))
+    if e.site is not None:
+        console.print(Text(f"  differs from it at token {e.site.token:,}: {e.site.label}"))
+        if e.site.ours is not None:
+            console.print(Text(f"    this prompt: {e.site.ours}"))
+            console.print(Text(f"    predecessor: {e.site.theirs}"))
+    lost = ", ".join(f"{c.replace('_', ' ')} {v:,}" for c, v in e.lost_tokens_by_cause.items() if v)
+    console.print(Text(f"  tokens: reused {e.reused_tokens:,}" + (f"; {lost}" if lost else "")))
+    rows = chunk_map(t, e, block_hashes)
+    scheme = block_hashes.scheme if block_hashes else None
+    table = Table(title=Text(f"chunk map of {e.id}" + (f" (block hashes: {scheme}, first 16 digits; --json has "
+                                                          "them whole)" if scheme else "")),
+                  title_justify="left")
+    columns = ["chunk", "tokens", "what its tokens are"]
+    if scheme:
+        columns += ["hash", "predecessor's"]
+    if rows and "held" in rows[0]:
+        columns += ["held", "unexpired"]
+    for column in columns:
+        table.add_column(column, justify="right" if column == "chunk" else "left", overflow="fold")
+    for r in rows:
+        what = ", ".join(f"{c.replace('_', ' ')} {v}" if len(r["tokens_by_cause"]) > 1 else c.replace("_", " ")
+                         for c, v in r["tokens_by_cause"].items())
+        cells = [str(r["chunk"]), f"{r['start_token']:,}-{r['end_token'] - 1:,}" + ("" if r["full"] else " (partial)"),
+                 what]
+        if scheme:
+            h, p = r["hash"], r["predecessor_hash"]
+            cells += [_short(h), "same" if h is not None and h == p else _short(p)]
+        if "held" in r:
+            cells += ["yes" if r["held"] else "no", "yes" if r["unexpired"] else "no"]
+        table.add_row(*cells)
+    print_table(console, table, keep=1)

@@ -1,0 +1,82 @@
+"""``kvcli explain``: why each request reused what it did, where its prompt diverged (no Redis)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kvcli.cli.options import (
+    TRACE_FORMATS_HELP,
+    DropTailBlock,
+    Dtype,
+    HashBlockTokens,
+    JsonOut,
+    Model,
+    SkipBadRecords,
+    TimestampUnit,
+    Tokenizer,
+    one_chunk_size,
+    trace_format,
+)
+
+HASH_HELP = ("Block hashes the chunk map (--request) names chunks by: kvcli (replay's and inspect's keys), or a "
+             "serving engine's own chain, so the output joins with its logs and KV events: vllm (its default "
+             "sha256), vllm-sha256_cbor, vllm-xxhash, vllm-xxhash_cbor, sglang (HiCache storage keys), lmcache "
+             "(its builtin hash), lmcache-sha256, ... (docs/explain.md).")
+
+
+def explain(
+    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
+    chunk_size: Annotated[str, typer.Option(help="Tokens per chunk (an engine's block size, e.g. vLLM's 16, "
+                                                 "LMCache's 256).")] = "256",
+    capacity_tokens: Annotated[Optional[int], typer.Option(help="LRU capacity, tokens (as replay's).")] = None,
+    capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, bytes of --model's KV (e.g. "
+                                                               "2GiB).")] = None,
+    ttl: Annotated[Optional[float], typer.Option(help="Chunks expire SECONDS after the write that stored them "
+                                                      "(trace timestamps).")] = None,
+    ttl_refresh: Annotated[bool, typer.Option(help="With --ttl: from a chunk's last request instead.")] = False,
+    request: Annotated[Optional[str], typer.Option("--request", help="Map one request (its id) chunk by chunk "
+                                                                     "beside its best predecessor.")] = None,
+    hash_scheme: Annotated[str, typer.Option("--hash", help=HASH_HELP)] = "kvcli",
+    hash_seed: Annotated[Optional[str], typer.Option(help="The PYTHONHASHSEED the engine ran with (vLLM and "
+                                                          "LMCache derive their root hash from it).")] = None,
+    top: Annotated[int, typer.Option(help="Divergence sites listed per trace.")] = 10,
+    model: Model = "cpu", dtype: Dtype = None, tokenizer: Tokenizer = None,
+    fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
+    hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
+    drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    json_out: JsonOut = False,
+) -> None:
+    """Why each request reused what it did at one chunk size: its prompt tokens split into reused and lost, by
+    cause (the chunk boundary, eviction by the capacity, expiry by the TTL, the last-token rule, another cache
+    salt, divergence from its best predecessor), and where the prompt first differs from that predecessor (the
+    message, role and field of a chat prompt, with both sides' text; the token position otherwise). Replay's own
+    rules, no Redis: the totals are replay's hit tokens and upper bound.
+
+    Examples:
+
+      kvcli explain sample_traces/chat_shared_system.jsonl --chunk-size 16
+
+      kvcli explain mooncake.jsonl --capacity-tokens 2000000 --json
+
+      kvcli explain chats.jsonl --request r42 --hash vllm --hash-seed 0
+    """
+    from kvcli.analysis.explain_report import print_explained, to_body
+    from kvcli.analysis.workload import block_hash_scheme, explain_config, explain_traces
+    from kvcli.errors import BadInputError
+    from kvcli.tables import stdout_console
+    from kvcli.units import json_document, parse_size
+
+    if top < 0:
+        raise BadInputError(f"--top must be >= 0, got {top}")
+    cs = one_chunk_size(chunk_size)
+    config = explain_config(cs, model, dtype, tokenizer, capacity_tokens, parse_size(capacity_bytes), ttl,
+                            ttl_refresh)
+    hashes = block_hash_scheme(hash_scheme, config, hash_seed)
+    spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    explained = explain_traces(traces, spec, tokenizer, config, request, model)
+    if json_out:
+        typer.echo(json_document("explain", to_body(explained, top, request, hashes), indent=1))
+    else:
+        print_explained(explained, stdout_console(), top, request, hashes)
