@@ -16,9 +16,10 @@ config.json.metadata`` of a ``local_dir`` download); the bytes of ``config.json`
 base have identical configs and file sizes but different weights, which the sampled blocks tell apart, while
 reading 1 MiB per weight file, not the 16 GB of an 8B model. Copies of one checkpoint in two folders share.
 
-Supported: decoder-only models whose KV cache is one K and one V of ``[kv_heads, tokens, head_dim]`` per layer
-with full causal attention in every layer (Llama, Qwen2/2.5/3, Mistral without a sliding window, ...).
-Refused with a one-line error: sliding-window or hybrid layers, encoder-decoders, latent-attention caches.
+Shapes of every decoder family (:mod:`kvcli.model.hfconfig`): grouped-query attention, sliding-window and mixed
+layers, latent attention (MLA), experts, linear-attention / Mamba layers. A folder with only ``config.json`` is
+enough for its bytes and FLOPs (no weights: nothing to run). Refused with a one-line error: encoder-decoders and
+layer types kvcli does not know.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import xxhash
 
 from kvcli.errors import BadInputError
 from kvcli.model.hf_offline import one_line, transformers
+from kvcli.model.hfconfig import shapes_from_config
 from kvcli.model.presets import DTYPE_NAMES, PRESETS, ModelConfig, ModelSpec, dtype_short, parse_dtype
 
 if TYPE_CHECKING:
@@ -77,8 +79,8 @@ class Checkpoint:
     def spec(self, dtype: str | None = None) -> ModelSpec:
         """The :class:`ModelSpec` (model id, per-token KV shape, dtype) of this checkpoint in ``dtype``."""
         torch_dtype = self.dtype(dtype)
-        s = self.shapes
-        return ModelSpec(self.model_id(torch_dtype), (s.layers, 2, s.kv_heads, s.head_dim), torch_dtype)
+        layers, two, heads, _, dim = self.shapes.kv_shape(1)
+        return ModelSpec(self.model_id(torch_dtype), (layers, two, heads, dim), torch_dtype)
 
 
 @functools.lru_cache(maxsize=8)
@@ -105,35 +107,18 @@ def read_checkpoint(path: str) -> Checkpoint:
     commit = _commit(folder)
     weights = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
     digest = _digest(folder, commit, weights)
-    heads = text.num_attention_heads
-    rope: dict[str, Any] = getattr(text, "rope_parameters", None) or {}
-    theta = getattr(text, "rope_theta", 10000.0)  # not inline: in the ``or`` mypy infers the default from its left
-    shapes = ModelConfig(
-        name=f"hf:{config.model_type}@{digest}", layers=text.num_hidden_layers, hidden=text.hidden_size,
-        heads=heads, kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-        ffn=getattr(text, "intermediate_size", None) or 0, vocab=text.vocab_size,
-        rope_theta=float(rope.get("rope_theta") or theta),
-        norm_eps=float(getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_eps", None) or 1e-5),
-        dtype=_default_dtype(config), context=int(getattr(text, "max_position_embeddings", None) or 8192))
+    try:
+        shapes = shapes_from_config(f"hf:{config.model_type}@{digest}", text, _default_dtype(config))
+    except BadInputError as exc:
+        raise BadInputError(f"{config.model_type} checkpoints are not supported: {exc}", path=path) from None
     return Checkpoint(str(folder), config, shapes, shapes.dtype, digest, commit,
                       sum(p.stat().st_size for p in weights))
 
 
 def _check_supported(config: Any, text: Any, path: str) -> None:
-    why = None
     if getattr(config, "is_encoder_decoder", False):
-        why = "an encoder-decoder model"
-    elif getattr(text, "kv_lora_rank", None):
-        why = "a latent-attention (MLA) KV cache, not one K and V per KV head"
-    elif any(t != "full_attention" for t in (getattr(text, "layer_types", None) or ())):
-        why = f"layers other than full attention ({', '.join(sorted(set(text.layer_types)))})"
-    elif getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
-        why = f"sliding-window attention ({text.sliding_window} tokens)"
-    if why:
-        raise BadInputError(f"{config.model_type} checkpoints are not supported: {why}; kvcli needs a decoder with "
-                            "full causal attention in every layer (Llama, Qwen2, Mistral without a window, ...)",
-                            path=path)
+        raise BadInputError(f"{config.model_type} checkpoints are not supported: an encoder-decoder model; kvcli "
+                            "needs a decoder-only model", path=path)
 
 
 def _default_dtype(config: Any) -> str:
