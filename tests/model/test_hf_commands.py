@@ -98,3 +98,22 @@ def test_a_missing_checkpoint_folder_is_exit_2(tmp_path, redis_url, command):
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 2, out.output
     assert "no such checkpoint folder" in out.stderr and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("arch, dtype, bytes_per_token, bound", [
+    ("deepseek_v3", "bfloat16", 192, 5e-2),  # 2 layers x (latent 32 + RoPE key 16) x 2 B
+    ("gpt_oss", "float32", 512, 1e-5),       # 2 layers x 2 x 2 KV heads x 16 x 4 B; window 8, sinks
+])
+def test_replay_end_to_end_with_other_architectures(tmp_path, redis_url, arch, dtype, bytes_per_token, bound):
+    from kvcli.model.hf_tiny import write_tiny_checkpoint
+
+    folder = str(write_tiny_checkpoint(tmp_path / arch, vocab=512, dtype=dtype, arch=arch))
+    trace = tmp_path / "chat.jsonl"
+    trace.write_text("".join(json.dumps({"id": f"r{i}", "messages": m}) + "\n" for i, m in enumerate(CONVERSATIONS)))
+    out = CliRunner().invoke(app, ["replay", str(trace), "--model", folder, "--chunk-sizes", "4",
+                                   "--measure", "all", "--json", "--redis-url", redis_url])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    (row,) = doc["traces"][0]["per_chunk_size"]
+    assert doc["context"]["kv_bytes_per_token"] == bytes_per_token
+    assert row["hit_tokens"] > 0 and row["max_logit_diff"] <= bound
