@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from kvcli.errors import BadInputError
+from kvcli.model.configs import SOURCES, config_preset_folder
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.hfconfig import shapes_from_config
 from kvcli.model.presets import DTYPE_NAMES, PRESETS, ModelConfig, ModelSpec, dtype_short, parse_dtype
@@ -44,8 +45,11 @@ _SAMPLES, _SAMPLE_BYTES = 16, 64 * 1024
 
 
 def is_checkpoint_name(model: str) -> bool:
-    """Whether ``--model`` names a checkpoint folder rather than a preset: an existing folder, or anything with a
-    path separator (so a mistyped path is reported as a missing folder, not as an unknown preset)."""
+    """Whether ``--model`` names a checkpoint folder rather than a preset: a config-only preset
+    (:mod:`kvcli.model.configs`), an existing folder, or anything with a path separator (so a mistyped path is
+    reported as a missing folder, not as an unknown preset)."""
+    if config_preset_folder(model) is not None:
+        return True
     return model not in PRESETS and ("/" in model or "\\" in model or Path(model).expanduser().is_dir())
 
 
@@ -85,16 +89,17 @@ class Checkpoint:
 
 @functools.lru_cache(maxsize=8)
 def read_checkpoint(path: str) -> Checkpoint:
-    """Read the config of checkpoint folder ``path`` (cached per absolute path for the process).
+    """Read the config of checkpoint folder ``path``, or of the config-only preset of that name (cached per
+    ``path`` for the process).
 
     Raises:
         BadInputError: no such folder, no ``config.json``, a config transformers cannot read, or an architecture
             kvcli does not support (module docstring); each one line, naming the folder.
     """
-    folder = Path(path).expanduser().resolve()
+    folder = (config_preset_folder(path) or Path(path).expanduser()).resolve()
     if not folder.is_dir():
         raise BadInputError("no such checkpoint folder (--model takes a preset name or a local Hugging Face "
-                            f"checkpoint folder; presets: {', '.join(PRESETS)})", path=path)
+                            f"checkpoint folder; presets: {', '.join([*PRESETS, *SOURCES])})", path=path)
     if not (folder / "config.json").is_file():
         raise BadInputError("not a Hugging Face checkpoint: no config.json in this folder", path=path)
     tf = transformers()

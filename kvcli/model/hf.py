@@ -169,7 +169,7 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
 
     Raises:
         BadInputError: not a supported checkpoint folder (:func:`read_checkpoint`); linear-attention or Mamba
-            layers; bad dtype or device.
+            layers; no weights (a config-only folder); bad dtype or device.
         ModelFailure: the weights would not fit in the device's free memory; transformers cannot load them
             (missing or mismatched weights, custom code); one line each.
     """
@@ -179,6 +179,9 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
         raise BadInputError(f"cannot run a checkpoint with {', '.join(sorted(kinds))} layers: resuming them needs "
                             "their state saved at every chunk boundary, which kvcli's model runner does not do; its "
                             "bytes and FLOPs need no run (--measure 0)", path=path)
+    if not checkpoint.weight_bytes:
+        raise BadInputError("this folder holds a config and no weights: price it without running it (--measure 0 "
+                            "--payload accounted)", path=path)
     torch_dtype = checkpoint.dtype(dtype)
     dev = resolve_device(device)
     need = checkpoint.shapes.params() * torch.empty((), dtype=torch_dtype).element_size()

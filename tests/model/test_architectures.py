@@ -209,3 +209,45 @@ def test_kvcli_attention_equals_transformers_eager_attention(folders, arch):
     with torch.inference_mode():
         expected = ref(input_ids=torch.from_numpy(IDS.astype(np.int64))[None]).logits[0]
     assert (model.prefill(IDS, logits_for="all")[0] - expected).abs().max().item() <= 1e-5
+
+
+# ---- config-only models and presets ----
+
+@pytest.mark.parametrize("name, kv_shape, bytes_per_token, prefix_8k, state", [
+    # 61 layers x (512 + 64) x 2 B
+    ("deepseek-v3", (61, 1, 1, 576), 70_272, 70_272 * 8192, 0),
+    # 36 layers x 2 x 8 x 64 x 2 B; prefix: 18 full x 8,192 + 18 sliding x 128 layer-tokens x 2,048 B
+    ("gpt-oss-120b", (36, 2, 8, 64), 73_728, (18 * 8192 + 18 * 128) * 2048, 0),
+    # 62 layers (52 local of window 1,024, 10 global: sliding_window_pattern 6) x 2 x 16 x 128 x 2 B
+    ("gemma-3-27b", (62, 2, 16, 128), 507_904, (10 * 8192 + 52 * 1024) * 8192, 0),
+    # 12 full-attention layers of 48; 36 Gated DeltaNet states of (2*16*128 + 32*128) x 3 + 32 x 128 x 128
+    ("qwen3-next-80b-a3b", (12, 2, 2, 256), 24_576, 24_576 * 8192 + 36 * 548_864 * 2, 36 * 548_864 * 2),
+    ("llama-3.1-70b", (80, 2, 8, 128), 327_680, 327_680 * 8192, 0),
+    ("qwen3-32b", (64, 2, 8, 128), 262_144, 262_144 * 8192, 0),
+])
+def test_config_presets_by_hand(name, kv_shape, bytes_per_token, prefix_8k, state):
+    shapes = read_checkpoint(name).shapes
+    assert resolve_spec(name).kv_shape == kv_shape
+    assert shapes.kv_bytes_per_token("bfloat16") == bytes_per_token
+    assert shapes.cached_prefix_bytes(8192, "bfloat16") == prefix_8k and shapes.state_bytes("bfloat16") == state
+
+
+def test_deepseek_v3_active_flops_per_token():
+    """One token, no cache: 2 FLOPs per active parameter (DeepSeek-V3 activates about 37B per token)."""
+    g = read_checkpoint("deepseek-v3").shapes
+    # per layer: Q LoRA 7168 x 1536 and 1536 x 128 heads x 192; latent 7168 x 576; up-projection 512 x 128 x 256;
+    # output 128 x 128 x 7168; attention over one key: 2 x 128 heads x (192 + 128)
+    layer = 2 * (7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168) + 2 * 128 * 320
+    # 3 dense layers; 58 expert layers: router 7168 x 256, 8 routed + 1 shared expert of 3 x 7168 x 2048
+    mlp = 3 * 2 * 3 * 7168 * 18432 + 58 * 2 * (7168 * 256 + 9 * 3 * 7168 * 2048)
+    total = 61 * layer + mlp + 2 * 7168 * 129280
+    assert float(sum(prefill_flops_breakdown(g, 1).values())) == total
+    assert 36e9 < total / 2 < 38e9
+
+
+def test_a_config_only_folder_prices_but_does_not_run(folders, tmp_path):
+    (tmp_path / "config.json").write_bytes(open(f"{folders['deepseek_v3_bf16']}/config.json", "rb").read())
+    assert read_checkpoint(str(tmp_path)).shapes.kv_bytes_per_token("bfloat16") == 192
+    with pytest.raises(BadInputError, match=r"no weights.*--measure 0") as info:
+        load_model(str(tmp_path), device="cpu")
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)

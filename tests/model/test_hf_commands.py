@@ -117,3 +117,15 @@ def test_replay_end_to_end_with_other_architectures(tmp_path, redis_url, arch, d
     (row,) = doc["traces"][0]["per_chunk_size"]
     assert doc["context"]["kv_bytes_per_token"] == bytes_per_token
     assert row["hit_tokens"] > 0 and row["max_logit_diff"] <= bound
+
+
+def test_a_config_only_preset_prices_a_replay_without_weights(tmp_path, redis_url):
+    trace = tmp_path / "chat.jsonl"
+    trace.write_text("".join(json.dumps({"id": f"r{i}", "messages": m}) + "\n" for i, m in enumerate(CONVERSATIONS)))
+    args = ["replay", str(trace), "--model", "deepseek-v3", "--chunk-sizes", "4", "--json", "--redis-url", redis_url,
+            "--measure", "0"]
+    out = CliRunner().invoke(app, args + ["--payload", "accounted", "--prefill-tps", "5000"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["context"]["kv_bytes_per_token"] == 61 * 576 * 2
+    real = CliRunner().invoke(app, args)  # real payload bytes need the model's KV: one line, no traceback
+    assert real.exit_code != 0 and "no weights" in real.output and "Traceback" not in real.output
