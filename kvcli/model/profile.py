@@ -533,7 +533,8 @@ def _from_dict(doc) -> Profile:
         dtype = check_dtype(model["dtype"])
     except BadInputError as exc:
         raise _Invalid(f"field model.dtype: {exc}") from None
-    arch = {k: tuple(v) if isinstance(v, list) else v for k, v in model["shapes"].items() if k in _ARCH_SHAPES}
+    arch: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in model["shapes"].items()
+                            if k in _ARCH_SHAPES}
     try:
         shapes = ModelConfig(**{k: model["shapes"][k] for k in _SHAPES}, **arch)
     except (BadInputError, TypeError) as exc:
