@@ -60,7 +60,8 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_tok
         k: keys ``[kv_heads, past + new, head_dim]`` (or with the batch dim), after rotary embedding; the first
             ``past`` rows are the cached prefix. ``q_heads`` must be a multiple of ``kv_heads`` (grouped-query
             attention: query head ``h`` uses K/V head ``h // (q_heads // kv_heads)``).
-        v: values, same shape as ``k``.
+        v: values ``[kv_heads, past + new, v_dim]`` (or with the batch dim): ``v_dim`` may differ from ``head_dim``
+            (latent attention: DeepSeek-V3's 128 value dims against 192 query/key dims).
         past_tokens: ``past``; ``None`` for ``k.shape[-2] - new`` (what a Hugging Face attention function gets:
             its key holds the cache and the new tokens).
         scale: score scale; ``None`` for ``1 / sqrt(head_dim)``.
@@ -68,7 +69,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_tok
             benchmarks and tests only).
 
     Returns:
-        ``[q_heads, new, head_dim]`` (or with the batch dim) in ``q``'s dtype, on ``q``'s device.
+        ``[q_heads, new, v_dim]`` (or with the batch dim) in ``q``'s dtype, on ``q``'s device.
 
     Raises:
         ValueError: shapes that do not fit together (ranks, head counts, ``past + new != k.shape[-2]``).
@@ -81,13 +82,17 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_tok
     past = total - new if past_tokens is None else past_tokens
     if past < 0 or past + new != total:
         raise ValueError(f"past_tokens {past} + new {new} must equal the key length {total}")
-    out = _attend(q, k, v, past, scale, _masked)
+    v_dim = v.shape[-1]
+    if v_dim < k.shape[-1]:  # the flash kernels need one head size: zero value columns change no weight
+        v = F.pad(v, (0, k.shape[-1] - v_dim))
+    out = _attend(q, k, v, past, scale, _masked)[..., :v_dim]
     return out[0] if unbatched else out
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"expected q [batch, q_heads, new, head_dim] and k, v [batch, kv_heads, tokens, head_dim] "
+    if q.dim() != 4 or k.dim() != 4 or k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"expected q [batch, q_heads, new, head_dim], k [batch, kv_heads, tokens, head_dim] and v "
+                         f"[batch, kv_heads, tokens, v_dim] "
                          f"(or all without batch), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
         raise ValueError(f"q {tuple(q.shape)} does not fit k {tuple(k.shape)}: batch and head_dim must match and "
@@ -117,3 +122,45 @@ def _attend(q, k, v, past: int, scale: float | None, masked: bool) -> torch.Tens
     # row sees all past keys in A and at least its own key in B.
     w_a = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)
     return torch.lerp(out_b.float(), out_a.float(), w_a).to(q.dtype)
+
+
+def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
+                     window: int | None = None, sinks: torch.Tensor | None = None,
+                     softcap: float | None = None) -> torch.Tensor:
+    """Attention of ``new`` queries after ``past`` cached tokens with the options of today's models, computed
+    directly (scores materialized in float32: for small models and for checking): query ``i`` (absolute position
+    ``past + i``) attends keys ``past + i - window + 1 .. past + i`` (transformers' sliding-window rule; all
+    earlier keys when ``window`` is None); ``softcap`` caps scores as ``softcap * tanh(s / softcap)`` (Gemma 2);
+    ``sinks`` adds one learned logit per head to each softmax's denominator, with no value (gpt-oss's attention
+    sinks, transformers' ``s_aux``). Mutates nothing.
+
+    Args:
+        q: ``[batch, q_heads, new, head_dim]``. k: ``[batch, kv_heads, past + new, head_dim]``. v: ``[batch,
+            kv_heads, past + new, v_dim]``. sinks: ``[q_heads]`` or None. scale: None for ``head_dim ** -0.5``.
+
+    Returns:
+        ``[batch, q_heads, new, v_dim]`` in ``q``'s dtype.
+
+    Raises:
+        ValueError: shapes that do not fit together.
+    """
+    _check(q, k, v)
+    new, total = q.shape[-2], k.shape[-2]
+    groups = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(groups, dim=1)
+    vf = v.float().repeat_interleave(groups, dim=1)
+    scores = q.float() @ kf.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    rows = torch.arange(total - new, total, device=q.device)[:, None]
+    cols = torch.arange(total, device=q.device)[None, :]
+    visible = cols <= rows
+    if window is not None:
+        visible &= cols > rows - window
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        scores = torch.cat((scores, sink), dim=-1)
+    weights = torch.softmax(scores, dim=-1)[..., :total]
+    return (weights @ vf).to(q.dtype)
+

@@ -16,9 +16,10 @@ config.json.metadata`` of a ``local_dir`` download); the bytes of ``config.json`
 base have identical configs and file sizes but different weights, which the sampled blocks tell apart, while
 reading 1 MiB per weight file, not the 16 GB of an 8B model. Copies of one checkpoint in two folders share.
 
-Supported: decoder-only models whose KV cache is one K and one V of ``[kv_heads, tokens, head_dim]`` per layer
-with full causal attention in every layer (Llama, Qwen2/2.5/3, Mistral without a sliding window, ...).
-Refused with a one-line error: sliding-window or hybrid layers, encoder-decoders, latent-attention caches.
+Shapes of every decoder family (:mod:`kvcli.model.hfconfig`): grouped-query attention, sliding-window and mixed
+layers, latent attention (MLA), experts, linear-attention / Mamba layers. A folder with only ``config.json`` is
+enough for its bytes and FLOPs (no weights: nothing to run). Refused with a one-line error: encoder-decoders and
+layer types kvcli does not know.
 """
 from __future__ import annotations
 
@@ -31,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from kvcli.errors import BadInputError
+from kvcli.model.configs import SOURCES, config_preset_folder
 from kvcli.model.hf_offline import one_line, transformers
+from kvcli.model.hfconfig import shapes_from_config
 from kvcli.model.presets import DTYPE_NAMES, PRESETS, ModelConfig, ModelSpec, dtype_short, parse_dtype
 
 if TYPE_CHECKING:
@@ -42,8 +45,11 @@ _SAMPLES, _SAMPLE_BYTES = 16, 64 * 1024
 
 
 def is_checkpoint_name(model: str) -> bool:
-    """Whether ``--model`` names a checkpoint folder rather than a preset: an existing folder, or anything with a
-    path separator (so a mistyped path is reported as a missing folder, not as an unknown preset)."""
+    """Whether ``--model`` names a checkpoint folder rather than a preset: a config-only preset
+    (:mod:`kvcli.model.configs`), an existing folder, or anything with a path separator (so a mistyped path is
+    reported as a missing folder, not as an unknown preset)."""
+    if config_preset_folder(model) is not None:
+        return True
     return model not in PRESETS and ("/" in model or "\\" in model or Path(model).expanduser().is_dir())
 
 
@@ -77,22 +83,23 @@ class Checkpoint:
     def spec(self, dtype: str | None = None) -> ModelSpec:
         """The :class:`ModelSpec` (model id, per-token KV shape, dtype) of this checkpoint in ``dtype``."""
         torch_dtype = self.dtype(dtype)
-        s = self.shapes
-        return ModelSpec(self.model_id(torch_dtype), (s.layers, 2, s.kv_heads, s.head_dim), torch_dtype)
+        layers, two, heads, _, dim = self.shapes.kv_shape(1)
+        return ModelSpec(self.model_id(torch_dtype), (layers, two, heads, dim), torch_dtype)
 
 
 @functools.lru_cache(maxsize=8)
 def read_checkpoint(path: str) -> Checkpoint:
-    """Read the config of checkpoint folder ``path`` (cached per absolute path for the process).
+    """Read the config of checkpoint folder ``path``, or of the config-only preset of that name (cached per
+    ``path`` for the process).
 
     Raises:
         BadInputError: no such folder, no ``config.json``, a config transformers cannot read, or an architecture
             kvcli does not support (module docstring); each one line, naming the folder.
     """
-    folder = Path(path).expanduser().resolve()
+    folder = (config_preset_folder(path) or Path(path).expanduser()).resolve()
     if not folder.is_dir():
         raise BadInputError("no such checkpoint folder (--model takes a preset name or a local Hugging Face "
-                            f"checkpoint folder; presets: {', '.join(PRESETS)})", path=path)
+                            f"checkpoint folder; presets: {', '.join([*PRESETS, *SOURCES])})", path=path)
     if not (folder / "config.json").is_file():
         raise BadInputError("not a Hugging Face checkpoint: no config.json in this folder", path=path)
     tf = transformers()
@@ -105,35 +112,18 @@ def read_checkpoint(path: str) -> Checkpoint:
     commit = _commit(folder)
     weights = sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
     digest = _digest(folder, commit, weights)
-    heads = text.num_attention_heads
-    rope: dict[str, Any] = getattr(text, "rope_parameters", None) or {}
-    theta = getattr(text, "rope_theta", 10000.0)  # not inline: in the ``or`` mypy infers the default from its left
-    shapes = ModelConfig(
-        name=f"hf:{config.model_type}@{digest}", layers=text.num_hidden_layers, hidden=text.hidden_size,
-        heads=heads, kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-        head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
-        ffn=getattr(text, "intermediate_size", None) or 0, vocab=text.vocab_size,
-        rope_theta=float(rope.get("rope_theta") or theta),
-        norm_eps=float(getattr(text, "rms_norm_eps", None) or getattr(text, "layer_norm_eps", None) or 1e-5),
-        dtype=_default_dtype(config), context=int(getattr(text, "max_position_embeddings", None) or 8192))
+    try:
+        shapes = shapes_from_config(f"hf:{config.model_type}@{digest}", text, _default_dtype(config))
+    except BadInputError as exc:
+        raise BadInputError(f"{config.model_type} checkpoints are not supported: {exc}", path=path) from None
     return Checkpoint(str(folder), config, shapes, shapes.dtype, digest, commit,
                       sum(p.stat().st_size for p in weights))
 
 
 def _check_supported(config: Any, text: Any, path: str) -> None:
-    why = None
     if getattr(config, "is_encoder_decoder", False):
-        why = "an encoder-decoder model"
-    elif getattr(text, "kv_lora_rank", None):
-        why = "a latent-attention (MLA) KV cache, not one K and V per KV head"
-    elif any(t != "full_attention" for t in (getattr(text, "layer_types", None) or ())):
-        why = f"layers other than full attention ({', '.join(sorted(set(text.layer_types)))})"
-    elif getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
-        why = f"sliding-window attention ({text.sliding_window} tokens)"
-    if why:
-        raise BadInputError(f"{config.model_type} checkpoints are not supported: {why}; kvcli needs a decoder with "
-                            "full causal attention in every layer (Llama, Qwen2, Mistral without a window, ...)",
-                            path=path)
+        raise BadInputError(f"{config.model_type} checkpoints are not supported: an encoder-decoder model; kvcli "
+                            "needs a decoder-only model", path=path)
 
 
 def _default_dtype(config: Any) -> str:

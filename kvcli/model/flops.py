@@ -23,6 +23,24 @@ Per new token, for a Llama-style decoder (:class:`~kvcli.model.presets.ModelConf
 - LM head: ``2 * hidden * vocab`` per row of logits computed: 1 row for a prefill that returns the last token's
   logits (what serving needs), ``n`` for all.
 
+Other architectures (the fields of :class:`~kvcli.model.presets.ModelConfig`), each as its transformers forward
+computes it:
+
+- sliding-window layers: new token ``i`` sees ``min(c + i + 1, W)`` keys (:func:`window_pairs`);
+- latent attention (MLA, DeepSeek-V2/V3 ``DeepseekV3Attention``), in ``"qkv"``: queries ``2 * hidden * q_lora_rank
+  + 2 * q_lora_rank * heads * (nope + rope)`` (or ``2 * hidden * heads * (nope + rope)`` without a Q LoRA), the
+  latent ``2 * hidden * (kv_lora_rank + rope)`` per new token, and the up-projection of the latent to per-head K
+  and V, ``2 * kv_lora_rank * heads * (nope + v)``, per token of the past AND of the new ones (the cache holds
+  the latent, so every prefill expands the cached prefix again, as vLLM's MLA prefill does for its context);
+  attention ``2 * heads * (nope + rope + v)`` per pair; output ``2 * heads * v * hidden``;
+- mixture of experts, in ``"mlp"``, per token of an expert layer: the router ``2 * hidden * experts``, the
+  ``experts_per_token`` routed experts ``2 * 3 * hidden * moe_ffn`` each, the shared experts
+  ``2 * 3 * hidden * shared_ffn`` and their gate ``2 * hidden`` (when the model has one): only the active
+  experts compute (transformers runs each expert on the tokens routed to it);
+- linear-attention / Mamba layers: their MLP counts, their mixer does not (a lower bound: the projections and the
+  scan of a Gated DeltaNet or Mamba block are left out; Nemotron-H's blocks, one mixer or one MLP each, are
+  counted as if every block had an MLP). Exact for every other family above.
+
 Saved prefill FLOPs of a cache hit of ``c`` tokens on a prompt of ``p``: ``prefill_flops(cfg, p, 0) -
 prefill_flops(cfg, p - c, c)`` (:func:`saved_prefill_flops`).
 """
@@ -33,7 +51,7 @@ from typing import cast
 import numpy as np
 
 from kvcli.errors import BadInputError
-from kvcli.model.presets import ModelConfig
+from kvcli.model.presets import FULL, SLIDING, ModelConfig
 
 
 def _counts(new_tokens, cached_tokens) -> tuple[np.ndarray, np.ndarray]:
@@ -56,9 +74,26 @@ def attention_pairs(new_tokens, cached_tokens=0) -> np.ndarray:
     return n * c + n * (n + 1) / 2
 
 
+def window_pairs(new_tokens, cached_tokens, window: int) -> np.ndarray:
+    """(query, key) pairs of sliding-window attention for ``new_tokens`` after ``cached_tokens``, per head and
+    layer: new token ``i`` sees ``min(c + i + 1, window)`` keys, so ``S(c + n) - S(c)`` with ``S(m) = sum_{k<=m}
+    min(k, W)`` (``m (m + 1) / 2`` up to ``W``, then ``W`` more per token). Vectorized; float64.
+
+    Raises:
+        BadInputError: a negative count.
+    """
+    n, c = _counts(new_tokens, cached_tokens)
+    w = float(window)
+
+    def upto(m: np.ndarray) -> np.ndarray:
+        return np.where(m <= w, m * (m + 1) / 2, w * (w + 1) / 2 + (m - w) * w)
+
+    return upto(c + n) - upto(c)
+
+
 def prefill_flops_breakdown(config: ModelConfig, new_tokens, cached_tokens=0,
                             logits_for: str = "last") -> dict[str, np.ndarray]:
-    """FLOPs of a prefill of ``new_tokens`` after ``cached_tokens``, by part (module docstring: the formula).
+    """FLOPs of a prefill of ``new_tokens`` after ``cached_tokens``, by part (module docstring: the formulas).
 
     Args:
         config: the model's shapes.
@@ -68,8 +103,9 @@ def prefill_flops_breakdown(config: ModelConfig, new_tokens, cached_tokens=0,
             :meth:`kvcli.model.llama.LocalModel.prefill`.
 
     Returns:
-        ``{"qkv", "out_proj", "mlp", "attention", "lm_head"}`` -> FLOPs, float64 arrays of the broadcast shape
-        (exact integers below ``2**53`` = 9.0e15; float64 so that sums over a trace cannot overflow).
+        ``{"qkv", "out_proj", "mlp", "attention", "lm_head"}`` -> FLOPs summed over layers, float64 arrays of the
+        broadcast shape (exact integers below ``2**53`` = 9.0e15; float64 so that sums over a trace cannot
+        overflow).
 
     Raises:
         BadInputError: a negative count or a bad ``logits_for``.
@@ -78,16 +114,36 @@ def prefill_flops_breakdown(config: ModelConfig, new_tokens, cached_tokens=0,
         raise BadInputError(f"logits_for must be 'last' or 'all', got {logits_for!r}")
     n, c = _counts(new_tokens, cached_tokens)
     g = config
-    per_layer = {
-        "qkv": 2.0 * g.hidden * (g.heads + 2 * g.kv_heads) * g.head_dim * n,
-        "out_proj": 2.0 * g.heads * g.head_dim * g.hidden * n,
-        "mlp": 2.0 * 3 * g.hidden * g.ffn * n,
-        "attention": 4.0 * g.heads * g.head_dim * attention_pairs(n, c),
-    }
-    out = {k: g.layers * v for k, v in per_layer.items()}
+    out = {"qkv": 0.0 * n, "out_proj": 0.0 * n, "mlp": 0.0 * n, "attention": 0.0 * n}
+    pairs = {FULL: attention_pairs(n, c), SLIDING: window_pairs(n, c, g.sliding_window) if g.sliding_window else 0}
+    qkv = _qkv_flops(g, n, c)
+    for layer, kind in enumerate(g.kinds):
+        out["mlp"] = out["mlp"] + _mlp_flops(g, layer) * n
+        if kind not in pairs:  # a linear layer or none: its mixer is not counted
+            continue
+        out["qkv"] = out["qkv"] + qkv
+        out["out_proj"] = out["out_proj"] + 2.0 * g.heads * g.value_dim * g.hidden * n
+        out["attention"] = out["attention"] + 2.0 * g.heads * (g.qk_head_dim + g.value_dim) * pairs[kind]
     rows = np.minimum(n, 1) if logits_for == "last" else n
     out["lm_head"] = 2.0 * g.hidden * g.vocab * rows
     return {k: np.broadcast_to(v, np.broadcast(n, c).shape).copy() for k, v in out.items()}
+
+
+def _qkv_flops(g: ModelConfig, n: np.ndarray, c: np.ndarray) -> np.ndarray:
+    if not g.is_mla:
+        return 2.0 * g.hidden * (g.heads + 2 * g.kv_heads) * g.head_dim * n
+    q = (2.0 * g.hidden * g.q_lora_rank + 2.0 * g.q_lora_rank * g.heads * g.qk_head_dim if g.q_lora_rank
+         else 2.0 * g.hidden * g.heads * g.qk_head_dim)
+    latent = 2.0 * g.hidden * (g.kv_lora_rank + g.qk_rope_head_dim)
+    up = 2.0 * g.kv_lora_rank * g.heads * (g.qk_nope_head_dim + g.v_head_dim)
+    return (q + latent) * n + up * np.where(n > 0, n + c, 0.0)  # no forward, no expansion
+
+
+def _mlp_flops(g: ModelConfig, layer: int) -> float:
+    if not g.is_moe_layer(layer):
+        return 2.0 * 3 * g.hidden * g.ffn
+    return (2.0 * g.hidden * g.experts + 2.0 * 3 * g.hidden * g.moe_ffn * g.experts_per_token
+            + 2.0 * 3 * g.hidden * g.shared_ffn + (2.0 * g.hidden if g.shared_gate else 0.0))
 
 
 def prefill_flops(config: ModelConfig, new_tokens, cached_tokens=0, logits_for: str = "last") -> np.ndarray:

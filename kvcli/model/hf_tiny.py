@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -77,14 +78,53 @@ def build_tokenizer(vocab_size: int = 512):
     return fast
 
 
+#: The architectures :func:`tiny_config` builds: transformers config class and its shapes beyond the common ones
+#: (hidden 64, 4 query heads, MLP 128, untied LM head). KV bytes per token in bfloat16, 2 layers: llama 256
+#: (2 x 2 KV heads x 16 x 2 x 2 B); deepseek_v3 192 (2 x (latent 32 + RoPE key 16) x 2 B); the others 256.
+TINY_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {"num_key_value_heads": 2, "head_dim": 16, "rope_theta": 500000.0}),
+    # latent attention (MLA) with experts: layer 0 dense, layer 1 with 8 routed experts (2 per token) and 1 shared
+    "deepseek_v3": ("DeepseekV3Config", {
+        "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16,
+        "qk_nope_head_dim": 16, "v_head_dim": 24, "moe_intermediate_size": 32, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1}),
+    # alternating sliding (window 8) and full layers, attention sinks, 4 experts (2 per token)
+    "gpt_oss": ("GptOssConfig", {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
+                                 "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32}),
+    # Gemma 3's pattern shortened: layer 0 local (window 8), layer 1 global
+    "gemma3_text": ("Gemma3TextConfig", {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
+                                         "sliding_window_pattern": 2}),
+    # use_sliding_window with max_window_layers = layers: transformers builds every layer as full attention
+    "qwen2": ("Qwen2Config", {"num_key_value_heads": 2, "use_sliding_window": True, "sliding_window": 8,
+                              "max_window_layers": 2}),
+}
+
+
+def tiny_config(arch: str, vocab: int = 100352, layers: int = 2, **extra):
+    """A tiny transformers config of architecture ``arch`` (:data:`TINY_ARCHS`), ``layers`` layers.
+
+    Raises:
+        ValueError: an unknown ``arch`` (the message lists them).
+    """
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"unknown tiny architecture {arch!r}; valid: {', '.join(TINY_ARCHS)}")
+    cls, shapes = TINY_ARCHS[arch]
+    common: dict[str, Any] = {
+        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers,
+        "num_attention_heads": 4, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False}
+    return getattr(transformers(), cls)(**(common | shapes | extra))
+
+
 def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0, dtype: str = "float32",
-                          layers: int = 2, tokenizer_vocab: int = 512) -> Path:
+                          layers: int = 2, tokenizer_vocab: int = 512, arch: str = "llama") -> Path:
     """Write the tiny checkpoint and tokenizer into ``folder`` (created; existing files overwritten).
 
     Args:
         vocab: embedding rows (>= the tokenizer's size). seed: weight seed (two seeds, two checkpoints).
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``: the weights' dtype and the config's default.
         layers: decoder layers. tokenizer_vocab: BPE vocabulary target (the corpus may stop it earlier).
+        arch: the architecture (:data:`TINY_ARCHS`; default Llama, the module docstring's).
 
     Returns:
         The folder's path.
@@ -95,29 +135,27 @@ def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0
     tokenizer = build_tokenizer(tokenizer_vocab)
     if vocab < len(tokenizer):
         raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
-    config = tf.LlamaConfig(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=131072, rope_theta=500000.0,
-        rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id)
+    config = tiny_config(arch, vocab, layers, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = tf.LlamaForCausalLM(config)
+        model = tf.AutoModelForCausalLM.from_config(config)
     model.to(getattr(torch, dtype)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvcli.model.hf_tiny DIR [--vocab N] [--seed S] [--dtype D]``."""
+    """``python -m kvcli.model.hf_tiny DIR [--vocab N] [--seed S] [--dtype D] [--arch A]``."""
     parser = argparse.ArgumentParser(prog="python -m kvcli.model.hf_tiny", description=__doc__.split("\n")[0])
     parser.add_argument("folder")
     parser.add_argument("--vocab", type=int, default=100352, help="embedding rows (default 100352)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--arch", default="llama", choices=tuple(TINY_ARCHS), help="architecture (default llama)")
     args = parser.parse_args(argv)
-    folder = write_tiny_checkpoint(args.folder, args.vocab, args.seed, args.dtype)
-    print(f"wrote a tiny random Llama checkpoint and tokenizer to {folder}; try: kvcli replay sample_traces/ "
+    folder = write_tiny_checkpoint(args.folder, args.vocab, args.seed, args.dtype, arch=args.arch)
+    print(f"wrote a tiny random {args.arch} checkpoint and tokenizer to {folder}; try: kvcli replay sample_traces/ "
           f"--model {folder}", file=sys.stderr)
     return 0
 

@@ -46,11 +46,11 @@ def token_tensor(token_ids, vocab: int, model_id: str, device: torch.device) -> 
 
 
 def check_past_kv(past_kv: torch.Tensor, config: ModelConfig, dtype: torch.dtype, model_id: str) -> None:
-    """Raise ModelFailure unless ``past_kv`` is ``[layers, 2, kv_heads, tokens, head_dim]`` of ``config`` in
-    ``dtype``."""
-    c = config
-    expected = (c.layers, 2, c.kv_heads, "tokens", c.head_dim)
-    if past_kv.dim() != 5 or past_kv.shape[:3] != expected[:3] or past_kv.shape[4] != c.head_dim:
+    """Raise ModelFailure unless ``past_kv`` has ``config.kv_shape`` (``[layers, 2, kv_heads, tokens, head_dim]``;
+    ``[layers, 1, 1, tokens, latent + rope]`` for latent attention) in ``dtype``."""
+    layers, two, heads, _, dim = config.kv_shape(0)
+    expected = (layers, two, heads, "tokens", dim)
+    if past_kv.dim() != 5 or past_kv.shape[:3] != expected[:3] or past_kv.shape[4] != dim:
         raise ModelFailure(f"past_kv shape {tuple(past_kv.shape)} does not fit {model_id}: expected {expected}")
     if past_kv.dtype != dtype:
         raise ModelFailure(f"past_kv dtype {past_kv.dtype} does not match {model_id} ({dtype})")

@@ -30,11 +30,33 @@ def dtype_short(dtype: torch.dtype | str) -> str:
     return _SHORT[name]
 
 
+#: Layer kinds of :attr:`ModelConfig.layer_types`, transformers' names: attention over every earlier token, over
+#: the last ``sliding_window`` tokens, a linear-attention / Mamba mixer with a constant-size state, or no token
+#: mixer at all (Nemotron-H's MLP-only layers: neither cache nor state).
+FULL, SLIDING, LINEAR, NO_MIXER = "full_attention", "sliding_attention", "linear_attention", "mlp"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes of a Llama-style decoder. ``dtype`` is the preset's default dtype name; ``context`` the longest
-    prompt the model is made for, tokens (a checkpoint's ``max_position_embeddings``; a preset: its real model's):
-    the default length ``kvcli profile`` times prefills up to."""
+    """Shapes of a decoder. ``dtype`` is the preset's default dtype name; ``context`` the longest prompt the model
+    is made for, tokens (a checkpoint's ``max_position_embeddings``; a preset: its real model's): the default
+    length ``kvcli profile`` times prefills up to.
+
+    The defaults describe a Llama-style decoder (grouped-query attention in every layer, one SwiGLU MLP). The
+    other fields, read from a config by :mod:`kvcli.model.hfconfig`:
+
+    - ``layer_types``: one of :data:`FULL`, :data:`SLIDING`, :data:`LINEAR`, :data:`NO_MIXER` per layer (``()``:
+      all full), as transformers' ``config.layer_types``; ``sliding_window``: tokens a sliding layer attends
+      (``W``; the token itself and the ``W - 1`` before it, transformers' rule).
+    - latent attention (MLA, DeepSeek-V2/V3, Kimi-K2) when ``kv_lora_rank > 0``: ``q_lora_rank`` (0: one Q
+      projection), ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; the cache holds the latent and the
+      decoupled RoPE key, ``kv_lora_rank + qk_rope_head_dim`` elements per layer and token (vLLM's MLA cache).
+    - mixture of experts when ``experts > 0``: ``experts_per_token`` routed experts of ``moe_ffn`` each, shared
+      experts of ``shared_ffn`` in all (0: none), ``shared_gate`` (a sigmoid gate ``hidden -> 1`` on the shared
+      output, Qwen2-MoE/Qwen3-Next), and ``dense_layers``, the layers that keep a dense MLP of ``ffn``.
+    - ``state_elements``: elements of one linear layer's state per sequence (vLLM's conv state plus temporal
+      state, :func:`kvcli.model.hfconfig.linear_state_elements`).
+    """
 
     name: str
     layers: int
@@ -48,22 +70,118 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dtype: str = "bfloat16"
     context: int = 8192
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int = 0
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn: int = 0
+    shared_ffn: int = 0
+    shared_gate: bool = False
+    dense_layers: tuple[int, ...] = ()
+    state_elements: int = 0
+
+    def __post_init__(self) -> None:
+        if self.layer_types and len(self.layer_types) != self.layers:
+            raise BadInputError(f"{self.name}: {len(self.layer_types)} layer types for {self.layers} layers")
+        if SLIDING in self.layer_types and self.sliding_window <= 0:
+            raise BadInputError(f"{self.name}: sliding-attention layers without a sliding window")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kind of every layer (:data:`FULL`, :data:`SLIDING`, :data:`LINEAR`, :data:`NO_MIXER`)."""
+        return self.layer_types or (FULL,) * self.layers
+
+    def count(self, kind: str) -> int:
+        """Layers of ``kind`` (:data:`FULL`, :data:`SLIDING`, :data:`LINEAR`, :data:`NO_MIXER`)."""
+        return self.kinds.count(kind)
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep a KV cache: full and sliding attention (linear layers keep a state instead)."""
+        return self.count(FULL) + self.count(SLIDING)
+
+    @property
+    def is_mla(self) -> bool:
+        """Latent attention (its cache: latent plus RoPE key, one of them per layer and token)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Elements per query/key head in the score: ``qk_nope_head_dim + qk_rope_head_dim`` (MLA), else
+        ``head_dim``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        """Elements per value head: ``v_head_dim`` (MLA), else ``head_dim``."""
+        return self.v_head_dim if self.is_mla else self.head_dim
+
+    @property
+    def kv_elements_per_layer_token(self) -> int:
+        """Cache elements of one attention layer for one token: ``kv_lora_rank + qk_rope_head_dim`` (MLA), else
+        ``2 * kv_heads * head_dim`` (one K and one V per KV head)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.is_mla else 2 * self.kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, dtype: torch.dtype | str) -> int:
-        """Bytes of K and V, all layers, for one token: ``2 * layers * kv_heads * head_dim * element_size``;
-        ``dtype`` a torch dtype or its name. Raises BadInputError for an unknown dtype."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes(DTYPE_NAMES.get(dtype_key(dtype).lower(),
-                                                                                          dtype))
+        """Bytes a stored chunk holds per token, every attention layer:
+        ``attention_layers * kv_elements_per_layer_token * element_size`` (``2 * layers * kv_heads * head_dim *
+        element_size`` for a Llama); ``dtype`` a torch dtype or its name. Raises BadInputError for an unknown
+        dtype."""
+        return self.attention_layers * self.kv_elements_per_layer_token * _element_bytes(dtype)
+
+    def cached_prefix_bytes(self, tokens: int, dtype: torch.dtype | str) -> int:
+        """Bytes an engine must keep to resume from a cached prefix of ``tokens`` tokens: full-attention layers
+        ``tokens`` each, sliding layers ``min(tokens, sliding_window)`` each (older tokens are out of every later
+        query's window), per layer-token :attr:`kv_elements_per_layer_token` elements, plus one state of every
+        linear layer (:meth:`state_bytes`, the state at the prefix's end). vLLM's hybrid allocator keeps one
+        block table per group of layers this way (vllm/v1/core/single_type_kv_cache_manager.py). Raises
+        BadInputError for an unknown dtype or ``tokens < 0``."""
+        if tokens < 0:
+            raise BadInputError(f"tokens must be >= 0, got {tokens}")
+        layer_tokens = self.count(FULL) * tokens + self.count(SLIDING) * min(tokens, self.sliding_window)
+        return layer_tokens * self.kv_elements_per_layer_token * _element_bytes(dtype) + self.state_bytes(dtype)
+
+    def state_bytes(self, dtype: torch.dtype | str) -> int:
+        """Bytes of the state of every linear layer for one sequence at one point (constant in its length):
+        ``linear layers * state_elements * element_size``; 0 without linear layers."""
+        return self.count(LINEAR) * self.state_elements * _element_bytes(dtype)
 
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
-        """Shape of the KV of ``tokens`` tokens: ``(layers, 2, kv_heads, tokens, head_dim)``."""
-        return (self.layers, 2, self.kv_heads, tokens, self.head_dim)
+        """Shape of the KV of ``tokens`` tokens: ``(attention_layers, 2, kv_heads, tokens, head_dim)``; for MLA
+        ``(layers, 1, 1, tokens, kv_lora_rank + qk_rope_head_dim)`` (latent then RoPE key, concatenated)."""
+        if self.is_mla:
+            return (self.attention_layers, 1, 1, tokens, self.kv_elements_per_layer_token)
+        return (self.attention_layers, 2, self.kv_heads, tokens, self.head_dim)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) has experts rather than the dense MLP."""
+        return self.experts > 0 and layer not in self.dense_layers
 
     def params(self) -> int:
-        """Number of parameters (embedding and LM head counted separately: they are untied)."""
-        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        block = attn + 3 * self.hidden * self.ffn + 2 * self.hidden
-        return self.layers * block + 2 * self.vocab * self.hidden + self.hidden
+        """Number of parameters (embedding and LM head counted separately: they are untied; every expert
+        counted; linear layers' mixers not counted)."""
+        q = (self.hidden * self.q_lora_rank + self.q_lora_rank * self.heads * self.qk_head_dim if self.q_lora_rank
+             else self.hidden * self.heads * self.qk_head_dim)
+        if self.is_mla:
+            kv = (self.hidden * (self.kv_lora_rank + self.qk_rope_head_dim)
+                  + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim))
+        else:
+            kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        attn = q + kv + self.heads * self.value_dim * self.hidden
+        moe = self.experts * 3 * self.hidden * self.moe_ffn + 3 * self.hidden * self.shared_ffn \
+            + self.hidden * self.experts
+        mlps = sum(moe if self.is_moe_layer(i) else 3 * self.hidden * self.ffn for i in range(self.layers))
+        return self.attention_layers * attn + mlps + self.layers * 2 * self.hidden + 2 * self.vocab * self.hidden \
+            + self.hidden
+
+
+def _element_bytes(dtype: torch.dtype | str) -> int:
+    return dtype_bytes(DTYPE_NAMES.get(dtype_key(dtype).lower(), dtype))
 
 
 PRESETS: dict[str, ModelConfig] = {c.name: c for c in (

@@ -48,7 +48,9 @@ FORMAT = f"{FORMAT_NAME}/{FORMAT_VERSION}"
 MIN_MAX_TOKENS = 512  # the smallest grid, (32, 0) (128, 0) (512, 0) (256, 256), that determines the 4 coefficients
 RATE_CHUNK_TOKENS = (64, 256, 1024)
 #: The shapes that set a prefill's cost: two models alike in these (and in dtype) share a profile.
-COST_SHAPES = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab")
+COST_SHAPES = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "layer_types", "sliding_window",
+               "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "experts",
+               "experts_per_token", "moe_ffn", "shared_ffn", "shared_gate", "dense_layers", "state_elements")
 
 #: ``progress(phase, done, total, what)``: phase "prefill" (timings of points) or "kv" (timings of chunks).
 Progress = Callable[[str, int, int, str], None]
@@ -456,8 +458,11 @@ class _Invalid(Exception):
 
 
 _NUM, _OPT_STR, _OPT_NUM = (float, int), (str, type(None)), (float, int, type(None))
+#: The shapes every profile holds (a Llama's); the architecture fields after them are optional (absent in a
+#: profile of a Llama-style model written before them: their defaults).
 _SHAPES = {f.name: (float, int) if f.type in ("float", float) else (int if f.type in ("int", int) else str)
-           for f in dataclasses.fields(ModelConfig)}
+           for f in dataclasses.fields(ModelConfig)[:12]}
+_ARCH_SHAPES = tuple(f.name for f in dataclasses.fields(ModelConfig)[12:])
 _SCHEMA: dict[str, Any] = {
     "format": str, "kvcli_version": str, "created": str, "command_line": [str],
     "device": {"device": str, "type": str, "name": str, "memory_bytes": int, "capability": _OPT_STR,
@@ -528,7 +533,12 @@ def _from_dict(doc) -> Profile:
         dtype = check_dtype(model["dtype"])
     except BadInputError as exc:
         raise _Invalid(f"field model.dtype: {exc}") from None
-    shapes = ModelConfig(**{k: model["shapes"][k] for k in _SHAPES})
+    arch: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in model["shapes"].items()
+                            if k in _ARCH_SHAPES}
+    try:
+        shapes = ModelConfig(**{k: model["shapes"][k] for k in _SHAPES}, **arch)
+    except (BadInputError, TypeError) as exc:
+        raise _Invalid(f"field model.shapes: {exc}") from None
     points = tuple(TimedPoint(p["kind"], p["new_tokens"], p["cached_tokens"], tuple(float(s) for s in p["seconds"]))
                    for p in doc["points"])
     if not points:

@@ -98,3 +98,34 @@ def test_a_missing_checkpoint_folder_is_exit_2(tmp_path, redis_url, command):
     out = CliRunner().invoke(app, args)
     assert out.exit_code == 2, out.output
     assert "no such checkpoint folder" in out.stderr and "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("arch, dtype, bytes_per_token, bound", [
+    ("deepseek_v3", "bfloat16", 192, 5e-2),  # 2 layers x (latent 32 + RoPE key 16) x 2 B
+    ("gpt_oss", "float32", 512, 1e-5),       # 2 layers x 2 x 2 KV heads x 16 x 4 B; window 8, sinks
+])
+def test_replay_end_to_end_with_other_architectures(tmp_path, redis_url, arch, dtype, bytes_per_token, bound):
+    from kvcli.model.hf_tiny import write_tiny_checkpoint
+
+    folder = str(write_tiny_checkpoint(tmp_path / arch, vocab=512, dtype=dtype, arch=arch))
+    trace = tmp_path / "chat.jsonl"
+    trace.write_text("".join(json.dumps({"id": f"r{i}", "messages": m}) + "\n" for i, m in enumerate(CONVERSATIONS)))
+    out = CliRunner().invoke(app, ["replay", str(trace), "--model", folder, "--chunk-sizes", "4",
+                                   "--measure", "all", "--json", "--redis-url", redis_url])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    (row,) = doc["traces"][0]["per_chunk_size"]
+    assert doc["context"]["kv_bytes_per_token"] == bytes_per_token
+    assert row["hit_tokens"] > 0 and row["max_logit_diff"] <= bound
+
+
+def test_a_config_only_preset_prices_a_replay_without_weights(tmp_path, redis_url):
+    trace = tmp_path / "chat.jsonl"
+    trace.write_text("".join(json.dumps({"id": f"r{i}", "messages": m}) + "\n" for i, m in enumerate(CONVERSATIONS)))
+    args = ["replay", str(trace), "--model", "deepseek-v3", "--chunk-sizes", "4", "--json", "--redis-url", redis_url,
+            "--measure", "0"]
+    out = CliRunner().invoke(app, args + ["--payload", "accounted", "--prefill-tps", "5000"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["context"]["kv_bytes_per_token"] == 61 * 576 * 2
+    real = CliRunner().invoke(app, args)  # real payload bytes need the model's KV: one line, no traceback
+    assert real.exit_code != 0 and "no weights" in real.output and "Traceback" not in real.output

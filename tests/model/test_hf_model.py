@@ -131,15 +131,15 @@ def test_checkpoint_folders_and_presets_are_told_apart(tiny_checkpoint, tmp_path
 @pytest.mark.parametrize("setup, message", [
     (None, "no such checkpoint folder"),
     ("empty", "no config.json"),
-    ("sliding", "sliding-window attention (4096 tokens)"),
+    ("encoder-decoder", "an encoder-decoder model"),
     ("garbage", "cannot read config.json"),
 ])
 def test_unusable_folders_are_one_line_bad_input(tmp_path, setup, message):
     folder = tmp_path / "ckpt"
     if setup:
         folder.mkdir()
-    if setup == "sliding":
-        (folder / "config.json").write_text(json.dumps({"model_type": "mistral", "sliding_window": 4096}))
+    if setup == "encoder-decoder":
+        (folder / "config.json").write_text(json.dumps({"model_type": "t5"}))
     elif setup == "garbage":
         (folder / "config.json").write_text("{not json")
     with pytest.raises(BadInputError, match=re.escape(message)) as info:
