@@ -29,6 +29,7 @@ from kvcli.model.costcurve import PrefillSample
 from kvcli.replay.curve import HitCurve
 from kvcli.replay.measure import timed_prefill
 from kvcli.replay.network import ServerRates
+from kvcli.replay.planner import plan
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.replay.savings import Ledger
 from kvcli.store.batch import Batcher
@@ -92,8 +93,10 @@ class Lane:
         # chunks an unlimited cache would hold: only where the store's own capacity can evict
         self._seen: set[bytes] | None = set() if store.resident_chunks is not None else None
         # one curve per chunk size: it depends on the hashes, not the layout
-        self._hit_curve = (HitCurve(cs, config.ttl_refresh) if config.hit_curve and config.namespace is None
-                           and store.layout == config.layouts[0] else None)
+        self._hit_curve = (HitCurve(cs, config.ttl_refresh, record=config.plan.wanted)
+                           if config.hit_curve and config.namespace is None and store.layout == config.layouts[0]
+                           else None)
+        self._plan = config.plan
         self._checked: dict[bytes, bool] = {}  # chunk hash -> checksum verified good
         self._real_chunks: set[bytes] = set()  # chunks this lane may have written with a real payload (measured)
         self._batcher: Batcher | None = None
@@ -343,6 +346,9 @@ class Lane:
             degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
         res.hit_curve = (self._hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if self._hit_curve
                          else None)
+        stream = self._hit_curve.stream() if self._hit_curve else None
+        if stream is not None and res.hit_curve is not None:
+            res.plan = plan(stream, res.hit_curve, self._plan, getattr(store, "capacity_chunks", None))
         return degraded
 
 

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvcli.replay.curve import CurveResult
+    from kvcli.replay.planner import PlanResult
 
 from kvcli.errors import BadInputError
 from kvcli.replay.network import Overheads
+from kvcli.replay.planner import PlanOptions
 from kvcli.replay.savings import Savings, Verdict
 
 
@@ -54,6 +56,8 @@ class ReplayConfig:
             measured on other hardware, a named accelerator's roofline) and every overhead from counts and rates
             (:func:`kvcli.replay.network.priced_overheads`), so the figures do not move with this machine's load;
             measured requests still run here, to check the KV path (real bytes retrieved, logits compared).
+        plan: the capacity planner's options (:mod:`kvcli.replay.planner`: tiers, optimal bound, admission,
+            policies, prices); it runs on the curve's chunk ids after the replay.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -80,6 +84,7 @@ class ReplayConfig:
     verify_sample: int = 64
     pipeline: int = 256
     priced: bool = False
+    plan: PlanOptions = PlanOptions()
 
     def __post_init__(self) -> None:
         """Check the options, alone and together; each message names the ``kvcli replay`` flag that sets them.
@@ -115,6 +120,9 @@ class ReplayConfig:
             raise BadInputError(f"--store-mode must be async or sync, got {self.store_mode!r}")
         if self.ttl_refresh and not self.hit_curve:
             raise BadInputError("--ttl-refresh sets the TTL curve's expiry rule: it needs the curve (no --no-curve)")
+        if self.plan.wanted and (not self.hit_curve or self.namespace is not None):
+            raise BadInputError("--tier, --optimal, --admit-after and --policy run on the curve's chunk stream: they "
+                                "need the curve (no --no-curve, no --namespace)")
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
             raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
                                 "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "
@@ -210,6 +218,7 @@ class ChunkSizeResult:
     savings: Savings | None = None
     store_mode: str = "async"
     hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
+    plan: PlanResult | None = None  # tiers, optimal bound, admission, policies, bill (None: not asked for)
 
     @property
     def hit_token_ratio(self) -> float | None:
@@ -244,6 +253,7 @@ class ChunkSizeResult:
         no denominator."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
         out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
+        out["plan"] = self.plan.to_dict() if self.plan is not None else None
         if self.savings is not None:
             out["savings"] = self.savings.to_dict()
         if self.overheads is not None:
