@@ -8,6 +8,7 @@ document starts with ``schema_version`` (bumped when a field changes meaning or 
 """
 from __future__ import annotations
 
+import decimal
 import json
 import math
 import re
@@ -75,7 +76,8 @@ def parse_size(text: str | None) -> int | None:
             shown = text.strip()
             raise BadInputError(f"size {shown!r} is ambiguous: write '{shown}B' (decimal) or '{shown}iB' (binary)")
         raise BadInputError(f"cannot read size {text!r} (e.g. 1000000, 512MiB, 2GB)")
-    return int(_finite(float(m[1]) * _SIZE_UNITS[m[2] or ""], text, "size"))
+    _finite(float(m[1]), text, "size")
+    return _whole(m[1], _SIZE_UNITS[m[2] or ""])
 
 
 def parse_capacity(text: str, kv_bytes_per_token: int | Callable[[], int]) -> int | None:
@@ -97,14 +99,20 @@ def parse_capacity(text: str, kv_bytes_per_token: int | Callable[[], int]) -> in
     if not m:
         raise BadInputError(f"bad capacity {text!r}; use tokens (3M tokens, 500k tok, 250000), bytes (40GB, 64GiB) "
                             "or 'unlimited'")
-    value, prefix, unit = _finite(float(m[1]), text, "capacity"), "kmgt".find(m[2]) + 1 if m[2] else 0, m[3] or ""
+    value, prefix, unit = m[1], "kmgt".find(m[2]) + 1 if m[2] else 0, m[3] or ""
+    _finite(float(value), text, "capacity")
     if prefix and not unit:
         raise BadInputError(f"capacity {shown!r} is ambiguous: write '{shown} tokens', or bytes as '{shown}B' "
                             f"(decimal) or '{shown}iB' (binary)")
     if unit.endswith("b"):
         per_token = kv_bytes_per_token() if callable(kv_bytes_per_token) else kv_bytes_per_token
-        return int(value * (1024 if unit == "ib" else 1000) ** prefix // per_token)
-    return int(value * 1000 ** prefix)
+        return _whole(value, (1024 if unit == "ib" else 1000) ** prefix) // per_token
+    return _whole(value, 1000 ** prefix)
+
+
+def _whole(number: str, scale: int) -> int:
+    """``int(number * scale)`` computed exactly in decimal (a float loses digits past 2**53: "4611686019GB")."""
+    return int(decimal.Decimal(number) * scale)
 
 
 def parse_duration(text: str) -> float:

@@ -50,18 +50,23 @@ class Site(NamedTuple):
 
 def locate(ours: ChatPrompt | None, theirs: ChatPrompt | None, ours_tokens: np.ndarray | None,
            theirs_tokens: np.ndarray | None, position: int,
-           decode: Callable[[np.ndarray], str] | None, block_tokens: int | None = None) -> Site:
+           decode: Callable[[np.ndarray], str] | None, block_tokens: int | None = None,
+           render: Callable[[ChatPrompt], np.ndarray] | None = None) -> Site:
     """The :class:`Site` where a prompt first differs from its predecessor, whose token ids first differ at
     ``position``. ``ours``/``theirs``: the chat messages (None for other prompts); ``*_tokens``: ``[tokens]`` ids
     (None: no excerpt); ``decode``: ids -> text (None: no text excerpt); ``block_tokens``: a hash-id trace's tokens
     per hash id, so the site is the hash id (``hash_ids[k]``, ``k = position // block_tokens``: its synthesized
-    tokens can agree on a first token or so by chance)."""
+    tokens can agree on a first token or so by chance); ``render``: a chat prompt's ids under the template without
+    the generation prompt, to find the message whose rendering holds ``position`` when the template made the
+    difference (:func:`rendering_message`; None: the first message past the equal ones)."""
     if ours is not None and theirs is not None:
         site = _chat_site(ours, theirs, position)
         if site is not None:
             return site
         i = _first_unequal(ours.messages, theirs.messages)
-        role = ours.messages[i].get("role") if i < len(ours.messages) else None
+        if render is not None:
+            i = rendering_message(ours, position, render, i)
+        role = ours.messages[i].get("role") if i < len(ours.messages) else "generation prompt"
         a, b = _token_excerpts(ours_tokens, theirs_tokens, position, decode)
         return Site(f"messages[{i}] ({role}) template", position, i, role, "template", a, b)
     if block_tokens:
@@ -93,6 +98,23 @@ def _chat_site(ours: ChatPrompt, theirs: ChatPrompt, position: int) -> Site | No
     return Site(f"messages[{i}] ({role}) {key}", position, i, role, key, a, b)
 
 
+def rendering_message(chat: ChatPrompt, position: int, render: Callable[[ChatPrompt], np.ndarray],
+                      default: int) -> int:
+    """The message whose rendering holds token ``position`` of ``chat``'s prompt: the last ``i`` whose first ``i``
+    messages render to at most ``position`` tokens (``len(messages)``: the generation prompt). Templates that do not
+    render a conversation's first messages as a prefix of the whole (or refuse a partial one) give ``default``."""
+    messages = list(chat.messages)
+    i = 0
+    try:
+        for k in range(1, len(messages) + 1):
+            if len(render(ChatPrompt(messages[:k], chat.tools))) > position:
+                break
+            i = k
+    except BadInputError:
+        return default
+    return i
+
+
 def _first_unequal(mine, other) -> int:
     """The first index where the two message lists differ (the shorter one's length when one is a prefix)."""
     for i, (m, o) in enumerate(zip(mine, other)):
@@ -111,7 +133,7 @@ def _text(message) -> str:
 def _tools_text(tools) -> str:
     import json
 
-    return json.dumps(tools, ensure_ascii=False) if tools else ""
+    return json.dumps(tools, ensure_ascii=False) if tools else "(no tools)"
 
 
 def excerpts(ours: str, theirs: str, chars: int = EXCERPT_CHARS) -> tuple[str, str]:
@@ -129,14 +151,9 @@ def _cut(text: str, c: int, chars: int) -> str:
 
 def _token_excerpts(ours: np.ndarray | None, theirs: np.ndarray | None, position: int,
                     decode: Callable[[np.ndarray], str] | None) -> tuple[str | None, str | None]:
-    """Text around token ``position`` of both prompts: the shared tokens before it, then each side's next tokens."""
+    """Text around token ``position`` of both prompts (a few tokens each side, decoded), cut alike around the first
+    differing character (:func:`excerpts`)."""
     if ours is None or theirs is None or decode is None:
         return None, None
     lo = max(0, position - EXCERPT_TOKENS)
-    head = decode(ours[lo:position])
-    a, b = decode(ours[position:position + EXCERPT_TOKENS]), decode(theirs[position:position + EXCERPT_TOKENS])
-    more_a = "…" if position + EXCERPT_TOKENS < len(ours) else ""
-    more_b = "…" if position + EXCERPT_TOKENS < len(theirs) else ""
-    start = "…" if lo > 0 else ""
-    return (_cut(start + head + a + more_a, len(start + head), 10 ** 9),
-            _cut(start + head + b + more_b, len(start + head), 10 ** 9))
+    return excerpts(decode(ours[lo:position + EXCERPT_TOKENS]), decode(theirs[lo:position + EXCERPT_TOKENS]))

@@ -71,7 +71,7 @@ class ExplainConfig:
         model_id, tokenizer: the chunk hashes' root (:func:`kvcli.store.hashing.namespace_root`), as replay's.
 
     Raises:
-        BadInputError: a chunk size < 1, a capacity < 0 or a TTL <= 0.
+        BadInputError: a chunk size < 1, a capacity < 0, a TTL <= 0, or ``ttl_refresh`` without a TTL.
     """
 
     chunk_size: int
@@ -88,6 +88,8 @@ class ExplainConfig:
             raise BadInputError(f"capacity must be >= 0 chunks, got {self.capacity_chunks}")
         if self.ttl is not None and not self.ttl > 0:
             raise BadInputError(f"--ttl must be > 0 seconds, got {self.ttl}")
+        if self.ttl_refresh and self.ttl is None:
+            raise BadInputError("--ttl-refresh says when a chunk's life starts: it needs --ttl")
 
 
 @dataclass(frozen=True)
@@ -120,8 +122,10 @@ class Explanation:
 
     @property
     def upper_bound_tokens(self) -> int:
-        """What an unlimited token-granular cache reuses: ``reusable(B)`` (replay's upper bound, per request)."""
-        return reusable_tokens(self.best_prefix_tokens, self.prompt_tokens)
+        """What an unlimited token-granular cache reuses: ``reused + chunk_boundary + eviction + expiry``, which is
+        ``reusable(B)`` (replay's upper bound, per request), or what a live namespace read beside gave when more."""
+        lost = self.lost_tokens_by_cause
+        return self.reused_tokens + lost["chunk_boundary"] + lost["eviction"] + lost["expiry"]
 
 
 @dataclass
@@ -149,7 +153,8 @@ class TraceExplanation:
             sums over them.
         lost_tokens_by_cause: tokens per :data:`CAUSES`. sites: divergence places by label.
         explained: every request's :class:`Explanation`, in arrival order (the ids of predecessors resolve here).
-        reordered: requests out of timestamp order (0: taken in file order).
+        reordered: requests out of timestamp order (0: taken in file order). skipped_empty: empty prompts (not
+            requests: replay skips them too).
         chunk_states: for the requests :attr:`Explainer.watch` names (by index), per full chunk whether the
             cache held it (LRU, or stored before when unlimited) and whether it was unexpired, when the request
             came (only with a capacity or TTL).
@@ -165,23 +170,30 @@ class TraceExplanation:
     sites: dict[str, SiteTotal] = field(default_factory=dict)
     explained: list[Explanation] = field(default_factory=list)
     reordered: int = 0
+    skipped_empty: int = 0
     chunk_states: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)
 
     def top_sites(self, top: int) -> list[SiteTotal]:
         """The ``top`` divergence sites by lost tokens (ties: more requests, then the label)."""
         return sorted(self.sites.values(), key=lambda s: (-s.tokens, -s.requests, s.label))[:top]
 
-    def request(self, request_id: str) -> Explanation:
-        """The explanation of the request with id ``request_id`` (the first when ids repeat).
+    def matching(self, request: str) -> list[Explanation]:
+        """The requests ``request`` names: those with that id, else the one at that source (``file:line``, the
+        file as given or its name alone)."""
+        by_id = [e for e in self.explained if e.id == request]
+        return by_id or [e for e in self.explained if e.source == request or e.source.rsplit("/", 1)[-1] == request]
+
+    def request(self, request: str) -> Explanation:
+        """The explanation of the request ``request`` names (:meth:`matching`; the first when an id repeats).
 
         Raises:
-            BadInputError: no request has that id.
+            BadInputError: no request has that id or source.
         """
-        for e in self.explained:
-            if e.id == request_id:
-                return e
-        raise BadInputError(f"no request with id {request_id!r} in the trace (ids are the trace's id field, else "
-                            f"<file name>:<line>)")
+        found = self.matching(request)
+        if not found:
+            raise BadInputError(f"no request with id or source {request!r} in the trace (ids are the trace's id "
+                                "field, else the reader's: --json lists them under per_request)")
+        return found[0]
 
 
 @dataclass(frozen=True)
@@ -255,13 +267,16 @@ class Explainer:
             the run of the request's chunks it holds from chunk 0 (:meth:`kvcli.store.chunkstore.ChunkStore.lookup`,
             read-only). A request then reuses the longer of the two runs; the tokens the live cache adds are
             ``reused_from_namespace`` and come off the causes in token order (:func:`take_front`).
+        render: a chat prompt's token ids under the chat template without the generation prompt, to place a
+            difference the template made in the message it renders (:func:`kvcli.analysis.divergence.locate`).
     """
 
     def __init__(self, config: ExplainConfig, keep_text: bool = False,
                  decode: Callable[[np.ndarray], str] | None = None, block_tokens: int | None = None,
-                 namespace_run: Callable[[Request], int] | None = None) -> None:
+                 namespace_run: Callable[[Request], int] | None = None,
+                 render: Callable[[ChatPrompt], np.ndarray] | None = None) -> None:
         self.config, self.keep_text, self.decode, self.block_tokens = config, keep_text, decode, block_tokens
-        self.namespace_run = namespace_run
+        self.namespace_run, self.render = namespace_run, render
         self.result = TraceExplanation(config)
         self._radix = RadixUpperBound()  # per cache salt: replay's upper bound
         self._blind: RadixUpperBound | None = None  # every salt as one, once a second salt appears
@@ -273,15 +288,19 @@ class Explainer:
         self._clock = 0.0
         self._tokens: list[np.ndarray | None] = []
         self._chats: list[ChatPrompt | None] = []
-        self.watch: set[str] = set()  # request ids whose per-chunk states to keep (result.chunk_states)
+        self.watch: set[str] = set()  # request ids or sources whose per-chunk states to keep (result.chunk_states)
 
-    def add(self, request: Request) -> Explanation:
-        """Explain the next request (arrival order) and add it to :attr:`result`.
+    def add(self, request: Request) -> Explanation | None:
+        """Explain the next request (arrival order) and add it to :attr:`result` (None: an empty prompt, skipped
+        and counted in ``skipped_empty``, as replay skips it).
 
         Raises:
             BadInputError: a TTL is set and the request has no timestamp (its file and line named).
         """
         cfg, res = self.config, self.result
+        if not len(request.token_ids):  # as replay: an empty prompt is skipped, never a request
+            res.skipped_empty += 1
+            return None
         index, tokens, salt = res.requests, request.token_ids, request.cache_salt
         n, cs = len(tokens), cfg.chunk_size
         if self._first_salt is None:
@@ -290,6 +309,8 @@ class Explainer:
             self._blind = self._radix.copy(self._first_salt)
         match = self._radix.match(tokens, salt, index)
         blind = self._blind.match(tokens, "", index) if self._blind is not None else match
+        if blind.tokens == match.tokens:  # a request of its own salt shares as much: it is the predecessor
+            blind = match
         b, b_any = match.tokens, blind.tokens
         unlimited = b // cs * cs
         held = expired_run = unlimited
@@ -315,10 +336,10 @@ class Explainer:
         res.prompt_tokens += n
         res.reused_tokens += e.reused_tokens
         res.reused_from_namespace_tokens += from_namespace
-        res.upper_bound_tokens += reuse[b]
+        res.upper_bound_tokens += e.upper_bound_tokens
         for cause, tokens_lost in lost.items():
             res.lost_tokens_by_cause[cause] += tokens_lost
-        if site is not None:
+        if site is not None and lost["divergence"]:
             total = res.sites.get(site.label)
             if total is None:
                 total = res.sites[site.label] = SiteTotal(site.label, example=site, example_request=request.id)
@@ -347,7 +368,8 @@ class Explainer:
             present = [a and b for a, b in zip(in_lru, fresh)]
         else:
             fresh, present = [True] * len(hashes), in_lru
-        if request.id in self.watch:
+        if self.watch and (request.id in self.watch or request.source in self.watch
+                           or request.source.rsplit("/", 1)[-1] in self.watch):
             self.result.chunk_states[index] = list(zip(in_lru, fresh))
         if expiry is not None:
             expiry.update(hashes, present, self._clock)
@@ -359,4 +381,4 @@ class Explainer:
         if not self.keep_text or blind.predecessor < 0:
             return locate(None, None, None, None, blind.tokens, None, self.block_tokens)
         return locate(request.chat, self._chats[blind.predecessor], request.token_ids,
-                      self._tokens[blind.predecessor], blind.tokens, self.decode)
+                      self._tokens[blind.predecessor], blind.tokens, self.decode, render=self.render)

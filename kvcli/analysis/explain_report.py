@@ -72,6 +72,36 @@ def _request_json(e: Explanation, ids: list[str]) -> dict:
             "divergence_ours": site.ours if site else None, "divergence_predecessor": site.theirs if site else None}
 
 
+def explain_notes(traces: list[ExplainedTrace], request_id: str | None, scheme: str, hash_seed: str | None,
+                  namespace: str | None) -> list[str]:
+    """What the user should know about how the options were taken, one line each (stderr): options that change
+    nothing here, an id that names several requests, a namespace that added nothing, engine hashes over tokens no
+    engine saw (a hash-id trace's, synthesized)."""
+    from kvcli.traces.hashids import HASH_ID_FORMATS
+
+    notes = []
+    if scheme != "kvcli" and request_id is None:
+        notes.append(f"--hash {scheme} names the chunks of --request's chunk map: without --request it changes "
+                     "nothing")
+    if hash_seed is not None and scheme in ("kvcli", "sglang"):
+        notes.append(f"--hash-seed is not used by --hash {scheme} (its root does not depend on PYTHONHASHSEED)")
+    for t in traces:
+        if request_id is not None and t.tokens:
+            found = t.explanation.matching(request_id)
+            if len(found) > 1:
+                notes.append(f"{t.name}: id {request_id!r} names {len(found):,} requests ({found[0].source}, "
+                             f"{found[1].source}{', ...' if len(found) > 2 else ''}): mapped the first; "
+                             f"--request {found[1].source} maps another")
+            if scheme != "kvcli" and t.fmt in HASH_ID_FORMATS:
+                notes.append(f"{t.name}: a hash-id trace's token ids are synthesized, so --hash {scheme} hashes "
+                             "tokens no engine saw: its hashes join no engine's logs")
+    if namespace is not None and traces and not any(t.explanation.reused_from_namespace_tokens for t in traces):
+        notes.append(f"namespace {namespace!r} added no reused token: does it hold chunks of chunk size "
+                     f"{traces[0].explanation.config.chunk_size} for this model and tokenizer? (kvcli inspect "
+                     f"--namespace {namespace})")
+    return notes
+
+
 def spans(e: Explanation, chunk_size: int) -> list[tuple[str, int, int]]:
     """The request's tokens on the token axis, ``(cause, start, end)`` (end exclusive; empty spans left out), in
     position order: reused, then expiry, eviction, chunk_boundary, last_token, cache_salt, then divergence or new
@@ -118,8 +148,8 @@ def chunk_map(t: ExplainedTrace, e: Explanation, block_hashes: BlockHashes | Non
 
 def print_explained(traces: list[ExplainedTrace], console: Console, top: int, request_id: str | None = None,
                     block_hashes: BlockHashes | None = None) -> None:
-    """Per trace: the causes table, the top divergence sites and the requests that lost most; with
-    ``request_id``, that request's chunk map instead of the lists."""
+    """Per trace: the causes table, the top divergence sites (each with its example's excerpts) and the requests
+    that lost most, then what each cause means (once); with ``request_id``, that request's chunk map instead."""
     for t in traces:
         x = t.explanation
         cfg = x.config
@@ -135,11 +165,21 @@ def print_explained(traces: list[ExplainedTrace], console: Console, top: int, re
         sites = x.top_sites(top)
         if sites:
             print_table(console, _sites_table(t, sites), keep=1)
+            for s in sites:
+                if s.example is not None and s.example.ours is not None:
+                    console.print(Text(f"  {s.label}, e.g. {s.example_request}:"))
+                    console.print(Text(f"    this prompt:     {s.example.ours}"))
+                    console.print(Text(f"    its predecessor: {s.example.theirs}"))
         worst = _worst(x)
         if worst:
             print_table(console, _worst_table(t, worst), keep=1)
         for note in t.notes:
             console.print(Text(f"{t.name}: {note}"))
+        if x.skipped_empty:
+            console.print(Text(f"{t.name}: {x.skipped_empty:,} empty prompts skipped (as replay skips them)"))
+    if request_id is None and traces:
+        console.print(Text("what the tokens are: " + "; ".join(f"{c.replace('_', ' ')}: {m}"
+                                                               for c, m in CAUSE_HELP.items())))
 
 
 def _share(part: int, whole: int) -> str:
@@ -150,17 +190,16 @@ def _causes_table(t: ExplainedTrace, cache: str) -> Table:
     x = t.explanation
     table = Table(title=Text(f"{t.name}: {x.requests:,} requests, {x.prompt_tokens:,} prompt tokens ({cache}): where "
                              "they went"), title_justify="left")
-    for column in ("tokens", "count", "of prompt tokens", "meaning"):
-        table.add_column(column, justify="left" if column in ("tokens", "meaning") else "right")
-    table.add_row("reused", f"{x.reused_tokens:,}", _share(x.reused_tokens, x.prompt_tokens), CAUSE_HELP["reused"])
+    for column in ("tokens", "count", "of prompt tokens"):
+        table.add_column(column, justify="left" if column == "tokens" else "right")
+    table.add_row("reused", f"{x.reused_tokens:,}", _share(x.reused_tokens, x.prompt_tokens))
     if x.reused_from_namespace_tokens:
-        table.add_row("  of them from the namespace", f"{x.reused_from_namespace_tokens:,}",
-                      _share(x.reused_from_namespace_tokens, x.prompt_tokens),
-                      "held only by the live cache read beside (--namespace)")
+        table.add_row("  of them only in the namespace", f"{x.reused_from_namespace_tokens:,}",
+                      _share(x.reused_from_namespace_tokens, x.prompt_tokens))
     for cause in CAUSES:
         n = x.lost_tokens_by_cause[cause]
         table.add_row(f"lost: {cause.replace('_', ' ')}" if cause != "new" else "new", f"{n:,}",
-                      _share(n, x.prompt_tokens), CAUSE_HELP[cause])
+                      _share(n, x.prompt_tokens))
     table.caption = (f"upper bound (unlimited, token-granular): {x.upper_bound_tokens:,} tokens "
                      f"({_share(x.upper_bound_tokens, x.prompt_tokens)}) = reused + chunk boundary + eviction + expiry")
     table.caption_justify = "left"
@@ -169,19 +208,13 @@ def _causes_table(t: ExplainedTrace, cache: str) -> Table:
 
 def _sites_table(t: ExplainedTrace, sites) -> Table:
     table = Table(title=Text(f"{t.name}: where prompts first differ from their best predecessor, by tokens after "
-                             "it"), title_justify="left")
-    texts = any(s.example is not None and s.example.ours is not None for s in sites)
-    for column in ("site", "requests", "tokens after it", "of prompt tokens",
-                   *(("example: this prompt", "its predecessor") if texts else ())):
-        table.add_column(column, justify="right" if column in ("requests", "tokens after it", "of prompt tokens")
-                         else "left", overflow="fold")
+                             "it (a new conversation that shares only a system prompt diverges after it)"),
+                  title_justify="left")
+    for column in ("site", "requests", "tokens after it", "of prompt tokens"):
+        table.add_column(column, justify="left" if column == "site" else "right", overflow="fold")
     total = t.explanation.prompt_tokens
     for s in sites:
-        ex = s.example
-        cells = [s.label, f"{s.requests:,}", f"{s.tokens:,}", _share(s.tokens, total)]
-        if texts:
-            cells += [ex.ours or "" if ex else "", ex.theirs or "" if ex else ""]
-        table.add_row(*cells)
+        table.add_row(s.label, f"{s.requests:,}", f"{s.tokens:,}", _share(s.tokens, total))
     return table
 
 
@@ -198,14 +231,14 @@ def _worst_table(t: ExplainedTrace, worst: list[Explanation]) -> Table:
     x = t.explanation
     table = Table(title=Text(f"{t.name}: the requests that lost the most tokens (every cause but new; "
                              "kvcli explain --request ID maps one)"), title_justify="left")
-    for column in ("request", "prompt tokens", "reused", "best prefix", "lost", "mostly", "predecessor", "site"):
-        table.add_column(column, justify="left" if column in ("request", "mostly", "predecessor", "site")
-                         else "right", overflow="fold")
+    for column in ("request", "prompt", "reused", "lost", "mostly", "predecessor"):
+        table.add_column(column, justify="left" if column in ("request", "mostly", "predecessor") else "right",
+                         overflow="fold")
     for e in worst:
         cause = max((c for c in CAUSES if c != "new"), key=lambda c: e.lost_tokens_by_cause[c])
         pred = x.explained[e.predecessor].id if e.predecessor >= 0 else "–"
-        table.add_row(e.id, f"{e.prompt_tokens:,}", f"{e.reused_tokens:,}", f"{e.best_prefix_tokens_any_salt:,}",
-                      f"{_lost(e):,}", cause.replace("_", " "), pred, e.site.label if e.site else "")
+        table.add_row(e.id, f"{e.prompt_tokens:,}", f"{e.reused_tokens:,}", f"{_lost(e):,}", cause.replace("_", " "),
+                      pred)
     return table
 
 

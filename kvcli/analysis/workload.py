@@ -23,7 +23,7 @@ from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, as_trace_format
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
-from kvcli.traces.request import Request
+from kvcli.traces.request import ChatPrompt, Request
 
 
 def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int) -> list[TraceReport]:
@@ -91,7 +91,7 @@ def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | N
         schema = HASH_ID_FORMATS.get(name)
         block = as_trace_format(fmt).block_tokens or (schema.block_tokens if schema else None)
         explainer = Explainer(config, keep_text=text, decode=get_tokenizer(tok).decode if text else None,
-                              block_tokens=block, namespace_run=namespace_run)
+                              block_tokens=block, namespace_run=namespace_run, render=_renderer(tok))
         if request_id is not None:
             explainer.watch.add(request_id)
         requests, order = ordered_requests(path, fmt, tok, name)
@@ -101,16 +101,25 @@ def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | N
         explanation.reordered = 0 if order is None else int(np.count_nonzero(order != np.arange(len(order))))
         notes = [n for n in (trace_note(path, fmt), order_note(order, display_name(path))) if n]
         tokens: dict[int, np.ndarray] = {}
-        if request_id is not None and any(e.id == request_id for e in explanation.explained):
+        if request_id is not None and explanation.matching(request_id):
             e = explanation.request(request_id)
             wanted = {e.index, e.predecessor} - {-1}
             requests, _ = ordered_requests(path, fmt, tok, name)
             tokens = {i: r.token_ids for i, r in enumerate(requests) if i in wanted}
         out.append(ExplainedTrace(display_name(path), name, explanation, notes, tokens))
     if request_id is not None and not any(t.tokens for t in out):
-        raise BadInputError(f"no request with id {request_id!r} in {', '.join(t.name for t in out) or 'the traces'} "
-                            f"(ids are the trace's id field, else <file name>:<line>)")
+        raise BadInputError(f"no request with id or source {request_id!r} in "
+                            f"{', '.join(t.name for t in out) or 'the traces'} (ids are the trace's id field, else "
+                            "the reader's: --json lists them under per_request)")
     return out
+
+
+def _renderer(tok) -> Callable[[ChatPrompt], np.ndarray]:
+    """A chat prompt's token ids under ``tok``'s chat template, without the generation prompt."""
+    def render(chat: ChatPrompt) -> np.ndarray:
+        return get_tokenizer(tok).encode_chat(list(chat.messages), add_generation_prompt=False, tools=chat.tools)
+
+    return render
 
 
 def ordered_requests(path: Path, fmt: str | TraceFormat, tok, name: str

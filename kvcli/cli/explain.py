@@ -71,7 +71,7 @@ def explain(
 
       kvcli explain chats.jsonl --request r42 --hash vllm --hash-seed 0
     """
-    from kvcli.analysis.explain_report import print_explained, to_body
+    from kvcli.analysis.explain_report import explain_notes, print_explained, to_body
     from kvcli.analysis.workload import block_hash_scheme, explain_config, explain_traces
     from kvcli.errors import BadInputError
     from kvcli.tables import stdout_console
@@ -97,6 +97,8 @@ def explain(
         with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, _):
             run = namespace_lookup(client, namespace, config, model, dtype)
             explained = explain_traces(traces, spec, tokenizer, config, request, model, run)
+    for note in explain_notes(explained, request, hash_scheme, hash_seed, namespace):
+        typer.echo(f"note: {note}", err=True)
     if json_out:
         typer.echo(json_document("explain", to_body(explained, top, request, hashes), indent=1))
     else:

@@ -153,9 +153,13 @@ def _vllm_seed(algo: str, hash_seed: str | None, scheme: str) -> str:
     """The string vLLM's ``init_none_hash`` hashes into ``NONE_HASH``.
 
     Raises:
-        ValueError: no ``hash_seed`` for an xxhash algorithm (vLLM's root is then random per process).
+        ValueError: no ``hash_seed`` for an xxhash algorithm (vLLM's root is then random per process), or one
+            Python would refuse as PYTHONHASHSEED.
     """
     if hash_seed is not None:
+        if hash_seed != "random" and (not hash_seed.isdigit() or int(hash_seed) > 0xFFFFFFFF):
+            raise ValueError(f"PYTHONHASHSEED must be 'random' or an integer in [0, 4294967295] (Python starts with "
+                             f"no other), got {hash_seed!r}")
         return hash_seed
     if algo.startswith("xxhash"):
         raise ValueError(f"{scheme} roots its hashes in a random seed unless PYTHONHASHSEED is set: "

@@ -128,6 +128,12 @@ def test_the_last_token_and_another_cache_salt_by_hand():
     assert salted[1].lost_tokens_by_cause == causes(cache_salt=8, new=1) and salted[1].predecessor == 0
     # r3 (salt x) shares 8 with r1 (its salt) and 9 with r2 (another salt): the 9th token is lost to the salt
     assert salted[2].reused_tokens == 8 and salted[2].lost_tokens_by_cause == causes(cache_salt=1)
+    # where its own salt shares as much as any, the predecessor is of its own salt (whose chunks it reused), not
+    # the later request of another salt
+    own = explain([req("r1", tok(1, 8), cache_salt="x"), req("r2", tok(1, 8), cache_salt="y"),
+                   req("r3", tok(1, 4) + [60], cache_salt="x")], chunk_size=4)
+    assert own[2].predecessor == 0 and own[2].reused_tokens == 4 and own[2].lost_tokens_by_cause == causes(
+        divergence=1)
 
 
 def test_every_request_adds_up_to_its_prompt_tokens_on_every_sample():
@@ -202,11 +208,13 @@ def test_the_request_map_names_chunks_by_the_engines_hashes(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--request", "nope"], "no request with id 'nope'"),
+    (["--request", "nope"], "no request with id or source 'nope'"),
     (["--hash", "vllm-xxhash"], "--hash vllm-xxhash"),
     (["--hash", "nonsense"], "--hash nonsense"),
     (["--ttl", "5"], "--ttl needs a timestamp"),
     (["--chunk-size", "0"], "--chunk-size must be a positive integer, got '0'"),
+    (["--ttl-refresh"], "it needs --ttl"),
+    (["--hash", "vllm", "--hash-seed", "abc"], "PYTHONHASHSEED must be 'random' or an integer"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path, args, message):
     trace = write(tmp_path / "t.jsonl", [{"id": "r1", "token_ids": tok(1, 20)}])
@@ -261,6 +269,11 @@ def test_a_live_namespace_read_beside_adds_its_chunks_and_takes_them_off_the_cau
     assert (r2["reused_tokens"], r2["reused_from_namespace_tokens"]) == (16, 0)
     assert r2["lost_tokens_by_cause"] == causes(chunk_boundary=4, divergence=2)
     assert t["reused_from_namespace_tokens"] == 32 and t["reused_tokens"] == 48
+    # replay reading the namespace the same way: the same hit tokens and upper bound
+    replayed = json.loads(run("replay", trace, "--chunk-sizes", 16, "--namespace", "fleet", "--measure", 0,
+                              "--prefill-tps", 1000, "--payload", "accounted", "--no-curve", "--json",
+                              "--redis-url", redis_url).stdout)["traces"][0]["per_chunk_size"][0]
+    assert (t["reused_tokens"], t["upper_bound_tokens"]) == (replayed["hit_tokens"], replayed["upper_bound_tokens"])
     monkeypatch.delenv("REDIS_URL", raising=False)
     assert run("explain", trace, "--namespace", "fleet", code=2).output.strip().endswith("(or set REDIS_URL)")
 
@@ -274,3 +287,50 @@ def test_take_front_empties_the_causes_in_token_order():
     whole = causes(eviction=4, new=5)
     take_front(whole, 8, whole=True)  # the whole prompt reusable: the one token left is the last token's
     assert whole == causes(last_token=1)
+
+
+COUNTING_TEMPLATE = ("{{ 'Turns: ' ~ (messages|length) ~ '\\n' }}{% for m in messages %}{{ m['role'] + ': ' "
+                     "+ m['content'] + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ 'assistant: ' }}"
+                     "{% endif %}")
+TAGGING_TEMPLATE = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}{% if m['role'] == 'system' and "
+                    "messages|length > 2 %}{{ ' [multi-turn]' }}{% endif %}{{ '\\n' }}{% endfor %}"
+                    "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")
+
+
+@pytest.mark.parametrize("template", [COUNTING_TEMPLATE, TAGGING_TEMPLATE], ids=["header", "inside-system"])
+def test_a_difference_the_template_makes_is_placed_in_the_message_it_renders(tiny_checkpoint, tmp_path, template):
+    # equal messages, but the template renders the first ones differently once the conversation grows: a turn
+    # count in a header before every message, or a tag inside the system message; either way the first differing
+    # token lies in messages[0]'s rendering, not in messages[2] (the first message the predecessor lacks)
+    import shutil
+
+    from kvcli.model.hf_offline import transformers
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{tiny_checkpoint}/{name}", folder / name)
+    (folder / "chat_template.jinja").write_text(template)
+    turn = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
+    longer = [*turn, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "and again"}]
+    trace = write(tmp_path / "t.jsonl", [{"id": "m1", "messages": turn}, {"id": "m2", "messages": longer}])
+    reference = transformers().AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    a, b = (list(reference.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False))
+            for m in (turn, longer))
+    first = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    (t,) = json.loads(run("explain", trace, "--chunk-size", 4, "--tokenizer", folder, "--json").stdout)["traces"]
+    m2 = t["per_request"][1]
+    assert m2["first_divergent_token"] == first and m2["predecessor"] == "m1"
+    assert m2["divergence_site"] == "messages[0] (system) template"
+
+
+def test_a_repeated_id_is_mapped_by_its_source_and_said(tmp_path):
+    trace = write(tmp_path / "t.jsonl", [{"id": "p1", "token_ids": tok(1, 8)}, {"id": "p2", "token_ids": tok(1, 9)},
+                                         {"id": "p1", "token_ids": tok(1, 6) + [0]}])
+    out = run("explain", trace, "--chunk-size", 4, "--request", "p1", "--json")
+    assert "id 'p1' names 2 requests" in out.stderr and "--request" in out.stderr
+    assert json.loads(out.stdout)["traces"][0]["request"]["prompt_tokens"] == 8  # the first
+    third = json.loads(run("explain", trace, "--chunk-size", 4, "--request", "t.jsonl:3", "--json").stdout)
+    request = third["traces"][0]["request"]
+    assert (request["prompt_tokens"], request["reused_tokens"], request["predecessor"]) == (7, 4, "p2")
+    assert request["lost_tokens_by_cause"] == causes(chunk_boundary=2, divergence=1)
