@@ -27,6 +27,7 @@ from kvcli.cli.options import (
     Dtype,
     HashBlockTokens,
     JsonOut,
+    KvDtype,
     Model,
     RedisTimeout,
     RedisUrl,
@@ -132,6 +133,7 @@ def replay(
     redis_url: RedisUrl = None,
     model: Model = "cpu",
     dtype: Dtype = None,
+    kv_dtype: KvDtype = "auto",
     device: Device = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'. auto: 2, or 0 "
                                               "with --hardware or --prefill-profile (prefill priced "
@@ -237,7 +239,7 @@ def replay(
         measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
         layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,
-        priced=options.priced)
+        priced=options.priced, kv_dtype=kv_dtype)
     _check_run(config, jobs, plot)
     timeout = timeout_seconds(redis_timeout)
     with _ReplayConsole() as events:

@@ -27,6 +27,7 @@ from kvcli.cli.options import (
     Dtype,
     HashBlockTokens,
     JsonOut,
+    KvDtype,
     Model,
     RedisTimeout,
     RedisUrl,
@@ -66,6 +67,7 @@ def warm(
                                                  "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
     namespace: Namespace = "default", chunk_size: ChunkSizes = DEFAULT_CHUNK_SIZES, model: Model = "cpu",
     dtype: Dtype = None, device: Device = "auto", threads: Threads = 1, seed: Seed = 0, tokenizer: Tokenizer = None,
+    kv_dtype: KvDtype = "auto",
     fmt: Format = "auto", ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
                                                max=10**15)] = None,  # Redis refuses EX beyond ~9.2e15 s
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
@@ -98,7 +100,8 @@ def warm(
 
     check_count("--threads", threads)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
-    config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
+    config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify,
+                        kv_dtype=kv_dtype)
     timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     requests = read_prompts(sources, trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block,

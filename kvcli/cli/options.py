@@ -1,6 +1,6 @@
 """Options that several commands share, each declared once with its parser: ``--redis-url``, ``--redis-timeout``,
 ``--chunk-sizes`` (a comma list) and the local model's ``--model``, ``--dtype``, ``--device``, ``--threads``,
-``--tokenizer``, plus ``--json``, and what every command that reads traces accepts about hash-id traces
+``--tokenizer``, ``--kv-dtype``, plus ``--json``, and what every command that reads traces accepts about hash-id traces
 (``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``, ``--skip-bad-records``: :func:`trace_format`).
 
 Each is an ``Annotated`` type for a command's signature (``redis_url: RedisUrl = None``). Where a command says
@@ -56,6 +56,11 @@ Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tok
                                                        "(default: the --model folder's own, else cl100k_base).",
                                                   show_default=False)]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+KvDtype = Annotated[str, typer.Option(
+    "--kv-dtype", metavar="auto|fp8",
+    help="Dtype of the stored KV payloads, as engines' --kv-cache-dtype: auto (the model's --dtype, bit-exact) or "
+         "fp8 (float8_e4m3fn with a float32 scale per layer for K and for V in each chunk: half of bf16's bytes; "
+         "cached prefills run on the dequantized KV and the report gives their largest logit difference).")]
 
 TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent, openai-batch, "
                       "gateway, lines.")

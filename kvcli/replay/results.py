@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 from kvcli.errors import BadInputError
 from kvcli.replay.network import Overheads
 from kvcli.replay.savings import Savings, Verdict
+from kvcli.store.serde import check_kv_dtype
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class ReplayConfig:
             measured on other hardware, a named accelerator's roofline) and every overhead from counts and rates
             (:func:`kvcli.replay.network.priced_overheads`), so the figures do not move with this machine's load;
             measured requests still run here, to check the KV path (real bytes retrieved, logits compared).
+        kv_dtype: the payloads' dtype when it is not the model's (``--kv-dtype``: "fp8" or "float8_e4m3fn",
+            kept as torch's name; :mod:`kvcli.store.serde`): every byte figure counts it, and measured requests'
+            cached prefills run on the dequantized KV (``max_logit_diff``). None (or "auto"): the model's dtype.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -80,6 +84,7 @@ class ReplayConfig:
     verify_sample: int = 64
     pipeline: int = 256
     priced: bool = False
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
         """Check the options, alone and together; each message names the ``kvcli replay`` flag that sets them.
@@ -95,6 +100,7 @@ class ReplayConfig:
                 or not all(isinstance(cs, int) and not isinstance(cs, bool) and cs >= 1 for cs in sizes)):
             raise BadInputError(f"--chunk-sizes must be positive integers, got {sizes!r}")
         object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(sizes)))  # a size given twice counts once
+        object.__setattr__(self, "kv_dtype", check_kv_dtype(self.kv_dtype))
         if self.measure is not None and (isinstance(self.measure, bool) or not isinstance(self.measure, int)
                                          or self.measure < 0):
             raise BadInputError(f"--measure must be a count >= 0 or all (None), got {self.measure!r}")
