@@ -22,6 +22,7 @@ from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
     TRACES_HELP,
+    AddSpecialTokens,
     Device,
     DropTailBlock,
     Dtype,
@@ -181,6 +182,7 @@ def replay(
     timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False,
     skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
                                                           "`kvcli warm` filled) as hits; it is read, never "
@@ -247,7 +249,8 @@ def replay(
         events.phase(f"connecting to Redis at {mask_url(url)}" if url else "starting the embedded Redis server")
         with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target):
             results, context = run_replay(client, target, files, config, options, trace_format(
-                fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records), tokenizer, events,
+                fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens),
+                tokenizer, events,
                 jobs, ray)
     _show_replay(results, context, plot, json_out)
 

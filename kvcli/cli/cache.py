@@ -21,6 +21,7 @@ from rich.text import Text
 from kvcli.cli.options import (
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
+    AddSpecialTokens,
     ChunkSizes,
     Device,
     DropTailBlock,
@@ -78,6 +79,7 @@ def warm(
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
 ) -> None:
     """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
 
@@ -105,7 +107,7 @@ def warm(
     timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     requests = read_prompts(sources, trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block,
-                                                  skip_bad_records), tok, notify=say)
+                                                  skip_bad_records, add_special_tokens), tok, notify=say)
     spec = resolve_spec(model, dtype, seed)
     with torch_threads(None if dry_run else threads):
         local = None if dry_run else load_model(model, dtype, device, seed)

@@ -80,6 +80,11 @@ DropTailBlock = Annotated[bool, typer.Option(
     "--drop-tail-block", rich_help_panel=HASH_IDS_PANEL,
     help="Make each request's last hash id its own, never shared (Bailian: a request's last block id can change "
          "once decoding starts): hits fall by at most one block per request; prompt lengths stay.")]
+AddSpecialTokens = Annotated[bool, typer.Option(
+    "--add-special-tokens/--no-add-special-tokens",
+    help="Whether a text prompt gets the tokenizer's special tokens (a BOS), as vLLM's /v1/completions adds them by "
+         "default. Off for prompts that already hold the rendered chat template (and its BOS): their tokens then "
+         "equal the same conversation sent as messages. A record's own add_special_tokens (true/false) wins.")]
 SkipBadRecords = Annotated[bool, typer.Option(
     "--skip-bad-records", rich_help_panel=HASH_IDS_PANEL,
     help="Skip (and count, in the report's notes) a hash-id record that fails its checks, instead of stopping "
@@ -137,15 +142,17 @@ def timeout_seconds(text: str) -> float:
 
 
 def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str | None = None,
-                 drop_tail_block: bool = False, skip_bad_records: bool = False):
+                 drop_tail_block: bool = False, skip_bad_records: bool = False, add_special_tokens: bool = True):
     """The format argument every trace reader takes (:func:`kvcli.traces.detect.read_trace`): ``fmt`` itself when
-    no hash-id option was given, else a :class:`kvcli.traces.hashids.TraceFormat` carrying them.
+    no hash-id option and no ``--no-add-special-tokens`` was given, else a :class:`kvcli.traces.hashids.TraceFormat`
+    carrying them.
 
     Raises:
         BadInputError: ``--hash-block-tokens`` < 1, an unknown ``--timestamp-unit``.
     """
-    if block_tokens is None and timestamp_unit is None and not drop_tail_block and not skip_bad_records:
+    if (block_tokens is None and timestamp_unit is None and not drop_tail_block and not skip_bad_records
+            and add_special_tokens):
         return fmt
     from kvcli.traces.hashids import TraceFormat
 
-    return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens)

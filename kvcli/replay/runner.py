@@ -34,6 +34,7 @@ from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.serde import SCALE_BYTES
 from kvcli.store.server import INFO_REFUSED, RedisTarget
+from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import outline_trace, read_trace, trace_note
 from kvcli.traces.paths import display_name, expand_paths
 from kvcli.units import dtype_bytes, dtype_key
@@ -232,8 +233,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
             events.phase(f"trace {i} of {len(files)}: {name}")
             step = functools.partial(events.requests, Path(name).name)
             results.append(replayer.replay(name, TraceSource(path, fmt, tokenizer), step))
-            note = trace_note(path, fmt)
-            results[-1].notes += [note] if note else []
+            notes = (trace_note(path, fmt), trace_bos_note(path, fmt, lazy_tokenizer(tokenizer)[0]))
+            results[-1].notes += [note for note in notes if note]
             events.trace_done(results[-1])
     layers, two, heads, dim = spec.kv_shape
     context = {
