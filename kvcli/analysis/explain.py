@@ -101,6 +101,7 @@ class Explanation:
         none shares a token). first_divergent_token: ``B_any`` where the prompt diverges from the predecessor
         (None when it extends it or matches whole). lost_tokens_by_cause: tokens per :data:`CAUSES`.
         cache_salt: the request's salt. site: where it diverges (None: no divergence, or not located).
+        reused_from_namespace_tokens: of ``reused_tokens``, those only the live namespace held (``--namespace``).
     """
 
     index: int
@@ -115,6 +116,7 @@ class Explanation:
     lost_tokens_by_cause: dict[str, int]
     cache_salt: str = ""
     site: Site | None = None
+    reused_from_namespace_tokens: int = 0
 
     @property
     def upper_bound_tokens(self) -> int:
@@ -143,7 +145,8 @@ class TraceExplanation:
     """A trace explained: totals by cause (tokens), the divergence sites, and each request.
 
     Attributes:
-        requests: requests read. prompt_tokens, reused_tokens, upper_bound_tokens: sums over them.
+        requests: requests read. prompt_tokens, reused_tokens, upper_bound_tokens, reused_from_namespace_tokens:
+            sums over them.
         lost_tokens_by_cause: tokens per :data:`CAUSES`. sites: divergence places by label.
         explained: every request's :class:`Explanation`, in arrival order (the ids of predecessors resolve here).
         reordered: requests out of timestamp order (0: taken in file order).
@@ -157,6 +160,7 @@ class TraceExplanation:
     prompt_tokens: int = 0
     reused_tokens: int = 0
     upper_bound_tokens: int = 0
+    reused_from_namespace_tokens: int = 0
     lost_tokens_by_cause: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     sites: dict[str, SiteTotal] = field(default_factory=dict)
     explained: list[Explanation] = field(default_factory=list)
@@ -210,6 +214,26 @@ class _Expiry:
                 times[h] = now
 
 
+#: the causes in the order their tokens lie along a prompt, after the reused ones (``new`` and ``divergence``
+#: share the tail: a request has one of them).
+TOKEN_ORDER = ("expiry", "eviction", "chunk_boundary", "last_token", "cache_salt", "divergence", "new")
+
+
+def take_front(lost: dict[str, int], tokens: int, whole: bool = False) -> None:
+    """Take ``tokens`` off ``lost`` (tokens per cause, changed in place) from the front of the prompt: the causes in
+    :data:`TOKEN_ORDER`, each emptied before the next. With ``whole`` (the whole prompt is reusable now), the one
+    token left is the last-token rule's."""
+    for cause in TOKEN_ORDER:
+        taken = min(tokens, lost[cause])
+        lost[cause] -= taken
+        tokens -= taken
+    if whole:
+        left = [c for c in TOKEN_ORDER if lost[c]]
+        if left and left != ["last_token"]:
+            lost[left[-1]] -= 1
+            lost["last_token"] += 1
+
+
 def _run(flags: Iterable[bool]) -> int:
     """Leading ``True`` flags."""
     k = 0
@@ -227,11 +251,17 @@ class Explainer:
         config: the cache. keep_text: keep each request's token ids and messages, so a divergence can be shown
             in the text (text traces). decode: token ids -> text, for excerpts of text prompts (None: token
             positions only). block_tokens: a hash-id trace's tokens per hash id (sites are then hash ids).
+        namespace_run: a live cache read beside the simulated one (``--namespace``): ``namespace_run(request)`` is
+            the run of the request's chunks it holds from chunk 0 (:meth:`kvcli.store.chunkstore.ChunkStore.lookup`,
+            read-only). A request then reuses the longer of the two runs; the tokens the live cache adds are
+            ``reused_from_namespace`` and come off the causes in token order (:func:`take_front`).
     """
 
     def __init__(self, config: ExplainConfig, keep_text: bool = False,
-                 decode: Callable[[np.ndarray], str] | None = None, block_tokens: int | None = None) -> None:
+                 decode: Callable[[np.ndarray], str] | None = None, block_tokens: int | None = None,
+                 namespace_run: Callable[[Request], int] | None = None) -> None:
         self.config, self.keep_text, self.decode, self.block_tokens = config, keep_text, decode, block_tokens
+        self.namespace_run = namespace_run
         self.result = TraceExplanation(config)
         self._radix = RadixUpperBound()  # per cache salt: replay's upper bound
         self._blind: RadixUpperBound | None = None  # every salt as one, once a second salt appears
@@ -272,11 +302,19 @@ class Explainer:
                 "expiry": reuse[held] - reuse[expired_run], "last_token": b - reuse[b], "cache_salt": b_any - b,
                 "divergence": beyond if diverges else 0, "new": 0 if diverges else beyond}
         site = self._site(request, blind) if diverges else None
-        e = Explanation(index, request.id, request.source, n, reuse[expired_run], b, b_any, blind.predecessor,
-                        b_any if diverges else None, lost, salt, site)
+        reused, from_namespace = reuse[expired_run], 0
+        if self.namespace_run is not None:
+            live = self.namespace_run(request) * cs
+            if reusable_tokens(live, n) > reused:
+                from_namespace = reusable_tokens(live, n) - reused
+                reused += from_namespace
+                take_front(lost, from_namespace, whole=live >= n > 0)
+        e = Explanation(index, request.id, request.source, n, reused, b, b_any, blind.predecessor,
+                        b_any if diverges else None, lost, salt, site, from_namespace)
         res.requests += 1
         res.prompt_tokens += n
         res.reused_tokens += e.reused_tokens
+        res.reused_from_namespace_tokens += from_namespace
         res.upper_bound_tokens += reuse[b]
         for cause, tokens_lost in lost.items():
             res.lost_tokens_by_cause[cause] += tokens_lost

@@ -40,7 +40,8 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
         "trace": t.name, "format": t.fmt, "notes": t.notes, "chunk_size": cfg.chunk_size,
         "capacity_chunks": cfg.capacity_chunks, "ttl_seconds": cfg.ttl, "ttl_refresh": cfg.ttl_refresh,
         "requests": x.requests, "prompt_tokens": x.prompt_tokens, "reused_tokens": x.reused_tokens,
-        "upper_bound_tokens": x.upper_bound_tokens, "lost_tokens_by_cause": x.lost_tokens_by_cause,
+        "upper_bound_tokens": x.upper_bound_tokens, "reused_from_namespace_tokens": x.reused_from_namespace_tokens,
+        "lost_tokens_by_cause": x.lost_tokens_by_cause,
         "reordered_requests": x.reordered,
         "top_divergence_sites": [{"site": s.label, "requests": s.requests, "divergence_tokens": s.tokens,
                                   "message_index": s.example.message_index if s.example else None,
@@ -61,7 +62,8 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
 def _request_json(e: Explanation, ids: list[str]) -> dict:
     site = e.site
     return {"id": e.id, "source": e.source, "cache_salt": e.cache_salt, "prompt_tokens": e.prompt_tokens,
-            "reused_tokens": e.reused_tokens, "upper_bound_tokens": e.upper_bound_tokens,
+            "reused_tokens": e.reused_tokens, "reused_from_namespace_tokens": e.reused_from_namespace_tokens,
+            "upper_bound_tokens": e.upper_bound_tokens,
             "best_prefix_tokens": e.best_prefix_tokens,
             "best_prefix_tokens_any_salt": e.best_prefix_tokens_any_salt,
             "predecessor": ids[e.predecessor] if e.predecessor >= 0 else None,
@@ -151,6 +153,10 @@ def _causes_table(t: ExplainedTrace, cache: str) -> Table:
     for column in ("tokens", "count", "of prompt tokens", "meaning"):
         table.add_column(column, justify="left" if column in ("tokens", "meaning") else "right")
     table.add_row("reused", f"{x.reused_tokens:,}", _share(x.reused_tokens, x.prompt_tokens), CAUSE_HELP["reused"])
+    if x.reused_from_namespace_tokens:
+        table.add_row("  of them from the namespace", f"{x.reused_from_namespace_tokens:,}",
+                      _share(x.reused_from_namespace_tokens, x.prompt_tokens),
+                      "held only by the live cache read beside (--namespace)")
     for cause in CAUSES:
         n = x.lost_tokens_by_cause[cause]
         table.add_row(f"lost: {cause.replace('_', ' ')}" if cause != "new" else "new", f"{n:,}",

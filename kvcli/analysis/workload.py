@@ -2,7 +2,7 @@
 a :class:`~kvcli.analysis.explain.TraceExplanation`."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,10 +11,11 @@ import numpy as np
 from kvcli.analysis.explain import BlockHashes, ExplainConfig, Explainer, TraceExplanation
 from kvcli.analysis.report import TraceReport
 from kvcli.analysis.stats import trace_stats
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, RedisFailure
 from kvcli.model.load import resolve_spec, resolve_tokenizer
 from kvcli.model.tokenize import get_tokenizer, lazy_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.enginehash import block_hashes
 from kvcli.store.records import StoreConfig
 from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
@@ -74,10 +75,11 @@ class ExplainedTrace:
 
 
 def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, config: ExplainConfig,
-                   request_id: str | None = None, model: str = "cpu") -> list[ExplainedTrace]:
+                   request_id: str | None = None, model: str = "cpu",
+                   namespace_run: Callable[[Request], int] | None = None) -> list[ExplainedTrace]:
     """Every trace of ``paths`` (directories expanded, ``-`` for stdin) explained at ``config``, read as every
     command reads it (:func:`each_trace`); with ``request_id``, the traces that hold that request keep its and its
-    predecessor's token ids.
+    predecessor's token ids; ``namespace_run``: a live namespace read beside (:func:`namespace_lookup`).
 
     Raises:
         BadInputError: a missing path, an undetectable format, a bad record (``file:line``), a request id no trace
@@ -89,7 +91,7 @@ def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | N
         schema = HASH_ID_FORMATS.get(name)
         block = as_trace_format(fmt).block_tokens or (schema.block_tokens if schema else None)
         explainer = Explainer(config, keep_text=text, decode=get_tokenizer(tok).decode if text else None,
-                              block_tokens=block)
+                              block_tokens=block, namespace_run=namespace_run)
         if request_id is not None:
             explainer.watch.add(request_id)
         requests, order = ordered_requests(path, fmt, tok, name)
@@ -177,3 +179,29 @@ def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None)
     except ValueError as err:
         raise BadInputError(f"--hash {scheme}: {err}") from None
     return BlockHashes(scheme, hashes)
+
+
+def namespace_lookup(client, namespace: str, config: ExplainConfig, model: str = "cpu", dtype: str | None = None
+                     ) -> Callable[[Request], int]:
+    """``run(request)``: the run of the request's chunks, from chunk 0, that kvcli's namespace ``namespace`` on
+    ``client`` holds at the config's chunk size, model and tokenizer, by replay's lookup and chunk judge
+    (:meth:`kvcli.store.chunkstore.ChunkStore.lookup`: one read-only round trip per request; nothing written).
+
+    Raises (from ``run``):
+        RedisFailure: a lookup failed (the explanation would be wrong, so it stops).
+    Raises:
+        BadInputError: a namespace kvcli cannot own, an unknown model.
+    """
+    spec = resolve_spec(model, dtype)
+    store = ChunkStore(client, StoreConfig(namespace=namespace, chunk_size=config.chunk_size,
+                                           model_id=config.model_id, tokenizer=config.tokenizer,
+                                           kv_shape=spec.kv_shape, dtype=spec.dtype, payload="real"))
+
+    def run(request: Request) -> int:
+        look = store.lookup(request.token_ids, request.cache_salt, record=False)
+        if look.break_reason == "redis-error":
+            raise RedisFailure(f"a lookup in namespace {namespace!r} failed ({request.source}): the explanation "
+                               "stops rather than count it a miss")
+        return look.hit_chunks
+
+    return run

@@ -205,6 +205,22 @@ def replay(
                                                "--namespace) batched this many requests per round trip (one "
                                                "script; two round trips on a cluster or with a capacity), with the "
                                                "same results; 1: one request at a time.")] = 256,
+    tier: Annotated[Optional[list[str]], typer.Option(
+        help="Capacity planner: a cache tier NAME=SIZE (tokens, or bytes of --model's KV), repeatable, fastest "
+             "first: gpu, host (cpu) or any other name for a shared store such as redis. Per chunk size: hits, "
+             "bytes read and written, load vs recompute time per tier (docs/planner.md).",
+        show_default=False)] = None,
+    optimal: Annotated[bool, typer.Option(help="Capacity planner: the optimal eviction's hit tokens (Belady's MIN "
+                                               "with the prefix rule) beside the LRU curve, and the gap split into "
+                                               "policy and capacity.")] = False,
+    admit_after: Annotated[int, typer.Option(help="Capacity planner: store a chunk only from its N-th request on; "
+                                                  "hits and bytes written beside storing every chunk.")] = 1,
+    policy: Annotated[Optional[str], typer.Option(help="Capacity planner: eviction policies beside LRU at the "
+                                                       "chosen capacity: lfu, s3fifo (libCacheSim: pip install "
+                                                       "'kvcli\\[policies]').", show_default=False)] = None,
+    price: Annotated[Optional[list[str]], typer.Option(
+        help="The bill: gpu-hour=$ (per accelerator-hour) and TIER=$ (per GB-month of that --tier), repeatable; "
+             "money per day of the trace's traffic and accelerators freed.", show_default=False)] = None,
     json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     jobs: Annotated[Optional[int], typer.Option(help=JOBS_HELP, show_default=False)] = None,
@@ -225,6 +241,9 @@ def replay(
       kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
       kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
+
+      kvcli replay mooncake.jsonl --payload accounted --model llama-3-8b --hardware h100-sxm --chunk-sizes 512 \\
+          --tier gpu=20GB --tier host=200GB --tier redis=2TB --optimal --price gpu-hour=2.5 --price host=1.5
     """
     from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
@@ -241,7 +260,8 @@ def replay(
         measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
         layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,
-        priced=options.priced, kv_dtype=kv_dtype)
+        priced=options.priced, plan=plan_options(tier, optimal, admit_after, policy, price),
+        kv_dtype=kv_dtype)
     _check_run(config, jobs, plot)
     timeout = timeout_seconds(redis_timeout)
     with _ReplayConsole() as events:
@@ -253,6 +273,19 @@ def replay(
                 tokenizer, events,
                 jobs, ray)
     _show_replay(results, context, plot, json_out)
+
+
+def plan_options(tiers: list[str] | None, optimal: bool, admit_after: int, policy: str | None,
+                 prices: list[str] | None):
+    """The capacity planner's options from replay's ``--tier``, ``--optimal``, ``--admit-after``, ``--policy`` and
+    ``--price`` (:class:`kvcli.replay.planner.PlanOptions`). Raises BadInputError naming the option."""
+    from kvcli.replay.bill import parse_prices
+    from kvcli.replay.planner import PlanOptions
+    from kvcli.replay.policies import parse_policies
+    from kvcli.replay.tiers import parse_tier
+
+    return PlanOptions(tuple(parse_tier(t) for t in tiers or ()), optimal, admit_after, parse_policies(policy),
+                       parse_prices(prices))
 
 
 def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> None:

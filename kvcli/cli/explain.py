@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from kvcli.cli.options import (
+    DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
     AddSpecialTokens,
     DropTailBlock,
@@ -14,10 +15,13 @@ from kvcli.cli.options import (
     HashBlockTokens,
     JsonOut,
     Model,
+    RedisTimeout,
+    RedisUrl,
     SkipBadRecords,
     TimestampUnit,
     Tokenizer,
     one_chunk_size,
+    timeout_seconds,
     trace_format,
 )
 
@@ -43,6 +47,11 @@ def explain(
     hash_seed: Annotated[Optional[str], typer.Option(help="The PYTHONHASHSEED the engine ran with (vLLM and "
                                                           "LMCache derive their root hash from it).")] = None,
     top: Annotated[int, typer.Option(help="Divergence sites listed per trace.")] = 10,
+    namespace: Annotated[Optional[str], typer.Option(help="Also read this kvcli namespace of a live cache "
+                                                          "(read-only, one round trip per request): its chunks "
+                                                          "count as held, as replay --namespace reads them. Needs "
+                                                          "--redis-url or REDIS_URL.")] = None,
+    redis_url: RedisUrl = None, redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     model: Model = "cpu", dtype: Dtype = None, tokenizer: Tokenizer = None,
     fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
@@ -54,7 +63,7 @@ def explain(
     cause (the chunk boundary, eviction by the capacity, expiry by the TTL, the last-token rule, another cache
     salt, divergence from its best predecessor), and where the prompt first differs from that predecessor (the
     message, role and field of a chat prompt, with both sides' text; the token position otherwise). Replay's own
-    rules, no Redis: the totals are replay's hit tokens and upper bound.
+    rules, no Redis (unless --namespace reads a live cache beside): the totals are replay's hit tokens and upper bound.
 
     Examples:
 
@@ -78,7 +87,19 @@ def explain(
     hashes = block_hash_scheme(hash_scheme, config, hash_seed)
     spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
                         add_special_tokens)
-    explained = explain_traces(traces, spec, tokenizer, config, request, model)
+    if namespace is None:
+        explained = explain_traces(traces, spec, tokenizer, config, request, model)
+    else:
+        import os
+
+        from kvcli.analysis.workload import namespace_lookup
+        from kvcli.store.server import ENV_URL, open_redis
+
+        if not (redis_url or os.environ.get(ENV_URL)):
+            raise BadInputError("--namespace reads a live cache: give its --redis-url (or set REDIS_URL)")
+        with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, _):
+            run = namespace_lookup(client, namespace, config, model, dtype)
+            explained = explain_traces(traces, spec, tokenizer, config, request, model, run)
     if json_out:
         typer.echo(json_document("explain", to_body(explained, top, request, hashes), indent=1))
     else:

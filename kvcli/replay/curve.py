@@ -19,6 +19,7 @@ import numpy as np
 
 from kvcli.replay.chunkids import ChunkIds, grown
 from kvcli.replay.stackdist import NEVER, StackDistances, batch_links, chain_max
+from kvcli.replay.stream import ChunkStream, StreamRecorder
 from kvcli.replay.ttlcurve import TtlCurve
 
 BATCH = 256
@@ -35,9 +36,11 @@ class HitCurve:
     Args:
         chunk_size: tokens per chunk.
         ttl_refresh: TTL counted from a chunk's last access (True) or its last write (False).
+        record: also keep the requests' chunk ids (:meth:`stream`) for the capacity planner's offline
+            simulations (:mod:`kvcli.replay.planner`): 4 bytes per chunk of every request, 16 per request.
     """
 
-    def __init__(self, chunk_size: int, ttl_refresh: bool = False) -> None:
+    def __init__(self, chunk_size: int, ttl_refresh: bool = False, record: bool = False) -> None:
         self.chunk_size = chunk_size
         self._ids = ChunkIds()
         self._stack = StackDistances()
@@ -50,6 +53,7 @@ class HitCurve:
         self._last: float | None = None
         self.seconds = 0.0
         self._pending: list[tuple[Sequence[bytes], float | None, int | None]] = []  # deferred requests, in order
+        self._recorder = StreamRecorder(chunk_size) if record else None
 
     def observe(self, hashes: Sequence[bytes], timestamp: float | None, prompt_tokens: int | None = None
                 ) -> np.ndarray:
@@ -97,6 +101,9 @@ class HitCurve:
         np.cumsum(lengths, out=bounds[1:])
         ids, first_new = self._ids.ids_many([h for h, _, _ in requests])
         links = batch_links(ids, bounds)
+        if self._recorder is not None:
+            self._recorder.add(ids, lengths, np.fromiter((-1 if n is None else n for _, _, n in requests), np.int64,
+                                                         len(requests)))
         chain = chain_max(self._stack.access_many(ids, bounds, first_new, links), links.req)
         hit = chain < NEVER
         if hit.any():
@@ -128,6 +135,11 @@ class HitCurve:
         self.seconds += time.perf_counter() - t0
         cuts = bounds.tolist()
         return [chain[a:b] for a, b in zip(cuts[:-1], cuts[1:])]
+
+    def stream(self) -> ChunkStream | None:
+        """The requests so far as chunk ids (None unless made with ``record``)."""
+        self.flush()
+        return None if self._recorder is None else self._recorder.stream()
 
     @property
     def nbytes(self) -> int:

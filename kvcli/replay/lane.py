@@ -29,6 +29,7 @@ from kvcli.model.costcurve import PrefillSample
 from kvcli.replay.curve import HitCurve
 from kvcli.replay.measure import timed_prefill
 from kvcli.replay.network import ServerRates
+from kvcli.replay.planner import plan
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.replay.savings import Ledger
 from kvcli.store.batch import Batcher
@@ -89,12 +90,16 @@ class Lane:
         self._real = config.payload == "real"
         self._priced = config.priced  # a profile or a roofline prices every prefill, measured requests' too
         self._verify_sample, self._memory_sample = config.verify_sample, config.memory_sample
+        self._allow_evictions = config.allow_evictions
         # chunks an unlimited cache would hold: only where the store's own capacity can evict
         self._seen: set[bytes] | None = set() if store.resident_chunks is not None else None
         # one curve per chunk size: it depends on the hashes, not the layout
-        self._hit_curve = (HitCurve(cs, config.ttl_refresh) if config.hit_curve and config.namespace is None
-                           and store.layout == config.layouts[0] else None)
+        self._hit_curve = (HitCurve(cs, config.ttl_refresh, record=config.plan.wanted)
+                           if config.hit_curve and config.namespace is None and store.layout == config.layouts[0]
+                           else None)
+        self._plan = config.plan
         self._checked: dict[bytes, bool] = {}  # chunk hash -> checksum verified good
+        self._real_chunks: set[bytes] = set()  # chunks this lane may have written with a real payload (measured)
         self._batcher: Batcher | None = None
         if batched:
             assert isinstance(store, ChunkStore), "batched only where batchable(), which takes only a ChunkStore"
@@ -130,9 +135,9 @@ class Lane:
                 look = store.lookup(prompt)
                 hit_chunks = self._checksums(prompt, look)
                 written = store.store(prompt, None, start_chunk=hit_chunks, lookup=look)
-            else:  # accounted chunks only: nothing to verify, the hit run is the lookup's
+            else:  # the batch's answer; a real chunk it hit is verified as one by one
                 look, written = done[i]
-                hit_chunks = look.hit_chunks
+                hit_chunks = self._verified(prompt, look) if self._real_chunks else look.hit_chunks
             reusable.append(self._count(prompt, look, n, hit_chunks))
             res.store_seconds += written.seconds
             res.transfer_seconds_estimated += rate.get(hit_chunks)
@@ -143,6 +148,21 @@ class Lane:
             self.ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,
                             background=_background(res) - back)
         return reusable
+
+    def _verified(self, prompt: ChunkedPrompt, look) -> int:
+        """The hit run of a batched answer (whose lookup read no metadata) after :meth:`_checksums` verified the
+        real chunks in it, as the one-by-one path verifies them: a read-only lookup gives their metadata, only for a
+        request that hit a real chunk not verified yet (or a chunk that failed: a miss whenever it is hit)."""
+        checked, hashes, k = self._checked, prompt.hashes, look.hit_chunks
+        failed = next((i for i in range(k) if checked.get(hashes[i]) is False), None)
+        if failed is not None:
+            return failed
+        if len(checked) >= self._verify_sample or all(
+                h not in self._real_chunks or h in checked for h in hashes[:k]):
+            return k
+        fresh = self.store.lookup(prompt, record=False)
+        good = self._checksums(prompt, fresh)
+        return good if good < fresh.hit_chunks else k
 
     def _checksums(self, prompt: ChunkedPrompt, look) -> int:
         """The hit run after verifying the checksums of real-payload hit chunks not verified yet, up to
@@ -186,6 +206,8 @@ class Lane:
         prompt = store.chunk(tokens, request.cache_salt)
         if self._hit_curve:
             self._hit_curve.observe(prompt.hashes, request.timestamp, n)
+        if self._real:
+            self._real_chunks.update(prompt.hashes[:length // cs])  # written real below, or materialized in _fetch
         look = store.lookup(prompt)
         past, got = self._fetch(prompt, look, kv_full, length)
         inside = min(look.hit_chunks, length // cs)
@@ -315,13 +337,20 @@ class Lane:
         trips = getattr(store, "shard_trips", None)
         res.round_trips_by_shard = dict(sorted(trips.counts.items())) if trips is not None else {}
         degraded = []
+        # the store's key count, where the run knows it: every key it created is still there without a capacity
+        # (nothing deleted; a server that evicts was refused by the preflight unless allowed), so the SCAN stops at
+        # the sample instead of counting every key
+        known = st.objects_created if store.resident_chunks is None and not self._allow_evictions else None
         try:
             res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-                self._client, store.key_pattern, self._memory_sample)
+                self._client, store.key_pattern, self._memory_sample, known)
         except KvcliError as exc:
             degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
         res.hit_curve = (self._hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if self._hit_curve
                          else None)
+        stream = self._hit_curve.stream() if self._hit_curve else None
+        if stream is not None and res.hit_curve is not None:
+            res.plan = plan(stream, res.hit_curve, self._plan, getattr(store, "capacity_chunks", None))
         return degraded
 
 

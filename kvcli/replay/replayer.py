@@ -81,6 +81,7 @@ from kvcli.replay.network import (
     repeat_spread,
 )
 from kvcli.replay.plan import replay_preflight, room
+from kvcli.replay.planner import price_plan, tier_load_seconds
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, sig, summarize
 from kvcli.replay.unit import replay_stores
@@ -390,6 +391,11 @@ class Replayer:
                                     self.curve.residuals, self.model_config, cfg.seed, draws, stream=i,
                                     overhead_spread=spread, overhead_floor=repeat_spread(rate))
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
+            if res.plan is not None:
+                device = self.device if cfg.priced else None
+                price_plan(res.plan, res.savings.saved, res.hit_tokens, functools.partial(
+                    tier_load_seconds, value_bytes=store.value_bytes, rate=rate, link=link, device=device),
+                    result.span_seconds, cfg.plan.prices)
             # asynchronous stores only while the server and link keep up with them over the trace's span
             late = (cfg.store_mode == "async" and result.span_seconds is not None
                     and res.overheads.background > result.span_seconds)

@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvcli.replay.curvereport import Row, curve_rows
+from kvcli.replay.planreport import plan_notes, plan_rows
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.tables import print_table, stdout_console
@@ -123,7 +124,7 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
     for r in result.per_chunk_size:
         mark = " *" if r.chunk_size == best else (" =" if r.chunk_size in tied else "")
         table.add_column(f"{r.chunk_size}{mark}", justify="right", style="green" if r.chunk_size == best else None)
-    for label, fn in ROWS + curve_rows(result.per_chunk_size):
+    for label, fn in ROWS + curve_rows(result.per_chunk_size) + plan_rows(result.per_chunk_size):
         if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
                                                       for r in result.per_chunk_size):
             continue  # every hit's payload checked out: the row would repeat the one above
@@ -223,6 +224,8 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
             print_table(console, layout_table(result))
         for note in result.notes:
             console.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
+        for line in plan_notes(result.per_chunk_size):
+            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     curve = context.get("cost_curve", {})
     check = context.get("cost_curve_vs_measured", {})
     source = f" (checkpoint {context['checkpoint']})" if context.get("checkpoint") else ""

@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvcli.replay.curve import CurveResult
+    from kvcli.replay.planner import PlanResult
 
 from kvcli.errors import BadInputError
 from kvcli.replay.network import Overheads
+from kvcli.replay.planner import PlanOptions
 from kvcli.replay.savings import Savings, Verdict
 from kvcli.store.serde import check_kv_dtype
 
@@ -58,6 +60,8 @@ class ReplayConfig:
         kv_dtype: the payloads' dtype when it is not the model's (``--kv-dtype``: "fp8" or "float8_e4m3fn",
             kept as torch's name; :mod:`kvcli.store.serde`): every byte figure counts it, and measured requests'
             cached prefills run on the dequantized KV (``max_logit_diff``). None (or "auto"): the model's dtype.
+        plan: the capacity planner's options (:mod:`kvcli.replay.planner`: tiers, optimal bound, admission,
+            policies, prices); it runs on the curve's chunk ids after the replay.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -85,6 +89,7 @@ class ReplayConfig:
     pipeline: int = 256
     priced: bool = False
     kv_dtype: str | None = None
+    plan: PlanOptions = PlanOptions()
 
     def __post_init__(self) -> None:
         """Check the options, alone and together; each message names the ``kvcli replay`` flag that sets them.
@@ -121,6 +126,9 @@ class ReplayConfig:
             raise BadInputError(f"--store-mode must be async or sync, got {self.store_mode!r}")
         if self.ttl_refresh and not self.hit_curve:
             raise BadInputError("--ttl-refresh sets the TTL curve's expiry rule: it needs the curve (no --no-curve)")
+        if self.plan.wanted and (not self.hit_curve or self.namespace is not None):
+            raise BadInputError("--tier, --optimal, --admit-after and --policy run on the curve's chunk stream: they "
+                                "need the curve (no --no-curve, no --namespace)")
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
             raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
                                 "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "
@@ -216,6 +224,7 @@ class ChunkSizeResult:
     savings: Savings | None = None
     store_mode: str = "async"
     hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
+    plan: PlanResult | None = None  # tiers, optimal bound, admission, policies, bill (None: not asked for)
 
     @property
     def hit_token_ratio(self) -> float | None:
@@ -250,6 +259,7 @@ class ChunkSizeResult:
         no denominator."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
         out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
+        out["plan"] = self.plan.to_dict() if self.plan is not None else None
         if self.savings is not None:
             out["savings"] = self.savings.to_dict()
         if self.overheads is not None:

@@ -25,9 +25,10 @@ batch is answered before the next is sent, so a refusal shows there and nothing 
    by_shard`): the server's state before the batch;
 2. the requests are answered in order, each from that state overlaid with what the batch's earlier requests wrote
    or deleted (the run's namespace is its own: this process is its only writer and knows those values byte for
-   byte), with the code the one-by-one path runs: :meth:`ChunkStore.evaluate` (``states`` None: metadata alone,
-   which is exact when every chunk is accounted, see :func:`batchable`), :meth:`ChunkStore.plan_write` (the LRU's
-   deletes and the MSET of the missing chunks) and, once the server acknowledged the writes,
+   byte), with the code the one-by-one path runs: :meth:`ChunkStore.evaluate` (judged from the metadata and,
+   for a real chunk, its payload's length, read in one more round trip where the batch names one: see
+   :func:`batchable`), :meth:`ChunkStore.plan_write` (the LRU's deletes and the MSET of the missing chunks) and,
+   once the server acknowledged the writes,
    :meth:`ChunkStore.account_write`;
 3. every request's deletes and writes in request order, in one round trip (a single server: one pipeline of DELs
    and MSETs, the MSETs of consecutive requests without a DEL between them merged into one; a cluster: one DEL or
@@ -62,7 +63,8 @@ from kvcli.store.calls import RedisUnavailable, ScriptKilled, ServerBusy
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.cluster import by_shard, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt
-from kvcli.store.judge import JUDGE_LUA, STATES
+from kvcli.store.judge import JUDGE_LUA, NOT_READ, STATES
+from kvcli.store.layout import is_real
 from kvcli.store.records import NOTHING_STORED, LookupResult, StoreResult
 from kvcli.store.server import script_refused
 
@@ -74,13 +76,14 @@ _MSET_ARGS = 1 << 18  # arguments of one merged MSET at most, far below a server
 
 def batchable(store) -> bool:
     """Whether ``store``'s lookup-then-store can go through :func:`lookup_and_store` with the same answers: kvcli's
-    layout, accounted payloads (no chunk it can hit has a payload whose length the lookup would check), no
-    read-only namespace (whose chunks may hold real payloads) and no TTL (the one-by-one path it mirrors writes
-    with MSET)."""
+    layout, no read-only namespace (another writer's chunks) and no TTL (the one-by-one path it mirrors writes with
+    MSET). Its estimated requests store accounted chunks; a real chunk (a measured request's, written one at a time
+    between batches) is judged with its payload's length as the lookup judges it, read in the batch script, or in
+    one more round trip where the batch names one."""
     if not isinstance(store, ChunkStore):
         return False
     cfg = store.config
-    return cfg.payload == "accounted" and cfg.read_namespace is None and cfg.ttl is None
+    return cfg.read_namespace is None and cfg.ttl is None
 
 
 def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int = SAMPLE_EVERY,
@@ -121,13 +124,20 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
         return [(LookupResult.failure(len(p.hashes), price), NOTHING_STORED) for p in prompts]
     st.lookup_round_trips += bool(keys)
     state = dict(zip(keys, values))  # the server's before the batch, then overlaid with the batch's own writes
+    try:
+        lengths = _real_lengths(store, keys, values)
+    except RedisUnavailable as exc:
+        store.calls.absorb(exc)
+        return [(LookupResult.failure(len(p.hashes), price), NOTHING_STORED) for p in prompts]
     t0 = time.perf_counter()
     pipe: Any = None if store.cluster else store.client.pipeline(transaction=False)  # a single server's
     commands: list[tuple] = []  # a cluster: every DEL and SET in request order
     mset: list = []  # a single server: the MSET arguments since the last DEL (one MSET for consecutive requests)
     looks, plans = [], []
     for prompt in prompts:
-        look = store.evaluate(prompt, [state[meta + x] for x in prompt.hexes], None, price)
+        metas = [state[meta + x] for x in prompt.hexes]
+        look = store.evaluate(prompt, metas, None if not lengths else store.judged(
+            prompt, metas, [lengths.get(meta + x, NOT_READ) for x in prompt.hexes]), price)
         plan = store.plan_write(prompt, None, look.hit_chunks, len(prompt.hashes), look)
         deleted = plan.deletes  # the LRU's victims, deleted before this request's writes
         for key in deleted:
@@ -163,6 +173,22 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     return [(look, store.account_write(plan, seconds)) for look, plan in zip(looks, plans)]
 
 
+def _real_lengths(store: ChunkStore, keys: list[str], values: list) -> dict[str, int]:
+    """The payload STRLEN of every chunk whose metadata (``values`` of metadata ``keys``) records a real payload,
+    by metadata key: one more round trip, only where the batch names such a chunk (a real-payload replay's chunks
+    are mostly accounted). A chunk the batch itself writes is accounted, so these lengths stay the server's.
+
+    Raises:
+        RedisUnavailable: the read failed after retries.
+    """
+    real = [k for k, v in zip(keys, values) if isinstance(v, bytes) and is_real(v)]
+    if not real:
+        return {}
+    own, cut = store.prefix + "p:", len(store.prefix) + 2
+    replies = store.calls.strlens([own + k[cut:] for k in real])
+    return dict(zip(real, replies))
+
+
 def _sample(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int, quiet=None) -> None:
     """The latency samples of a batch: one unpipelined, timed lookup (read-only, its answer not used) for the first
     request with a full chunk from every ``sample_every``-th lookup on (counted over the store's life), each inside
@@ -194,23 +220,33 @@ def _write(client, commands: list[tuple], trips) -> list:
 # -- the scripted batch: lookups and stores inside the server, one batch in flight --------------------------------
 # KEYS: the metadata key of every full chunk of every request of the batch, request after request (a key repeats
 # where requests share a prefix). ARGV[1]: their 8-byte token digests, concatenated in the same order; ARGV[2] and
-# ARGV[3]: an accounted metadata value's constant parts (kvcli.store.layout.MetadataWriter: middle, tail); ARGV[4..]:
-# each request's number of full chunks. Per request, in order: every chunk's state by the chunk judge's Lua twin
-# (kvcli.store.judge.JUDGE_LUA, payloads not read: ChunkStore.evaluate without states), then the SETs of what
+# ARGV[3]: an accounted metadata value's constant parts (kvcli.store.layout.MetadataWriter: middle, tail); ARGV[4]:
+# the exact length of a real payload value; ARGV[5..]: each request's number of full chunks. Per request, in order:
+# every chunk's state by the chunk judge's Lua twin (kvcli.store.judge.JUDGE_LUA; a payload's STRLEN read only where
+# the metadata records a real payload, as the lookup script reads it, its key the metadata key's with ``p:`` for
+# ``m:``: the script runs on a single server only, where a key it derives is as good as one it is given), then the
+# SETs of what
 # ChunkStore.plan_write writes (the chunks from the hit run's end on that are not hits, with the same values).
 # Returns the script's start and end (TIME: seconds, microseconds) and 4 integers per request: hit chunks, metadata
 # hit chunks, hit chunks after the hit run, the state code of the chunk that broke the run (-1: it did not). A key
 # of another type is bad metadata and is overwritten, as an MSET would.
 _INDEX_SCRIPT = JUDGE_LUA + """
 local digests, middle, tail, zeros = ARGV[1], ARGV[2], ARGV[3], string.rep('\\0', 8)
+local value_bytes = tonumber(ARGV[4])
 local t = redis.call('TIME')
 local out, base = {t[1], t[2]}, 0
-for r = 4, #ARGV do
+for r = 5, #ARGV do
   local n = tonumber(ARGV[r])
   local ok, hit, meta_hit, reason = {}, n, n, -1
   for i = 1, n do
-    local s = judge(redis.pcall('GET', KEYS[base + i]), -1,
-                    string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)), 0)
+    local key = KEYS[base + i]
+    local m = redis.pcall('GET', key)
+    local len = -1
+    if type(m) == 'string' and string.find(m, '"stored":"real"', 17, true) then
+      len = redis.pcall('STRLEN', string.sub(key, 1, -35) .. 'p:' .. string.sub(key, -32))
+      if type(len) ~= 'number' then len = -2 end
+    end
+    local s = judge(m, len, string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)), value_bytes)
     ok[i] = s <= 1
     if not ok[i] and hit == n then hit, reason = i - 1, s end
     if s ~= 0 and s ~= 1 and s ~= 4 and s ~= 5 and s ~= 8 and meta_hit == n then meta_hit = i - 1 end
@@ -298,6 +334,7 @@ class Batcher:
             keys = [meta + x for p in group for x in p.hexes]
             digests = b"".join(d for p in group for d in p.digests)
             batch.packed.append(self._pack("EVAL", _INDEX_SCRIPT, len(keys), *keys, digests, middle, tail,
+                                           store.value_bytes,
                                            *[len(p.hashes) for p in group]))
             batch.scripts.append(len(group))
         try:

@@ -227,7 +227,7 @@ class ChunkStore:
         if self.cluster:
             metas, lengths = self.calls.call(self._shard_reads, meta_keys, payload_keys,
                                              self.shard_trips if record else None, record=record)
-            return [m if isinstance(m, bytes) else None for m in metas], self._judged(prompt, metas, lengths)
+            return [m if isinstance(m, bytes) else None for m in metas], self.judged(prompt, metas, lengths)
         if record:
             self.shard_trips.add()
         if self._scripts:
@@ -245,10 +245,10 @@ class ChunkStore:
             pipe.strlen(key)
         replies = self.calls.call(_execute_reads, pipe, record=record, name="MGET")
         metas = list(replies[0])
-        return metas, self._judged(prompt, metas, [WRONG_TYPE if isinstance(x, Exception) else int(x)
-                                                   for x in replies[1:]])
+        return metas, self.judged(prompt, metas, [WRONG_TYPE if isinstance(x, Exception) else int(x)
+                                                  for x in replies[1:]])
 
-    def _judged(self, prompt: ChunkedPrompt, metas: list, lengths: list[int]) -> list[str]:
+    def judged(self, prompt: ChunkedPrompt, metas: list, lengths: list[int]) -> list[str]:
         """The states of chunks read as metadata values and payload STRLENs (as the lookup script judges them: a
         payload's length counts only where the metadata records a real payload)."""
         n, value_bytes, digests = len(prompt.hashes), self.value_bytes, prompt.digests

@@ -241,3 +241,36 @@ def test_the_radix_names_the_latest_request_of_the_longest_prefix(prompts):
         sharing = [j for j, k in earlier if k == best]
         longer = [j for j in sharing if len(prompts[j][0]) > best]
         assert (got.predecessor, got.continues) == ((max(longer), True) if longer else (max(sharing), False))
+
+
+@pytest.mark.single_server
+def test_a_live_namespace_read_beside_adds_its_chunks_and_takes_them_off_the_causes(tmp_path, redis_url,
+                                                                                     monkeypatch):
+    # the namespace holds tok(1..40)'s 2 full chunks of 16 (warmed); r1 = tok(1..40) + [7] is the first request, so
+    # every token would be new, but 32 of them come from the namespace: reused 32 (all from it), new 9
+    warmed = write(tmp_path / "w.jsonl", [{"token_ids": tok(1, 40)}])
+    run("warm", warmed, "--redis-url", redis_url, "--namespace", "fleet", "--chunk-sizes", 16)
+    trace = write(tmp_path / "t.jsonl", [{"id": "r1", "token_ids": tok(1, 40) + [7]},
+                                         {"id": "r2", "token_ids": tok(1, 20) + [5, 5]}])
+    out = run("explain", trace, "--chunk-size", 16, "--namespace", "fleet", "--redis-url", redis_url, "--json")
+    (t,) = json.loads(out.stdout)["traces"]
+    r1, r2 = t["per_request"]
+    assert (r1["reused_tokens"], r1["reused_from_namespace_tokens"]) == (32, 32)
+    assert r1["lost_tokens_by_cause"] == causes(new=9)
+    # r2 shares 20 with r1 (16 reusable by the trace's own cache); the namespace holds chunk 0 too: nothing added
+    assert (r2["reused_tokens"], r2["reused_from_namespace_tokens"]) == (16, 0)
+    assert r2["lost_tokens_by_cause"] == causes(chunk_boundary=4, divergence=2)
+    assert t["reused_from_namespace_tokens"] == 32 and t["reused_tokens"] == 48
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    assert run("explain", trace, "--namespace", "fleet", code=2).output.strip().endswith("(or set REDIS_URL)")
+
+
+def test_take_front_empties_the_causes_in_token_order():
+    from kvcli.analysis.explain import take_front
+
+    lost = causes(chunk_boundary=3, divergence=10)
+    take_front(lost, 5)
+    assert lost == causes(divergence=8)
+    whole = causes(eviction=4, new=5)
+    take_front(whole, 8, whole=True)  # the whole prompt reusable: the one token left is the last token's
+    assert whole == causes(last_token=1)

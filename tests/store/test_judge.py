@@ -15,7 +15,7 @@ import pytest
 import redis
 import torch
 
-from kvcli.store.batch import Batcher
+from kvcli.store.batch import Batcher, lookup_and_store
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.judge import (
     ACCOUNTED,
@@ -158,16 +158,18 @@ def test_python_judge_and_lua_twin_agree(redis_client, damage, by_lookup, by_met
     # the bytes, as the chunk map reads them (and warm with --verify)
     assert judge(meta, payload, digest) == by_bytes
 
-    # the metadata alone (an index-only lookup), in Python and in the batch script's Lua twin
+    # the metadata alone (a lookup that reads no payload length), in Python
     assert judge(meta, NOT_READ, digest, size) == by_metadata
     assert store.evaluate(prompt, [None if meta is WRONG_TYPE else meta]).break_reason in (
         "" if by_metadata in HITS else by_metadata, MISSING)  # an MGET answers nil for a key of another type
-    batcher = Batcher(_store(redis_client, "accounted"))
+
+    # a batch (the script, and the two round trips) judges as the lookup: a real payload's STRLEN read in it
+    batcher = Batcher(store)
     try:
         (index_look, _), = batcher.answers(batcher.submit([prompt]))
     finally:
         batcher.close()
-    assert index_look.break_reason == ("" if by_metadata in HITS else by_metadata)
+    assert index_look.break_reason == ("" if by_lookup in HITS else by_lookup)
 
 
 def test_warm_strictness_checks_the_fields_a_store_writes(redis_client):
@@ -196,6 +198,20 @@ def test_a_payload_whose_header_lies_about_its_dtype_is_a_counted_miss(redis_cli
     got = store.retrieve(prompt)
     assert (got.hit_tokens, got.kv, got.break_reason) == (0, None, "checksum")
     assert (store.stats.checksum_verified_chunks, store.stats.checksum_failures) == (1, 1)
+
+
+@pytest.mark.parametrize("damage, by_lookup, by_metadata, by_bytes", CASES, ids=[c[0].__name__[1:] for c in CASES])
+def test_a_batch_of_two_round_trips_judges_as_the_lookup(redis_client, damage, by_lookup, by_metadata, by_bytes):
+    # lookup_and_store (a cluster, a capacity, scripts refused) reads a real chunk's payload length in one more
+    # round trip: its answer is the lookup's on every damage
+    store = _store(redis_client)
+    prompt = store.chunk(TOKENS)
+    damage(redis_client, store, store.meta_key(prompt.hashes[0]), store.payload_key(prompt.hashes[0]))
+    (look, _), = lookup_and_store(store, [prompt])
+    if by_lookup in HITS:
+        assert (look.hit_chunks, look.break_reason) == (1, "")
+    else:  # an MGET answers nil for a metadata key of another type
+        assert look.hit_chunks == 0 and look.break_reason in (by_lookup, MISSING)
 
 
 def _fp8_store(client) -> ChunkStore:

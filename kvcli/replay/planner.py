@@ -1,0 +1,188 @@
+"""The capacity planner of one chunk size: tiers, the optimal bound and the gap, admission, policies and the bill,
+run after the replay on the chunk ids the curve kept (:mod:`kvcli.replay.stream`; no Redis, nothing in the
+replay's loops). Off unless ``--tier``, ``--optimal``, ``--admit-after`` or ``--policy`` asks for it.
+
+The chosen capacity (where the gap is split, and where admission and the policies run without tiers): the first
+tier's size, else ``--capacity-tokens`` / ``--capacity-bytes``, else the smallest capacity whose LRU reaches 90% of
+the unlimited cache's hit tokens.
+
+Pricing (:func:`price_plan`, after the replay's savings): a tier's hits cost a load and save their recompute.
+Recompute: the tier's hit tokens times the replay's saved prefill per hit token at this chunk size (its 95%
+interval carried): an average over the trace's hits, not the marginal cost of each. Load, by the tier's kind
+(:data:`kvcli.replay.tiers.KINDS`): ``gpu`` 0 (the prefix cache is in device memory); ``host`` its bytes at the
+device's load rate (``--hardware``'s host link or ``--prefill-profile``'s measured rate; else this machine's
+measured deserialize time per chunk); any other tier a store across the network, priced as the replay's Redis
+(the network model's round trip per request and bytes at link speed, or the server's measured rates), plus the
+host part.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from kvcli.errors import BadInputError
+from kvcli.replay.bill import Prices, bill, check_prices
+from kvcli.replay.curve import CurveResult
+from kvcli.replay.network import DeviceRates, Link, ServerRates
+from kvcli.replay.optimal import optimal_curve, optimal_hits
+from kvcli.replay.policies import simulate_policy
+from kvcli.replay.savings import Interval
+from kvcli.replay.stream import ChunkStream
+from kvcli.replay.tiers import TierSpec, check_tiers, simulate_tiers
+
+OPTIMAL_POINTS = 24
+"""About this many log-spaced capacities (:meth:`CurveResult.capacities`) get the optimal bound: one pass each."""
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the planner runs (built at the CLI edge): ``tiers`` fastest first, ``optimal``, ``admit_after`` (1:
+    store every new chunk), ``policies`` (beside LRU; empty: none), ``prices`` (None: no bill)."""
+
+    tiers: tuple[TierSpec, ...] = ()
+    optimal: bool = False
+    admit_after: int = 1
+    policies: tuple[str, ...] = ()
+    prices: Prices | None = None
+
+    def __post_init__(self) -> None:
+        """Raises BadInputError (naming the option): ``admit_after`` < 1, two tiers of one name, a per-GB price of
+        a tier not given."""
+        if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, int) or self.admit_after < 1:
+            raise BadInputError(f"--admit-after must be a count >= 1, got {self.admit_after!r}")
+        check_tiers(self.tiers)
+        check_prices(self.prices, [t.name for t in self.tiers])
+
+    @property
+    def wanted(self) -> bool:
+        """Anything to run (the curve then keeps its chunk ids)."""
+        return bool(self.tiers or self.optimal or self.admit_after > 1 or self.policies)
+
+
+@dataclass
+class PlanResult:
+    """One chunk size's plan, JSON-ready through :meth:`to_dict` (capacities in chunks, tokens and payload bytes;
+    seconds; $). Fields left empty were not asked for."""
+
+    chunk_size: int
+    payload_bytes_per_chunk: int
+    capacity_chunks: int
+    capacity_source: str
+    tiers: list[dict] = field(default_factory=list)
+    tier_hit_tokens: int | None = None
+    optimal_points: list[dict] = field(default_factory=list)
+    gap: dict | None = None
+    admission: dict | None = None
+    policies: list[dict] = field(default_factory=list)
+    bill: dict | None = None
+    slow_tiers: list[str] = field(default_factory=list)  # tiers whose loads cost more than their recompute
+    memory_bytes: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return dict(self.__dict__)
+
+
+def chosen_capacity(options: PlanOptions, curve: CurveResult, capacity_chunks: int | None) -> tuple[int, str]:
+    """The chosen capacity in chunks and what chose it (module docstring)."""
+    if options.tiers:
+        t = options.tiers[0]
+        return t.chunks(curve.chunk_size, curve.payload_bytes_per_chunk), f"the first tier ({t.name})"
+    if capacity_chunks is not None:
+        return capacity_chunks, "the replay's capacity"
+    c = curve.capacity_for(0.9)
+    return (c or 0), "the LRU's capacity for 90% of unlimited hits"
+
+
+def plan(stream: ChunkStream, curve: CurveResult, options: PlanOptions, capacity_chunks: int | None) -> PlanResult:
+    """Run what ``options`` asks for over ``stream`` (one chunk size's requests), next to its LRU ``curve``;
+    ``capacity_chunks``: the replay's own capacity at this chunk size (None: unlimited)."""
+    t0 = time.perf_counter()
+    cs, pb = curve.chunk_size, curve.payload_bytes_per_chunk
+    cap, source = chosen_capacity(options, curve, capacity_chunks)
+    out = PlanResult(cs, pb, cap, source, memory_bytes=stream.nbytes)
+    caps = [t.chunks(cs, pb) for t in options.tiers] or [cap]
+    if options.tiers:
+        counts = simulate_tiers(stream, caps, options.admit_after)
+        out.tiers = [{**t.to_dict(), "capacity_chunks": c, "capacity_payload_bytes": c * pb, "hit_tokens": tok,
+                      "hit_chunks": hit, "hit_requests": req, "bytes_read": hit * pb, "bytes_written": w * pb}
+                     for t, c, tok, hit, req, w in zip(options.tiers, caps, counts.hit_tokens, counts.hit_chunks,
+                                                       counts.hit_requests, counts.written_chunks)]
+        out.tier_hit_tokens = counts.total_hit_tokens
+    if options.admit_after > 1:
+        always, admit = simulate_tiers(stream, caps), simulate_tiers(stream, caps, options.admit_after)
+        out.admission = {"admit_after": options.admit_after, "capacity_chunks": caps,
+                         "hit_tokens_always": always.total_hit_tokens, "hit_tokens_admitted": admit.total_hit_tokens,
+                         "bytes_written_always": sum(always.written_chunks) * pb,
+                         "bytes_written_admitted": sum(admit.written_chunks) * pb,
+                         "new_chunks": admit.new_chunks, "new_chunks_admitted": admit.admitted_new_chunks}
+    if options.optimal:
+        unlimited = (int(curve.hit_chunks_by_capacity[-1]), int(curve.whole_hits_by_capacity[-1]))
+        points = sorted({int(c) for c in curve.capacities(OPTIMAL_POINTS)} | {min(cap, curve.distinct_chunks)})
+        for c, (hits, whole) in zip(points, optimal_curve(stream, points, unlimited)):
+            out.optimal_points.append({"capacity_chunks": c, "capacity_tokens": c * cs,
+                                       "capacity_payload_bytes": c * pb, "lru_hit_tokens": curve.hit_tokens(c),
+                                       "optimal_hit_tokens": hits * cs - whole})
+        at = next(p for p in out.optimal_points if p["capacity_chunks"] == min(cap, curve.distinct_chunks))
+        lru, opt, unl = at["lru_hit_tokens"], at["optimal_hit_tokens"], curve.unlimited_hit_tokens
+        out.gap = {"capacity_chunks": cap, "lru_hit_tokens": lru, "optimal_hit_tokens": opt,
+                   "unlimited_hit_tokens": unl, "policy_gap_tokens": opt - lru, "capacity_gap_tokens": unl - opt}
+    if options.policies:
+        for name in options.policies:
+            p = simulate_policy(stream, name, cap)
+            out.policies.append({"policy": name, "capacity_chunks": cap, "hit_tokens": p.hit_tokens(cs),
+                                 "bytes_written": p.written_chunks * pb, "skipped": p.skipped})
+        if options.optimal:
+            hits, whole = optimal_hits(stream, cap)
+            out.policies.append({"policy": "optimal (offline)", "capacity_chunks": cap,
+                                 "hit_tokens": hits * cs - whole, "bytes_written": None, "skipped": ""})
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def price_plan(plan_result: PlanResult, saved: Interval, hit_tokens: int, load_seconds, span_seconds: float | None,
+               prices: Prices | None) -> None:
+    """Fill each tier's ``load_seconds`` and ``recompute_seconds`` (``{value, low, high}``), the slow tiers, and the
+    bill (module docstring; :func:`kvcli.replay.bill.bill`).
+
+    Args:
+        plan_result: the chunk size's plan (changed in place).
+        saved: the replay's saved prefill seconds at this chunk size; ``hit_tokens``: its hit tokens.
+        load_seconds: a function of (tier dict) -> seconds to load that tier's hits.
+        span_seconds: the trace's span (None: no timestamps).
+        prices: ``--price`` (None: no bill).
+    """
+    per_token = Interval(*(x / hit_tokens for x in (saved.value, saved.low, saved.high))) if hit_tokens else None
+    for tier in plan_result.tiers:
+        tier["load_seconds"] = load_seconds(tier)
+        tier["recompute_seconds"] = (None if per_token is None else Interval(
+            *(x * tier["hit_tokens"] for x in (per_token.value, per_token.low, per_token.high))).to_dict())
+        rec = tier["recompute_seconds"]
+        if rec is not None and tier["hit_tokens"] and tier["load_seconds"] > rec["value"]:
+            plan_result.slow_tiers.append(tier["name"])
+    if prices is None:
+        return
+    tokens = plan_result.tier_hit_tokens if plan_result.tiers else hit_tokens
+    tier_saved = saved if per_token is None or not plan_result.tiers else Interval(
+        *(x * (tokens or 0) for x in (per_token.value, per_token.low, per_token.high)))
+    sizes = {t["name"]: t["capacity_payload_bytes"] for t in plan_result.tiers}
+    plan_result.bill = bill(tier_saved, span_seconds, sizes, prices)
+
+
+def tier_load_seconds(tier: dict, value_bytes: int, rate: ServerRates, link: Link | None,
+                      device: DeviceRates | None) -> float:
+    """Seconds to load one tier's hits (``tier``: a :attr:`PlanResult.tiers` entry) onto the device (module
+    docstring): ``gpu`` 0; ``host`` its payload bytes at ``device``'s load rate (None: this machine's measured
+    deserialize time per chunk, ``rate``); another tier also the wire: ``link`` (one round trip per request that
+    reads from it, ``value_bytes`` per chunk at link speed) or, without one, the server's measured rates."""
+    chunks, requests = tier["hit_chunks"], tier["hit_requests"]
+    if tier["kind"] == "gpu" or not chunks:
+        return 0.0
+    pb = tier["capacity_payload_bytes"] // max(tier["capacity_chunks"], 1)
+    host = chunks * pb / device.load_bytes_per_second if device is not None else chunks * rate.deserialize_seconds
+    if tier["kind"] == "host":
+        return host
+    wire = (link.seconds(chunks * value_bytes, requests) if link is not None
+            else requests * rate.get_round_trip_seconds + chunks * rate.get_seconds)
+    return wire + host

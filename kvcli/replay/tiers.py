@@ -1,0 +1,179 @@
+"""A hierarchy of KV-cache tiers (``--tier NAME=SIZE``, fastest first), simulated over one chunk size's requests.
+
+The model (one serving node; each tier its own :class:`~kvcli.store.lru.ChunkLru`, the replay's one LRU with its
+deepest-first touch order):
+
+- Lookup, tier by tier in prefix order: tier 1 serves the longest run of the request's chunks it holds from chunk
+  0; the run continues in tier 2 from the first chunk tier 1 missed, and so on; the request's hit run ends where
+  the last tier misses. (LMCache's ``StorageManager`` looks its backends up this way, each from where the one
+  before it stopped.) A tier is never asked again for chunks past a slower tier's run.
+- Promotion: a chunk served by a slower tier is copied into every faster tier (LMCache writes a remote hit into its
+  local CPU backend; vLLM loads an offloaded block back into the GPU's prefix cache).
+- Write-through: every newly computed chunk is written to every tier (LMCache stores to each configured backend).
+  With ``admit_after`` N, a new chunk is written only from its N-th request on (the requests holding it, this one
+  included); a chunk's count never exceeds its prefix's, so the admitted new chunks are a run from the hit run's end.
+- Touches: tier ``i`` touches (``ChunkLru.store``) the request's chunks from where its lookup started to the end of
+  what is kept: its own hits, the promoted chunks and the new ones. Chunks a faster tier served are not touched in
+  it (the engine never asks it for them), so the tiers' contents are not nested in general.
+
+Where engines differ: vLLM's CPU offloading (``OffloadingConnector``) and SGLang HiCache keep the host tier as a
+store of what the GPU evicts or writes back rather than write-through at compute time (HiCache's default
+``write_through`` policy does write through; ``write_back`` writes on eviction); an engine whose host tier only
+takes GPU evictions holds fewer duplicates, so this model's host tier is the conservative one for capacity.
+
+One tier equals the replay's LRU at that capacity, chunk for chunk (the same ``ChunkLru``, fed the same requests).
+Hit tokens follow the replay's rule: a prompt made only of full chunks that hits them all reuses one token less
+(the engine computes the last token); that token is taken from the tier that served the last chunk.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvcli.errors import BadInputError
+from kvcli.replay.stream import ChunkStream
+from kvcli.store.lru import ChunkLru
+from kvcli.units import parse_capacity
+
+KINDS = {"gpu": "gpu", "hbm": "gpu", "host": "host", "cpu": "host", "dram": "host"}
+"""Tier names with a known place (and price of a load); any other name (``redis``, ``valkey``, ``shared``...) is a
+store across the network, loaded as the replay's Redis is."""
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One ``--tier NAME=SIZE``: a name and a size in tokens or in bytes of the model's KV (exactly one is set)."""
+
+    name: str
+    tokens: int | None = None
+    bytes: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """"gpu", "host" or "remote" (:data:`KINDS`)."""
+        return KINDS.get(self.name.lower(), "remote")
+
+    def chunks(self, chunk_size: int, payload_bytes_per_chunk: int) -> int:
+        """Capacity in whole chunks at this chunk size (tokens // chunk_size, or bytes // payload bytes per chunk)."""
+        if self.bytes is not None:
+            return self.bytes // max(payload_bytes_per_chunk, 1)
+        assert self.tokens is not None
+        return self.tokens // chunk_size
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {"name": self.name, "kind": self.kind, "size_tokens": self.tokens, "size_bytes": self.bytes}
+
+
+def parse_tier(text: str) -> TierSpec:
+    """``NAME=SIZE``: SIZE in tokens (``3M tokens``, ``250000``) or bytes of the model's KV (``80GB``, ``1TiB``),
+    read by :func:`kvcli.units.parse_capacity` (the one size parser).
+
+    Raises:
+        BadInputError: no ``=``, an empty or odd name, an unreadable, zero or unlimited size (message names --tier).
+    """
+    name, sep, size = text.partition("=")
+    name = name.strip()
+    if not sep or not name or not all(c.isalnum() or c in "-_" for c in name):
+        raise BadInputError(f"--tier must be NAME=SIZE (e.g. gpu=40GB, host=2M tokens), got {text!r}")
+    in_bytes = []
+
+    def per_token() -> int:  # called by the parser only for a size in bytes: then it is kept in bytes
+        in_bytes.append(True)
+        return 1
+
+    try:
+        value = parse_capacity(size, per_token)
+    except BadInputError as exc:
+        raise BadInputError(f"--tier {name}: {exc}") from None
+    if value is None or value <= 0:
+        raise BadInputError(f"--tier {name}: the size must be a positive number of tokens or bytes, got {size!r}")
+    return TierSpec(name, None, value) if in_bytes else TierSpec(name, value, None)
+
+
+def check_tiers(tiers: Sequence[TierSpec]) -> None:
+    """Raise BadInputError (naming --tier) when two tiers share a name."""
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise BadInputError(f"--tier names must differ, got {', '.join(names)}")
+
+
+@dataclass(frozen=True)
+class TierCounts:
+    """What each tier did over a stream (lists in tier order, fastest first).
+
+    Attributes:
+        capacity_chunks: each tier's capacity in chunks.
+        hit_chunks: chunks each tier served (they add up to the hierarchy's hit chunks).
+        hit_tokens: tokens each tier served (``hit_chunks * chunk_size`` less one per whole-prompt hit whose last
+            chunk it served); they add up to the hierarchy's hit tokens.
+        hit_requests: requests that read at least one chunk from each tier.
+        written_chunks: chunks written into each tier (new ones and promotions).
+        admitted_new_chunks / new_chunks: newly computed chunks kept (written to the tiers) / computed, over the trace.
+    """
+
+    capacity_chunks: list[int]
+    hit_chunks: list[int]
+    hit_tokens: list[int]
+    hit_requests: list[int]
+    written_chunks: list[int]
+    admitted_new_chunks: int
+    new_chunks: int
+
+    @property
+    def total_hit_tokens(self) -> int:
+        """The hierarchy's hit tokens."""
+        return sum(self.hit_tokens)
+
+
+def simulate_tiers(stream: ChunkStream, capacities: Sequence[int], admit_after: int = 1) -> TierCounts:
+    """Replay ``stream`` through tiers of ``capacities`` chunks (fastest first; module docstring).
+
+    Args:
+        stream: one chunk size's requests as chunk ids.
+        capacities: chunks per tier, each >= 0.
+        admit_after: a new chunk is written to the tiers from its ``admit_after``-th request on (1: always).
+
+    Raises:
+        ValueError: no tier, a negative capacity or ``admit_after`` < 1.
+    """
+    if not capacities:
+        raise ValueError("at least one tier")
+    if admit_after < 1:
+        raise ValueError(f"admit_after must be >= 1, got {admit_after}")
+    lrus = [ChunkLru(c) for c in capacities]
+    m, cs = len(lrus), stream.chunk_size
+    hit, whole_of, hit_req, written = [0] * m, [0] * m, [0] * m, [0] * m
+    seen: Counter | None = Counter() if admit_after > 1 else None
+    new_total = admitted_total = 0
+    flat, cuts, tokens = stream.lists()
+    starts = [0] * m
+    for r, n_tokens in enumerate(tokens):
+        h = flat[cuts[r]:cuts[r + 1]]
+        n = len(h)
+        p = last = 0
+        for i, lru in enumerate(lrus):
+            starts[i] = p
+            k = lru.match(h[p:] if p else h) if p < n else 0  # type: ignore[arg-type]  # ids stand for hashes
+            if k:
+                hit[i] += k
+                hit_req[i] += 1
+                p += k
+                last = i
+        end = n
+        if seen is not None:
+            seen.update(h)
+            end = p
+            while end < n and seen[h[end]] >= admit_after:
+                end += 1
+        new_total += n - p
+        admitted_total += end - p
+        if p == n and n and n_tokens == n * cs:
+            whole_of[last] += 1
+        for i, lru in enumerate(lrus):
+            if starts[i] < end:
+                new, _ = lru.store(h[starts[i]:end] if starts[i] or end < n else h)  # type: ignore[arg-type]
+                written[i] += len(new)
+    return TierCounts(list(capacities), hit, [c * cs - w for c, w in zip(hit, whole_of)], hit_req, written,
+                      admitted_total, new_total)
