@@ -22,7 +22,7 @@ SCHEMA_VERSION = 2  #: the JSON documents' layout: a reader checks it before it 
 #: Bytes per element of the dtypes kvcli handles, by torch's name: known without importing torch (~1 s, ~200 MiB),
 #: so a command that never computes with tensors (an index-only replay) never loads it.
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1, "int16": 2,
-               "int32": 4, "int64": 8}
+               "int32": 4, "int64": 8, "float8_e4m3fn": 1}
 
 
 def dtype_key(dtype) -> str:

@@ -22,11 +22,13 @@ from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
     TRACES_HELP,
+    AddSpecialTokens,
     Device,
     DropTailBlock,
     Dtype,
     HashBlockTokens,
     JsonOut,
+    KvDtype,
     Model,
     RedisTimeout,
     RedisUrl,
@@ -132,6 +134,7 @@ def replay(
     redis_url: RedisUrl = None,
     model: Model = "cpu",
     dtype: Dtype = None,
+    kv_dtype: KvDtype = "auto",
     device: Device = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'. auto: 2, or 0 "
                                               "with --hardware or --prefill-profile (prefill priced "
@@ -179,6 +182,7 @@ def replay(
     timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False,
     skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
     limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
                                                           "`kvcli warm` filled) as hits; it is read, never "
@@ -256,7 +260,8 @@ def replay(
         measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
         layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,
-        priced=options.priced, plan=plan_options(tier, optimal, admit_after, policy, price))
+        priced=options.priced, plan=plan_options(tier, optimal, admit_after, policy, price),
+        kv_dtype=kv_dtype)
     _check_run(config, jobs, plot)
     timeout = timeout_seconds(redis_timeout)
     with _ReplayConsole() as events:
@@ -264,7 +269,8 @@ def replay(
         events.phase(f"connecting to Redis at {mask_url(url)}" if url else "starting the embedded Redis server")
         with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target):
             results, context = run_replay(client, target, files, config, options, trace_format(
-                fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records), tokenizer, events,
+                fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens),
+                tokenizer, events,
                 jobs, ray)
     _show_replay(results, context, plot, json_out)
 

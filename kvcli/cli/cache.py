@@ -21,12 +21,14 @@ from rich.text import Text
 from kvcli.cli.options import (
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
+    AddSpecialTokens,
     ChunkSizes,
     Device,
     DropTailBlock,
     Dtype,
     HashBlockTokens,
     JsonOut,
+    KvDtype,
     Model,
     RedisTimeout,
     RedisUrl,
@@ -66,6 +68,7 @@ def warm(
                                                  "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
     namespace: Namespace = "default", chunk_size: ChunkSizes = DEFAULT_CHUNK_SIZES, model: Model = "cpu",
     dtype: Dtype = None, device: Device = "auto", threads: Threads = 1, seed: Seed = 0, tokenizer: Tokenizer = None,
+    kv_dtype: KvDtype = "auto",
     fmt: Format = "auto", ttl: Annotated[Optional[int], typer.Option(help="Expire written chunks after SECONDS.", min=1,
                                                max=10**15)] = None,  # Redis refuses EX beyond ~9.2e15 s
     dry_run: Annotated[bool, typer.Option(help="Write nothing; report what would be written.")] = False,
@@ -76,6 +79,7 @@ def warm(
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
 ) -> None:
     """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
 
@@ -98,11 +102,12 @@ def warm(
 
     check_count("--threads", threads)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
-    config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify)
+    config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify,
+                        kv_dtype=kv_dtype)
     timeout = timeout_seconds(redis_timeout)
     say = lambda line: err.print(line, markup=False, highlight=False)  # noqa: E731
     requests = read_prompts(sources, trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block,
-                                                  skip_bad_records), tok, notify=say)
+                                                  skip_bad_records, add_special_tokens), tok, notify=say)
     spec = resolve_spec(model, dtype, seed)
     with torch_threads(None if dry_run else threads):
         local = None if dry_run else load_model(model, dtype, device, seed)

@@ -9,6 +9,7 @@ import typer
 from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
+    AddSpecialTokens,
     DropTailBlock,
     Dtype,
     HashBlockTokens,
@@ -55,6 +56,7 @@ def explain(
     fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
     json_out: JsonOut = False,
 ) -> None:
     """Why each request reused what it did at one chunk size: its prompt tokens split into reused and lost, by
@@ -83,7 +85,8 @@ def explain(
     config = explain_config(cs, model, dtype, tokenizer, capacity_tokens, parse_size(capacity_bytes), ttl,
                             ttl_refresh)
     hashes = block_hash_scheme(hash_scheme, config, hash_seed)
-    spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
+                        add_special_tokens)
     if namespace is None:
         explained = explain_traces(traces, spec, tokenizer, config, request, model)
     else:

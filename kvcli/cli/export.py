@@ -9,6 +9,7 @@ from rich.console import Console
 
 from kvcli.cli.options import (
     TRACE_FORMATS_HELP,
+    AddSpecialTokens,
     DropTailBlock,
     HashBlockTokens,
     SkipBadRecords,
@@ -36,6 +37,7 @@ def export(
     tokenizer: Tokenizer = None,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
 ) -> None:
     """Write an anonymized hash-id trace of TRACE...: chained HMAC-SHA256 block digests (under --key-file) numbered
     0, 1, 2, ...; no text and no token ids; lengths, timestamps and sessions kept. Replaying it gives the original's
@@ -53,7 +55,8 @@ def export(
     from kvcli.traces.paths import expand_paths, stdin_paths
 
     err = Console(stderr=True, soft_wrap=True)
-    fmt = trace_format(input_format, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    fmt = trace_format(input_format, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
+                       add_special_tokens)
     block = block_size if block_size is not None else EXPORT_FORMATS.get(out_format, (1, 1))[0]
     key, created = load_key(key_file)
     known = read_id_map(id_map)

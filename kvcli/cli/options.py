@@ -1,6 +1,6 @@
 """Options that several commands share, each declared once with its parser: ``--redis-url``, ``--redis-timeout``,
 ``--chunk-sizes`` (a comma list) and the local model's ``--model``, ``--dtype``, ``--device``, ``--threads``,
-``--tokenizer``, plus ``--json``, and what every command that reads traces accepts about hash-id traces
+``--tokenizer``, ``--kv-dtype``, plus ``--json``, and what every command that reads traces accepts about hash-id traces
 (``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``, ``--skip-bad-records``: :func:`trace_format`).
 
 Each is an ``Annotated`` type for a command's signature (``redis_url: RedisUrl = None``). Where a command says
@@ -56,6 +56,11 @@ Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tok
                                                        "(default: the --model folder's own, else cl100k_base).",
                                                   show_default=False)]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+KvDtype = Annotated[str, typer.Option(
+    "--kv-dtype", metavar="auto|fp8",
+    help="Dtype of the stored KV payloads, as engines' --kv-cache-dtype: auto (the model's --dtype, bit-exact) or "
+         "fp8 (float8_e4m3fn with a float32 scale per layer for K and for V in each chunk: half of bf16's bytes; "
+         "cached prefills run on the dequantized KV and the report gives their largest logit difference).")]
 
 TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent, openai-batch, "
                       "gateway, lines.")
@@ -75,6 +80,11 @@ DropTailBlock = Annotated[bool, typer.Option(
     "--drop-tail-block", rich_help_panel=HASH_IDS_PANEL,
     help="Make each request's last hash id its own, never shared (Bailian: a request's last block id can change "
          "once decoding starts): hits fall by at most one block per request; prompt lengths stay.")]
+AddSpecialTokens = Annotated[bool, typer.Option(
+    "--add-special-tokens/--no-add-special-tokens",
+    help="Whether a text prompt gets the tokenizer's special tokens (a BOS), as vLLM's /v1/completions adds them by "
+         "default. Off for prompts that already hold the rendered chat template (and its BOS): their tokens then "
+         "equal the same conversation sent as messages. A record's own add_special_tokens (true/false) wins.")]
 SkipBadRecords = Annotated[bool, typer.Option(
     "--skip-bad-records", rich_help_panel=HASH_IDS_PANEL,
     help="Skip (and count, in the report's notes) a hash-id record that fails its checks, instead of stopping "
@@ -132,15 +142,17 @@ def timeout_seconds(text: str) -> float:
 
 
 def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str | None = None,
-                 drop_tail_block: bool = False, skip_bad_records: bool = False):
+                 drop_tail_block: bool = False, skip_bad_records: bool = False, add_special_tokens: bool = True):
     """The format argument every trace reader takes (:func:`kvcli.traces.detect.read_trace`): ``fmt`` itself when
-    no hash-id option was given, else a :class:`kvcli.traces.hashids.TraceFormat` carrying them.
+    no hash-id option and no ``--no-add-special-tokens`` was given, else a :class:`kvcli.traces.hashids.TraceFormat`
+    carrying them.
 
     Raises:
         BadInputError: ``--hash-block-tokens`` < 1, an unknown ``--timestamp-unit``.
     """
-    if block_tokens is None and timestamp_unit is None and not drop_tail_block and not skip_bad_records:
+    if (block_tokens is None and timestamp_unit is None and not drop_tail_block and not skip_bad_records
+            and add_special_tokens):
         return fmt
     from kvcli.traces.hashids import TraceFormat
 
-    return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens)

@@ -13,6 +13,7 @@ from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
     TRACES_HELP,
+    AddSpecialTokens,
     DropTailBlock,
     HashBlockTokens,
     SkipBadRecords,
@@ -94,6 +95,7 @@ def route(
     fmt: Annotated[str, Opt("--format", help=TRACE_FORMATS_HELP, rich_help_panel=IO)] = "auto",
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
     tokenizer: Annotated[Optional[str], Opt(help="tiktoken encoding or tokenizer folder for text prompts (default: "
                                              "the --model folder's own, else cl100k_base).", show_default=False,
                                              rich_help_panel=IO)] = None,
@@ -157,7 +159,8 @@ def route(
             for path in files:
                 name, notes = Path(display_name(path)).name, []
                 track = lambda it, name=name: bar.track(it, description=f"hashing {name}")  # noqa: E731
-                read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+                read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
+                                       add_special_tokens)
                 requests = load_requests(path, read_as, resolve_tokenizer(tokenizer, model), size, limit, track)
                 order = arrival_order([r.timestamp for r in requests]) if rate is None else None
                 if order is not None:  # simulated in timestamp order (as replay and warm take it): say so

@@ -8,6 +8,7 @@ import typer
 
 from kvcli.cli.options import (
     TRACE_FORMATS_HELP,
+    AddSpecialTokens,
     DropTailBlock,
     HashBlockTokens,
     JsonOut,
@@ -25,6 +26,7 @@ def stats(
     tokenizer: Tokenizer = None,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
     json_out: JsonOut = False,
 ) -> None:
     """The workload at a glance, without Redis: requests, sessions, prompt-length percentiles, the share of prompt
@@ -46,7 +48,8 @@ def stats(
         from kvcli.errors import BadInputError
 
         raise BadInputError(f"--top must be >= 0, got {top}")
-    spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records)
+    spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
+                        add_special_tokens)
     reports = trace_reports(traces, spec, tokenizer, top)
     if json_out:
         typer.echo(json_document("stats", to_body(reports), indent=1))

@@ -48,6 +48,7 @@ from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.judge import ACCOUNTED, MISSING, USABLE, WRONG_TYPE, judge
 from kvcli.store.preflight import CHUNK_KEY_TAIL, Preflight, evicted_since, keys_bytes, preflight, server_memory
 from kvcli.store.records import StoreConfig
+from kvcli.store.serde import check_kv_dtype
 from kvcli.traces.request import Request
 
 
@@ -59,6 +60,7 @@ class WarmConfig:
 
     ``chunk_sizes`` is deduplicated (first occurrence kept): ``(16, 16)`` is one store, counted once.
     ``tokenizer`` is the tokenizer's identity (``Tokenizer.name``) that goes into the chunk hashes.
+    ``kv_dtype``: the payloads' dtype when not the model's (``--kv-dtype fp8``: :mod:`kvcli.store.serde`).
     """
 
     namespace: str = "default"
@@ -70,9 +72,11 @@ class WarmConfig:
     batch_bytes: int = 8 << 20
     batch_chunks: int = 64
     verify: bool = False
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(self.chunk_sizes)))
+        object.__setattr__(self, "kv_dtype", check_kv_dtype(self.kv_dtype))
 
 
 @dataclass
@@ -164,7 +168,8 @@ class _Plan:
 def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> list[ChunkStore]:
     """One :class:`ChunkStore` per chunk size: real payloads, the run's namespace, tokenizer and TTL."""
     return [ChunkStore(client, StoreConfig(config.namespace, cs, spec.model_id, config.tokenizer, spec.kv_shape,
-                                           spec.dtype, ttl=config.ttl)) for cs in config.chunk_sizes]
+                                           spec.dtype, ttl=config.ttl, kv_dtype=config.kv_dtype))
+            for cs in config.chunk_sizes]
 
 
 def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None, verify: bool = False) -> _Plan:

@@ -80,9 +80,19 @@ class HFTokenizer(Tokenizer):
         """Token ids of ``text`` with no special tokens added. Returns ``[tokens]`` ``'<u4'``."""
         return np.array(self._tok.encode(text, add_special_tokens=False), dtype=TOKEN_DTYPE)
 
-    def encode_prompt(self, text: str) -> np.ndarray:
-        """Token ids of a completion prompt: the tokenizer's special tokens added (e.g. BOS), as vLLM does."""
-        return np.array(self._tok.encode(text, add_special_tokens=True), dtype=TOKEN_DTYPE)
+    def encode_prompt(self, text: str, add_special_tokens: bool | None = None) -> np.ndarray:
+        """Token ids of a completion prompt: the tokenizer's special tokens added (e.g. BOS), as vLLM does, unless
+        ``add_special_tokens`` is False (None: :attr:`add_special_tokens`)."""
+        add = self.add_special_tokens if add_special_tokens is None else add_special_tokens
+        return np.array(self._tok.encode(text, add_special_tokens=add), dtype=TOKEN_DTYPE)
+
+    @property
+    def prompt_bos_id(self) -> int | None:
+        """The BOS id the tokenizer puts in front of a prompt when it adds special tokens (Llama 3's
+        ``<|begin_of_text|>``), or None (Qwen's tokenizers add none)."""
+        bos = self._tok.bos_token_id
+        head = self._tok.encode("", add_special_tokens=True)
+        return bos if bos is not None and head[:1] == [bos] else None
 
     def decode(self, token_ids) -> str:
         """Text of ``token_ids`` (special tokens kept)."""

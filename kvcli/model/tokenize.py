@@ -208,6 +208,19 @@ def lazy_tokenizer(tokenizer: str | Tokenizer) -> tuple[str | Tokenizer, str]:
     return tokenizer, tokenizer
 
 
+def prompt_tokenizer(tokenizer: str | Tokenizer, add_special_tokens: bool) -> str | Tokenizer:
+    """``tokenizer`` as the trace readers take it, with text prompts encoded with or without its special tokens
+    (``--no-add-special-tokens``): unchanged when they are added (the default) or for a tiktoken name (tiktoken
+    adds none); else the loaded tokenizer's copy that adds none (:meth:`Tokenizer.with_special_tokens`).
+
+    Raises:
+        BadInputError: as :func:`get_tokenizer`.
+    """
+    if add_special_tokens or (isinstance(tokenizer, str) and not is_tokenizer_path(tokenizer)):
+        return tokenizer
+    return get_tokenizer(tokenizer).with_special_tokens(False)
+
+
 def get_tokenizer(name: str | Tokenizer = DEFAULT_TOKENIZER) -> Tokenizer:
     """The tokenizer called ``name``, loaded once per process and cached (a :class:`Tokenizer` is returned as is).
 

@@ -8,6 +8,7 @@ Token ids are always a 1-D little-endian ``uint32`` array (``'<u4'``, :data:`TOK
 """
 from __future__ import annotations
 
+import copy
 import json
 from abc import ABC, abstractmethod
 from typing import Any
@@ -51,6 +52,9 @@ class Tokenizer(ABC):
 
     name: str
     n_vocab: int
+    #: whether :meth:`encode_prompt` adds the tokenizer's special tokens by default (``--no-add-special-tokens``:
+    #: a copy made by :meth:`with_special_tokens`); part of neither the name nor the chunk hashes
+    add_special_tokens: bool = True
 
     @abstractmethod
     def encode(self, text: str) -> np.ndarray:
@@ -60,10 +64,26 @@ class Tokenizer(ABC):
             ``[tokens]`` ``'<u4'`` array (a fresh array; empty for ``""``).
         """
 
-    def encode_prompt(self, text: str) -> np.ndarray:
+    def encode_prompt(self, text: str, add_special_tokens: bool | None = None) -> np.ndarray:
         """Token ids of a whole completion prompt as a serving engine tokenizes it (vLLM's ``/v1/completions``:
-        the tokenizer's own special tokens added, e.g. a BOS). Default: :meth:`encode`."""
+        the tokenizer's own special tokens added, e.g. a BOS, unless the request's ``add_special_tokens`` is false;
+        None: :attr:`add_special_tokens`). Default: :meth:`encode` (no special tokens to add)."""
         return self.encode(text)
+
+    @property
+    def prompt_bos_id(self) -> int | None:
+        """The token id :meth:`encode_prompt` puts in front of every prompt when it adds special tokens (a BOS),
+        or None when it adds none."""
+        return None
+
+    def with_special_tokens(self, add: bool) -> Tokenizer:
+        """This tokenizer, with :meth:`encode_prompt` adding special tokens by default or not (a shallow copy when
+        that changes; the same name)."""
+        if add == self.add_special_tokens:
+            return self
+        other = copy.copy(self)
+        other.add_special_tokens = add
+        return other
 
     @abstractmethod
     def decode(self, token_ids) -> str:

@@ -38,6 +38,7 @@ from kvcli.store.hashing import ChunkedPrompt, reusable_tokens
 from kvcli.store.kvstore import KVStore
 from kvcli.store.layout import is_real
 from kvcli.store.namespace import redis_memory
+from kvcli.store.serde import stored_as
 from kvcli.traces.request import Request
 
 Estimated = tuple[ChunkedPrompt, int, float | None]
@@ -264,7 +265,8 @@ class Lane:
         if not self._real:
             res.transfer_seconds_estimated += rate.get(inside)
             res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
-            return kv_full[:, :, :, :reusable_tokens(inside * cs, length)], inside
+            past = kv_full[:, :, :, :reusable_tokens(inside * cs, length)]
+            return stored_as(past, store.config.kv_dtype), inside  # what a retrieve would hand back
         got = store.retrieve(prompt, lookup=look.first(inside))
         start = end = got.hit_tokens // cs
         while got.break_reason == "no-payload" and end < inside and store.accounted(prompt, look, end):

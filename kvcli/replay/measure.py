@@ -112,15 +112,17 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
     ``(t_k - t_1) / (k - 1)`` and the round trip ``t_1 -`` that. Values over :data:`PROBE_CAP` are timed at that
     size and their per-chunk cost scaled by size (loopback transfers are bandwidth bound at that size).
     Deserialize is what a retrieve does per chunk: decode the header, checksum the tensor bytes
-    (xxh3_64), copy them into the prefix KV.
+    (xxh3_64), copy them into the prefix KV. With fp8 payloads (``kv_dtype``) serialize quantizes and deserialize
+    dequantizes a chunk's worth of model-dtype values (one per stored byte).
     """
     size = store.value_bytes
     k, probe = probe_plan(size, room)
     value = os.urandom(64) * (probe // 64) + os.urandom(probe % 64)
-    itemsize = dtype_bytes(store.config.dtype)
+    kv_dtype = store.config.kv_dtype
+    itemsize = dtype_bytes(store.config.stored_dtype)
     data = bytearray(value[:probe - probe % itemsize])
     with_torch = "torch" in sys.modules  # a replay that runs no model never loads torch (~1 s, ~200 MiB) for this
-    tensor = torch_frombuffer(data, store.config.dtype) if with_torch else None
+    tensor = probe_tensor(data, store.config.dtype, kv_dtype) if with_torch else None
     # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
     keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(k)]
     times: dict[tuple[str, int], list[float]] = {}
@@ -141,9 +143,9 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
                 times.setdefault(("get", len(batch)), []).append(t2 - t1)
         t3 = time.perf_counter()
         if tensor is not None:  # exactly when torch is loaded
-            encoded = encode_kv(tensor)
+            encoded = encode_kv(tensor, dtype=kv_dtype)
             t4 = time.perf_counter()
-            decoded, _ = decode_kv(encoded)
+            decoded, _ = decode_kv(encoded, store.config.dtype)
             xxhash.xxh3_64_digest(encoded[len(encoded) - decoded.numel() * itemsize:])
             decoded.clone()
         else:  # the same memory work without torch: header + one copy in, header parse + checksum + one copy out
@@ -168,10 +170,14 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
                        rates["set"][1], rates["get"][1])
 
 
-def torch_frombuffer(data: bytearray, dtype):
-    """A flat tensor of ``dtype`` over ``data`` (no copy)."""
+def probe_tensor(data: bytearray, dtype, kv_dtype: str | None):
+    """The calibration's tensor: a flat tensor of ``dtype`` over ``data`` (no copy); for a ``kv_dtype`` payload,
+    ``[1, 1, len(data)]`` normal values of ``dtype`` (random bytes may be NaN, which fp8 cannot scale), one per
+    stored byte."""
     import torch
 
+    if kv_dtype is not None:
+        return torch.randn(1, 1, len(data), generator=torch.Generator().manual_seed(0)).to(torch_dtype(dtype))
     return torch.frombuffer(data, dtype=torch_dtype(dtype))
 
 

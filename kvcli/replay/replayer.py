@@ -497,7 +497,8 @@ class Replayer:
         return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
-            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace), tolerate_unavailable=True, mark=mark)
+            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace, kv_dtype=cfg.kv_dtype),
+            tolerate_unavailable=True, mark=mark)
 
 def _purge_remedy(namespace: str) -> str:
     """How to remove what a run left in ``namespace`` when the replayer was given no ``remedy``."""

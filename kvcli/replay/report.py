@@ -234,8 +234,10 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     threads = context.get("torch_threads")
     threads = (f" ({threads} torch thread{'s' if threads != 1 else ''}, --threads)"
                if threads and context.get("device") == "cpu" else "")
+    scales = context.get("kv_scale_bytes_per_chunk")
+    kv_dtype = f"{context['kv_dtype']} (+ {scales:,} scale bytes per chunk) " if scales else ""
     console.print(f"model {context.get('model_id')}{source} on {context.get('device')}{threads}, KV "
-                  f"{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
+                  f"{kv_dtype}{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
                   f"{tok_source}; "
                   f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
                   f"{context.get('metadata_placement')}"

@@ -15,6 +15,7 @@ from kvcli.errors import BadInputError
 from kvcli.replay.network import Overheads
 from kvcli.replay.planner import PlanOptions
 from kvcli.replay.savings import Savings, Verdict
+from kvcli.store.serde import check_kv_dtype
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,9 @@ class ReplayConfig:
             measured on other hardware, a named accelerator's roofline) and every overhead from counts and rates
             (:func:`kvcli.replay.network.priced_overheads`), so the figures do not move with this machine's load;
             measured requests still run here, to check the KV path (real bytes retrieved, logits compared).
+        kv_dtype: the payloads' dtype when it is not the model's (``--kv-dtype``: "fp8" or "float8_e4m3fn",
+            kept as torch's name; :mod:`kvcli.store.serde`): every byte figure counts it, and measured requests'
+            cached prefills run on the dequantized KV (``max_logit_diff``). None (or "auto"): the model's dtype.
         plan: the capacity planner's options (:mod:`kvcli.replay.planner`: tiers, optimal bound, admission,
             policies, prices); it runs on the curve's chunk ids after the replay.
     """
@@ -84,6 +88,7 @@ class ReplayConfig:
     verify_sample: int = 64
     pipeline: int = 256
     priced: bool = False
+    kv_dtype: str | None = None
     plan: PlanOptions = PlanOptions()
 
     def __post_init__(self) -> None:
@@ -100,6 +105,7 @@ class ReplayConfig:
                 or not all(isinstance(cs, int) and not isinstance(cs, bool) and cs >= 1 for cs in sizes)):
             raise BadInputError(f"--chunk-sizes must be positive integers, got {sizes!r}")
         object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(sizes)))  # a size given twice counts once
+        object.__setattr__(self, "kv_dtype", check_kv_dtype(self.kv_dtype))
         if self.measure is not None and (isinstance(self.measure, bool) or not isinstance(self.measure, int)
                                          or self.measure < 0):
             raise BadInputError(f"--measure must be a count >= 0 or all (None), got {self.measure!r}")

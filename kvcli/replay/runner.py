@@ -32,7 +32,9 @@ from kvcli.replay.results import ReplayConfig, TraceResult, check_count, check_p
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
+from kvcli.store.serde import SCALE_BYTES
 from kvcli.store.server import INFO_REFUSED, RedisTarget
+from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import outline_trace, read_trace, trace_note
 from kvcli.traces.paths import display_name, expand_paths
 from kvcli.units import dtype_bytes, dtype_key
@@ -231,13 +233,15 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
             events.phase(f"trace {i} of {len(files)}: {name}")
             step = functools.partial(events.requests, Path(name).name)
             results.append(replayer.replay(name, TraceSource(path, fmt, tokenizer), step))
-            note = trace_note(path, fmt)
-            results[-1].notes += [note] if note else []
+            notes = (trace_note(path, fmt), trace_bos_note(path, fmt, lazy_tokenizer(tokenizer)[0]))
+            results[-1].notes += [note for note in notes if note]
             events.trace_done(results[-1])
     layers, two, heads, dim = spec.kv_shape
     context = {
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
-        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(spec.dtype), "tokenizer": tok_name,
+        "kv_dtype": config.kv_dtype or dtype_key(spec.dtype),
+        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(config.kv_dtype or spec.dtype),
+        "kv_scale_bytes_per_chunk": layers * two * SCALE_BYTES if config.kv_dtype else 0, "tokenizer": tok_name,
         "tokenizer_source": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),

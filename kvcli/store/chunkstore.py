@@ -103,10 +103,10 @@ class ChunkStore:
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
         self.cluster = is_cluster(client)
-        self.metadata = MetadataWriter(config.chunk_size, dtype_name(config.dtype), config.chunk_shape,
+        self.metadata = MetadataWriter(config.chunk_size, dtype_name(config.stored_dtype), config.chunk_shape,
                                        config.model_id, config.payload_bytes, config.header_bytes)
-        self.expected = Expected(config.model_id, dtype_name(config.dtype), config.chunk_shape, config.chunk_size,
-                                 config.payload_bytes, config.header_bytes)
+        self.expected = Expected(config.model_id, dtype_name(config.stored_dtype), config.chunk_shape,
+                                 config.chunk_size, config.payload_bytes, config.header_bytes)
         self._spaces = [self.prefix] + ([self.read_prefix] if self.read_prefix else [])
         self._scripts = scripts  # False once the server refused the lookup script: pipelined lookups from then on
         capacity = config.capacity_chunks
@@ -283,9 +283,9 @@ class ChunkStore:
     def retrieve(self, tokens, cache_salt: str = "", lookup: LookupResult | None = None) -> RetrieveResult:
         """Lookup (one round trip, skipped when ``lookup`` is given), then fetch the hit chunks' KV in one more.
 
-        Returns the KV ``[layers, 2, kv_heads, hit_tokens, head_dim]`` of the hit run, verified chunk by chunk
-        (:func:`~kvcli.store.judge.checked_tensor`): a missing payload or a failed checksum ends the run there, and
-        those chunks are never returned.
+        Returns the KV ``[layers, 2, kv_heads, hit_tokens, head_dim]`` of the hit run in the model's dtype (an fp8
+        payload dequantized), verified chunk by chunk (:func:`~kvcli.store.judge.checked_tensor`): a missing
+        payload or a failed checksum ends the run there, and those chunks are never returned.
         """
         prompt = self.chunker.prompt(tokens, cache_salt)
         found = lookup or self.lookup(prompt)
@@ -304,13 +304,14 @@ class ChunkStore:
             if payload is None:
                 reason = "no-payload"
                 break
-            tensor = checked_tensor(payload, meta[8:16], self.config.chunk_shape, self.expected.dtype)
+            tensor = checked_tensor(payload, meta[8:16], self.config.chunk_shape, self.expected.dtype,
+                                    self.config.dtype)
             self.stats.checksum_verified_chunks += 1
             if tensor is None:
                 reason = "checksum"
                 self.stats.checksum_failures += 1
                 break
-            size = tensor.numel() * tensor.element_size()
+            size = self.config.payload_bytes  # the stored bytes (checked above), not the dequantized tensor's
             tensors.append(tensor)
             data_bytes += size
             head_bytes += len(payload) - size
@@ -625,12 +626,14 @@ def chunk_payload(store: ChunkStore, chunk_kv: torch.Tensor) -> tuple[memoryview
     """One chunk's payload value as :meth:`ChunkStore.store` writes it, and the 8-byte checksum it records.
 
     Args:
-        chunk_kv: ``[layers, 2, kv_heads, chunk_size, head_dim]`` in the store's dtype (any device; a view is fine).
+        chunk_kv: ``[layers, 2, kv_heads, chunk_size, head_dim]`` in the store's dtype (any device; a view is fine);
+            quantized to the store's ``kv_dtype`` when it has one.
 
     Returns:
-        ``(value, checksum)``: ``header_bytes + payload_bytes`` bytes, and xxh3_64 of the tensor bytes.
+        ``(value, checksum)``: ``header_bytes + payload_bytes`` bytes, and xxh3_64 of the tensor bytes (an fp8
+        payload's scales included).
     """
-    value = encode_kv(chunk_kv, store.config.payload_metadata)
+    value = encode_kv(chunk_kv, store.config.payload_metadata, store.config.kv_dtype)
     return value, xxhash.xxh3_64_digest(value[store.config.header_bytes:])
 
 

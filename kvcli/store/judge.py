@@ -143,8 +143,10 @@ def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int 
 def payload_ok(value, checksum: bytes, shape: tuple[int, ...] | None, dtype: str | None = None) -> bool:
     """The one checksum verification, without torch: whether a payload value's header (:func:`~kvcli.store.serde.
     payload_layout`) says ``shape`` (``[layers, 2, kv_heads, chunk_size, head_dim]``; None: any) and ``dtype`` (its
-    safetensors name, "BF16"; None: any), and the xxh3_64 of its tensor bytes is ``checksum`` (8 bytes). A header
-    that lies about the dtype fails here, though its bytes match."""
+    safetensors name, "BF16", "F8_E4M3"; None: any), and the xxh3_64 of its tensor bytes (the KV's and, for fp8,
+    its ``kv_scale`` tensor's) is ``checksum`` (8 bytes). A header that lies about the dtype fails here, though its
+    bytes match; so does an fp8 payload without its scales, with scales of another shape or dtype, or with a scale
+    that is not a positive finite number (:func:`~kvcli.store.serde.payload_layout`)."""
     try:
         layout = payload_layout(value)
     except PayloadError:
@@ -153,16 +155,17 @@ def payload_ok(value, checksum: bytes, shape: tuple[int, ...] | None, dtype: str
         return False
     if dtype is not None and layout.safetensors_dtype != dtype:
         return False
-    return xxhash.xxh3_64_digest(memoryview(value).cast("B")[layout.start:layout.end]) == checksum
+    return xxhash.xxh3_64_digest(memoryview(value).cast("B")[layout.start:layout.data_end]) == checksum
 
 
 def checked_tensor(value, checksum: bytes, shape: tuple[int, ...] | None,
-                   dtype: str | None = None) -> torch.Tensor | None:
-    """The tensor of a payload value (no copy: it shares ``value``'s memory) when :func:`payload_ok` holds, else
-    None."""
+                   dtype: str | None = None, out_dtype=None) -> torch.Tensor | None:
+    """The tensor of a payload value when :func:`payload_ok` holds, else None: as stored, without a copy (it shares
+    ``value``'s memory), or for an fp8 payload dequantized to ``out_dtype`` (the model's dtype; None: float32;
+    :func:`~kvcli.store.serde.decode_kv`)."""
     if not payload_ok(value, checksum, shape, dtype):
         return None
-    tensor, _ = decode_kv(value)
+    tensor, _ = decode_kv(value, out_dtype)
     return tensor
 
 

@@ -64,7 +64,8 @@ class LMCacheStore:
     :meth:`lookup`, :meth:`retrieve`.
 
     Raises:
-        BadInputError: options the layout has no counterpart for (a read-only namespace, an LRU capacity, a TTL),
+        BadInputError: options the layout has no counterpart for (a read-only namespace, an LRU capacity, a TTL,
+            an fp8 payload),
             a namespace with '@', or a KV dtype LMCache's metadata record cannot name.
     """
 
@@ -76,6 +77,9 @@ class LMCacheStore:
         if config.capacity_tokens or config.capacity_bytes or config.ttl:
             raise BadInputError("a capacity or TTL is not supported with --layout lmcache (LMCache's Redis backend "
                                 "leaves eviction to the server)")
+        if config.kv_dtype is not None:
+            raise BadInputError("--kv-dtype fp8 stores kvcli's payload format (K and V scales with the KV); "
+                                "--layout lmcache replays LMCache's own, which has no scales: use --layout kvcli")
         if "@" in config.namespace:
             raise BadInputError(f"namespace {config.namespace!r}: LMCache's keys are split on '@'; use another name")
         self._dtype = torch_dtype(config.dtype)  # a name ("bfloat16") or a torch dtype

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 from kvcli.errors import BadInputError
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.layout import check_namespace, payload_header_metadata
-from kvcli.store.serde import header_size
-from kvcli.units import dtype_bytes
+from kvcli.store.serde import check_kv_dtype, data_bytes, header_size
 
 if TYPE_CHECKING:
     import torch
@@ -34,8 +33,10 @@ class StoreConfig:
         model_id: the model whose KV is stored (part of the hash root and of each chunk's metadata).
         tokenizer: tokenizer name (part of the hash root).
         kv_shape: per-token KV shape ``(layers, 2, kv_heads, head_dim)``.
-        dtype: KV dtype (a torch dtype or torch's name for it, "bfloat16": an index-only store never imports
-            torch).
+        dtype: the model's KV dtype, what :meth:`store` takes and :meth:`retrieve` returns (a torch dtype or
+            torch's name for it, "bfloat16": an index-only store never imports torch).
+        kv_dtype: the payload's dtype when it is not ``dtype``: ``"float8_e4m3fn"`` (``--kv-dtype fp8``: quantized
+            with per-layer K and V scales, :mod:`kvcli.store.serde`); None: ``dtype`` itself, bit-exact.
         payload: "real" writes the KV bytes; "accounted" writes metadata only and counts the payload bytes.
         capacity_tokens / capacity_bytes: client-side LRU capacity over chunks (None: unlimited). Bytes count
             payload data bytes (stored or accounted).
@@ -59,8 +60,10 @@ class StoreConfig:
     capacity_bytes: int | None = None
     ttl: int | None = None
     read_namespace: str | None = None
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kv_dtype", check_kv_dtype(self.kv_dtype))
         if not self.namespace:
             raise BadInputError("namespace must not be empty")
         for name in filter(None, (self.namespace, self.read_namespace)):
@@ -78,18 +81,21 @@ class StoreConfig:
         layers, two, heads, dim = self.kv_shape
         return (layers, two, heads, self.chunk_size, dim)
 
+    @property
+    def stored_dtype(self):
+        """The payload's dtype: ``kv_dtype``, else ``dtype``."""
+        return self.kv_dtype if self.kv_dtype is not None else self.dtype
+
     @functools.cached_property
     def payload_bytes(self) -> int:
-        """Tensor bytes of one chunk (bytes)."""
-        n = 1
-        for d in self.chunk_shape:
-            n *= d
-        return n * dtype_bytes(self.dtype)
+        """Tensor bytes of one chunk (bytes): its KV in :attr:`stored_dtype`, plus an fp8 payload's scales (4 bytes
+        per layer and K/V: :func:`kvcli.store.serde.data_bytes`)."""
+        return data_bytes(self.chunk_shape, self.stored_dtype)
 
     @functools.cached_property
     def header_bytes(self) -> int:
         """Serialization header bytes of one chunk's payload (bytes)."""
-        return header_size(self.chunk_shape, self.dtype, self.payload_metadata)
+        return header_size(self.chunk_shape, self.stored_dtype, self.payload_metadata)
 
     @property
     def value_bytes(self) -> int:

@@ -8,6 +8,15 @@ little-endian. Any safetensors reader loads a kvcli payload (a test checks it wi
 We write the header ourselves so the tensor is copied exactly once, straight into the value handed to redis-py
 (the copy that gathers the chunk out of the model's cache), and decode without a copy (``torch.frombuffer``).
 bf16 and every other dtype survive bit-exactly: the bytes are the tensor's own bytes.
+
+**fp8 KV** (``dtype="float8_e4m3fn"``, engines' ``--kv-cache-dtype fp8``): the payload holds two tensors, ``kv``
+(``F8_E4M3``, ``[layers, 2, kv_heads, tokens, head_dim]``, data offsets ``[0, n)``) and ``kv_scale`` (``F32``,
+``[layers, 2]``, offsets ``[n, n + 8 * layers]``): one scale for the K and one for the V of each layer, the
+granularity of vLLM's ``k_scale`` / ``v_scale`` (one scalar per attention layer, which its fp8 attention kernels
+take), computed per chunk from the chunk's own absolute maximum (``scale = amax / 448``, 448 the largest finite
+e4m3 value) so a stored chunk decodes alone, with no calibration pass. ``q = clamp(x / scale, -448, 448)`` in
+float32, cast to e4m3 (round to nearest even); decoding is ``q * scale``. MLA's ``[layers, 1, 1, tokens, dim]``
+gets ``[layers, 1]``.
 """
 from __future__ import annotations
 
@@ -19,18 +28,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kvcli.errors import KvcliError
-from kvcli.units import DTYPE_BYTES, dtype_key
+from kvcli.errors import BadInputError, KvcliError
+from kvcli.units import DTYPE_BYTES, dtype_key, torch_dtype
 
 if TYPE_CHECKING:
     import torch
 
 _DTYPES = {  # torch's name -> safetensors' (a dtype is a name until a tensor is made: torch loads only then)
     "float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
-    "int8": "I8", "uint8": "U8", "int16": "I16", "int32": "I32", "int64": "I64",
+    "int8": "I8", "uint8": "U8", "int16": "I16", "int32": "I32", "int64": "I64", "float8_e4m3fn": "F8_E4M3",
 }
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 TENSOR_NAME = "kv"
+SCALE_NAME = "kv_scale"
+FP8 = "float8_e4m3fn"
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn value (torch.finfo(torch.float8_e4m3fn).max)
+SCALED = frozenset({FP8})  # payload dtypes stored with a kv_scale tensor
+SCALE_BYTES = 4  # float32
+#: ``--kv-dtype`` values -> the payload's dtype (torch's name); None: the model's own dtype, bit-exact
+KV_DTYPES = {"auto": None, "fp8": FP8, "fp8_e4m3": FP8, FP8: FP8}
 
 
 class PayloadError(KvcliError):
@@ -50,10 +66,44 @@ def dtype_name(dtype) -> str:
         raise PayloadError(f"dtype {dtype} cannot be serialized") from None
 
 
+def check_kv_dtype(name: str | None) -> str | None:
+    """The payload dtype ``--kv-dtype`` names (:data:`KV_DTYPES`): None for ``auto`` (or None: the model's dtype),
+    ``"float8_e4m3fn"`` for ``fp8`` / ``fp8_e4m3``.
+
+    Raises:
+        BadInputError: any other name (fp8_e5m2 and the int8/uint8 formats are not implemented).
+    """
+    if name is None:
+        return None
+    try:
+        return KV_DTYPES[name.strip().lower()]
+    except KeyError:
+        raise BadInputError(f"--kv-dtype must be auto or fp8 (fp8_e4m3: float8_e4m3fn with per-layer K and V "
+                           f"scales), got {name!r}") from None
+
+
+def scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The ``kv_scale`` tensor's shape for KV of ``shape``: ``[layers, 2]`` (one K and one V scale per layer)."""
+    return tuple(shape[:2])
+
+
+def data_bytes(shape: tuple[int, ...], dtype) -> int:
+    """Tensor bytes of a payload of KV ``shape`` stored in ``dtype``: the KV's, plus the ``kv_scale`` tensor's
+    (4 bytes per layer and K/V) for a scaled dtype (:data:`SCALED`)."""
+    name = _BY_NAME[dtype_name(dtype)]
+    nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[name]
+    if name in SCALED:
+        nbytes += int(np.prod(scale_shape(shape), dtype=np.int64)) * SCALE_BYTES
+    return nbytes
+
+
 def _header(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None) -> bytes:
     name = dtype_name(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[_BY_NAME[name]]
     head: dict = {TENSOR_NAME: {"dtype": name, "shape": list(shape), "data_offsets": [0, nbytes]}}
+    if _BY_NAME[name] in SCALED:
+        head[SCALE_NAME] = {"dtype": "F32", "shape": list(scale_shape(shape)),
+                            "data_offsets": [nbytes, data_bytes(shape, dtype)]}
     if metadata:
         head["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     raw = json.dumps(head, separators=(",", ":")).encode()
@@ -66,35 +116,76 @@ def header_size(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None =
     return len(_header(tuple(shape), dtype, metadata))
 
 
-def encode_kv(kv: torch.Tensor, metadata: dict[str, str] | None = None) -> memoryview:
+def encode_kv(kv: torch.Tensor, metadata: dict[str, str] | None = None, dtype: str | None = None) -> memoryview:
     """Serialize one tensor (typically a chunk's KV, ``[layers, 2, kv_heads, chunk_tokens, head_dim]``).
 
     The tensor may be a strided view (a slice of a longer cache): it is gathered straight into the output buffer,
-    which is the only copy. Returns a read-write memoryview of ``header + data`` bytes, ready for redis-py.
+    which is the only copy. ``dtype`` None stores it as it is (bit-exact); ``"float8_e4m3fn"`` quantizes it with
+    per-layer K and V scales (module docstring; ``kv`` then needs at least 2 dimensions). Returns a read-write
+    memoryview of ``header + data`` bytes, ready for redis-py.
 
     Raises:
-        PayloadError: the dtype cannot be serialized.
+        PayloadError: the dtype cannot be serialized, or is not one a payload is quantized to.
     """
     import torch
 
-    head = _header(tuple(kv.shape), kv.dtype, metadata)
-    out = torch.empty(len(head) + kv.numel() * kv.element_size(), dtype=torch.uint8)
+    stored = kv.dtype if dtype is None else dtype
+    if dtype is not None and dtype not in SCALED:
+        raise PayloadError(f"cannot quantize KV to {dtype}; known: {', '.join(sorted(SCALED))}")
+    shape = tuple(kv.shape)
+    head = _header(shape, stored, metadata)
+    out = torch.empty(len(head) + data_bytes(shape, stored), dtype=torch.uint8)
     out[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-    if kv.numel():
-        out[len(head):].view(kv.dtype).view(kv.shape).copy_(kv)
+    if dtype is None:
+        if kv.numel():
+            out[len(head):].view(kv.dtype).view(kv.shape).copy_(kv)
+    elif kv.numel():
+        q, scales = quantize_fp8(kv)
+        n = q.numel()
+        out[len(head):len(head) + n].view(q.dtype).view(q.shape).copy_(q)
+        out[len(head) + n:].view(torch.float32).copy_(scales.reshape(-1))
     return out.numpy().data
+
+
+def quantize_fp8(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scales)``: ``kv`` ``[layers, 2, ...]`` as float8_e4m3fn (same shape, on the CPU) and its float32
+    scales ``[layers, 2]``, ``scale = amax / 448`` over each layer's K (and V) in the chunk (1 where it is all 0),
+    ``q = clamp(kv / scale, -448, 448)`` rounded to e4m3 (module docstring)."""
+    import torch
+
+    x = kv.detach().to("cpu", torch.float32)
+    amax = x.abs().amax(dim=tuple(range(2, x.dim()))) if x.dim() > 2 else x.abs()
+    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    expand = scales.view(*scales.shape, *(1,) * (x.dim() - 2))
+    return (x / expand).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales
+
+
+def stored_as(kv: torch.Tensor, dtype: str | None) -> torch.Tensor:
+    """``kv`` as a retrieve hands it back after storing it in payload ``dtype``: quantized and dequantized to
+    ``kv.dtype`` (the same :func:`encode_kv` and :func:`decode_kv`), or ``kv`` itself for None."""
+    if dtype is None:
+        return kv
+    return decode_kv(encode_kv(kv, dtype=dtype), kv.dtype)[0]
 
 
 @dataclass(frozen=True, slots=True)
 class PayloadLayout:
-    """Where a payload's tensor is, read from its header alone (no torch): ``dtype`` (torch's name,
-    "bfloat16"), ``shape``, the tensor bytes ``[start, end)`` of the value, and the header's ``__metadata__``."""
+    """Where a payload's tensors are, read from its header alone (no torch): ``dtype`` (torch's name,
+    "bfloat16"), ``shape``, the KV tensor's bytes ``[start, end)`` of the value, the header's ``__metadata__``,
+    and ``data_end``: the end of all tensor bytes (``end`` plus the ``kv_scale`` tensor of a scaled dtype; the
+    checksum covers ``[start, data_end)``)."""
 
     dtype: str
     shape: tuple[int, ...]
     start: int
     end: int
     metadata: dict[str, str]
+    data_end: int
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the KV is quantized, with a ``kv_scale`` tensor after it."""
+        return self.dtype in SCALED
 
     @property
     def safetensors_dtype(self) -> str:
@@ -116,23 +207,42 @@ def payload_layout(payload) -> PayloadLayout:
             raise ValueError("header longer than payload")
         head = json.loads(bytes(view[8:8 + n]))
         meta = head.pop("__metadata__", {}) or {}
+        scale = head.pop(SCALE_NAME, None) if len(head) == 2 else None
         (spec,) = head.values()
         name = _BY_NAME[spec["dtype"]]
         shape = tuple(int(d) for d in spec["shape"])
         start, end = (int(x) for x in spec["data_offsets"])
+        data_end = end
+        if (scale is not None) != (name in SCALED):
+            raise ValueError(f"{spec['dtype']} with{'' if scale is not None else 'out'} a {SCALE_NAME} tensor")
+        if scale is not None:
+            scale_start, data_end = (int(x) for x in scale["data_offsets"])
+            if (scale["dtype"] != "F32" or tuple(int(d) for d in scale["shape"]) != scale_shape(shape)
+                    or scale_start != end):
+                raise ValueError(f"{SCALE_NAME} is not F32 {list(scale_shape(shape))} right after the KV")
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise PayloadError(f"not a KV payload: {exc}") from None
     expect = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[name]
-    if end - start != expect or 8 + n + end > len(view):
-        raise PayloadError(f"KV payload data is {len(view) - 8 - n} bytes, header says {expect}")
-    return PayloadLayout(name, shape, 8 + n + start, 8 + n + end, meta)
+    if end - start != expect or data_end - end != data_bytes(shape, name) - expect or 8 + n + data_end > len(view):
+        raise PayloadError(f"KV payload data is {len(view) - 8 - n} bytes, header says {data_bytes(shape, name)}")
+    if scale is not None:
+        scales = np.frombuffer(view[8 + n + end:8 + n + data_end], dtype="<f4")
+        if not (np.isfinite(scales).all() and (scales > 0).all()):
+            raise PayloadError(f"KV payload's {SCALE_NAME} holds a scale that is not a positive finite number")
+    return PayloadLayout(name, shape, 8 + n + start, 8 + n + end, meta, 8 + n + data_end)
 
 
-def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:
-    """Deserialize a payload made by :func:`encode_kv` (or any one-tensor safetensors file) without a copy.
+def decode_kv(payload, dtype=None) -> tuple[torch.Tensor, dict[str, str]]:
+    """Deserialize a payload made by :func:`encode_kv` (or any one-tensor safetensors file).
+
+    Args:
+        payload: the value's bytes.
+        dtype: what a scaled (fp8) payload is dequantized to (``q * scale``; a torch dtype or its name; None:
+            float32). An unscaled payload's tensor is returned as stored, whatever ``dtype`` says.
 
     Returns:
-        ``(tensor, metadata)``; the tensor shares memory with ``payload`` (read-only when ``payload`` is bytes).
+        ``(tensor, metadata)``; an unscaled tensor shares memory with ``payload`` (read-only when ``payload`` is
+        bytes, no copy); a dequantized one is new.
 
     Raises:
         PayloadError: as :func:`payload_layout`.
@@ -140,11 +250,17 @@ def decode_kv(payload) -> tuple[torch.Tensor, dict[str, str]]:
     import torch
 
     layout = payload_layout(payload)
-    dtype = getattr(torch, layout.dtype)
+    stored = getattr(torch, layout.dtype)
     count = layout.end - layout.start
+    out = torch_dtype(dtype if dtype is not None else "float32") if layout.scaled else stored
     if count == 0:
-        return torch.empty(layout.shape, dtype=dtype), layout.metadata
+        return torch.empty(layout.shape, dtype=out), layout.metadata
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write into it
-        flat = torch.frombuffer(memoryview(payload).cast("B"), dtype=torch.uint8, count=count, offset=layout.start)
-    return flat.view(dtype).view(layout.shape), layout.metadata
+        flat = torch.frombuffer(memoryview(payload).cast("B"), dtype=torch.uint8, count=layout.data_end - layout.start,
+                                offset=layout.start)
+    kv = flat[:count].view(stored).view(layout.shape)
+    if not layout.scaled:
+        return kv, layout.metadata
+    scales = flat[count:].view(torch.float32).view(*scale_shape(layout.shape), *(1,) * (kv.dim() - 2))
+    return (kv.to(torch.float32) * scales).to(out), layout.metadata

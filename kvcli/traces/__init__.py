@@ -22,7 +22,9 @@ Formats (``fmt`` names; ``FORMATS`` maps each to its reader):
 
 and optionally ``id`` (string or integer; default ``"<file name>:<line>"``), ``timestamp`` (arrival time in
 **seconds** from the trace's start, a finite number >= 0), ``session_id`` (string or integer), ``cache_salt``
-(string; tenant isolation, default ``""``) and ``output_length`` (integer >= 0, tokens generated). Other keys
+(string; tenant isolation, default ``""``), ``output_length`` (integer >= 0, tokens generated) and
+``add_special_tokens`` (bool: whether a ``prompt`` text gets the tokenizer's special tokens, a BOS; default: the
+reader's, ``--add-special-tokens``; :mod:`kvcli.traces.bos` names a double BOS). Other keys
 are ignored. An empty prompt (``""``, ``[]`` messages without generation content, ``token_ids: []``) is not an
 error here: the request comes out with an empty (or header-only) token array. Example::
 

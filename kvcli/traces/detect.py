@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvcli.errors import BadInputError
-from kvcli.model.tokenize import DEFAULT_TOKENIZER
+from kvcli.model.tokenize import DEFAULT_TOKENIZER, prompt_tokenizer
 from kvcli.traces.claude_code import outline_claude_code, read_claude_code
 from kvcli.traces.gateway import REQUEST_FIELDS, TIME_FIELDS, is_gateway_record, read_gateway
 from kvcli.traces.hashids import (
@@ -56,7 +56,7 @@ def read_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: Tok
             record, with its line.
     """
     path, name, spec = _resolved(path, fmt)
-    return _reader(name, spec)(path, tokenizer)
+    return _reader(name, spec)(path, prompt_tokenizer(tokenizer, spec.add_special_tokens))
 
 
 def _reader(name: str, spec: TraceFormat) -> Reader:
@@ -87,7 +87,8 @@ def outline_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: 
         return outline_claude_code(path, spec)
     if name in HASH_ID_FORMATS:
         return outline_hash_id_trace(path, HASH_ID_FORMATS[name], spec)
-    return (Outline(len(r.token_ids), r.timestamp) for r in _reader(name, spec)(path, tokenizer))
+    return (Outline(len(r.token_ids), r.timestamp)
+            for r in _reader(name, spec)(path, prompt_tokenizer(tokenizer, spec.add_special_tokens)))
 
 
 def trace_note(path: str | Path, fmt: str | TraceFormat = "auto") -> str | None:

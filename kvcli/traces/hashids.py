@@ -60,6 +60,9 @@ class TraceFormat:
             last block id of a Bailian request can change once decoding starts.
         skip_bad_records: ``--skip-bad-records``: a record that fails its checks is skipped and counted instead of
             stopping the read.
+        add_special_tokens: ``--add-special-tokens/--no-add-special-tokens``: whether a text prompt gets the
+            tokenizer's special tokens (a BOS), as vLLM's completions do by default; a record's own
+            ``add_special_tokens`` wins (:func:`kvcli.traces.native.prompt_tokens`). Not a hash-id option.
 
     Raises:
         BadInputError: ``block_tokens`` < 1 or an unknown ``timestamp_unit``.
@@ -70,6 +73,7 @@ class TraceFormat:
     timestamp_unit: str | None = None
     drop_tail_block: bool = False
     skip_bad_records: bool = False
+    add_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if self.block_tokens is not None and (type(self.block_tokens) is not int or self.block_tokens < 1):

@@ -56,14 +56,16 @@ def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: i
 def prompt_tokens(record: dict, tokenizer: TokenizerArg, what: str) -> np.ndarray:
     """The prompt token ids of a request object, the one rendering every format of requests shares (native
     records, OpenAI request bodies in Batch files and gateway logs): exactly one of ``prompt`` (a string, a
-    completion prompt: :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_prompt`), ``messages`` (chat messages,
+    completion prompt: :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_prompt`, with the tokenizer's special
+    tokens unless the record's ``add_special_tokens`` is false, as in vLLM's completions request body; true adds
+    them whatever ``--no-add-special-tokens`` says), ``messages`` (chat messages,
     with the request's ``tools``, under the chat template plus the generation prompt:
     :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_chat`) or ``token_ids``; ``what`` names the object in
     the error. Returns ``[tokens]`` ``'<u4'``.
 
     Raises:
-        BadInputError: none or several of the three, a value of the wrong type, bad ``tools`` (a list of
-            objects), or messages the template refuses.
+        BadInputError: none or several of the three, a value of the wrong type (``add_special_tokens`` not a
+            bool), bad ``tools`` (a list of objects), or messages the template refuses.
     """
     present = [k for k in NATIVE_PROMPT_KEYS if k in record]
     if len(present) != 1:
@@ -74,10 +76,13 @@ def prompt_tokens(record: dict, tokenizer: TokenizerArg, what: str) -> np.ndarra
     tools = check_tools(record.get("tools"))
     if tools and key != "messages":
         raise BadInputError(f"tools go with messages (a chat request), not with {key}")
+    add = record.get("add_special_tokens")
+    if add is not None and not isinstance(add, bool):
+        raise BadInputError(f"add_special_tokens must be true or false, not {shorten(add)}")
     if key == "prompt":
         if not isinstance(value, str):
             raise BadInputError(f"prompt must be a string, not {type(value).__name__}")
-        return get_tokenizer(tokenizer).encode_prompt(value)
+        return get_tokenizer(tokenizer).encode_prompt(value, add)
     if key == "messages":
         if not isinstance(value, list):
             raise BadInputError(f"messages must be a list of chat messages, not {type(value).__name__}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from kvcli.errors import BadInputError
+from kvcli.model.tokenize import prompt_tokenizer
 from kvcli.traces.detect import detect_format, read_trace, text_format
 from kvcli.traces.hashids import TraceFormat, as_trace_format
 from kvcli.traces.lines import decode_text, lines_requests
@@ -51,6 +52,7 @@ def read_prompts(sources: Sequence[str], fmt: str | TraceFormat = "auto", tokeni
             nor trace files, or a bad record (with ``file:line``).
     """
     out: list[Request] = []
+    tokenizer = prompt_tokenizer(tokenizer, as_trace_format(fmt).add_special_tokens)
     for source in sources:
         if source == "-":
             out.extend(_from_stdin(_stdin_bytes(stdin), fmt, tokenizer, notify))

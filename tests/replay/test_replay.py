@@ -558,3 +558,27 @@ def mooncake_block_reuse(path, limit: int, block: int = 512) -> int:
         expected += min(k, rec["input_length"] // block) * block
         seen.update(rec["hash_ids"][: rec["input_length"] // block])
     return expected
+
+
+@pytest.mark.parametrize("kv_dtype", [None, "fp8"])
+def test_fp8_kv_halves_payload_bytes_and_reports_the_logit_difference(redis_client, kv_dtype):
+    """``tiny``: 2 layers x 2 x 2 KV heads x 32 = 256 KV values per token: 1,024 B in fp32, 256 in fp8, whose
+    16-token chunks add 2 x 2 float32 scales: 16 x 256 + 16 = 4,112 B (fp32: 16,384). R1 (48 tokens) misses and
+    writes 3 chunks; R2 (R1 + 21 tokens) hits 48 and writes its 4th chunk: 4 chunks written. R2's cached prefill
+    runs on what the store returns: bit-exact fp32 (within 1e-4, tests/model/test_hf_model.py), or dequantized
+    fp8 (within tests/model/test_fp8_kv.py's bound, and far from exact)."""
+    from test_fp8_kv import FP8_ATOL, FP8_FLOOR
+
+    model = build_model("tiny", "float32", "cpu", seed=0)
+    config = ReplayConfig(chunk_sizes=(16,), measure=None, kv_dtype=kv_dtype, hit_curve=False)
+    replayer = Replayer(redis_client, model, CostCurve.from_tokens_per_second(1000.0), "raw", config)
+    prompts = [tok(1, 48), tok(1, 48) + tok(100, 120)]
+    res = replayer.replay("t", [Request(f"r{i}", np.asarray(p, dtype="<u4")) for i, p in enumerate(prompts)]
+                          ).per_chunk_size[0]
+    per_chunk = 16 * 256 + 16 if kv_dtype else 16 * 1024
+    assert (res.measured_requests, res.hit_tokens, res.chunks_written) == (2, 48, 4)
+    assert res.payload_bytes_written == 4 * per_chunk and res.serialized_bytes_read > 3 * per_chunk
+    if kv_dtype:
+        assert FP8_FLOOR < res.max_logit_diff <= FP8_ATOL
+    else:
+        assert res.max_logit_diff <= FP8_FLOOR

@@ -31,9 +31,11 @@ from kvcli.store.judge import (
     USABLE,
     WRONG_TYPE,
     judge,
+    payload_ok,
 )
 from kvcli.store.layout import is_real
 from kvcli.store.records import StoreConfig
+from kvcli.store.serde import stored_as
 
 KV_SHAPE = (2, 2, 2, 3)  # [layers, 2, kv_heads, head_dim] per token: 96 bytes/token in fp32
 TOKENS = [5, 6, 7, 8]  # one full chunk at chunk size 4
@@ -210,3 +212,36 @@ def test_a_batch_of_two_round_trips_judges_as_the_lookup(redis_client, damage, b
         assert (look.hit_chunks, look.break_reason) == (1, "")
     else:  # an MGET answers nil for a metadata key of another type
         assert look.hit_chunks == 0 and look.break_reason in (by_lookup, MISSING)
+
+
+def _fp8_store(client) -> ChunkStore:
+    return ChunkStore(client, StoreConfig("j8", 4, "m", "raw", KV_SHAPE, torch.float32, kv_dtype="fp8"))
+
+
+def test_an_fp8_chunk_is_usable_as_fp8_and_nowhere_else(redis_client):
+    """An fp8 store's chunk: 2 x 2 x 2 x 4 x 3 = 96 one-byte values + 2 x 2 float32 scales = 112 payload bytes (the
+    fp32 store's 384), ``"dtype":"F8_E4M3"`` in its metadata. It is usable by the store that wrote it (retrieve
+    dequantizes to the model's fp32); to an fp32 store of the same chunk it is another length (a lookup's
+    bad-payload) and another dtype (its bytes' checksum state); a header relabelled U8 is refused by the judge."""
+    store, plain = _fp8_store(redis_client), _store(redis_client)
+    assert (store.config.payload_bytes, plain.config.payload_bytes) == (112, 384)
+    prompt = store.chunk(TOKENS)
+    kv = torch.arange(96, dtype=torch.float32).view(2, 2, 2, 4, 3) / 8
+    store.store(prompt, kv)
+    meta, payload = (redis_client.get(store.meta_key(prompt.hashes[0])),
+                     redis_client.get(store.payload_key(prompt.hashes[0])))
+    assert b'"dtype":"F8_E4M3"' in meta and len(payload) == store.value_bytes
+    digest = prompt.digests[0]
+    assert judge(meta, payload, digest, store.value_bytes, store.expected, "") == USABLE
+    got = store.retrieve(prompt)
+    assert got.kv.dtype == torch.float32 and got.payload_bytes == 112
+    assert torch.equal(got.kv, stored_as(kv, "float8_e4m3fn"))
+    assert 0 < float((got.kv - kv).abs().max()) <= float(kv.abs().max()) / 16  # e4m3: 3 mantissa bits
+    assert judge(meta, len(payload), digest, plain.value_bytes) == BAD_PAYLOAD
+    assert not payload_ok(payload, meta[8:16], plain.config.chunk_shape, plain.expected.dtype)
+    assert judge(meta, payload, digest, store.value_bytes, plain.expected, "") == BAD_METADATA
+    lie = payload.replace(b'"dtype":"F8_E4M3"', b'"dtype":"U8"     ', 1)  # same length, same bytes
+    redis_client.set(store.payload_key(prompt.hashes[0]), lie)
+    assert judge(meta, lie, digest) == CHECKSUM
+    got = store.retrieve(prompt)
+    assert (got.hit_tokens, got.kv, got.break_reason) == (0, None, "checksum")
