@@ -12,7 +12,7 @@ payload lost to a checksum failure is a hit here, a miss in the replay's count).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -229,11 +229,14 @@ class CurveResult:
         ok = np.flatnonzero(self.ttl_hit_chunks >= fraction * total)
         return float(self.ttl_seconds[ok[0]]) if ok.size else None
 
-    def _point(self, c: int) -> dict:
+    def _point(self, c: int, optimal: Callable[[int], int] | None = None) -> dict:
         hit = self.hit_tokens(c)
-        return {"capacity_chunks": c, "capacity_tokens": c * self.chunk_size,
-                "capacity_payload_bytes": c * self.payload_bytes_per_chunk, "hit_tokens": hit,
-                "hit_token_ratio": hit / self.prompt_tokens if self.prompt_tokens else 0.0}
+        out = {"capacity_chunks": c, "capacity_tokens": c * self.chunk_size,
+               "capacity_payload_bytes": c * self.payload_bytes_per_chunk, "hit_tokens": hit,
+               "hit_token_ratio": hit / self.prompt_tokens if self.prompt_tokens else 0.0}
+        if optimal is not None:
+            out["optimal_hit_tokens"] = optimal(c)
+        return out
 
     def capacities(self, points: int = 100) -> np.ndarray:
         """About ``points`` capacities (chunks), log-spaced from 1 to every distinct chunk, plus 0."""
@@ -242,13 +245,14 @@ class CurveResult:
         grid = np.geomspace(1, self.distinct_chunks, points)
         return np.unique(np.concatenate([[0], np.rint(grid).astype(np.int64), [self.distinct_chunks]]))
 
-    def to_dict(self) -> dict:
-        """JSON-ready: log-spaced capacity points, the capacity and TTL reaching each of :data:`FRACTIONS` of the
-        unlimited hit tokens, the TTL points, memory and time."""
+    def to_dict(self, optimal: Callable[[int], int] | None = None) -> dict:
+        """JSON-ready: log-spaced capacity points (LRU ``hit_tokens``; with ``optimal``, a function of a capacity in
+        chunks to the optimal eviction's hit tokens, also ``optimal_hit_tokens``), the capacity and TTL reaching each
+        of :data:`FRACTIONS` of the unlimited hit tokens, the TTL points, memory and time."""
         out = {
             "chunk_size": self.chunk_size, "distinct_chunks": self.distinct_chunks,
             "unlimited_hit_tokens": self.unlimited_hit_tokens,
-            "capacity_points": [self._point(int(c)) for c in self.capacities()],
+            "capacity_points": [self._point(int(c), optimal) for c in self.capacities()],
             "capacity_for_fraction": {str(f): (None if (c := self.capacity_for(f)) is None else self._point(c))
                                       for f in FRACTIONS},
             "ttl_rule": self.ttl_rule, "untimed_requests": self.untimed_requests,

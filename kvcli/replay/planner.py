@@ -20,18 +20,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kvcli.errors import BadInputError
 from kvcli.replay.bill import Prices, bill, check_prices
 from kvcli.replay.curve import CurveResult
 from kvcli.replay.network import DeviceRates, Link, ServerRates
-from kvcli.replay.optimal import optimal_curve, optimal_hits
+from kvcli.replay.optimal import optimal_by_capacity
 from kvcli.replay.policies import simulate_policy
 from kvcli.replay.savings import Interval
 from kvcli.replay.stream import ChunkStream
 from kvcli.replay.tiers import TierSpec, check_tiers, simulate_tiers
-
-OPTIMAL_POINTS = 24
-"""About this many log-spaced capacities (:meth:`CurveResult.capacities`) get the optimal bound: one pass each."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,9 @@ class PlanOptions:
 @dataclass
 class PlanResult:
     """One chunk size's plan, JSON-ready through :meth:`to_dict` (capacities in chunks, tokens and payload bytes;
-    seconds; $). Fields left empty were not asked for."""
+    seconds; $). Fields left empty were not asked for. ``optimal``: MIN's ``(hit chunks, whole-prompt hits)`` at
+    every capacity (:func:`kvcli.replay.optimal.optimal_by_capacity`; None without ``--optimal``), written into the
+    curve's points (:meth:`CurveResult.to_dict <kvcli.replay.curve.CurveResult.to_dict>`), not into :meth:`to_dict`."""
 
     chunk_size: int
     payload_bytes_per_chunk: int
@@ -70,7 +71,7 @@ class PlanResult:
     capacity_source: str
     tiers: list[dict] = field(default_factory=list)
     tier_hit_tokens: int | None = None
-    optimal_points: list[dict] = field(default_factory=list)
+    optimal: tuple[np.ndarray, np.ndarray] | None = None
     gap: dict | None = None
     admission: dict | None = None
     policies: list[dict] = field(default_factory=list)
@@ -80,8 +81,20 @@ class PlanResult:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        """JSON-ready."""
-        return dict(self.__dict__)
+        """JSON-ready (without ``optimal``: the curve's points carry it)."""
+        return {k: v for k, v in self.__dict__.items() if k != "optimal"}
+
+    def optimal_hit_tokens(self, capacity_chunks: int) -> int:
+        """MIN's hit tokens at ``capacity_chunks`` chunks (clipped to the distinct chunks: past them, unlimited).
+
+        Raises:
+            ValueError: the plan has no optimal bound (no ``--optimal``).
+        """
+        if self.optimal is None:
+            raise ValueError("the plan has no optimal bound: it needs --optimal")
+        hits, whole = self.optimal
+        c = min(max(int(capacity_chunks), 0), len(hits) - 1)
+        return int(hits[c]) * self.chunk_size - int(whole[c])
 
 
 def chosen_capacity(options: PlanOptions, curve: CurveResult, capacity_chunks: int | None) -> tuple[int, str]:
@@ -118,14 +131,8 @@ def plan(stream: ChunkStream, curve: CurveResult, options: PlanOptions, capacity
                          "bytes_written_admitted": sum(admit.written_chunks) * pb,
                          "new_chunks": admit.new_chunks, "new_chunks_admitted": admit.admitted_new_chunks}
     if options.optimal:
-        unlimited = (int(curve.hit_chunks_by_capacity[-1]), int(curve.whole_hits_by_capacity[-1]))
-        points = sorted({int(c) for c in curve.capacities(OPTIMAL_POINTS)} | {min(cap, curve.distinct_chunks)})
-        for c, (hits, whole) in zip(points, optimal_curve(stream, points, unlimited)):
-            out.optimal_points.append({"capacity_chunks": c, "capacity_tokens": c * cs,
-                                       "capacity_payload_bytes": c * pb, "lru_hit_tokens": curve.hit_tokens(c),
-                                       "optimal_hit_tokens": hits * cs - whole})
-        at = next(p for p in out.optimal_points if p["capacity_chunks"] == min(cap, curve.distinct_chunks))
-        lru, opt, unl = at["lru_hit_tokens"], at["optimal_hit_tokens"], curve.unlimited_hit_tokens
+        out.optimal = optimal_by_capacity(stream)
+        lru, opt, unl = curve.hit_tokens(cap), out.optimal_hit_tokens(cap), curve.unlimited_hit_tokens
         out.gap = {"capacity_chunks": cap, "lru_hit_tokens": lru, "optimal_hit_tokens": opt,
                    "unlimited_hit_tokens": unl, "policy_gap_tokens": opt - lru, "capacity_gap_tokens": unl - opt}
     if options.policies:
@@ -134,9 +141,8 @@ def plan(stream: ChunkStream, curve: CurveResult, options: PlanOptions, capacity
             out.policies.append({"policy": name, "capacity_chunks": cap, "hit_tokens": p.hit_tokens(cs),
                                  "bytes_written": p.written_chunks * pb, "skipped": p.skipped})
         if options.optimal:
-            hits, whole = optimal_hits(stream, cap)
             out.policies.append({"policy": "optimal (offline)", "capacity_chunks": cap,
-                                 "hit_tokens": hits * cs - whole, "bytes_written": None, "skipped": ""})
+                                 "hit_tokens": out.optimal_hit_tokens(cap), "bytes_written": None, "skipped": ""})
     out.seconds = time.perf_counter() - t0
     return out
 

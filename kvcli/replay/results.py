@@ -258,7 +258,8 @@ class ChunkSizeResult:
         """All fields plus the derived ratios and totals, JSON-ready; None where a figure was not computed or has
         no denominator."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
-        out["hit_curve"] = self.hit_curve.to_dict() if self.hit_curve is not None else None
+        optimal = self.plan.optimal_hit_tokens if self.plan is not None and self.plan.optimal is not None else None
+        out["hit_curve"] = self.hit_curve.to_dict(optimal) if self.hit_curve is not None else None
         out["plan"] = self.plan.to_dict() if self.plan is not None else None
         if self.savings is not None:
             out["savings"] = self.savings.to_dict()
