@@ -2,7 +2,9 @@
 
 How to read the figure: the left panel is the hit token ratio an LRU cache of that size would have had on the
 trace (x: payload bytes for the model, log scale; top axis: tokens), one line per chunk size, each ending at its
-unlimited-cache ratio; the dashed line is the token-granular upper bound (an unlimited radix tree). A curve that
+unlimited-cache ratio; the dashed line is the token-granular upper bound (an unlimited radix tree); with
+``--optimal``, a dash-dotted line per chunk size is the optimal eviction's (Belady's MIN, :mod:`kvcli.replay.optimal`)
+at the same capacities, so the space between the two is what a better policy could win. A curve that
 is still rising at the right edge wants more cache; the knee is where more bytes stop paying. The right panel is the
 same against the entries' TTL (unlimited capacity); the dotted line marks the trace's span, from which on a TTL is
 the same as none.
@@ -96,7 +98,8 @@ def write_plots(results: list[TraceResult], path: str | Path, kv_bytes_per_token
 
 def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     """Two panels for one trace: hit token ratio (%) against cache size (payload bytes, log) and against TTL
-    (seconds, log); one line per chunk size, the token-granular upper bound dashed. Returns a matplotlib Figure
+    (seconds, log); one line per chunk size (and its optimal eviction's, dash-dotted, where the plan has it), the
+    token-granular upper bound dashed. Returns a matplotlib Figure
     (Agg backend; the caller closes it)."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter
@@ -121,6 +124,11 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
             x = caps * c.payload_bytes_per_chunk
             y = 100 * c.hit_chunks_by_capacity[caps] * c.chunk_size / max(r.prompt_tokens, 1)
             cap.plot(x, y, drawstyle="steps-post", color=color, lw=lw, label=f"chunk size {r.chunk_size}")
+            if r.plan is not None and r.plan.optimal is not None:
+                hits = r.plan.optimal[0]
+                opt = 100 * hits[np.minimum(caps, len(hits) - 1)] * c.chunk_size / max(r.prompt_tokens, 1)
+                cap.plot(x, opt, drawstyle="steps-post", color=color, lw=max(lw - 0.4, 1.0), ls="-.",
+                         label=f"chunk size {r.chunk_size}: optimal eviction (MIN)")
             k90 = c.capacity_for(0.9)
             if k90:
                 cap.plot([k90 * c.payload_bytes_per_chunk], [100 * c.hit_tokens(k90) / r.prompt_tokens], "o",
@@ -150,7 +158,9 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     top = cap.secondary_xaxis("top", functions=(lambda b: b / kv_bytes_per_token, lambda t: t * kv_bytes_per_token))
     top.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens(v)))
     top.set_xlabel("cache size (tokens)")
-    cap.set_title("LRU: hit ratio by cache size (dot: 90% of unlimited)", fontsize=10)
+    optimal = any(r.plan is not None and r.plan.optimal is not None for r in rows)
+    cap.set_title(("LRU and optimal eviction" if optimal else "LRU") + ": hit ratio by cache size (dot: 90% of "
+                  "unlimited)", fontsize=10)
     cap.legend(fontsize=8, loc="upper left")
     span = next((c.span_seconds for c in curves if c.span_seconds), None)
     if timed:

@@ -165,3 +165,27 @@ def test_cli_curve_points_carry_the_optimal_hit_tokens(tmp_path, redis_url):
     plain = _cli(tmp_path, "--redis-url", redis_url, "--json")
     points = json.loads(plain.stdout)["traces"][0]["per_chunk_size"][0]["hit_curve"]["capacity_points"]
     assert all("optimal_hit_tokens" not in p for p in points)
+
+
+def test_cli_plot_draws_lru_and_optimal(tmp_path, redis_url, monkeypatch):
+    from kvcli.replay import curvereport
+
+    drawn = []
+
+    def figure(*args):
+        fig = curve_figure(*args)
+        drawn.append({line.get_label(): list(map(float, line.get_ydata())) for line in fig.axes[0].get_lines()})
+        return fig
+
+    curve_figure = curvereport.curve_figure
+    monkeypatch.setattr(curvereport, "curve_figure", figure)
+    out = _cli(tmp_path, "--redis-url", redis_url, "--optimal", "--plot", tmp_path / "c.png")
+    assert out.exit_code == 0, out.output
+    (lines,) = drawn
+    # capacities 1..5 chunks of the 36 prompt tokens: LRU hits 0, 1, 2, 3, 4 chunks of 4 tokens, MIN 1, 2, 3, 4, 4
+    assert lines["chunk size 4"] == pytest.approx([100 * 4 * k / 36 for k in (0, 1, 2, 3, 4)])
+    assert lines["chunk size 4: optimal eviction (MIN)"] == pytest.approx([100 * 4 * k / 36 for k in (1, 2, 3, 4, 4)])
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    drawn.clear()
+    assert _cli(tmp_path, "--redis-url", redis_url, "--plot", tmp_path / "d.png").exit_code == 0
+    assert not any("optimal" in label for label in drawn[0])
