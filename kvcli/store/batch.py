@@ -224,8 +224,10 @@ def _write(client, commands: list[tuple], trips) -> list:
 # the exact length of a real payload value; ARGV[5..]: each request's number of full chunks. Per request, in order:
 # every chunk's state by the chunk judge's Lua twin (kvcli.store.judge.JUDGE_LUA; a payload's STRLEN read only where
 # the metadata records a real payload, as the lookup script reads it, its key the metadata key's with ``p:`` for
-# ``m:``: the script runs on a single server only, where a key it derives is as good as one it is given), then the
-# SETs of what
+# ``m:``: the script runs on a single server only, where a key it derives is as good as one it is given; once a
+# chunk is missing, the later ones are not read but judged missing: where this script runs (the run's own
+# namespace, no capacity, no TTL, no server evictions) nothing is ever deleted and a request stores every chunk
+# from its hit run's end on, so a chunk is there only with every chunk before it), then the SETs of what
 # ChunkStore.plan_write writes (the chunks from the hit run's end on that are not hits, with the same values).
 # Returns the script's start and end (TIME: seconds, microseconds) and 4 integers per request: hit chunks, metadata
 # hit chunks, hit chunks after the hit run, the state code of the chunk that broke the run (-1: it did not). A key
@@ -240,7 +242,8 @@ for r = 5, #ARGV do
   local ok, hit, meta_hit, reason = {}, n, n, -1
   for i = 1, n do
     local key = KEYS[base + i]
-    local m = redis.pcall('GET', key)
+    local m = false
+    if reason ~= 2 then m = redis.pcall('GET', key) end
     local len = -1
     if type(m) == 'string' and string.find(m, '"stored":"real"', 17, true) then
       len = redis.pcall('STRLEN', string.sub(key, 1, -35) .. 'p:' .. string.sub(key, -32))
