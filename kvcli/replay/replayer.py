@@ -132,14 +132,18 @@ class Replayer:
             whenever it can, False never (e.g. a worker process: the cores are shared).
         device: host <-> device rates of the serving device, which a ``config.priced`` replay needs (its
             overheads priced from counts and rates: :func:`kvcli.replay.network.priced_overheads`).
+        own_server: ``client`` is kvcli's embedded server, private to this command: a trace's cleanup empties it
+            (:func:`kvcli.store.kvstore.purge_run`) instead of deleting the run's keys one SCAN step at a time.
     """
 
     def __init__(self, client: redis.Redis, model, curve: PrefillCost, tokenizer: str, config: ReplayConfig,
                  spec: ModelSpec | None = None, calibration: Calibration | None = None,
                  model_config: ModelConfig | None = None, *, notify: Callable[[str], None] | None = None,
                  remedy: Callable[[str], str] | None = None, units=None, prefetch: bool | None = None,
-                 device: DeviceRates | None = None, phase: Callable[[str], None] | None = None) -> None:
+                 device: DeviceRates | None = None, phase: Callable[[str], None] | None = None,
+                 own_server: bool = False) -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
+        self.own_server = own_server
         self.calibration = calibration
         self.model_config = model_config or (model.config if model is not None else None)
         spec = model.spec if model is not None else spec
@@ -281,7 +285,7 @@ class Replayer:
             say(f"deleting namespace {namespace}…")
             drop_connections(self.client)  # a connection may hold half a command or an unread reply
         try:
-            purge_run(self.client, namespace, self.config.layouts)
+            purge_run(self.client, namespace, self.config.layouts, own_server=self.own_server)
             return ""
         except KeyboardInterrupt:
             if interrupted:  # a second signal: say what is left, and stop

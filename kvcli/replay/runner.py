@@ -226,7 +226,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=shapes, notify=events.note, remedy=functools.partial(purge_remedy, target),
                             units=units, prefetch=False if jobs == 1 else None,  # --jobs 1: this process alone
-                            device=device, phase=events.phase)
+                            device=device, phase=events.phase, own_server=target.embedded)
         results = []
         for i, path in enumerate(files, 1):
             name = display_name(path)
