@@ -21,7 +21,8 @@ WORDS_CHARS = 60
 
 @dataclass(frozen=True)
 class TraceReport:
-    """One trace's statistics and how to show them: its name, format, the hash-id note (or None) and ``words``
+    """One trace's statistics and how to show them: its name, format, its notes (the hash-id note and the double-BOS
+    note, :mod:`kvcli.traces.bos`, joined by "; "; None when neither applies) and ``words``
     (token ids to text, for a text trace; None for token-id and hash-id traces)."""
 
     name: str

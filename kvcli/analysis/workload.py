@@ -18,6 +18,7 @@ from kvcli.model.tokenizer_base import Tokenizer
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.enginehash import block_hashes
 from kvcli.store.records import StoreConfig
+from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
 from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, as_trace_format
 from kvcli.traces.order import arrival_order, order_note
@@ -36,7 +37,8 @@ def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | No
     reports = []
     for path, name, tok in each_trace(paths, fmt, tokenizer):
         stats = trace_stats(read_trace(path, fmt, tok), top)
-        reports.append(TraceReport(display_name(path), name, stats, trace_note(path, fmt),
+        note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok)) if n) or None
+        reports.append(TraceReport(display_name(path), name, stats, note,
                                    get_tokenizer(tok).decode if is_text_trace(path, name) else None))
     return reports
 
@@ -63,8 +65,8 @@ class ExplainedTrace:
 
     Attributes:
         name: the trace as reports name it. fmt: its format. explanation: the requests explained.
-        notes: how it was read (hash-id semantics, reordering). tokens: the ids of the requests asked for with
-            ``request_id`` and of their predecessors, by arrival index (``[tokens]`` uint32).
+        notes: how it was read (hash-id semantics, reordering, a double BOS). tokens: the ids of the requests
+            asked for with ``request_id`` and of their predecessors, by arrival index (``[tokens]`` uint32).
     """
 
     name: str
@@ -99,7 +101,8 @@ def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | N
             explainer.add(request)
         explanation = explainer.result
         explanation.reordered = 0 if order is None else int(np.count_nonzero(order != np.arange(len(order))))
-        notes = [n for n in (trace_note(path, fmt), order_note(order, display_name(path))) if n]
+        notes = [n for n in (trace_note(path, fmt), order_note(order, display_name(path)),
+                             trace_bos_note(path, fmt, tok)) if n]
         tokens: dict[int, np.ndarray] = {}
         if request_id is not None and explanation.matching(request_id):
             e = explanation.request(request_id)

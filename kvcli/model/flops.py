@@ -113,20 +113,43 @@ def prefill_flops_breakdown(config: ModelConfig, new_tokens, cached_tokens=0,
     if logits_for not in ("last", "all"):
         raise BadInputError(f"logits_for must be 'last' or 'all', got {logits_for!r}")
     n, c = _counts(new_tokens, cached_tokens)
-    g = config
     out = {"qkv": 0.0 * n, "out_proj": 0.0 * n, "mlp": 0.0 * n, "attention": 0.0 * n}
-    pairs = {FULL: attention_pairs(n, c), SLIDING: window_pairs(n, c, g.sliding_window) if g.sliding_window else 0}
-    qkv = _qkv_flops(g, n, c)
-    for layer, kind in enumerate(g.kinds):
-        out["mlp"] = out["mlp"] + _mlp_flops(g, layer) * n
-        if kind not in pairs:  # a linear layer or none: its mixer is not counted
-            continue
-        out["qkv"] = out["qkv"] + qkv
-        out["out_proj"] = out["out_proj"] + 2.0 * g.heads * g.value_dim * g.hidden * n
-        out["attention"] = out["attention"] + 2.0 * g.heads * (g.qk_head_dim + g.value_dim) * pairs[kind]
-    rows = np.minimum(n, 1) if logits_for == "last" else n
-    out["lm_head"] = 2.0 * g.hidden * g.vocab * rows
+    for kind, moe, count in config.layer_classes():
+        for part, flops in _layer_parts(config, kind, moe, n, c).items():
+            out[part] = out[part] + count * flops
+    out["lm_head"] = lm_head_flops(config, n, logits_for)
     return {k: np.broadcast_to(v, np.broadcast(n, c).shape).copy() for k, v in out.items()}
+
+
+def layer_flops(config: ModelConfig, kind: str, moe: bool, new_tokens, cached_tokens=0) -> np.ndarray:
+    """FLOPs of ONE layer of ``kind`` (:data:`~kvcli.model.presets.FULL`, ``SLIDING``, ``LINEAR``, ``NO_MIXER``),
+    with experts when ``moe``, for a prefill of ``new_tokens`` after ``cached_tokens``: its share of
+    :func:`prefill_flops_breakdown` (QKV, output, MLP, attention; a linear mixer counts 0). Vectorized; float64.
+
+    Raises:
+        BadInputError: a negative count.
+    """
+    n, c = _counts(new_tokens, cached_tokens)
+    return cast(np.ndarray, sum(_layer_parts(config, kind, moe, n, c).values()))
+
+
+def lm_head_flops(config: ModelConfig, new_tokens, logits_for: str = "last") -> np.ndarray:
+    """FLOPs of the LM head: ``2 * hidden * vocab`` per row of logits (one row when ``logits_for`` is
+    ``"last"`` and ``new_tokens >= 1``, else one per new token). Vectorized; float64."""
+    n = np.asarray(new_tokens, dtype=np.float64)
+    return 2.0 * config.hidden * config.vocab * (np.minimum(n, 1) if logits_for == "last" else n)
+
+
+def _layer_parts(g: ModelConfig, kind: str, moe: bool, n: np.ndarray, c: np.ndarray) -> dict[str, np.ndarray]:
+    mlp = _mlp_flops(g, moe) * n
+    if kind == FULL:
+        pairs = attention_pairs(n, c)
+    elif kind == SLIDING:
+        pairs = window_pairs(n, c, g.sliding_window)
+    else:  # a linear layer or none: its mixer is not counted
+        return {"qkv": 0.0 * n, "out_proj": 0.0 * n, "mlp": mlp, "attention": 0.0 * n}
+    return {"qkv": _qkv_flops(g, n, c), "out_proj": 2.0 * g.heads * g.value_dim * g.hidden * n, "mlp": mlp,
+            "attention": 2.0 * g.heads * (g.qk_head_dim + g.value_dim) * pairs}
 
 
 def _qkv_flops(g: ModelConfig, n: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -139,8 +162,8 @@ def _qkv_flops(g: ModelConfig, n: np.ndarray, c: np.ndarray) -> np.ndarray:
     return (q + latent) * n + up * np.where(n > 0, n + c, 0.0)  # no forward, no expansion
 
 
-def _mlp_flops(g: ModelConfig, layer: int) -> float:
-    if not g.is_moe_layer(layer):
+def _mlp_flops(g: ModelConfig, moe: bool) -> float:
+    if not moe:
         return 2.0 * 3 * g.hidden * g.ffn
     return (2.0 * g.hidden * g.experts + 2.0 * 3 * g.hidden * g.moe_ffn * g.experts_per_token
             + 2.0 * 3 * g.hidden * g.shared_ffn + (2.0 * g.hidden if g.shared_gate else 0.0))

@@ -38,7 +38,7 @@ from kvcli.model import attention
 from kvcli.model.checkpoint import Checkpoint, read_checkpoint
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.llama import available_bytes, check_past_kv, resolve_device, token_tensor
-from kvcli.model.presets import FULL, SLIDING, dtype_short
+from kvcli.model.presets import FULL, SLIDING, ModelConfig, dtype_short
 
 ATTENTION_NAME = "kvcli_prefix"
 
@@ -159,6 +159,24 @@ class HFModel:
 _LAYOUT = {False: "[layers, 2, kv_heads, tokens, head_dim]", True: "[layers, 1, 1, tokens, latent + rope]"}
 
 
+def _check_runnable(shapes: ModelConfig, path: str) -> None:
+    """Refuse a model with layers the cached path cannot resume (linear attention / Mamba; no mixer at all):
+    resuming one from a cached prefix needs the layer's state (convolution and recurrent/SSM state) at the chunk
+    boundary where the hit ends, saved beside the chunk's KV, and kvcli's chunk payload holds per-token KV only.
+
+    Raises:
+        BadInputError: one line naming the layers, the state a boundary would hold and what to run instead.
+    """
+    kinds = sorted(set(shapes.kinds) - {FULL, SLIDING})
+    if kinds:
+        counts = ", ".join(f"{shapes.count(k)} {k}" for k in kinds)
+        raise BadInputError(f"cannot run a checkpoint with {counts} of its {shapes.layers} layers: resuming them "
+                            f"from a cached prefix needs each one's convolution and recurrent state "
+                            f"({shapes.state_elements:,} elements per layer) saved at every stored chunk boundary "
+                            "beside the chunk's KV, and kvcli's chunk payload holds per-token KV only; price its "
+                            "bytes and FLOPs without running it (--measure 0 --payload accounted)", path=path)
+
+
 def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -> HFModel:
     """Load checkpoint folder ``path`` with transformers, offline, with kvcli's attention, on ``device``.
 
@@ -174,11 +192,7 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
             (missing or mismatched weights, custom code); one line each.
     """
     checkpoint = read_checkpoint(path)
-    kinds = set(checkpoint.shapes.kinds) - {FULL, SLIDING}
-    if kinds:
-        raise BadInputError(f"cannot run a checkpoint with {', '.join(sorted(kinds))} layers: resuming them needs "
-                            "their state saved at every chunk boundary, which kvcli's model runner does not do; its "
-                            "bytes and FLOPs need no run (--measure 0)", path=path)
+    _check_runnable(checkpoint.shapes, path)
     if not checkpoint.weight_bytes:
         raise BadInputError("this folder holds a config and no weights: price it without running it (--measure 0 "
                             "--payload accounted)", path=path)

@@ -16,7 +16,7 @@ Read as transformers reads it (the config object ``AutoConfig`` builds, its text
   experts ``n_shared_experts x moe_intermediate_size`` (DeepSeek) or ``shared_expert_intermediate_size`` with a
   gate (Qwen2-MoE, Qwen3-Next); dense layers: ``first_k_dense_replace`` (DeepSeek), ``mlp_only_layers`` and
   ``decoder_sparse_step`` (Qwen MoE);
-- a linear layer's state: :func:`linear_state_elements`.
+- a linear layer's state: :func:`linear_state_elements`; its mixer's parameters: :func:`linear_mixer_params`.
 """
 from __future__ import annotations
 
@@ -91,6 +91,50 @@ def linear_state_elements(text: Any) -> int:
     return 0
 
 
+def linear_mixer_params(text: Any) -> int:
+    """Parameters of one linear layer's mixer, as transformers builds it (every weight, bias and per-head vector;
+    the layer's norm and MLP are not the mixer's). With ``K`` the convolution's kernel:
+
+    - Gated DeltaNet (``Qwen3NextGatedDeltaNet``), ``Dk = key_heads * key_dim``, ``Dv = value_heads * value_dim``:
+      ``in_proj_qkvz`` ``hidden x (2 Dk + 2 Dv)``, ``in_proj_ba`` ``hidden x 2 value_heads``, the depthwise
+      convolution ``(2 Dk + Dv) x K`` (no bias), ``dt_bias`` and ``A_log`` ``value_heads`` each, the gated norm
+      ``value_dim``, ``out_proj`` ``Dv x hidden``;
+    - Mamba-2 (``NemotronHMamba2Mixer``, Granite 4, Bamba), ``I = heads * head_dim``, ``C = I + 2 groups d_state``:
+      ``in_proj`` ``hidden x (I + C + heads)``, the convolution ``C x K`` (``+ C`` with ``use_conv_bias``),
+      ``dt_bias``, ``A_log``, ``D`` ``heads`` each, the gated norm ``I``, ``out_proj`` ``I x hidden`` (biases
+      ``I + C + heads`` and ``hidden`` with ``use_bias``);
+    - Mamba (``JambaMambaMixer``), ``I = expand * hidden``, ``R = mamba_dt_rank``: ``in_proj`` ``hidden x 2I``,
+      the convolution ``I x K`` (``+ I`` with ``mamba_conv_bias``), ``x_proj`` ``I x (R + 2 d_state)``,
+      ``dt_proj`` ``R x I + I``, ``A_log`` ``I x d_state``, ``D`` ``I``, ``out_proj`` ``I x hidden`` (biases
+      ``2I`` and ``hidden`` with ``mamba_proj_bias``), norms of ``R``, ``d_state``, ``d_state``.
+
+    Returns 0 for a config without linear layers' fields.
+    """
+    hidden = int(text.hidden_size)
+    kernel = int(_get(text, "linear_conv_kernel_dim", "conv_kernel", "mamba_d_conv", default=4))
+    if getattr(text, "linear_key_head_dim", None):
+        nv, dv = int(text.linear_num_value_heads), int(text.linear_value_head_dim)
+        dk, d_v = int(text.linear_num_key_heads) * int(text.linear_key_head_dim), nv * dv
+        return hidden * (2 * dk + 2 * d_v) + hidden * 2 * nv + (2 * dk + d_v) * kernel + 2 * nv + dv + d_v * hidden
+    heads = _get(text, "mamba_num_heads", "mamba_n_heads")
+    d_state = int(_get(text, "ssm_state_size", "mamba_d_state", default=0))
+    if heads:
+        inner = int(heads) * int(_get(text, "mamba_head_dim", "mamba_d_head"))
+        conv = inner + 2 * int(_get(text, "n_groups", "mamba_n_groups", default=1)) * d_state
+        bias = bool(_get(text, "use_bias", "mamba_proj_bias", default=False))
+        conv_bias = bool(_get(text, "use_conv_bias", "mamba_conv_bias", default=True))
+        projections = hidden * (inner + conv + heads) + inner * hidden + bias * (inner + conv + heads + hidden)
+        return projections + conv * (kernel + conv_bias) + 3 * heads + inner
+    expand = _get(text, "mamba_expand", "expand")
+    if expand:
+        inner, rank = int(expand) * hidden, int(text.mamba_dt_rank)
+        bias = bool(_get(text, "mamba_proj_bias", default=False))
+        conv_bias = bool(_get(text, "mamba_conv_bias", default=True))
+        return (hidden * 2 * inner + inner * (kernel + conv_bias) + inner * (rank + 2 * d_state) + rank * inner
+                + inner + inner * d_state + inner + inner * hidden + bias * (2 * inner + hidden) + rank + 2 * d_state)
+    return 0
+
+
 def _experts(text: Any) -> dict[str, Any]:
     experts = int(_get(text, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0)
     if experts <= 1:
@@ -135,4 +179,5 @@ def shapes_from_config(name: str, text: Any, dtype: str) -> ModelConfig:
         norm_eps=float(_get(text, "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", default=1e-5)),
         dtype=dtype, context=int(_get(text, "max_position_embeddings", default=8192)), layer_types=kinds,
         sliding_window=int(_get(text, "sliding_window", default=0)) if SLIDING in kinds else 0,
-        state_elements=linear_state_elements(text) if LINEAR in kinds else 0, **_mla(text), **_experts(text))
+        state_elements=linear_state_elements(text) if LINEAR in kinds else 0,
+        linear_params=linear_mixer_params(text) if LINEAR in kinds else 0, **_mla(text), **_experts(text))

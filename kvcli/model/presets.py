@@ -55,7 +55,9 @@ class ModelConfig:
       experts of ``shared_ffn`` in all (0: none), ``shared_gate`` (a sigmoid gate ``hidden -> 1`` on the shared
       output, Qwen2-MoE/Qwen3-Next), and ``dense_layers``, the layers that keep a dense MLP of ``ffn``.
     - ``state_elements``: elements of one linear layer's state per sequence (vLLM's conv state plus temporal
-      state, :func:`kvcli.model.hfconfig.linear_state_elements`).
+      state, :func:`kvcli.model.hfconfig.linear_state_elements`); ``linear_params``: parameters of one linear
+      layer's mixer (its projections, convolution and per-head vectors,
+      :func:`kvcli.model.hfconfig.linear_mixer_params`).
     """
 
     name: str
@@ -84,6 +86,7 @@ class ModelConfig:
     shared_gate: bool = False
     dense_layers: tuple[int, ...] = ()
     state_elements: int = 0
+    linear_params: int = 0
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.layers:
@@ -162,9 +165,19 @@ class ModelConfig:
         """Whether layer ``layer`` (0-based) has experts rather than the dense MLP."""
         return self.experts > 0 and layer not in self.dense_layers
 
+    def layer_classes(self) -> tuple[tuple[str, bool, int], ...]:
+        """The distinct layers, ``(kind, has experts, how many)`` in order of first appearance: layers of one class
+        have the same FLOPs and bytes, so a cost sums over classes rather than layers. A Llama: ``((FULL, False,
+        layers),)``."""
+        counts: dict[tuple[str, bool], int] = {}
+        for layer, kind in enumerate(self.kinds):
+            key = (kind, self.is_moe_layer(layer))
+            counts[key] = counts.get(key, 0) + 1
+        return tuple((kind, moe, count) for (kind, moe), count in counts.items())
+
     def params(self) -> int:
         """Number of parameters (embedding and LM head counted separately: they are untied; every expert
-        counted; linear layers' mixers not counted)."""
+        counted; a linear layer's mixer as :attr:`linear_params`; norms of one vector each, biases left out)."""
         q = (self.hidden * self.q_lora_rank + self.q_lora_rank * self.heads * self.qk_head_dim if self.q_lora_rank
              else self.hidden * self.heads * self.qk_head_dim)
         if self.is_mla:
@@ -176,8 +189,8 @@ class ModelConfig:
         moe = self.experts * 3 * self.hidden * self.moe_ffn + 3 * self.hidden * self.shared_ffn \
             + self.hidden * self.experts
         mlps = sum(moe if self.is_moe_layer(i) else 3 * self.hidden * self.ffn for i in range(self.layers))
-        return self.attention_layers * attn + mlps + self.layers * 2 * self.hidden + 2 * self.vocab * self.hidden \
-            + self.hidden
+        return self.attention_layers * attn + self.count(LINEAR) * self.linear_params + mlps \
+            + self.layers * 2 * self.hidden + 2 * self.vocab * self.hidden + self.hidden
 
 
 def _element_bytes(dtype: torch.dtype | str) -> int:

@@ -50,7 +50,8 @@ RATE_CHUNK_TOKENS = (64, 256, 1024)
 #: The shapes that set a prefill's cost: two models alike in these (and in dtype) share a profile.
 COST_SHAPES = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "layer_types", "sliding_window",
                "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "experts",
-               "experts_per_token", "moe_ffn", "shared_ffn", "shared_gate", "dense_layers", "state_elements")
+               "experts_per_token", "moe_ffn", "shared_ffn", "shared_gate", "dense_layers", "state_elements",
+               "linear_params")
 
 #: ``progress(phase, done, total, what)``: phase "prefill" (timings of points) or "kv" (timings of chunks).
 Progress = Callable[[str, int, int, str], None]

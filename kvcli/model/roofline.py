@@ -5,12 +5,15 @@ its memory traffic (Williams, Waterman and Patterson 2009, "Roofline: an insight
 CACM 52(4)):
 
     t_layer = max(F_layer / (peak * mfu), B_layer / hbm_bandwidth)
-    t(n, c) = layers * t_layer + max(F_head / (peak * mfu), B_head / hbm_bandwidth)       (0 when n = 0)
+    t(n, c) = sum over layers of t_layer + max(F_head / (peak * mfu), B_head / hbm_bandwidth)   (0 when n = 0)
 
-``F`` is :func:`kvcli.model.flops.prefill_flops_breakdown` (projections, SwiGLU MLP, causal attention pairs, one
-row of LM head); ``B`` the bytes a layer moves: its weights once, the cached KV read (``c`` tokens), the new KV
-written (``n`` tokens) and its activations in and out (``n x hidden``), at the model's element size; the head
-reads its ``vocab x hidden`` weights. ``peak`` is the accelerator's dense tensor FLOP/s for the compute dtype
+``F_layer`` is :func:`kvcli.model.flops.layer_flops` (projections, MLP or active experts, causal or windowed
+attention pairs), ``F_head`` one row of LM head; ``B_layer`` the bytes the layer moves,
+:func:`kvcli.model.traffic.layer_bytes`, by family: its weights (the routed experts its tokens touch, for a
+mixture of experts), the cache it reads and writes (KV; MLA's latent; a sliding layer's window; a linear layer's
+state instead) and its activations in and out, at the model's element size; the head reads its ``vocab x hidden``
+weights. Layers of one kind cost alike, so the sum runs over :meth:`~kvcli.model.presets.ModelConfig.
+layer_classes`. ``peak`` is the accelerator's dense tensor FLOP/s for the compute dtype
 (:mod:`kvcli.model.hardware`).
 
 ``mfu`` (model FLOPs utilization) is what a real engine reaches of that peak in prefill. Default
@@ -27,9 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcli.model.flops import prefill_flops_breakdown
+from kvcli.model.flops import layer_flops, lm_head_flops, prefill_flops_breakdown
 from kvcli.model.hardware import Accelerator
 from kvcli.model.presets import ModelConfig
+from kvcli.model.traffic import head_bytes, layer_bytes
 
 DEFAULT_MFU = 0.52
 MFU_RANGE = (0.39, 0.67)
@@ -92,14 +96,13 @@ class Roofline:
         c = np.asarray(cached_tokens, dtype=np.float64)
         g, acc, b = self.config, self.accelerator, self.element_bytes
         rate = acc.peak_flops(self.compute_dtype) * (self.mfu if mfu is None else mfu)
-        f = prefill_flops_breakdown(g, n, c)
-        layer_flops = (f["qkv"] + f["out_proj"] + f["mlp"] + f["attention"]) / g.layers
-        block_params = g.hidden * g.head_dim * (2 * g.heads + 2 * g.kv_heads) + 3 * g.hidden * g.ffn + 2 * g.hidden
-        kv_per_token = 2 * g.kv_heads * g.head_dim * b  # one layer's K and V of one token
-        layer_bytes = block_params * b + (c + n) * kv_per_token + 2 * n * g.hidden * b
-        layer = np.maximum(layer_flops / rate, layer_bytes / acc.hbm_bytes_per_second)
-        head = np.maximum(f["lm_head"] / rate, g.vocab * g.hidden * b / acc.hbm_bytes_per_second)
-        t = np.where(n > 0, g.layers * layer + head, 0.0)
+        bandwidth = acc.hbm_bytes_per_second
+        layers = 0.0 * (n + c)
+        for kind, moe, count in g.layer_classes():
+            layers = layers + count * np.maximum(layer_flops(g, kind, moe, n, c) / rate,
+                                                 layer_bytes(g, kind, moe, n, c, b) / bandwidth)
+        head = np.maximum(lm_head_flops(g, n) / rate, head_bytes(g, b) / bandwidth)
+        t = np.where(n > 0, layers + head, 0.0)
         return float(t) if t.ndim == 0 else t
 
     def seconds(self, new_tokens: int, cached_tokens: int) -> float:

@@ -31,11 +31,12 @@ def double_bos_note(requests: Iterable[Request], bos: int, bos_text: str) -> str
             first = first or request.source or request.id
     if not count:
         return None
-    return (f"double BOS: {count:,} prompt{'s' if count != 1 else ''} start with two {bos_text!r} (id {bos}; first "
-            f"{first}): the text already holds the rendered chat template's BOS and the tokenizer added another, "
-            f"as vLLM's /v1/completions does, so it shares at most that BOS with the same conversation sent as "
-            f"messages; --no-add-special-tokens (or \"add_special_tokens\": false in the record) reads it as an "
-            f"engine called with add_special_tokens=false")
+    starts = "prompts start" if count != 1 else "prompt starts"
+    return (f"double BOS: {count:,} {starts} with two {bos_text!r} (id {bos}; first {first}): the text already "
+            f"holds the rendered chat template's BOS and the tokenizer added another, as vLLM's /v1/completions "
+            f"does, so it shares at most that BOS with the same conversation sent as messages; "
+            f"--no-add-special-tokens (or \"add_special_tokens\": false in the record) reads it as an engine "
+            f"called with add_special_tokens=false")
 
 
 def trace_bos_note(path: str | Path, fmt: str | TraceFormat, tokenizer: TokenizerArg) -> str | None:

@@ -95,3 +95,35 @@ def test_replay_hits_and_notes(tmp_path, redis_url, tiny_checkpoint, rendered, f
         assert (hits, len(double)) == ({1: 1, 4: 0}, 1)
     else:
         assert (hits, len(double)) == ({1: n - 1, 4: min(4 * (n // 4), n - 1)}, 0)
+
+
+@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-add-special-tokens"])
+def test_stats_notes_a_double_bos(tmp_path, tiny_checkpoint, rendered, flag):
+    """The same two records: stats' trace note names the text prompt's two BOS by default (its line, 2), and is
+    absent without special tokens."""
+    text, _, bos = rendered
+    path = _trace(tmp_path, [{"messages": M}, {"prompt": text}])
+    out = CliRunner().invoke(app, ["stats", path, "--tokenizer", tiny_checkpoint, "--json", flag])
+    assert out.exit_code == 0, out.output
+    (trace,) = json.loads(out.stdout)["traces"]
+    if flag == "--add-special-tokens":
+        assert trace["note"].startswith(f"double BOS: 1 prompt starts with two '<|begin_of_text|>' (id {bos}; "
+                                        f"first {path}:2)")
+    else:
+        assert trace["note"] is None
+
+
+@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-add-special-tokens"])
+def test_explain_notes_a_double_bos(tmp_path, tiny_checkpoint, rendered, flag):
+    text, _, bos = rendered
+    path = _trace(tmp_path, [{"messages": M}, {"prompt": text}])
+    out = CliRunner().invoke(app, ["explain", path, "--model", tiny_checkpoint, "--chunk-size", "4", "--json",
+                                   flag])
+    assert out.exit_code == 0, out.output
+    (trace,) = json.loads(out.stdout)["traces"]
+    double = [n for n in trace["notes"] if n.startswith("double BOS: ")]
+    if flag == "--add-special-tokens":
+        assert len(double) == 1 and double[0].startswith(
+            f"double BOS: 1 prompt starts with two '<|begin_of_text|>' (id {bos}; first {path}:2)")
+    else:
+        assert double == []
