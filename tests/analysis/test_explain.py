@@ -147,12 +147,13 @@ def test_every_request_adds_up_to_its_prompt_tokens_on_every_sample():
 def test_the_totals_are_replays_hit_tokens_and_upper_bound_on_every_sample(redis_url):
     out = run("replay", SAMPLES, "--chunk-sizes", "16,256", "--measure", "0", "--prefill-tps", 1000, "--payload",
               "accounted", "--no-curve", "--json", "--redis-url", redis_url)
-    replayed = {(t["trace"], r["chunk_size"]): (r["hit_tokens"], r["upper_bound_tokens"])
-                for t in json.loads(out.stdout)["traces"] for r in t["per_chunk_size"]}
+    rows = {(t["trace"], r["chunk_size"]): r for t in json.loads(out.stdout)["traces"] for r in t["per_chunk_size"]}
     for cs in (16, 256):
         for t in explain_traces([SAMPLES], "auto", None, ExplainConfig(cs)):
-            x = t.explanation
-            assert (x.reused_tokens, x.upper_bound_tokens) == replayed[(t.name, cs)], (t.name, cs)
+            x, row = t.explanation, rows[(t.name, cs)]
+            faults = {k: row[k] for k in ("redis_errors", "redis_timeouts", "redis_retries", "redis_busy_retries")}
+            assert (x.reused_tokens, x.upper_bound_tokens) == (row["hit_tokens"], row["upper_bound_tokens"]), (
+                t.name, cs, faults)
             assert x.reused_tokens + sum(x.lost_tokens_by_cause[c] for c in ("chunk_boundary", "eviction",
                                                                             "expiry")) == x.upper_bound_tokens
 
