@@ -81,7 +81,7 @@ DropTailBlock = Annotated[bool, typer.Option(
     help="Make each request's last hash id its own, never shared (Bailian: a request's last block id can change "
          "once decoding starts): hits fall by at most one block per request; prompt lengths stay.")]
 AddSpecialTokens = Annotated[bool, typer.Option(
-    "--add-special-tokens/--no-add-special-tokens",
+    "--add-special-tokens/--no-special-tokens",
     help="Whether a text prompt gets the tokenizer's special tokens (a BOS), as vLLM's /v1/completions adds them by "
          "default. Off for prompts that already hold the rendered chat template (and its BOS): their tokens then "
          "equal the same conversation sent as messages. A record's own add_special_tokens (true/false) wins.")]
@@ -144,7 +144,7 @@ def timeout_seconds(text: str) -> float:
 def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str | None = None,
                  drop_tail_block: bool = False, skip_bad_records: bool = False, add_special_tokens: bool = True):
     """The format argument every trace reader takes (:func:`kvcli.traces.detect.read_trace`): ``fmt`` itself when
-    no hash-id option and no ``--no-add-special-tokens`` was given, else a :class:`kvcli.traces.hashids.TraceFormat`
+    no hash-id option and no ``--no-special-tokens`` was given, else a :class:`kvcli.traces.hashids.TraceFormat`
     carrying them.
 
     Raises:

@@ -210,7 +210,7 @@ def lazy_tokenizer(tokenizer: str | Tokenizer) -> tuple[str | Tokenizer, str]:
 
 def prompt_tokenizer(tokenizer: str | Tokenizer, add_special_tokens: bool) -> str | Tokenizer:
     """``tokenizer`` as the trace readers take it, with text prompts encoded with or without its special tokens
-    (``--no-add-special-tokens``): unchanged when they are added (the default) or for a tiktoken name (tiktoken
+    (``--no-special-tokens``): unchanged when they are added (the default) or for a tiktoken name (tiktoken
     adds none); else the loaded tokenizer's copy that adds none (:meth:`Tokenizer.with_special_tokens`).
 
     Raises:

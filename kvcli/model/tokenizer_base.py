@@ -52,7 +52,7 @@ class Tokenizer(ABC):
 
     name: str
     n_vocab: int
-    #: whether :meth:`encode_prompt` adds the tokenizer's special tokens by default (``--no-add-special-tokens``:
+    #: whether :meth:`encode_prompt` adds the tokenizer's special tokens by default (``--no-special-tokens``:
     #: a copy made by :meth:`with_special_tokens`); part of neither the name nor the chunk hashes
     add_special_tokens: bool = True
 

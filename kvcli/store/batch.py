@@ -312,6 +312,7 @@ class Batcher:
         self.scripted = not store.cluster and store.resident_chunks is None and store.scripts_allowed
         self._conn: Any = None  # a connection of its own (redis-py's Connection), made at the first batch
         self._due: list[Batch] = []  # sent, reply not read yet: in the order sent
+        self._unread = 0  # script replies not read yet on the connection (:meth:`_eval`)
         self._tried = False  # a first scripted batch was answered (a refusal would have shown there)
 
     def submit(self, prompts: list[ChunkedPrompt]) -> Batch:
@@ -342,8 +343,8 @@ class Batcher:
             batch.scripts.append(len(group))
         try:
             with uninterrupted():  # sent whole or not at all
-                store.calls.call(self._eval, [c for packed in batch.packed for c in packed], record=False,
-                                 name="EVAL")
+                store.calls.call(self._eval, [c for packed in batch.packed for c in packed], len(batch.packed),
+                                 record=False, name="EVAL")
         except RedisUnavailable as exc:
             st.redis_timeouts += exc.timeout
             self._drop()
@@ -377,12 +378,11 @@ class Batcher:
     def close(self) -> None:
         """Read every reply still due (answers dropped), then close this batcher's connection. Call it however the
         replay ends: before a cleanup, nothing this process sent may still be waiting to run."""
+        for due in self._due:
+            due.answers = []
         try:
-            while self._due:
-                due = self._due.pop(0)
-                due.answers = []
-                for _ in due.scripts:
-                    self._conn.read_response()
+            while self._unread > 0 and self._conn is not None:  # every script sent, even one whose reply a
+                self._eval()  # Ctrl-C stopped waiting for: it may not have run yet
         except Exception:  # noqa: BLE001 - a broken connection: whatever the server had, it ran or dropped
             pass
         finally:
@@ -474,8 +474,8 @@ class Batcher:
             st.redis_busy_retries += len(busy)
             start = busy[0]
             with uninterrupted():
-                calls.call(self._eval, [c for packed in batch.packed[start:] for c in packed], record=False,
-                           name="EVAL")
+                calls.call(self._eval, [c for packed in batch.packed[start:] for c in packed],
+                           len(batch.packed) - start, record=False, name="EVAL")
 
     def _pack(self, *args) -> list:
         """One command packed for this batcher's connection (made here, not connected yet, the first time: its
@@ -484,11 +484,18 @@ class Batcher:
             self._conn = self.store.client.connection_pool.make_connection()
         return self._conn.pack_command(*args)
 
-    def _eval(self, packed: list | None = None):
-        """Send the packed scripts, or (None) read one script's reply."""
+    def _eval(self, packed: list | None = None, scripts: int = 0):
+        """Send the packed commands of ``scripts`` scripts, or (None) read one script's reply. :attr:`_unread`
+        counts the replies not read yet on the connection, held from Ctrl-C with the read or the send that changes
+        it, so :meth:`close` knows exactly how many scripts may still be waiting to run."""
         if packed is None:
-            return self._conn.read_response()
+            with uninterrupted():
+                try:
+                    return self._conn.read_response()
+                finally:  # an error reply (BUSY, a refusal) is a reply read; a broken connection is dropped
+                    self._unread -= 1
         self._conn.send_packed_command(packed)
+        self._unread += scripts
         return None
 
     def _fail(self, batch: Batch) -> None:
@@ -506,6 +513,7 @@ class Batcher:
         if self._conn is not None:
             self._conn.disconnect()
             self._conn = None
+        self._unread = 0  # whatever was sent on it ran or was dropped with it
 
 
 def _groups(prompts: list[ChunkedPrompt]) -> list[list[ChunkedPrompt]]:

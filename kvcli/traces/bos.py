@@ -35,7 +35,7 @@ def double_bos_note(requests: Iterable[Request], bos: int, bos_text: str) -> str
     return (f"double BOS: {count:,} {starts} with two {bos_text!r} (id {bos}; first {first}): the text already "
             f"holds the rendered chat template's BOS and the tokenizer added another, as vLLM's /v1/completions "
             f"does, so it shares at most that BOS with the same conversation sent as messages; "
-            f"--no-add-special-tokens (or \"add_special_tokens\": false in the record) reads it as an engine "
+            f"--no-special-tokens (or \"add_special_tokens\": false in the record) reads it as an engine "
             f"called with add_special_tokens=false")
 
 

@@ -60,7 +60,7 @@ class TraceFormat:
             last block id of a Bailian request can change once decoding starts.
         skip_bad_records: ``--skip-bad-records``: a record that fails its checks is skipped and counted instead of
             stopping the read.
-        add_special_tokens: ``--add-special-tokens/--no-add-special-tokens``: whether a text prompt gets the
+        add_special_tokens: ``--add-special-tokens/--no-special-tokens``: whether a text prompt gets the
             tokenizer's special tokens (a BOS), as vLLM's completions do by default; a record's own
             ``add_special_tokens`` wins (:func:`kvcli.traces.native.prompt_tokens`). Not a hash-id option.
 

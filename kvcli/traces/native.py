@@ -58,7 +58,7 @@ def prompt_tokens(record: dict, tokenizer: TokenizerArg, what: str) -> np.ndarra
     records, OpenAI request bodies in Batch files and gateway logs): exactly one of ``prompt`` (a string, a
     completion prompt: :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_prompt`, with the tokenizer's special
     tokens unless the record's ``add_special_tokens`` is false, as in vLLM's completions request body; true adds
-    them whatever ``--no-add-special-tokens`` says), ``messages`` (chat messages,
+    them whatever ``--no-special-tokens`` says), ``messages`` (chat messages,
     with the request's ``tools``, under the chat template plus the generation prompt:
     :meth:`~kvcli.model.tokenizer_base.Tokenizer.encode_chat`) or ``token_ids``; ``what`` names the object in
     the error. Returns ``[tokens]`` ``'<u4'``.

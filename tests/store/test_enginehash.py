@@ -163,9 +163,19 @@ def test_vllm_is_vllms_default_sha256():
 
 
 def test_the_unset_seed_of_sha256_is_vllms_fixed_default():
+    import hashlib
+    import pickle
+
+    def sha256(value) -> bytes:  # vLLM's sha256: the digest of the value's pickle, protocol 5
+        return hashlib.sha256(pickle.dumps(value, protocol=5)).digest()
+
     tokens = np.array(P40, dtype="<u4")
-    assert block_hashes("vllm", tokens, 16) == block_hashes("vllm", tokens, 16, hash_seed="vllm-none-hash")
+    root = sha256("vllm-none-hash")  # NONE_HASH with PYTHONHASHSEED unset
+    first = sha256((root, tuple(int(t) for t in P40[:16]), None))
+    assert block_hashes("vllm", tokens, 16)[0] == first.hex()
     assert block_hashes("vllm", tokens, 16) != block_hashes("vllm", tokens, 16, hash_seed="42")
+    with pytest.raises(ValueError, match="PYTHONHASHSEED must be 'random' or an integer"):
+        block_hashes("vllm", tokens, 16, hash_seed="vllm-none-hash")  # no PYTHONHASHSEED Python would start with
 
 
 def test_kvcli_is_the_stores_own_chain():

@@ -1,5 +1,5 @@
 """A double BOS (kvcli.traces.bos) and the choice of special tokens for text prompts: ``--add-special-tokens/
---no-add-special-tokens`` (TraceFormat.add_special_tokens) and a record's own ``add_special_tokens``.
+--no-special-tokens`` (TraceFormat.add_special_tokens) and a record's own ``add_special_tokens``.
 
 The tokenizer is the tiny checkpoint's own (kvcli.model.hf_tiny: byte-level BPE, ``<|begin_of_text|>`` as BOS, a
 Llama-3-style chat template that starts with the BOS). The text prompt is that template rendered for the messages
@@ -63,7 +63,7 @@ def test_the_flag_and_the_record_choose(tmp_path, tiny_checkpoint, rendered):
     assert off == [chat.tolist(), chat.tolist(), chat.tolist(), [bos] + chat.tolist()]  # the record's true wins
     note = trace_bos_note(path, "auto", tiny_checkpoint)
     assert note.startswith(f"double BOS: 2 prompts start with two '<|begin_of_text|>' (id {bos}; first {path}:2)")
-    assert "--no-add-special-tokens" in note
+    assert "--no-special-tokens" in note
     assert trace_bos_note(path, TraceFormat(add_special_tokens=False), tiny_checkpoint).startswith(
         "double BOS: 1 prompt start")
     assert trace_bos_note(_trace(tmp_path, [{"messages": M}]), "auto", tiny_checkpoint) is None
@@ -76,7 +76,7 @@ def test_a_record_flag_that_is_not_a_bool_names_its_line(tmp_path, tiny_checkpoi
         list(read_trace(path, "auto", tiny_checkpoint))
 
 
-@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-add-special-tokens"])
+@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-special-tokens"])
 def test_replay_hits_and_notes(tmp_path, redis_url, tiny_checkpoint, rendered, flag):
     """R1 is M as messages (n tokens), R2 the text. By default R2 = [BOS] + R1: only its chunk 0 (the first BOS)
     matches R1 at chunk size 1, nothing at 4, and the note names it. Without special tokens R2 = R1: every chunk
@@ -97,7 +97,7 @@ def test_replay_hits_and_notes(tmp_path, redis_url, tiny_checkpoint, rendered, f
         assert (hits, len(double)) == ({1: n - 1, 4: min(4 * (n // 4), n - 1)}, 0)
 
 
-@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-add-special-tokens"])
+@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-special-tokens"])
 def test_stats_notes_a_double_bos(tmp_path, tiny_checkpoint, rendered, flag):
     """The same two records: stats' trace note names the text prompt's two BOS by default (its line, 2), and is
     absent without special tokens."""
@@ -113,7 +113,7 @@ def test_stats_notes_a_double_bos(tmp_path, tiny_checkpoint, rendered, flag):
         assert trace["note"] is None
 
 
-@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-add-special-tokens"])
+@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-special-tokens"])
 def test_explain_notes_a_double_bos(tmp_path, tiny_checkpoint, rendered, flag):
     text, _, bos = rendered
     path = _trace(tmp_path, [{"messages": M}, {"prompt": text}])
