@@ -282,7 +282,7 @@ def plan_options(tiers: list[str] | None, optimal: bool, admit_after: int, polic
     from kvcli.replay.bill import parse_prices
     from kvcli.replay.planner import PlanOptions
     from kvcli.replay.policies import parse_policies
-    from kvcli.replay.tiers import parse_tier
+    from kvcli.store.tiers import parse_tier
 
     return PlanOptions(tuple(parse_tier(t) for t in tiers or ()), optimal, admit_after, parse_policies(policy),
                        parse_prices(prices))

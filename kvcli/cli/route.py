@@ -26,7 +26,7 @@ from kvcli.cli.options import (
     trace_format,
 )
 from kvcli.errors import BadInputError, KvcliError
-from kvcli.units import json_document, parse_capacity, parse_duration
+from kvcli.units import json_document, parse_duration
 
 Opt = typer.Option
 
@@ -41,9 +41,15 @@ def route(
                                      "prefix, cache-manager, cache-aware, cost, or all; repeat or comma-separate.",
                                      rich_help_panel=POLICY)] = ["all"],
     nodes: Annotated[int, Opt(help="Serving nodes.", rich_help_panel=CLUSTER)] = 4,
-    node_capacity: Annotated[str, Opt(metavar="<size>", help="KV cache per node: tokens (3M tokens, 500k tok, "
-                                      "250000) or bytes (40GB, 64GiB, at --model's KV bytes/token), or "
-                                      "'unlimited'.", rich_help_panel=CLUSTER)] = "3M tokens",
+    node_capacity: Annotated[Optional[str], Opt(metavar="<size>", help="KV cache per node: tokens (3M tokens, 500k "
+                                                "tok, 250000) or bytes (40GB, 64GiB, at --model's KV bytes/token), "
+                                                "or 'unlimited'. Default: 3M tokens.", show_default=False,
+                                                rich_help_panel=CLUSTER)] = None,
+    tier: Annotated[Optional[list[str]], Opt(metavar="<name=size>", help="A cache tier NAME=SIZE instead of "
+                                             "--node-capacity, repeatable, fastest first: gpu/host names one cache "
+                                             "per node (the first is the node's own), any other (redis) one shared "
+                                             "by all nodes, after them (docs/routing.md).",
+                                             rich_help_panel=CLUSTER, show_default=False)] = None,
     chunk_size: Annotated[str, Opt("--chunk-size", "--chunk-sizes", help="Tokens per chunk, one size (Mooncake "
                                    "traces: 512-token blocks).", rich_help_panel=CLUSTER)] = "256",
     prefill_tps: Annotated[Optional[float], Opt(help="Prefill tokens/s per node; default: measure the "
@@ -113,6 +119,8 @@ def route(
       kvcli route chat.jsonl --rate 4 --policy prefix,cache-aware --sweep abs-threshold=2,8,32 --plot ca.png
 
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
+
+      kvcli route chat.jsonl --rate 4 --tier 'gpu=1M tokens' --tier 'host=8M tokens' --tier 'redis=64M tokens'
     """
     from kvcli.figures import check_plot_path, plot_paths
     from kvcli.model.load import check_model, resolve_tokenizer
@@ -122,7 +130,14 @@ def route(
     from kvcli.route.policies import resolve_policies
     from kvcli.route.report import plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
-    from kvcli.route.simulator import SimConfig, check_prefill_tps, kv_bytes_per_token, load_requests, prefill_cost
+    from kvcli.route.simulator import (
+        SimConfig,
+        check_prefill_tps,
+        kv_bytes_per_token,
+        load_requests,
+        node_cache_options,
+        prefill_cost,
+    )
     from kvcli.traces.order import arrival_order, order_note
     from kvcli.traces.paths import display_name, expand_paths, stdin_paths
 
@@ -137,7 +152,7 @@ def route(
         size = one_chunk_size(chunk_size)
         kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)
         config = SimConfig(
-            nodes=nodes, capacity_tokens=parse_capacity(node_capacity, kv), chunk_size=size,
+            nodes=nodes, **node_cache_options(node_capacity, tier or (), kv), chunk_size=size,
             max_batch=max_batch, decode_tpot=decode_tpot, default_output_tokens=output_length, rate=rate, seed=seed,
             abs_threshold=abs_threshold, rel_threshold=rel_threshold, cache_threshold=cache_threshold, cost_weight=w,
             temperature=temperature, lookup_delay=DelaySpec.parse(lookup_delay), count_measured_latency=

@@ -9,7 +9,7 @@ the unlimited cache's hit tokens.
 Pricing (:func:`price_plan`, after the replay's savings): a tier's hits cost a load and save their recompute.
 Recompute: the tier's hit tokens times the replay's saved prefill per hit token at this chunk size (its 95%
 interval carried): an average over the trace's hits, not the marginal cost of each. Load, by the tier's kind
-(:data:`kvcli.replay.tiers.KINDS`): ``gpu`` 0 (the prefix cache is in device memory); ``host`` its bytes at the
+(:data:`kvcli.store.tiers.KINDS`): ``gpu`` 0 (the prefix cache is in device memory); ``host`` its bytes at the
 device's load rate (``--hardware``'s host link or ``--prefill-profile``'s measured rate; else this machine's
 measured deserialize time per chunk); any other tier a store across the network, priced as the replay's Redis
 (the network model's round trip per request and bytes at link speed, or the server's measured rates), plus the
@@ -30,7 +30,8 @@ from kvcli.replay.optimal import optimal_by_capacity
 from kvcli.replay.policies import simulate_policy
 from kvcli.replay.savings import Interval
 from kvcli.replay.stream import ChunkStream
-from kvcli.replay.tiers import TierSpec, check_tiers, simulate_tiers
+from kvcli.replay.tiers import simulate_tiers
+from kvcli.store.tiers import TierSpec, check_tiers
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """A hierarchy of KV-cache tiers (``--tier NAME=SIZE``, fastest first), simulated over one chunk size's requests.
 
+The lookup, promotion and write-through are :mod:`kvcli.store.tiers`'s (shared with ``kvcli route --tier``); the
+tier options are parsed there too.
+
 The model (one serving node; each tier its own :class:`~kvcli.store.lru.ChunkLru`, the replay's one LRU with its
 deepest-first touch order):
 
@@ -31,72 +34,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvcli.errors import BadInputError
 from kvcli.replay.stream import ChunkStream
 from kvcli.store.lru import ChunkLru
-from kvcli.units import parse_capacity
-
-KINDS = {"gpu": "gpu", "hbm": "gpu", "host": "host", "cpu": "host", "dram": "host"}
-"""Tier names with a known place (and price of a load); any other name (``redis``, ``valkey``, ``shared``...) is a
-store across the network, loaded as the replay's Redis is."""
-
-
-@dataclass(frozen=True)
-class TierSpec:
-    """One ``--tier NAME=SIZE``: a name and a size in tokens or in bytes of the model's KV (exactly one is set)."""
-
-    name: str
-    tokens: int | None = None
-    bytes: int | None = None
-
-    @property
-    def kind(self) -> str:
-        """"gpu", "host" or "remote" (:data:`KINDS`)."""
-        return KINDS.get(self.name.lower(), "remote")
-
-    def chunks(self, chunk_size: int, payload_bytes_per_chunk: int) -> int:
-        """Capacity in whole chunks at this chunk size (tokens // chunk_size, or bytes // payload bytes per chunk)."""
-        if self.bytes is not None:
-            return self.bytes // max(payload_bytes_per_chunk, 1)
-        assert self.tokens is not None
-        return self.tokens // chunk_size
-
-    def to_dict(self) -> dict:
-        """JSON-ready."""
-        return {"name": self.name, "kind": self.kind, "size_tokens": self.tokens, "size_bytes": self.bytes}
-
-
-def parse_tier(text: str) -> TierSpec:
-    """``NAME=SIZE``: SIZE in tokens (``3M tokens``, ``250000``) or bytes of the model's KV (``80GB``, ``1TiB``),
-    read by :func:`kvcli.units.parse_capacity` (the one size parser).
-
-    Raises:
-        BadInputError: no ``=``, an empty or odd name, an unreadable, zero or unlimited size (message names --tier).
-    """
-    name, sep, size = text.partition("=")
-    name = name.strip()
-    if not sep or not name or not all(c.isalnum() or c in "-_" for c in name):
-        raise BadInputError(f"--tier must be NAME=SIZE (e.g. gpu=40GB, host=2M tokens), got {text!r}")
-    in_bytes = []
-
-    def per_token() -> int:  # called by the parser only for a size in bytes: then it is kept in bytes
-        in_bytes.append(True)
-        return 1
-
-    try:
-        value = parse_capacity(size, per_token)
-    except BadInputError as exc:
-        raise BadInputError(f"--tier {name}: {exc}") from None
-    if value is None or value <= 0:
-        raise BadInputError(f"--tier {name}: the size must be a positive number of tokens or bytes, got {size!r}")
-    return TierSpec(name, None, value) if in_bytes else TierSpec(name, value, None)
-
-
-def check_tiers(tiers: Sequence[TierSpec]) -> None:
-    """Raise BadInputError (naming --tier) when two tiers share a name."""
-    names = [t.name for t in tiers]
-    if len(set(names)) != len(names):
-        raise BadInputError(f"--tier names must differ, got {', '.join(names)}")
+from kvcli.store.tiers import lookup_tiers, served_tokens, write_tiers
 
 
 @dataclass(frozen=True)
@@ -144,23 +84,23 @@ def simulate_tiers(stream: ChunkStream, capacities: Sequence[int], admit_after: 
         raise ValueError(f"admit_after must be >= 1, got {admit_after}")
     lrus = [ChunkLru(c) for c in capacities]
     m, cs = len(lrus), stream.chunk_size
-    hit, whole_of, hit_req, written = [0] * m, [0] * m, [0] * m, [0] * m
+    hit, hit_tokens, hit_req, written = [0] * m, [0] * m, [0] * m, [0] * m
     seen: Counter | None = Counter() if admit_after > 1 else None
     new_total = admitted_total = 0
     flat, cuts, tokens = stream.lists()
-    starts = [0] * m
     for r, n_tokens in enumerate(tokens):
         h = flat[cuts[r]:cuts[r + 1]]
         n = len(h)
-        p = last = 0
-        for i, lru in enumerate(lrus):
-            starts[i] = p
-            k = lru.match(h[p:] if p else h) if p < n else 0  # type: ignore[arg-type]  # ids stand for hashes
-            if k:
-                hit[i] += k
-                hit_req[i] += 1
-                p += k
-                last = i
+        bounds = lookup_tiers(lrus, h)
+        p = bounds[-1]
+        if p:
+            served = served_tokens(bounds, cs, p * cs - (p == n and n_tokens == n * cs))
+            for i in range(m):
+                k = bounds[i + 1] - bounds[i]
+                if k:
+                    hit[i] += k
+                    hit_tokens[i] += served[i]
+                    hit_req[i] += 1
         end = n
         if seen is not None:
             seen.update(h)
@@ -169,11 +109,6 @@ def simulate_tiers(stream: ChunkStream, capacities: Sequence[int], admit_after: 
                 end += 1
         new_total += n - p
         admitted_total += end - p
-        if p == n and n and n_tokens == n * cs:
-            whole_of[last] += 1
-        for i, lru in enumerate(lrus):
-            if starts[i] < end:
-                new, _ = lru.store(h[starts[i]:end] if starts[i] or end < n else h)  # type: ignore[arg-type]
-                written[i] += len(new)
-    return TierCounts(list(capacities), hit, [c * cs - w for c, w in zip(hit, whole_of)], hit_req, written,
-                      admitted_total, new_total)
+        for i, w in enumerate(write_tiers(lrus, h, bounds, end)):
+            written[i] += w
+    return TierCounts(list(capacities), hit, hit_tokens, hit_req, written, admitted_total, new_total)

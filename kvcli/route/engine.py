@@ -17,6 +17,13 @@ that mirrors the nodes' caches
 (:meth:`~kvcli.route.policies.Policy.mirror_nodes`: ``prefix``, ``cache-aware``, ``cost``), a node's cache is an
 unlimited :class:`ChunkLru` that, at each store, drops the chunks the policy's LRU for that node evicted when it
 stored the same request: the same chunks held at every moment, one LRU's work instead of two.
+
+With tiers behind the node's cache (``lower``), the node's cache is the first tier: its lookup and store are the
+ones above (its touches start at chunk 0, as without tiers). At each prefix match the lookup goes on from where
+that cache stopped through the node's lower tiers (:func:`kvcli.store.tiers.lookup_tiers`; a shared tier is one
+cache in every node's list), and the prefill covers what follows the whole hit run; at the prefill's end the
+lower tiers get the promotions and the new chunks (:func:`~kvcli.store.tiers.write_tiers`) from the bounds found at
+its start (the node's own tiers cannot change in between: its prefills run one at a time; a shared tier can).
 """
 from __future__ import annotations
 
@@ -24,12 +31,13 @@ import heapq
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvcli.store.hashing import reusable_tokens
 from kvcli.store.lru import ChunkLru
+from kvcli.store.tiers import lookup_tiers, served_tokens, write_tiers
 
 PREFILL_DONE, DECODE_DONE, DISPATCH = 0, 1, 2
 # Heap keys: kind * 2**52 + sequence number, one int that orders as (kind, seq) for < 2**52 events.
@@ -44,7 +52,9 @@ class Records:
         node: the node it was sent to. hit_tokens: tokens found in that node's cache at prefill start.
         dispatch, prefill_start, first_token, finish: times. injected, measured: lookup delays (0 without one).
         looked_up, timed_out: whether a cache manager was asked, and whether the router gave up waiting.
-        evictions: chunks evicted from all node caches. peak_imbalance: max - min outstanding requests, at worst.
+        evictions: chunks evicted from all node caches (the first tier's, with tiers). peak_imbalance: max - min
+        outstanding requests, at worst. hit_tokens_by_tier: hit tokens each tier served, ``[tiers]`` (``[]``
+        without tiers).
     """
 
     node: list[int]
@@ -59,6 +69,7 @@ class Records:
     timed_out: list[bool]
     evictions: int = 0
     peak_imbalance: int = 0
+    hit_tokens_by_tier: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, count: int) -> Records:
@@ -77,6 +88,9 @@ class EventLoop:
         arrivals: ``[(time, request index)]`` sorted ascending. decode_seconds: per request, ``[requests]``.
         policy: a :class:`~kvcli.route.policies.Policy`. view: the policy's :class:`ClusterView`, kept current.
         capacity_chunks: per node cache (None: unlimited). prefill_seconds: ``(new, cached tokens) -> seconds``.
+        lower: per node, the caches of the tiers behind its own, ``[nodes][tiers]`` in lookup order (a shared tier
+            the same object in every list; empty lists: one tier, counted per tier;
+            :meth:`~kvcli.route.simulator.SimConfig.lower_caches`), or None (no tiers).
 
     A policy whose ``looks_up`` is False is never asked :meth:`~kvcli.route.policies.Policy.lookup` (it answers
     None), and one whose ``watches_cache`` is False is never told of cache changes (it ignores them); a policy
@@ -84,8 +98,8 @@ class EventLoop:
     """
 
     def __init__(self, requests, arrivals, decode_seconds, policy, view, capacity_chunks, max_batch: int,
-                 prefill_seconds) -> None:
-        self.requests, self.arrivals, self.decode_seconds = requests, arrivals, decode_seconds
+                 prefill_seconds, lower: list[list[ChunkLru]] | None = None) -> None:
+        self.requests, self.arrivals, self.decode_seconds, self.lower = requests, arrivals, decode_seconds, lower
         self.policy, self.view = policy, view
         self.capacity_chunks, self.max_batch, self.prefill_seconds = capacity_chunks, max_batch, prefill_seconds
 
@@ -124,6 +138,9 @@ class EventLoop:
         forgets = [c.forget for c in caches]
         # Only a watching policy needs the new chunks named (ChunkLru.touch is store without them).
         stores = [c.store if notify is not None else c.touch for c in caches]
+        lower = self.lower
+        bounds_of: list = [None] * count  # request -> its last lookup's bounds in its node's lower tiers
+        by_tier = [0] * (1 + len(lower[0])) if lower is not None else []
         answers: dict[int, object] = {}  # request -> its lookup's answer, until its DISPATCH event
         heap: list[tuple] = []  # (time, key, request): key = kind's base + sequence number (module docstring)
         push, pop = heapq.heappush, heapq.heappop
@@ -149,6 +166,8 @@ class EventLoop:
                             evictions += len(evicted)
                             if new or evicted:
                                 notify(node, new, evicted)
+                        if lower is not None:
+                            write_tiers(lower[node], chunk_ids[i], bounds_of[i], len(chunk_ids[i]))
                         load_tokens[node] -= estimate[i]
                         prefilling[node] = False
                         first_token[i] = t
@@ -166,7 +185,11 @@ class EventLoop:
                     if not queue or prefilling[node] or active[node] >= max_batch:
                         continue
                     i = queue.popleft()
-                    hit = chunk_size * matches[node](chunk_ids[i])
+                    hit = matches[node](chunk_ids[i])
+                    if lower is not None:
+                        bounds_of[i] = bounds = lookup_tiers(lower[node], chunk_ids[i], hit)
+                        hit = bounds[-1]
+                    hit *= chunk_size
                     if hit > limit[i]:
                         hit = limit[i]
                     estimate_i = estimate[i]
@@ -191,7 +214,11 @@ class EventLoop:
                 node = choose(requests[i], view, answer)
                 assert 0 <= node < nodes, f"policy chose node {node}"
                 node_of[i], dispatched[i] = node, t
-                hit = chunk_size * matches[node](chunk_ids[i])
+                hit = matches[node](chunk_ids[i])
+                if lower is not None:
+                    bounds_of[i] = bounds = lookup_tiers(lower[node], chunk_ids[i], hit)
+                    hit = bounds[-1]
+                hit *= chunk_size
                 if hit > limit[i]:
                     hit = limit[i]
                 estimate[i] = estimate_i = prompt[i] - hit
@@ -210,7 +237,10 @@ class EventLoop:
             load_tokens[node] += new_tokens - estimate_i
             estimate[i] = new_tokens
             hit_tokens[i], prefill_start[i] = hit, t
+            if lower is not None:
+                for tier, tokens in enumerate(served_tokens([0] + bounds_of[i], chunk_size, hit)):
+                    by_tier[tier] += tokens
             seq += 1
             push(heap, (t + prefill_seconds(new_tokens, hit), _PREFILL_DONE + seq, i))
-        out.evictions, out.peak_imbalance = evictions, peak
+        out.evictions, out.peak_imbalance, out.hit_tokens_by_tier = evictions, peak, by_tier
         return out

@@ -295,7 +295,7 @@ class CacheManager(Policy):
 # SimConfig fields that change every policy's run: the cluster, the workload and the arrivals (``seed`` joins them
 # when ``rate`` draws Poisson arrivals; see :func:`config_fields`).
 COMMON_FIELDS = ("nodes", "capacity_tokens", "chunk_size", "max_batch", "decode_tpot", "default_output_tokens",
-                 "rate")
+                 "rate", "first_tier", "lower_tiers")
 
 
 def _never(config: SimConfig) -> bool:

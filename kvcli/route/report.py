@@ -5,7 +5,9 @@ Per run (policy x sweep point) the summary holds: hit token ratio across the clu
 (max/mean and coefficient of variation = population std / mean), the peak request imbalance (max - min outstanding
 requests at any moment), queue wait and TTFT p50/p90/p99, end-to-end p50/p99 (seconds), throughput (requests per
 second over the makespan, first arrival to last finish), cache-manager lookups (count, timeouts, measured Redis
-round trip and injected delay, in ms) and evictions (chunks). Percentiles are numpy's default (linear).
+round trip and injected delay, in ms) and evictions (chunks); with ``--tier``, the hit tokens each tier served
+(``hit_tokens_by_tier``, tier name -> tokens, adding up to ``hit_tokens``). Percentiles are numpy's default
+(linear).
 """
 from __future__ import annotations
 
@@ -154,13 +156,17 @@ def summarize(result: SimResult, config: SimConfig, bound_hit_tokens: int) -> di
                     "measured_seconds": _pcts(result.measured[looked], (50, 99, 100)),
                     "injected_seconds": _pcts(result.injected[looked], (50, 99))},
         "evictions": result.evictions,
+        **({"hit_tokens_by_tier": dict(zip(config.tier_names, result.hit_tokens_by_tier))}
+           if config.tier_names else {}),
     }
 
 
 def config_dict(config: SimConfig) -> dict:
-    """``config`` as JSON-ready values (the delay as its text form)."""
+    """``config`` as JSON-ready values (the delay as its text form; the tier fields only with tiers)."""
     out = dataclasses.asdict(config)
     out["lookup_delay"] = str(config.lookup_delay)
+    if config.first_tier is None:
+        del out["first_tier"], out["lower_tiers"]
     return out
 
 
@@ -176,7 +182,8 @@ def run_routes(requests: list[SimRequest], policies: list[str], points: list[tup
     with (open_redis(redis_url, timeout) if needs else contextlib.nullcontext((None, None))) as (client, _):
         runs, bounds = [], {}
         for name, labels, config in plan_runs(policies, points):
-            key = (config.nodes, config.capacity_chunks, config.rate, config.seed if config.rate else None)
+            key = (config.nodes, config.capacity_chunks, config.lower_tiers, config.rate,
+                   config.seed if config.rate else None)
             if key not in bounds:
                 bounds[key] = single_node_hit_tokens(requests, config)
             if on_run:
@@ -260,7 +267,8 @@ def _table(title: str, head: list[str], columns: list[str]) -> Table:
 
 
 def render(report: dict, console: Console) -> None:
-    """The tables (cache; balance; latency; cache-manager lookups when any) and the winners, on ``console``.
+    """The tables (cache; hit tokens by tier with tiers; balance; latency; cache-manager lookups when any) and the
+    winners, on ``console``.
     Per sweep point the best hit ratio and the best TTFT p99 are bold green."""
     runs, sweep = report["runs"], any(r["sweep"] for r in report["runs"])
     point = lambda r: json.dumps(r["sweep"], sort_keys=True)  # noqa: E731
@@ -275,6 +283,8 @@ def render(report: dict, console: Console) -> None:
                                            "e2e p50", "e2e p99"])
     looks = _table("cache-manager lookups", head, ["lookups", "timeouts", "Redis ms p50", "Redis ms p99",
                                                   "injected ms p50", "injected ms p99", "index writes"])
+    names = list(dict.fromkeys(t for r in runs for t in r.get("hit_tokens_by_tier", {})))
+    tiers = _table("hit tokens by tier (they add up to the hit tokens)", head, names)
     mark = lambda text, win: f"[bold green]{text}[/]" if win else text  # noqa: E731
     for r in runs:
         first = [r["policy"]] + ([" ".join(f"{k}={v}" for k, v in r["sweep"].items()) or "any"] if sweep else [])
@@ -282,6 +292,8 @@ def render(report: dict, console: Console) -> None:
         cache.add_row(*first, mark(f"{100 * r['hit_token_ratio']:.1f}", key in best_hit),
                       f"{100 * r['single_node_hit_token_ratio']:.1f}", _count(r["prefill_tokens"]),
                       _count(r["evictions"]), _fmt(r["throughput"]["requests_per_second"]))
+        if "hit_tokens_by_tier" in r:
+            tiers.add_row(*first, *(_count(r["hit_tokens_by_tier"].get(t, 0)) for t in names))
         balance.add_row(*first, f"{n['requests_spread']['max_over_mean']:.2f}", f"{n['requests_spread']['cv']:.2f}",
                         f"{n['prefill_tokens_spread']['max_over_mean']:.2f}",
                         f"{n['prefill_tokens_spread']['cv']:.2f}", str(n["peak_request_imbalance"]))
@@ -292,7 +304,8 @@ def render(report: dict, console: Console) -> None:
             looks.add_row(*first, str(lk["count"]), str(lk["timeouts"]), _ms(lk["measured_seconds"]["p50"], ".2f"),
                           _ms(lk["measured_seconds"]["p99"], ".2f"), _ms(lk["injected_seconds"]["p50"], ".3g"),
                           _ms(lk["injected_seconds"]["p99"], ".3g"), str(lk.get("index_writes", "-")))
-    for table in (cache, balance, lat) + ((looks,) if looks.row_count else ()):
+    for table in (cache,) + ((tiers,) if tiers.row_count else ()) + (balance, lat) + \
+            ((looks,) if looks.row_count else ()):
         print_table(console, table, keep=len(head))  # split by columns, never cut, when the console is narrow
     for w in report["winners"]:
         where = " ".join(f"{k}={v}" for k, v in w["sweep"].items())

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import operator
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,10 +42,79 @@ from kvcli.route.engine import EventLoop
 from kvcli.route.numbering import ChunkNumbering
 from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
 from kvcli.store.lru import ChunkLru
+from kvcli.store.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
+from kvcli.units import parse_capacity
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
 MAX_NODES = 100_000  # each node holds its own cache object: beyond this a typo, not a cluster
+
+
+@dataclass(frozen=True)
+class RouteTier:
+    """A cache tier behind each node's first one (``--tier NAME=SIZE`` after the first).
+
+    Attributes:
+        name: as given. tokens: capacity in tokens (``tokens // chunk_size`` chunks).
+        shared: one cache for the whole fleet (a Redis/Valkey store behind the nodes) instead of one per node.
+    """
+
+    name: str
+    tokens: int
+    shared: bool
+
+
+def parse_route_tiers(texts: Sequence[str], kv_bytes_per_token: Callable[[], int]) -> tuple[str, int,
+                                                                                             tuple[RouteTier, ...]]:
+    """``--tier NAME=SIZE`` options (fastest first) for ``kvcli route``, read by
+    :func:`kvcli.store.tiers.parse_tier`: a name of kind ``gpu`` or ``host`` (:data:`kvcli.store.tiers.KINDS`:
+    gpu, hbm, host, cpu, dram) is one cache per node, any other name (``redis``, ``valkey``, ``shared``...) one
+    cache shared by all nodes. The first tier is each node's own cache (what ``--node-capacity`` sizes without
+    ``--tier``); shared tiers come after every per-node one. A size in bytes is divided by
+    ``kv_bytes_per_token()`` (called only then), as ``--node-capacity``'s.
+
+    Returns:
+        (first tier's name, its size in tokens, the tiers behind it).
+
+    Raises:
+        BadInputError: no tier, a bad NAME=SIZE, two tiers of one name, a shared first tier, or a per-node tier
+            after a shared one (the message names --tier).
+    """
+    specs = [parse_tier(t) for t in texts]
+    if not specs:
+        raise BadInputError("--tier: give at least one tier, e.g. --tier gpu=3M tokens")
+    check_tiers(specs)
+    tiers = [RouteTier(s.name, s.tokens if s.tokens is not None else (s.bytes or 0) // kv_bytes_per_token(),
+                       s.kind == "remote") for s in specs]
+    if tiers[0].shared:
+        raise BadInputError(f"--tier {tiers[0].name}: the first tier is each node's own cache; name it gpu, hbm, "
+                            "host, cpu or dram (other names are shared by all nodes)")
+    late = next((b for a, b in zip(tiers, tiers[1:]) if a.shared and not b.shared), None)
+    if late is not None:
+        raise BadInputError(f"--tier {late.name}: a per-node tier must come before the shared ones "
+                            f"({', '.join(t.name for t in tiers if t.shared)}); tiers are fastest first")
+    return tiers[0].name, tiers[0].tokens, tuple(tiers[1:])
+
+
+DEFAULT_NODE_CAPACITY = "3M tokens"
+
+
+def node_cache_options(node_capacity: str | None, tiers: Sequence[str], kv_bytes_per_token: Callable[[], int]) -> dict:
+    """The :class:`SimConfig` fields of the nodes' caches from ``--node-capacity`` (None: not given, then
+    :data:`DEFAULT_NODE_CAPACITY`) or ``--tier`` options (:func:`parse_route_tiers`): ``capacity_tokens``,
+    ``first_tier``, ``lower_tiers``. ``kv_bytes_per_token()`` is called only for a size in bytes.
+
+    Raises:
+        BadInputError: both options given (the first tier is the node cache ``--node-capacity`` sizes), or as
+            :func:`kvcli.units.parse_capacity` and :func:`parse_route_tiers`.
+    """
+    if not tiers:
+        return {"capacity_tokens": parse_capacity(node_capacity or DEFAULT_NODE_CAPACITY, kv_bytes_per_token)}
+    if node_capacity is not None:
+        raise BadInputError("--tier and --node-capacity both size each node's first cache: give one (--tier gpu=SIZE "
+                            "for the first tier)")
+    first, tokens, lower = parse_route_tiers(tiers, kv_bytes_per_token)
+    return {"capacity_tokens": tokens, "first_tier": first, "lower_tiers": lower}
 
 
 @dataclass(frozen=True)
@@ -63,6 +132,9 @@ class SimConfig:
         lookup_delay: injected cache-manager delay. lookup_timeout: seconds, then least-loaded (None = wait).
         count_measured_latency: add the measured Redis round trip to the lookup wait (False: count it as 0, for
             exact, repeatable runs; it is still reported).
+        first_tier: the name of each node's first cache tier (the one ``capacity_tokens`` sizes) when tiers are
+            given (None: no tiers, no per-tier report). lower_tiers: the tiers behind it, in lookup order
+            (:func:`parse_route_tiers`; the model is in docs/routing.md).
     """
 
     nodes: int = 4
@@ -81,6 +153,8 @@ class SimConfig:
     lookup_delay: DelaySpec = field(default_factory=DelaySpec)
     lookup_timeout: float | None = None
     count_measured_latency: bool = True
+    first_tier: str | None = None
+    lower_tiers: tuple[RouteTier, ...] = ()
 
     def __post_init__(self) -> None:
         """Reject values no run can use, naming the CLI option: BadInputError."""
@@ -107,8 +181,12 @@ class SimConfig:
                   ("--temperature", self.temperature, self.temperature >= 0, ">= 0"),
                   ("--lookup-timeout", self.lookup_timeout, self.lookup_timeout is None or self.lookup_timeout > 0,
                    "> 0 seconds"),
-                  ("--node-capacity", capacity, capacity is None or capacity >= chunk,
-                   f"at least one chunk (>= --chunk-size, {chunk} tokens)")]
+                  ("--node-capacity" if self.first_tier is None else f"--tier {self.first_tier}", capacity,
+                   capacity is None or capacity >= chunk, f"at least one chunk (>= --chunk-size, {chunk} tokens)")]
+        checks += [(f"--tier {t.name}", t.tokens, t.tokens >= chunk, f"at least one chunk (>= --chunk-size, {chunk} "
+                    "tokens)") for t in self.lower_tiers]
+        if self.lower_tiers and self.first_tier is None:
+            raise BadInputError("lower_tiers need first_tier (the name of the tier capacity_tokens sizes)")
         for option, value, ok, requirement in checks:
             if not ok:
                 raise BadInputError(f"{option} must be {requirement}, got {value:g}")
@@ -117,6 +195,18 @@ class SimConfig:
     def capacity_chunks(self) -> int | None:
         """Chunks a node's cache holds (None = unlimited)."""
         return None if self.capacity_tokens is None else self.capacity_tokens // self.chunk_size
+
+    @property
+    def tier_names(self) -> list[str]:
+        """Every tier's name in lookup order (``[]`` without tiers)."""
+        return [] if self.first_tier is None else [self.first_tier] + [t.name for t in self.lower_tiers]
+
+    def lower_caches(self, nodes: int) -> list[list[ChunkLru]]:
+        """Empty caches of :attr:`lower_tiers` for ``nodes`` nodes, ``[nodes][lower tiers]`` in lookup order: a
+        per-node tier is a cache per node, a shared one the same cache in every node's list."""
+        shared = {t.name: ChunkLru(t.tokens // self.chunk_size) for t in self.lower_tiers if t.shared}
+        return [[shared[t.name] if t.shared else ChunkLru(t.tokens // self.chunk_size) for t in self.lower_tiers]
+                for _ in range(nodes)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +313,9 @@ class SimResult:
 
     ``ttft = first_token - arrival`` (includes the lookup wait), ``queue_wait = prefill_start - dispatch``,
     ``e2e = finish - arrival``. ``measured`` is the real Redis latency of each lookup, added to the wait only when
-    ``count_measured_latency``; ``injected`` is the injected delay (both 0 without a lookup).
+    ``count_measured_latency``; ``injected`` is the injected delay (both 0 without a lookup). ``hit_tokens_by_tier``:
+    hit tokens each tier served over the run, ``[tiers]`` in lookup order, adding up to ``hit_tokens.sum()``
+    (``[]`` without tiers).
     """
 
     policy: str
@@ -242,6 +334,7 @@ class SimResult:
     timed_out: np.ndarray
     evictions: int
     peak_imbalance: int
+    hit_tokens_by_tier: list[int] = field(default_factory=list)
 
 
 def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> SimResult:
@@ -262,7 +355,8 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
     decode = [max((default if r.output_length is None else r.output_length) - 1, 0) * tpot for r in requests]
     view = ClusterView([0] * config.nodes, [0] * config.nodes, config.chunk_size)
     out = EventLoop(requests, list(zip(arrival[order].tolist(), order.tolist())), decode, policy, view,
-                    config.capacity_chunks, config.max_batch, cost.seconds).run()
+                    config.capacity_chunks, config.max_batch, cost.seconds,
+                    config.lower_caches(config.nodes) if config.first_tier is not None else None).run()
     times = {k: np.array(getattr(out, k), dtype=np.float64)
              for k in ("dispatch", "prefill_start", "first_token", "finish", "injected", "measured")}
     return SimResult(
@@ -270,21 +364,25 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
         prompt_tokens=np.array([r.prompt_tokens for r in requests], dtype=np.int64),
         hit_tokens=np.array(out.hit_tokens, dtype=np.int64), arrival=arrival, **times,
         looked_up=np.array(out.looked_up, dtype=bool), timed_out=np.array(out.timed_out, dtype=bool),
-        evictions=out.evictions, peak_imbalance=out.peak_imbalance)
+        evictions=out.evictions, peak_imbalance=out.peak_imbalance, hit_tokens_by_tier=out.hit_tokens_by_tier)
 
 
 def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int:
-    """Hit tokens of one node holding the whole cluster's capacity (``nodes x capacity``), serving every request
-    in arrival order with no overlap: the ceiling no routing policy can beat with the same total cache."""
+    """Hit tokens of one node holding the whole cluster's capacity (``nodes x capacity`` in each per-node tier, a
+    shared tier's own size), serving every request in arrival order with no overlap, each looked up and stored at
+    once (:func:`kvcli.store.tiers.lookup_tiers`, :func:`~kvcli.store.tiers.write_tiers`): the ceiling no routing
+    policy can beat with the same total cache."""
     check_numbering(requests)
     capacity = None if config.capacity_chunks is None else config.capacity_chunks * config.nodes
-    cache = ChunkLru(capacity)
+    caches = [ChunkLru(capacity)] + [ChunkLru(t.tokens // config.chunk_size * (1 if t.shared else config.nodes))
+                                     for t in config.lower_tiers]
     order = np.argsort(arrival_times(requests, config.rate, config.seed), kind="stable")
     hit = 0
     for i in order.tolist():
         chunk_ids = requests[i].chunk_ids
-        hit += reusable_tokens(cache.match(chunk_ids) * config.chunk_size, requests[i].prompt_tokens)
-        cache.store(chunk_ids)
+        bounds = lookup_tiers(caches, chunk_ids)
+        hit += reusable_tokens(bounds[-1] * config.chunk_size, requests[i].prompt_tokens)
+        write_tiers(caches, chunk_ids, bounds, len(chunk_ids))
     return hit
 
 
