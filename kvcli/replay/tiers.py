@@ -66,6 +66,9 @@ class TierSpec:
         return {"name": self.name, "kind": self.kind, "size_tokens": self.tokens, "size_bytes": self.bytes}
 
 
+MAX_NAME = 24  # characters of a tier name
+
+
 def parse_tier(text: str) -> TierSpec:
     """``NAME=SIZE``: SIZE in tokens (``3M tokens``, ``250000``) or bytes of the model's KV (``80GB``, ``1TiB``),
     read by :func:`kvcli.units.parse_capacity` (the one size parser).
@@ -77,6 +80,8 @@ def parse_tier(text: str) -> TierSpec:
     name = name.strip()
     if not sep or not name or not all(c.isalnum() or c in "-_" for c in name):
         raise BadInputError(f"--tier must be NAME=SIZE (e.g. gpu=40GB, host=2M tokens), got {text!r}")
+    if len(name) > MAX_NAME:
+        raise BadInputError(f"--tier {name}: a tier name has at most {MAX_NAME} characters (it labels report rows)")
     in_bytes = []
 
     def per_token() -> int:  # called by the parser only for a size in bytes: then it is kept in bytes
@@ -93,9 +98,9 @@ def parse_tier(text: str) -> TierSpec:
 
 
 def check_tiers(tiers: Sequence[TierSpec]) -> None:
-    """Raise BadInputError (naming --tier) when two tiers share a name."""
+    """Raise BadInputError (naming --tier) when two tiers share a name (case aside)."""
     names = [t.name for t in tiers]
-    if len(set(names)) != len(names):
+    if len({n.lower() for n in names}) != len(names):  # GPU and gpu: one tier named twice
         raise BadInputError(f"--tier names must differ, got {', '.join(names)}")
 
 
@@ -172,7 +177,7 @@ def simulate_tiers(stream: ChunkStream, capacities: Sequence[int], admit_after: 
         if p == n and n and n_tokens == n * cs:
             whole_of[last] += 1
         for i, lru in enumerate(lrus):
-            if starts[i] < end:
+            if starts[i] < end and capacities[i]:  # a tier smaller than one chunk keeps, so writes, nothing
                 new, _ = lru.store(h[starts[i]:end] if starts[i] or end < n else h)  # type: ignore[arg-type]
                 written[i] += len(new)
     return TierCounts(list(capacities), hit, [c * cs - w for c, w in zip(hit, whole_of)], hit_req, written,
