@@ -45,8 +45,10 @@ def chunk_sizes_option(what: str = "Chunk sizes") -> Any:
 RedisUrl = Annotated[Optional[str], redis_url_option()]
 RedisTimeout = Annotated[str, redis_timeout_option()]
 ChunkSizes = Annotated[str, chunk_sizes_option()]
-Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3-8b, ...) or a local Hugging "
-                                         "Face checkpoint folder.")]
+Model = Annotated[str, typer.Option(help="Model preset (tiny, cpu, qwen2.5-0.5b, llama-3.2-1b, llama-3-8b; priced "
+                                         "from their configs, --measure 0: deepseek-v3, gpt-oss-120b, gemma-3-27b, "
+                                         "qwen3-next-80b-a3b, llama-3.1-70b, qwen3-32b) or a local Hugging Face "
+                                         "checkpoint folder (config.json alone prices it).")]
 Dtype = Annotated[Optional[str], typer.Option(help="KV/model dtype (float32, bfloat16, float16; default: the "
                                                    "model's).")]
 Device = Annotated[str, typer.Option(help="auto (CUDA when present), cpu or cuda.")]

@@ -35,6 +35,9 @@ class Prices:
     per_gb_month: dict[str, float] = field(default_factory=dict)
 
 
+MAX_PRICE = 1e9  # $ per unit at most: larger is a typo, and its products overflow a float's finite range
+
+
 def parse_prices(texts: list[str] | None) -> Prices | None:
     """``["gpu-hour=2.5", "host=0.3", "redis=1.2"]`` -> :class:`Prices` (None for no ``--price``).
 
@@ -51,8 +54,9 @@ def parse_prices(texts: list[str] | None) -> Prices | None:
             price = float(value.strip().removeprefix("$"))
         except ValueError:
             price = float("nan")
-        if not sep or not name or not 0 <= price < float("inf"):
-            raise BadInputError(f"--price must be gpu-hour=$ or TIER=$/GB-month with a number >= 0, got {text!r}")
+        if not sep or not name or not 0 <= price <= MAX_PRICE:
+            raise BadInputError(f"--price must be gpu-hour=$ or TIER=$/GB-month with a number from 0 to "
+                                f"{MAX_PRICE:,.0f}, got {text!r}")
         if name == "gpu-hour":
             if gpu_hour is not None:
                 raise BadInputError("--price gpu-hour is given twice")

@@ -104,6 +104,9 @@ def plan_notes(results: list[ChunkSizeResult]) -> list[str]:
                f"{p0.chunk_size}); tiers looked up fastest first, promotion into faster tiers, write-through, one LRU "
                f"each (docs/planner.md); recompute = tier hit tokens x this chunk size's saved prefill per hit token")
     for r, p in plans:
+        empty = [t["name"] for t in p.tiers if not t["capacity_chunks"]]
+        if empty:
+            out.append(f"chunk size {r.chunk_size}: {', '.join(empty)} smaller than one chunk: holds nothing")
         if p.slow_tiers:
             out.append(f"chunk size {r.chunk_size}: loading from {', '.join(p.slow_tiers)} costs more than "
                        f"recomputing its hits")
@@ -112,8 +115,9 @@ def plan_notes(results: list[ChunkSizeResult]) -> list[str]:
         prices = ", ".join(f"{k} ${v:g}/GB-month" for k, v in inputs["usd_per_gb_month"].items()) or "no tier prices"
         gpu = "not given" if inputs["gpu_hour_usd"] is None else f"${inputs['gpu_hour_usd']:g}"
         span = inputs["trace_span_seconds"]
-        out.append(f"bill inputs (yours, no defaults): gpu-hour {gpu}; {prices}; trace span "
-                   f"{'none (no timestamps: no rate)' if not span else f'{span:,.1f} s'}; tier bytes: " + ", ".join(
-                       f"{k} {fmt_bytes(v)}" for k, v in inputs["tier_bytes"].items()))
+        spanned = ("none (no timestamps: no rate)" if span is None else "0 s (all at one instant: no rate)"
+                   if not span else f"{span:,.1f} s")
+        out.append(f"bill inputs (yours, no defaults): gpu-hour {gpu}; {prices}; trace span {spanned}; tier bytes: "
+                   + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in inputs["tier_bytes"].items()))
         out += [f"bill: {f}" for f in FORMULAS]
     return out

@@ -47,6 +47,9 @@ class TierSpec:
         return {"name": self.name, "kind": self.kind, "size_tokens": self.tokens, "size_bytes": self.bytes}
 
 
+MAX_NAME = 24  # characters of a tier name
+
+
 def parse_tier(text: str) -> TierSpec:
     """``NAME=SIZE``: SIZE in tokens (``3M tokens``, ``250000``) or bytes of the model's KV (``80GB``, ``1TiB``),
     read by :func:`kvcli.units.parse_capacity` (the one size parser).
@@ -58,6 +61,8 @@ def parse_tier(text: str) -> TierSpec:
     name = name.strip()
     if not sep or not name or not all(c.isalnum() or c in "-_" for c in name):
         raise BadInputError(f"--tier must be NAME=SIZE (e.g. gpu=40GB, host=2M tokens), got {text!r}")
+    if len(name) > MAX_NAME:
+        raise BadInputError(f"--tier {name}: a tier name has at most {MAX_NAME} characters (it labels report rows)")
     in_bytes = []
 
     def per_token() -> int:  # called by the parser only for a size in bytes: then it is kept in bytes
@@ -74,9 +79,9 @@ def parse_tier(text: str) -> TierSpec:
 
 
 def check_tiers(tiers: Sequence[TierSpec]) -> None:
-    """Raise BadInputError (naming --tier) when two tiers share a name."""
+    """Raise BadInputError (naming --tier) when two tiers share a name (case aside)."""
     names = [t.name for t in tiers]
-    if len(set(names)) != len(names):
+    if len({n.lower() for n in names}) != len(names):  # GPU and gpu: one tier named twice
         raise BadInputError(f"--tier names must differ, got {', '.join(names)}")
 
 
@@ -96,10 +101,11 @@ def lookup_tiers(tiers: Sequence[ChunkLru], chunk_ids: Sequence, start: int = 0)
 def write_tiers(tiers: Sequence[ChunkLru], chunk_ids: Sequence, bounds: Sequence[int], end: int) -> list[int]:
     """Promotion and write-through after a lookup's ``bounds``: tier ``i`` stores (:meth:`ChunkLru.store`, the
     deepest-first touch) ``chunk_ids[bounds[i]:end]`` (its own hits, what slower tiers served, the new chunks up to
-    ``end``, a chunk index); a tier asked at or past ``end`` is left alone. Returns the chunks new to each tier."""
+    ``end``, a chunk index); a tier asked at or past ``end`` is left alone, and so is a tier of capacity 0 (smaller
+    than one chunk: it keeps, so writes, nothing). Returns the chunks new to each tier."""
     n, written = len(chunk_ids), []
     for tier, begin in zip(tiers, bounds):
-        if begin < end:
+        if begin < end and tier.capacity != 0:
             new, _ = tier.store(chunk_ids[begin:end] if begin or end < n else chunk_ids)
             written.append(len(new))
         else:

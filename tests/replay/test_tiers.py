@@ -69,6 +69,8 @@ def reference(stream: ChunkStream, capacities: list[int], admit_after: int = 1) 
         while end < len(h) and count[h[end]] >= admit_after:
             end += 1
         for i, tier in enumerate(tiers):
+            if not capacities[i]:
+                continue  # a tier smaller than one chunk keeps nothing, so writes nothing
             for x in reversed(h[start[i]:end]):  # deepest first: chunk 0 ends the most recent
                 if x in tier:
                     tier.remove(x)
