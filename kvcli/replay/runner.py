@@ -221,8 +221,9 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
         shapes = model_shapes(model_options.model)
         units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
                                             config), target.embedded, runs_model)
-        if units is not None:
-            stack.callback(units.close)
+        if units is not None:  # on an error or an interrupt at once (no unit is running then: nothing to wait
+            # for, and workers still starting would make a refused replay wait out their imports); else after them
+            stack.push(lambda kind, *_: units.close(terminate=kind is not None))
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=shapes, notify=events.note, remedy=functools.partial(purge_remedy, target),
                             units=units, prefetch=False if jobs == 1 else None,  # --jobs 1: this process alone

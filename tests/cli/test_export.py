@@ -22,8 +22,9 @@ def run(*args) -> CliRunner:
 
 
 def hits(redis_url, trace, sizes: str) -> dict[int, int]:
+    # --jobs 1: this process alone (worker processes start in seconds, and give the same report: test_parallel)
     out = run("replay", trace, "--chunk-sizes", sizes, "--measure", "0", "--prefill-tps", "1000", "--payload",
-              "accounted", "--no-curve", "--no-upper-bound", "--json", "--redis-url", redis_url)
+              "accounted", "--no-curve", "--no-upper-bound", "--json", "--redis-url", redis_url, "--jobs", "1")
     (result,) = json.loads(out.stdout)["traces"]
     return {r["chunk_size"]: r["hit_tokens"] for r in result["per_chunk_size"]}
 

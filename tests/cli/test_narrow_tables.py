@@ -42,8 +42,9 @@ def _cells(text: str, column: int) -> list[str]:
 
 def test_replay_at_80_columns(redis_url):
     trace = "".join(json.dumps({"token_ids": list(range(1, n))}) + "\n" for n in (5000, 5200, 300))
+    # --jobs 1: this process alone (worker processes give the same report, so the same table: test_parallel)
     base = ["replay", "-", "--redis-url", redis_url, "--measure", "0", "--prefill-tps", "1000",
-            "--payload", "accounted", "--model", "llama-3-8b"]
+            "--payload", "accounted", "--model", "llama-3-8b", "--jobs", "1"]
     out = CliRunner().invoke(app, base, input=trace, env=NARROW)
     assert out.exit_code == 0, out.output
     _check_width(out.stdout)

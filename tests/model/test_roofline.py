@@ -69,7 +69,8 @@ def _priced(tmp_path, *extra):
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)
     out = CliRunner().invoke(app, ["replay", str(trace), "--model", "llama-3-8b", "--hardware", "h100-sxm",
-                                   "--payload", "accounted", "--chunk-sizes", "16,256", "--json", *extra])
+                                   "--payload", "accounted", "--chunk-sizes", "16,256", "--json",
+                                   "--jobs", "1", *extra])  # this process alone: worker processes report the same
     assert out.exit_code == 0, out.output
     return json.loads(out.stdout)
 

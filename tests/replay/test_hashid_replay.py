@@ -13,8 +13,10 @@ SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversat
 
 
 def replay_json(redis_url, *args) -> dict:
+    """--jobs 1: this process alone (worker processes start in seconds, and give the same report: test_parallel)."""
     out = CliRunner().invoke(app, ["replay", *map(str, args), "--measure", "0", "--prefill-tps", "1000",
-                                   "--payload", "accounted", "--no-curve", "--json", "--redis-url", redis_url])
+                                   "--payload", "accounted", "--no-curve", "--json", "--redis-url", redis_url,
+                                   "--jobs", "1"])
     assert out.exit_code == 0, out.output
     return json.loads(out.stdout)
 

@@ -83,7 +83,8 @@ def test_plan_units_balances_work_and_keeps_the_report_order():
 
 
 def test_jobs_give_the_single_process_report_with_a_capacity(redis_url):
-    config = ReplayConfig(chunk_sizes=(16, 64, 256, 512), payload="accounted", measure=0, limit=300,
+    # the first 150 requests: the capacity evicts, and costs hits (76,288 hit tokens, 97,792 without it)
+    config = ReplayConfig(chunk_sizes=(16, 64, 256, 512), payload="accounted", measure=0, limit=150,
                           capacity_tokens=60_000)
     options = ModelOptions("cpu", prefill_tps=2000.0)
     one, ctx1 = run(redis_url, config, options, jobs=1)
@@ -97,10 +98,11 @@ def test_jobs_give_the_single_process_report_with_a_capacity(redis_url):
     assert [r.chunk_size for r in two.per_chunk_size] == [16, 64, 256, 512]
     assert rows[16].hit_tokens > 0 and rows[16].evicted_chunks > 0  # the capacity evicted: LRU order kept
     assert len({r.upper_bound_tokens for r in two.per_chunk_size}) == 1 and rows[16].upper_bound_tokens > 0
+    assert rows[16].hit_tokens < rows[16].hit_tokens_unlimited  # the evictions cost hits
 
 
 def test_jobs_give_the_single_process_report_side_by_side_layouts(redis_url):
-    config = ReplayConfig(chunk_sizes=(64, 256), payload="accounted", measure=0, limit=200,
+    config = ReplayConfig(chunk_sizes=(64, 256), payload="accounted", measure=0, limit=100,
                           layouts=("kvcli", "lmcache"))
     options = ModelOptions("cpu", prefill_tps=10_000.0)
     one, _ = run(redis_url, config, options, jobs=1)
@@ -148,7 +150,7 @@ def test_jobs_with_measured_requests_running_the_model(redis_url):
 @pytest.mark.single_server("a Ray instance per run: slow; the cluster runs the same units")
 def test_ray_gives_the_single_process_report(redis_url):
     ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'kvcli[ray]' to run this test")
-    config = ReplayConfig(chunk_sizes=(64, 256), payload="accounted", measure=0, limit=200,
+    config = ReplayConfig(chunk_sizes=(64, 256), payload="accounted", measure=0, limit=100,
                           layouts=("kvcli", "lmcache"))
     options = ModelOptions("cpu", prefill_tps=10_000.0)
     one, _ = run(redis_url, config, options, jobs=1)

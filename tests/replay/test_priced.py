@@ -26,8 +26,9 @@ def profile(tmp_path_factory):
 def _replay(tmp_path, redis_url, *args):
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)
+    # --jobs 1: this process alone (worker processes start in seconds, and give the same report: test_parallel)
     return CliRunner().invoke(app, ["replay", str(trace), "--payload", "accounted", "--chunk-sizes", "16,64",
-                                    "--redis-url", redis_url, "--json", *args])
+                                    "--redis-url", redis_url, "--json", "--jobs", "1", *args])
 
 
 def test_a_profile_prices_the_same_savings_every_run(tmp_path, redis_url, profile):

@@ -219,8 +219,10 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     url = make_server(**{"proto-max-bulk-len": "1mb"})
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"token_ids": list(range(3000))}) + "\n")
+    # --calibrate-seconds 0: the base points alone (extending the cost curve, seconds of prefills, is not what is
+    # tested here: tests/model/test_calibration.py)
     args = ["replay", str(trace), "--model", "tiny", "--measure", "all", "--measure-max-tokens", "4096",
-            "--redis-url", url, "--json"]
+            "--calibrate-seconds", "0", "--redis-url", url, "--json"]
     ok = CliRunner().invoke(app, args + ["--chunk-sizes", "512"])
     assert ok.exit_code == 0, ok.output
     assert json.loads(ok.stdout)["traces"][0]["per_chunk_size"][0]["objects_created"] == 2 * 5

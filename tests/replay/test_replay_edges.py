@@ -21,7 +21,8 @@ from kvcli.store.records import StoreConfig
 from kvcli.traces.request import Request
 
 SPEC = ModelSpec("m", (2, 2, 2, 32), torch.float32)
-FAST = ["--measure", "0", "--prefill-tps", "1000", "--payload", "accounted"]
+# --jobs 1: this process alone (worker processes start in seconds, and give the same report: test_parallel)
+FAST = ["--measure", "0", "--prefill-tps", "1000", "--payload", "accounted", "--jobs", "1"]
 
 
 def tok(a: int, b: int) -> list[int]:

@@ -86,7 +86,9 @@ def test_per_node_host_tier_keeps_what_the_gpu_evicts():
 
 
 def test_one_gpu_tier_equals_node_capacity_for_every_policy(redis_url):
-    requests = load_requests(MOONCAKE, chunk_size=512)
+    # the first 300 requests: the capacity still binds under every policy (round-robin 153,600 hit tokens, 248,320
+    # unlimited; prefix 153,088 and 345,600)
+    requests = load_requests(MOONCAKE, chunk_size=512, limit=300)
     cost = CostCurve.from_tokens_per_second(10_000)
     base = SimConfig(nodes=4, capacity_tokens=300_000, chunk_size=512, count_measured_latency=False)
     tiered = SimConfig(nodes=4, chunk_size=512, count_measured_latency=False,

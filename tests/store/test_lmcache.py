@@ -358,8 +358,9 @@ def test_replay_measured_real_kv_in_lmcache_layout(redis_client):
 def test_cli_replay_both_layouts_json_and_refusals(tmp_path, redis_url, redis_client):
     trace = tmp_path / "tokens.jsonl"
     trace.write_text("".join(json.dumps({"token_ids": p}) + "\n" for p in PROMPTS))
+    # --jobs 1: this process alone (both layouts in worker processes give the same report: test_parallel)
     base = ["replay", str(trace), "--chunk-sizes", "4,8", "--measure", "0", "--prefill-tps", "1000", "--payload",
-            "accounted", "--redis-url", redis_url]
+            "accounted", "--redis-url", redis_url, "--jobs", "1"]
     out = CliRunner().invoke(cli_app(), base + ["--layout", "kvcli,lmcache", "--json"])
     assert out.exit_code == 0, out.output
     by_layout = json.loads(out.stdout)["traces"][0]["by_layout"]

@@ -77,16 +77,21 @@ def test_a_record_flag_that_is_not_a_bool_names_its_line(tmp_path, tiny_checkpoi
 
 
 @pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-special-tokens"])
-def test_replay_hits_and_notes(tmp_path, redis_url, tiny_checkpoint, rendered, flag):
+def test_replay_hits_and_notes(tmp_path, redis_url, server_kind, tiny_checkpoint, rendered, flag):
     """R1 is M as messages (n tokens), R2 the text. By default R2 = [BOS] + R1: only its chunk 0 (the first BOS)
     matches R1 at chunk size 1, nothing at 4, and the note names it. Without special tokens R2 = R1: every chunk
-    of size 1 hits and the last token is computed (n - 1); at 4, the full chunks (capped at n - 1)."""
+    of size 1 hits and the last token is computed (n - 1); at 4, the full chunks (capped at n - 1).
+
+    The flag that is not the default replays once in worker processes (the CLI's default --jobs here), each
+    tokenizing the text itself: the flag must reach them. The other runs replay in this process (--jobs 1; each
+    worker imports transformers for the tokenizer, seconds), which gives the workers' report (test_parallel)."""
     text, chat, _ = rendered
     n = len(chat)
     path = _trace(tmp_path, [{"messages": M}, {"prompt": text}])
+    jobs = [] if (flag, server_kind) == ("--no-special-tokens", "single") else ["--jobs", "1"]
     out = CliRunner().invoke(app, ["replay", path, "--model", tiny_checkpoint, "--chunk-sizes", "1,4", "--payload",
                                    "accounted", "--measure", "0", "--prefill-tps", "1000", "--redis-url", redis_url,
-                                   "--json", flag])
+                                   "--json", flag, *jobs])
     assert out.exit_code == 0, out.output
     (trace,) = json.loads(out.stdout)["traces"]
     hits = {row["chunk_size"]: row["hit_tokens"] for row in trace["per_chunk_size"]}
