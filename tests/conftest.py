@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
@@ -97,14 +98,33 @@ class ClusterClient(RedisCluster):
         return all(self.mset_nonatomic(mapping))
 
 
+@pytest.fixture(scope="session")
+def _flushers():
+    """One client per private server or cluster for the whole session, to empty it before each test (a cluster
+    client learns the slot map and connects to every primary: tens of ms each time, before each of ~700 tests)."""
+    clients: dict[str, redis.Redis | ClusterClient] = {}
+    yield clients
+    for client in clients.values():
+        client.close()
+
+
 @pytest.fixture
-def redis_url(request, server_kind):
+def redis_url(request, server_kind, _flushers):
     """URL of a private server (or of one node of the private cluster), emptied before each test (it is ours, so
     FLUSHALL is allowed here)."""
     url = request.getfixturevalue("_session_cluster" if server_kind == "cluster" else "_session_server")
-    client = ClusterClient.from_url(url) if server_kind == "cluster" else redis.Redis.from_url(url)
-    client.flushall()
-    client.close()
+    for attempt in range(2):
+        client = _flushers.get(url)
+        if client is None:
+            client = _flushers[url] = ClusterClient.from_url(url) if server_kind == "cluster" else (
+                redis.Redis.from_url(url))
+        try:
+            client.flushall()
+            break
+        except (redis.RedisError, RedisClusterException):  # its connections were closed by a test: a new client
+            _flushers.pop(url).close()
+            if attempt:
+                raise
     return url
 
 
