@@ -94,6 +94,14 @@ TINY_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     # Gemma 3's pattern shortened: layer 0 local (window 8), layer 1 global
     "gemma3_text": ("Gemma3TextConfig", {"num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
                                          "sliding_window_pattern": 2}),
+    # hybrid: a Gated DeltaNet linear-attention layer then a full-attention one (full_attention_interval 2), 4
+    # experts (2 per token) and a gated shared expert. Per linear layer a state of conv (2 x 2 x 8 + 4 x 8 = 64
+    # channels) x (4 - 1) + recurrent 4 x 8 x 8 = 448 elements; 128 KV bytes per token in bfloat16 (1 x 2 x 2 x 16 x 2)
+    "qwen3_next": ("Qwen3NextConfig", {
+        "num_key_value_heads": 2, "head_dim": 16, "full_attention_interval": 2, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 16}),
     # use_sliding_window with max_window_layers = layers: transformers builds every layer as full attention
     "qwen2": ("Qwen2Config", {"num_key_value_heads": 2, "use_sliding_window": True, "sliding_window": 8,
                               "max_window_layers": 2}),

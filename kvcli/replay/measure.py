@@ -74,7 +74,13 @@ def curve_check(curve: PrefillCost, samples) -> dict:
 def timed_prefill(model, tokens, past, repeats: int = 2):
     """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills, timed with
     :func:`~kvcli.model.costcurve.prefill_clock` (this VM stalls for hundreds of ms at random; the least-disturbed
-    run is the measurement, as for the cost curve)."""
+    run is the measurement, as for the cost curve).
+
+    A hybrid model's prefill (linear-attention layers, :mod:`kvcli.model.hf`) runs one forward per segment between
+    consecutive chunk boundaries of the replay's chunk sizes, to read its linear layers' state at each boundary for
+    the chunks it stores; the full prefill and the suffix prefill are both timed that way (what a prefix-caching
+    engine that saves states at block boundaries runs), not as the single forward of an engine without a cache,
+    which skips the per-segment overhead."""
     best, out = float("inf"), None
     clock = prefill_clock(model)
     for _ in range(repeats):

@@ -1,0 +1,172 @@
+"""A hybrid model (attention + linear-attention layers) on a tiny random Qwen3-Next written at test time: the bytes
+a stored chunk holds by hand (attention KV of its tokens plus the linear layer's state at its end), the cached
+path's logits against transformers' own full forward when resuming at chunk boundaries, the one rule for where a
+prefix can resume, and a replay through real Redis with exact hit tokens, objects and bytes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+from typer.testing import CliRunner
+
+from kvcli.cli.app import app
+from kvcli.errors import BadInputError, ModelFailure
+from kvcli.model.checkpoint import read_checkpoint
+from kvcli.model.hf_offline import transformers
+from kvcli.model.hf_tiny import write_tiny_checkpoint
+from kvcli.model.load import load_model, resolve_spec
+from kvcli.model.presets import FULL, LINEAR
+from kvcli.prefixkv import StatefulKV, concat_kv, resumable_tokens
+from kvcli.store.judge import payload_ok
+from kvcli.store.kvstore import make_store
+from kvcli.store.records import StoreConfig
+from kvcli.store.serde import PayloadError, decode_kv, encode_kv, payload_layout
+
+CHUNK = 16
+IDS = (np.arange(60, dtype=np.uint32) * 37 + 5) % 500  # 60 tokens: three full chunks of 16 and 12 more
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """dtype -> a tiny Qwen3-Next checkpoint folder (a linear layer, then a full-attention layer)."""
+    return {dtype: str(write_tiny_checkpoint(tmp_path_factory.mktemp(f"qwen3-next-{dtype}"), vocab=512,
+                                             dtype=dtype, arch="qwen3_next"))
+            for dtype in ("float32", "bfloat16")}
+
+
+def _reference_logits(folder: str) -> torch.Tensor:
+    """transformers' own forward of IDS: its attention, one forward, no cache; float32 ``[60, vocab]``."""
+    module = transformers().AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+    with torch.inference_mode():
+        return module(input_ids=torch.from_numpy(IDS.astype(np.int64))[None], use_cache=False).logits[0].float()
+
+
+# ---- bytes, by hand ----
+
+@pytest.mark.parametrize("dtype, per_token, state, chunk_bytes", [
+    # 1 attention layer x 2 (K, V) x 2 KV heads x head_dim 16 x 4 B = 256 B per token; the linear layer's state:
+    # conv (2 x 2 x 8 + 4 x 8 = 64 channels) x (4 - 1) + recurrent 4 x 8 x 8 = 448 elements x 4 B = 1,792 B;
+    # a chunk of 16 tokens: 16 x 256 + 1,792 = 5,888 B
+    ("float32", 256, 1_792, 5_888),
+    # the same in 2-byte elements: 16 x 128 + 896 = 2,944 B
+    ("bfloat16", 128, 896, 2_944),
+])
+def test_a_stored_chunk_holds_its_tokens_kv_and_the_state_at_its_end(folders, dtype, per_token, state,
+                                                                     chunk_bytes):
+    shapes = read_checkpoint(folders[dtype]).shapes
+    assert shapes.kinds == (LINEAR, FULL) and shapes.state_elements == 448 and shapes.state_shape == (1, 448)
+    assert shapes.kv_bytes_per_token(dtype) == per_token and shapes.state_bytes(dtype) == state
+    assert shapes.cached_prefix_bytes(CHUNK, dtype) == chunk_bytes  # the engine's bytes to resume after a chunk
+    spec = resolve_spec(folders[dtype])
+    assert spec.kv_shape == (1, 2, 2, 16) and spec.state_shape == (1, 448)
+    config = StoreConfig("hybrid", CHUNK, spec.model_id, "t", spec.kv_shape, spec.dtype,
+                         state_shape=spec.state_shape)
+    assert config.payload_bytes == chunk_bytes
+    model = load_model(folders[dtype], device="cpu")
+    model.state_chunk_sizes = (CHUNK,)
+    _, kv = model.prefill(IDS[:40])
+    assert sorted(kv.states) == [16, 32, 40]
+    value = encode_kv(kv[:, :, :, 16:32], config.payload_metadata)
+    assert len(value) == config.value_bytes and len(value) - config.header_bytes == chunk_bytes
+    layout = payload_layout(value)
+    assert (layout.shape, layout.state_shape) == ((1, 2, 2, 16, 16), (1, 448))
+    assert layout.data_end - layout.state_start == state  # the state is the payload's last tensor
+    # any safetensors reader sees both tensors; the state is the one after token 32 (the chunk's end)
+    tensors = pytest.importorskip("safetensors.torch").load(bytes(value))
+    assert torch.equal(tensors["kv"], kv.kv[:, :, :, 16:32]) and torch.equal(tensors["state"], kv.states[32])
+    chunk, _ = decode_kv(value)
+    assert isinstance(chunk, StatefulKV) and sorted(chunk.states) == [16]
+    assert torch.equal(chunk.states[16], kv.states[32])
+
+
+def test_the_judge_checks_the_state_with_the_kv():
+    kv = torch.arange(2 * 2 * 4 * 3, dtype=torch.float32).view(1, 2, 2, 4, 3)
+    state = torch.arange(10, dtype=torch.float32).view(1, 10) - 5
+    value = encode_kv(StatefulKV(kv, {4: state}))
+    head = len(value) - (48 + 10) * 4  # 48 KV and 10 state elements of 4 bytes
+    checksum = xxhash.xxh3_64_digest(value[head:])
+    assert payload_ok(value, checksum, (1, 2, 2, 4, 3), "F32", (1, 10))
+    assert not payload_ok(value, checksum, (1, 2, 2, 4, 3), "F32", (2, 5))  # another state shape
+    assert not payload_ok(value, checksum, (1, 2, 2, 4, 3), "F32", ())  # a store of a model without linear layers
+    flipped = bytearray(value)
+    flipped[-1] ^= 1  # one bit of the state
+    assert not payload_ok(flipped, checksum, (1, 2, 2, 4, 3), "F32", (1, 10))
+    with pytest.raises(PayloadError, match="KV payload data is"):
+        payload_layout(bytes(value)[:-4])  # the state truncated
+    with pytest.raises(PayloadError, match="without its linear layers' state at its end"):
+        encode_kv(StatefulKV(kv, {})[:, :, :, 1:3])
+
+
+# ---- the cached path against the full forward ----
+
+# The bounds: float32 1e-5 (measured 1.5e-7); bfloat16 1e-2, under 3 bf16 steps of these logits (|logit| < 1, where a
+# step is 2^-8 = 0.0039; measured 0.0039). Resuming from the state of the wrong boundary misses by 2e-2 in both.
+@pytest.mark.parametrize("dtype, bound", [("float32", 1e-5), ("bfloat16", 1e-2)])
+def test_cached_prefill_at_chunk_boundaries_equals_the_full_forward(folders, dtype, bound):
+    """Hits of 2 and 3 chunks of 16 go through the payload format (encode, decode, concatenate) and resume the
+    suffix from the last hit chunk's state; the logits stay within the dtype's bound of transformers' own forward
+    of the whole prompt, as do those of the prefill segmented at the chunk boundaries."""
+    reference = _reference_logits(folders[dtype])
+    model = load_model(folders[dtype], device="cpu")
+    single, _ = model.prefill(IDS, logits_for="all")  # no chunk sizes: one forward
+    assert (single - reference).abs().max().item() <= bound
+    model.state_chunk_sizes = (CHUNK,)
+    full, kv = model.prefill(IDS, logits_for="all")
+    assert sorted(kv.states) == [16, 32, 48, 60]
+    assert (full - reference).abs().max().item() <= bound
+    for chunks in (2, 3):
+        past = concat_kv([decode_kv(encode_kv(kv[:, :, :, k * CHUNK:(k + 1) * CHUNK]))[0] for k in range(chunks)])
+        assert past.tokens == chunks * CHUNK and sorted(past.states) == [16 * (k + 1) for k in range(chunks)]
+        logits, resumed = model.prefill(IDS[chunks * CHUNK:], past, logits_for="all")
+        assert (logits - reference[chunks * CHUNK:]).abs().max().item() <= bound
+        assert torch.equal(resumed.kv[:, :, :, :chunks * CHUNK], kv.kv[:, :, :, :chunks * CHUNK])
+
+
+def test_a_prefix_resumes_only_where_its_state_was_saved(folders):
+    model = load_model(folders["float32"], device="cpu")
+    model.state_chunk_sizes = (CHUNK,)
+    _, kv = model.prefill(IDS[:40])
+    assert [resumable_tokens(kv, t) for t in (15, 16, 31, 32, 39, 40)] == [0, 16, 16, 32, 32, 40]
+    assert resumable_tokens(kv.kv, 31) == 31  # a dense model's KV resumes after any token
+    with pytest.raises(ModelFailure, match="needs the linear layers' state after its last token") as info:
+        model.prefill(IDS[20:40], kv[:, :, :, :20])
+    assert "\n" not in str(info.value)
+    with pytest.raises(ModelFailure, match="needs the linear layers' state"):
+        model.prefill(IDS[16:40], kv.kv[:, :, :, :16])
+
+
+# ---- a replay through real Redis ----
+
+def test_replay_of_a_hybrid_checkpoint_hits_and_stores_by_hand(tmp_path, redis_url, folders):
+    a = [int(t) for t in IDS[:40]]
+    # b extends a's two chunks; c repeats a; d shares one chunk; e is a's two chunks alone, every token a hit
+    prompts = [a, a[:32] + [t + 1 for t in a[:20]], a, a[:16] + [7] * 10, a[:32]]
+    trace = tmp_path / "hybrid.jsonl"
+    trace.write_text("".join(json.dumps({"id": f"r{i}", "token_ids": p}) + "\n" for i, p in enumerate(prompts)))
+    out = CliRunner().invoke(app, ["replay", str(trace), "--model", folders["float32"], "--chunk-sizes", str(CHUNK),
+                                   "--measure", "all", "--json", "--redis-url", redis_url])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    (result,) = doc["traces"]
+    assert doc["context"]["kv_bytes_per_token"] == 256 and doc["context"]["state_bytes_per_chunk"] == 1_792
+    (row,) = result["per_chunk_size"]
+    # a writes chunks 0-1, b hits them and writes chunk 2, c hits 0-1, d hits 0, e hits 0-1 (32 of its 32 tokens:
+    # 31 reusable, the last token is always computed)
+    assert row["hit_tokens"] == 0 + 32 + 32 + 16 + 31
+    assert row["chunks_written"] == 3 and row["objects_created"] == 6
+    assert row["payload_bytes_written"] == 3 * 5_888
+    logged = [m["per_chunk_size"][0] for m in result["measured"]]
+    assert [m["hit_tokens"] for m in logged] == [0, 32, 32, 16, 32]
+    # e resumes from the state after chunk 0: no state is saved after token 31
+    assert [m["reused_tokens"] for m in logged] == [0, 32, 32, 16, 16]
+    assert row["max_logit_diff"] <= 1e-5
+
+
+def test_the_lmcache_layout_refuses_a_hybrid_model(redis_client, folders):
+    spec = resolve_spec(folders["float32"])
+    config = StoreConfig("hybrid", CHUNK, spec.model_id, "t", spec.kv_shape, spec.dtype, state_shape=spec.state_shape)
+    with pytest.raises(BadInputError, match="no place for it: use --layout kvcli"):
+        make_store("lmcache", redis_client, config)
