@@ -283,7 +283,8 @@ def payload_layout(payload) -> PayloadLayout:
     if end - start != expect or data_end - end != total - expect or 8 + n + data_end > len(view):
         raise PayloadError(f"KV payload data is {len(view) - 8 - n} bytes, header says {total}")
     if scale is not None:
-        scales = np.frombuffer(view[8 + n + end:8 + n + data_end], dtype="<f4")
+        scales = np.frombuffer(view[8 + n + end:8 + n + end + SCALE_BYTES * int(np.prod(scale_shape(shape)))],
+                               dtype="<f4")
         if not (np.isfinite(scales).all() and (scales > 0).all()):
             raise PayloadError(f"KV payload's {SCALE_NAME} holds a scale that is not a positive finite number")
     return PayloadLayout(name, shape, 8 + n + start, 8 + n + end, meta, 8 + n + data_end, state_shape, state_dtype,

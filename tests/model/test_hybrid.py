@@ -14,16 +14,21 @@ from typer.testing import CliRunner
 
 from kvcli.cli.app import app
 from kvcli.errors import BadInputError, ModelFailure
+from kvcli.live.warm import WarmConfig, warm
 from kvcli.model.checkpoint import read_checkpoint
+from kvcli.model.costcurve import CostCurve
 from kvcli.model.hf_offline import transformers
 from kvcli.model.hf_tiny import write_tiny_checkpoint
 from kvcli.model.load import load_model, resolve_spec
 from kvcli.model.presets import FULL, LINEAR
 from kvcli.prefixkv import StatefulKV, concat_kv, resumable_tokens
+from kvcli.replay.replayer import Replayer
+from kvcli.replay.results import ReplayConfig
 from kvcli.store.judge import payload_ok
 from kvcli.store.kvstore import make_store
 from kvcli.store.records import StoreConfig
 from kvcli.store.serde import PayloadError, decode_kv, encode_kv, payload_layout
+from kvcli.traces.request import Request
 
 CHUNK = 16
 IDS = (np.arange(60, dtype=np.uint32) * 37 + 5) % 500  # 60 tokens: three full chunks of 16 and 12 more
@@ -98,6 +103,15 @@ def test_the_judge_checks_the_state_with_the_kv():
         payload_layout(bytes(value)[:-4])  # the state truncated
     with pytest.raises(PayloadError, match="without its linear layers' state at its end"):
         encode_kv(StatefulKV(kv, {})[:, :, :, 1:3])
+    # fp8 KV: kv, then its 2 scales, then the state, unquantized (48 + 2 x 4 + 40 bytes)
+    fp8 = encode_kv(StatefulKV(kv, {4: state}), dtype="float8_e4m3fn")
+    layout = payload_layout(fp8)
+    assert (layout.end - layout.start, layout.state_start - layout.end, layout.data_end - layout.state_start) == (
+        48, 8, 40)
+    assert payload_ok(fp8, xxhash.xxh3_64_digest(fp8[layout.start:]), (1, 2, 2, 4, 3), "F8_E4M3", (1, 10))
+    chunk, _ = decode_kv(fp8, torch.float32)
+    # e4m3 keeps 3 mantissa bits: each value within half a step, 2^-4 of itself
+    assert torch.equal(chunk.states[4], state) and bool(((chunk.kv - kv).abs() <= kv.abs() * 2 ** -4).all())
 
 
 # ---- the cached path against the full forward ----
@@ -140,14 +154,19 @@ def test_a_prefix_resumes_only_where_its_state_was_saved(folders):
 
 # ---- a replay through real Redis ----
 
-def test_replay_of_a_hybrid_checkpoint_hits_and_stores_by_hand(tmp_path, redis_url, folders):
+def _trace(folder) -> str:
+    """Five prompts of IDS' tokens: a (40 tokens); b extends a's two chunks; c repeats a; d shares one chunk; e is
+    a's two chunks alone, every token a hit. Chunks of 16 stored: a's 0-1 and b's 2."""
     a = [int(t) for t in IDS[:40]]
-    # b extends a's two chunks; c repeats a; d shares one chunk; e is a's two chunks alone, every token a hit
     prompts = [a, a[:32] + [t + 1 for t in a[:20]], a, a[:16] + [7] * 10, a[:32]]
-    trace = tmp_path / "hybrid.jsonl"
+    trace = folder / "hybrid.jsonl"
     trace.write_text("".join(json.dumps({"id": f"r{i}", "token_ids": p}) + "\n" for i, p in enumerate(prompts)))
-    out = CliRunner().invoke(app, ["replay", str(trace), "--model", folders["float32"], "--chunk-sizes", str(CHUNK),
-                                   "--measure", "all", "--json", "--redis-url", redis_url])
+    return str(trace)
+
+
+def test_replay_of_a_hybrid_checkpoint_hits_and_stores_by_hand(tmp_path, redis_url, folders):
+    out = CliRunner().invoke(app, ["replay", _trace(tmp_path), "--model", folders["float32"], "--chunk-sizes",
+                                   str(CHUNK), "--measure", "all", "--json", "--redis-url", redis_url])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout)
     (result,) = doc["traces"]
@@ -165,8 +184,48 @@ def test_replay_of_a_hybrid_checkpoint_hits_and_stores_by_hand(tmp_path, redis_u
     assert row["max_logit_diff"] <= 1e-5
 
 
+def test_an_accounted_replay_of_qwen3_next_counts_the_state_per_chunk(tmp_path, redis_url):
+    """The config-only Qwen3-Next-80B-A3B priced (no weights): each accounted chunk of 16 tokens counts 12
+    attention layers x 2 x 2 KV heads x 256 x 2 B = 24,576 B per token, x 16 = 393,216 B, plus 36 Gated DeltaNet
+    states of (2 x 16 x 128 + 32 x 128) x 3 + 32 x 128 x 128 = 548,864 elements x 2 B = 39,518,208 B."""
+    out = CliRunner().invoke(app, ["replay", _trace(tmp_path), "--model", "qwen3-next-80b-a3b", "--chunk-sizes",
+                                   str(CHUNK), "--measure", "0", "--payload", "accounted", "--prefill-tps", "3000",
+                                   "--json", "--redis-url", redis_url])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["context"]["state_bytes_per_chunk"] == 39_518_208
+    (row,) = doc["traces"][0]["per_chunk_size"]
+    assert row["hit_tokens"] == 0 + 32 + 32 + 16 + 31 and row["chunks_written"] == 3
+    assert row["payload_bytes_accounted"] == 3 * (393_216 + 39_518_208)
+
+
 def test_the_lmcache_layout_refuses_a_hybrid_model(redis_client, folders):
     spec = resolve_spec(folders["float32"])
     config = StoreConfig("hybrid", CHUNK, spec.model_id, "t", spec.kv_shape, spec.dtype, state_shape=spec.state_shape)
     with pytest.raises(BadInputError, match="no place for it: use --layout kvcli"):
         make_store("lmcache", redis_client, config)
+
+
+def test_warm_then_replay_resumes_from_the_warmed_states(redis_client, folders):
+    """Chunk sizes 16 and 24, whose boundaries interleave: warm stores each chunk with the state at its end, and
+    a replay reading that namespace resumes every measured request from the deepest warmed chunk with a state."""
+    model = load_model(folders["float32"], device="cpu")
+    a = [int(t) for t in IDS[:48]]  # 3 chunks of 16, 2 of 24
+    b = a[:32] + [t + 1 for t in a[:24]]  # 56 tokens: 16-chunks 0-1 and 24-chunk 0 are a's
+    prompts = [Request(rid, np.asarray(t, dtype=np.uint32), source=f"test:{rid}") for rid, t in (("a", a), ("b", b))]
+    result = warm(redis_client, prompts, model, WarmConfig("w", (16, 24)))
+    # a prefills 48 tokens; b reuses a's 32 tokens of 16-chunks and prefills tokens 32..47 (its last full chunk)
+    assert (result.tokens_prefilled, result.tokens_reused) == (48 + 16, 32)
+    by_size = {t.chunk_size: t for t in result.per_size}
+    assert (by_size[16].chunks_written, by_size[24].chunks_written) == (3 + 1, 2 + 1)
+    # 16 x 256 + 1,792 = 5,888 and 24 x 256 + 1,792 = 7,936 bytes per chunk
+    assert (by_size[16].payload_bytes, by_size[24].payload_bytes) == (4 * 5_888, 3 * 7_936)
+    replay = Replayer(redis_client, model, CostCurve.from_tokens_per_second(1e4), "cl100k_base",
+                      ReplayConfig(chunk_sizes=(16, 24), namespace="w", measure=None))
+    out = replay.replay("prompts", prompts)
+    # a hits all 48 of its tokens in both sizes (47 reusable), b 48 of its 56
+    assert [row.hit_tokens for row in out.per_chunk_size] == [47 + 48, 47 + 48]
+    assert [row.chunks_written for row in out.per_chunk_size] == [0, 0]
+    # a resumes at the last boundary before its last token: 32 (16-chunks), 24 (24-chunks); b at 48 in both
+    assert [[r["reused_tokens"] for r in m["per_chunk_size"]] for m in out.measured] == [[32, 24], [48, 48]]
+    assert max(row.max_logit_diff for row in out.per_chunk_size) <= 1e-5
