@@ -280,18 +280,38 @@ class BlockTrie:
             return i * b + shared
         return n
 
+    def prompts(self) -> Iterator[tuple[str, np.ndarray]]:
+        """``(cache salt, tokens)`` of every path from a root to a leaf, token ids synthesized again: inserted into
+        a :class:`RadixUpperBound` in any order, they give it the prefixes this trie holds, so every later match
+        is the same. Depth first; each path ``[tokens]`` uint32."""
+        below: dict[int, list[int]] = {}
+        for slot, child in self._child.items():
+            below.setdefault(slot >> _FIRST_BITS, []).append(child)
+        for slot, more in self._more.items():
+            below.setdefault(slot >> _FIRST_BITS, []).extend(more)
+        b = self.block_tokens
+        for salt, root in self._roots.items():
+            stack: list[tuple[int, list[int]]] = [(c, [c]) for c in below.get(root, [])]
+            while stack:
+                node, path = stack.pop()
+                children = below.get(node)
+                if children:
+                    stack.extend((c, path + [c]) for c in children)
+                    continue
+                keys = np.array([self._key[c] for c in path], np.uint64)
+                yield salt, block_token_ids(keys, b, (len(path) - 1) * b + self._held[path[-1]])
+
 
 class UpperBound:
-    """The token-granular upper bound of a replay: :class:`BlockTrie` for hash-id requests (one per block size),
+    """The token-granular upper bound of a replay: :class:`BlockTrie` for hash-id requests (of one block size),
     :class:`RadixUpperBound` for the others; equal matches either way. A trace that mixes block sizes, or a request
-    without block keys among hash-id ones, moves every request seen so far into the radix tree (their keys are
-    kept for that: 8 bytes a block) and goes on there: tokens of different block sizes can coincide
-    (``key * B + j`` is the same for other ``key`` and ``B``), which only the radix tree sees."""
+    without block keys after hash-id ones, moves what the trie holds into a radix tree (:meth:`BlockTrie.prompts`)
+    and goes on there: tokens of different block sizes can coincide (``key * B + j`` is the same for other ``key``
+    and ``B``), which only the radix tree sees."""
 
     def __init__(self) -> None:
         self._trie: BlockTrie | None = None
         self._radix: RadixUpperBound | None = None
-        self._history: list[tuple[np.ndarray, int, str]] = []  # (keys, tokens, salt) the trie holds
 
     def match_request(self, request: Request) -> int:
         """The longest prefix of ``request.token_ids`` that an earlier request of its cache salt held (tokens),
@@ -301,18 +321,10 @@ class UpperBound:
             if self._trie is None:
                 self._trie = BlockTrie(blocks.block_tokens)
             if self._trie.block_tokens == blocks.block_tokens:
-                self._history.append((blocks.keys, len(tokens), salt))
                 return self._trie.match_and_insert(blocks.keys, tokens, salt)
         if self._radix is None:
-            self._radix = self._moved()
+            self._radix = RadixUpperBound()
+            for path_salt, path in self._trie.prompts() if self._trie is not None else ():
+                self._radix.match_and_insert(path, path_salt)
+            self._trie = None
         return self._radix.match_and_insert(tokens, salt)
-
-    def _moved(self) -> RadixUpperBound:
-        """A radix tree holding every request the trie holds, in order (their token ids synthesized again)."""
-        radix = RadixUpperBound()
-        if self._trie is not None:
-            b = self._trie.block_tokens
-            for keys, n, salt in self._history:
-                radix.match_and_insert(block_token_ids(keys, b, n), salt)
-        self._trie, self._history = None, []
-        return radix
