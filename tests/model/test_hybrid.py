@@ -229,3 +229,18 @@ def test_warm_then_replay_resumes_from_the_warmed_states(redis_client, folders):
     # a resumes at the last boundary before its last token: 32 (16-chunks), 24 (24-chunks); b at 48 in both
     assert [[r["reused_tokens"] for r in m["per_chunk_size"]] for m in out.measured] == [[32, 24], [48, 48]]
     assert max(row.max_logit_diff for row in out.per_chunk_size) <= 1e-5
+
+
+def test_warm_resumes_before_the_first_chunk_end_whose_state_is_missing(redis_client, folders):
+    """a's three 16-chunks are warmed first; warming 16 and 24 then finds all 48 tokens stored in 16-chunks, whose
+    states are at 16, 32 and 48, but the 24-chunk ending at 24 needs the state there: it resumes at 16."""
+    model = load_model(folders["float32"], device="cpu")
+    a = Request("a", IDS[:48].copy(), source="test:a")
+    assert warm(redis_client, [a], model, WarmConfig("x", (16,))).tokens_prefilled == 48
+    again = warm(redis_client, [a], model, WarmConfig("x", (16, 24)))
+    assert (again.tokens_reused, again.tokens_prefilled) == (16, 32)
+    assert [t.chunks_written for t in again.per_size] == [0, 2]
+    replay = Replayer(redis_client, model, CostCurve.from_tokens_per_second(1e4), "cl100k_base",
+                      ReplayConfig(chunk_sizes=(24,), namespace="x", measure=None))
+    (row,) = replay.replay("prompts", [a]).per_chunk_size
+    assert (row.hit_tokens, row.chunks_written, row.checksum_failures) == (47, 0, 0) and row.max_logit_diff <= 1e-5
