@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import redis
@@ -18,6 +19,9 @@ from kvcli.store import cluster
 from kvcli.store.kvstore import KVStore
 from kvcli.store.serde import decode_kv, encode_kv
 from kvcli.units import dtype_bytes, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 
 def pick_measured(lengths: np.ndarray, count: int | None, seed: int) -> set[int]:
@@ -151,7 +155,7 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
         if tensor is not None:  # exactly when torch is loaded
             encoded = encode_kv(tensor, dtype=kv_dtype)
             t4 = time.perf_counter()
-            decoded, _ = decode_kv(encoded, store.config.dtype)
+            decoded = cast("torch.Tensor", decode_kv(encoded, store.config.dtype)[0])  # a tensor, without a state
             xxhash.xxh3_64_digest(encoded[len(encoded) - decoded.numel() * itemsize:])
             decoded.clone()
         else:  # the same memory work without torch: header + one copy in, header parse + checksum + one copy out

@@ -43,6 +43,8 @@ from kvcli.store.serde import PayloadError, decode_kv, payload_layout
 if TYPE_CHECKING:
     import torch
 
+    from kvcli.prefixkv import StatefulKV
+
 USABLE, ACCOUNTED, MISSING, TOKEN_MISMATCH = "usable", "accounted", "missing", "token-mismatch"
 NO_PAYLOAD, BAD_PAYLOAD, BAD_METADATA, NO_METADATA, CHECKSUM = (
     "no-payload", "bad-payload", "bad-metadata", "no-metadata", "checksum")
@@ -166,7 +168,7 @@ def payload_ok(value, checksum: bytes, shape: tuple[int, ...] | None, dtype: str
 
 def checked_tensor(value, checksum: bytes, shape: tuple[int, ...] | None,
                    dtype: str | None = None, out_dtype=None, state_shape: tuple[int, ...] | None = None
-                   ) -> torch.Tensor | None:
+                   ) -> torch.Tensor | StatefulKV | None:
     """The tensor of a payload value when :func:`payload_ok` holds, else None: as stored, without a copy (it shares
     ``value``'s memory), or for an fp8 payload dequantized to ``out_dtype`` (the model's dtype; None: float32;
     :func:`~kvcli.store.serde.decode_kv`); a payload with a state gives a :class:`~kvcli.prefixkv.StatefulKV`."""

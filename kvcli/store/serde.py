@@ -201,9 +201,10 @@ def quantize_fp8(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / expand).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales
 
 
-def stored_as(kv: torch.Tensor, dtype: str | None) -> torch.Tensor:
+def stored_as(kv: torch.Tensor | StatefulKV, dtype: str | None) -> torch.Tensor | StatefulKV:
     """``kv`` as a retrieve hands it back after storing it in payload ``dtype``: quantized and dequantized to
-    ``kv.dtype`` (the same :func:`encode_kv` and :func:`decode_kv`), or ``kv`` itself for None."""
+    ``kv.dtype`` (the same :func:`encode_kv` and :func:`decode_kv`; a StatefulKV keeps its end state, as stored),
+    or ``kv`` itself for None."""
     if dtype is None:
         return kv
     return decode_kv(encode_kv(kv, dtype=dtype), kv.dtype)[0]
@@ -291,7 +292,7 @@ def payload_layout(payload) -> PayloadLayout:
                          8 + n + state_start if state_shape else 0)
 
 
-def decode_kv(payload, dtype=None) -> tuple:
+def decode_kv(payload, dtype=None) -> tuple[torch.Tensor | StatefulKV, dict[str, str]]:
     """Deserialize a payload made by :func:`encode_kv` (or any one-tensor safetensors file).
 
     Args:
