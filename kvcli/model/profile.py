@@ -51,7 +51,9 @@ RATE_CHUNK_TOKENS = (64, 256, 1024)
 COST_SHAPES = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "layer_types", "sliding_window",
                "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "experts",
                "experts_per_token", "moe_ffn", "shared_ffn", "shared_gate", "dense_layers", "state_elements",
-               "linear_params")
+               "linear_params", "attn_output_gate", "gated_mlp", "mixer_mlp", "linear_mixer", "linear_heads",
+               "linear_head_dim", "linear_key_heads", "linear_key_dim", "linear_conv_kernel", "linear_chunk",
+               "moe_latent")
 
 #: ``progress(phase, done, total, what)``: phase "prefill" (timings of points) or "kv" (timings of chunks).
 Progress = Callable[[str, int, int, str], None]
