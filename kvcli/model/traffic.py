@@ -1,10 +1,11 @@
 """Bytes a prefill moves through device memory, per layer, by architecture family: the memory term of
 :mod:`kvcli.model.roofline`.
 
-A prefill of ``n`` new tokens after ``c`` cached ones, at ``b`` bytes per element (weights, cache and
-activations alike), moves per layer (:func:`layer_bytes`) its token mixer's traffic, its MLP's weights, its
-norms (``hidden`` each: two, or one for a block of one mixer or one MLP,
-:meth:`~kvcli.model.presets.ModelConfig.layer_norms`) and its activations in and out (``2 * n * hidden``):
+A prefill of ``n`` new tokens after ``c`` cached ones, at ``b`` bytes per element (weights, a linear layer's state
+and activations; the KV cache at its own element size, 1 byte for fp8 KV, else ``b``), moves per layer
+(:func:`layer_bytes`) its token mixer's traffic, its MLP's weights, its norms (``hidden`` each: two, or one for a
+block of one mixer or one MLP, :meth:`~kvcli.model.presets.ModelConfig.layer_norms`) and its activations in and
+out (``2 * n * hidden``):
 
 - full attention (grouped-query): the Q, K, V and output weights ``hidden * head_dim * (2 heads + 2 kv_heads)``
   (``3 heads`` with Qwen3-Next's output gate); the cached K and V read, ``c x 2 * kv_heads * head_dim``; the new
@@ -83,30 +84,44 @@ def mlp_weight_elements(config: ModelConfig, moe: bool, new_tokens) -> np.ndarra
 
 
 def mixer_elements(config: ModelConfig, kind: str, new_tokens, cached_tokens) -> np.ndarray:
-    """Elements one layer's token mixer of ``kind`` moves (module docstring): weights, cache or state read and
-    written. float64 of the broadcast shape."""
+    """Elements one layer's token mixer of ``kind`` moves besides its cache (module docstring): its weights, and a
+    linear layer's state read and written. float64 of the broadcast shape."""
     g = config
     n, c = np.asarray(new_tokens, dtype=np.float64), np.asarray(cached_tokens, dtype=np.float64)
     if kind == LINEAR:
         return g.linear_params + g.state_elements * ((c > 0) + 1.0) + 0.0 * n  # read when resuming, written
     if kind not in (FULL, SLIDING):
         return 0.0 * (n + c)
+    return attention_weight_elements(g) + 0.0 * (n + c)
+
+
+def kv_elements(config: ModelConfig, kind: str, new_tokens, cached_tokens) -> np.ndarray:
+    """Cache elements one attention layer of ``kind`` reads and writes (module docstring): the cached tokens it
+    reads (a sliding layer: its window's ``min(c, W - 1)``) and the ``n`` new ones it writes, each
+    :attr:`~kvcli.model.presets.ModelConfig.kv_elements_per_layer_token`; 0 for a layer without KV. float64 of the
+    broadcast shape."""
+    g = config
+    n, c = np.asarray(new_tokens, dtype=np.float64), np.asarray(cached_tokens, dtype=np.float64)
+    if kind not in (FULL, SLIDING):
+        return 0.0 * (n + c)
     read = c if kind == FULL else np.minimum(c, g.sliding_window - 1)
-    return attention_weight_elements(g) + (read + n) * g.kv_elements_per_layer_token
+    return (read + n) * g.kv_elements_per_layer_token
 
 
 def layer_bytes(config: ModelConfig, kind: str, moe: bool, new_tokens, cached_tokens,
-                element_bytes: int) -> np.ndarray:
+                element_bytes: int, kv_element_bytes: int | None = None) -> np.ndarray:
     """Bytes ONE layer of ``kind`` (:data:`~kvcli.model.presets.FULL`, ``SLIDING``, ``LINEAR``, ``NO_MIXER``),
     with experts when ``moe``, moves in a prefill of ``new_tokens`` after ``cached_tokens`` (numpy broadcasting):
     mixer (:func:`mixer_elements`) + MLP (:func:`mlp_weight_elements`, when the layer has one) + norms
     (:meth:`~kvcli.model.presets.ModelConfig.layer_norms` of ``hidden``) + activations ``2 * n * hidden``, times
-    ``element_bytes``. float64."""
+    ``element_bytes``, plus its KV (:func:`kv_elements`) times ``kv_element_bytes`` (the KV
+    cache's element size: 1 for fp8 KV, engines' ``--kv-cache-dtype fp8``; None: ``element_bytes``). float64."""
     n = np.asarray(new_tokens, dtype=np.float64)
     mlp = mlp_weight_elements(config, moe, n) if config.has_mlp(kind) else 0.0 * n
     elements = (mixer_elements(config, kind, n, cached_tokens) + mlp
                 + config.layer_norms(kind) * config.hidden + 2.0 * n * config.hidden)
-    return elements * element_bytes
+    kv_bytes = element_bytes if kv_element_bytes is None else kv_element_bytes
+    return elements * element_bytes + kv_elements(config, kind, n, cached_tokens) * kv_bytes
 
 
 def head_bytes(config: ModelConfig, element_bytes: int) -> int:
