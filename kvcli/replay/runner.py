@@ -113,8 +113,8 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     """Build the model when anything will run it, and the prefill cost: the calibration's base points timed now
     (:class:`~kvcli.model.calibration.Calibration`, extended per trace by the replay), ``prefill_tps``, or a named
     accelerator's roofline (its KV traffic at ``kv_dtype``'s element size: the replay's ``--kv-dtype``, torch's
-    name, None for the model's dtype). ``phase`` is told "calibrating prefill ..." as the base points begin
-    (:meth:`kvcli.replay.events.ReplayEvents.phase`).
+    name, None for the model's dtype), or a profile (measured with that ``--kv-dtype``). ``phase`` is told
+    "calibrating prefill ..." as the base points begin (:meth:`kvcli.replay.events.ReplayEvents.phase`).
 
     Raises:
         BadInputError: unknown preset, checkpoint folder, dtype or accelerator; a dtype the accelerator has no
@@ -129,7 +129,7 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     elif options.hardware is not None:
         fixed, device = roofline_cost(options, spec, kv_dtype)
     elif options.profile is not None:
-        fixed, device = profile_cost(options.profile, model_shapes(options.model), spec)
+        fixed, device = profile_cost(options.profile, model_shapes(options.model), spec, kv_dtype)
     if fixed is not None and measure == 0:
         return Prepared(None, fixed, None, spec, device)
     model = load_model(options.model, options.dtype, options.device, options.seed)
@@ -144,15 +144,17 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     return Prepared(model, calibration.curve(), calibration, spec, None)
 
 
-def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec) -> tuple[CostCurve, DeviceRates]:
-    """The cost curve a profile's points fit, and its measured KV load and save rates.
+def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec,
+                 kv_dtype: str | None = None) -> tuple[CostCurve, DeviceRates]:
+    """The cost curve a profile's points fit, and its measured KV load and save rates (of payloads in
+    ``kv_dtype``, torch's name; None: the model's dtype).
 
     Raises:
-        BadInputError: the file is not a profile; it was measured for other shapes or another dtype (the message
-            names the ``--model`` it was measured with); it holds no KV rates.
+        BadInputError: the file is not a profile; it was measured for other shapes, another dtype or another
+            ``--kv-dtype`` (the message names the options it was measured with); it holds no KV rates.
     """
     profile = Profile.load(path)
-    why = profile.matches(shapes, spec.dtype)
+    why = profile.matches(shapes, spec.dtype, kv_dtype)
     if why:
         raise BadInputError(f"--prefill-profile: {why}", path=path)
     load, save = profile.load_bytes_per_second, profile.save_bytes_per_second
