@@ -39,7 +39,7 @@ from kvcli.traces.records import (
     require_object,
     shorten,
 )
-from kvcli.traces.request import Outline, Request, TokenizerArg
+from kvcli.traces.request import BlockKeys, Outline, Request, TokenizerArg
 from kvcli.traces.synth import block_token_ids, splitmix64_
 
 #: ``--timestamp-unit`` names -> units per second.
@@ -267,7 +267,8 @@ def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema
     del tokenizer
     for line_no, f in iter_hash_id_records(path, schema, fmt):
         yield Request(id=f.request_id or f"{path.name}:{line_no}",
-                      token_ids=block_token_ids(f.keys, f.block_tokens, f.input_length), timestamp=f.timestamp,
+                      token_ids=block_token_ids(f.keys, f.block_tokens, f.input_length),
+                      blocks=BlockKeys(f.keys, f.block_tokens), timestamp=f.timestamp,
                       session_id=f.session_id, output_length=f.output_length, source=f"{path}:{line_no}")
 
 
