@@ -18,6 +18,12 @@ from kvcli.cli.options import (
     trace_format,
 )
 
+#: ``kvcli export --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
+EXPORT_PANELS = {
+    "Output": ("key_file", "out", "out_format", "block_size", "id_map", "round_seconds"),
+    "Input": ("input_format", "tokenizer", "add_special_tokens"),
+}
+
 
 def export(
     traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],

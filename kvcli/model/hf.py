@@ -224,8 +224,9 @@ class HFModel:
                 logits.append(out.logits[0])
                 states[cut] = self._snapshot(cache)
                 start = cut
-            kv = torch.stack([self._payload(cache.layers[i].keys[0], cache.layers[i].values[0])
-                              for i in self._attention])
+            kv = (torch.stack([self._payload(cache.layers[i].keys[0], cache.layers[i].values[0])
+                               for i in self._attention]) if self._attention  # all linear: no KV at all
+                  else torch.empty(self.config.kv_shape(total), dtype=self.dtype, device=self.device))
         self._check_kv(kv, total)
         return (logits[-1] if logits_for == "last" else torch.cat(logits)).float(), StatefulKV(kv, states)
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kvcli.store.layout import ChunkMeta, is_accounted, is_real, parse_or_none
-from kvcli.store.serde import PayloadError, decode_kv, payload_layout
+from kvcli.store.serde import PayloadError, PayloadLayout, decode_kv, payload_layout
 
 if TYPE_CHECKING:
     import torch
@@ -163,7 +163,19 @@ def payload_ok(value, checksum: bytes, shape: tuple[int, ...] | None, dtype: str
         return False
     if dtype is not None and layout.safetensors_dtype != dtype:
         return False
-    return xxhash.xxh3_64_digest(memoryview(value).cast("B")[layout.start:layout.data_end]) == checksum
+    return payload_checksum(value, layout) == checksum
+
+
+def payload_checksum(value, layout: PayloadLayout | None = None) -> bytes:
+    """The checksum a payload value's record holds: xxh3_64 (8 bytes) of its tensor bytes, the KV's and, for fp8,
+    its ``kv_scale`` tensor's (``[layout.start, layout.data_end)``; ``layout``: :func:`~kvcli.store.serde.
+    payload_layout` of ``value``, read here when None).
+
+    Raises:
+        PayloadError: ``value`` is not a payload (:func:`~kvcli.store.serde.payload_layout`).
+    """
+    layout = payload_layout(value) if layout is None else layout
+    return xxhash.xxh3_64_digest(memoryview(value).cast("B")[layout.start:layout.data_end])
 
 
 def checked_tensor(value, checksum: bytes, shape: tuple[int, ...] | None,
