@@ -224,9 +224,8 @@ class HFModel:
                 logits.append(out.logits[0])
                 states[cut] = self._snapshot(cache)
                 start = cut
-            kv = (torch.stack([self._payload(cache.layers[i].keys[0], cache.layers[i].values[0])
-                               for i in self._attention]) if self._attention  # all linear: no KV at all
-                  else torch.empty(self.config.kv_shape(total), dtype=self.dtype, device=self.device))
+            kv = torch.stack([self._payload(cache.layers[i].keys[0], cache.layers[i].values[0])
+                              for i in self._attention])
         self._check_kv(kv, total)
         return (logits[-1] if logits_for == "last" else torch.cat(logits)).float(), StatefulKV(kv, states)
 
@@ -263,8 +262,8 @@ _LAYOUT = {False: "[layers, 2, kv_heads, tokens, head_dim]", True: "[layers, 1, 
 
 def _check_runnable(checkpoint: Checkpoint, path: str) -> None:
     """Refuse a model with layers the cached path cannot resume: linear attention / Mamba layers outside
-    :data:`RESUMABLE` (Jamba, Nemotron-H, Granite 4, Bamba: their caches' states are not restored by kvcli), and
-    layers with no token mixer (Nemotron-H's MLP-only layers).
+    :data:`RESUMABLE` (Jamba, Nemotron-H, Granite 4, Bamba: their caches' states are not restored by kvcli),
+    layers with no token mixer (Nemotron-H's MLP-only layers), and a model without any attention layer.
 
     Raises:
         BadInputError: one line naming the layers, the state a boundary would hold and what to run instead.
@@ -279,6 +278,10 @@ def _check_runnable(checkpoint: Checkpoint, path: str) -> None:
                             f"({shapes.state_elements:,} elements per layer) restored into transformers' cache, "
                             f"which kvcli does for {', '.join(sorted(RESUMABLE))} only, not {model_type}; price its "
                             "bytes and FLOPs without running it (--measure 0 --payload accounted)", path=path)
+    if not shapes.attention_layers:
+        raise BadInputError(f"cannot run a checkpoint whose {shapes.layers} layers are all linear attention: "
+                            "transformers' cache counts a prompt's positions on its attention layers; price it "
+                            "without running it (--measure 0 --payload accounted)", path=path)
 
 
 def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -> HFModel:

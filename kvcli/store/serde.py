@@ -315,7 +315,7 @@ def decode_kv(payload, dtype=None) -> tuple[torch.Tensor | StatefulKV, dict[str,
     stored = getattr(torch, layout.dtype)
     count = layout.end - layout.start
     out = torch_dtype(dtype if dtype is not None else "float32") if layout.scaled else stored
-    if count == 0:
+    if layout.data_end == layout.start:  # no tensor bytes at all (a model with only linear layers keeps a state)
         return torch.empty(layout.shape, dtype=out), layout.metadata
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write into it

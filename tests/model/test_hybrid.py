@@ -139,6 +139,13 @@ def test_cached_prefill_at_chunk_boundaries_equals_the_full_forward(folders, dty
         assert torch.equal(resumed.kv[:, :, :, :chunks * CHUNK], kv.kv[:, :, :, :chunks * CHUNK])
 
 
+def test_a_model_of_linear_layers_only_is_refused_in_one_line(tmp_path):
+    folder = str(write_tiny_checkpoint(tmp_path, vocab=512, arch="qwen3_next"))  # 2 layers, both linear
+    with pytest.raises(BadInputError, match="whose 2 layers are all linear attention") as info:
+        load_model(folder, device="cpu")
+    assert str(info.value).startswith(folder) and "\n" not in str(info.value)
+
+
 def test_a_prefix_resumes_only_where_its_state_was_saved(folders):
     model = load_model(folders["float32"], device="cpu")
     model.state_chunk_sizes = (CHUNK,)
