@@ -128,6 +128,7 @@ def cached_prefix_attention(q: torch.Tensor, past_k: torch.Tensor, past_v: torch
 
 def _merged(q, past_k, past_v, new_k, new_v, scale: float | None) -> torch.Tensor:
     """The split's two CPU flash kernels (cached keys unmasked, new keys causal) merged by their log-sum-exps."""
+    assert _CPU_FLASH is not None, "callers check for the CPU flash kernel"
     out_a, lse_a = _CPU_FLASH(q, past_k, past_v, scale=scale)
     out_b, lse_b = _CPU_FLASH(q, new_k, new_v, is_causal=True, scale=scale)
     # exp(L_A - L) with L = logaddexp(L_A, L_B) is sigmoid(L_A - L_B): one op, no overflow. Both L are finite: every

@@ -211,7 +211,7 @@ class LocalModel:
     def _forward(self, ids: torch.Tensor, past_kv: torch.Tensor | None, logits_for: str, kv_for: str):
         c, n = self.config, ids.numel()
         past = 0 if past_kv is None else past_kv.shape[3]
-        cached = past_kv.to(self.device) if past else None  # a copy only from another device
+        cached = past_kv.to(self.device) if past_kv is not None and past else None  # copied only from elsewhere
         kv = torch.empty(c.kv_shape(n), dtype=self.dtype, device=self.device)  # the new tokens'
         positions = torch.arange(past, past + n, device=self.device)
         angles = positions[:, None].float() * self._inv_freq
