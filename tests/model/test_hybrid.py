@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import xxhash
+from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
@@ -17,6 +18,7 @@ from kvcli.errors import BadInputError, ModelFailure
 from kvcli.live.warm import WarmConfig, warm
 from kvcli.model.checkpoint import read_checkpoint
 from kvcli.model.costcurve import CostCurve
+from kvcli.model.flops import prefill_flops_breakdown
 from kvcli.model.hf_offline import transformers
 from kvcli.model.hf_tiny import write_tiny_checkpoint
 from kvcli.model.load import load_model, resolve_spec
@@ -137,6 +139,31 @@ def test_cached_prefill_at_chunk_boundaries_equals_the_full_forward(folders, dty
         logits, resumed = model.prefill(IDS[chunks * CHUNK:], past, logits_for="all")
         assert (logits - reference[chunks * CHUNK:]).abs().max().item() <= bound
         assert torch.equal(resumed.kv[:, :, :, :chunks * CHUNK], kv.kv[:, :, :, :chunks * CHUNK])
+
+
+@pytest.mark.parametrize("chunk_sizes, segments", [((), [(28, 32)]), ((CHUNK,), [(16, 32), (12, 48)])])
+def test_cached_prefill_flops_equal_the_counter(folders, chunk_sizes, segments):
+    """28 tokens after a cached prefix of 32, as one forward or as segments ending at the chunk boundary 48 and
+    at 60: FlopCounterMode on kvcli's cached path equals, op by op, the FLOPs model summed over the forwards run
+    (the counter has no formula for the CPU attention kernel: its pairs are checked in tests/model/test_flops.py)."""
+    model = load_model(folders["float32"], device="cpu")
+    model.module.config._experts_implementation = "eager"  # each expert on its tokens: mm the counter sees
+    model.state_chunk_sizes = (CHUNK,)
+    _, kv = model.prefill(IDS)
+    model.state_chunk_sizes = chunk_sizes
+    with FlopCounterMode(display=False) as counter:
+        model.prefill(IDS[32:], kv[:, :, :, :32])
+    counted = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    parts = [prefill_flops_breakdown(model.config, new, cached) for new, cached in segments]
+
+    def total(*names: str) -> int:
+        return sum(int(p[name]) for p in parts for name in names)
+
+    assert counted == {"aten.mm": total("qkv", "out_proj", "mlp", "linear_proj", "lm_head"),
+                       "aten.convolution": total("linear_conv"), "aten.bmm": total("linear_scan")}
+    # the chunked scan pads each forward to whole chunks of 64: 3 Gated DeltaNets x 4 value heads x 221,184 per
+    # chunk (tests/model/test_flops.py), one chunk per forward
+    assert total("linear_scan") == len(segments) * 3 * 4 * 221_184
 
 
 def test_a_model_of_linear_layers_only_is_refused_in_one_line(tmp_path):
