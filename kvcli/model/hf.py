@@ -155,8 +155,8 @@ class HFModel:
             return torch.cat((keys, values), dim=-1)[None]
         return torch.stack((keys, values))
 
-    def prefill(self, token_ids, past_kv: torch.Tensor | StatefulKV | None = None,
-                logits_for: str = "last") -> tuple[torch.Tensor, torch.Tensor | StatefulKV]:
+    def prefill(self, token_ids, past_kv: torch.Tensor | StatefulKV | None = None, logits_for: str = "last",
+                kv_for: str = "all") -> tuple[torch.Tensor, torch.Tensor | StatefulKV]:
         """Run the new tokens through the checkpoint after an optional cached prefix. Mutates nothing.
 
         Args:
@@ -166,34 +166,44 @@ class HFModel:
                 :class:`~kvcli.prefixkv.StatefulKV` of that KV with the state after its last token; None: no
                 prefix.
             logits_for: ``"last"`` (the last token's logits only, as serving) or ``"all"``.
+            kv_for: ``"all"`` (the returned KV covers past and new tokens) or ``"new"`` (the new tokens' only: the
+                prefix is not gathered out of the cache again; transformers' ``DynamicCache`` still concatenates
+                each layer's cached K/V with the new ones inside the forward, a copy an engine's paged cache does
+                not make).
 
         Returns:
             ``(logits, kv)``: float32 logits ``[1, vocab]`` or ``[n, vocab]`` on the model's device; kv
-            ``config.kv_shape(past + n)`` in the model's dtype (a fresh tensor); a hybrid model's: a
-            :class:`~kvcli.prefixkv.StatefulKV` of it with the states after every token count that is a multiple
-            of one of :attr:`state_chunk_sizes` in ``(past, past + n)``, after ``past + n``, and ``past_kv``'s.
+            ``config.kv_shape(past + n)`` (``kv_for="new"``: ``config.kv_shape(n)``) in the model's dtype (a fresh
+            tensor); a hybrid model's: a :class:`~kvcli.prefixkv.StatefulKV` of it with the states after every
+            token count that is a multiple of one of :attr:`state_chunk_sizes` in ``(past, past + n)``, after
+            ``past + n``, and ``past_kv``'s (``kv_for="new"``: those after ``past``, numbered from it).
 
         Raises:
-            BadInputError: bad ``token_ids`` or ``logits_for``. ModelFailure: ``past_kv`` of the wrong shape or
-                dtype, or a hybrid model's without the state after its last token; the model's cache is not one K
-                and V per layer of the expected shape.
+            BadInputError: bad ``token_ids``, ``logits_for`` or ``kv_for``. ModelFailure: ``past_kv`` of the
+                wrong shape or dtype, or a hybrid model's without the state after its last token; the model's cache
+                is not one K and V per layer of the expected shape.
         """
         if logits_for not in ("last", "all"):
             raise BadInputError(f"logits_for must be 'last' or 'all', got {logits_for!r}")
+        if kv_for not in ("all", "new"):
+            raise BadInputError(f"kv_for must be 'all' or 'new', got {kv_for!r}")
         ids = token_tensor(token_ids, self.config.vocab, self.model_id, self.device)[None]
         if self._linear:
-            return self._prefill_hybrid(ids, past_kv, logits_for)
+            return self._prefill_hybrid(ids, past_kv, logits_for, kv_for == "new")
         if isinstance(past_kv, StatefulKV):
             raise ModelFailure(f"{self.model_id} has no linear layers: its past_kv is a KV tensor, not a StatefulKV")
         cache = self._cache_class()
         if past_kv is not None:
             check_past_kv(past_kv, self.config, self.dtype, self.model_id)
             cache = self._cache_class(ddp_cache_data=[self._cache_layer(layer) for layer in past_kv.to(self.device)])
+        past = 0 if past_kv is None else past_kv.shape[3]
+        start = past if kv_for == "new" else 0
         with torch.inference_mode():
             out = self.module(input_ids=ids, use_cache=True, logits_to_keep=1 if logits_for == "last" else 0,
                               **{self._cache_arg: cache})
-            kv = torch.stack([self._payload(layer.keys[0], layer.values[0]) for layer in cache.layers])
-        self._check_kv(kv, ids.shape[1] + (0 if past_kv is None else past_kv.shape[3]))
+            kv = torch.stack([self._payload(layer.keys[0][:, start:], layer.values[0][:, start:])
+                              for layer in cache.layers])
+        self._check_kv(kv, past + ids.shape[1] - start)
         return out.logits[0].float(), kv
 
     def _check_kv(self, kv: torch.Tensor, total: int) -> None:
@@ -202,9 +212,10 @@ class HFModel:
             raise ModelFailure(f"{self.model_id}: the model's KV cache is {tuple(kv.shape)}, not "
                                f"{c.kv_shape(total)} {_LAYOUT[c.is_mla]}")
 
-    def _prefill_hybrid(self, ids: torch.Tensor, past_kv, logits_for: str) -> tuple[torch.Tensor, StatefulKV]:
+    def _prefill_hybrid(self, ids: torch.Tensor, past_kv, logits_for: str, new_only: bool
+                        ) -> tuple[torch.Tensor, StatefulKV]:
         """:meth:`prefill` of a hybrid model (module docstring): the cache restored from ``past_kv``'s K/V and end
-        state, then one forward per segment between state boundaries."""
+        state, then one forward per segment between state boundaries; ``new_only``: ``kv_for="new"``."""
         cache = self._cache_class(config=self.module.config)
         past, states = 0, {}
         if past_kv is not None:
@@ -224,9 +235,11 @@ class HFModel:
                 logits.append(out.logits[0])
                 states[cut] = self._snapshot(cache)
                 start = cut
-            kv = torch.stack([self._payload(cache.layers[i].keys[0], cache.layers[i].values[0])
+            first = past if new_only else 0
+            kv = torch.stack([self._payload(cache.layers[i].keys[0][:, first:], cache.layers[i].values[0][:, first:])
                               for i in self._attention])
-        self._check_kv(kv, total)
+        self._check_kv(kv, total - first)
+        states = {t - first: s for t, s in states.items() if t > first}
         return (logits[-1] if logits_for == "last" else torch.cat(logits)).float(), StatefulKV(kv, states)
 
     def _check_state(self, past_kv) -> None:

@@ -14,6 +14,7 @@ import redis
 import xxhash
 
 from kvcli.model.costcurve import PrefillCost, prefill_clock
+from kvcli.prefixkv import concat_kv
 from kvcli.replay.network import ServerRates
 from kvcli.store import cluster
 from kvcli.store.kvstore import KVStore
@@ -84,16 +85,24 @@ def timed_prefill(model, tokens, past, repeats: int = 2):
     consecutive chunk boundaries of the replay's chunk sizes, to read its linear layers' state at each boundary for
     the chunks it stores; the full prefill and the suffix prefill are both timed that way (what a prefix-caching
     engine that saves states at block boundaries runs), not as the single forward of an engine without a cache,
-    which skips the per-segment overhead."""
+    which skips the per-segment overhead.
+
+    The timed call returns the new tokens' KV only (``kv_for="new"``): the prefix is read where it lies, as an
+    engine's attention reads its cache, and the returned ``kv`` (``past`` then the new tokens', on the model's
+    device) is put together after the timing."""
     best, out = float("inf"), None
     clock = prefill_clock(model)
     for _ in range(repeats):
         model.synchronize()  # a GPU runs asynchronously: nothing queued earlier may land in this timing
         t0 = clock()
-        out = model.prefill(tokens, past)  # past_kv on the CPU: its copy to the device is timed too
+        out = model.prefill(tokens, past, kv_for="new")  # past_kv on the CPU: its copy to the device is timed too
         model.synchronize()  # ...and the work itself is timed, not its launch
         best = min(best, clock() - t0)
-    return best, out
+    assert out is not None, "repeats >= 1"
+    logits, kv = out
+    if past is not None:
+        kv = concat_kv([past.to(kv.device), kv])
+    return best, (logits, kv)
 
 
 PROBE_CAP = 8 << 20  # the largest probe value (bytes); bigger chunks are timed at this size and scaled

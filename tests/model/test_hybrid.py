@@ -179,6 +179,10 @@ def test_a_prefix_resumes_only_where_its_state_was_saved(folders):
     _, kv = model.prefill(IDS[:40])
     assert [resumable_tokens(kv, t) for t in (15, 16, 31, 32, 39, 40)] == [0, 16, 16, 32, 32, 40]
     assert resumable_tokens(kv.kv, 31) == 31  # a dense model's KV resumes after any token
+    # kv_for="new": the tokens after the prefix, their states numbered from it (after 32 and 40 -> 16 and 24)
+    _, new = model.prefill(IDS[16:40], kv[:, :, :, :16], kv_for="new")
+    assert new.tokens == 24 and sorted(new.states) == [16, 24]
+    assert torch.equal(new.kv, kv.kv[:, :, :, 16:]) and torch.equal(new.states[24], kv.states[40])
     with pytest.raises(ModelFailure, match="needs the linear layers' state after its last token") as info:
         model.prefill(IDS[20:40], kv[:, :, :, :20])
     assert "\n" not in str(info.value)
