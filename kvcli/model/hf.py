@@ -55,7 +55,7 @@ from kvcli.model import attention
 from kvcli.model.checkpoint import Checkpoint, read_checkpoint
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.llama import available_bytes, check_past_kv, resolve_device, token_tensor
-from kvcli.model.presets import FULL, LINEAR, SLIDING, dtype_short
+from kvcli.model.presets import FULL, LINEAR, NO_MIXER, SLIDING, dtype_short
 from kvcli.prefixkv import StatefulKV
 
 ATTENTION_NAME = "kvcli_prefix"
@@ -63,6 +63,9 @@ ATTENTION_NAME = "kvcli_prefix"
 #: convolution state and one recurrent state per linear layer (Gated DeltaNet), read and written through the
 #: cache's public ``get/update_conv_state`` and ``get/update_recurrent_state``.
 RESUMABLE = frozenset({"qwen3_next"})
+#: how a model kvcli cannot run is still priced: bytes and FLOPs from its config, prefill from one of the sources
+PRICE_WITHOUT_RUNNING = ("price its bytes and FLOPs without running it: kvcli replay --measure 0 --payload accounted "
+                         "with --hardware GPU, --prefill-tps N or --prefill-profile FILE")
 
 
 def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -283,18 +286,21 @@ def _check_runnable(checkpoint: Checkpoint, path: str) -> None:
     """
     shapes = checkpoint.shapes
     model_type = checkpoint.hf_config.model_type
-    kinds = sorted(set(shapes.kinds) - {FULL, SLIDING} - ({LINEAR} if model_type in RESUMABLE else set()))
-    if kinds:
-        counts = ", ".join(f"{shapes.count(k)} {k}" for k in kinds)
-        raise BadInputError(f"cannot run a checkpoint with {counts} of its {shapes.layers} layers: resuming them "
-                            f"from a cached prefix needs each one's convolution and recurrent state "
-                            f"({shapes.state_elements:,} elements per layer) restored into transformers' cache, "
-                            f"which kvcli does for {', '.join(sorted(RESUMABLE))} only, not {model_type}; price its "
-                            "bytes and FLOPs without running it (--measure 0 --payload accounted)", path=path)
+    if shapes.count(LINEAR) and model_type not in RESUMABLE:
+        raise BadInputError(f"cannot run a checkpoint with {shapes.count(LINEAR)} of its {shapes.layers} layers "
+                            "linear-attention / Mamba: resuming them from a cached prefix needs each one's "
+                            f"convolution and recurrent state ({shapes.state_elements:,} elements per layer) restored "
+                            f"into transformers' cache, which kvcli does for {', '.join(sorted(RESUMABLE))} only, not "
+                            f"{model_type}; {PRICE_WITHOUT_RUNNING}", path=path)
+    if shapes.count(NO_MIXER):
+        raise BadInputError(f"cannot run a checkpoint with {shapes.count(NO_MIXER)} blocks of its {shapes.layers} "
+                            "that have no token mixer (MLP-only): kvcli's cached path maps every layer of "
+                            f"transformers' cache to an attention or linear-attention layer; {PRICE_WITHOUT_RUNNING}",
+                            path=path)
     if not shapes.attention_layers:
         raise BadInputError(f"cannot run a checkpoint whose {shapes.layers} layers are all linear attention: "
-                            "transformers' cache counts a prompt's positions on its attention layers; price it "
-                            "without running it (--measure 0 --payload accounted)", path=path)
+                            "transformers' cache counts a prompt's positions on its attention layers; "
+                            f"{PRICE_WITHOUT_RUNNING}", path=path)
 
 
 def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -> HFModel:
@@ -315,8 +321,7 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
     checkpoint = read_checkpoint(path)
     _check_runnable(checkpoint, path)
     if not checkpoint.weight_bytes:
-        raise BadInputError("this folder holds a config and no weights: price it without running it (--measure 0 "
-                            "--payload accounted)", path=path)
+        raise BadInputError(f"a config with no weights, nothing to run: {PRICE_WITHOUT_RUNNING}", path=path)
     torch_dtype = checkpoint.dtype(dtype)
     dev = resolve_device(device)
     need = checkpoint.shapes.params() * torch.empty((), dtype=torch_dtype).element_size()
