@@ -37,6 +37,7 @@ from kvcli.cli.options import (
     TimestampUnit,
     Tokenizer,
     chunk_sizes_option,
+    help_panels,
     parse_chunk_sizes,
     timeout_seconds,
     trace_format,
@@ -126,7 +127,21 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
             "'kvcli\\[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
 
 
-@app.command()
+#: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
+REPLAY_PANELS = {
+    "Store and network": ("chunk_sizes", "redis_url", "redis_timeout", "payload", "layout", "store_mode",
+                          "capacity_tokens", "capacity_bytes", "pipeline", "link_gbps", "rtt_ms", "namespace"),
+    "Model and prefill pricing": ("model", "dtype", "kv_dtype", "device", "threads", "seed", "measure",
+                                  "measure_max_tokens", "measure_seconds", "calibrate_seconds", "prefill_tps",
+                                  "hardware", "mfu", "prefill_profile"),
+    "Curves and capacity planner": ("upper_bound", "curve", "ttl_refresh", "plot", "tier", "optimal", "admit_after",
+                                    "policy", "price"),
+    "Traces, run and output": ("fmt", "tokenizer", "add_special_tokens", "limit", "keep", "allow_evictions", "jobs",
+                               "ray", "json_out"),
+}
+
+
+@app.command(cls=help_panels(REPLAY_PANELS))
 @handle_errors
 def replay(
     traces: Annotated[list[Path], typer.Argument(help=TRACES_HELP + ".")],
@@ -375,9 +390,9 @@ class _ReplayConsole(ReplayEvents):
 
 
 def _register() -> None:
-    from kvcli.cli.cache import inspect, purge, warm
+    from kvcli.cli.cache import INSPECT_PANELS, WARM_PANELS, inspect, purge, warm
     from kvcli.cli.explain import explain
-    from kvcli.cli.export import export
+    from kvcli.cli.export import EXPORT_PANELS, export
     from kvcli.cli.hardware import hardware
     from kvcli.cli.profile import profile
     from kvcli.cli.route import route
@@ -386,7 +401,8 @@ def _register() -> None:
     for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
                      ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats),
                      ("explain", explain)):
-        app.command(name)(handle_errors(fn))
+        panels = {"warm": WARM_PANELS, "inspect": INSPECT_PANELS, "export": EXPORT_PANELS}.get(name)
+        app.command(name, cls=help_panels(panels) if panels else None)(handle_errors(fn))
 
 
 _register()

@@ -63,6 +63,15 @@ Format = Annotated[str, typer.Option("--format", help="auto, lines, native, moon
                                                      "claude-code, sharegpt, swe-agent.")]
 
 
+#: ``kvcli warm --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
+WARM_PANELS = {
+    "Store": ("namespace", "chunk_size", "redis_url", "redis_timeout"),
+    "Model": ("model", "dtype", "kv_dtype", "device", "threads", "seed"),
+    "Prompts": ("fmt", "tokenizer", "add_special_tokens"),
+    "Writes and output": ("ttl", "dry_run", "verify", "strict", "json_out"),
+}
+
+
 def warm(
     sources: Annotated[list[str], typer.Argument(help="Prompt files (one prompt per line), traces (JSONL with "
                                                  "prompt/messages/token_ids, Mooncake, ShareGPT, .traj), or -.")],
@@ -123,9 +132,18 @@ def warm(
         raise RedisFailure(result.stopped)
 
 
+#: ``kvcli inspect --help``'s panels.
+INSPECT_PANELS = {
+    "Store": ("namespace", "chunk_size", "layout", "redis_url", "redis_timeout"),
+    "A prompt's chunks (--prompt, --tokens, --request)": ("prompt", "tokens", "request", "model", "dtype", "seed",
+                                                         "tokenizer", "cache_salt", "fmt"),
+    "Checks and output": ("sample", "verify", "json_out"),
+}
+
+
 def inspect(
     namespace: Annotated[Optional[str], typer.Option(help="Only this namespace (map: default 'default').")] = None,
-    chunk_size: Annotated[str, chunk_sizes_option("Chunk sizes for --prompt/--tokens/--request")
+    chunk_size: Annotated[str, chunk_sizes_option("Chunk sizes for --prompt, --tokens and --request")
                           ] = DEFAULT_CHUNK_SIZES,
     sample: Annotated[Optional[int], typer.Option(help="MEMORY USAGE of N sampled keys (0: none; default: all).",
                                                   min=0)] = None,

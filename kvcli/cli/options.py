@@ -3,15 +3,20 @@
 ``--tokenizer``, ``--kv-dtype``, plus ``--json``, and what every command that reads traces accepts about hash-id traces
 (``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``, ``--skip-bad-records``: :func:`trace_format`).
 
+A command with many options groups them in help panels with :func:`help_panels` (one table per panel, each
+narrow enough that ``--help`` at 80 columns shows every option name whole).
+
 Each is an ``Annotated`` type for a command's signature (``redis_url: RedisUrl = None``). Where a command says
 more in its help (route's ``--redis-url`` is for its cache-manager policy, in its own help panel), it builds the
 option with the same factory and its own help: the flag names, environment variable and parser stay the same.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from kvcli.errors import BadInputError
 
@@ -57,6 +62,9 @@ Threads = Annotated[int, typer.Option(help="torch threads for the local model on
 Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
                                                        "(default: the --model folder's own, else cl100k_base).",
                                                   show_default=False)]
+#: --tokenizer of a command without --model (stats, export)
+TextTokenizer = Annotated[Optional[str], typer.Option("--tokenizer", help="tiktoken encoding or tokenizer folder for "
+                                                      "text prompts (default: cl100k_base).", show_default=False)]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 KvDtype = Annotated[str, typer.Option(
     "--kv-dtype", metavar="auto|fp8",
@@ -158,3 +166,29 @@ def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str 
     from kvcli.traces.hashids import TraceFormat
 
     return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens)
+
+
+def help_panels(panels: Mapping[str, tuple[str, ...]]) -> type[TyperCommand]:
+    """A command class (``app.command(name, cls=help_panels({...}))``) whose ``--help`` shows its options in these
+    rich help panels: panel title -> the options' parameter names (``"chunk_sizes"``), in the panel's order of
+    first mention; an option named in no panel keeps its own panel (``rich_help_panel``, else "Options"). Each
+    panel is a table of its own, sized to its own longest names: grouping the options with long negative names
+    (``--no-allow-evictions``) apart from those with long aliases (``--chunk-sizes,--chunk-size``) keeps every
+    name whole at 80 columns.
+
+    Raises:
+        ValueError: (when the command is built) a name that is not one of the command's parameters.
+    """
+    where = {name: title for title, names in panels.items() for name in names}
+
+    class PanelledCommand(TyperCommand):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            unknown = set(where) - {p.name for p in self.params}
+            if unknown:
+                raise ValueError(f"help panels name no parameter of {self.name}: {', '.join(sorted(unknown))}")
+            for param in self.params:
+                if param.name in where:
+                    param.rich_help_panel = where[param.name]  # type: ignore[attr-defined]
+
+    return PanelledCommand

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvcli.cli.options import Device, Dtype, JsonOut, Model, Threads
+from kvcli.cli.options import Device, Dtype, JsonOut, KvDtype, Model, Threads
 from kvcli.errors import BadInputError
 
 if TYPE_CHECKING:  # kvcli.model.profile loads on use: `kvcli --help` never imports torch
@@ -33,6 +33,7 @@ def profile(
         show_default=False)] = None,
     repeats: Annotated[int, typer.Option(help="Timings of each point and chunk size, interleaved.")] = 3,
     threads: Threads = 1,
+    kv_dtype: KvDtype = "auto",
     json_out: JsonOut = False,
 ) -> None:
     """Measure a model's prefill cost surface t(new, cached tokens) and its KV load/save rates on a device, and
@@ -43,13 +44,17 @@ def profile(
       kvcli profile --model llama-3-8b --device cuda --max-tokens 32768 --out profiles/llama-3-8b-h200-bf16.json
 
       kvcli profile --model tiny --device cpu --max-tokens 1024 --repeats 2 --out /tmp/tiny.json --json
+
+      kvcli profile --model llama-3-8b --device cuda --kv-dtype fp8 --out profiles/llama-3-8b-h200-fp8kv.json
     """
     from kvcli.model.load import load_model
     from kvcli.model.profile import check_max_tokens, device_facts, measure_profile, profile_points
     from kvcli.model.threads import torch_threads
     from kvcli.replay.results import check_count
+    from kvcli.store.serde import check_kv_dtype
     from kvcli.tables import stdout_console
 
+    payload_dtype = check_kv_dtype(kv_dtype)
     check_count("--repeats", repeats)
     check_count("--threads", threads)
     if max_tokens is not None:
@@ -59,9 +64,9 @@ def profile(
     facts = device_facts(local.device)
     planned = len(profile_points(max_tokens or local.config.context))
     heads = {"prefill": f"timing {planned} points x {repeats} repeats on {facts['device']} ({facts['name']})",
-             "kv": "load/save rates of 64, 256 and 1024-token chunks"}
+             "kv": "load/save rates of 64, 256 and 1024-token chunks" + (" of fp8 payloads" if payload_dtype else "")}
     with torch_threads(threads), _Bar(heads) as bar:
-        result = measure_profile(local, max_tokens, repeats, bar.update, codec=store_codec())
+        result = measure_profile(local, max_tokens, repeats, bar.update, codec=store_codec(payload_dtype))
     text = result.save(out)
     err.print(f"profile: written {out}", markup=False, highlight=False)
     if json_out:
@@ -70,24 +75,24 @@ def profile(
         print_profile(result, stdout_console())
 
 
-def store_codec() -> KvCodec:
-    """The store's payload path as a :class:`KvCodec`: encode = :func:`kvcli.store.serde.encode_kv` and the
-    xxh3_64 of the value's tensor bytes (as :func:`kvcli.store.chunkstore.chunk_payload`), decode =
-    :func:`kvcli.store.judge.checked_tensor` (decode, shape, dtype and checksum)."""
-    import xxhash
-
+def store_codec(kv_dtype: str | None = None) -> KvCodec:
+    """The store's payload path as a :class:`KvCodec` for payloads of ``kv_dtype`` (``--kv-dtype``: torch's name,
+    :func:`kvcli.store.serde.check_kv_dtype`; None: the model's dtype): encode = :func:`kvcli.store.serde.encode_kv`
+    (fp8: quantized with per-layer K and V scales) and :func:`kvcli.store.judge.payload_checksum`, as
+    :func:`kvcli.store.chunkstore.chunk_payload`; decode = :func:`kvcli.store.judge.checked_tensor` (decode, shape,
+    dtype and checksum; fp8 dequantized to the model's dtype)."""
     from kvcli.model.profile import KvCodec
-    from kvcli.store.judge import checked_tensor
+    from kvcli.store.judge import checked_tensor, payload_checksum
     from kvcli.store.serde import dtype_name, encode_kv
 
     def encode(kv):
-        value = encode_kv(kv)
-        return value, xxhash.xxh3_64_digest(value[len(value) - kv.numel() * kv.element_size():])
+        value = encode_kv(kv, dtype=kv_dtype)
+        return value, payload_checksum(value)
 
     def decode(value, checksum, shape, dtype):
-        return checked_tensor(value, checksum, shape, dtype_name(dtype))
+        return checked_tensor(value, checksum, shape, dtype_name(kv_dtype or dtype), out_dtype=dtype)
 
-    return KvCodec(encode, decode)
+    return KvCodec(encode, decode, kv_dtype)
 
 
 def print_profile(result: Profile, console: Console) -> None:
@@ -123,7 +128,8 @@ def print_profile(result: Profile, console: Console) -> None:
              f"clock {result.clock}", points),
             ("fit: t = a + b*n + d*n(n+1)/2 + e*n*c seconds (n new, c cached tokens)", fit),
             (f"KV payload: load {_gbps(result.load_bytes_per_second)}, save {_gbps(result.save_bytes_per_second)} "
-             "(value bytes over the fastest repeat of the largest chunk)", kv)):
+             f"(value bytes over the fastest repeat of the largest chunk); KV {result.kv_bytes_per_token:,} "
+             f"bytes/token in {f'fp8 ({result.kv_dtype})' if result.kv_dtype else result.dtype}", kv)):
         console.print(heading, markup=False, highlight=False)
         print_table(console, table)
 

@@ -97,6 +97,19 @@ TINY_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     # use_sliding_window with max_window_layers = layers: transformers builds every layer as full attention
     "qwen2": ("Qwen2Config", {"num_key_value_heads": 2, "use_sliding_window": True, "sliding_window": 8,
                               "max_window_layers": 2}),
+    # hybrid: three Gated DeltaNet layers to one gated attention layer (give layers=4 for one attention layer),
+    # 4 experts (2 per token) of 16 and a gated shared expert of 16 in every layer
+    "qwen3_next": ("Qwen3NextConfig", {
+        "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "num_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16}),
+    # hybrid of one mixer or one MLP per block, "M-*E" (the pattern sets the layers): Mamba-2 (4 heads of 8,
+    # 2 groups, state 16, chunks of 16), squared-ReLU MLP, attention, 4 experts (2 per token) of 16 and a shared
+    # one of 24
+    "nemotron_h": ("NemotronHConfig", {
+        "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 8, "ssm_state_size": 16,
+        "n_groups": 2, "conv_kernel": 4, "chunk_size": 16, "hybrid_override_pattern": "M-*E", "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "moe_intermediate_size": 16, "moe_shared_expert_intermediate_size": 24}),
 }
 
 
@@ -146,15 +159,18 @@ def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvcli.model.hf_tiny DIR [--vocab N] [--seed S] [--dtype D] [--arch A]``."""
+    """``python -m kvcli.model.hf_tiny DIR [--vocab N] [--seed S] [--dtype D] [--arch A] [--layers L]``."""
     parser = argparse.ArgumentParser(prog="python -m kvcli.model.hf_tiny", description=__doc__.split("\n")[0])
     parser.add_argument("folder")
     parser.add_argument("--vocab", type=int, default=100352, help="embedding rows (default 100352)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--arch", default="llama", choices=tuple(TINY_ARCHS), help="architecture (default llama)")
+    parser.add_argument("--layers", type=int, help="decoder layers (default 2; qwen3_next: 4, one attention layer "
+                        "after three linear ones, the fewest kvcli runs)")
     args = parser.parse_args(argv)
-    folder = write_tiny_checkpoint(args.folder, args.vocab, args.seed, args.dtype, arch=args.arch)
+    layers = args.layers or (4 if args.arch == "qwen3_next" else 2)
+    folder = write_tiny_checkpoint(args.folder, args.vocab, args.seed, args.dtype, layers=layers, arch=args.arch)
     print(f"wrote a tiny random {args.arch} checkpoint and tokenizer to {folder}; try: kvcli replay sample_traces/ "
           f"--model {folder}", file=sys.stderr)
     return 0

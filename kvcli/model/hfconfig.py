@@ -14,21 +14,41 @@ Read as transformers reads it (the config object ``AutoConfig`` builds, its text
 - experts: ``n_routed_experts``/``num_local_experts``/``num_experts``, ``num_experts_per_tok``,
   ``moe_intermediate_size`` (``intermediate_size`` when the model has no other, Mixtral and gpt-oss), shared
   experts ``n_shared_experts x moe_intermediate_size`` (DeepSeek) or ``shared_expert_intermediate_size`` with a
-  gate (Qwen2-MoE, Qwen3-Next); dense layers: ``first_k_dense_replace`` (DeepSeek), ``mlp_only_layers`` and
-  ``decoder_sparse_step`` (Qwen MoE);
-- a linear layer's state: :func:`linear_state_elements`; its mixer's parameters: :func:`linear_mixer_params`.
+  gate (Qwen2-MoE, Qwen3-Next), the routed experts on a latent of ``moe_latent_size`` (Nemotron-H); dense
+  layers: ``first_k_dense_replace`` (DeepSeek), ``mlp_only_layers`` and ``decoder_sparse_step`` (Qwen MoE);
+- a linear layer's state: :func:`linear_state_elements`; its mixer's parameters: :func:`linear_mixer_params`; its
+  shapes for the FLOPs: :func:`linear_mixer_shapes`;
+- blocks of one mixer OR one MLP: a layer pattern with ``mlp`` or ``moe`` entries (Nemotron-H's
+  ``layers_block_type``, from ``hybrid_override_pattern``: ``M`` Mamba-2, ``*`` attention, ``-`` MLP, ``E``
+  experts): its mixer blocks hold no MLP, its ``moe`` blocks are the expert layers (the others dense), the shared
+  expert is one MLP of ``moe_shared_expert_intermediate_size``;
+- the MLP's matrices: SwiGLU (gate, up, down) except for the model types of :data:`UNGATED_MLP` (up and down);
+  an attention output gate (Q projection of twice the width) for those of :data:`OUTPUT_GATE`.
 """
 from __future__ import annotations
 
 from typing import Any
 
 from kvcli.errors import BadInputError
-from kvcli.model.presets import FULL, LINEAR, NO_MIXER, SLIDING, ModelConfig
+from kvcli.model.presets import FULL, GATED_DELTANET, LINEAR, MAMBA2, NO_MIXER, SLIDING, ModelConfig
 
 #: transformers' layer-type names (``config.layer_types``, Nemotron-H's ``layers_block_type``, Jamba's
 #: ``layers_block_type``) -> kvcli's kinds.
 KINDS = {"full_attention": FULL, "attention": FULL, "sliding_attention": SLIDING, "linear_attention": LINEAR,
          "mamba": LINEAR, "mamba2": LINEAR, "mlp": NO_MIXER, "moe": NO_MIXER}
+
+
+#: ``model_type`` -> the MLP (and every expert) is up and down only, no gate: Nemotron-H's squared-ReLU
+#: ``NemotronHMLP`` and ``NemotronHExperts`` (``use_experts_implementation(has_gate=False)``).
+UNGATED_MLP = frozenset({"nemotron_h"})
+#: ``model_type`` -> the attention output is gated, ``o_proj(attn * sigmoid(gate))`` with ``q_proj`` of ``hidden x
+#: 2 heads head_dim`` (transformers' ``Qwen3NextAttention``, and Qwen3.5's, the same module).
+OUTPUT_GATE = frozenset({"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"})
+#: Block types of a pattern whose blocks are one mixer or one MLP each (Nemotron-H).
+_MLP_BLOCKS = frozenset({"mlp", "moe"})
+#: Tokens per chunk of transformers' chunked Gated DeltaNet (``torch_chunk_gated_delta_rule``'s default, as the
+#: FLA kernels' ``chunk_gated_delta_rule``).
+GDN_CHUNK = 64
 
 
 def _get(config: Any, *names: str, default: Any = None) -> Any:
@@ -135,21 +155,57 @@ def linear_mixer_params(text: Any) -> int:
     return 0
 
 
+def linear_mixer_shapes(text: Any) -> dict[str, Any]:
+    """The linear mixer's shapes that set its FLOPs (:class:`~kvcli.model.presets.ModelConfig`'s ``linear_*``
+    fields): Gated DeltaNet (``linear_key_head_dim`` set: value heads and dims, key heads and dims, the
+    convolution's kernel, chunks of :data:`GDN_CHUNK`) or Mamba-2 (``mamba_num_heads``/``mamba_n_heads`` set:
+    heads and head dims, groups and state size, kernel, ``chunk_size``/``mamba_chunk_size``); ``{}`` for another
+    (Jamba's Mamba: its mixer's FLOPs are not counted)."""
+    kernel = int(_get(text, "linear_conv_kernel_dim", "conv_kernel", "mamba_d_conv", default=4))
+    if getattr(text, "linear_key_head_dim", None):
+        return {"linear_mixer": GATED_DELTANET, "linear_heads": int(text.linear_num_value_heads),
+                "linear_head_dim": int(text.linear_value_head_dim), "linear_key_heads": int(text.linear_num_key_heads),
+                "linear_key_dim": int(text.linear_key_head_dim), "linear_conv_kernel": kernel,
+                "linear_chunk": GDN_CHUNK}
+    heads = _get(text, "mamba_num_heads", "mamba_n_heads")
+    if not heads:
+        return {}
+    return {"linear_mixer": MAMBA2, "linear_heads": int(heads),
+            "linear_head_dim": int(_get(text, "mamba_head_dim", "mamba_d_head")),
+            "linear_key_heads": int(_get(text, "n_groups", "mamba_n_groups", default=1)),
+            "linear_key_dim": int(_get(text, "ssm_state_size", "mamba_d_state")), "linear_conv_kernel": kernel,
+            "linear_chunk": int(_get(text, "chunk_size", "mamba_chunk_size", default=256))}
+
+
+def _block_types(text: Any) -> list[str]:
+    return list(_get(text, "layer_types", "layers_block_type", default=()) or ())
+
+
 def _experts(text: Any) -> dict[str, Any]:
     experts = int(_get(text, "n_routed_experts", "num_local_experts", "num_experts", default=0) or 0)
+    layers = int(text.num_hidden_layers)
+    blocks = _block_types(text)
+    one_per_block = bool(_MLP_BLOCKS & set(blocks))
+    if one_per_block and "moe" not in blocks:
+        return {}  # a Nemotron-H config carries n_routed_experts even when no block has experts
     if experts <= 1:
         return {}
-    layers = int(text.num_hidden_layers)
     moe_ffn = int(_get(text, "moe_intermediate_size", "intermediate_size"))
-    shared = int(_get(text, "n_shared_experts", default=0) or 0) * moe_ffn
-    shared = shared or int(_get(text, "shared_expert_intermediate_size", default=0) or 0)
-    first_dense = int(_get(text, "first_k_dense_replace", default=0))
-    step = int(_get(text, "decoder_sparse_step", default=1) or 1)
-    only_mlp = set(_get(text, "mlp_only_layers", default=()) or ())
-    dense = tuple(i for i in range(layers) if i < first_dense or i in only_mlp or (i + 1) % step)
+    if one_per_block:  # one shared MLP of its own width, whatever n_shared_experts says
+        shared = int(_get(text, "moe_shared_expert_intermediate_size", default=0) or 0)
+        dense = tuple(i for i, block in enumerate(blocks) if block != "moe")
+        latent = int(_get(text, "moe_latent_size", default=0) or 0)
+    else:
+        latent = 0
+        shared = int(_get(text, "n_shared_experts", default=0) or 0) * moe_ffn
+        shared = shared or int(_get(text, "shared_expert_intermediate_size", default=0) or 0)
+        first_dense = int(_get(text, "first_k_dense_replace", default=0))
+        step = int(_get(text, "decoder_sparse_step", default=1) or 1)
+        only_mlp = set(_get(text, "mlp_only_layers", default=()) or ())
+        dense = tuple(i for i in range(layers) if i < first_dense or i in only_mlp or (i + 1) % step)
     return {"experts": experts, "experts_per_token": int(text.num_experts_per_tok), "moe_ffn": moe_ffn,
             "shared_ffn": shared, "shared_gate": bool(getattr(text, "shared_expert_intermediate_size", 0)),
-            "dense_layers": dense}
+            "dense_layers": dense, "moe_latent": latent}
 
 
 def _mla(text: Any) -> dict[str, Any]:
@@ -171,6 +227,7 @@ def shapes_from_config(name: str, text: Any, dtype: str) -> ModelConfig:
     rope: dict[str, Any] = getattr(text, "rope_parameters", None) or {}
     theta = float(rope.get("rope_theta") or _get(text, "rope_theta", default=10000.0))
     kinds = layer_kinds(text)
+    model_type = str(getattr(text, "model_type", ""))
     return ModelConfig(
         name=name, layers=int(text.num_hidden_layers), hidden=int(text.hidden_size), heads=heads,
         kv_heads=int(_get(text, "num_key_value_heads", default=heads)),
@@ -180,4 +237,7 @@ def shapes_from_config(name: str, text: Any, dtype: str) -> ModelConfig:
         dtype=dtype, context=int(_get(text, "max_position_embeddings", default=8192)), layer_types=kinds,
         sliding_window=int(_get(text, "sliding_window", default=0)) if SLIDING in kinds else 0,
         state_elements=linear_state_elements(text) if LINEAR in kinds else 0,
-        linear_params=linear_mixer_params(text) if LINEAR in kinds else 0, **_mla(text), **_experts(text))
+        linear_params=linear_mixer_params(text) if LINEAR in kinds else 0,
+        attn_output_gate=model_type in OUTPUT_GATE, gated_mlp=model_type not in UNGATED_MLP,
+        mixer_mlp=not (_MLP_BLOCKS & set(_block_types(text))),
+        **(linear_mixer_shapes(text) if LINEAR in kinds else {}), **_mla(text), **_experts(text))

@@ -34,6 +34,9 @@ def dtype_short(dtype: torch.dtype | str) -> str:
 #: the last ``sliding_window`` tokens, a linear-attention / Mamba mixer with a constant-size state, or no token
 #: mixer at all (Nemotron-H's MLP-only layers: neither cache nor state).
 FULL, SLIDING, LINEAR, NO_MIXER = "full_attention", "sliding_attention", "linear_attention", "mlp"
+#: :attr:`ModelConfig.linear_mixer`: the linear mixers whose FLOPs are counted, and ``""`` (not counted).
+GATED_DELTANET, MAMBA2 = "gated_deltanet", "mamba2"
+LINEAR_MIXERS = ("", GATED_DELTANET, MAMBA2)
 
 
 @dataclass(frozen=True)
@@ -53,11 +56,28 @@ class ModelConfig:
       decoupled RoPE key, ``kv_lora_rank + qk_rope_head_dim`` elements per layer and token (vLLM's MLA cache).
     - mixture of experts when ``experts > 0``: ``experts_per_token`` routed experts of ``moe_ffn`` each, shared
       experts of ``shared_ffn`` in all (0: none), ``shared_gate`` (a sigmoid gate ``hidden -> 1`` on the shared
-      output, Qwen2-MoE/Qwen3-Next), and ``dense_layers``, the layers that keep a dense MLP of ``ffn``.
+      output, Qwen2-MoE/Qwen3-Next), ``dense_layers``, the layers that keep a dense MLP of ``ffn``, and
+      ``moe_latent`` (0: none): the routed experts work on a latent of that width, projected down from ``hidden``
+      before them and back up after (Nemotron-H's ``moe_latent_size``, ``fc1_latent_proj`` and
+      ``fc2_latent_proj``).
     - ``state_elements``: elements of one linear layer's state per sequence (vLLM's conv state plus temporal
       state, :func:`kvcli.model.hfconfig.linear_state_elements`); ``linear_params``: parameters of one linear
       layer's mixer (its projections, convolution and per-head vectors,
       :func:`kvcli.model.hfconfig.linear_mixer_params`).
+    - ``attn_output_gate``: the attention output is gated, ``o_proj(attn * sigmoid(gate))``, the gate made by a
+      Q projection of twice the width (Qwen3-Next's ``Qwen3NextAttention``: ``q_proj`` ``hidden x 2 heads
+      head_dim``).
+    - ``gated_mlp``: the MLP (dense, routed and shared experts alike) is SwiGLU, three matrices (gate, up,
+      down); ``False``: up and down only (Nemotron-H's squared ReLU, ``NemotronHMLP`` and ``NemotronHExperts``).
+      ``mixer_mlp``: a layer with a token mixer also has an MLP; ``False``: each block is one mixer OR one MLP
+      (Nemotron-H: ``layers_block_type`` ``mamba``/``attention`` blocks hold no MLP, ``mlp``/``moe`` blocks,
+      :data:`NO_MIXER`, nothing else).
+    - the linear mixer's shapes, for its FLOPs (:mod:`kvcli.model.flops`): ``linear_mixer`` ``"gated_deltanet"``
+      (Qwen3-Next) or ``"mamba2"`` (Nemotron-H, Granite 4, Bamba), ``""`` when not counted (Jamba's Mamba);
+      ``linear_heads`` x ``linear_head_dim`` (Gated DeltaNet: value heads and dims; Mamba-2: heads and head
+      dims), ``linear_key_heads`` x ``linear_key_dim`` (Gated DeltaNet: key heads and dims; Mamba-2: groups and
+      state size), ``linear_conv_kernel`` (the causal convolution's width) and ``linear_chunk`` (tokens per chunk
+      of the chunked scan).
     """
 
     name: str
@@ -87,12 +107,26 @@ class ModelConfig:
     dense_layers: tuple[int, ...] = ()
     state_elements: int = 0
     linear_params: int = 0
+    attn_output_gate: bool = False
+    gated_mlp: bool = True
+    mixer_mlp: bool = True
+    linear_mixer: str = ""
+    linear_heads: int = 0
+    linear_head_dim: int = 0
+    linear_key_heads: int = 0
+    linear_key_dim: int = 0
+    linear_conv_kernel: int = 0
+    linear_chunk: int = 0
+    moe_latent: int = 0
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.layers:
             raise BadInputError(f"{self.name}: {len(self.layer_types)} layer types for {self.layers} layers")
         if SLIDING in self.layer_types and self.sliding_window <= 0:
             raise BadInputError(f"{self.name}: sliding-attention layers without a sliding window")
+        if self.linear_mixer not in LINEAR_MIXERS:
+            raise BadInputError(f"{self.name}: unknown linear mixer {self.linear_mixer!r}; valid: "
+                                f"{', '.join(repr(m) for m in LINEAR_MIXERS)}")
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -154,6 +188,12 @@ class ModelConfig:
         ``linear layers * state_elements * element_size``; 0 without linear layers."""
         return self.count(LINEAR) * self.state_elements * _element_bytes(dtype)
 
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """``(linear layers, state_elements)``: the state a stored chunk of a hybrid model carries at its end
+        (:attr:`state_bytes` in all); ``()`` without linear layers."""
+        return (self.count(LINEAR), self.state_elements) if self.count(LINEAR) else ()
+
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
         """Shape of the KV of ``tokens`` tokens: ``(attention_layers, 2, kv_heads, tokens, head_dim)``; for MLA
         ``(layers, 1, 1, tokens, kv_lora_rank + qk_rope_head_dim)`` (latent then RoPE key, concatenated)."""
@@ -175,9 +215,34 @@ class ModelConfig:
             counts[key] = counts.get(key, 0) + 1
         return tuple((kind, moe, count) for (kind, moe), count in counts.items())
 
+    @property
+    def mlp_matrices(self) -> int:
+        """Weight matrices of one MLP (and of one expert): 3 for SwiGLU (gate, up, down), 2 without the gate
+        (:attr:`gated_mlp` ``False``)."""
+        return 3 if self.gated_mlp else 2
+
+    @property
+    def expert_width(self) -> int:
+        """The width a routed expert reads and writes: :attr:`moe_latent` when the experts work on a latent,
+        else ``hidden``."""
+        return self.moe_latent or self.hidden
+
+    def has_mlp(self, kind: str) -> bool:
+        """Whether a layer of ``kind`` has an MLP: a :data:`NO_MIXER` layer always, a mixer layer unless the
+        blocks are one mixer or one MLP each (:attr:`mixer_mlp` ``False``, Nemotron-H)."""
+        return kind == NO_MIXER or self.mixer_mlp
+
+    def layer_norms(self, kind: str) -> int:
+        """Norm vectors (``hidden`` each) of one layer of ``kind``: one before its mixer (none for
+        :data:`NO_MIXER`) and one before its MLP (when it has one): 2 for a Llama layer, 1 for a Nemotron-H
+        block."""
+        return (kind != NO_MIXER) + self.has_mlp(kind)
+
     def params(self) -> int:
         """Number of parameters (embedding and LM head counted separately: they are untied; every expert
-        counted; a linear layer's mixer as :attr:`linear_params`; norms of one vector each, biases left out)."""
+        counted; a linear layer's mixer as :attr:`linear_params`; the layers' norms (:meth:`layer_norms`) and the
+        final one of ``hidden`` each; biases and per-head Q/K norms left out). Equals ``sum(p.numel())`` of
+        transformers' model for a Llama and a Nemotron-H without biases (tests/model/test_flops.py)."""
         q = (self.hidden * self.q_lora_rank + self.q_lora_rank * self.heads * self.qk_head_dim if self.q_lora_rank
              else self.hidden * self.heads * self.qk_head_dim)
         if self.is_mla:
@@ -185,12 +250,17 @@ class ModelConfig:
                   + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim))
         else:
             kv = 2 * self.hidden * self.kv_heads * self.head_dim
-        attn = q + kv + self.heads * self.value_dim * self.hidden
-        moe = self.experts * 3 * self.hidden * self.moe_ffn + 3 * self.hidden * self.shared_ffn \
-            + self.hidden * self.experts
-        mlps = sum(moe if self.is_moe_layer(i) else 3 * self.hidden * self.ffn for i in range(self.layers))
+        gate = self.hidden * self.heads * self.head_dim if self.attn_output_gate else 0
+        attn = q + kv + gate + self.heads * self.value_dim * self.hidden
+        m = self.mlp_matrices
+        moe = self.experts * m * self.expert_width * self.moe_ffn + m * self.hidden * self.shared_ffn \
+            + self.hidden * self.experts + (self.hidden if self.shared_gate else 0) \
+            + 2 * self.hidden * self.moe_latent
+        mlps = sum((moe if self.is_moe_layer(i) else m * self.hidden * self.ffn) if self.has_mlp(kind) else 0
+                   for i, kind in enumerate(self.kinds))
+        norms = sum(self.layer_norms(kind) for kind in self.kinds) + 1
         return self.attention_layers * attn + self.count(LINEAR) * self.linear_params + mlps \
-            + self.layers * 2 * self.hidden + 2 * self.vocab * self.hidden + self.hidden
+            + norms * self.hidden + 2 * self.vocab * self.hidden
 
 
 def _element_bytes(dtype: torch.dtype | str) -> int:
@@ -250,11 +320,14 @@ def model_id_for(preset: str, dtype, seed: int) -> str:
 class ModelSpec:
     """What the store needs of a model, without its weights: id, per-token KV shape, dtype (a torch dtype, or
     torch's name for it, e.g. ``"bfloat16"``: :func:`model_spec` gives the name, so nothing imports torch for it;
-    :func:`kvcli.units.torch_dtype` turns either into a torch dtype)."""
+    :func:`kvcli.units.torch_dtype` turns either into a torch dtype). ``state_shape``: a hybrid model's
+    ``(linear_layers, state_elements)``, the state a chunk carries at its end beside its KV; ``()`` without linear
+    layers."""
 
     model_id: str
-    kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
+    kv_shape: tuple[int, int, int, int]  # (attention layers, 2, kv_heads, head_dim)
     dtype: object
+    state_shape: tuple[int, ...] = ()
 
 
 def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:

@@ -47,11 +47,16 @@ FORMAT_NAME, FORMAT_VERSION = "kvcli-profile", 1
 FORMAT = f"{FORMAT_NAME}/{FORMAT_VERSION}"
 MIN_MAX_TOKENS = 512  # the smallest grid, (32, 0) (128, 0) (512, 0) (256, 256), that determines the 4 coefficients
 RATE_CHUNK_TOKENS = (64, 256, 1024)
+#: KV payload dtypes a profile may record besides the model's (torch's names; ``kvcli.store.serde.KV_DTYPES``'
+#: values: the model package imports nothing of the store).
+KV_PAYLOAD_DTYPES = ("float8_e4m3fn",)
 #: The shapes that set a prefill's cost: two models alike in these (and in dtype) share a profile.
 COST_SHAPES = ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "layer_types", "sliding_window",
                "kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "experts",
                "experts_per_token", "moe_ffn", "shared_ffn", "shared_gate", "dense_layers", "state_elements",
-               "linear_params")
+               "linear_params", "attn_output_gate", "gated_mlp", "mixer_mlp", "linear_mixer", "linear_heads",
+               "linear_head_dim", "linear_key_heads", "linear_key_dim", "linear_conv_kernel", "linear_chunk",
+               "moe_latent")
 
 #: ``progress(phase, done, total, what)``: phase "prefill" (timings of points) or "kv" (timings of chunks).
 Progress = Callable[[str, int, int, str], None]
@@ -66,11 +71,15 @@ class KvCodec:
         encode: ``encode(kv) -> (value, checksum)``: ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]`` on any
             device, copied into ``value`` (the bytes the store writes); ``checksum`` of its tensor bytes.
         decode: ``decode(value, checksum, shape, dtype) -> tensor or None``: the tensor of ``value`` (host memory)
-            when it decodes to ``shape`` and ``dtype`` and matches ``checksum``, else None.
+            when it decodes to ``shape`` and matches ``checksum``, in ``dtype`` (the model's: a payload of
+            ``kv_dtype`` dequantized to it), else None.
+        kv_dtype: the payloads' dtype when it is not the model's (``--kv-dtype fp8``: ``"float8_e4m3fn"``, with
+            per-layer K and V scales, :mod:`kvcli.store.serde`); None: the model's, bit-exact.
     """
 
     encode: Callable[[Any], tuple[Any, bytes]]
     decode: Callable[[Any, bytes, tuple[int, ...], Any], Any]
+    kv_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +149,8 @@ class Profile:
         fit: ``CostCurve.to_dict()`` of the fit at measurement time (:meth:`curve` refits the same).
         kv_timings: the load/save timings per chunk size (:data:`RATE_CHUNK_TOKENS`).
         measure_seconds: wall time the measurement took.
+        kv_dtype: the KV payloads' dtype when it was not the model's (``--kv-dtype fp8``: ``"float8_e4m3fn"``);
+            None: the model's (``auto``; a profile written before the field).
     """
 
     format: str
@@ -161,6 +172,7 @@ class Profile:
     fit: dict
     kv_timings: tuple[KvTiming, ...]
     measure_seconds: float
+    kv_dtype: str | None = None
 
     def samples(self) -> list[PrefillSample]:
         """Every timing as a :class:`PrefillSample`, point by point in plan order."""
@@ -188,10 +200,19 @@ class Profile:
         repeat of copy from the device + serialize + checksum (None when that took no measurable time)."""
         return _rate(self.kv_timings, "save_seconds")
 
-    def matches(self, config: ModelConfig, dtype) -> str:
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV tensor bytes per token of the payloads timed: :meth:`~kvcli.model.presets.ModelConfig.
+        kv_bytes_per_token` in :attr:`kv_dtype` (1 byte per element for fp8), else in :attr:`dtype` (fp8's
+        per-layer scales, a few bytes per chunk, are not per token)."""
+        return self.shapes.kv_bytes_per_token(self.kv_dtype or self.dtype)
+
+    def matches(self, config: ModelConfig, dtype, kv_dtype: str | None = None) -> str:
         """Whether this profile prices prefills of a model of ``config``'s shapes in ``dtype`` (torch's or a
-        name): ``""`` (falsy) when the shapes that set the cost (:data:`COST_SHAPES`) and the dtype are the
-        profile's; else a one-line reason naming what differs and the ``--model`` the profile was measured with.
+        name), its KV payloads in ``kv_dtype`` (torch's name; None: the model's): ``""`` (falsy) when the shapes
+        that set the cost (:data:`COST_SHAPES`), the dtype and the KV payloads' dtype (its load/save rates are
+        those of that payload) are the profile's; else a one-line reason naming what differs and the options
+        the profile was measured with.
 
         Raises:
             BadInputError: ``dtype`` is not a dtype kvcli knows.
@@ -201,9 +222,12 @@ class Profile:
                  if getattr(self.shapes, f) != getattr(config, f)]
         if want != self.dtype:
             diffs.append(f"dtype {dtype_short(self.dtype)} (here {dtype_short(want)})")
+        if kv_dtype != self.kv_dtype:
+            diffs.append(f"--kv-dtype {_kv_name(self.kv_dtype)} (here {_kv_name(kv_dtype)})")
         if not diffs:
             return ""
-        return (f"the profile was measured with --model {self.model} --dtype {dtype_short(self.dtype)} "
+        kv = f" --kv-dtype {_kv_name(self.kv_dtype)}" if self.kv_dtype else ""
+        return (f"the profile was measured with --model {self.model} --dtype {dtype_short(self.dtype)}{kv} "
                 f"({self.model_id}), which differs in {', '.join(diffs)}")
 
     def to_dict(self) -> dict:
@@ -218,7 +242,8 @@ class Profile:
             "points": [p.to_dict() for p in self.points],
             "skipped_points": [s.to_dict() for s in self.skipped],
             "fit": self.fit,
-            "kv_rates": {"load_bytes_per_second": self.load_bytes_per_second,
+            "kv_rates": {"kv_dtype": self.kv_dtype, "kv_bytes_per_token": self.kv_bytes_per_token,
+                         "load_bytes_per_second": self.load_bytes_per_second,
                          "save_bytes_per_second": self.save_bytes_per_second,
                          "timings": [t.to_dict() for t in self.kv_timings]},
         }
@@ -332,7 +357,7 @@ def measure_profile(model, max_tokens: int | None = None, repeats: int = 3, prog
         dtype=dtype_key(model.dtype), shapes=model.config, clock=prefill_clock(model).__name__,
         max_tokens=max_tokens, repeats=repeats, max_past_bytes=int(max_past_bytes), points=points,
         skipped=skipped, fit=curve.to_dict(), kv_timings=measure_kv(model, codec, repeats, progress),
-        measure_seconds=time.perf_counter() - start)
+        measure_seconds=time.perf_counter() - start, kv_dtype=codec.kv_dtype)
 
 
 def _time_plan(model, plan: list[tuple[str, int, int]], repeats: int, max_past_bytes: int,
@@ -358,7 +383,8 @@ def _time_plan(model, plan: list[tuple[str, int, int]], repeats: int, max_past_b
 
 def measure_kv(model, codec: KvCodec, repeats: int = 3, progress: Progress | None = None) -> tuple[KvTiming, ...]:
     """Time the KV payload path on ``model``'s device at chunks of :data:`RATE_CHUNK_TOKENS` tokens of seeded
-    random KV in its dtype: *save* = ``codec.encode`` of the chunk on the device (the copy to the host is the copy
+    random KV in its dtype, as payloads of ``codec.kv_dtype`` (fp8: quantized on save, dequantized on load):
+    *save* = ``codec.encode`` of the chunk on the device (the copy to the host is the copy
     into the value), *load* = ``codec.decode`` of that value (as ``bytes``, as Redis returns it) and a copy of the
     tensor to the device; each between device synchronizations, on the prefill clock, after one untimed round;
     ``repeats`` rounds over the sizes.
@@ -433,6 +459,11 @@ def device_facts(device: torch.device) -> dict:
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
+def _kv_name(kv_dtype: str | None) -> str:
+    """``--kv-dtype``'s spelling of a payload dtype: ``auto`` for None, ``fp8`` for float8_e4m3fn."""
+    return "auto" if kv_dtype is None else "fp8"
+
+
 def _point_name(new: int, cached: int) -> str:
     return f"{new:,} new" + (f" after {cached:,} cached" if cached else "")
 
@@ -554,6 +585,9 @@ def _from_dict(doc) -> Profile:
     for i, t in enumerate(timings):
         if t.chunk_tokens < 1 or not t.load_seconds or not t.save_seconds or min(t.load_seconds + t.save_seconds) < 0:
             raise _Invalid(f"field kv_rates.timings[{i}]: needs chunk_tokens >= 1 and seconds >= 0 (at least one)")
+    kv_dtype = doc["kv_rates"].get("kv_dtype")
+    if kv_dtype is not None and (not isinstance(kv_dtype, str) or kv_dtype not in KV_PAYLOAD_DTYPES):
+        raise _Invalid(f"field kv_rates.kv_dtype: expected null or {', '.join(KV_PAYLOAD_DTYPES)}, got {kv_dtype!r}")
     if doc["repeats"] < 1 or doc["max_tokens"] < 1:
         raise _Invalid("fields repeats and max_tokens must be >= 1")
     skipped = tuple(SkippedPoint(s["kind"], s["new_tokens"], s["cached_tokens"], s["reason"])
@@ -563,4 +597,5 @@ def _from_dict(doc) -> Profile:
         command_line=tuple(doc["command_line"]), device=dict(doc["device"]), host=dict(doc["host"]),
         model_id=model["model_id"], model=model["model"], dtype=dtype, shapes=shapes, clock=doc["clock"],
         max_tokens=doc["max_tokens"], repeats=doc["repeats"], max_past_bytes=doc["max_past_bytes"], points=points,
-        skipped=skipped, fit=dict(doc["fit"]), kv_timings=timings, measure_seconds=float(doc["measure_seconds"]))
+        skipped=skipped, fit=dict(doc["fit"]), kv_timings=timings, measure_seconds=float(doc["measure_seconds"]),
+        kv_dtype=kv_dtype)

@@ -11,7 +11,9 @@ CACM 52(4)):
 attention pairs), ``F_head`` one row of LM head; ``B_layer`` the bytes the layer moves,
 :func:`kvcli.model.traffic.layer_bytes`, by family: its weights (the routed experts its tokens touch, for a
 mixture of experts), the cache it reads and writes (KV; MLA's latent; a sliding layer's window; a linear layer's
-state instead) and its activations in and out, at the model's element size; the head reads its ``vocab x hidden``
+state instead) and its activations in and out, at the model's element size except the KV cache, at its own
+(``kv_element_bytes``: 1 for ``--kv-dtype fp8``, as an engine with ``--kv-cache-dtype fp8`` reads and writes 1-byte
+KV in attention; fp8's per-layer scales, a few bytes, are left out); the head reads its ``vocab x hidden``
 weights. Layers of one kind cost alike, so the sum runs over :meth:`~kvcli.model.presets.ModelConfig.
 layer_classes`. ``peak`` is the accelerator's dense tensor FLOP/s for the compute dtype
 (:mod:`kvcli.model.hardware`).
@@ -53,9 +55,11 @@ class Roofline:
     Attributes:
         config: the model's shapes.
         accelerator: where it runs.
-        element_bytes: bytes per weight and KV element (2 for bfloat16).
+        element_bytes: bytes per weight and activation element (2 for bfloat16), and per KV element unless
+            ``kv_element_bytes`` says otherwise.
         compute_dtype: the tensor-core dtype of its matrix multiplies ("bfloat16", "float8").
         mfu: the share of the dense peak a prefill reaches; ``mfu_range`` (low, high) gives its interval.
+        kv_element_bytes: bytes per element of the KV cache read and written (1 for fp8 KV; None: ``element_bytes``).
     """
 
     config: ModelConfig
@@ -64,6 +68,7 @@ class Roofline:
     compute_dtype: str = "bfloat16"
     mfu: float = DEFAULT_MFU
     mfu_range: tuple[float, float] = MFU_RANGE
+    kv_element_bytes: int | None = None
 
     def __post_init__(self) -> None:
         from kvcli.errors import BadInputError
@@ -100,7 +105,8 @@ class Roofline:
         layers = 0.0 * (n + c)
         for kind, moe, count in g.layer_classes():
             layers = layers + count * np.maximum(layer_flops(g, kind, moe, n, c) / rate,
-                                                 layer_bytes(g, kind, moe, n, c, b) / bandwidth)
+                                                 layer_bytes(g, kind, moe, n, c, b, self.kv_element_bytes)
+                                                 / bandwidth)
         head = np.maximum(lm_head_flops(g, n) / rate, head_bytes(g, b) / bandwidth)
         t = np.where(n > 0, layers + head, 0.0)
         return float(t) if t.ndim == 0 else t
@@ -130,7 +136,9 @@ class Roofline:
     def to_dict(self) -> dict:
         """JSON-ready: what the figure rests on."""
         return {"kind": "roofline", "accelerator": self.accelerator.to_dict(), "compute_dtype": self.compute_dtype,
-                "element_bytes": self.element_bytes, "mfu": self.mfu, "mfu_interval": list(self.mfu_range),
+                "element_bytes": self.element_bytes,
+                "kv_element_bytes": self.element_bytes if self.kv_element_bytes is None else self.kv_element_bytes,
+                "mfu": self.mfu, "mfu_interval": list(self.mfu_range),
                 "mfu_source": PUBLISHED_SOURCE}
 
 

@@ -57,7 +57,7 @@ def can_prefetch(requests: int, measured: bool, force: bool | None) -> bool:
 class Prefetch:
     """Items for the first ``limit`` requests of ``reader()``, in order, hashed in a forked child (started here):
     ``(index, timestamp, tokens, prompts, match, None)``, ``prompts`` None for an empty prompt; ``radix`` (a
-    :class:`~kvcli.replay.upper_bound.RadixUpperBound` or None) runs in the child, ``match`` its reusable tokens.
+    :class:`~kvcli.replay.upper_bound.UpperBound` or None) runs in the child, ``match`` its reusable tokens.
     Iterate once; :meth:`close` always (it stops the child); :meth:`paused` around a timing.
 
     Raises (iterating):
@@ -129,7 +129,7 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
             joined, match = None, 0
             if n:
                 if radix is not None:
-                    match = reusable_tokens(radix.match_and_insert(request.token_ids, request.cache_salt), n)
+                    match = reusable_tokens(radix.match_request(request), n)
                 joined = []
                 for chunker in chunkers:
                     _, hashes, digests = chunk_hashes(request.token_ids, chunker.chunk_size,
@@ -163,7 +163,7 @@ def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measu
         if index >= limit:
             return
         n = len(request.token_ids)
-        match = reusable_tokens(radix.match_and_insert(request.token_ids, request.cache_salt), n) if (
+        match = reusable_tokens(radix.match_request(request), n) if (
             radix is not None and n) else 0
         prompts = [store.chunk(request.token_ids, request.cache_salt) for store in stores] if (
             n and index not in measured) else None

@@ -32,7 +32,7 @@ from kvcli.replay.results import ReplayConfig, TraceResult, check_count, check_p
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
-from kvcli.store.serde import SCALE_BYTES
+from kvcli.store.serde import SCALE_BYTES, state_bytes
 from kvcli.store.server import INFO_REFUSED, RedisTarget
 from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import outline_trace, read_trace, trace_note
@@ -108,11 +108,13 @@ class Prepared(NamedTuple):
     device: DeviceRates | None
 
 
-def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[str], None] | None = None) -> Prepared:
+def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[str], None] | None = None,
+                  kv_dtype: str | None = None) -> Prepared:
     """Build the model when anything will run it, and the prefill cost: the calibration's base points timed now
     (:class:`~kvcli.model.calibration.Calibration`, extended per trace by the replay), ``prefill_tps``, or a named
-    accelerator's roofline. ``phase`` is told "calibrating prefill ..." as the base points begin
-    (:meth:`kvcli.replay.events.ReplayEvents.phase`).
+    accelerator's roofline (its KV traffic at ``kv_dtype``'s element size: the replay's ``--kv-dtype``, torch's
+    name, None for the model's dtype), or a profile (measured with that ``--kv-dtype``). ``phase`` is told
+    "calibrating prefill ..." as the base points begin (:meth:`kvcli.replay.events.ReplayEvents.phase`).
 
     Raises:
         BadInputError: unknown preset, checkpoint folder, dtype or accelerator; a dtype the accelerator has no
@@ -125,9 +127,9 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     if options.prefill_tps is not None:
         fixed = CostCurve.from_tokens_per_second(options.prefill_tps)
     elif options.hardware is not None:
-        fixed, device = roofline_cost(options, spec)
+        fixed, device = roofline_cost(options, spec, kv_dtype)
     elif options.profile is not None:
-        fixed, device = profile_cost(options.profile, model_shapes(options.model), spec)
+        fixed, device = profile_cost(options.profile, model_shapes(options.model), spec, kv_dtype)
     if fixed is not None and measure == 0:
         return Prepared(None, fixed, None, spec, device)
     model = load_model(options.model, options.dtype, options.device, options.seed)
@@ -142,15 +144,17 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     return Prepared(model, calibration.curve(), calibration, spec, None)
 
 
-def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec) -> tuple[CostCurve, DeviceRates]:
-    """The cost curve a profile's points fit, and its measured KV load and save rates.
+def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec,
+                 kv_dtype: str | None = None) -> tuple[CostCurve, DeviceRates]:
+    """The cost curve a profile's points fit, and its measured KV load and save rates (of payloads in
+    ``kv_dtype``, torch's name; None: the model's dtype).
 
     Raises:
-        BadInputError: the file is not a profile; it was measured for other shapes or another dtype (the message
-            names the ``--model`` it was measured with); it holds no KV rates.
+        BadInputError: the file is not a profile; it was measured for other shapes, another dtype or another
+            ``--kv-dtype`` (the message names the options it was measured with); it holds no KV rates.
     """
     profile = Profile.load(path)
-    why = profile.matches(shapes, spec.dtype)
+    why = profile.matches(shapes, spec.dtype, kv_dtype)
     if why:
         raise BadInputError(f"--prefill-profile: {why}", path=path)
     load, save = profile.load_bytes_per_second, profile.save_bytes_per_second
@@ -160,9 +164,12 @@ def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec) -> tuple[CostC
     return profile.curve(), DeviceRates(load, save, where)
 
 
-def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, DeviceRates]:
+def roofline_cost(options: ModelOptions, spec: ModelSpec,
+                  kv_dtype: str | None = None) -> tuple[Roofline, DeviceRates]:
     """The roofline of ``options.model``'s shapes on ``options.hardware`` (its utilization ``options.mfu``, the
-    published points' relative spread kept around it), and the device's host link as its KV load and save rates.
+    published points' relative spread kept around it; its KV read and written at ``kv_dtype``'s element size,
+    torch's name as :func:`kvcli.store.serde.check_kv_dtype` gives it, None: ``spec.dtype``'s), and the device's
+    host link as its KV load and save rates.
 
     Raises:
         BadInputError: an unknown accelerator; a dtype it has no tensor-core figure for.
@@ -173,7 +180,7 @@ def roofline_cost(options: ModelOptions, spec: ModelSpec) -> tuple[Roofline, Dev
     mfu = DEFAULT_MFU if options.mfu is None else options.mfu
     low, high = (x * mfu / DEFAULT_MFU for x in MFU_RANGE)
     cost = Roofline(model_shapes(options.model), accelerator, dtype_bytes(spec.dtype), dtype, mfu,
-                    (low, min(1.0, high)))
+                    (low, min(1.0, high)), dtype_bytes(kv_dtype or spec.dtype))
     link = accelerator.host_bytes_per_second
     return cost, DeviceRates(link, link, f"{accelerator.label}'s {accelerator.host_link} at its peak rate")
 
@@ -217,7 +224,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
         spec_id = resolve_spec(model_options.model, model_options.dtype, model_options.seed).model_id
         events.phase(f"loading the model {spec_id}{where}")
     with torch_threads(model_options.threads if runs_model else None), contextlib.ExitStack() as stack:
-        model, curve, calibration, spec, device = prepare_model(model_options, config.measure, events.phase)
+        model, curve, calibration, spec, device = prepare_model(model_options, config.measure, events.phase,
+                                                                config.kv_dtype)
         shapes = model_shapes(model_options.model)
         units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
                                             config), target.embedded, runs_model)
@@ -242,7 +250,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
         "kv_dtype": config.kv_dtype or dtype_key(spec.dtype),
         "kv_bytes_per_token": layers * two * heads * dim * _itemsize(config.kv_dtype or spec.dtype),
-        "kv_scale_bytes_per_chunk": layers * two * SCALE_BYTES if config.kv_dtype else 0, "tokenizer": tok_name,
+        "kv_scale_bytes_per_chunk": layers * two * SCALE_BYTES if config.kv_dtype else 0,
+        "state_bytes_per_chunk": state_bytes(spec.state_shape, spec.dtype), "tokenizer": tok_name,
         "tokenizer_source": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),

@@ -21,7 +21,7 @@ from kvcli.replay.lane import Lane
 from kvcli.replay.measure import timed_prefill
 from kvcli.replay.prefetch import Item, Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ReplayConfig
-from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.replay.upper_bound import UpperBound
 from kvcli.replay.work import Part, Work
 from kvcli.store.batch import batchable
 from kvcli.store.kvstore import KVStore
@@ -47,7 +47,7 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
     # lookup (a batch would see it at the next batch)
     pipeline = 1 if work.evicts or not any(batchable(store) for store in stores) else config.pipeline
     batched = pipeline > 1 and all(batchable(store) for store in stores)
-    radix = RadixUpperBound() if config.upper_bound and upper_bound else None
+    radix = UpperBound() if config.upper_bound and upper_bound else None
     ahead = batched and can_prefetch(requests, bool(work.measured), prefetch)
     ahead_items = Prefetch(work.reader, requests, [store.chunker for store in stores], radix) if ahead else None
     items = (ahead_items if ahead_items is not None

@@ -7,13 +7,22 @@ store approaches as the chunk size goes to 1; the gap to a chunked store's hit t
 A compressed radix tree (edges hold runs of tokens as numpy arrays; nodes only at branch points, so at most about
 two per request). Matching compares whole edges with one vectorized ``!=``, never a Python loop over tokens.
 Memory: each distinct token run is kept once (4 bytes per token).
+
+A hash-id request (its token ids synthesized from block keys, :class:`kvcli.traces.request.BlockKeys`) is matched
+on its keys instead, by :class:`BlockTrie`, with the same result and about 100 bytes per distinct block rather
+than 4 bytes per token (the replay's memory stays near flat as a long hash-id trace goes on).
+:class:`UpperBound` picks the tree per request.
 """
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import numpy as np
+
+from kvcli.traces.request import Request
+from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids
 
 
 class Segment(NamedTuple):
@@ -162,3 +171,160 @@ class RadixUpperBound:
         middle = _Node(edge.last)
         middle.children[int(tail.tokens[0])] = tail
         edge.tokens, edge.child = edge.tokens[:k], middle
+
+
+_FIRST_BITS = (SYNTH_VOCAB - 1).bit_length()  # a synthesized token id fits in these bits
+
+
+class BlockTrie:
+    """:meth:`RadixUpperBound.match_and_insert` for requests whose token ids were synthesized from block keys at
+    one block size ``B`` (:func:`kvcli.traces.synth.block_token_ids`), computed on the keys: equal results.
+
+    Why it is exact: token ``j`` of a block is a function of ``(key, j)`` alone, so two blocks of equal keys hold
+    equal tokens (up to the shorter of the two, for a request's partial last block). Blocks of distinct keys are
+    independent draws: they agree on a block's first ``t`` tokens with probability ``SYNTH_VOCAB**-t``, so they
+    may share a few leading tokens (compared here, token by token: the tail correction) but never a whole block of
+    ``B >= MIN_BLOCK_TOKENS`` tokens (probability ``100256**-8 < 1e-40`` a pair). A request's match is then the
+    blocks it shares key by key with an earlier request of the same cache salt, whole, plus the tokens its first
+    unshared block shares with the block of any earlier request at that point that starts with the same token.
+
+    A node is a block at its place in a prefix of blocks. Children are found by ``(node, first token)`` (one dict,
+    a packed int key; the rare second child of a first token in a side list), and each node keeps its key and the
+    most tokens of its block any request held (``array`` columns). Memory: ~100 bytes per node.
+    """
+
+    MIN_BLOCK_TOKENS = 8
+
+    def __init__(self, block_tokens: int) -> None:
+        if block_tokens < self.MIN_BLOCK_TOKENS:
+            raise ValueError(f"a block trie needs blocks of at least {self.MIN_BLOCK_TOKENS} tokens, "
+                             f"got {block_tokens}")
+        self.block_tokens = block_tokens
+        self._child: dict[int, int] = {}  # node << _FIRST_BITS | first token -> the first such child
+        self._more: dict[int, list[int]] = {}  # the same key -> further children with that first token
+        self._key = array("Q")  # node -> its block key (a root: 0)
+        self._held = array("I")  # node -> the most tokens of its block a request held (a root: B)
+        self._roots: dict[str, int] = {}
+
+    @property
+    def nodes(self) -> int:
+        """Nodes in the trie (roots included)."""
+        return len(self._key)
+
+    def _new(self, key: int, held: int) -> int:
+        self._key.append(key)
+        self._held.append(held)
+        return len(self._key) - 1
+
+    def _find(self, slot: int, key: int) -> int:
+        """The child of ``slot`` with block key ``key``, or -1."""
+        child = self._child.get(slot, -1)
+        if child < 0 or self._key[child] == key:
+            return child
+        return next((c for c in self._more.get(slot, ()) if self._key[c] == key), -1)
+
+    def _attach(self, slot: int, key: int, held: int) -> int:
+        child = self._new(key, held)
+        if slot in self._child:
+            self._more.setdefault(slot, []).append(child)
+        else:
+            self._child[slot] = child
+        return child
+
+    def _tail(self, slot: int, key: int, block: np.ndarray) -> int:
+        """The most leading tokens ``block`` (``[tokens]`` uint32, one block of a request) shares with the block of
+        a child of ``slot`` of another key (0 when none starts with its first token, almost always)."""
+        first = self._child.get(slot, -1)
+        best = 0
+        for child in ([first] if first >= 0 else []) + self._more.get(slot, []):
+            if self._key[child] != key:
+                other = block_token_ids(np.array([self._key[child]], np.uint64), self.block_tokens,
+                                        min(self._held[child], len(block)))
+                best = max(best, _common(other, block))
+        return best
+
+    def match_and_insert(self, keys: np.ndarray, tokens: np.ndarray, cache_salt: str = "") -> int:
+        """The longest prefix of ``tokens`` seen before under ``cache_salt``, in tokens (as
+        :meth:`RadixUpperBound.match_and_insert`), then ``tokens`` inserted.
+
+        Args:
+            keys: ``[blocks]`` uint64 block keys, ``blocks == ceil(len(tokens) / B)``.
+            tokens: ``[tokens]`` uint32, ``block_token_ids(keys, B, len(tokens))``.
+            cache_salt: the tenant.
+
+        Raises:
+            ValueError: ``keys`` and ``tokens`` of different lengths in blocks.
+        """
+        b, n = self.block_tokens, len(tokens)
+        if len(keys) != -(-n // b):
+            raise ValueError(f"{len(keys)} block keys for {n} tokens at {b} tokens per block")
+        node = self._roots.get(cache_salt, -1)
+        if node < 0:
+            node = self._roots[cache_salt] = self._new(0, b)
+        firsts, ks = tokens[::b].tolist(), keys.tolist()
+        for i, (first, key) in enumerate(zip(firsts, ks)):
+            held = min(b, n - i * b)
+            slot = node << _FIRST_BITS | first
+            child = self._find(slot, key)
+            if child >= 0 and self._held[child] >= held:
+                node = child  # the whole block shared
+                continue
+            block = tokens[i * b:i * b + held]
+            shared = max(self._held[child] if child >= 0 else 0, self._tail(slot, key, block))
+            if child >= 0:
+                self._held[child] = held
+            else:
+                child = self._attach(slot, key, held)
+            for j in range(i + 1, len(ks)):  # the rest of the prompt is new: a chain of fresh nodes
+                child = self._attach(child << _FIRST_BITS | firsts[j], ks[j], min(b, n - j * b))
+            return i * b + shared
+        return n
+
+    def prompts(self) -> Iterator[tuple[str, np.ndarray]]:
+        """``(cache salt, tokens)`` of every path from a root to a leaf, token ids synthesized again: inserted into
+        a :class:`RadixUpperBound` in any order, they give it the prefixes this trie holds, so every later match
+        is the same. Depth first; each path ``[tokens]`` uint32."""
+        below: dict[int, list[int]] = {}
+        for slot, child in self._child.items():
+            below.setdefault(slot >> _FIRST_BITS, []).append(child)
+        for slot, more in self._more.items():
+            below.setdefault(slot >> _FIRST_BITS, []).extend(more)
+        b = self.block_tokens
+        for salt, root in self._roots.items():
+            stack: list[tuple[int, list[int]]] = [(c, [c]) for c in below.get(root, [])]
+            while stack:
+                node, path = stack.pop()
+                children = below.get(node)
+                if children:
+                    stack.extend((c, path + [c]) for c in children)
+                    continue
+                keys = np.array([self._key[c] for c in path], np.uint64)
+                yield salt, block_token_ids(keys, b, (len(path) - 1) * b + self._held[path[-1]])
+
+
+class UpperBound:
+    """The token-granular upper bound of a replay: :class:`BlockTrie` for hash-id requests (of one block size),
+    :class:`RadixUpperBound` for the others; equal matches either way. A trace that mixes block sizes, or a request
+    without block keys after hash-id ones, moves what the trie holds into a radix tree (:meth:`BlockTrie.prompts`)
+    and goes on there: tokens of different block sizes can coincide (``key * B + j`` is the same for other ``key``
+    and ``B``), which only the radix tree sees."""
+
+    def __init__(self) -> None:
+        self._trie: BlockTrie | None = None
+        self._radix: RadixUpperBound | None = None
+
+    def match_request(self, request: Request) -> int:
+        """The longest prefix of ``request.token_ids`` that an earlier request of its cache salt held (tokens),
+        then the request inserted (:meth:`RadixUpperBound.match_and_insert`)."""
+        tokens, blocks, salt = request.token_ids, request.blocks, request.cache_salt
+        if self._radix is None and blocks is not None and blocks.block_tokens >= BlockTrie.MIN_BLOCK_TOKENS:
+            if self._trie is None:
+                self._trie = BlockTrie(blocks.block_tokens)
+            if self._trie.block_tokens == blocks.block_tokens:
+                return self._trie.match_and_insert(blocks.keys, tokens, salt)
+        if self._radix is None:
+            self._radix = RadixUpperBound()
+            for path_salt, path in self._trie.prompts() if self._trie is not None else ():
+                self._radix.match_and_insert(path, path_salt)
+            self._trie = None
+        return self._radix.match_and_insert(tokens, salt)

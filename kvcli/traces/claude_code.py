@@ -28,7 +28,7 @@ from kvcli.traces.records import (
     require_object,
     shorten,
 )
-from kvcli.traces.request import Outline, Request, TokenizerArg
+from kvcli.traces.request import BlockKeys, Outline, Request, TokenizerArg
 from kvcli.traces.synth import block_token_ids
 
 SCHEMA = HASH_ID_FORMATS["claude-code"]
@@ -92,6 +92,7 @@ def _iter(path: Path, fmt: TraceFormat, synthesize: bool, skipped: list[BadInput
                 raise located_err from None
             if synthesize:
                 yield Request(id=f"{session}:{k}", token_ids=block_token_ids(keys, block_tokens, length),
+                              blocks=BlockKeys(keys, block_tokens),
                               timestamp=t, session_id=session, output_length=out, source=f"{path}:{row_no}")
             else:
                 yield Outline(length, t)

@@ -18,7 +18,7 @@ from kvcli.traces.records import (
     require_object,
     shorten,
 )
-from kvcli.traces.request import Outline, Request, TokenizerArg
+from kvcli.traces.request import BlockKeys, Outline, Request, TokenizerArg
 from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -46,6 +46,7 @@ def _mooncake_request(record: Any, path: Path, line_no: int) -> Request:
     return Request(
         id=f"{path.name}:{line_no}",
         token_ids=_synthesize(blocks, input_length),
+        blocks=BlockKeys(blocks, MOONCAKE_BLOCK_TOKENS),
         timestamp=timestamp,
         session_id=session_id,
         output_length=output_length,

@@ -12,6 +12,20 @@ import numpy as np
 from kvcli.model.tokenizer_base import Tokenizer
 
 
+class BlockKeys(NamedTuple):
+    """The block keys a hash-id request's token ids were synthesized from
+    (:func:`kvcli.traces.synth.block_token_ids`): equal keys at one block size give equal token blocks, so the
+    reuse upper bound can match requests on their keys (:class:`kvcli.replay.upper_bound.UpperBound`).
+
+    Attributes:
+        keys: ``[blocks]`` uint64, ``blocks == ceil(len(token_ids) / block_tokens)``.
+        block_tokens: tokens per key, >= 1.
+    """
+
+    keys: np.ndarray
+    block_tokens: int
+
+
 class ChatPrompt(NamedTuple):
     """The chat messages a request's prompt was rendered from (for ``kvcli explain``, which names the message where
     two prompts first differ).
@@ -40,6 +54,7 @@ class Request:
         source: ``"<file>:<line>"`` (1-based record number) for error messages.
         chat: the messages the prompt was rendered from, for a chat request (None for a text, token-id or hash-id
             prompt).
+        blocks: the block keys of a hash-id request's synthesized token ids (None for any other request).
     """
 
     id: str
@@ -50,6 +65,7 @@ class Request:
     output_length: int | None = None
     source: str = ""
     chat: ChatPrompt | None = None
+    blocks: BlockKeys | None = None
 
     def __repr__(self) -> str:
         """One line: the id, source, token count and first tokens (not the whole array)."""

@@ -26,6 +26,7 @@ from kvcli.model.profile import (
     profile_points,
 )
 from kvcli.model.threads import torch_threads
+from kvcli.store.serde import header_size
 
 BASE = [("base", n, c) for n, c in BASE_POINTS]
 
@@ -205,6 +206,7 @@ def test_cli_json_is_the_profile_document(tmp_path):
     (["--threads", "0"], "--threads must be >= 1"),
     (["--out", "{tmp}/missing/p.json"], "--out {tmp}/missing/p.json: no such directory {tmp}/missing"),
     (["--out", "{tmp}"], "--out {tmp} is a directory"),
+    (["--kv-dtype", "int8"], "--kv-dtype must be auto or fp8"),
 ])
 def test_cli_bad_input_exits_2_before_any_timing(tmp_path, monkeypatch, args, message):
     def never(*a, **k):
@@ -241,3 +243,60 @@ def test_cli_on_cuda_without_one_exits_4_in_one_line(tmp_path):
     res = CliRunner().invoke(app, ["profile", "--model", "tiny", "--device", "cuda", "--out", str(tmp_path / "p")])
     assert res.exit_code == 4 and len(res.stderr.strip().splitlines()) == 1
     assert res.stderr.startswith("kvcli: error: device 'cuda' cannot be used here")
+
+
+# ---- --kv-dtype fp8: the payloads timed are fp8 ----
+
+@pytest.fixture(scope="module")
+def measured_fp8(tiny):
+    with torch_threads(1):
+        return measure_profile(tiny, 512, repeats=1, codec=store_codec("float8_e4m3fn"), max_past_bytes=700 * 1024)
+
+
+def test_an_fp8_profile_times_one_byte_payloads(measured_fp8, measured, tmp_path):
+    """tiny: 2 layers x 2 x 2 KV heads x 32 = 256 KV elements per token: 1,024 bytes in fp32, 256 in fp8. A
+    value holds its header, the fp8 KV and 2 x 2 float32 scales (16 bytes)."""
+    fp8, auto = measured_fp8, measured[0]
+    assert (fp8.kv_dtype, fp8.kv_bytes_per_token, auto.kv_dtype, auto.kv_bytes_per_token) == (
+        "float8_e4m3fn", 256, None, 1024)
+    assert [t.kv_bytes for t in fp8.kv_timings] == [t.kv_bytes for t in auto.kv_timings]  # the model's tensor
+    assert [t.value_bytes for t in fp8.kv_timings] == [
+        header_size((2, 2, 2, t, 32), "float8_e4m3fn") + t * 256 + 16 for t in RATE_CHUNK_TOKENS]
+    fp8.save(tmp_path / "fp8.json")
+    doc = json.loads((tmp_path / "fp8.json").read_text())
+    assert (doc["kv_rates"]["kv_dtype"], doc["kv_rates"]["kv_bytes_per_token"]) == ("float8_e4m3fn", 256)
+    assert Profile.load(tmp_path / "fp8.json") == fp8
+    # a replay prices with it only with the same --kv-dtype
+    assert fp8.matches(PRESETS["tiny"], "float32", "float8_e4m3fn") == ""
+    assert fp8.matches(PRESETS["tiny"], "float32") == (
+        "the profile was measured with --model tiny --dtype fp32 --kv-dtype fp8 (kvcli/tiny@seed0:fp32), which "
+        "differs in --kv-dtype fp8 (here auto)")
+    assert auto.matches(PRESETS["tiny"], "float32", "float8_e4m3fn").endswith("differs in --kv-dtype auto (here fp8)")
+
+
+def test_a_profile_with_an_unknown_kv_dtype_is_refused(measured_fp8, tmp_path):
+    doc = _doc(measured_fp8)
+    doc["kv_rates"]["kv_dtype"] = "int8"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BadInputError, match=re.escape("field kv_rates.kv_dtype: expected null or float8_e4m3fn, "
+                                                      "got 'int8'")):
+        Profile.load(path)
+
+
+def test_cli_kv_dtype_fp8_reports_fp8_payloads(tmp_path):
+    out = tmp_path / "fp8.json"
+    res = CliRunner().invoke(app, ["profile", "--model", "tiny", "--device", "cpu", "--max-tokens", "512",
+                                   "--repeats", "1", "--kv-dtype", "fp8", "--out", str(out)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert Profile.load(out).kv_dtype == "float8_e4m3fn"
+    assert "profile: load/save rates of 64, 256 and 1024-token chunks of fp8 payloads ..." in res.stderr.splitlines()
+    assert "KV 256 bytes/token in fp8 (float8_e4m3fn)" in res.stdout
+    # replay refuses it for payloads in the model's dtype, in one line naming the file
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"token_ids": list(range(1, 300))}) + "\n")
+    replay = CliRunner().invoke(app, ["replay", str(trace), "--model", "tiny", "--prefill-profile", str(out),
+                                      "--payload", "accounted", "--measure", "0"])
+    errors = [line for line in replay.stderr.splitlines() if line.startswith("kvcli: error: ")]
+    assert replay.exit_code == 2 and len(errors) == 1 and "Traceback" not in replay.output, replay.output
+    assert errors[0].endswith("differs in --kv-dtype fp8 (here auto)") and str(out) in errors[0]

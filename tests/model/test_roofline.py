@@ -33,6 +33,18 @@ def test_seconds_by_hand_compute_and_memory_bound():
     assert r.total([(1, n, c), (-1, n[:1], c[:1])]) == pytest.approx(r.seconds(1, 0))
 
 
+def test_fp8_kv_reads_and_writes_one_byte_per_kv_element():
+    """--kv-dtype fp8: the weights and activations stay 2 bytes, the KV is 1 byte (64 elements per token and layer:
+    2 x 2 KV heads x 16); 1 new token after 10,000: per layer 73,984 + 256 bytes and 10,001 x 64 of KV."""
+    fp8 = Roofline(SMALL, FAKE, element_bytes=2, mfu=0.5, mfu_range=(0.5, 0.5), kv_element_bytes=1)
+    assert fp8.seconds(1, 10_000) == pytest.approx(2 * (73_984 + 256 + 10_001 * 64) / 1e11 + 1.28e-6, rel=1e-12)
+    bf16 = Roofline(SMALL, FAKE, element_bytes=2, mfu=0.5, mfu_range=(0.5, 0.5))
+    assert bf16.seconds(1, 10_000) - fp8.seconds(1, 10_000) == pytest.approx(2 * 10_001 * 64 / 1e11, rel=1e-9)
+    assert (fp8.to_dict()["kv_element_bytes"], bf16.to_dict()["kv_element_bytes"]) == (1, 2)
+    # compute bound (100 new tokens): the KV's size does not show
+    assert fp8.seconds(100, 0) == bf16.seconds(100, 0)
+
+
 def test_draws_span_the_utilization_interval_and_price_each():
     r = Roofline(SMALL, FAKE, mfu=0.5, mfu_range=(0.25, 1.0))
     draws = r.draws(400, seed=3)
@@ -93,6 +105,16 @@ def test_a_replay_priced_on_named_hardware_is_deterministic(tmp_path, redis_url)
         assert r["savings"]["saved_beyond_calibration_share"] in (0.0, None)
     # R2 reuses R1's 599 tokens' full chunks: 592 at chunk size 16, 512 at 256; R3, R4 likewise of the longest before
     assert [r["hit_tokens"] for r in t["per_chunk_size"]] == [592 + 688 + 896, 512 + 512 + 768]
+
+
+def test_replay_kv_dtype_fp8_prices_one_byte_kv_on_named_hardware(tmp_path, redis_url):
+    """The CLI's --kv-dtype reaches the roofline: its KV element is 1 byte (llama-3-8b's weights stay bf16)."""
+    link = ["--link-gbps", "100", "--rtt-ms", "0.1", "--redis-url", redis_url]
+    fp8, auto = _priced(tmp_path, *link, "--kv-dtype", "fp8"), _priced(tmp_path, *link)
+    assert [(d["context"]["cost_curve"]["element_bytes"], d["context"]["cost_curve"]["kv_element_bytes"])
+            for d in (fp8, auto)] == [(2, 1), (2, 2)]
+    # 32 layers x 2 x 8 KV heads x 128 x 1 byte
+    assert fp8["context"]["kv_bytes_per_token"] == 65_536 == auto["context"]["kv_bytes_per_token"] // 2
 
 
 @pytest.mark.parametrize("args, message", [

@@ -12,7 +12,7 @@ from kvcli.model.hardware import Accelerator
 from kvcli.model.hf_offline import transformers
 from kvcli.model.hf_tiny import tiny_config
 from kvcli.model.hfconfig import linear_mixer_params, shapes_from_config
-from kvcli.model.presets import FULL, LINEAR, SLIDING, ModelConfig, get_preset
+from kvcli.model.presets import FULL, LINEAR, NO_MIXER, SLIDING, ModelConfig, get_preset
 from kvcli.model.roofline import Roofline
 from kvcli.model.traffic import attention_weight_elements, expected_experts, head_bytes, layer_bytes
 
@@ -22,11 +22,7 @@ SLIDE = ModelConfig("slide", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=
 
 
 def _qwen3_next_config():
-    return transformers().Qwen3NextConfig(
-        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, num_experts=4,
-        num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16)
+    return tiny_config("qwen3_next", 300, 4)
 
 
 @pytest.mark.parametrize("experts, per_token, tokens", [(4, 2, 2), (4, 1, 3), (5, 2, 2), (6, 3, 2)])
@@ -124,8 +120,9 @@ def test_the_roofline_sums_its_layer_classes():
     g = shapes_from_config("t", _qwen3_next_config(), "bfloat16")
     r = Roofline(g, FAKE, element_bytes=2, mfu=0.5, mfu_range=(0.5, 0.5))
     linear = (8_976 + 2 * 448 + 9_792) * 2
-    # attention: weights 64 x 16 x (8 + 4) = 12,288, KV 101 x 64 = 6,464, the same MLP and norms
-    attention = (12_288 + 101 * 64 + 9_792) * 2
+    # attention: weights 64 x 16 x (12 + 4) = 16,384 (Q, its output gate, K, V, output), KV 101 x 64 = 6,464, the
+    # same MLP and norms
+    attention = (16_384 + 101 * 64 + 9_792) * 2
     assert r.seconds(1, 100) == pytest.approx((3 * linear + attention + head_bytes(g, 2)) / 1e11, rel=1e-12)
 
 
@@ -136,3 +133,16 @@ def test_a_dense_llama_moves_what_the_llama_formula_says():
     assert g.layer_classes() == ((FULL, False, 32),)
     weights = 4096 * 128 * 80 + 3 * 4096 * 14336 + 2 * 4096
     assert layer_bytes(g, FULL, False, 512, 1024, 2) == (weights + 1536 * 2048 + 1024 * 4096) * 2
+
+
+def test_nemotron_h_blocks_move_one_mixer_or_one_mlp():
+    """Blocks "M-*E" (bf16): the Mamba-2 and attention blocks move no MLP and one norm; the MLP block moves up and
+    down only (2 x 64 x 128 = 16,384) and one norm; the expert block its router, shared and touched experts."""
+    g = shapes_from_config("t", tiny_config("nemotron_h", 300), "bfloat16")
+    # activations 2 x 64, norm 64
+    assert layer_bytes(g, LINEAR, False, 1, 0, 2) == (g.linear_params + g.state_elements + 64 + 128) * 2
+    assert layer_bytes(g, NO_MIXER, False, 1, 0, 2) == (16_384 + 64 + 128) * 2
+    # attention: weights 64 x 16 x (8 + 4) = 12,288, KV of 1 + 9 tokens x 64
+    assert layer_bytes(g, FULL, False, 1, 9, 2) == (12_288 + 10 * 64 + 64 + 128) * 2
+    # one token: router 64 x 4 = 256, shared 2 x 64 x 24 = 3,072, its 2 experts 2 x 2 x 64 x 16 = 4,096
+    assert layer_bytes(g, NO_MIXER, True, 1, 0, 2) == (256 + 3_072 + 4_096 + 64 + 128) * 2
