@@ -58,7 +58,7 @@ def run_one(cmd: list[str], env: dict, client) -> dict:
     """One variant's run: wall seconds, server CPU seconds, commandstats, hit tokens."""
     client.config_resetstat()
     cpu0, t0 = server_cpu(client), time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, cwd=tempfile.gettempdir())  # not a checkout's kvcli/
     wall, cpu = time.perf_counter() - t0, server_cpu(client) - cpu0
     stats = commandstats(client)
     if proc.returncode:
