@@ -378,7 +378,9 @@ class Explainer:
         return _run(in_lru) * cs, _run(present) * cs
 
     def _site(self, request: Request, blind: PrefixMatch) -> Site | None:
+        # a hash-id request's own block size (a record's block_size can differ from the trace's declared one)
+        block = request.blocks.block_tokens if request.blocks is not None else self.block_tokens
         if not self.keep_text or blind.predecessor < 0:
-            return locate(None, None, None, None, blind.tokens, None, self.block_tokens)
+            return locate(None, None, None, None, blind.tokens, None, block)
         return locate(request.chat, self._chats[blind.predecessor], request.token_ids,
-                      self._tokens[blind.predecessor], blind.tokens, self.decode, render=self.render)
+                      self._tokens[blind.predecessor], blind.tokens, self.decode, block, render=self.render)

@@ -171,7 +171,8 @@ def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None
     if capacity_tokens is not None or capacity_bytes is not None:
         chunks = StoreConfig(namespace="kvcli-explain", chunk_size=chunk_size, model_id=spec.model_id,
                              tokenizer=tok_name, kv_shape=spec.kv_shape, dtype=spec.dtype, payload="accounted",
-                             capacity_tokens=capacity_tokens, capacity_bytes=capacity_bytes).capacity_chunks
+                             capacity_tokens=capacity_tokens, capacity_bytes=capacity_bytes,
+                             state_shape=spec.state_shape).capacity_chunks
     return ExplainConfig(chunk_size, chunks, ttl, ttl_refresh, spec.model_id, tok_name)
 
 
@@ -207,7 +208,8 @@ def namespace_lookup(client, namespace: str, config: ExplainConfig, model: str =
     spec = resolve_spec(model, dtype)
     store = ChunkStore(client, StoreConfig(namespace=namespace, chunk_size=config.chunk_size,
                                            model_id=config.model_id, tokenizer=config.tokenizer,
-                                           kv_shape=spec.kv_shape, dtype=spec.dtype, payload="real"))
+                                           kv_shape=spec.kv_shape, dtype=spec.dtype, payload="real",
+                                           state_shape=spec.state_shape))
 
     def run(request: Request) -> int:
         look = store.lookup(request.token_ids, request.cache_salt, record=False)

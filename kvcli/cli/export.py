@@ -13,8 +13,8 @@ from kvcli.cli.options import (
     DropTailBlock,
     HashBlockTokens,
     SkipBadRecords,
+    TextTokenizer,
     TimestampUnit,
-    Tokenizer,
     trace_format,
 )
 
@@ -40,7 +40,7 @@ def export(
     round_seconds: Annotated[Optional[float], typer.Option(help="Round timestamps to a multiple of SECONDS.",
                                                            show_default=False)] = None,
     input_format: Annotated[str, typer.Option("--input-format", help=TRACE_FORMATS_HELP)] = "auto",
-    tokenizer: Tokenizer = None,
+    tokenizer: TextTokenizer = None,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,

@@ -62,6 +62,9 @@ Threads = Annotated[int, typer.Option(help="torch threads for the local model on
 Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tokenizer folder for text prompts "
                                                        "(default: the --model folder's own, else cl100k_base).",
                                                   show_default=False)]
+#: --tokenizer of a command without --model (stats, export)
+TextTokenizer = Annotated[Optional[str], typer.Option("--tokenizer", help="tiktoken encoding or tokenizer folder for "
+                                                      "text prompts (default: cl100k_base).", show_default=False)]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
 KvDtype = Annotated[str, typer.Option(
     "--kv-dtype", metavar="auto|fp8",

@@ -13,8 +13,8 @@ from kvcli.cli.options import (
     HashBlockTokens,
     JsonOut,
     SkipBadRecords,
+    TextTokenizer,
     TimestampUnit,
-    Tokenizer,
     trace_format,
 )
 
@@ -23,7 +23,7 @@ def stats(
     traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
     top: Annotated[int, typer.Option(help="Shared prefixes listed per trace.")] = 10,
     fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
-    tokenizer: Tokenizer = None,
+    tokenizer: TextTokenizer = None,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,

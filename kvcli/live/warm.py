@@ -42,6 +42,7 @@ import torch
 from kvcli.errors import BadInputError, RedisFailure, redis_error_text
 from kvcli.model.presets import ModelSpec
 from kvcli.model.threads import torch_threads
+from kvcli.prefixkv import StatefulKV, resumable_tokens
 from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
@@ -168,7 +169,8 @@ class _Plan:
 def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> list[ChunkStore]:
     """One :class:`ChunkStore` per chunk size: real payloads, the run's namespace, tokenizer and TTL."""
     return [ChunkStore(client, StoreConfig(config.namespace, cs, spec.model_id, config.tokenizer, spec.kv_shape,
-                                           spec.dtype, ttl=config.ttl, kv_dtype=config.kv_dtype))
+                                           spec.dtype, ttl=config.ttl, kv_dtype=config.kv_dtype,
+                                           state_shape=spec.state_shape))
             for cs in config.chunk_sizes]
 
 
@@ -275,6 +277,8 @@ def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmCo
     stores = make_stores(client, spec, config)
     for store in stores:
         store.check_value_size(alternative="")  # warm always writes real payloads
+    if model is not None and spec.state_shape:  # a hybrid model: its state at every boundary of every store
+        model.state_chunk_sizes = tuple(config.chunk_sizes)
     if model is not None and not config.dry_run:
         _check_vocab(requests, model.config.vocab)
     planned = estimate(stores, requests, config.verify)
@@ -342,15 +346,25 @@ def _compute(stores, plans, request: Request, model, result: WarmResult) -> tupl
     if plans[best].intact:  # fetch only the chunks that cover tokens [0, end)
         chunks = min(plans[best].intact, -(-end // cs))
         got = stores[best].retrieve(request.token_ids[:chunks * cs], request.cache_salt)
-        past = None if got.kv is None else got.kv[:, :, :, :end]
+        past = None if got.kv is None else got.kv[:, :, :, :resumable_tokens(got.kv, _resume_limit(got.kv, stores,
+                                                                                                     plans, end))]
         bad = got.hit_tokens // cs if got.break_reason == "checksum" else None
     reused = 0 if past is None else past.shape[3]
     result.tokens_reused += reused
     if past is not None and reused >= end:
         return past, best, bad
     result.tokens_prefilled += end - reused
-    _, kv = model.prefill(request.token_ids[reused:end], past_kv=past)
+    _, kv = model.prefill(request.token_ids[reused:end], past_kv=past if reused else None)
     return kv.cpu(), best, bad
+
+
+def _resume_limit(kv, stores, plans, end: int) -> int:
+    """The most tokens a stored prefix may cover: ``end``; for a hybrid model's (a StatefulKV), fewer than the first
+    chunk end to write whose linear layers' state it lacks, so the prefill runs through that end and saves it."""
+    if not isinstance(kv, StatefulKV):
+        return end
+    ends = [(k + 1) * s.config.chunk_size for s, p in zip(stores, plans) for k in p.write]
+    return min([end] + [t - 1 for t in ends if t not in kv.states])
 
 
 def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, config: WarmConfig,

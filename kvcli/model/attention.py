@@ -89,6 +89,54 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past_tok
     return out[0] if unbatched else out
 
 
+def cached_prefix_attention(q: torch.Tensor, past_k: torch.Tensor, past_v: torch.Tensor, new_k: torch.Tensor,
+                            new_v: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+    """:func:`prefix_attention` with the cached prefix's keys and values apart from the new tokens': the prefix is
+    read where it lies, never copied beside the new keys (on the CPU both parts go straight to the split's two
+    kernels, as a serving engine's attention reads its paged cache in place; elsewhere, or without the private CPU
+    kernel, the two are concatenated first). Mutates nothing.
+
+    Args:
+        q: ``[q_heads, new, head_dim]`` or ``[batch, q_heads, new, head_dim]``, ``new >= 1``.
+        past_k, past_v: ``[kv_heads, past, head_dim]`` / ``[kv_heads, past, v_dim]`` (or with the batch dim),
+            ``past >= 1``, after rotary embedding. new_k, new_v: the same for the ``new`` tokens.
+        scale: score scale; ``None`` for ``1 / sqrt(head_dim)``.
+
+    Returns:
+        ``[q_heads, new, v_dim]`` (or with the batch dim): query ``i`` attends the ``past`` keys and new keys
+        ``0 .. i``.
+
+    Raises:
+        ValueError: shapes that do not fit together, or ``past == 0``.
+    """
+    unbatched = q.dim() == 3
+    if unbatched:
+        q, past_k, past_v, new_k, new_v = q[None], past_k[None], past_v[None], new_k[None], new_v[None]
+    _check(q, past_k, past_v)
+    _check(q, new_k, new_v)
+    if past_k.shape[-2] == 0 or new_k.shape[-2] != q.shape[-2]:
+        raise ValueError(f"expected past keys and one new key per query, got {past_k.shape[-2]} past and "
+                         f"{new_k.shape[-2]} new keys for {q.shape[-2]} queries")
+    v_dim = past_v.shape[-1]
+    if q.device.type != "cpu" or _CPU_FLASH is None or v_dim != q.shape[-1]:
+        out = prefix_attention(q, torch.cat((past_k, new_k), dim=-2), torch.cat((past_v, new_v), dim=-2),
+                               past_k.shape[-2], scale)
+    else:
+        out = _merged(q, past_k, past_v, new_k, new_v, scale)
+    return out[0] if unbatched else out
+
+
+def _merged(q, past_k, past_v, new_k, new_v, scale: float | None) -> torch.Tensor:
+    """The split's two CPU flash kernels (cached keys unmasked, new keys causal) merged by their log-sum-exps."""
+    assert _CPU_FLASH is not None, "callers check for the CPU flash kernel"
+    out_a, lse_a = _CPU_FLASH(q, past_k, past_v, scale=scale)
+    out_b, lse_b = _CPU_FLASH(q, new_k, new_v, is_causal=True, scale=scale)
+    # exp(L_A - L) with L = logaddexp(L_A, L_B) is sigmoid(L_A - L_B): one op, no overflow. Both L are finite: every
+    # row sees all past keys in A and at least its own key in B.
+    w_a = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)
+    return torch.lerp(out_b.float(), out_a.float(), w_a).to(q.dtype)
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.dim() != 4 or k.dim() != 4 or k.shape[:-1] != v.shape[:-1]:
         raise ValueError(f"expected q [batch, q_heads, new, head_dim], k [batch, kv_heads, tokens, head_dim] and v "
@@ -116,12 +164,7 @@ def _attend(q, k, v, past: int, scale: float | None, masked: bool) -> torch.Tens
 
         return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(new, total), scale=scale,
                                               enable_gqa=True)
-    out_a, lse_a = _CPU_FLASH(q, k[:, :, :past], v[:, :, :past], scale=scale)
-    out_b, lse_b = _CPU_FLASH(q, k[:, :, past:], v[:, :, past:], is_causal=True, scale=scale)
-    # exp(L_A - L) with L = logaddexp(L_A, L_B) is sigmoid(L_A - L_B): one op, no overflow. Both L are finite: every
-    # row sees all past keys in A and at least its own key in B.
-    w_a = torch.sigmoid(lse_a - lse_b).unsqueeze(-1)
-    return torch.lerp(out_b.float(), out_a.float(), w_a).to(q.dtype)
+    return _merged(q, k[:, :, :past], v[:, :, :past], k[:, :, past:], v[:, :, past:], scale)
 
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,

@@ -30,6 +30,7 @@ import torch
 
 from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve, PrefillSample, prefill_clock
+from kvcli.prefixkv import StatefulKV
 from kvcli.units import fmt_bytes
 
 BASE_POINTS = ((32, 0), (128, 0), (512, 0), (1024, 0), (256, 256), (512, 512), (64, 960))
@@ -198,25 +199,31 @@ class Calibration:
         need = cached * self.model.config.kv_bytes_per_token(self.model.dtype)
         return f"prefix KV of {cached:,} tokens is {fmt_bytes(need)}, over the {fmt_bytes(self.max_past_bytes)} cap"
 
-    def _past(self, cached: int) -> torch.Tensor | None:
-        """Random KV ``[layers, 2, kv_heads, cached, head_dim]``: one seeded random block, tiled."""
+    def _past(self, cached: int) -> torch.Tensor | StatefulKV | None:
+        """Random KV ``[layers, 2, kv_heads, cached, head_dim]``: one seeded random block, tiled; a hybrid model's
+        with its linear layers' state after it, zero (the state a sequence starts from: its cost is the same)."""
         if cached == 0:
             return None
+        config = self.model.config
         if self._block is None:
             g = torch.Generator().manual_seed(self._seed)
-            shape = self.model.config.kv_shape(_BLOCK)
+            shape = config.kv_shape(_BLOCK)
             self._block = torch.randn(shape, generator=g).to(self.model.dtype).to(self.model.device)
         reps = -(-cached // _BLOCK)
-        return self._block.repeat(1, 1, 1, reps, 1)[:, :, :, :cached]
+        past = self._block.repeat(1, 1, 1, reps, 1)[:, :, :, :cached]
+        if not config.state_shape:
+            return past
+        return StatefulKV(past, {cached: torch.zeros(config.state_shape, dtype=self.model.dtype,
+                                                     device=self.model.device)})
 
-    def _timed_prefill(self, tokens: np.ndarray, past: torch.Tensor | None) -> float:
+    def _timed_prefill(self, tokens: np.ndarray, past: torch.Tensor | StatefulKV | None) -> float:
         """The one timed prefill: model seconds of ``prefill(tokens, past)`` between two device synchronizations,
         on :func:`prefill_clock`."""
         model = self.model
         clock = prefill_clock(model)
         model.synchronize()
         start = clock()
-        model.prefill(tokens, past)
+        model.prefill(tokens, past, kv_for="new")  # the prefix read in place, not copied into the result
         model.synchronize()
         return clock() - start
 

@@ -81,10 +81,11 @@ class Checkpoint:
         return parse_dtype(name if name is not None else self.default_dtype)
 
     def spec(self, dtype: str | None = None) -> ModelSpec:
-        """The :class:`ModelSpec` (model id, per-token KV shape, dtype) of this checkpoint in ``dtype``."""
+        """The :class:`ModelSpec` (model id, per-token KV shape, dtype, a hybrid model's state shape) of this
+        checkpoint in ``dtype``."""
         torch_dtype = self.dtype(dtype)
         layers, two, heads, _, dim = self.shapes.kv_shape(1)
-        return ModelSpec(self.model_id(torch_dtype), (layers, two, heads, dim), torch_dtype)
+        return ModelSpec(self.model_id(torch_dtype), (layers, two, heads, dim), torch_dtype, self.shapes.state_shape)
 
 
 @functools.lru_cache(maxsize=8)

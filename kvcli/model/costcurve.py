@@ -324,7 +324,7 @@ def calibrate(model, lengths=(64, 256, 1024), cached=(0, 512), repeats: int = 2,
         for c in cached:
             for n in lengths:
                 start = clock()
-                model.prefill(tokens[c:c + n], prefixes[c])
+                model.prefill(tokens[c:c + n], prefixes[c], kv_for="new")
                 model.synchronize()
                 samples.append(PrefillSample(n, c, clock() - start))
     return samples

@@ -19,6 +19,23 @@ differs from an engine: the expansion runs on the cached tokens at every prefill
 context too; its decode absorbs ``kv_b_proj`` into the query instead), and the latent is stored in the model's
 dtype.
 
+Hybrid models (Qwen3-Next: Gated DeltaNet linear-attention layers beside full-attention layers, the
+``model_type``s in :data:`RESUMABLE`): the cache is transformers' ``DynamicCache(config=...)``, which holds a
+``DynamicLayer`` (K and V) per attention layer and a ``LinearAttentionLayer`` per linear layer with a
+``conv_states`` ``[1, conv_dim, K]`` and a ``recurrent_states`` ``[1, value_heads, key_dim, value_dim]`` that a
+resumed forward continues from. ``past_kv`` and the returned ``kv`` are :class:`kvcli.prefixkv.StatefulKV`: the
+attention layers' K/V ``[attention_layers, 2, kv_heads, tokens, head_dim]`` and states ``[linear_layers,
+state_elements]``, one row per linear layer: its convolution state's last ``K - 1`` columns (``[conv_dim, K - 1]``,
+C order; the first of the cache's ``K`` columns is never read by a resumed forward, as in vLLM's conv state) then
+its recurrent state (``[value_heads, key_dim, value_dim]``), flattened, in the model's dtype (transformers carries
+the recurrent state in float32 inside a forward; a bf16 model's stored state is rounded to bf16 once, as vLLM's
+default state dtype, the model's, is). A cached prefix is restored through the cache's public API
+(``update`` for K/V, ``update_conv_state`` and ``update_recurrent_state`` for the state after its last token).
+States at chunk boundaries: the prompt runs as one forward per segment between consecutive multiples of each of
+:attr:`HFModel.state_chunk_sizes` (each segment resuming from the cache the previous one left) and the states are
+read after each segment; with no chunk sizes it runs as one forward, the state read after its last token only.
+Segmenting changes no logit beyond float rounding (tests/model/test_hybrid.py bounds it).
+
 Attention is kvcli's, registered with transformers' ``AttentionInterface`` as ``"kvcli_prefix"`` (the model is
 loaded with ``attn_implementation="kvcli_prefix"``). transformers builds no mask for an implementation it has
 no mask function for, so the registered function gets queries of the ``n`` new tokens and keys of all
@@ -38,9 +55,17 @@ from kvcli.model import attention
 from kvcli.model.checkpoint import Checkpoint, read_checkpoint
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.llama import available_bytes, check_past_kv, resolve_device, token_tensor
-from kvcli.model.presets import FULL, SLIDING, ModelConfig, dtype_short
+from kvcli.model.presets import FULL, LINEAR, NO_MIXER, SLIDING, dtype_short
+from kvcli.prefixkv import StatefulKV
 
 ATTENTION_NAME = "kvcli_prefix"
+#: transformers ``model_type``s whose linear layers kvcli resumes from a stored state: their cache keeps one
+#: convolution state and one recurrent state per linear layer (Gated DeltaNet), read and written through the
+#: cache's public ``get/update_conv_state`` and ``get/update_recurrent_state``.
+RESUMABLE = frozenset({"qwen3_next"})
+#: how a model kvcli cannot run is still priced: bytes and FLOPs from its config, prefill from one of the sources
+PRICE_WITHOUT_RUNNING = ("price its bytes and FLOPs without running it: kvcli replay --measure 0 --payload accounted "
+                         "with --hardware GPU, --prefill-tps N or --prefill-profile FILE")
 
 
 def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -87,7 +112,11 @@ class HFModel:
     Attributes:
         checkpoint: the folder's :class:`~kvcli.model.checkpoint.Checkpoint`. module: the transformers model.
         config: its shapes (:class:`~kvcli.model.presets.ModelConfig`; ``config.vocab`` is the embedding size).
-        dtype, device, model_id, spec, kv_bytes_per_token: as LocalModel's.
+        dtype, device, model_id, spec, kv_bytes_per_token: as LocalModel's (``kv_bytes_per_token``: the attention
+            layers' only; a hybrid model's chunk also carries ``config.state_bytes``).
+        state_chunk_sizes: a hybrid model's prefill saves the linear layers' state at every multiple of each of
+            these chunk sizes (tokens; set it to the store's chunk sizes); ``()``: only after the last token, in one
+            forward (module docstring).
     """
 
     def __init__(self, checkpoint: Checkpoint, module, dtype: torch.dtype, device: torch.device) -> None:
@@ -99,6 +128,15 @@ class HFModel:
         params = inspect.signature(module.forward).parameters
         self._cache_arg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5
         self._cache_class = transformers().DynamicCache
+        self.state_chunk_sizes: tuple[int, ...] = ()
+        kinds = self.config.kinds
+        self._attention = [i for i, kind in enumerate(kinds) if kind in (FULL, SLIDING)]
+        self._linear = [i for i, kind in enumerate(kinds) if kind == LINEAR]
+        if self._linear:
+            text = checkpoint.hf_config.get_text_config(decoder=True)
+            self._conv = (2 * text.linear_num_key_heads * text.linear_key_head_dim
+                          + text.linear_num_value_heads * text.linear_value_head_dim, text.linear_conv_kernel_dim)
+            self._recurrent = (text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim)
 
     def __repr__(self) -> str:
         return f"HFModel({self.model_id}, {self.checkpoint.path}, {self.device})"
@@ -120,61 +158,149 @@ class HFModel:
             return torch.cat((keys, values), dim=-1)[None]
         return torch.stack((keys, values))
 
-    def prefill(self, token_ids, past_kv: torch.Tensor | None = None,
-                logits_for: str = "last") -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, token_ids, past_kv: torch.Tensor | StatefulKV | None = None, logits_for: str = "last",
+                kv_for: str = "all") -> tuple[torch.Tensor, torch.Tensor | StatefulKV]:
         """Run the new tokens through the checkpoint after an optional cached prefix. Mutates nothing.
 
         Args:
             token_ids: the ``n >= 1`` NEW token ids, 1-D (numpy, torch or list), each in ``[0, config.vocab)``.
             past_kv: ``config.kv_shape(past)`` (``[layers, 2, kv_heads, past, head_dim]``; latent attention:
-                ``[layers, 1, 1, past, latent + rope]``) in the model's dtype, any device; None: no prefix.
+                ``[layers, 1, 1, past, latent + rope]``) in the model's dtype, any device; a hybrid model's: a
+                :class:`~kvcli.prefixkv.StatefulKV` of that KV with the state after its last token; None: no
+                prefix.
             logits_for: ``"last"`` (the last token's logits only, as serving) or ``"all"``.
+            kv_for: ``"all"`` (the returned KV covers past and new tokens) or ``"new"`` (the new tokens' only: the
+                prefix is not gathered out of the cache again; transformers' ``DynamicCache`` still concatenates
+                each layer's cached K/V with the new ones inside the forward, a copy an engine's paged cache does
+                not make).
 
         Returns:
             ``(logits, kv)``: float32 logits ``[1, vocab]`` or ``[n, vocab]`` on the model's device; kv
-            ``config.kv_shape(past + n)`` in the model's dtype (a fresh tensor).
+            ``config.kv_shape(past + n)`` (``kv_for="new"``: ``config.kv_shape(n)``) in the model's dtype (a fresh
+            tensor); a hybrid model's: a :class:`~kvcli.prefixkv.StatefulKV` of it with the states after every
+            token count that is a multiple of one of :attr:`state_chunk_sizes` in ``(past, past + n)``, after
+            ``past + n``, and ``past_kv``'s (``kv_for="new"``: those after ``past``, numbered from it).
 
         Raises:
-            BadInputError: bad ``token_ids`` or ``logits_for``. ModelFailure: ``past_kv`` of the wrong shape or
-                dtype; the model's cache is not one K and V per layer of the expected shape.
+            BadInputError: bad ``token_ids``, ``logits_for`` or ``kv_for``. ModelFailure: ``past_kv`` of the
+                wrong shape or dtype, or a hybrid model's without the state after its last token; the model's cache
+                is not one K and V per layer of the expected shape.
         """
         if logits_for not in ("last", "all"):
             raise BadInputError(f"logits_for must be 'last' or 'all', got {logits_for!r}")
+        if kv_for not in ("all", "new"):
+            raise BadInputError(f"kv_for must be 'all' or 'new', got {kv_for!r}")
         ids = token_tensor(token_ids, self.config.vocab, self.model_id, self.device)[None]
+        if self._linear:
+            return self._prefill_hybrid(ids, past_kv, logits_for, kv_for == "new")
+        if isinstance(past_kv, StatefulKV):
+            raise ModelFailure(f"{self.model_id} has no linear layers: its past_kv is a KV tensor, not a StatefulKV")
         cache = self._cache_class()
         if past_kv is not None:
             check_past_kv(past_kv, self.config, self.dtype, self.model_id)
             cache = self._cache_class(ddp_cache_data=[self._cache_layer(layer) for layer in past_kv.to(self.device)])
+        past = 0 if past_kv is None else past_kv.shape[3]
+        start = past if kv_for == "new" else 0
         with torch.inference_mode():
             out = self.module(input_ids=ids, use_cache=True, logits_to_keep=1 if logits_for == "last" else 0,
                               **{self._cache_arg: cache})
-            kv = torch.stack([self._payload(layer.keys[0], layer.values[0]) for layer in cache.layers])
-        c, total = self.config, ids.shape[1] + (0 if past_kv is None else past_kv.shape[3])
+            kv = torch.stack([self._payload(layer.keys[0][:, start:], layer.values[0][:, start:])
+                              for layer in cache.layers])
+        self._check_kv(kv, past + ids.shape[1] - start)
+        return out.logits[0].float(), kv
+
+    def _check_kv(self, kv: torch.Tensor, total: int) -> None:
+        c = self.config
         if tuple(kv.shape) != c.kv_shape(total):
             raise ModelFailure(f"{self.model_id}: the model's KV cache is {tuple(kv.shape)}, not "
                                f"{c.kv_shape(total)} {_LAYOUT[c.is_mla]}")
-        return out.logits[0].float(), kv
+
+    def _prefill_hybrid(self, ids: torch.Tensor, past_kv, logits_for: str, new_only: bool
+                        ) -> tuple[torch.Tensor, StatefulKV]:
+        """:meth:`prefill` of a hybrid model (module docstring): the cache restored from ``past_kv``'s K/V and end
+        state, then one forward per segment between state boundaries; ``new_only``: ``kv_for="new"``."""
+        cache = self._cache_class(config=self.module.config)
+        past, states = 0, {}
+        if past_kv is not None:
+            self._check_state(past_kv)
+            past, states = past_kv.tokens, dict(past_kv.states)
+            kv = past_kv.kv.to(self.device)
+            for j, layer in enumerate(self._attention):
+                cache.update(*self._cache_layer(kv[j]), layer)
+            self._restore(cache, past_kv.end_state.to(self.device))
+        total = past + ids.shape[1]
+        cuts = sorted({total}.union(*(range((past // cs + 1) * cs, total, cs) for cs in self.state_chunk_sizes)))
+        logits, start = [], past
+        with torch.inference_mode():
+            for cut in cuts:
+                out = self.module(input_ids=ids[:, start - past:cut - past], use_cache=True,
+                                  logits_to_keep=1 if logits_for == "last" else 0, **{self._cache_arg: cache})
+                logits.append(out.logits[0])
+                states[cut] = self._snapshot(cache)
+                start = cut
+            first = past if new_only else 0
+            kv = torch.stack([self._payload(cache.layers[i].keys[0][:, first:], cache.layers[i].values[0][:, first:])
+                              for i in self._attention])
+        self._check_kv(kv, total - first)
+        states = {t - first: s for t, s in states.items() if t > first}
+        return (logits[-1] if logits_for == "last" else torch.cat(logits)).float(), StatefulKV(kv, states)
+
+    def _check_state(self, past_kv) -> None:
+        """Raise ModelFailure unless ``past_kv`` is a StatefulKV of the model's KV shape and dtype with the
+        state after its last token, ``[linear_layers, state_elements]`` in the model's dtype."""
+        state = past_kv.end_state if isinstance(past_kv, StatefulKV) else None
+        if state is None:
+            raise ModelFailure(f"{self.model_id}: resuming a cached prefix of {past_kv.shape[3]} tokens needs the "
+                               "linear layers' state after its last token, which this past_kv does not hold")
+        check_past_kv(past_kv.kv, self.config, self.dtype, self.model_id)
+        if tuple(state.shape) != self.config.state_shape or state.dtype != self.dtype:
+            raise ModelFailure(f"{self.model_id}: the linear layers' state is {tuple(state.shape)} {state.dtype}, "
+                               f"not {self.config.state_shape} {self.dtype}")
+
+    def _snapshot(self, cache) -> torch.Tensor:
+        """Every linear layer's state in ``cache`` now, ``[linear_layers, state_elements]`` in the model's dtype
+        (module docstring: the layout)."""
+        return torch.stack([torch.cat((cache.get_conv_state(i)[0, :, 1:].reshape(-1),
+                                       cache.get_recurrent_state(i)[0].reshape(-1).to(self.dtype)))
+                            for i in self._linear])
+
+    def _restore(self, cache, state: torch.Tensor) -> None:
+        """Put :meth:`_snapshot`'s ``state`` into a fresh ``cache``, as the state after the cached prefix: the
+        convolution state in the model's dtype, the recurrent state in float32 (as transformers computes it)."""
+        (channels, kernel), conv = self._conv, self._conv[0] * (self._conv[1] - 1)
+        for row, i in zip(state, self._linear):
+            cache.update_conv_state(row[:conv].view(1, channels, kernel - 1), i, conv_kernel_size=kernel)
+            cache.update_recurrent_state(row[conv:].view(1, *self._recurrent).float(), i)
 
 
 _LAYOUT = {False: "[layers, 2, kv_heads, tokens, head_dim]", True: "[layers, 1, 1, tokens, latent + rope]"}
 
 
-def _check_runnable(shapes: ModelConfig, path: str) -> None:
-    """Refuse a model with layers the cached path cannot resume (linear attention / Mamba; no mixer at all):
-    resuming one from a cached prefix needs the layer's state (convolution and recurrent/SSM state) at the chunk
-    boundary where the hit ends, saved beside the chunk's KV, and kvcli's chunk payload holds per-token KV only.
+def _check_runnable(checkpoint: Checkpoint, path: str) -> None:
+    """Refuse a model with layers the cached path cannot resume: linear attention / Mamba layers outside
+    :data:`RESUMABLE` (Jamba, Nemotron-H, Granite 4, Bamba: their caches' states are not restored by kvcli),
+    layers with no token mixer (Nemotron-H's MLP-only layers), and a model without any attention layer.
 
     Raises:
         BadInputError: one line naming the layers, the state a boundary would hold and what to run instead.
     """
-    kinds = sorted(set(shapes.kinds) - {FULL, SLIDING})
-    if kinds:
-        counts = ", ".join(f"{shapes.count(k)} {k}" for k in kinds)
-        raise BadInputError(f"cannot run a checkpoint with {counts} of its {shapes.layers} layers: resuming them "
-                            f"from a cached prefix needs each one's convolution and recurrent state "
-                            f"({shapes.state_elements:,} elements per layer) saved at every stored chunk boundary "
-                            "beside the chunk's KV, and kvcli's chunk payload holds per-token KV only; price its "
-                            "bytes and FLOPs without running it (--measure 0 --payload accounted)", path=path)
+    shapes = checkpoint.shapes
+    model_type = checkpoint.hf_config.model_type
+    if shapes.count(LINEAR) and model_type not in RESUMABLE:
+        raise BadInputError(f"cannot run a checkpoint with {shapes.count(LINEAR)} of its {shapes.layers} layers "
+                            "linear-attention / Mamba: resuming them from a cached prefix needs each one's "
+                            f"convolution and recurrent state ({shapes.state_elements:,} elements per layer) restored "
+                            f"into transformers' cache, which kvcli does for {', '.join(sorted(RESUMABLE))} only, not "
+                            f"{model_type}; {PRICE_WITHOUT_RUNNING}", path=path)
+    if shapes.count(NO_MIXER):
+        raise BadInputError(f"cannot run a checkpoint with {shapes.count(NO_MIXER)} blocks of its {shapes.layers} "
+                            "that have no token mixer (MLP-only): kvcli's cached path maps every layer of "
+                            f"transformers' cache to an attention or linear-attention layer; {PRICE_WITHOUT_RUNNING}",
+                            path=path)
+    if not shapes.attention_layers:
+        raise BadInputError(f"cannot run a checkpoint whose {shapes.layers} layers are all linear attention: "
+                            "transformers' cache counts a prompt's positions on its attention layers; "
+                            f"{PRICE_WITHOUT_RUNNING}", path=path)
 
 
 def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -> HFModel:
@@ -187,15 +313,15 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
 
     Raises:
         BadInputError: not a supported checkpoint folder (:func:`read_checkpoint`); linear-attention or Mamba
-            layers; no weights (a config-only folder); bad dtype or device.
+            layers of a model type outside :data:`RESUMABLE`, or layers with no token mixer; no weights (a
+            config-only folder); bad dtype or device.
         ModelFailure: the weights would not fit in the device's free memory; transformers cannot load them
             (missing or mismatched weights, custom code); one line each.
     """
     checkpoint = read_checkpoint(path)
-    _check_runnable(checkpoint.shapes, path)
+    _check_runnable(checkpoint, path)
     if not checkpoint.weight_bytes:
-        raise BadInputError("this folder holds a config and no weights: price it without running it (--measure 0 "
-                            "--payload accounted)", path=path)
+        raise BadInputError(f"a config with no weights, nothing to run: {PRICE_WITHOUT_RUNNING}", path=path)
     torch_dtype = checkpoint.dtype(dtype)
     dev = resolve_device(device)
     need = checkpoint.shapes.params() * torch.empty((), dtype=torch_dtype).element_size()

@@ -159,15 +159,18 @@ def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kvcli.model.hf_tiny DIR [--vocab N] [--seed S] [--dtype D] [--arch A]``."""
+    """``python -m kvcli.model.hf_tiny DIR [--vocab N] [--seed S] [--dtype D] [--arch A] [--layers L]``."""
     parser = argparse.ArgumentParser(prog="python -m kvcli.model.hf_tiny", description=__doc__.split("\n")[0])
     parser.add_argument("folder")
     parser.add_argument("--vocab", type=int, default=100352, help="embedding rows (default 100352)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--arch", default="llama", choices=tuple(TINY_ARCHS), help="architecture (default llama)")
+    parser.add_argument("--layers", type=int, help="decoder layers (default 2; qwen3_next: 4, one attention layer "
+                        "after three linear ones, the fewest kvcli runs)")
     args = parser.parse_args(argv)
-    folder = write_tiny_checkpoint(args.folder, args.vocab, args.seed, args.dtype, arch=args.arch)
+    layers = args.layers or (4 if args.arch == "qwen3_next" else 2)
+    folder = write_tiny_checkpoint(args.folder, args.vocab, args.seed, args.dtype, layers=layers, arch=args.arch)
     print(f"wrote a tiny random {args.arch} checkpoint and tokenizer to {folder}; try: kvcli replay sample_traces/ "
           f"--model {folder}", file=sys.stderr)
     return 0

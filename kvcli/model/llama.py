@@ -3,7 +3,8 @@
 Architecture (Llama 3 / Qwen2 family, without biases): token embedding, ``layers`` blocks of
 (RMSNorm -> grouped-query attention with rotary positions -> residual, RMSNorm -> SwiGLU MLP -> residual),
 a final RMSNorm and an untied LM head. Attention after a cached prefix runs on unmasked fast kernels
-(:func:`kvcli.model.attention.prefix_attention`), so a suffix prefill costs what is left to compute. RoPE uses the
+(:func:`kvcli.model.attention.cached_prefix_attention`), reading the prefix's KV where it lies (``kv_for="new"``
+copies none of it), so a suffix prefill costs what is left to compute. RoPE uses the
 "rotate half" layout of Hugging Face's Llama code, so the weights of a real checkpoint would load without
 permutation.
 
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from kvcli.errors import BadInputError, ModelFailure
-from kvcli.model.attention import prefix_attention
+from kvcli.model.attention import cached_prefix_attention, prefix_attention
 from kvcli.model.presets import ModelConfig, ModelSpec, dtype_short, get_preset, model_id_for, parse_dtype
 
 
@@ -171,8 +172,8 @@ class LocalModel:
     def _check_past(self, past_kv: torch.Tensor) -> None:
         check_past_kv(past_kv, self.config, self.dtype, self.model_id)
 
-    def prefill(self, token_ids, past_kv: torch.Tensor | None = None,
-                logits_for: str = "last") -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, token_ids, past_kv: torch.Tensor | None = None, logits_for: str = "last",
+                kv_for: str = "all") -> tuple[torch.Tensor, torch.Tensor]:
         """Run the new tokens through the model after an optional cached prefix. Mutates nothing.
 
         Args:
@@ -183,32 +184,36 @@ class LocalModel:
             logits_for: ``"last"`` for the last token's logits only (what serving needs: the LM head is the
                 costliest layer of a small model), ``"all"`` for every new token's (``n * vocab * 4`` bytes:
                 1.6 GB for 4,096 tokens of a 100k vocabulary).
+            kv_for: ``"all"``: the returned KV covers past and new tokens (``past_kv`` copied beside the new KV
+                once the forward is done); ``"new"``: the new tokens' only, so nothing of the prefix is copied (a
+                timed suffix prefill: the attention reads ``past_kv`` where it lies, as an engine reads its cache).
 
         Returns:
             ``(logits, kv)``: logits float32 ``[1, vocab]`` ("last") or ``[n, vocab]`` ("all"), on the model's
-            device; kv ``[layers, 2, kv_heads, past + n, head_dim]`` in the model's dtype, covering past and new
-            tokens (a fresh tensor; ``past_kv`` is not modified).
+            device; kv ``[layers, 2, kv_heads, past + n, head_dim]`` (``kv_for="new"``: ``[layers, 2, kv_heads,
+            n, head_dim]``) in the model's dtype, a fresh tensor (``past_kv`` is not modified).
 
         Raises:
-            BadInputError: empty or non-1-D ``token_ids``, an id outside ``[0, vocab)``, a bad ``logits_for``.
+            BadInputError: empty or non-1-D ``token_ids``, an id outside ``[0, vocab)``, a bad ``logits_for`` or
+                ``kv_for``.
             ModelFailure: ``past_kv`` has the wrong shape or dtype for this model.
         """
         if logits_for not in ("last", "all"):
             raise BadInputError(f"logits_for must be 'last' or 'all', got {logits_for!r}")
+        if kv_for not in ("all", "new"):
+            raise BadInputError(f"kv_for must be 'all' or 'new', got {kv_for!r}")
         ids = self._token_tensor(token_ids)
         if past_kv is not None:
             self._check_past(past_kv)
         with torch.inference_mode():
-            return self._forward(ids, past_kv, logits_for)
+            return self._forward(ids, past_kv, logits_for, kv_for)
 
-    def _forward(self, ids: torch.Tensor, past_kv: torch.Tensor | None, logits_for: str):
+    def _forward(self, ids: torch.Tensor, past_kv: torch.Tensor | None, logits_for: str, kv_for: str):
         c, n = self.config, ids.numel()
         past = 0 if past_kv is None else past_kv.shape[3]
-        total = past + n
-        kv = torch.empty(c.kv_shape(total), dtype=self.dtype, device=self.device)
-        if past_kv is not None and past:
-            kv[:, :, :, :past].copy_(past_kv)
-        positions = torch.arange(past, total, device=self.device)
+        cached = past_kv.to(self.device) if past_kv is not None and past else None  # copied only from elsewhere
+        kv = torch.empty(c.kv_shape(n), dtype=self.dtype, device=self.device)  # the new tokens'
+        positions = torch.arange(past, past + n, device=self.device)
         angles = positions[:, None].float() * self._inv_freq
         angles = torch.cat((angles, angles), dim=-1)
         cos, sin = angles.cos(), angles.sin()
@@ -218,15 +223,23 @@ class LocalModel:
             qkv = F.linear(_rmsnorm(x, b.attn_norm, c.norm_eps), b.w_qkv)
             q = _rope(qkv[:, :q_rows].view(n, c.heads, c.head_dim).transpose(0, 1), cos, sin)
             k = qkv[:, q_rows:q_rows + kv_rows].view(n, c.kv_heads, c.head_dim).transpose(0, 1)
-            kv[layer, 0, :, past:] = _rope(k, cos, sin)
-            kv[layer, 1, :, past:] = qkv[:, q_rows + kv_rows:].view(n, c.kv_heads, c.head_dim).transpose(0, 1)
+            kv[layer, 0] = _rope(k, cos, sin)
+            kv[layer, 1] = qkv[:, q_rows + kv_rows:].view(n, c.kv_heads, c.head_dim).transpose(0, 1)
             # Query i (absolute position past + i) sees keys 0 .. past + i: causal, aligned to the lower right.
-            att = prefix_attention(q, kv[layer, 0], kv[layer, 1], past, _masked=self._masked_attention)
+            if cached is None:
+                att = prefix_attention(q, kv[layer, 0], kv[layer, 1], 0, _masked=self._masked_attention)
+            elif self._masked_attention:
+                att = prefix_attention(q, torch.cat((cached[layer, 0], kv[layer, 0]), dim=1),
+                                       torch.cat((cached[layer, 1], kv[layer, 1]), dim=1), past, _masked=True)
+            else:
+                att = cached_prefix_attention(q, cached[layer, 0], cached[layer, 1], kv[layer, 0], kv[layer, 1])
             x = x + F.linear(att.transpose(0, 1).reshape(n, q_rows), b.w_o)
             gate, up = F.linear(_rmsnorm(x, b.mlp_norm, c.norm_eps), b.w_gate_up).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, b.w_down)
         rows = x[-1:] if logits_for == "last" else x
         logits = F.linear(_rmsnorm(rows, self.final_norm, c.norm_eps), self.lm_head).float()
+        if cached is not None and kv_for == "all":
+            kv = torch.cat((cached, kv), dim=3)
         return logits, kv
 
 

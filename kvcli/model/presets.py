@@ -188,6 +188,12 @@ class ModelConfig:
         ``linear layers * state_elements * element_size``; 0 without linear layers."""
         return self.count(LINEAR) * self.state_elements * _element_bytes(dtype)
 
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """``(linear layers, state_elements)``: the state a stored chunk of a hybrid model carries at its end
+        (:attr:`state_bytes` in all); ``()`` without linear layers."""
+        return (self.count(LINEAR), self.state_elements) if self.count(LINEAR) else ()
+
     def kv_shape(self, tokens: int) -> tuple[int, int, int, int, int]:
         """Shape of the KV of ``tokens`` tokens: ``(attention_layers, 2, kv_heads, tokens, head_dim)``; for MLA
         ``(layers, 1, 1, tokens, kv_lora_rank + qk_rope_head_dim)`` (latent then RoPE key, concatenated)."""
@@ -314,11 +320,14 @@ def model_id_for(preset: str, dtype, seed: int) -> str:
 class ModelSpec:
     """What the store needs of a model, without its weights: id, per-token KV shape, dtype (a torch dtype, or
     torch's name for it, e.g. ``"bfloat16"``: :func:`model_spec` gives the name, so nothing imports torch for it;
-    :func:`kvcli.units.torch_dtype` turns either into a torch dtype)."""
+    :func:`kvcli.units.torch_dtype` turns either into a torch dtype). ``state_shape``: a hybrid model's
+    ``(linear_layers, state_elements)``, the state a chunk carries at its end beside its KV; ``()`` without linear
+    layers."""
 
     model_id: str
-    kv_shape: tuple[int, int, int, int]  # (layers, 2, kv_heads, head_dim)
+    kv_shape: tuple[int, int, int, int]  # (attention layers, 2, kv_heads, head_dim)
     dtype: object
+    state_shape: tuple[int, ...] = ()
 
 
 def model_spec(preset: str = "cpu", dtype: str | None = None, seed: int = 0) -> ModelSpec:

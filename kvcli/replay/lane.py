@@ -26,6 +26,7 @@ import redis
 
 from kvcli.errors import KvcliError
 from kvcli.model.costcurve import PrefillSample
+from kvcli.prefixkv import resumable_tokens
 from kvcli.replay.curve import HitCurve
 from kvcli.replay.measure import timed_prefill
 from kvcli.replay.network import ServerRates
@@ -252,8 +253,9 @@ class Lane:
 
     def _fetch(self, prompt: ChunkedPrompt, look, kv_full, length: int):
         """KV of the reusable part of the measured tokens ``[layers, 2, kv_heads, reuse, head_dim]``
-        (:func:`reusable_tokens` of the first ``length``) and the hit chunks retrieved among them. Hit chunks
-        beyond them (a truncated measurement) are priced, not moved."""
+        (:func:`reusable_tokens` of the first ``length``; a hybrid model's down to the last chunk boundary with its
+        linear layers' state, :func:`~kvcli.prefixkv.resumable_tokens`) and the hit chunks retrieved among them.
+        Hit chunks beyond them (a truncated measurement) are priced, not moved."""
         store, res, rate = self.store, self.result, self._rate
         cs = store.config.chunk_size
         inside = min(look.hit_chunks, length // cs)
@@ -265,7 +267,7 @@ class Lane:
         if not self._real:
             res.transfer_seconds_estimated += rate.get(inside)
             res.deserialize_seconds_estimated += inside * rate.deserialize_seconds
-            past = kv_full[:, :, :, :reusable_tokens(inside * cs, length)]
+            past = kv_full[:, :, :, :resumable_tokens(kv_full, reusable_tokens(inside * cs, length))]
             return stored_as(past, store.config.kv_dtype), inside  # what a retrieve would hand back
         got = store.retrieve(prompt, lookup=look.first(inside))
         start = end = got.hit_tokens // cs
@@ -280,7 +282,8 @@ class Lane:
         res.serialized_bytes_read += got.payload_bytes + got.header_bytes
         if got.kv is None:
             return None, 0
-        return got.kv[:, :, :, :reusable_tokens(got.hit_tokens, length)], got.hit_tokens // cs
+        reuse = resumable_tokens(got.kv, reusable_tokens(got.hit_tokens, length))
+        return got.kv[:, :, :, :reuse], got.hit_tokens // cs
 
     # -- every request --------------------------------------------------------------------------------------------
     def _count(self, prompt: ChunkedPrompt, look, n: int, hit_chunks: int) -> int:

@@ -7,17 +7,22 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import redis
 import xxhash
 
 from kvcli.model.costcurve import PrefillCost, prefill_clock
+from kvcli.prefixkv import concat_kv
 from kvcli.replay.network import ServerRates
 from kvcli.store import cluster
 from kvcli.store.kvstore import KVStore
 from kvcli.store.serde import decode_kv, encode_kv
 from kvcli.units import dtype_bytes, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 
 def pick_measured(lengths: np.ndarray, count: int | None, seed: int) -> set[int]:
@@ -74,16 +79,30 @@ def curve_check(curve: PrefillCost, samples) -> dict:
 def timed_prefill(model, tokens, past, repeats: int = 2):
     """``(seconds, (logits, kv))``: the fastest of ``repeats`` identical prefills, timed with
     :func:`~kvcli.model.costcurve.prefill_clock` (this VM stalls for hundreds of ms at random; the least-disturbed
-    run is the measurement, as for the cost curve)."""
+    run is the measurement, as for the cost curve).
+
+    A hybrid model's prefill (linear-attention layers, :mod:`kvcli.model.hf`) runs one forward per segment between
+    consecutive chunk boundaries of the replay's chunk sizes, to read its linear layers' state at each boundary for
+    the chunks it stores; the full prefill and the suffix prefill are both timed that way (what a prefix-caching
+    engine that saves states at block boundaries runs), not as the single forward of an engine without a cache,
+    which skips the per-segment overhead.
+
+    The timed call returns the new tokens' KV only (``kv_for="new"``): the prefix is read where it lies, as an
+    engine's attention reads its cache, and the returned ``kv`` (``past`` then the new tokens', on the model's
+    device) is put together after the timing."""
     best, out = float("inf"), None
     clock = prefill_clock(model)
     for _ in range(repeats):
         model.synchronize()  # a GPU runs asynchronously: nothing queued earlier may land in this timing
         t0 = clock()
-        out = model.prefill(tokens, past)  # past_kv on the CPU: its copy to the device is timed too
+        out = model.prefill(tokens, past, kv_for="new")  # past_kv on the CPU: its copy to the device is timed too
         model.synchronize()  # ...and the work itself is timed, not its launch
         best = min(best, clock() - t0)
-    return best, out
+    assert out is not None, "repeats >= 1"
+    logits, kv = out
+    if past is not None:
+        kv = concat_kv([past.to(kv.device), kv])
+    return best, (logits, kv)
 
 
 PROBE_CAP = 8 << 20  # the largest probe value (bytes); bigger chunks are timed at this size and scaled
@@ -145,7 +164,7 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
         if tensor is not None:  # exactly when torch is loaded
             encoded = encode_kv(tensor, dtype=kv_dtype)
             t4 = time.perf_counter()
-            decoded, _ = decode_kv(encoded, store.config.dtype)
+            decoded = cast("torch.Tensor", decode_kv(encoded, store.config.dtype)[0])  # a tensor, without a state
             xxhash.xxh3_64_digest(encoded[len(encoded) - decoded.numel() * itemsize:])
             decoded.clone()
         else:  # the same memory work without torch: header + one copy in, header parse + checksum + one copy out

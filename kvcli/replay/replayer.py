@@ -149,6 +149,9 @@ class Replayer:
         spec = model.spec if model is not None else spec
         assert spec is not None, "a Replayer without a model needs its spec"
         self.model_id, self.kv_shape, self.dtype = spec.model_id, spec.kv_shape, spec.dtype
+        self.state_shape = spec.state_shape
+        if model is not None and spec.state_shape:  # a hybrid model: its state at every boundary of every store
+            model.state_chunk_sizes = tuple(config.chunk_sizes)
         self.measured_samples: list[PrefillSample] = []  # timings of real requests: for checking the curve
         self._samples_seen = 0
         self.notify = notify
@@ -501,7 +504,8 @@ class Replayer:
         return make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
-            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace, kv_dtype=cfg.kv_dtype),
+            capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace, kv_dtype=cfg.kv_dtype,
+            state_shape=self.state_shape),
             tolerate_unavailable=True, mark=mark)
 
 def _purge_remedy(namespace: str) -> str:

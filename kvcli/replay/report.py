@@ -236,8 +236,12 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
                if threads and context.get("device") == "cpu" else "")
     scales = context.get("kv_scale_bytes_per_chunk")
     kv_dtype = f"{context['kv_dtype']} (+ {scales:,} scale bytes per chunk) " if scales else ""
+    state = context.get("state_bytes_per_chunk")
+    state = (f" (attention layers) + {state:,} bytes per chunk of linear layers' state at its end (full and "
+             "suffix prefills timed as one forward per chunk-boundary segment)") if state else ""
     console.print(f"model {context.get('model_id')}{source} on {context.get('device')}{threads}, KV "
-                  f"{kv_dtype}{context.get('kv_bytes_per_token'):,} bytes/token; tokenizer {context.get('tokenizer')}"
+                  f"{kv_dtype}{context.get('kv_bytes_per_token'):,} bytes/token{state}; tokenizer "
+                  f"{context.get('tokenizer')}"
                   f"{tok_source}; "
                   f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
                   f"{context.get('metadata_placement')}"

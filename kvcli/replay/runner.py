@@ -32,7 +32,7 @@ from kvcli.replay.results import ReplayConfig, TraceResult, check_count, check_p
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
-from kvcli.store.serde import SCALE_BYTES
+from kvcli.store.serde import SCALE_BYTES, state_bytes
 from kvcli.store.server import INFO_REFUSED, RedisTarget
 from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import outline_trace, read_trace, trace_note
@@ -249,7 +249,8 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
         "kv_dtype": config.kv_dtype or dtype_key(spec.dtype),
         "kv_bytes_per_token": layers * two * heads * dim * _itemsize(config.kv_dtype or spec.dtype),
-        "kv_scale_bytes_per_chunk": layers * two * SCALE_BYTES if config.kv_dtype else 0, "tokenizer": tok_name,
+        "kv_scale_bytes_per_chunk": layers * two * SCALE_BYTES if config.kv_dtype else 0,
+        "state_bytes_per_chunk": state_bytes(spec.state_shape, spec.dtype), "tokenizer": tok_name,
         "tokenizer_source": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),

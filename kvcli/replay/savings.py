@@ -309,9 +309,12 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     tied = tuple(sorted([best] + [cs for cs in order[1:] if not beaten(cs)]))
     if len(tied) == 1:
         return Verdict(best, "clear", tied, f"chunk size {best} ({how}): its net benefit beats every other size's "
-                                            f"by more than their intervals", best)
+                                            f"by more than their intervals and {TIE_TOLERANCE:.0%}", best)
+    near = [cs for cs in tied if cs != best and top.value - nets[cs].value < TIE_TOLERANCE * top.value]
+    why = ("within their intervals" if not near else f"within {TIE_TOLERANCE:.0%} of the best's"
+           if len(near) == len(tied) - 1 else f"within {TIE_TOLERANCE:.0%} of the best's or within their intervals")
     return Verdict(None, "tie", tied, f"chunk sizes {', '.join(map(str, tied))} tie ({how}): the differences "
-                                      f"between their net benefits are within their intervals; of them, "
+                                      f"between their net benefits are {why}; of them, "
                                       f"{max(tied)} writes the fewest objects", max(tied))
 
 

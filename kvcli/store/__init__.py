@@ -2,5 +2,6 @@
 (lookup, retrieve, store), the one LRU over chunks, namespace scans, connections and the embedded server; the
 store interface replay drives (kvstore) and LMCache's Redis layout with a store in it (lmcache, lmcache_store).
 
-May import: kvcli.errors, kvcli.units, kvcli.redact (and torch/numpy/redis/xxhash). Nothing else of kvcli.
+May import: kvcli.errors, kvcli.units, kvcli.redact, kvcli.prefixkv (and torch/numpy/redis/xxhash). Nothing else
+of kvcli.
 """

@@ -35,6 +35,7 @@ import redis
 import xxhash
 
 from kvcli.errors import KvcliError
+from kvcli.prefixkv import concat_kv
 from kvcli.store.busy import is_busy
 from kvcli.store.calls import Calls, RedisUnavailable
 from kvcli.store.cluster import by_shard, is_cluster, set_in_order, uninterrupted
@@ -284,7 +285,8 @@ class ChunkStore:
         """Lookup (one round trip, skipped when ``lookup`` is given), then fetch the hit chunks' KV in one more.
 
         Returns the KV ``[layers, 2, kv_heads, hit_tokens, head_dim]`` of the hit run in the model's dtype (an fp8
-        payload dequantized), verified chunk by chunk (:func:`~kvcli.store.judge.checked_tensor`): a missing
+        payload dequantized; a hybrid model's as a :class:`~kvcli.prefixkv.StatefulKV` holding the state at each
+        hit chunk's end), verified chunk by chunk (:func:`~kvcli.store.judge.checked_tensor`): a missing
         payload or a failed checksum ends the run there, and those chunks are never returned.
         """
         prompt = self.chunker.prompt(tokens, cache_salt)
@@ -305,7 +307,7 @@ class ChunkStore:
                 reason = "no-payload"
                 break
             tensor = checked_tensor(payload, meta[8:16], self.config.chunk_shape, self.expected.dtype,
-                                    self.config.dtype)
+                                    self.config.dtype, self.config.state_shape)
             self.stats.checksum_verified_chunks += 1
             if tensor is None:
                 reason = "checksum"
@@ -315,12 +317,7 @@ class ChunkStore:
             tensors.append(tensor)
             data_bytes += size
             head_bytes += len(payload) - size
-        if tensors:
-            import torch
-
-            kv = torch.cat(tensors, dim=3)
-        else:
-            kv = None
+        kv = concat_kv(tensors) if tensors else None
         t2 = time.perf_counter()
         self.stats.payload_bytes_read += data_bytes
         self.stats.header_bytes_read += head_bytes
@@ -335,7 +332,7 @@ class ChunkStore:
         out = []
         for i, payload in zip(indices, payloads):
             good = payload is not None and payload_ok(payload, lookup.metadata[i][8:16], self.config.chunk_shape,
-                                                      self.expected.dtype)
+                                                      self.expected.dtype, self.config.state_shape)
             self.stats.checksum_verified_chunks += 1
             self.stats.checksum_failures += not good
             out.append(good)

@@ -9,7 +9,8 @@ States (:data:`STATES`; a Lua script returns a state's index there, its code):
 
 ========================  ==========================================================================================
 ``usable``                metadata with this prompt's token digest, ``"stored":"real"``, and a payload of exactly the
-                          length this store writes (and, when its bytes were read, matching the checksum)
+                          length this store writes (a hybrid model's: KV plus the state at the chunk's end) (and,
+                          when its bytes were read, matching the checksum)
 ``accounted``             metadata with the digest and ``"stored":"accounted"``: a payload counted, never written by
                           design (an index-only replay); a lookup hit, not something warm can serve
 ``missing``               no metadata key (and no payload key, where the payload was read)
@@ -41,6 +42,8 @@ from kvcli.store.serde import PayloadError, PayloadLayout, decode_kv, payload_la
 
 if TYPE_CHECKING:
     import torch
+
+    from kvcli.prefixkv import StatefulKV
 
 USABLE, ACCOUNTED, MISSING, TOKEN_MISMATCH = "usable", "accounted", "missing", "token-mismatch"
 NO_PAYLOAD, BAD_PAYLOAD, BAD_METADATA, NO_METADATA, CHECKSUM = (
@@ -140,18 +143,23 @@ def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int 
     return USABLE
 
 
-def payload_ok(value, checksum: bytes, shape: tuple[int, ...] | None, dtype: str | None = None) -> bool:
+def payload_ok(value, checksum: bytes, shape: tuple[int, ...] | None, dtype: str | None = None,
+               state_shape: tuple[int, ...] | None = None) -> bool:
     """The one checksum verification, without torch: whether a payload value's header (:func:`~kvcli.store.serde.
-    payload_layout`) says ``shape`` (``[layers, 2, kv_heads, chunk_size, head_dim]``; None: any) and ``dtype`` (its
-    safetensors name, "BF16", "F8_E4M3"; None: any), and the xxh3_64 of its tensor bytes (the KV's and, for fp8,
-    its ``kv_scale`` tensor's) is ``checksum`` (8 bytes). A header that lies about the dtype fails here, though its
-    bytes match; so does an fp8 payload without its scales, with scales of another shape or dtype, or with a scale
-    that is not a positive finite number (:func:`~kvcli.store.serde.payload_layout`)."""
+    payload_layout`) says ``shape`` (``[layers, 2, kv_heads, chunk_size, head_dim]``; None: any), ``dtype`` (its
+    safetensors name, "BF16", "F8_E4M3"; None: any) and ``state_shape`` (a hybrid model's ``[linear_layers,
+    state_elements]``, ``()`` for no state; None: any), and the xxh3_64 of its tensor bytes (the KV's and, for fp8,
+    its ``kv_scale`` tensor's, and a hybrid model's ``state`` tensor's) is ``checksum`` (8 bytes). A header that
+    lies about the dtype fails here, though its bytes match; so does an fp8 payload without its scales, with scales
+    of another shape or dtype, or with a scale that is not a positive finite number
+    (:func:`~kvcli.store.serde.payload_layout`)."""
     try:
         layout = payload_layout(value)
     except PayloadError:
         return False
     if shape is not None and layout.shape != tuple(shape):
+        return False
+    if state_shape is not None and layout.state_shape != tuple(state_shape):
         return False
     if dtype is not None and layout.safetensors_dtype != dtype:
         return False
@@ -171,11 +179,12 @@ def payload_checksum(value, layout: PayloadLayout | None = None) -> bytes:
 
 
 def checked_tensor(value, checksum: bytes, shape: tuple[int, ...] | None,
-                   dtype: str | None = None, out_dtype=None) -> torch.Tensor | None:
+                   dtype: str | None = None, out_dtype=None, state_shape: tuple[int, ...] | None = None
+                   ) -> torch.Tensor | StatefulKV | None:
     """The tensor of a payload value when :func:`payload_ok` holds, else None: as stored, without a copy (it shares
     ``value``'s memory), or for an fp8 payload dequantized to ``out_dtype`` (the model's dtype; None: float32;
-    :func:`~kvcli.store.serde.decode_kv`)."""
-    if not payload_ok(value, checksum, shape, dtype):
+    :func:`~kvcli.store.serde.decode_kv`); a payload with a state gives a :class:`~kvcli.prefixkv.StatefulKV`."""
+    if not payload_ok(value, checksum, shape, dtype, state_shape):
         return None
     tensor, _ = decode_kv(value, out_dtype)
     return tensor

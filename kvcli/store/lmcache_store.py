@@ -80,6 +80,10 @@ class LMCacheStore:
         if config.kv_dtype is not None:
             raise BadInputError("--kv-dtype fp8 stores kvcli's payload format (K and V scales with the KV); "
                                 "--layout lmcache replays LMCache's own, which has no scales: use --layout kvcli")
+        if config.state_shape:
+            raise BadInputError("a hybrid model's chunks carry its linear layers' state beside the KV (kvcli's "
+                                "payload format); --layout lmcache replays LMCache's own, which has no place for "
+                                "it: use --layout kvcli")
         if "@" in config.namespace:
             raise BadInputError(f"namespace {config.namespace!r}: LMCache's keys are split on '@'; use another name")
         self._dtype = torch_dtype(config.dtype)  # a name ("bfloat16") or a torch dtype

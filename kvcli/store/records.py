@@ -43,6 +43,8 @@ class StoreConfig:
         ttl: seconds to expire each chunk's metadata and payload (together), or None.
         read_namespace: another namespace whose chunks are read as hits too but never written (a cache someone
             warmed, replayed without changing it). Lookups stay one round trip (both namespaces' keys).
+        state_shape: a hybrid model's ``(linear_layers, state_elements)``: each chunk's payload also holds every
+            linear layer's state at the chunk's end, in ``dtype`` (:mod:`kvcli.store.serde`); ``()``: none.
 
     Raises:
         BadInputError: a namespace kvcli cannot own (:func:`kvcli.store.layout.check_namespace`), a chunk size
@@ -61,6 +63,7 @@ class StoreConfig:
     ttl: int | None = None
     read_namespace: str | None = None
     kv_dtype: str | None = None
+    state_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kv_dtype", check_kv_dtype(self.kv_dtype))
@@ -89,13 +92,14 @@ class StoreConfig:
     @functools.cached_property
     def payload_bytes(self) -> int:
         """Tensor bytes of one chunk (bytes): its KV in :attr:`stored_dtype`, plus an fp8 payload's scales (4 bytes
-        per layer and K/V: :func:`kvcli.store.serde.data_bytes`)."""
-        return data_bytes(self.chunk_shape, self.stored_dtype)
+        per layer and K/V), plus a hybrid model's state at the chunk's end (``state_shape`` in ``dtype``):
+        :func:`kvcli.store.serde.data_bytes`."""
+        return data_bytes(self.chunk_shape, self.stored_dtype, self.state_shape, self.dtype)
 
     @functools.cached_property
     def header_bytes(self) -> int:
         """Serialization header bytes of one chunk's payload (bytes)."""
-        return header_size(self.chunk_shape, self.stored_dtype, self.payload_metadata)
+        return header_size(self.chunk_shape, self.stored_dtype, self.payload_metadata, self.state_shape, self.dtype)
 
     @property
     def value_bytes(self) -> int:

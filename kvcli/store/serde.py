@@ -17,6 +17,16 @@ take), computed per chunk from the chunk's own absolute maximum (``scale = amax 
 e4m3 value) so a stored chunk decodes alone, with no calibration pass. ``q = clamp(x / scale, -448, 448)`` in
 float32, cast to e4m3 (round to nearest even); decoding is ``q * scale``. MLA's ``[layers, 1, 1, tokens, dim]``
 gets ``[layers, 1]``.
+
+**Linear layers' state** (a hybrid model: Qwen3-Next's Gated DeltaNet layers beside its attention layers): the
+payload of a chunk also holds ``state``, every linear layer's state at the chunk's END (after its last token), so a
+hit run resumes from its deepest chunk (:mod:`kvcli.prefixkv`). It is the last tensor: dtype the model's (never
+quantized), shape ``[linear_layers, state_elements]``, data offsets ``[m, m + linear_layers * state_elements *
+element_size)`` with ``m`` the end of ``kv`` (and of ``kv_scale`` for fp8). Row ``i`` is linear layer ``i``'s state
+flattened, its layout the model's (:mod:`kvcli.model.hf`: the convolution state's ``kernel - 1`` columns, then the
+recurrent state). The checksum covers it with the KV. A chunk's payload bytes are then the attention layers' KV of
+its tokens plus ``linear_layers * state_elements * element_size``: ``ModelConfig.kv_bytes_per_token * tokens +
+ModelConfig.state_bytes``.
 """
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvcli.errors import BadInputError, KvcliError
+from kvcli.prefixkv import StatefulKV
 from kvcli.units import DTYPE_BYTES, dtype_key, torch_dtype
 
 if TYPE_CHECKING:
@@ -41,6 +52,7 @@ _DTYPES = {  # torch's name -> safetensors' (a dtype is a name until a tensor is
 _BY_NAME = {v: k for k, v in _DTYPES.items()}
 TENSOR_NAME = "kv"
 SCALE_NAME = "kv_scale"
+STATE_NAME = "state"
 FP8 = "float8_e4m3fn"
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn value (torch.finfo(torch.float8_e4m3fn).max)
 SCALED = frozenset({FP8})  # payload dtypes stored with a kv_scale tensor
@@ -87,23 +99,37 @@ def scale_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape[:2])
 
 
-def data_bytes(shape: tuple[int, ...], dtype) -> int:
+def state_bytes(state_shape: tuple[int, ...], state_dtype) -> int:
+    """Bytes of a ``state`` tensor of ``state_shape`` (``[linear_layers, state_elements]``; ``()``: no state, 0)
+    in ``state_dtype``."""
+    if not state_shape:
+        return 0
+    return int(np.prod(state_shape, dtype=np.int64)) * DTYPE_BYTES[_BY_NAME[dtype_name(state_dtype)]]
+
+
+def data_bytes(shape: tuple[int, ...], dtype, state_shape: tuple[int, ...] = (), state_dtype=None) -> int:
     """Tensor bytes of a payload of KV ``shape`` stored in ``dtype``: the KV's, plus the ``kv_scale`` tensor's
-    (4 bytes per layer and K/V) for a scaled dtype (:data:`SCALED`)."""
+    (4 bytes per layer and K/V) for a scaled dtype (:data:`SCALED`), plus the ``state`` tensor's of
+    ``state_shape`` in ``state_dtype`` (module docstring; ``()``: none)."""
     name = _BY_NAME[dtype_name(dtype)]
     nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[name]
     if name in SCALED:
         nbytes += int(np.prod(scale_shape(shape), dtype=np.int64)) * SCALE_BYTES
-    return nbytes
+    return nbytes + state_bytes(state_shape, state_dtype)
 
 
-def _header(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None) -> bytes:
+def _header(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None, state_shape: tuple[int, ...] = (),
+            state_dtype=None) -> bytes:
     name = dtype_name(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[_BY_NAME[name]]
     head: dict = {TENSOR_NAME: {"dtype": name, "shape": list(shape), "data_offsets": [0, nbytes]}}
+    before_state = data_bytes(shape, dtype)
     if _BY_NAME[name] in SCALED:
         head[SCALE_NAME] = {"dtype": "F32", "shape": list(scale_shape(shape)),
-                            "data_offsets": [nbytes, data_bytes(shape, dtype)]}
+                            "data_offsets": [nbytes, before_state]}
+    if state_shape:
+        head[STATE_NAME] = {"dtype": dtype_name(state_dtype), "shape": list(state_shape),
+                            "data_offsets": [before_state, before_state + state_bytes(state_shape, state_dtype)]}
     if metadata:
         head["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     raw = json.dumps(head, separators=(",", ":")).encode()
@@ -111,13 +137,17 @@ def _header(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None) -> b
     return struct.pack("<Q", len(raw)) + raw
 
 
-def header_size(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None = None) -> int:
-    """Bytes of serialization header (length prefix + JSON + padding) for a tensor of this shape and dtype."""
-    return len(_header(tuple(shape), dtype, metadata))
+def header_size(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None = None,
+                state_shape: tuple[int, ...] = (), state_dtype=None) -> int:
+    """Bytes of serialization header (length prefix + JSON + padding) for a tensor of this shape and dtype, and a
+    ``state`` tensor of ``state_shape`` in ``state_dtype`` (``()``: none)."""
+    return len(_header(tuple(shape), dtype, metadata, tuple(state_shape), state_dtype))
 
 
-def encode_kv(kv: torch.Tensor, metadata: dict[str, str] | None = None, dtype: str | None = None) -> memoryview:
-    """Serialize one tensor (typically a chunk's KV, ``[layers, 2, kv_heads, chunk_tokens, head_dim]``).
+def encode_kv(kv, metadata: dict[str, str] | None = None, dtype: str | None = None) -> memoryview:
+    """Serialize one tensor (typically a chunk's KV, ``[layers, 2, kv_heads, chunk_tokens, head_dim]``), or a
+    :class:`~kvcli.prefixkv.StatefulKV` chunk: its KV and, as the ``state`` tensor, its state at the chunk's end
+    (``[linear_layers, state_elements]``, in its own dtype; module docstring).
 
     The tensor may be a strided view (a slice of a longer cache): it is gathered straight into the output buffer,
     which is the only copy. ``dtype`` None stores it as it is (bit-exact); ``"float8_e4m3fn"`` quantizes it with
@@ -125,25 +155,36 @@ def encode_kv(kv: torch.Tensor, metadata: dict[str, str] | None = None, dtype: s
     memoryview of ``header + data`` bytes, ready for redis-py.
 
     Raises:
-        PayloadError: the dtype cannot be serialized, or is not one a payload is quantized to.
+        PayloadError: the dtype cannot be serialized, or is not one a payload is quantized to; a StatefulKV chunk
+            without the state at its end.
     """
     import torch
 
+    state = None
+    if isinstance(kv, StatefulKV):
+        kv, state = kv.kv, kv.end_state
+        if state is None:
+            raise PayloadError(f"a chunk of a hybrid model's KV without its linear layers' state at its end "
+                               f"(token {kv.shape[3]})")
     stored = kv.dtype if dtype is None else dtype
     if dtype is not None and dtype not in SCALED:
         raise PayloadError(f"cannot quantize KV to {dtype}; known: {', '.join(sorted(SCALED))}")
     shape = tuple(kv.shape)
-    head = _header(shape, stored, metadata)
-    out = torch.empty(len(head) + data_bytes(shape, stored), dtype=torch.uint8)
+    state_shape, state_dtype = (tuple(state.shape), state.dtype) if state is not None else ((), None)
+    head = _header(shape, stored, metadata, state_shape, state_dtype)
+    kv_end = len(head) + data_bytes(shape, stored)
+    out = torch.empty(kv_end + state_bytes(state_shape, state_dtype), dtype=torch.uint8)
     out[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
     if dtype is None:
         if kv.numel():
-            out[len(head):].view(kv.dtype).view(kv.shape).copy_(kv)
+            out[len(head):kv_end].view(kv.dtype).view(kv.shape).copy_(kv)
     elif kv.numel():
         q, scales = quantize_fp8(kv)
         n = q.numel()
         out[len(head):len(head) + n].view(q.dtype).view(q.shape).copy_(q)
-        out[len(head) + n:].view(torch.float32).copy_(scales.reshape(-1))
+        out[len(head) + n:kv_end].view(torch.float32).copy_(scales.reshape(-1))
+    if state is not None and state.numel():
+        out[kv_end:].view(state.dtype).view(state.shape).copy_(state)
     return out.numpy().data
 
 
@@ -160,9 +201,10 @@ def quantize_fp8(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / expand).clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scales
 
 
-def stored_as(kv: torch.Tensor, dtype: str | None) -> torch.Tensor:
+def stored_as(kv: torch.Tensor | StatefulKV, dtype: str | None) -> torch.Tensor | StatefulKV:
     """``kv`` as a retrieve hands it back after storing it in payload ``dtype``: quantized and dequantized to
-    ``kv.dtype`` (the same :func:`encode_kv` and :func:`decode_kv`), or ``kv`` itself for None."""
+    ``kv.dtype`` (the same :func:`encode_kv` and :func:`decode_kv`; a StatefulKV keeps its end state, as stored),
+    or ``kv`` itself for None."""
     if dtype is None:
         return kv
     return decode_kv(encode_kv(kv, dtype=dtype), kv.dtype)[0]
@@ -172,8 +214,9 @@ def stored_as(kv: torch.Tensor, dtype: str | None) -> torch.Tensor:
 class PayloadLayout:
     """Where a payload's tensors are, read from its header alone (no torch): ``dtype`` (torch's name,
     "bfloat16"), ``shape``, the KV tensor's bytes ``[start, end)`` of the value, the header's ``__metadata__``,
-    and ``data_end``: the end of all tensor bytes (``end`` plus the ``kv_scale`` tensor of a scaled dtype; the
-    checksum covers ``[start, data_end)``)."""
+    and ``data_end``: the end of all tensor bytes (``end`` plus the ``kv_scale`` tensor of a scaled dtype and the
+    ``state`` tensor of a hybrid model; the checksum covers ``[start, data_end)``); a ``state`` tensor's
+    ``state_shape`` (``()``: none), ``state_dtype`` (torch's name) and first byte ``state_start``."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -181,6 +224,9 @@ class PayloadLayout:
     end: int
     metadata: dict[str, str]
     data_end: int
+    state_shape: tuple[int, ...] = ()
+    state_dtype: str = ""
+    state_start: int = 0
 
     @property
     def scaled(self) -> bool:
@@ -207,6 +253,7 @@ def payload_layout(payload) -> PayloadLayout:
             raise ValueError("header longer than payload")
         head = json.loads(bytes(view[8:8 + n]))
         meta = head.pop("__metadata__", {}) or {}
+        state = head.pop(STATE_NAME, None) if len(head) >= 2 else None
         scale = head.pop(SCALE_NAME, None) if len(head) == 2 else None
         (spec,) = head.values()
         name = _BY_NAME[spec["dtype"]]
@@ -220,19 +267,32 @@ def payload_layout(payload) -> PayloadLayout:
             if (scale["dtype"] != "F32" or tuple(int(d) for d in scale["shape"]) != scale_shape(shape)
                     or scale_start != end):
                 raise ValueError(f"{SCALE_NAME} is not F32 {list(scale_shape(shape))} right after the KV")
+        state_shape: tuple[int, ...] = ()
+        state_dtype, state_start = "", 0
+        if state is not None:
+            state_dtype, state_shape = _BY_NAME[state["dtype"]], tuple(int(d) for d in state["shape"])
+            state_start, state_end = (int(x) for x in state["data_offsets"])
+            if (len(shape) != 5 or len(state_shape) != 2 or state_start != data_end
+                    or state_end - state_start != state_bytes(state_shape, state_dtype)):
+                raise ValueError(f"{STATE_NAME} is not [linear_layers, state_elements] right after the KV of a "
+                                 "[layers, 2, kv_heads, tokens, head_dim] chunk")
+            data_end = state_end
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise PayloadError(f"not a KV payload: {exc}") from None
     expect = int(np.prod(shape, dtype=np.int64)) * DTYPE_BYTES[name]
-    if end - start != expect or data_end - end != data_bytes(shape, name) - expect or 8 + n + data_end > len(view):
-        raise PayloadError(f"KV payload data is {len(view) - 8 - n} bytes, header says {data_bytes(shape, name)}")
+    total = data_bytes(shape, name, state_shape, state_dtype or None)
+    if end - start != expect or data_end - end != total - expect or 8 + n + data_end > len(view):
+        raise PayloadError(f"KV payload data is {len(view) - 8 - n} bytes, header says {total}")
     if scale is not None:
-        scales = np.frombuffer(view[8 + n + end:8 + n + data_end], dtype="<f4")
+        scales = np.frombuffer(view[8 + n + end:8 + n + end + SCALE_BYTES * int(np.prod(scale_shape(shape)))],
+                               dtype="<f4")
         if not (np.isfinite(scales).all() and (scales > 0).all()):
             raise PayloadError(f"KV payload's {SCALE_NAME} holds a scale that is not a positive finite number")
-    return PayloadLayout(name, shape, 8 + n + start, 8 + n + end, meta, 8 + n + data_end)
+    return PayloadLayout(name, shape, 8 + n + start, 8 + n + end, meta, 8 + n + data_end, state_shape, state_dtype,
+                         8 + n + state_start if state_shape else 0)
 
 
-def decode_kv(payload, dtype=None) -> tuple[torch.Tensor, dict[str, str]]:
+def decode_kv(payload, dtype=None) -> tuple[torch.Tensor | StatefulKV, dict[str, str]]:
     """Deserialize a payload made by :func:`encode_kv` (or any one-tensor safetensors file).
 
     Args:
@@ -242,7 +302,9 @@ def decode_kv(payload, dtype=None) -> tuple[torch.Tensor, dict[str, str]]:
 
     Returns:
         ``(tensor, metadata)``; an unscaled tensor shares memory with ``payload`` (read-only when ``payload`` is
-        bytes, no copy); a dequantized one is new.
+        bytes, no copy); a dequantized one is new. A payload with a ``state`` tensor gives a
+        :class:`~kvcli.prefixkv.StatefulKV` instead of the tensor: its KV and ``{tokens: state}`` (the state after
+        the chunk's ``tokens``, ``[linear_layers, state_elements]``, sharing memory with ``payload``).
 
     Raises:
         PayloadError: as :func:`payload_layout`.
@@ -253,14 +315,18 @@ def decode_kv(payload, dtype=None) -> tuple[torch.Tensor, dict[str, str]]:
     stored = getattr(torch, layout.dtype)
     count = layout.end - layout.start
     out = torch_dtype(dtype if dtype is not None else "float32") if layout.scaled else stored
-    if count == 0:
+    if layout.data_end == layout.start:  # no tensor bytes at all (a model with only linear layers keeps a state)
         return torch.empty(layout.shape, dtype=out), layout.metadata
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffer: we never write into it
         flat = torch.frombuffer(memoryview(payload).cast("B"), dtype=torch.uint8, count=layout.data_end - layout.start,
                                 offset=layout.start)
     kv = flat[:count].view(stored).view(layout.shape)
-    if not layout.scaled:
+    if layout.scaled:
+        scales = flat[count:layout.state_start - layout.start if layout.state_shape else None]
+        kv = (kv.to(torch.float32) * scales.view(torch.float32).view(*scale_shape(layout.shape),
+                                                                     *(1,) * (kv.dim() - 2))).to(out)
+    if not layout.state_shape:
         return kv, layout.metadata
-    scales = flat[count:].view(torch.float32).view(*scale_shape(layout.shape), *(1,) * (kv.dim() - 2))
-    return (kv.to(torch.float32) * scales).to(out), layout.metadata
+    state = flat[layout.state_start - layout.start:].view(getattr(torch, layout.state_dtype)).view(layout.state_shape)
+    return StatefulKV(kv, {layout.shape[3]: state}), layout.metadata

@@ -18,7 +18,10 @@ record's ``block_size``, else ``--hash-block-tokens``, else the format's own; a 
 disagrees with ``--hash-block-tokens`` is an error. Ids are integers in ``[0, 2**64)``. Token ids are synthesized
 per id by :func:`kvcli.traces.synth.block_token_ids` (the block key is the id itself when it is below
 ``2**63 // B``; a larger id is folded into that range by SplitMix64, so two distinct large ids share tokens with
-probability about ``B / 2**63`` a pair), so any chunk size replays any block size.
+probability about ``B / 2**63`` a pair), so any chunk size replays any block size. A record whose block size is
+not the first record's gets its ids folded the same way with the size mixed in (``k * B + j`` would otherwise let
+small ids of two sizes share tokens: id 2 at 8 tokens is the first half of id 1 at 16), so ids of two block sizes
+never share a block.
 """
 from __future__ import annotations
 
@@ -121,6 +124,7 @@ class BlockIds:
     def __init__(self, fmt: TraceFormat) -> None:
         self.fmt = fmt
         self._private = 0  # private keys handed out so far
+        self._first_block: int | None = None  # the block size of the first record read
 
     def block_tokens(self, record_value: Any, schema: HashIdSchema) -> int:
         """Tokens per id for one record: its ``block_size``, else ``--hash-block-tokens``, else the format's.
@@ -157,6 +161,13 @@ class BlockIds:
             raise BadInputError(f"{len(hash_ids)} hash_ids for input_length {input_length} at {block_tokens} tokens "
                                 f"per id: expected ceil({input_length}/{block_tokens}) = {need}")
         limit = np.uint64(2**63 // block_tokens)
+        if self._first_block is None:
+            self._first_block = block_tokens
+        if block_tokens != self._first_block:
+            # Another block size than the first record's: token j of key k is synthesized from k * B + j, so
+            # small ids of two sizes would share tokens (id 2 at 8 tokens is the first half of id 1 at 16). Such
+            # a record's ids get a key space of their own, folded by SplitMix64 with the size mixed in.
+            ids = splitmix64_(ids ^ splitmix64_(np.array([block_tokens], np.uint64))) % limit
         big = ids >= limit
         if big.any():
             ids[big] = splitmix64_(ids[big].copy()) % limit
@@ -165,9 +176,15 @@ class BlockIds:
         return ids
 
     def private_key(self, block_tokens: int) -> np.uint64:
-        """A key no hash id maps to (``2**63 // block_tokens`` and up, one per call, in call order)."""
+        """A key no hash id maps to (``2**63 // block_tokens`` and up, one per call, in call order; for another
+        block size than the first record's, placed by SplitMix64 in ``[2**63 // B, 2**64 // B)``, so private blocks
+        of two sizes do not line up token for token)."""
         self._private += 1
-        return np.uint64(2**63 // block_tokens + self._private - 1)
+        low = 2**63 // block_tokens
+        if self._first_block is None or block_tokens == self._first_block:
+            return np.uint64(low + self._private - 1)
+        mixed = splitmix64_(np.array([self._private ^ (block_tokens << 40)], np.uint64))[0]
+        return np.uint64(low + int(mixed) % (2**64 // block_tokens - low))
 
 
 def _id_array(hash_ids: list) -> np.ndarray:
@@ -284,7 +301,7 @@ def semantics_note(schema: HashIdSchema, fmt: TraceFormat, first_block_size: Any
     """One line for the report: how a hash-id trace was read (tokens per id and from where, the timestamp unit and
     from where, sessions, the tail block, skipped records)."""
     if first_block_size is not None:
-        block = f"{first_block_size} tokens per hash id (the records' block_size)"
+        block = f"{first_block_size} tokens per hash id (the first record's block_size)"
     elif fmt.block_tokens is not None:
         block = f"{fmt.block_tokens} tokens per hash id (--hash-block-tokens)"
     else:

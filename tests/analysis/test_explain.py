@@ -67,6 +67,17 @@ def test_a_divergence_inside_a_chunk_by_hand(tmp_path):
         "divergence_tokens"] == 60
 
 
+def test_a_hash_id_divergence_is_named_by_the_records_own_block_size(tmp_path):
+    # hash-ids records with block_size 4 (none declared on the command line): r2 shares hash id 1 (4 tokens) and
+    # differs from hash_ids[1] on; its synthesized tokens differ from r1's from token 4 (first tokens unequal)
+    trace = write(tmp_path / "h.jsonl", [
+        {"timestamp": 0, "block_size": 4, "input_length": 8, "hash_ids": [1, 2]},
+        {"timestamp": 1, "block_size": 4, "input_length": 8, "hash_ids": [1, 3]}])
+    (t,) = json.loads(run("explain", trace, "--chunk-size", 4, "--json").stdout)["traces"]
+    assert t["per_request"][1]["divergence_site"] == "hash_ids[1]"
+    assert (t["reused_tokens"], t["upper_bound_tokens"]) == (4, 4)
+
+
 def test_a_changing_date_in_the_system_prompt_is_named_with_both_dates(tmp_path):
     # cl100k ChatML, each piece encoded on its own: "<|im_start|>system\n" is 8 tokens; the two system texts
     # "You are a support agent for Acme. Today is 2026-11-0[12]. Answer briefly." are 22 tokens each and share

@@ -17,7 +17,7 @@ from kvcli.model.flops import prefill_flops_breakdown, window_pairs
 from kvcli.model.hf_offline import transformers
 from kvcli.model.hf_tiny import tiny_config, write_tiny_checkpoint
 from kvcli.model.load import load_model, resolve_spec
-from kvcli.model.presets import FULL, LINEAR, SLIDING
+from kvcli.model.presets import FULL, LINEAR, NO_MIXER, SLIDING
 
 CPU_ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 IDS = np.arange(1, 40, dtype=np.uint32)  # 39 tokens: longer than the tiny windows (8)
@@ -123,12 +123,39 @@ def test_hybrid_linear_layers_add_a_state_per_boundary(tmp_path):
     assert shapes.state_elements == 448 and shapes.state_bytes("bfloat16") == 3 * 448 * 2
     # one attention layer: 100 tokens x 2 x 2 x 16 x 2 B = 12,800, plus the three states
     assert shapes.cached_prefix_bytes(100, "bfloat16") == 12_800 + 2_688
-    assert resolve_spec(folder).kv_shape == (1, 2, 2, 16)
+    assert resolve_spec(folder).kv_shape == (1, 2, 2, 16) and resolve_spec(folder).state_shape == (3, 448)
+    with pytest.raises(BadInputError, match="no weights"):  # Qwen3-Next runs (tests/model/test_hybrid.py)
+        load_model(folder, device="cpu")
+
+
+def test_hybrid_models_kvcli_cannot_resume_are_refused_in_one_line(tmp_path):
+    """Jamba's Mamba layers: their state is not restored into transformers' cache by kvcli, so loading one is
+    refused before its weights are read."""
+    config = transformers().JambaConfig(
+        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+        expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_d_conv=4,
+        mamba_expand=2, mamba_dt_rank=8)
+    folder = _config_folder(tmp_path, config)
+    assert read_checkpoint(folder).shapes.kinds == (LINEAR, FULL)
     with pytest.raises(BadInputError) as info:
         load_model(folder, device="cpu")
-    assert str(info.value).startswith(f"{folder}: cannot run a checkpoint with 3 linear_attention of its 4 layers")
-    assert "(448 elements per layer)" in str(info.value) and "--measure 0 --payload accounted" in str(info.value)
-    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"{folder}: cannot run a checkpoint with 1 of its 2 layers linear-attention "
+                                      "/ Mamba: ")
+    # Mamba state: I = 2 x 64 = 128 channels; conv 128 x (4 - 1) + SSM 128 x 8 = 1,408 elements
+    assert "(1,408 elements per layer)" in str(info.value) and "for qwen3_next only, not jamba" in str(info.value)
+    assert "--measure 0 --payload accounted" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_nemotron_h_refusal_counts_only_its_mamba_layers(tmp_path):
+    # "M-*E": a Mamba-2 block, an MLP block, an attention block, an expert block: one layer has a state
+    folder = _config_folder(tmp_path, tiny_config("nemotron_h", 300, 4))
+    assert read_checkpoint(folder).shapes.kinds == (LINEAR, NO_MIXER, FULL, NO_MIXER)
+    with pytest.raises(BadInputError) as info:
+        load_model(folder, device="cpu")
+    assert str(info.value).startswith(f"{folder}: cannot run a checkpoint with 1 of its 4 layers linear-attention "
+                                      "/ Mamba: ")
+    assert "not nemotron_h" in str(info.value) and "mlp" not in str(info.value)
 
 
 # ---- FLOPs against the counter on the real forward ----

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcli.model.attention import prefix_attention
+from kvcli.model.attention import cached_prefix_attention, prefix_attention
 
 
 def _reference(q, k, v, past):
@@ -85,3 +85,23 @@ def test_inputs_not_modified():
 def test_bad_shapes(q_shape, k_shape, past, match):
     with pytest.raises(ValueError, match=match):
         prefix_attention(torch.zeros(q_shape), torch.zeros(k_shape), torch.zeros(k_shape), past)
+
+
+@pytest.mark.parametrize("past, new", [(1, 1), (5, 1), (37, 5), (513, 255)])
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (8, 1)])
+def test_cached_prefix_apart_equals_textbook_attention(past, new, heads, kv_heads):
+    q, k, v = _qkv(heads, kv_heads, new, past)
+    out = cached_prefix_attention(q, k[:, :past], v[:, :past], k[:, past:], v[:, past:])
+    assert out.shape == (heads, new, 32)
+    assert (out.double() - _reference(q, k, v, past)).abs().max().item() < 1e-5
+    batched = cached_prefix_attention(q[None], k[None, :, :past], v[None, :, :past], k[None, :, past:],
+                                      v[None, :, past:])
+    assert torch.equal(batched[0], out)
+
+
+def test_cached_prefix_apart_needs_a_prefix_and_a_key_per_query():
+    q, k, v = _qkv(4, 2, 3, 5)
+    with pytest.raises(ValueError, match="0 past and 3 new keys"):
+        cached_prefix_attention(q, k[:, :0], v[:, :0], k[:, 5:], v[:, 5:])
+    with pytest.raises(ValueError, match="5 past and 2 new keys for 3 queries"):
+        cached_prefix_attention(q, k[:, :5], v[:, :5], k[:, 6:], v[:, 6:])

@@ -47,6 +47,16 @@ def test_kv_shape_dtype_and_bytes_per_token_come_from_the_config(tiny_checkpoint
     assert kv.shape == (2, 2, 2, 97, 16) and kv.dtype == torch.float32
 
 
+def test_kv_for_new_returns_the_new_tokens_kv_only(model, prompt):
+    _, past = model.prefill(prompt[:40])
+    logits_all, kv_all = model.prefill(prompt[40:], past, kv_for="all")
+    logits_new, kv_new = model.prefill(prompt[40:], past, kv_for="new")
+    assert kv_all.shape == (2, 2, 2, 97, 16) and kv_new.shape == (2, 2, 2, 57, 16)
+    assert torch.equal(logits_new, logits_all) and torch.equal(kv_new, kv_all[:, :, :, 40:])
+    with pytest.raises(BadInputError, match="kv_for"):
+        model.prefill(prompt, kv_for="none")
+
+
 @pytest.mark.parametrize("cached", [1, 16, 64, 96])
 def test_cached_prefill_equals_full_prefill(model, prompt, cached):
     full_logits, full_kv = model.prefill(prompt, logits_for="all")

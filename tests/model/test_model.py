@@ -133,6 +133,18 @@ def test_bad_logits_for(tiny):
         tiny.prefill([1, 2], logits_for="first")
 
 
+def test_kv_for_new_returns_only_the_new_tokens_kv(tiny, prompt):
+    # 40 cached tokens, then the rest: the same logits and the new 60 tokens' KV either way; a bad value refused
+    _, full_kv = tiny.prefill(prompt[:40])
+    logits_all, kv_all = tiny.prefill(prompt[40:100], full_kv, kv_for="all")
+    logits_new, kv_new = tiny.prefill(prompt[40:100], full_kv, kv_for="new")
+    assert kv_all.shape[3] == 100 and kv_new.shape[3] == 60
+    assert torch.equal(logits_new, logits_all) and torch.equal(kv_new, kv_all[:, :, :, 40:])
+    assert torch.equal(tiny.prefill(prompt[:7], kv_for="new")[1], tiny.prefill(prompt[:7])[1])  # no prefix: alike
+    with pytest.raises(BadInputError, match="kv_for"):
+        tiny.prefill([1, 2], kv_for="past")
+
+
 @pytest.mark.parametrize("past", [torch.zeros(2, 2, 4, 3, 32), torch.zeros(2, 2, 2, 3, 32, dtype=torch.bfloat16)])
 def test_bad_past_kv(tiny, past):
     with pytest.raises(ModelFailure, match="past_kv"):

@@ -110,8 +110,13 @@ def test_recommend_clear_tie_noise_none():
     overlap = recommend({16: iv(10, 8, 12), 64: iv(8.5, 7, 10)})
     assert (overlap.kind, overlap.chunk_size, overlap.tied) == ("tie", None, (16, 64))
     assert "64 writes the fewest objects" in overlap.text
+    assert "are within their intervals;" in overlap.text  # 8.5 is 15% below 10: the overlap ties them
     close = 10 * (1 - TIE_TOLERANCE / 2)  # within the tolerance, even with disjoint intervals
-    assert recommend({16: iv(10, 9.99, 10.01), 64: iv(close, close - 0.01, close + 0.01)}).kind == "tie"
+    near = recommend({16: iv(10, 9.99, 10.01), 64: iv(close, close - 0.01, close + 0.01)})
+    assert near.kind == "tie" and "are within 5% of the best's;" in near.text
+    both = recommend({16: iv(10, 9.99, 10.01), 64: iv(close, close - 0.01, close + 0.01), 256: iv(8, 7, 10)})
+    assert both.tied == (16, 64, 256) and "within 5% of the best's or within their intervals;" in both.text
+    assert "by more than their intervals and 5%" in clear.text
     noise = recommend({16: iv(1, -0.5, 2), 64: iv(0.5, -1, 1)})
     assert (noise.kind, noise.chunk_size) == ("noise", None)
     none = recommend({16: iv(-1, -2, -0.5), 64: iv(-3, -4, -2)})

@@ -135,6 +135,23 @@ def test_drop_tail_block_makes_the_last_block_private(tmp_path):
     assert np.array_equal(again[1].token_ids, b.token_ids)  # every read gives the same tokens
 
 
+def test_records_of_another_block_size_get_a_key_space_of_their_own(tmp_path):
+    # Unfolded, id 2 at 8 tokens would be the first half of id 1 at 16 (tokens come from key * B + j). The first
+    # record's size keeps its ids as keys; the others' ids are folded with the size: equal among themselves only.
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"timestamp": 0, "block_size": 16, "input_length": 32, "hash_ids": [1, 2]},
+        {"timestamp": 1, "block_size": 8, "input_length": 32, "hash_ids": [2, 3, 4, 5]},
+        {"timestamp": 2, "block_size": 8, "input_length": 24, "hash_ids": [2, 3, 4]}])
+    a, b, c = read_trace(path)
+    assert np.array_equal(a.token_ids, block_token_ids(np.array([1, 2], np.uint64), 16, 32))
+    assert np.array_equal(a.blocks.keys, [1, 2]) and b.blocks.block_tokens == 8
+    assert not np.array_equal(a.token_ids[:16], b.token_ids[:16])  # no longer the same tokens
+    assert int(np.argmax(a.token_ids != b.token_ids)) < 3  # at most a chance first token or two in common
+    assert np.array_equal(b.token_ids[:24], c.token_ids) and np.array_equal(b.blocks.keys[:3], c.blocks.keys)
+    again = list(read_trace(path))
+    assert all(np.array_equal(x.token_ids, y.token_ids) for x, y in zip(again, (a, b, c)))
+
+
 def test_ids_beyond_the_key_range_are_folded_deterministically(tmp_path):
     big = 2**64 - 5
     path = write_jsonl(tmp_path / "t.jsonl", [bailian(1, -1, 0, 32, [big, 1]), bailian(2, -1, 1, 32, [big, 2])])
