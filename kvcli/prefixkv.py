@@ -2,9 +2,10 @@
 chunk boundaries (:class:`StatefulKV`), shared by the model side (which makes it) and the store (which cuts it
 into chunk payloads and puts retrieved chunks back together).
 
-A hybrid model (attention layers plus linear-attention / Mamba layers: Qwen3-Next's Gated DeltaNet) resumes a
-cached prefix of ``t`` tokens from the attention layers' K and V of those ``t`` tokens and, for every linear
-layer, its constant-size state after token ``t``: a convolution state and a recurrent state. That state exists
+A hybrid model (attention layers plus linear-attention / Mamba layers: Qwen3-Next's Gated DeltaNet, the Mamba-2 of
+Nemotron-H, Granite 4 and Bamba) resumes a cached prefix of ``t`` tokens from the attention layers' K and V of
+those ``t`` tokens and, for every linear layer, its constant-size state after token ``t``: a convolution state and
+a recurrent state. That state exists
 only where it was saved, so a prefix can resume only at a token count whose state is held: a chunk boundary.
 vLLM's prefix caching for Mamba layers follows the same rule: with ``mamba_cache_mode="align"`` the state is kept at
 block boundaries, and ``MambaManager.find_longest_cache_hit`` (vllm/v1/core/single_type_kv_cache_manager.py) takes

@@ -19,22 +19,32 @@ differs from an engine: the expansion runs on the cached tokens at every prefill
 context too; its decode absorbs ``kv_b_proj`` into the query instead), and the latent is stored in the model's
 dtype.
 
-Hybrid models (Qwen3-Next: Gated DeltaNet linear-attention layers beside full-attention layers, the
-``model_type``s in :data:`RESUMABLE`): the cache is transformers' ``DynamicCache(config=...)``, which holds a
-``DynamicLayer`` (K and V) per attention layer and a ``LinearAttentionLayer`` per linear layer with a
-``conv_states`` ``[1, conv_dim, K]`` and a ``recurrent_states`` ``[1, value_heads, key_dim, value_dim]`` that a
-resumed forward continues from. ``past_kv`` and the returned ``kv`` are :class:`kvcli.prefixkv.StatefulKV`: the
-attention layers' K/V ``[attention_layers, 2, kv_heads, tokens, head_dim]`` and states ``[linear_layers,
-state_elements]``, one row per linear layer: its convolution state's last ``K - 1`` columns (``[conv_dim, K - 1]``,
-C order; the first of the cache's ``K`` columns is never read by a resumed forward, as in vLLM's conv state) then
-its recurrent state (``[value_heads, key_dim, value_dim]``), flattened, in the model's dtype (transformers carries
-the recurrent state in float32 inside a forward; a bf16 model's stored state is rounded to bf16 once, as vLLM's
-default state dtype, the model's, is). A cached prefix is restored through the cache's public API
-(``update`` for K/V, ``update_conv_state`` and ``update_recurrent_state`` for the state after its last token).
-States at chunk boundaries: the prompt runs as one forward per segment between consecutive multiples of each of
-:attr:`HFModel.state_chunk_sizes` (each segment resuming from the cache the previous one left) and the states are
-read after each segment; with no chunk sizes it runs as one forward, the state read after its last token only.
-Segmenting changes no logit beyond float rounding (tests/model/test_hybrid.py bounds it).
+Hybrid models (attention layers beside linear layers, the ``model_type``s in :data:`RESUMABLE`: Qwen3-Next's Gated
+DeltaNet; Nemotron-H's, Granite 4's and Bamba's Mamba-2): the cache is transformers' ``DynamicCache(config=...)``,
+which holds a ``DynamicLayer`` (K and V) per attention layer, a ``LinearAttentionLayer`` per linear layer with a
+``conv_states`` ``[1, conv_channels, K]`` and a ``recurrent_states`` that a resumed forward continues from, and a
+``DummyLayer`` (nothing) per block without a token mixer (Nemotron-H's MLP and expert blocks, skipped by kvcli's
+layer mapping: attention layer ``j`` of the payload is the ``j``-th attention block, linear layer ``j`` the
+``j``-th linear block). Per linear layer (:func:`linear_state_layout`): Gated DeltaNet's conv channels are ``2
+key_heads key_dim + value_heads value_dim`` and its recurrent state ``[value_heads, key_dim, value_dim]``
+(``Qwen3NextGatedDeltaNet``); Mamba-2's conv channels are ``I + 2 groups d_state`` (x, B and C before the
+convolution, ``I = heads head_dim``) and its SSM state ``[heads, head_dim, d_state]`` (``mamba2_chunk_scan``'s
+final state in modeling_nemotron_h.py, modeling_granitemoehybrid.py, modeling_bamba.py). ``past_kv`` and the
+returned ``kv`` are :class:`kvcli.prefixkv.StatefulKV`: the attention layers' K/V ``[attention_layers, 2, kv_heads,
+tokens, head_dim]`` and states ``[linear_layers, state_elements]``, one row per linear layer: its convolution
+state's last ``K - 1`` columns (``[conv_channels, K - 1]``, C order; transformers' cache keeps ``K`` columns, the
+first of which a resumed forward never reads: the causal convolution of a new token reads the ``K - 1`` inputs
+before it, as vLLM's conv state of ``K - 1`` columns holds) then its recurrent state, flattened, in the model's
+dtype (transformers carries the recurrent state in float32 inside a forward; a bf16 model's stored state is
+rounded to bf16 once, as vLLM's default state dtype, the model's, is). A cached prefix is restored through the
+cache's public API (``update`` for K/V, ``update_conv_state`` and ``update_recurrent_state`` for the state after
+its last token). Every forward gets ``position_ids`` ``past .. past + n - 1`` (Bamba's model numbers positions
+from 0 otherwise, whatever the cache holds). States at chunk boundaries: the prompt runs as one forward per segment
+between consecutive multiples of each of :attr:`HFModel.state_chunk_sizes` (each segment resuming from the cache
+the previous one left) and the states are read after each segment; with no chunk sizes it runs as one forward,
+the state read after its last token only. Segmenting changes no logit beyond float rounding
+(tests/model/test_hybrid.py and tests/model/test_mamba_hybrid.py bound it). Jamba's Mamba layers are refused
+(:data:`UNRESUMABLE`).
 
 Attention is kvcli's, registered with transformers' ``AttentionInterface`` as ``"kvcli_prefix"`` (the model is
 loaded with ``attn_implementation="kvcli_prefix"``). transformers builds no mask for an implementation it has
@@ -47,6 +57,7 @@ banded_attention`, which applies the window (keys ``past + i - W + 1 .. past + i
 from __future__ import annotations
 
 import inspect
+import math
 
 import torch
 
@@ -55,17 +66,55 @@ from kvcli.model import attention
 from kvcli.model.checkpoint import Checkpoint, read_checkpoint
 from kvcli.model.hf_offline import one_line, transformers
 from kvcli.model.llama import available_bytes, check_past_kv, resolve_device, token_tensor
-from kvcli.model.presets import FULL, LINEAR, NO_MIXER, SLIDING, dtype_short
+from kvcli.model.presets import FULL, GATED_DELTANET, LINEAR, MAMBA2, NO_MIXER, SLIDING, dtype_short
 from kvcli.prefixkv import StatefulKV
 
 ATTENTION_NAME = "kvcli_prefix"
 #: transformers ``model_type``s whose linear layers kvcli resumes from a stored state: their cache keeps one
-#: convolution state and one recurrent state per linear layer (Gated DeltaNet), read and written through the
-#: cache's public ``get/update_conv_state`` and ``get/update_recurrent_state``.
-RESUMABLE = frozenset({"qwen3_next"})
+#: convolution state and one recurrent state per linear layer (Qwen3-Next's Gated DeltaNet; Nemotron-H's, Granite
+#: 4's and Bamba's Mamba-2), read and written through the cache's public ``get/update_conv_state`` and
+#: ``get/update_recurrent_state``, and a forward of any length continues from both.
+RESUMABLE = frozenset({"qwen3_next", "nemotron_h", "granitemoehybrid", "bamba"})
+#: ``model_type`` -> why transformers' forward cannot resume its linear layers from a cached state (the refusal
+#: says so).
+UNRESUMABLE = {"jamba": "transformers' Mamba scan (JambaMambaMixer's mamba_selective_scan) starts every forward of "
+                        "more than one token from a zero SSM state, so a suffix prefilled after a cached prefix "
+                        "ignores the prefix's state; only one-token decode steps read it"}
 #: how a model kvcli cannot run is still priced: bytes and FLOPs from its config, prefill from one of the sources
 PRICE_WITHOUT_RUNNING = ("price its bytes and FLOPs without running it: kvcli replay --measure 0 --payload accounted "
                          "with --hardware GPU, --prefill-tps N or --prefill-profile FILE")
+
+
+def linear_state_layout(config) -> tuple[tuple[int, int], tuple[int, ...]]:
+    """One linear layer's state as transformers' cache holds it: ``((conv_channels, K), recurrent_shape)``, the
+    convolution state ``[1, conv_channels, K]`` and the recurrent state ``[1, *recurrent_shape]`` (float32 inside a
+    forward), for a :class:`~kvcli.model.presets.ModelConfig` with a counted linear mixer.
+
+    - Gated DeltaNet (transformers' ``Qwen3NextGatedDeltaNet``): conv channels ``2 key_heads key_dim + value_heads
+      value_dim``, recurrent ``[value_heads, key_dim, value_dim]``;
+    - Mamba-2 (``NemotronHMamba2Mixer``, ``GraniteMoeHybridMambaLayer``, ``BambaMixer``: ``mamba2_chunk_scan``'s
+      ``final_state``, ``bchpn``): conv channels ``I + 2 groups d_state`` (``I = heads head_dim``; x, B and C before
+      the convolution), recurrent ``[heads, head_dim, d_state]``.
+
+    The stored row keeps ``K - 1`` of the ``K`` columns: ``conv_channels (K - 1) + prod(recurrent_shape)`` elements,
+    ``config.state_elements`` (vLLM's ``MambaStateShapeCalculator``, vllm/model_executor/layers/mamba/mamba_utils.py).
+
+    Raises:
+        ModelFailure: a linear mixer kvcli has no layout for (Jamba's Mamba: ``linear_mixer`` ``""``).
+    """
+    c, kernel = config, config.linear_conv_kernel
+    if c.linear_mixer == GATED_DELTANET:
+        conv = 2 * c.linear_key_heads * c.linear_key_dim + c.linear_heads * c.linear_head_dim
+        recurrent: tuple[int, ...] = (c.linear_heads, c.linear_key_dim, c.linear_head_dim)
+    elif c.linear_mixer == MAMBA2:
+        conv = c.linear_heads * c.linear_head_dim + 2 * c.linear_key_heads * c.linear_key_dim
+        recurrent = (c.linear_heads, c.linear_head_dim, c.linear_key_dim)
+    else:
+        raise ModelFailure(f"{c.name}: kvcli has no state layout for its linear layers' mixer")
+    if conv * (kernel - 1) + math.prod(recurrent) != c.state_elements:
+        raise ModelFailure(f"{c.name}: a linear layer's state of {conv} x ({kernel} - 1) + "
+                           f"{' x '.join(map(str, recurrent))} elements is not the config's {c.state_elements}")
+    return (conv, kernel), recurrent
 
 
 def prefix_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -133,10 +182,7 @@ class HFModel:
         self._attention = [i for i, kind in enumerate(kinds) if kind in (FULL, SLIDING)]
         self._linear = [i for i, kind in enumerate(kinds) if kind == LINEAR]
         if self._linear:
-            text = checkpoint.hf_config.get_text_config(decoder=True)
-            self._conv = (2 * text.linear_num_key_heads * text.linear_key_head_dim
-                          + text.linear_num_value_heads * text.linear_value_head_dim, text.linear_conv_kernel_dim)
-            self._recurrent = (text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim)
+            self._conv, self._recurrent = linear_state_layout(self.config)
 
     def __repr__(self) -> str:
         return f"HFModel({self.model_id}, {self.checkpoint.path}, {self.device})"
@@ -233,7 +279,8 @@ class HFModel:
         logits, start = [], past
         with torch.inference_mode():
             for cut in cuts:
-                out = self.module(input_ids=ids[:, start - past:cut - past], use_cache=True,
+                positions = torch.arange(start, cut, device=self.device)[None]
+                out = self.module(input_ids=ids[:, start - past:cut - past], position_ids=positions, use_cache=True,
                                   logits_to_keep=1 if logits_for == "last" else 0, **{self._cache_arg: cache})
                 logits.append(out.logits[0])
                 states[cut] = self._snapshot(cache)
@@ -278,8 +325,8 @@ _LAYOUT = {False: "[layers, 2, kv_heads, tokens, head_dim]", True: "[layers, 1, 
 
 def _check_runnable(checkpoint: Checkpoint, path: str) -> None:
     """Refuse a model with layers the cached path cannot resume: linear attention / Mamba layers outside
-    :data:`RESUMABLE` (Jamba, Nemotron-H, Granite 4, Bamba: their caches' states are not restored by kvcli),
-    layers with no token mixer (Nemotron-H's MLP-only layers), and a model without any attention layer.
+    :data:`RESUMABLE` (Jamba: :data:`UNRESUMABLE` says why), blocks with no token mixer in a model without linear
+    layers (kvcli skips MLP-only blocks in a hybrid cache only), and a model without any attention layer.
 
     Raises:
         BadInputError: one line naming the layers, the state a boundary would hold and what to run instead.
@@ -287,16 +334,16 @@ def _check_runnable(checkpoint: Checkpoint, path: str) -> None:
     shapes = checkpoint.shapes
     model_type = checkpoint.hf_config.model_type
     if shapes.count(LINEAR) and model_type not in RESUMABLE:
+        why = f" ({UNRESUMABLE[model_type]})" if model_type in UNRESUMABLE else ""
         raise BadInputError(f"cannot run a checkpoint with {shapes.count(LINEAR)} of its {shapes.layers} layers "
                             "linear-attention / Mamba: resuming them from a cached prefix needs each one's "
                             f"convolution and recurrent state ({shapes.state_elements:,} elements per layer) restored "
                             f"into transformers' cache, which kvcli does for {', '.join(sorted(RESUMABLE))} only, not "
-                            f"{model_type}; {PRICE_WITHOUT_RUNNING}", path=path)
-    if shapes.count(NO_MIXER):
+                            f"{model_type}{why}; {PRICE_WITHOUT_RUNNING}", path=path)
+    if shapes.count(NO_MIXER) and not shapes.count(LINEAR):
         raise BadInputError(f"cannot run a checkpoint with {shapes.count(NO_MIXER)} blocks of its {shapes.layers} "
-                            "that have no token mixer (MLP-only): kvcli's cached path maps every layer of "
-                            f"transformers' cache to an attention or linear-attention layer; {PRICE_WITHOUT_RUNNING}",
-                            path=path)
+                            "that have no token mixer (MLP-only) and no linear-attention / Mamba layer: kvcli skips "
+                            f"MLP-only blocks in a hybrid model's cache only; {PRICE_WITHOUT_RUNNING}", path=path)
     if not shapes.attention_layers:
         raise BadInputError(f"cannot run a checkpoint whose {shapes.layers} layers are all linear attention: "
                             "transformers' cache counts a prompt's positions on its attention layers; "
@@ -313,8 +360,8 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
 
     Raises:
         BadInputError: not a supported checkpoint folder (:func:`read_checkpoint`); linear-attention or Mamba
-            layers of a model type outside :data:`RESUMABLE`, or layers with no token mixer; no weights (a
-            config-only folder); bad dtype or device.
+            layers of a model type outside :data:`RESUMABLE`, or MLP-only blocks in a model without them; no
+            weights (a config-only folder); bad dtype or device.
         ModelFailure: the weights would not fit in the device's free memory; transformers cannot load them
             (missing or mismatched weights, custom code); one line each.
     """

@@ -110,6 +110,16 @@ TINY_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
         "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 4, "mamba_head_dim": 8, "ssm_state_size": 16,
         "n_groups": 2, "conv_kernel": 4, "chunk_size": 16, "hybrid_override_pattern": "M-*E", "n_routed_experts": 4,
         "num_experts_per_tok": 2, "moe_intermediate_size": 16, "moe_shared_expert_intermediate_size": 24}),
+    # hybrid of Mamba-2 layers (4 heads of 32 = 2 x hidden, 2 groups, state 16, chunks of 16) with layer 1 full
+    # attention (RoPE), each layer with 4 experts (2 per token) of 128 and a shared MLP of 24 (Granite 4)
+    "granitemoehybrid": ("GraniteMoeHybridConfig", {
+        "num_key_value_heads": 2, "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 2, "mamba_d_state": 16,
+        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "shared_intermediate_size": 24, "position_embedding_type": "rope"}),
+    # the same Mamba-2 layers with layer 1 full attention (RoPE on half of each head), a SwiGLU MLP in each (Bamba)
+    "bamba": ("BambaConfig", {
+        "num_key_value_heads": 2, "mamba_n_heads": 4, "mamba_d_head": 32, "mamba_n_groups": 2, "mamba_d_state": 16,
+        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 16, "attn_layer_indices": [1]}),
 }
 
 
@@ -122,6 +132,8 @@ def tiny_config(arch: str, vocab: int = 100352, layers: int = 2, **extra):
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny architecture {arch!r}; valid: {', '.join(TINY_ARCHS)}")
     cls, shapes = TINY_ARCHS[arch]
+    if arch == "granitemoehybrid":  # its layer pattern is a list: layer 1 attention, the others Mamba-2
+        shapes = shapes | {"layer_types": ["full_attention" if i == 1 else "linear_attention" for i in range(layers)]}
     common: dict[str, Any] = {
         "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": layers,
         "num_attention_heads": 4, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
@@ -130,7 +142,7 @@ def tiny_config(arch: str, vocab: int = 100352, layers: int = 2, **extra):
 
 
 def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0, dtype: str = "float32",
-                          layers: int = 2, tokenizer_vocab: int = 512, arch: str = "llama") -> Path:
+                          layers: int = 2, tokenizer_vocab: int = 512, arch: str = "llama", **extra) -> Path:
     """Write the tiny checkpoint and tokenizer into ``folder`` (created; existing files overwritten).
 
     Args:
@@ -138,6 +150,7 @@ def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``: the weights' dtype and the config's default.
         layers: decoder layers. tokenizer_vocab: BPE vocabulary target (the corpus may stop it earlier).
         arch: the architecture (:data:`TINY_ARCHS`; default Llama, the module docstring's).
+        extra: config fields over the architecture's (e.g. Nemotron-H's ``hybrid_override_pattern``).
 
     Returns:
         The folder's path.
@@ -149,7 +162,7 @@ def write_tiny_checkpoint(folder: str | Path, vocab: int = 100352, seed: int = 0
     if vocab < len(tokenizer):
         raise ValueError(f"vocab {vocab} is smaller than the tokenizer's {len(tokenizer)} tokens")
     config = tiny_config(arch, vocab, layers, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id)
+                         eos_token_id=tokenizer.eos_token_id, **extra)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = tf.AutoModelForCausalLM.from_config(config)

@@ -222,19 +222,28 @@ def _write(client, commands: list[tuple], trips) -> list:
 # where requests share a prefix). ARGV[1]: their 8-byte token digests, concatenated in the same order; ARGV[2] and
 # ARGV[3]: an accounted metadata value's constant parts (kvcli.store.layout.MetadataWriter: middle, tail); ARGV[4]:
 # the exact length of a real payload value; ARGV[5..]: each request's number of full chunks. Per request, in order:
-# every chunk's state by the chunk judge's Lua twin (kvcli.store.judge.JUDGE_LUA; a payload's STRLEN read only where
-# the metadata records a real payload, as the lookup script reads it, its key the metadata key's with ``p:`` for
-# ``m:``: the script runs on a single server only, where a key it derives is as good as one it is given; once a
-# chunk is missing, the later ones are not read but judged missing: where this script runs (the run's own
-# namespace, no capacity, no TTL, no server evictions) nothing is ever deleted and a request stores every chunk
-# from its hit run's end on, so a chunk is there only with every chunk before it), then the SETs of what
-# ChunkStore.plan_write writes (the chunks from the hit run's end on that are not hits, with the same values).
+# every chunk's state by the chunk judge's Lua twin (kvcli.store.judge.JUDGE_LUA), then one MSET (in slices of
+# _SCRIPT_MSET_PAIRS keys: Lua's unpack has a stack limit) of what ChunkStore.plan_write writes: the chunks from the
+# hit run's end on that are not hits, with the same values; SET per key would give the same server state, MSET is
+# one command instead of one per chunk.
+# What a chunk's state is read from, the least the judge's answer needs:
+# * a GET of the metadata (no key: missing; a key of another type: GET's error, bad metadata); the judge is asked
+#   first as if no payload length were read, and only where that answer is "bad-payload" for a length not read
+#   (-1: metadata with the digest that records a real payload) is the payload's STRLEN read and the judge asked
+#   again (its key the metadata key's with ``p:`` for ``m:``: the script runs on a single server only, where a key
+#   it derives is as good as one it is given); the judge's other answers do not depend on the length;
+# * once the chunk that breaks the hit run is missing, the later ones are not read but judged missing (where this
+#   script runs: the run's own namespace, no capacity, no TTL, no server evictions, nothing is ever deleted and a
+#   request stores every chunk from its hit run's end on, so a chunk is there only with every chunk before it):
+#   missing is not a hit nor a metadata hit, so the request's counts are settled there, and each later chunk is
+#   written.
 # Returns the script's start and end (TIME: seconds, microseconds) and 4 integers per request: hit chunks, metadata
 # hit chunks, hit chunks after the hit run, the state code of the chunk that broke the run (-1: it did not). A key
 # of another type is bad metadata and is overwritten, as an MSET would.
+_SCRIPT_MSET_PAIRS = 1000  # keys per MSET inside the batch script: 2,000 values unpacked, under Lua's 8,000
 _INDEX_SCRIPT = JUDGE_LUA + """
-local digests, middle, tail, zeros = ARGV[1], ARGV[2], ARGV[3], string.rep('\\0', 8)
-local value_bytes = tonumber(ARGV[4])
+local digests, head, tail = ARGV[1], string.rep('\\0', 8) .. ARGV[2], ARGV[3]
+local value_bytes, mset_args = tonumber(ARGV[4]), 2 * """ + str(_SCRIPT_MSET_PAIRS) + """
 local t = redis.call('TIME')
 local out, base = {t[1], t[2]}, 0
 for r = 5, #ARGV do
@@ -242,27 +251,35 @@ for r = 5, #ARGV do
   local ok, hit, meta_hit, reason = {}, n, n, -1
   for i = 1, n do
     local key = KEYS[base + i]
-    local m = false
-    if reason ~= 2 then m = redis.pcall('GET', key) end
-    local len = -1
-    if type(m) == 'string' and string.find(m, '"stored":"real"', 17, true) then
-      len = redis.pcall('STRLEN', string.sub(key, 1, -35) .. 'p:' .. string.sub(key, -32))
-      if type(len) ~= 'number' then len = -2 end
+    local m = redis.pcall('GET', key)
+    if not m then  -- missing (judge's code 2)
+      if hit == n then hit, reason = i - 1, 2 end
+      if meta_hit == n then meta_hit = i - 1 end
+      if reason == 2 then break end  -- every later chunk: judged missing, not read
+    else
+      local digest = string.sub(digests, 8 * (base + i) - 7, 8 * (base + i))
+      local s = judge(m, -1, digest, value_bytes)
+      if s == 5 then  -- real metadata with this digest: its payload's length decides
+        local len = redis.pcall('STRLEN', string.sub(key, 1, -35) .. 'p:' .. string.sub(key, -32))
+        if type(len) ~= 'number' then len = -2 end
+        s = judge(m, len, digest, value_bytes)
+      end
+      ok[i] = s <= 1
+      if not ok[i] and hit == n then hit, reason = i - 1, s end
+      if s ~= 0 and s ~= 1 and s ~= 4 and s ~= 5 and s ~= 8 and meta_hit == n then meta_hit = i - 1 end
     end
-    local s = judge(m, len, string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)), value_bytes)
-    ok[i] = s <= 1
-    if not ok[i] and hit == n then hit, reason = i - 1, s end
-    if s ~= 0 and s ~= 1 and s ~= 4 and s ~= 5 and s ~= 8 and meta_hit == n then meta_hit = i - 1 end
   end
-  local present = 0
+  local present, args = 0, {}
   for i = hit + 1, n do
     if ok[i] then present = present + 1 else
       local parent = ''
       if i > 1 then parent = string.sub(KEYS[base + i - 1], -32) end
-      redis.call('SET', KEYS[base + i],
-                 string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)) .. zeros .. middle .. parent .. tail)
+      args[#args + 1] = KEYS[base + i]
+      args[#args + 1] = string.sub(digests, 8 * (base + i) - 7, 8 * (base + i)) .. head .. parent .. tail
+      if #args == mset_args then redis.call('MSET', unpack(args)); args = {} end
     end
   end
+  if #args > 0 then redis.call('MSET', unpack(args)) end
   out[#out + 1] = hit; out[#out + 1] = meta_hit; out[#out + 1] = present; out[#out + 1] = reason
   base = base + n
 end

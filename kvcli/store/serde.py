@@ -18,7 +18,7 @@ e4m3 value) so a stored chunk decodes alone, with no calibration pass. ``q = cla
 float32, cast to e4m3 (round to nearest even); decoding is ``q * scale``. MLA's ``[layers, 1, 1, tokens, dim]``
 gets ``[layers, 1]``.
 
-**Linear layers' state** (a hybrid model: Qwen3-Next's Gated DeltaNet layers beside its attention layers): the
+**Linear layers' state** (a hybrid model: Gated DeltaNet or Mamba-2 layers beside its attention layers): the
 payload of a chunk also holds ``state``, every linear layer's state at the chunk's END (after its last token), so a
 hit run resumes from its deepest chunk (:mod:`kvcli.prefixkv`). It is the last tensor: dtype the model's (never
 quantized), shape ``[linear_layers, state_elements]``, data offsets ``[m, m + linear_layers * state_elements *

@@ -129,8 +129,9 @@ def test_hybrid_linear_layers_add_a_state_per_boundary(tmp_path):
 
 
 def test_hybrid_models_kvcli_cannot_resume_are_refused_in_one_line(tmp_path):
-    """Jamba's Mamba layers: their state is not restored into transformers' cache by kvcli, so loading one is
-    refused before its weights are read."""
+    """Jamba's Mamba layers: transformers' scan restarts every multi-token forward from a zero SSM state, so a
+    suffix after a cached prefix cannot resume from the stored one; loading one is refused before its weights are
+    read, in one line that says why."""
     config = transformers().JambaConfig(
         vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
@@ -140,22 +141,35 @@ def test_hybrid_models_kvcli_cannot_resume_are_refused_in_one_line(tmp_path):
     assert read_checkpoint(folder).shapes.kinds == (LINEAR, FULL)
     with pytest.raises(BadInputError) as info:
         load_model(folder, device="cpu")
-    assert str(info.value).startswith(f"{folder}: cannot run a checkpoint with 1 of its 2 layers linear-attention "
-                                      "/ Mamba: ")
+    message = str(info.value)
+    assert message.startswith(f"{folder}: cannot run a checkpoint with 1 of its 2 layers linear-attention / Mamba: ")
     # Mamba state: I = 2 x 64 = 128 channels; conv 128 x (4 - 1) + SSM 128 x 8 = 1,408 elements
-    assert "(1,408 elements per layer)" in str(info.value) and "for qwen3_next only, not jamba" in str(info.value)
-    assert "--measure 0 --payload accounted" in str(info.value) and "\n" not in str(info.value)
+    assert "(1,408 elements per layer)" in message
+    assert "for bamba, granitemoehybrid, nemotron_h, qwen3_next only, not jamba (transformers' Mamba scan" in message
+    assert "starts every forward of more than one token from a zero SSM state" in message
+    assert "--measure 0 --payload accounted" in message and "\n" not in message
 
 
-def test_nemotron_h_refusal_counts_only_its_mamba_layers(tmp_path):
-    # "M-*E": a Mamba-2 block, an MLP block, an attention block, an expert block: one layer has a state
+def test_nemotron_h_counts_only_its_mamba_layers(tmp_path):
+    # "M-*E": a Mamba-2 block, an MLP block, an attention block, an expert block: one layer has a state, one a KV
     folder = _config_folder(tmp_path, tiny_config("nemotron_h", 300, 4))
-    assert read_checkpoint(folder).shapes.kinds == (LINEAR, NO_MIXER, FULL, NO_MIXER)
+    shapes = read_checkpoint(folder).shapes
+    assert shapes.kinds == (LINEAR, NO_MIXER, FULL, NO_MIXER)
+    # Mamba-2: conv (4 heads x 8 + 2 groups x 2 x 16 = 96) x (4 - 1) + SSM 4 x 8 x 16 = 800 elements
+    assert shapes.state_shape == (1, 800) and resolve_spec(folder).kv_shape == (1, 2, 2, 16)
+    with pytest.raises(BadInputError, match="no weights"):  # Nemotron-H runs (tests/model/test_mamba_hybrid.py)
+        load_model(folder, device="cpu")
+
+
+def test_mlp_only_blocks_without_a_mamba_layer_are_refused_in_one_line(tmp_path):
+    # "*-": attention and an MLP block, no Mamba-2 block: kvcli skips MLP-only blocks in a hybrid cache only
+    folder = _config_folder(tmp_path, tiny_config("nemotron_h", 300, hybrid_override_pattern="*-"))
+    assert read_checkpoint(folder).shapes.kinds == (FULL, NO_MIXER)
     with pytest.raises(BadInputError) as info:
         load_model(folder, device="cpu")
-    assert str(info.value).startswith(f"{folder}: cannot run a checkpoint with 1 of its 4 layers linear-attention "
-                                      "/ Mamba: ")
-    assert "not nemotron_h" in str(info.value) and "mlp" not in str(info.value)
+    assert str(info.value).startswith(f"{folder}: cannot run a checkpoint with 1 blocks of its 2 that have no token "
+                                      "mixer (MLP-only) and no linear-attention / Mamba layer")
+    assert "\n" not in str(info.value)
 
 
 # ---- FLOPs against the counter on the real forward ----

@@ -197,7 +197,9 @@ def test_old_masked_path_did_more_work(tiny, tokens):
 def test_one_new_token_uses_no_mask(tiny, tokens):
     past = tiny.prefill(tokens[:50])[1]
     op = "aten::_scaled_dot_product_flash_attention_for_cpu"
-    assert _attention_calls(tiny, tokens[50:51], past) == [(op, 1, 51, False, False)] * TINY.layers
+    # the 50 cached keys where they lie, unmasked, and the token's own key: no mask, no copy of the prefix
+    assert _attention_calls(tiny, tokens[50:51], past) == [(op, 1, 50, False, False), (op, 1, 1, True, False)] * \
+        TINY.layers
 
 
 # ---- hybrid families: transformers' own forward, randomly initialised ----

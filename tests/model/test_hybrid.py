@@ -125,20 +125,29 @@ def test_cached_prefill_at_chunk_boundaries_equals_the_full_forward(folders, dty
     """Hits of 2 and 3 chunks of 16 go through the payload format (encode, decode, concatenate) and resume the
     suffix from the last hit chunk's state; the logits stay within the dtype's bound of transformers' own forward
     of the whole prompt, as do those of the prefill segmented at the chunk boundaries."""
-    reference = _reference_logits(folders[dtype])
-    model = load_model(folders[dtype], device="cpu")
+    assert_resumes_at_chunk_boundaries(load_model(folders[dtype], device="cpu"), _reference_logits(folders[dtype]),
+                                       bound)
+
+
+def assert_resumes_at_chunk_boundaries(model, reference: torch.Tensor, bound: float) -> dict[int, StatefulKV]:
+    """IDS through ``model`` (a hybrid HFModel) as one forward and segmented at chunks of 16, then resumed after hits
+    of 2 and 3 chunks through the payload format: every logit within ``bound`` of ``reference`` (float32 ``[60,
+    vocab]``). Returns ``{32: past, 48: past}``, the decoded hits."""
     single, _ = model.prefill(IDS, logits_for="all")  # no chunk sizes: one forward
     assert (single - reference).abs().max().item() <= bound
     model.state_chunk_sizes = (CHUNK,)
     full, kv = model.prefill(IDS, logits_for="all")
     assert sorted(kv.states) == [16, 32, 48, 60]
     assert (full - reference).abs().max().item() <= bound
+    hits = {}
     for chunks in (2, 3):
         past = concat_kv([decode_kv(encode_kv(kv[:, :, :, k * CHUNK:(k + 1) * CHUNK]))[0] for k in range(chunks)])
         assert past.tokens == chunks * CHUNK and sorted(past.states) == [16 * (k + 1) for k in range(chunks)]
         logits, resumed = model.prefill(IDS[chunks * CHUNK:], past, logits_for="all")
         assert (logits - reference[chunks * CHUNK:]).abs().max().item() <= bound
         assert torch.equal(resumed.kv[:, :, :, :chunks * CHUNK], kv.kv[:, :, :, :chunks * CHUNK])
+        hits[chunks * CHUNK] = past
+    return hits
 
 
 @pytest.mark.parametrize("chunk_sizes, segments", [((), [(28, 32)]), ((CHUNK,), [(16, 32), (12, 48)])])

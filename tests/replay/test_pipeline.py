@@ -162,10 +162,12 @@ def _values(client, namespace: str) -> dict[bytes, bytes]:
 
 @pytest.mark.single_server("the batch script runs on a single server (a cluster's batches take two round trips)")
 def test_the_batch_script_writes_the_values_one_by_one_writes(redis_client):
-    """Without a capacity a batch is one EVAL of the batch script (no MGET, no MSET): the same counts as one by one
-    and byte for byte the same metadata values (the script builds them from their constant parts)."""
+    """Without a capacity a batch is one EVAL of the batch script (no MGET of the batch's keys, no MSET sent by the
+    client): the same counts as one by one and byte for byte the same metadata values (the script builds them from
+    their constant parts). Inside it, each request that writes does so in one MSET, as one by one does (no SET per
+    chunk), and no payload STRLEN is read for accounted metadata."""
     path = ROOT / "sample_traces/sharegpt_multiturn.json"
-    values, rows = {}, {}
+    values, rows, calls = {}, {}, {}
     for pipeline in (1, 256):
         redis_client.config_resetstat()
         result = _replay(redis_client, lambda: read_trace(path), pipeline, (16, 64), keep=True)
@@ -175,8 +177,13 @@ def test_the_batch_script_writes_the_values_one_by_one_writes(redis_client):
         for r in result.per_chunk_size:
             values[pipeline].update(_values(redis_client, r.namespace))
             cluster.unlink(redis_client, _own_keys(redis_client, r.namespace))
+        calls[pipeline] = ran
         if pipeline == 256:
-            assert "mset" not in ran  # (MGET: the transfer calibration reads its probes)
+            # every MSET, SET and MGET is one one by one makes too: the script's MSETs (one per request that writes),
+            # the transfer calibration's probes (SET, MGET); the client sent no MSET nor a batch's MGET
+            assert {c: ran.get(c) for c in ("mset", "set", "mget")} == {c: calls[1].get(c) for c in
+                                                                         ("mset", "set", "mget")}
+            assert "strlen" not in ran  # accounted metadata: no payload length read
             assert ran["eval"] >= sum(r.lookup_round_trips for r in result.per_chunk_size)  # scripts per batch
             assert all(r.round_trips == r.lookup_round_trips for r in result.per_chunk_size)  # one per batch
     assert rows[256] == rows[1] and any(r["hit_tokens"] for r in rows[1])

@@ -45,3 +45,52 @@ def test_close_waits_for_a_script_whose_reply_an_interrupt_abandoned(redis_clien
     assert len(read) == 1 and read[0][2:-2] == [0, 0, 0, 2]  # hit chunks, metadata hits, present, "missing"
     assert redis_client.dbsize() == 2 + 3
     holder.join()
+
+
+def _own_values(client, prefix: str) -> dict[bytes, bytes]:
+    """A namespace's keys (its prefix taken out) and values (their "created" second taken out)."""
+    import re
+
+    return {k[len(prefix):]: re.sub(rb'"created":\d+', b"", client.get(k)) for k in client.keys(prefix + "*")}
+
+
+@pytest.mark.single_server
+def test_a_request_writing_more_chunks_than_one_mset_takes_writes_them_all(redis_client):
+    """The batch script writes a request's missing chunks in MSETs of at most _SCRIPT_MSET_PAIRS keys: requests with
+    more (2,345 new chunks; a run broken at a key of another type, 499 present chunks after it and 1,200 new ones;
+    a run broken by a missing chunk, 1,645 new ones after it) get exactly the counts and values of one by one."""
+    from kvcli.store import batch
+
+    def config(namespace):
+        return StoreConfig(namespace, 2, "m", "raw", (2, 2, 2, 3), torch.float32, payload="accounted")
+
+    tokens = np.arange(1, 2 * 2345 + 1, dtype="<u4")
+    longer = np.concatenate([tokens[:3000], np.arange(10**6, 10**6 + 2400, dtype="<u4")])
+    broken = tokens.copy()
+    broken[2 * 700] += 7  # chunk 700 and the chain after it hash apart: a missing chunk breaks the run
+    assert batch._SCRIPT_MSET_PAIRS < 1200
+    one, many = ChunkStore(redis_client, config("one")), ChunkStore(redis_client, config("many"))
+    batcher = Batcher(many)
+    got, expected = [], []
+    try:
+        for requests in ([tokens], [longer, broken, tokens]):
+            for store in (one, many):  # chunk 1000 of the first request: a key of another type, overwritten
+                if requests[0] is longer:
+                    redis_client.delete(store.meta_key(store.chunk(tokens).hashes[1000]))
+                    redis_client.hset(store.meta_key(store.chunk(tokens).hashes[1000]), "a", "b")
+            for t in requests:
+                prompt = one.chunk(t)
+                look = one.lookup(prompt)
+                stored = one.store(prompt, None, start_chunk=look.hit_chunks, lookup=look)
+                expected.append((look.hit_chunks, look.metadata_hit_chunks, look.break_reason,
+                                 stored.chunks_written, stored.metadata_bytes))
+            got += [(look.hit_chunks, look.metadata_hit_chunks, look.break_reason, stored.chunks_written,
+                     stored.metadata_bytes)
+                    for look, stored in batcher.answers(batcher.submit([many.chunk(t) for t in requests]))]
+    finally:
+        batcher.close()
+    assert [g[:4] for g in got] == [(0, 0, "missing", 2345), (1000, 1000, "bad-metadata", 1201),
+                                    (700, 700, "missing", 1645), (2345, 2345, "", 0)]
+    assert got == expected
+    assert _own_values(redis_client, many.prefix) == _own_values(redis_client, one.prefix)
+    assert len(_own_values(redis_client, many.prefix)) == 2345 + 1200 + 1645
