@@ -262,11 +262,14 @@ class BlockTrie:
         if node < 0:
             node = self._roots[cache_salt] = self._new(0, b)
         firsts, ks = tokens[::b].tolist(), keys.tolist()
+        get, key_of, held_of, last = self._child.get, self._key, self._held, len(ks) - 1
         for i, (first, key) in enumerate(zip(firsts, ks)):
-            held = min(b, n - i * b)
+            held = b if i < last else n - i * b
             slot = node << _FIRST_BITS | first
-            child = self._find(slot, key)
-            if child >= 0 and self._held[child] >= held:
+            child = get(slot, -1)  # the usual case inline: the first child of that first token, of this key
+            if child < 0 or key_of[child] != key:
+                child = self._find(slot, key)
+            if child >= 0 and held_of[child] >= held:
                 node = child  # the whole block shared
                 continue
             block = tokens[i * b:i * b + held]
@@ -275,8 +278,13 @@ class BlockTrie:
                 self._held[child] = held
             else:
                 child = self._attach(slot, key, held)
-            for j in range(i + 1, len(ks)):  # the rest of the prompt is new: a chain of fresh nodes
-                child = self._attach(child << _FIRST_BITS | firsts[j], ks[j], min(b, n - j * b))
+            if i < last:  # the rest of the prompt is new: a chain of fresh nodes, each the only child of the last
+                start = len(key_of)
+                ids = range(start, start + last - i)
+                key_of.extend(ks[i + 1:])
+                held_of.extend([b] * (last - i - 1) + [n - last * b])
+                parents = [child, *ids[:-1]]
+                self._child.update(zip([p << _FIRST_BITS | f for p, f in zip(parents, firsts[i + 1:])], ids))
             return i * b + shared
         return n
 
