@@ -94,13 +94,20 @@ def outline_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: 
 def trace_note(path: str | Path, fmt: str | TraceFormat = "auto") -> str | None:
     """One line for a report on how a hash-id trace is read: tokens per id and the timestamp unit, each with
     where it comes from, its sessions, the tail block, and (with ``skip_bad_records``, after a checking pass over
-    the file) how many records were skipped; None for other formats.
+    the file) how many records were skipped. For another format, a line naming the hash-id options given that it
+    is read without (None when none was given).
 
     Raises:
         BadInputError: as :func:`read_trace`.
     """
     path, name, spec = _resolved(path, fmt)
     if name not in HASH_ID_FORMATS:
+        given = [option for option, on in (("--hash-block-tokens", spec.block_tokens is not None),
+                                           ("--timestamp-unit", spec.timestamp_unit is not None),
+                                           ("--drop-tail-block", spec.drop_tail_block)) if on]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            return f"{' and '.join(given)} {verb} to hash-id traces only: this {name} trace is read without them"
         return None
     first = read_first_record(path)[1]
     first_block = first.get("block_size") if isinstance(first, dict) else None

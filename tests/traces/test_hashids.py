@@ -152,6 +152,16 @@ def test_records_of_another_block_size_get_a_key_space_of_their_own(tmp_path):
     assert all(np.array_equal(x.token_ids, y.token_ids) for x, y in zip(again, (a, b, c)))
 
 
+def test_hash_id_options_on_another_format_are_said_to_change_nothing(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [{"token_ids": [1, 2, 3]}])
+    assert trace_note(path) is None
+    assert trace_note(path, TraceFormat(timestamp_unit="s")) == (
+        "--timestamp-unit applies to hash-id traces only: this native trace is read without them")
+    assert trace_note(path, TraceFormat(block_tokens=4, drop_tail_block=True)) == (
+        "--hash-block-tokens and --drop-tail-block apply to hash-id traces only: this native trace is read without "
+        "them")
+
+
 def test_ids_beyond_the_key_range_are_folded_deterministically(tmp_path):
     big = 2**64 - 5
     path = write_jsonl(tmp_path / "t.jsonl", [bailian(1, -1, 0, 32, [big, 1]), bailian(2, -1, 1, 32, [big, 2])])
