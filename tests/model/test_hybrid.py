@@ -53,6 +53,22 @@ def _reference_logits(folder: str) -> torch.Tensor:
 
 # ---- bytes, by hand ----
 
+def stored_chunk(folder: str, chunk_bytes: int):
+    """``(spec, kv, value)``: the checkpoint's spec, its prefill of ``IDS[:40]`` with states at every multiple of
+    CHUNK, and the payload of its second chunk (tokens 16..31), checked: the store expects ``chunk_bytes`` of
+    payload per chunk and the value is exactly that plus its header."""
+    spec = resolve_spec(folder)
+    config = StoreConfig("hybrid", CHUNK, spec.model_id, "t", spec.kv_shape, spec.dtype, state_shape=spec.state_shape)
+    assert config.payload_bytes == chunk_bytes
+    model = load_model(folder, device="cpu")
+    model.state_chunk_sizes = (CHUNK,)
+    _, kv = model.prefill(IDS[:40])
+    assert sorted(kv.states) == [16, 32, 40]
+    value = encode_kv(kv[:, :, :, 16:32], config.payload_metadata)
+    assert len(value) == config.value_bytes and len(value) - config.header_bytes == chunk_bytes
+    return spec, kv, value
+
+
 @pytest.mark.parametrize("dtype, per_token, state, chunk_bytes", [
     # 1 attention layer x 2 (K, V) x 2 KV heads x head_dim 16 x 4 B = 256 B per token; each of the 3 linear layers'
     # state: conv (2 x 2 x 8 + 4 x 8 = 64 channels) x (4 - 1) + recurrent 4 x 8 x 8 = 448 elements x 4 B = 1,792 B;
@@ -67,17 +83,8 @@ def test_a_stored_chunk_holds_its_tokens_kv_and_the_state_at_its_end(folders, dt
     assert shapes.kinds == (LINEAR,) * 3 + (FULL,) and shapes.state_elements == 448 and shapes.state_shape == (3, 448)
     assert shapes.kv_bytes_per_token(dtype) == per_token and shapes.state_bytes(dtype) == state
     assert shapes.cached_prefix_bytes(CHUNK, dtype) == chunk_bytes  # the engine's bytes to resume after a chunk
-    spec = resolve_spec(folders[dtype])
+    spec, kv, value = stored_chunk(folders[dtype], chunk_bytes)
     assert spec.kv_shape == (1, 2, 2, 16) and spec.state_shape == (3, 448)
-    config = StoreConfig("hybrid", CHUNK, spec.model_id, "t", spec.kv_shape, spec.dtype,
-                         state_shape=spec.state_shape)
-    assert config.payload_bytes == chunk_bytes
-    model = load_model(folders[dtype], device="cpu")
-    model.state_chunk_sizes = (CHUNK,)
-    _, kv = model.prefill(IDS[:40])
-    assert sorted(kv.states) == [16, 32, 40]
-    value = encode_kv(kv[:, :, :, 16:32], config.payload_metadata)
-    assert len(value) == config.value_bytes and len(value) - config.header_bytes == chunk_bytes
     layout = payload_layout(value)
     assert (layout.shape, layout.state_shape) == ((1, 2, 2, 16, 16), (3, 448))
     assert layout.data_end - layout.state_start == state  # the state is the payload's last tensor

@@ -11,18 +11,17 @@ import json
 import numpy as np
 import pytest
 import torch
-from test_hybrid import IDS, _trace, assert_resumes_at_chunk_boundaries  # IDS: 60 tokens
+from test_hybrid import IDS, _trace, assert_resumes_at_chunk_boundaries, stored_chunk  # IDS: 60 tokens
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
 from kvcli.model.checkpoint import read_checkpoint
 from kvcli.model.hf_offline import transformers
 from kvcli.model.hf_tiny import write_tiny_checkpoint
-from kvcli.model.load import load_model, resolve_spec
+from kvcli.model.load import load_model
 from kvcli.model.presets import FULL, LINEAR, NO_MIXER
 from kvcli.prefixkv import StatefulKV
-from kvcli.store.records import StoreConfig
-from kvcli.store.serde import decode_kv, encode_kv, payload_layout
+from kvcli.store.serde import decode_kv, payload_layout
 
 CHUNK = 16
 ARCHS = ("nemotron_h", "granitemoehybrid", "bamba")
@@ -84,16 +83,8 @@ def test_a_stored_chunk_holds_its_tokens_kv_and_the_mamba_states_at_its_end(fold
     assert shapes.kv_bytes_per_token(dtype) == 64 * element  # 1 layer x 2 x 2 KV heads x 16
     assert shapes.state_bytes(dtype) == 2 * state_elements * element
     assert shapes.cached_prefix_bytes(CHUNK, dtype) == chunk_bytes
-    spec = resolve_spec(folder)
+    spec, kv, value = stored_chunk(folder, chunk_bytes)
     assert spec.kv_shape == (1, 2, 2, 16) and spec.state_shape == (2, state_elements)
-    config = StoreConfig("mamba", CHUNK, spec.model_id, "t", spec.kv_shape, spec.dtype, state_shape=spec.state_shape)
-    assert config.payload_bytes == chunk_bytes
-    model = load_model(folder, device="cpu")
-    model.state_chunk_sizes = (CHUNK,)
-    _, kv = model.prefill(IDS[:40])
-    assert sorted(kv.states) == [16, 32, 40]
-    value = encode_kv(kv[:, :, :, 16:32], config.payload_metadata)
-    assert len(value) == config.value_bytes and len(value) - config.header_bytes == chunk_bytes
     layout = payload_layout(value)
     assert (layout.shape, layout.state_shape) == ((1, 2, 2, 16, 16), (2, state_elements))
     assert layout.data_end - layout.state_start == 2 * state_elements * element
