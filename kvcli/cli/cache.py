@@ -199,8 +199,8 @@ def inspect(
 
 def _chunk_maps(client, ids: tuple, namespace: str, sizes: tuple[int, ...], model_id: str,
                 tok_name: str) -> list:
-    """One prompt's chunk map per chunk size (``ids``: token ids and cache salt), read over one NO-TOUCH
-    connection; their warnings on stderr."""
+    """One prompt's chunk map per chunk size (``ids``: token ids, or a hash-id record's block keys, and the cache
+    salt), read over one NO-TOUCH connection; their warnings on stderr."""
     from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.reading import reader
     from kvcli.store.preflight import server_memory

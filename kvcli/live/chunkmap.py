@@ -1,12 +1,12 @@
 """One prompt's chunk map on a live cache: chunk by chunk, where its hit run would break, and why. Read-only.
 
-For a prompt (``token_ids`` ``[tokens]``) under one namespace, model and chunk size (tokens), :func:`chunk_map`
-hashes the prompt's full chunks (:mod:`kvcli.hashing`) and reads each chunk's metadata, payload and PTTL in one
-pipelined round trip (plus INFO and DBSIZE when the cause of a missing chunk is inferred and no ``server`` state
-was passed): O(chunks) commands, payload bytes included. The result is a :class:`ChunkMap` with one
-:class:`MapRow` per full chunk (tokens ``[start, end)``, status, TTL in seconds) and the hit / prefill split in
-tokens, by the rule replay and route use (:func:`kvcli.store.hashing.reusable_tokens`: a prompt whose every
-chunk hits still computes its last token).
+For a prompt (``token_ids`` ``[tokens]``, or a hash-id prompt's block keys) under one namespace, model and chunk size
+(tokens), :func:`chunk_map` hashes the prompt's full chunks (:mod:`kvcli.store.hashing`) and reads each chunk's
+metadata, payload and PTTL in one pipelined round trip (plus INFO and DBSIZE when the cause of a missing chunk is
+inferred and no ``server`` state was passed): O(chunks) commands, payload bytes included. The result is a
+:class:`ChunkMap` with one :class:`MapRow` per full chunk (tokens ``[start, end)``, status, TTL in seconds) and the
+hit / prefill split in tokens, by the rule replay and route use (:func:`kvcli.store.hashing.reusable_tokens`: a
+prompt whose every chunk hits still computes its last token).
 
 The read helpers it shares with inspect live in :mod:`kvcli.live.reading`.
 """

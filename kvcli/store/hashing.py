@@ -50,6 +50,7 @@ _ROOT_TAG = b"kvcli-chunk-hash/v1\0"
 _BLOCK_ROOT_TAG = b"kvcli-block-id-hash/v1:splitmix64-lemire-100256\0"
 _RUN_PACK = struct.Struct("<QQ").pack  # one run of a signature: (first x, length), little-endian uint64
 _RUN_BYTES = 16
+_FEW_CHUNKS = 64  # block_signatures builds fewer runs than this in Python, more with numpy
 _xxh3_128 = xxhash.xxh3_128_digest
 _xxh3_64 = xxhash.xxh3_64_digest
 
@@ -264,6 +265,18 @@ def _short_chunk_signatures(keys: np.ndarray, b: int, n_full: int, cs: int) -> t
     """:func:`block_signatures` where ``cs <= b``, vectorized: chunk ``c`` starts in block ``k`` at offset ``o``,
     its first run is ``min(cs, b - o)`` tokens, and the rest, if any, is block ``k + 1``'s first tokens: the same
     run when that key follows on, else a second run."""
+    stride = range(0, (n_full + 1) * _RUN_BYTES, _RUN_BYTES)
+    if b % cs == 0:  # no chunk spills into the next block: one run each
+        per = b // cs
+        if n_full <= _FEW_CHUNKS:  # a Python loop beats a dozen numpy calls on few chunks
+            ks, pack = keys[:-(-n_full // per)].tolist(), _RUN_PACK
+            return b"".join([pack(ks[c // per] * b + c % per * cs, cs) for c in range(n_full)]), stride
+        chunk = np.arange(n_full, dtype=np.uint64)
+        runs = np.empty((n_full, 2), "<u8")
+        np.multiply(keys[chunk // np.uint64(per)], np.uint64(b), out=runs[:, 0])
+        runs[:, 0] += chunk % np.uint64(per) * np.uint64(cs)
+        runs[:, 1] = cs
+        return runs.tobytes(), stride
     start = np.arange(0, n_full * cs, cs, dtype=np.int64)
     block = start // b
     first = np.minimum(cs, (block + 1) * b - start)
@@ -283,7 +296,7 @@ def _short_chunk_signatures(keys: np.ndarray, b: int, n_full: int, cs: int) -> t
             offsets = np.zeros(n_full + 1, np.int64)
             np.cumsum(kept.sum(axis=1) * _RUN_BYTES, out=offsets[1:])
             return runs[kept].tobytes(), offsets
-    return runs[:, 0].tobytes(), range(0, (n_full + 1) * _RUN_BYTES, _RUN_BYTES)
+    return runs[:, 0].tobytes(), stride
 
 
 def block_hashes(keys: np.ndarray, block_tokens: int, length: int, chunk_size: int, root: bytes
