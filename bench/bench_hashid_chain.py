@@ -19,6 +19,10 @@ largest and timestamps after its last (new conversations of the same shape). The
 printed before and after: on this 2-vCPU machine other work shares the cores, so read the ratios.
 
     PYTHONPATH=. python bench/bench_hashid_chain.py [--trace PATH] [--chunk-size 512] [--repeats 3] [--base REV]
+    PYTHONPATH=. python bench/bench_hashid_chain.py --per-size 1000 [--trace PATH] [--repeats 5]
+
+``--per-size N`` instead times the hashing alone (the requests read once, before) of the trace's first N requests
+by both paths at chunk sizes 16 to 1024.
 """
 from __future__ import annotations
 
@@ -82,6 +86,31 @@ def read_and_hash(trace: str, chunk_size: int) -> dict:
     return {"read": read, "tokens": tokens, "ids": ids}
 
 
+def per_size(trace: str, limit: int, repeats: int) -> None:
+    """Seconds to hash the first ``limit`` requests (read once, before) by each path at chunk sizes below, at and
+    above Mooncake's 512-token block, dividing it or not; min of ``repeats``, interleaved."""
+    import itertools
+
+    from kvcli.store.hashing import PromptChunker
+    from kvcli.traces.detect import read_trace
+
+    requests = list(itertools.islice(read_trace(trace), limit))
+    print(f"load: {load()}\nhash only, {len(requests):,} requests of {Path(trace).name}, min of {repeats}")
+    print(f"{'chunk':>6s} {'tokens s':>9s} {'ids s':>7s} {'tokens / ids':>13s}")
+    for cs in (16, 48, 100, 256, 512, 700, 1024):
+        chunker, by_tokens, by_ids = PromptChunker("m", "t", cs), [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for r in requests:
+                chunker.hashes(r.blocks.token_ids(), r.cache_salt)  # synthesized here, as the reader did
+            t1 = time.perf_counter()
+            for r in requests:
+                chunker.hashes(r.prompt, r.cache_salt)
+            by_tokens.append(t1 - t0)
+            by_ids.append(time.perf_counter() - t1)
+        print(f"{cs:6d} {min(by_tokens):9.3f} {min(by_ids):7.3f} {min(by_tokens) / min(by_ids):13.2f}")
+
+
 def load() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
@@ -93,8 +122,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--base", default="main")
     ap.add_argument("--skip-replay", action="store_true", help="only the read + hash pass")
+    ap.add_argument("--per-size", type=int, metavar="N",
+                    help="instead: hash the trace's first N requests (read once) both ways at several chunk sizes")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
+    if args.per_size:
+        return per_size(args.trace or str(CUT), args.per_size, args.repeats)
     trace = args.trace or str(full_trace(CUT, Path(tempfile.mkdtemp(prefix="kvcli-hashid-")) / "conv12031.jsonl"))
     print(f"trace {trace}, chunk size {args.chunk_size}, {args.repeats} runs each, interleaved")
     print(f"load before: {load()}")

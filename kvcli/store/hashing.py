@@ -197,18 +197,31 @@ def chunk_hashes(token_ids, chunk_size: int, root: bytes) -> tuple[np.ndarray, l
     if chunk_size < 1:
         raise ValueError(f"chunk size must be >= 1, got {chunk_size}")
     tokens = as_token_array(token_ids)
-    n_full = len(tokens) // chunk_size
-    buf = tokens.data.cast("B")
     step = 4 * chunk_size
+    hashes, digests = _chain(tokens.data.cast("B"), range(0, (len(tokens) // chunk_size + 1) * step, step), root)
+    return tokens, hashes, digests
+
+
+def _chain(buf: memoryview, offsets: range | Sequence[int], root: bytes) -> tuple[list[bytes], list[bytes]]:
+    """The chain over the pieces ``buf[offsets[k]:offsets[k + 1]]`` from ``root``: ``hash[k] = xxh3_128(hash[k-1]
+    || piece k)`` and ``digest[k] = xxh3_64(piece k)`` (16 and 8 bytes each); the one loop both paths hash with."""
     hashes: list[bytes] = []
     digests: list[bytes] = []
     h = root
-    for off in range(0, n_full * step, step):
-        chunk = buf[off:off + step]
-        h = _xxh3_128(h + chunk)
+    if isinstance(offsets, range):  # pieces of one length: the common case, without pairing the offsets
+        step = offsets.step
+        for off in offsets[:-1]:
+            piece = buf[off:off + step]
+            h = _xxh3_128(h + piece)
+            hashes.append(h)
+            digests.append(_xxh3_64(piece))
+        return hashes, digests
+    for lo, hi in zip(offsets, offsets[1:]):
+        piece = buf[lo:hi]
+        h = _xxh3_128(h + piece)
         hashes.append(h)
-        digests.append(_xxh3_64(chunk))
-    return tokens, hashes, digests
+        digests.append(_xxh3_64(piece))
+    return hashes, digests
 
 
 def block_signatures(keys: np.ndarray, block_tokens: int, length: int, chunk_size: int
@@ -305,17 +318,7 @@ def block_hashes(keys: np.ndarray, block_tokens: int, length: int, chunk_size: i
     chained from ``root`` (:func:`block_root`) over each chunk's signature (:func:`block_signatures`): no token
     id is synthesized. Arguments and errors: :func:`block_signatures`."""
     runs, offsets = block_signatures(keys, block_tokens, length, chunk_size)
-    buf = memoryview(runs)
-    hashes: list[bytes] = []
-    digests: list[bytes] = []
-    h = root
-    bounds = offsets.tolist() if isinstance(offsets, np.ndarray) else offsets
-    for lo, hi in zip(bounds, bounds[1:]):
-        signature = buf[lo:hi]
-        h = _xxh3_128(h + signature)
-        hashes.append(h)
-        digests.append(_xxh3_64(signature))
-    return hashes, digests
+    return _chain(memoryview(runs), offsets.tolist() if isinstance(offsets, np.ndarray) else offsets, root)
 
 
 def chunked(tokens: np.ndarray | None, chunk_size: int, hashes: list[bytes], digests: list[bytes]) -> ChunkedPrompt:
