@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -198,11 +199,11 @@ class TraceExplanation:
 
 @dataclass(frozen=True)
 class BlockHashes:
-    """How the chunk map names blocks: ``hashes(tokens, cache_salt)`` -> one id per full chunk, and the scheme's
-    name (``kvcli``, ``vllm``, ...)."""
+    """How the chunk map names blocks: ``hashes(prompt, cache_salt)`` -> one id per full chunk (``prompt``: token ids
+    or a hash-id request's block keys, ``Request.prompt``), and the scheme's name (``kvcli``, ``vllm``, ...)."""
 
     scheme: str
-    hashes: Callable[[np.ndarray, str], list[str]]
+    hashes: Callable[[Any, str], list[str]]
 
 
 class _Expiry:

@@ -17,6 +17,7 @@ from kvcli.model.tokenize import get_tokenizer, lazy_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.enginehash import block_hashes
+from kvcli.store.hashing import PromptChunker, is_block_prompt
 from kvcli.store.records import StoreConfig
 from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
@@ -25,6 +26,7 @@ from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
 from kvcli.traces.request import ChatPrompt, Request
+from kvcli.traces.synth import block_token_ids
 
 
 def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int) -> list[TraceReport]:
@@ -65,8 +67,9 @@ class ExplainedTrace:
 
     Attributes:
         name: the trace as reports name it. fmt: its format. explanation: the requests explained.
-        notes: how it was read (hash-id semantics, reordering, a double BOS). tokens: the ids of the requests
-            asked for with ``request_id`` and of their predecessors, by arrival index (``[tokens]`` uint32).
+        notes: how it was read (hash-id semantics, reordering, a double BOS). tokens: the prompts of the requests
+            asked for with ``request_id`` and of their predecessors, by arrival index (``Request.prompt``: token
+            ids ``[tokens]`` uint32, or a hash-id request's block keys).
     """
 
     name: str
@@ -108,7 +111,7 @@ def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | N
             e = explanation.request(request_id)
             wanted = {e.index, e.predecessor} - {-1}
             requests, _ = ordered_requests(path, fmt, tok, name)
-            tokens = {i: r.token_ids for i, r in enumerate(requests) if i in wanted}
+            tokens = {i: r.prompt for i, r in enumerate(requests) if i in wanted}
         out.append(ExplainedTrace(display_name(path), name, explanation, notes, tokens))
     if request_id is not None and not any(t.tokens for t in out):
         raise BadInputError(f"no request with id or source {request_id!r} in "
@@ -183,7 +186,13 @@ def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None)
     Raises:
         BadInputError: an unknown scheme, or one that needs ``hash_seed`` without it.
     """
-    def hashes(tokens: np.ndarray, cache_salt: str) -> list[str]:
+    chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
+
+    def hashes(prompt, cache_salt: str) -> list[str]:
+        if scheme == "kvcli":  # the store's own keys: a hash-id prompt's from its block keys, as replay and warm
+            return [h.hex() for h in chunker.hashes(prompt, cache_salt)[0]]
+        tokens = block_token_ids(prompt.keys, prompt.block_tokens, prompt.length) if is_block_prompt(prompt) \
+            else prompt  # an engine hashes token ids: a hash-id prompt's synthesized ones
         return block_hashes(scheme, tokens, config.chunk_size, cache_salt=cache_salt, hash_seed=hash_seed,
                             model_id=config.model_id, tokenizer=config.tokenizer)
 

@@ -49,6 +49,10 @@ from kvcli.traces.synth import splitmix64_
 TIMESTAMP_UNITS = {"s": 1, "ms": 1000, "us": 1_000_000}
 
 
+#: The largest tokens per hash id accepted (a record's ``block_size``, ``--hash-block-tokens``): 2**20, far above any
+#: engine's block (vLLM 16, Mooncake 512) or a whole long prompt; a larger one is an error in the trace.
+MAX_BLOCK_TOKENS = 1 << 20
+
 @dataclass(frozen=True)
 class TraceFormat:
     """A trace format (a name of :data:`kvcli.traces.detect.FORMATS`, or ``"auto"``) and what the user declared
@@ -79,8 +83,10 @@ class TraceFormat:
     add_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if self.block_tokens is not None and (type(self.block_tokens) is not int or self.block_tokens < 1):
-            raise BadInputError(f"--hash-block-tokens must be an integer >= 1, got {self.block_tokens!r}")
+        if self.block_tokens is not None and (type(self.block_tokens) is not int
+                                              or not 1 <= self.block_tokens <= MAX_BLOCK_TOKENS):
+            raise BadInputError(f"--hash-block-tokens must be an integer in [1, {MAX_BLOCK_TOKENS:,}], got "
+                                f"{self.block_tokens!r}")
         if self.timestamp_unit is not None and self.timestamp_unit not in TIMESTAMP_UNITS:
             raise BadInputError(f"--timestamp-unit must be one of {', '.join(TIMESTAMP_UNITS)}, got "
                                 f"{self.timestamp_unit!r}")
@@ -134,8 +140,9 @@ class BlockIds:
         """
         declared = self.fmt.block_tokens
         if record_value is not None:
-            if type(record_value) is not int or record_value < 1:
-                raise BadInputError(f"block_size must be an integer >= 1, got {shorten(record_value)}")
+            if type(record_value) is not int or not 1 <= record_value <= MAX_BLOCK_TOKENS:
+                raise BadInputError(f"block_size must be an integer in [1, {MAX_BLOCK_TOKENS:,}], got "
+                                    f"{shorten(record_value)}")
             if declared is not None and declared != record_value:
                 raise BadInputError(f"block_size {record_value} contradicts --hash-block-tokens {declared}")
             return record_value

@@ -38,9 +38,9 @@ def block_token_ids(keys: np.ndarray, block_tokens: int, input_length: int) -> n
     Returns:
         ``[input_length]`` ``'<u4'`` token ids, each < 100,256.
     """
-    offsets = np.arange(block_tokens, dtype=np.uint64)
-    return synth_tokens_((keys.astype(np.uint64)[:, None] * np.uint64(block_tokens) + offsets).reshape(-1)
-                         [:input_length])
+    i = np.arange(input_length, dtype=np.uint64)  # only the prompt's own tokens: a long block is cut, not made
+    b = np.uint64(block_tokens)
+    return synth_tokens_(keys.astype(np.uint64)[i // b] * b + i % b)
 
 
 def first_token_ids(keys: np.ndarray, block_tokens: int) -> np.ndarray:

@@ -14,7 +14,10 @@ from typer.testing import CliRunner
 from kvcli.analysis.explain import CAUSES, ExplainConfig, Explainer
 from kvcli.analysis.workload import explain_config, explain_traces
 from kvcli.cli.app import app
+from kvcli.model.presets import model_spec
 from kvcli.store.enginehash import block_hashes
+from kvcli.store.hashing import PromptChunker
+from kvcli.traces.detect import read_trace
 from kvcli.traces.request import Request
 
 SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
@@ -217,6 +220,24 @@ def test_the_request_map_names_chunks_by_the_engines_hashes(tmp_path):
     assert chunks[0]["hash"] == chunks[0]["predecessor_hash"] and chunks[2]["hash"] != chunks[2]["predecessor_hash"]
     text = " ".join(run("explain", trace, "--chunk-size", 16, "--request", "r2", "--hash", "vllm").stdout.split())
     assert "chunk map of r2" in text and "best prefix 40 tokens from r1" in text and ours[0][:16] in text
+
+
+def test_a_hash_id_request_map_names_chunks_by_the_store_keys(tmp_path):
+    """A hash-id request's chunk map gives the hashes replay and warm store it under (from its block keys), and an
+    engine scheme hashes its synthesized token ids. Block size 8, chunk size 4: r2 shares r1's first block."""
+    trace = write(tmp_path / "h.jsonl", [{"timestamp": 0, "block_size": 8, "input_length": 16, "hash_ids": [1, 2]},
+                                         {"timestamp": 1, "block_size": 8, "input_length": 12, "hash_ids": [1, 3]}])
+    (r1, r2) = read_trace(trace)
+    out = run("explain", trace, "--chunk-size", 4, "--request", r2.id, "--json")
+    chunks = json.loads(out.stdout)["traces"][0]["request"]["chunks"]
+    spec = model_spec()
+    chunker = PromptChunker(spec.model_id, "cl100k_base", 4)
+    assert [c["hash"] for c in chunks] == chunker.chunk(r2.prompt).hexes
+    assert [c["hash"] for c in chunks][:2] == chunker.chunk(r1.prompt).hexes[:2]
+    assert [c["predecessor_hash"] for c in chunks] == chunker.chunk(r1.prompt).hexes[:3]
+    out = run("explain", trace, "--chunk-size", 4, "--request", r2.id, "--hash", "sglang", "--json")
+    chunks = json.loads(out.stdout)["traces"][0]["request"]["chunks"]
+    assert [c["hash"] for c in chunks] == block_hashes("sglang", r2.token_ids, 4)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -69,7 +69,10 @@ def test_detection(tmp_path, detected, record):
      "2 hash_ids for input_length 17 at 8 tokens per id: expected ceil(17/8) = 3"),
     ({"block_size": 8, "input_length": 16, "hash_ids": [1, 2]}, TraceFormat(block_tokens=16),
      "block_size 8 contradicts --hash-block-tokens 16"),
-    ({"block_size": 0, "input_length": 16, "hash_ids": [1]}, "auto", "block_size must be an integer >= 1, got 0"),
+    ({"block_size": 0, "input_length": 16, "hash_ids": [1]}, "auto",
+     "block_size must be an integer in [1, 1,048,576], got 0"),
+    ({"block_size": 2**31, "input_length": 5, "hash_ids": [3]}, "auto",  # once: all memory for a 5-token prompt
+     "block_size must be an integer in [1, 1,048,576], got 2147483648"),
     ({"input_length": 16, "hash_ids": [1]}, "hash-ids",
      "a hash-id record without block_size: its tokens per hash id are unknown; pass --hash-block-tokens B"),
     (bailian(1, -1, 0, 16, [-1]), "auto", "hash_ids[0] = -1 is not an integer in [0, 2**64)"),
