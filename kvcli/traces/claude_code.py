@@ -7,7 +7,8 @@ Each element of ``requests`` is one request: ``in`` prompt tokens, ``out`` outpu
 session's start (``--timestamp-unit`` overrides), ``hash_ids`` blocks of ``block_size`` tokens (64;
 ``--hash-block-tokens`` when a row has none). ``hash_id_scope: "local"`` (the default) means ids are numbered per
 session: id 3 of one session is not id 3 of another, so each ``(session, id)`` pair gets its own key and ids of
-different sessions never collide; ``"global"`` shares ids across sessions. The session is the row's ``id``; a
+different sessions never collide; ``"global"`` shares ids across sessions (one key per global id, numbered from the
+same counter as the sessions' own, so a global id never meets a session-private key). The session is the row's ``id``; a
 request's id is ``"<session>:<k>"`` (k = 1-based position). Rows are JSONL lines (or a JSON list of rows).
 """
 from __future__ import annotations
@@ -34,13 +35,13 @@ SCHEMA = HASH_ID_FORMATS["claude-code"]
 
 
 class _Scoped:
-    """Session-scoped ids -> dense keys 0, 1, 2, ... in order of first appearance (one dict entry per distinct
-    ``(session, id)``)."""
+    """Scoped ids -> dense keys 0, 1, 2, ... in order of first appearance (one dict entry per distinct
+    ``(session, id)``; ``session`` None for the ids of ``"global"`` rows, shared by every such row)."""
 
     def __init__(self) -> None:
-        self._keys: dict[tuple[str, int], int] = {}
+        self._keys: dict[tuple[str | None, int], int] = {}
 
-    def keys(self, session: str, hash_ids: Any) -> Any:
+    def keys(self, session: str | None, hash_ids: Any) -> Any:
         if not isinstance(hash_ids, list):
             return hash_ids  # BlockIds.keys names the problem
         out = []
@@ -78,7 +79,7 @@ def _iter(path: Path, fmt: TraceFormat, synthesize: bool, skipped: list[BadInput
                 length = optional_count(item.get("in"), "in")
                 if length is None:
                     raise BadInputError("a claude-code request needs in (prompt tokens, an integer >= 0)")
-                ids = scoped.keys(session, item.get("hash_ids")) if scope == "local" else item.get("hash_ids")
+                ids = scoped.keys(session if scope == "local" else None, item.get("hash_ids"))
                 keys = blocks.keys(ids, length, block_tokens)
                 t = optional_seconds(item.get("t"), "t", divisor=divisor)
                 out = optional_count(item.get("out"), "out")

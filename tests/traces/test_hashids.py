@@ -188,6 +188,13 @@ def test_claude_code_ids_are_scoped_per_session(tmp_path):
     rows[1]["hash_id_scope"] = rows[0]["hash_id_scope"] = "global"
     a, b, c = read_trace(write_jsonl(tmp_path / "g.jsonl", rows))
     assert np.array_equal(a.token_ids, c.token_ids)
+    # a global row beside local sessions: its ids are shared with global rows only, never a session's own
+    mixed = [dict(rows[0], hash_id_scope="local", requests=[{"t": 0.0, "in": 128, "hash_ids": [7, 8]}]),
+             dict(rows[1], id="g", hash_id_scope="global"),
+             dict(rows[1], id="s3", hash_id_scope="local", requests=[{"t": 1.0, "in": 128, "hash_ids": [7, 8]}]),
+             dict(rows[1], id="g2", hash_id_scope="global")]
+    s1, g, s3, g2 = read_trace(write_jsonl(tmp_path / "m.jsonl", mixed))
+    assert [list(r.blocks.keys) for r in (s1, g, s3, g2)] == [[0, 1], [2, 3], [4, 5], [2, 3]]
     rows[1]["requests"][0]["hash_ids"] = [0]
     with pytest.raises(BadInputError) as info:
         list(read_trace(write_jsonl(tmp_path / "bad.jsonl", rows)))
