@@ -3,10 +3,11 @@
 :func:`replay_stores` is the one implementation a unit runs, in this process (every store) or in a worker process
 or Ray task (some of them: :mod:`kvcli.replay.parallel`). Per request, in trace order: an empty prompt is skipped;
 a measured one runs its full prefill once, then every lane replays it timed (:meth:`Lane.measure`); estimated ones
-wait in a batch of up to ``pipeline`` requests and :data:`BATCH_CHUNKS` chunks (summed over the lanes: what the
-batch holds in memory, ~200 bytes of hashes, digests and keys a chunk) that every lane sends together
-(:meth:`Lane.submit`). A batch sent is accounted (:meth:`Lane.account`) once the batch after it was sent, so the
-server runs one batch while this process reads and hashes the next; everything sent is accounted before a measured
+wait in a batch of up to ``pipeline`` requests and ``BATCH_CHUNKS`` chunks of the replay's smallest chunk size
+(counted in prompt tokens, so every unit of a ``--jobs`` replay cuts the same batches; it bounds what a batch holds
+in memory, ~200 bytes of hashes, digests and keys a chunk) that every lane sends together (:meth:`Lane.submit`).
+A batch sent is accounted (:meth:`Lane.account`) once the batch after it was sent, so the server runs one batch
+while this process reads and hashes the next; everything sent is accounted before a measured
 request and at the end, so each lane sees its requests in trace order. The trace is read and hashed in this
 process or, for an index-only unit on a machine with cores to spare, in a forked child
 (:mod:`kvcli.replay.prefetch`).
@@ -29,8 +30,9 @@ from kvcli.store.batch import batchable
 from kvcli.store.kvstore import KVStore
 from kvcli.traces.request import Request
 
-#: The most chunks (over every lane) a batch of estimated requests holds before it is sent, so its memory stays
-#: bounded whatever the prompts' lengths and chunk sizes (256 requests of 12k tokens at chunk size 16 are 192k).
+#: A batch of estimated requests is sent once its prompts hold this many chunks of the replay's smallest chunk size,
+#: so its memory stays bounded whatever the prompts' lengths (256 requests of 12k tokens at chunk size 16 are 192k
+#: chunks): at most ``BATCH_CHUNKS * smallest chunk size`` prompt tokens a batch, the same cut in every unit.
 BATCH_CHUNKS = 1 << 16
 
 
@@ -61,7 +63,8 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
     quiet = ahead_items.paused if ahead_items is not None else None  # the child stopped while a lookup is timed
     lanes = [Lane(store, work.rates[i], config, client, model, batched=pipeline > 1 and batchable(store),
                   quiet=quiet) for i, store in zip(indices, stores)]
-    unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=radix is not None)
+    unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=radix is not None,
+                      batch_tokens=BATCH_CHUNKS * min(config.chunk_sizes))
     try:
         unit.run(items, progress)
     finally:  # a batch still in flight runs before anything else this process sends (a cleanup)
@@ -82,6 +85,7 @@ class UnitReplay:
         model: the local model for measured requests' full prefills (None: nothing measured).
         measure_tokens: tokens of each measured prompt that run the model (0: whole).
         radix: whether the items carry the radix tree's match (:attr:`match` kept).
+        batch_tokens: prompt tokens at which a batch is sent before it has ``pipeline`` requests (None: no limit).
 
     Attributes:
         lanes: the lanes.
@@ -93,7 +97,7 @@ class UnitReplay:
     """
 
     def __init__(self, lanes: list[Lane], pipeline: int, requests: int, model=None, measure_tokens: int = 0,
-                 radix: bool = False) -> None:
+                 radix: bool = False, batch_tokens: int | None = None) -> None:
         self.lanes = lanes
         self.reach = np.zeros(requests, np.int64)
         self.match = np.zeros(requests, np.int64) if radix else None
@@ -103,7 +107,7 @@ class UnitReplay:
         self.samples: list[PrefillSample] = []
         self._pipeline, self._requests, self._model, self._measure_tokens = pipeline, requests, model, measure_tokens
         self._batch: list[tuple] = []  # (index, prompt tokens, timestamp, [chunked prompt per lane]) waiting
-        self._batch_chunks = 0  # chunks of the waiting batch, every lane's
+        self._batch_tokens, self._batch_limit = 0, batch_tokens  # prompt tokens of the waiting batch; its limit
         self._inflight: tuple | None = None  # (indices, per lane requests, per lane batch) sent, not accounted
 
     def run(self, items: Iterable[Item], progress: Callable[[int, int], None] | None = None) -> None:
@@ -122,8 +126,9 @@ class UnitReplay:
                     self._measure(index, request)
                 else:
                     self._batch.append((index, n, stamp, prompts))
-                    self._batch_chunks += sum(len(p.hashes) for p in prompts)
-                    if len(self._batch) >= self._pipeline or self._batch_chunks >= BATCH_CHUNKS:
+                    self._batch_tokens += n
+                    if len(self._batch) >= self._pipeline or (self._batch_limit is not None
+                                                               and self._batch_tokens >= self._batch_limit):
                         self._flush(drain=False)
             if progress:
                 progress(index + 1, self._requests)
@@ -140,7 +145,7 @@ class UnitReplay:
         """Send the waiting batch through every lane and account the batch sent before it; with ``drain``, also
         account the one just sent (before a measured request, at the end)."""
         if self._batch:
-            entries, self._batch, self._batch_chunks = self._batch, [], 0
+            entries, self._batch, self._batch_tokens = self._batch, [], 0
             shares = [[(prompts[s], n, stamp) for _, n, stamp, prompts in entries] for s in range(len(self.lanes))]
             sent = [lane.submit(share) for lane, share in zip(self.lanes, shares)]
             previous, self._inflight = self._inflight, ([entry[0] for entry in entries], shares, sent)

@@ -76,9 +76,9 @@ def test_lru_capacity_by_hand(redis_client, pipeline):
 
 
 def test_a_batch_is_sent_once_it_holds_batch_chunks(redis_client, monkeypatch):
-    """A batch closes at ``pipeline`` requests or BATCH_CHUNKS chunks, whichever first: at 4 chunks the six
-    prompts (2, 2, 2, 2, 3, 2 chunks of 4 tokens) go as batches of requests 1-2, 3-4 and 5-6, one lookup round trip
-    each, with the hand-counted LRU outcome of one request at a time."""
+    """A batch closes at ``pipeline`` requests or BATCH_CHUNKS chunks of the smallest chunk size (in prompt tokens),
+    whichever first: at 4 chunks of 4 tokens the six prompts (8, 8, 8, 8, 12, 8 tokens) go as batches of requests 1-2,
+    3-4 and 5-6, one lookup round trip each, with the hand-counted LRU outcome of one request at a time."""
     monkeypatch.setattr(unit, "BATCH_CHUNKS", 4)
     result = _replay(redis_client, _requests(LRU_PROMPTS), 256, capacity_tokens=8)
     (res,) = result.per_chunk_size
