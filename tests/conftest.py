@@ -24,6 +24,32 @@ from kvcli.store import cluster
 from kvcli.store.server import embedded_cluster, embedded_server
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject.toml's addopts): one worker per core, none for a run of named tests (``file::test``),
+    which would only wait for the workers to start."""
+    if config.args and all("::" in arg for arg in config.args):
+        return 0
+    return None  # xdist's own count
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Under pytest-xdist: each worker starts with the controller's ``$COLUMNS`` (execnet's workers are started
+    with ``COLUMNS=80``, which kvcli's tables read as a terminal 80 columns wide)."""
+    node.workerinput["kvcli_columns"] = os.environ.get("COLUMNS")
+
+
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "kvcli_columns" in workerinput:
+        columns = workerinput["kvcli_columns"]
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
+
+
 def pytest_generate_tests(metafunc):
     if "server_kind" in metafunc.fixturenames:
         single_only = metafunc.definition.get_closest_marker("single_server") is not None
