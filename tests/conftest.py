@@ -5,6 +5,10 @@ Every test that uses ``redis_url`` or ``redis_client`` runs twice: on a single s
 cluster of 3 primaries (``[cluster]``, marked ``cluster``; skipped with the reason when no binary here can run a
 cluster). ``-m "not cluster"`` runs only the single-server half. A test that only makes sense on one server says so
 with ``@pytest.mark.single_server("why")``.
+
+The suite runs in pytest-xdist workers (``-n auto --dist loadfile``, pyproject.toml): each worker is a session of its
+own, with its own servers and cluster on its own free ports, and runs whole files (a file's module-scoped models and
+tokenizers are built once). ``-n 0`` runs everything in this process.
 """
 from __future__ import annotations
 
