@@ -94,10 +94,10 @@ def _bootstrap(points_data: tuple, residuals: tuple, coef: tuple, reps: int, see
     pred = x @ np.asarray(coef)
     resid = np.asarray(residuals) * np.sqrt(n_points / (n_points - 4))
     rng = np.random.default_rng(seed)
-    out = np.empty((reps, 4))
-    for i in range(reps):
-        y = pred * (1.0 + rng.choice(resid, size=n_points, replace=True))
-        out[i] = _weighted_nnls(x, np.maximum(y, 1e-12))
+    ys = np.empty((reps, n_points))
+    for i in range(reps):  # one draw at a time: the same resamples as ever for a seed
+        ys[i] = pred * (1.0 + rng.choice(resid, size=n_points, replace=True))
+    out = _weighted_nnls(np.broadcast_to(x, (reps, *x.shape)), np.maximum(ys, 1e-12))
     out.flags.writeable = False
     return out
 
@@ -126,22 +126,27 @@ def _summed(terms) -> np.ndarray:
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares for a few unknowns: the best feasible least-squares fit over the subsets of
-    free coefficients (the others fixed at 0). Columns are scaled to unit norm for conditioning."""
-    scale = np.linalg.norm(x, axis=0)
+    """Exact non-negative least squares for a few unknowns, for a stack of problems at once: for each, the best
+    feasible least-squares fit over the subsets of free coefficients (the others fixed at 0; the first best in
+    the order of subsets, none first). ``x`` ``[..., points, k]``, ``y`` ``[..., points]`` -> ``[..., k]``.
+    Columns are scaled to unit norm for conditioning; each subset is solved for the whole stack by its
+    pseudo-inverse (SVD)."""
+    k = x.shape[-1]
+    scale = np.linalg.norm(x, axis=-2)  # [..., k]
     scale[scale == 0] = 1.0
-    xs = x / scale
-    best, best_err = np.zeros(x.shape[1]), float(np.sum(y * y))
-    for k in range(1, x.shape[1] + 1):
-        for cols in itertools.combinations(range(x.shape[1]), k):
-            sol, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
-            if np.any(sol < 0):
-                continue
-            coef = np.zeros(x.shape[1])
-            coef[list(cols)] = sol
-            err = float(np.sum((xs @ coef - y) ** 2))
-            if err < best_err:
-                best, best_err = coef, err
+    xs = x / scale[..., None, :]
+    best = np.zeros((*x.shape[:-2], k))
+    best_err = np.sum(y * y, axis=-1)
+    for size in range(1, k + 1):
+        for cols in itertools.combinations(range(k), size):
+            sub = xs[..., list(cols)]
+            sol = np.einsum("...kp,...p->...k", np.linalg.pinv(sub), y)
+            coef = np.zeros_like(best)
+            coef[..., list(cols)] = sol
+            err = np.sum((np.einsum("...pk,...k->...p", xs, coef) - y) ** 2, axis=-1)
+            better = np.all(sol >= 0, axis=-1) & (err < best_err)
+            best = np.where(better[..., None], coef, best)
+            best_err = np.where(better, err, best_err)
     return best / scale
 
 
@@ -159,9 +164,9 @@ def prefill_clock(model):
 
 
 def _weighted_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """:func:`_nnls` minimizing relative errors: rows scaled by 1 / y (y > 0)."""
+    """:func:`_nnls` minimizing relative errors: rows scaled by 1 / y (y > 0); stacks as :func:`_nnls`."""
     w = 1.0 / np.where(y > 0, y, 1.0)
-    return _nnls(x * w[:, None], y * w)
+    return _nnls(x * w[..., None], y * w)
 
 
 @dataclass(frozen=True)

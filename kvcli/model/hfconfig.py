@@ -23,7 +23,8 @@ Read as transformers reads it (the config object ``AutoConfig`` builds, its text
   experts): its mixer blocks hold no MLP, its ``moe`` blocks are the expert layers (the others dense), the shared
   expert is one MLP of ``moe_shared_expert_intermediate_size``;
 - the MLP's matrices: SwiGLU (gate, up, down) except for the model types of :data:`UNGATED_MLP` (up and down);
-  an attention output gate (Q projection of twice the width) for those of :data:`OUTPUT_GATE`.
+  an attention output gate (Q projection of twice the width) for those of :data:`OUTPUT_GATE`;
+- ``tie_word_embeddings``: the LM head is the embedding's matrix, counted once in the parameters.
 """
 from __future__ import annotations
 
@@ -240,4 +241,5 @@ def shapes_from_config(name: str, text: Any, dtype: str) -> ModelConfig:
         linear_params=linear_mixer_params(text) if LINEAR in kinds else 0,
         attn_output_gate=model_type in OUTPUT_GATE, gated_mlp=model_type not in UNGATED_MLP,
         mixer_mlp=not (_MLP_BLOCKS & set(_block_types(text))),
+        tie_embeddings=bool(_get(text, "tie_word_embeddings", default=False)),
         **(linear_mixer_shapes(text) if LINEAR in kinds else {}), **_mla(text), **_experts(text))

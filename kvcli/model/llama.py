@@ -2,7 +2,8 @@
 
 Architecture (Llama 3 / Qwen2 family, without biases): token embedding, ``layers`` blocks of
 (RMSNorm -> grouped-query attention with rotary positions -> residual, RMSNorm -> SwiGLU MLP -> residual),
-a final RMSNorm and an untied LM head. Attention after a cached prefix runs on unmasked fast kernels
+a final RMSNorm and an LM head (the embedding's matrix where the preset ties them, ``tie_embeddings``).
+Attention after a cached prefix runs on unmasked fast kernels
 (:func:`kvcli.model.attention.cached_prefix_attention`), reading the prefix's KV where it lies (``kv_for="new"``
 copies none of it), so a suffix prefill costs what is left to compute. RoPE uses the
 "rotate half" layout of Hugging Face's Llama code, so the weights of a real checkpoint would load without
@@ -154,7 +155,7 @@ class LocalModel:
                               normal(c.hidden, c.heads * c.head_dim), ones(), normal(2 * c.ffn, c.hidden),
                               normal(c.hidden, c.ffn)) for _ in range(c.layers)]
         self.final_norm = ones()
-        self.lm_head = normal(c.vocab, c.hidden)
+        self.lm_head = self.embed if c.tie_embeddings else normal(c.vocab, c.hidden)
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
         self._inv_freq = inv_freq.float().to(device)
 

@@ -64,6 +64,8 @@ class ModelConfig:
       state, :func:`kvcli.model.hfconfig.linear_state_elements`); ``linear_params``: parameters of one linear
       layer's mixer (its projections, convolution and per-head vectors,
       :func:`kvcli.model.hfconfig.linear_mixer_params`).
+    - ``tie_embeddings``: the LM head is the token embedding's matrix (transformers' ``tie_word_embeddings``:
+      small models such as Qwen2.5-0.5B and Llama 3.2 1B), so it is stored and counted once.
     - ``attn_output_gate``: the attention output is gated, ``o_proj(attn * sigmoid(gate))``, the gate made by a
       Q projection of twice the width (Qwen3-Next's ``Qwen3NextAttention``: ``q_proj`` ``hidden x 2 heads
       head_dim``).
@@ -118,6 +120,7 @@ class ModelConfig:
     linear_conv_kernel: int = 0
     linear_chunk: int = 0
     moe_latent: int = 0
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         if self.layer_types and len(self.layer_types) != self.layers:
@@ -239,7 +242,7 @@ class ModelConfig:
         return (kind != NO_MIXER) + self.has_mlp(kind)
 
     def params(self) -> int:
-        """Number of parameters (embedding and LM head counted separately: they are untied; every expert
+        """Number of parameters (embedding and LM head counted separately unless :attr:`tie_embeddings`; every expert
         counted; a linear layer's mixer as :attr:`linear_params`; the layers' norms (:meth:`layer_norms`) and the
         final one of ``hidden`` each; biases and per-head Q/K norms left out). Equals ``sum(p.numel())`` of
         transformers' model for a Llama and a Nemotron-H without biases (tests/model/test_flops.py)."""
@@ -260,7 +263,7 @@ class ModelConfig:
                    for i, kind in enumerate(self.kinds))
         norms = sum(self.layer_norms(kind) for kind in self.kinds) + 1
         return self.attention_layers * attn + self.count(LINEAR) * self.linear_params + mlps \
-            + norms * self.hidden + 2 * self.vocab * self.hidden
+            + norms * self.hidden + (1 if self.tie_embeddings else 2) * self.vocab * self.hidden
 
 
 def _element_bytes(dtype: torch.dtype | str) -> int:
@@ -274,13 +277,14 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
     # The default for replays on a 2-vCPU machine, in fp32 because every CPU computes it natively: a 1,024-token
     # prefill takes ~1.1 s of CPU time on an AVX2-only AMD EPYC, where bf16 is emulated and takes ~5.9 s (15x its
     # ~0.4 s on AVX512-BF16). 8,192 KV bytes/token: 2 MiB per 256-token chunk. --dtype bfloat16 gives a
-    # serving-like KV size where the CPU has bf16 instructions.
+    # serving-like KV size where the CPU has bf16 instructions. The LM head is tied to the embedding, as small
+    # models tie it: 205 MB less to draw and hold (the KV does not depend on it).
     ModelConfig("cpu", layers=8, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1408, vocab=100352,
-                dtype="float32"),
+                dtype="float32", tie_embeddings=True),
     ModelConfig("qwen2.5-0.5b", layers=24, hidden=896, heads=14, kv_heads=2, head_dim=64, ffn=4864,
-                vocab=151936, rope_theta=1e6, norm_eps=1e-6, context=32768),
+                vocab=151936, rope_theta=1e6, norm_eps=1e-6, context=32768, tie_embeddings=True),
     ModelConfig("llama-3.2-1b", layers=16, hidden=2048, heads=32, kv_heads=8, head_dim=64, ffn=8192,
-                vocab=128256, context=131072),
+                vocab=128256, context=131072, tie_embeddings=True),
     ModelConfig("llama-3-8b", layers=32, hidden=4096, heads=32, kv_heads=8, head_dim=128, ffn=14336,
                 vocab=128256),
 )}

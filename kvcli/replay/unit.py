@@ -3,10 +3,11 @@
 :func:`replay_stores` is the one implementation a unit runs, in this process (every store) or in a worker process
 or Ray task (some of them: :mod:`kvcli.replay.parallel`). Per request, in trace order: an empty prompt is skipped;
 a measured one runs its full prefill once, then every lane replays it timed (:meth:`Lane.measure`); estimated ones
-wait in a batch of up to ``pipeline`` requests that every lane sends together (:meth:`Lane.submit`). A batch sent is
-accounted (:meth:`Lane.account`) once the batch after it was sent, so the server runs one batch while this process
-reads and hashes the next; everything sent is accounted before a measured request and at the end, so each lane
-sees its requests in trace order. The trace is read and hashed in this process or, for an index-only unit on a
+wait in a batch of up to ``pipeline`` requests and :data:`BATCH_CHUNKS` chunks (summed over the lanes: what the
+batch holds in memory, ~200 bytes of hashes, digests and keys a chunk) that every lane sends together
+(:meth:`Lane.submit`). A batch sent is accounted (:meth:`Lane.account`) once the batch after it was sent, so the
+server runs one batch while this process reads and hashes the next; everything sent is accounted before a measured
+request and at the end, so each lane sees its requests in trace order. The trace is read and hashed in this process or, for an index-only unit on a
 machine with cores to spare, in a forked child (:mod:`kvcli.replay.prefetch`).
 """
 from __future__ import annotations
@@ -26,6 +27,10 @@ from kvcli.replay.work import Part, Work
 from kvcli.store.batch import batchable
 from kvcli.store.kvstore import KVStore
 from kvcli.traces.request import Request
+
+#: The most chunks (over every lane) a batch of estimated requests holds before it is sent, so its memory stays
+#: bounded whatever the prompts' lengths and chunk sizes (256 requests of 12k tokens at chunk size 16 are 192k).
+BATCH_CHUNKS = 1 << 16
 
 
 def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], upper_bound: bool,
@@ -97,6 +102,7 @@ class UnitReplay:
         self.samples: list[PrefillSample] = []
         self._pipeline, self._requests, self._model, self._measure_tokens = pipeline, requests, model, measure_tokens
         self._batch: list[tuple] = []  # (index, prompt tokens, timestamp, [chunked prompt per lane]) waiting
+        self._batch_chunks = 0  # chunks of the waiting batch, every lane's
         self._inflight: tuple | None = None  # (indices, per lane requests, per lane batch) sent, not accounted
 
     def run(self, items: Iterable[Item], progress: Callable[[int, int], None] | None = None) -> None:
@@ -115,7 +121,8 @@ class UnitReplay:
                     self._measure(index, request)
                 else:
                     self._batch.append((index, n, stamp, prompts))
-                    if len(self._batch) >= self._pipeline:
+                    self._batch_chunks += sum(len(p.hashes) for p in prompts)
+                    if len(self._batch) >= self._pipeline or self._batch_chunks >= BATCH_CHUNKS:
                         self._flush(drain=False)
             if progress:
                 progress(index + 1, self._requests)
@@ -132,7 +139,7 @@ class UnitReplay:
         """Send the waiting batch through every lane and account the batch sent before it; with ``drain``, also
         account the one just sent (before a measured request, at the end)."""
         if self._batch:
-            entries, self._batch = self._batch, []
+            entries, self._batch, self._batch_chunks = self._batch, [], 0
             shares = [[(prompts[s], n, stamp) for _, n, stamp, prompts in entries] for s in range(len(self.lanes))]
             sent = [lane.submit(share) for lane, share in zip(self.lanes, shares)]
             previous, self._inflight = self._inflight, ([entry[0] for entry in entries], shares, sent)

@@ -13,6 +13,7 @@ import redis
 from kvcli.errors import BadInputError
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.presets import ModelSpec
+from kvcli.replay import unit
 from kvcli.replay.prefetch import Prefetch
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
@@ -72,6 +73,17 @@ def test_lru_capacity_by_hand(redis_client, pipeline):
         sorted(k.replace(res.namespace.encode(), b"") for k in keys)  # the same chunks: A and B
     for ns in (res.namespace, one.namespace):
         cluster.unlink(redis_client, _own_keys(redis_client, ns))
+
+
+def test_a_batch_is_sent_once_it_holds_batch_chunks(redis_client, monkeypatch):
+    """A batch closes at ``pipeline`` requests or BATCH_CHUNKS chunks, whichever first: at 4 chunks the six
+    prompts (2, 2, 2, 2, 3, 2 chunks of 4 tokens) go as batches of requests 1-2, 3-4 and 5-6, one lookup round trip
+    each, with the hand-counted LRU outcome of one request at a time."""
+    monkeypatch.setattr(unit, "BATCH_CHUNKS", 4)
+    result = _replay(redis_client, _requests(LRU_PROMPTS), 256, capacity_tokens=8)
+    (res,) = result.per_chunk_size
+    assert (res.hit_tokens, res.objects_created, res.metadata_entries, res.evicted_chunks) == (7, 10, 10, 8)
+    assert (res.lookups_pipelined, res.lookup_round_trips) == (6, 3)
 
 
 COMPARED = ("requests", "prompt_tokens", "hit_tokens", "hit_tokens_metadata_only", "hit_tokens_unlimited",
