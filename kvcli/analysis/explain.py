@@ -356,7 +356,7 @@ class Explainer:
         chunks are touched (the LRU's and the expiry's). ``unlimited``: the unlimited store's run, chunks."""
         assert self._chunker is not None
         cs = self.config.chunk_size
-        hashes = self._chunker.chunk(request.token_ids, request.cache_salt).hashes
+        hashes = self._chunker.chunk(request.prompt, request.cache_salt).hashes
         lru, expiry = self._lru, self._expiry
         # held: in the LRU; an unlimited store holds a chunk iff an earlier request stored it (the unlimited run)
         in_lru = [h in lru for h in hashes] if lru is not None else [k < unlimited for k in range(len(hashes))]

@@ -212,7 +212,7 @@ def namespace_lookup(client, namespace: str, config: ExplainConfig, model: str =
                                            state_shape=spec.state_shape))
 
     def run(request: Request) -> int:
-        look = store.lookup(request.token_ids, request.cache_salt, record=False)
+        look = store.lookup(request.prompt, request.cache_salt, record=False)
         if look.break_reason == "redis-error":
             raise RedisFailure(f"a lookup in namespace {namespace!r} failed ({request.source}): the explanation "
                                "stops rather than count it a miss")

@@ -197,10 +197,10 @@ def inspect(
     _show("inspect", maps, json_out, map_view)
 
 
-def _chunk_maps(client, ids: tuple[list[int], str], namespace: str, sizes: tuple[int, ...], model_id: str,
+def _chunk_maps(client, ids: tuple, namespace: str, sizes: tuple[int, ...], model_id: str,
                 tok_name: str) -> list:
-    """One prompt's chunk map per chunk size (``ids``: token ids and cache salt), read over one NO-TOUCH
-    connection; their warnings on stderr."""
+    """One prompt's chunk map per chunk size (``ids``: token ids, or a hash-id record's block keys, and the cache
+    salt), read over one NO-TOUCH connection; their warnings on stderr."""
     from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.reading import reader
     from kvcli.store.preflight import server_memory
@@ -284,7 +284,8 @@ def _show(command: str, result, json_out: bool, view) -> None:
 
 def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None = None):
     """``(token ids, cache salt)`` of the one prompt to map (text tokenized with ``tok``, a
-    tokenizer or its name), or None for the summary. The salt is ``cache_salt``
+    tokenizer or its name; a hash-id record's block keys, hashed as replay and warm hash them), or None for the
+    summary. The salt is ``cache_salt``
     when given, else the record's (``--request``) or ""."""
     if sum(x is not None for x in (prompt, tokens, request)) > 1:
         raise BadInputError("give one of --prompt, --tokens, --request")
@@ -311,7 +312,7 @@ def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None =
             raise BadInputError(f"--request must be TRACE:LINE, got {request!r}")
         for r in read_trace(path, fmt, tok):
             if r.source.rpartition(":")[2] == line:
-                return r.token_ids, r.cache_salt if cache_salt is None else cache_salt
+                return r.prompt, r.cache_salt if cache_salt is None else cache_salt
         raise BadInputError(f"no request at line {line}", path=path)
     return None
 

@@ -1,12 +1,12 @@
 """One prompt's chunk map on a live cache: chunk by chunk, where its hit run would break, and why. Read-only.
 
-For a prompt (``token_ids`` ``[tokens]``) under one namespace, model and chunk size (tokens), :func:`chunk_map`
-hashes the prompt's full chunks (:mod:`kvcli.hashing`) and reads each chunk's metadata, payload and PTTL in one
-pipelined round trip (plus INFO and DBSIZE when the cause of a missing chunk is inferred and no ``server`` state
-was passed): O(chunks) commands, payload bytes included. The result is a :class:`ChunkMap` with one
-:class:`MapRow` per full chunk (tokens ``[start, end)``, status, TTL in seconds) and the hit / prefill split in
-tokens, by the rule replay and route use (:func:`kvcli.store.hashing.reusable_tokens`: a prompt whose every
-chunk hits still computes its last token).
+For a prompt (``token_ids`` ``[tokens]``, or a hash-id prompt's block keys) under one namespace, model and chunk size
+(tokens), :func:`chunk_map` hashes the prompt's full chunks (:mod:`kvcli.store.hashing`) and reads each chunk's
+metadata, payload and PTTL in one pipelined round trip (plus INFO and DBSIZE when the cause of a missing chunk is
+inferred and no ``server`` state was passed): O(chunks) commands, payload bytes included. The result is a
+:class:`ChunkMap` with one :class:`MapRow` per full chunk (tokens ``[start, end)``, status, TTL in seconds) and the
+hit / prefill split in tokens, by the rule replay and route use (:func:`kvcli.store.hashing.reusable_tokens`: a
+prompt whose every chunk hits still computes its last token).
 
 The read helpers it shares with inspect live in :mod:`kvcli.live.reading`.
 """
@@ -18,7 +18,7 @@ import redis
 
 from kvcli.errors import RedisFailure
 from kvcli.live.reading import execute_read, reader
-from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
+from kvcli.store.hashing import PromptChunker, prompt_length, reusable_tokens
 from kvcli.store.judge import HITS, MISSING, WRONG_TYPE, judge
 from kvcli.store.layout import key_prefix
 from kvcli.store.preflight import ServerMemory, server_memory
@@ -64,8 +64,10 @@ class ChunkMap:
 
 def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
               cache_salt: str = "", server: ServerMemory | None = None) -> ChunkMap:
-    """Where a prompt's hit run would break, and why; read-only (two pipelined round trips, payloads included), over
-    one connection in ``CLIENT NO-TOUCH`` mode where the server has it (:func:`kvcli.live.reading.reader`).
+    """Where a prompt's hit run would break, and why (``token_ids``: token ids ``[tokens]``, or a hash-id prompt's block
+    keys, :class:`kvcli.store.hashing.BlockPrompt`, hashed from its keys as replay and warm hash it); read-only (two
+    pipelined round trips, payloads included), over one connection in ``CLIENT NO-TOUCH`` mode where the server has
+    it (:func:`kvcli.live.reading.reader`).
 
     A key of another type than a string at a chunk's metadata name makes it "bad-metadata"; at its payload name,
     "bad-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of
@@ -84,7 +86,7 @@ def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, m
 def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
                cache_salt: str, server: ServerMemory | None) -> ChunkMap:
 
-    prompt = chunk_prompt(token_ids, chunk_size, namespace_root(model_id, tokenizer, cache_salt))
+    prompt = PromptChunker(model_id, tokenizer, chunk_size).chunk(token_ids, cache_salt)
     prefix = key_prefix(namespace, chunk_size)
     pipe = client.pipeline(transaction=False)
     for h in prompt.hashes:
@@ -108,7 +110,7 @@ def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, 
         pttl = replies[3 * k + 2]
         rows.append(MapRow(k, h.hex(), k * chunk_size, (k + 1) * chunk_size, status,
                            pttl / 1000 if pttl >= 0 else None))
-    n = len(token_ids)
+    n = prompt_length(token_ids)
     reused = reusable_tokens(hits * chunk_size, n)
     return ChunkMap(namespace, chunk_size, model_id, n, tuple(rows), reused, n - reused,
                     None if hits == len(states) else hits, reason)

@@ -202,9 +202,9 @@ class Lane:
         """
         store, res, rate = self.store, self.result, self._rate
         cs = store.config.chunk_size
-        tokens, n, length = request.token_ids, len(request.token_ids), len(head)
+        n, length = request.prompt_tokens, len(head)
         crit, back = _critical(res), _background(res)
-        prompt = store.chunk(tokens, request.cache_salt)
+        prompt = store.chunk(request.prompt, request.cache_salt)
         if self._hit_curve:
             self._hit_curve.observe(prompt.hashes, request.timestamp, n)
         if self._real:

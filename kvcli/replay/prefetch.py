@@ -1,15 +1,15 @@
 """Read, cut and hash a trace ahead of the replay, in a child process: an index-only replay on two cores.
 
 An index-only replay (``--payload accounted``, no request timed) spends most of its own time reading the trace,
-synthesizing or tokenizing prompts and hashing their chunks, work that depends on the trace alone; the lookups,
-stores and accounting that follow depend on what earlier requests stored, and stay in arrival order in the
-replaying process. :class:`Prefetch` moves the first part to a forked child that runs
-``PREFETCH_BATCH`` requests ahead: it reads the trace, computes each request's chunk hashes and token digests for
-every store (:func:`kvcli.store.hashing.chunk_hashes`, the code the replay runs itself) and the token-granular
-upper bound's radix match when asked, and sends them through a pipe a batch at a time (hashes and digests joined:
-24 bytes a chunk); the replay rebuilds each :class:`~kvcli.store.hashing.ChunkedPrompt` (without its token ids,
-which stay in the child) and goes on as with prompts it hashed itself: the same hashes, so the same results (a
-test replays sample traces both ways).
+tokenizing prompts and hashing their chunks (a hash-id trace's from its block keys, no token ids synthesized), work
+that depends on the trace alone; the lookups, stores and accounting that follow depend on what earlier requests
+stored, and stay in arrival order in the replaying process. :class:`Prefetch` moves the first part to a forked child
+that runs ``PREFETCH_BATCH`` requests ahead: it reads the trace, computes each request's chunk hashes and token
+digests for every store (:meth:`kvcli.store.hashing.PromptChunker.hashes`, the code the replay runs itself) and the
+token-granular upper bound's radix match when asked, and sends them through a pipe a batch at a time (hashes and
+digests joined: 24 bytes a chunk); the replay rebuilds each :class:`~kvcli.store.hashing.ChunkedPrompt` (without its
+token ids, which stay in the child) and goes on as with prompts it hashed itself: the same hashes, so the same
+results (a test replays sample traces both ways).
 
 When (:func:`can_prefetch`): a fork is available (POSIX; macOS's default start method is spawn, and a spawned
 child would import everything again), this process may use two cores or more, the trace has at least
@@ -32,7 +32,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.replay.lifeline import die_with_parent
-from kvcli.store.hashing import PromptChunker, chunk_hashes, chunked, reusable_tokens
+from kvcli.store.hashing import PromptChunker, chunked, reusable_tokens
 
 PREFETCH_BATCH = 256  # requests per message from the child
 PREFETCH_MIN_REQUESTS = 512  # fewer: hashed in this process (a fork and a pipe cost more than they save)
@@ -125,15 +125,14 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
         for index, request in enumerate(reader()):
             if index >= limit:
                 break
-            n = len(request.token_ids)
+            n = request.prompt_tokens
             joined, match = None, 0
             if n:
                 if radix is not None:
                     match = reusable_tokens(radix.match_request(request), n)
                 joined = []
                 for chunker in chunkers:
-                    _, hashes, digests = chunk_hashes(request.token_ids, chunker.chunk_size,
-                                                      chunker.root(request.cache_salt))
+                    hashes, digests = chunker.hashes(request.prompt, request.cache_salt)
                     joined.append((b"".join(hashes), b"".join(digests)))
             batch.append((index, request.timestamp, n, joined, match))
             if len(batch) >= PREFETCH_BATCH:
@@ -162,9 +161,9 @@ def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measu
     for index, request in enumerate(reader()):
         if index >= limit:
             return
-        n = len(request.token_ids)
+        n = request.prompt_tokens
         match = reusable_tokens(radix.match_request(request), n) if (
             radix is not None and n) else 0
-        prompts = [store.chunk(request.token_ids, request.cache_salt) for store in stores] if (
+        prompts = [store.chunk(request.prompt, request.cache_salt) for store in stores] if (
             n and index not in measured) else None
         yield index, request.timestamp, n, prompts, match, request

@@ -7,8 +7,9 @@ wait in a batch of up to ``pipeline`` requests and :data:`BATCH_CHUNKS` chunks (
 batch holds in memory, ~200 bytes of hashes, digests and keys a chunk) that every lane sends together
 (:meth:`Lane.submit`). A batch sent is accounted (:meth:`Lane.account`) once the batch after it was sent, so the
 server runs one batch while this process reads and hashes the next; everything sent is accounted before a measured
-request and at the end, so each lane sees its requests in trace order. The trace is read and hashed in this process or, for an index-only unit on a
-machine with cores to spare, in a forked child (:mod:`kvcli.replay.prefetch`).
+request and at the end, so each lane sees its requests in trace order. The trace is read and hashed in this
+process or, for an index-only unit on a machine with cores to spare, in a forked child
+(:mod:`kvcli.replay.prefetch`).
 """
 from __future__ import annotations
 

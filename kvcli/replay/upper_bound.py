@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kvcli.traces.request import Request
-from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids
+from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids, first_token_ids
 
 
 class Segment(NamedTuple):
@@ -243,25 +243,26 @@ class BlockTrie:
                 best = max(best, _common(other, block))
         return best
 
-    def match_and_insert(self, keys: np.ndarray, tokens: np.ndarray, cache_salt: str = "") -> int:
-        """The longest prefix of ``tokens`` seen before under ``cache_salt``, in tokens (as
-        :meth:`RadixUpperBound.match_and_insert`), then ``tokens`` inserted.
+    def match_and_insert(self, keys: np.ndarray, length: int, cache_salt: str = "") -> int:
+        """The longest prefix of the prompt ``block_token_ids(keys, B, length)`` seen before under ``cache_salt``,
+        in tokens (as :meth:`RadixUpperBound.match_and_insert`), then the prompt inserted. Only the first token of
+        each block and the tokens of the first block not shared whole are synthesized.
 
         Args:
-            keys: ``[blocks]`` uint64 block keys, ``blocks == ceil(len(tokens) / B)``.
-            tokens: ``[tokens]`` uint32, ``block_token_ids(keys, B, len(tokens))``.
+            keys: ``[blocks]`` uint64 block keys, ``blocks == ceil(length / B)``.
+            length: the prompt's tokens.
             cache_salt: the tenant.
 
         Raises:
-            ValueError: ``keys`` and ``tokens`` of different lengths in blocks.
+            ValueError: ``keys`` and ``length`` of different lengths in blocks.
         """
-        b, n = self.block_tokens, len(tokens)
+        b, n = self.block_tokens, length
         if len(keys) != -(-n // b):
             raise ValueError(f"{len(keys)} block keys for {n} tokens at {b} tokens per block")
         node = self._roots.get(cache_salt, -1)
         if node < 0:
             node = self._roots[cache_salt] = self._new(0, b)
-        firsts, ks = tokens[::b].tolist(), keys.tolist()
+        firsts, ks = first_token_ids(keys, b).tolist(), keys.tolist()
         get, key_of, held_of, last = self._child.get, self._key, self._held, len(ks) - 1
         for i, (first, key) in enumerate(zip(firsts, ks)):
             held = b if i < last else n - i * b
@@ -272,7 +273,7 @@ class BlockTrie:
             if child >= 0 and held_of[child] >= held:
                 node = child  # the whole block shared
                 continue
-            block = tokens[i * b:i * b + held]
+            block = block_token_ids(keys[i:i + 1], b, held)
             shared = max(self._held[child] if child >= 0 else 0, self._tail(slot, key, block))
             if child >= 0:
                 self._held[child] = held
@@ -324,12 +325,13 @@ class UpperBound:
     def match_request(self, request: Request) -> int:
         """The longest prefix of ``request.token_ids`` that an earlier request of its cache salt held (tokens),
         then the request inserted (:meth:`RadixUpperBound.match_and_insert`)."""
-        tokens, blocks, salt = request.token_ids, request.blocks, request.cache_salt
+        blocks, salt = request.blocks, request.cache_salt
         if self._radix is None and blocks is not None and blocks.block_tokens >= BlockTrie.MIN_BLOCK_TOKENS:
             if self._trie is None:
                 self._trie = BlockTrie(blocks.block_tokens)
             if self._trie.block_tokens == blocks.block_tokens:
-                return self._trie.match_and_insert(blocks.keys, tokens, salt)
+                return self._trie.match_and_insert(blocks.keys, blocks.length, salt)
+        tokens = request.token_ids
         if self._radix is None:
             self._radix = RadixUpperBound()
             for path_salt, path in self._trie.prompts() if self._trie is not None else ():

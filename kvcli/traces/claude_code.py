@@ -28,8 +28,7 @@ from kvcli.traces.records import (
     require_object,
     shorten,
 )
-from kvcli.traces.request import BlockKeys, Outline, Request, TokenizerArg
-from kvcli.traces.synth import block_token_ids
+from kvcli.traces.request import BlockKeys, HashIdRequest, Outline, Request, TokenizerArg
 
 SCHEMA = HASH_ID_FORMATS["claude-code"]
 
@@ -91,15 +90,15 @@ def _iter(path: Path, fmt: TraceFormat, synthesize: bool, skipped: list[BadInput
                     continue
                 raise located_err from None
             if synthesize:
-                yield Request(id=f"{session}:{k}", token_ids=block_token_ids(keys, block_tokens, length),
-                              blocks=BlockKeys(keys, block_tokens),
-                              timestamp=t, session_id=session, output_length=out, source=f"{path}:{row_no}")
+                yield HashIdRequest(id=f"{session}:{k}", blocks=BlockKeys(keys, block_tokens, length),
+                                    timestamp=t, session_id=session, output_length=out, source=f"{path}:{row_no}")
             else:
                 yield Outline(length, t)
 
 
 def read_claude_code(path: Path, tokenizer: TokenizerArg, fmt: TraceFormat) -> Iterator[Request]:
-    """Requests of a Claude-Code session trace (module docstring), token ids synthesized per (scoped) id.
+    """Requests of a Claude-Code session trace (module docstring), token ids synthesized per (scoped) id when
+    first read (:class:`~kvcli.traces.request.HashIdRequest`).
     ``tokenizer`` is not used.
 
     Raises:

@@ -42,8 +42,8 @@ from kvcli.traces.records import (
     require_object,
     shorten,
 )
-from kvcli.traces.request import BlockKeys, Outline, Request, TokenizerArg
-from kvcli.traces.synth import block_token_ids, splitmix64_
+from kvcli.traces.request import BlockKeys, HashIdRequest, Outline, Request, TokenizerArg
+from kvcli.traces.synth import splitmix64_
 
 #: ``--timestamp-unit`` names -> units per second.
 TIMESTAMP_UNITS = {"s": 1, "ms": 1000, "us": 1_000_000}
@@ -276,17 +276,17 @@ def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
 def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema, fmt: TraceFormat
                        ) -> Iterator[Request]:
     """Requests of a line-per-request hash-id trace (``mooncake`` with declarations, ``bailian``, ``hash-ids``),
-    token ids synthesized per id (module docstring). ``tokenizer`` is not used (there is no text).
+    token ids synthesized per id (module docstring) when first read (:class:`~kvcli.traces.request.HashIdRequest`).
+    ``tokenizer`` is not used (there is no text).
 
     Raises:
         BadInputError: at ``path:line``, while iterating, a record that fails its checks (unless skipped).
     """
     del tokenizer
     for line_no, f in iter_hash_id_records(path, schema, fmt):
-        yield Request(id=f.request_id or f"{path.name}:{line_no}",
-                      token_ids=block_token_ids(f.keys, f.block_tokens, f.input_length),
-                      blocks=BlockKeys(f.keys, f.block_tokens), timestamp=f.timestamp,
-                      session_id=f.session_id, output_length=f.output_length, source=f"{path}:{line_no}")
+        yield HashIdRequest(id=f.request_id or f"{path.name}:{line_no}",
+                            blocks=BlockKeys(f.keys, f.block_tokens, f.input_length), timestamp=f.timestamp,
+                            session_id=f.session_id, output_length=f.output_length, source=f"{path}:{line_no}")
 
 
 def outline_hash_id_trace(path: Path, schema: HashIdSchema, fmt: TraceFormat) -> Iterator[Outline]:

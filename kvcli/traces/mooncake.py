@@ -1,4 +1,4 @@
-"""Mooncake (FAST'25) JSONL traces: ``hash_ids`` of 512-token blocks; token ids synthesized per block."""
+"""Mooncake (FAST'25) JSONL traces: ``hash_ids`` of 512-token blocks; token ids synthesized per block on first use."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -18,7 +18,7 @@ from kvcli.traces.records import (
     require_object,
     shorten,
 )
-from kvcli.traces.request import BlockKeys, Outline, Request, TokenizerArg
+from kvcli.traces.request import BlockKeys, HashIdRequest, Outline, Request, TokenizerArg
 from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -28,7 +28,8 @@ _MAX_HASH_ID = 2**55  # hash_id * 512 + 511 must fit in uint64
 
 
 def read_mooncake(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
-    """Requests of a Mooncake JSONL trace; token ids synthesized by :func:`mooncake_token_ids`.
+    """Requests of a Mooncake JSONL trace; token ids synthesized by :func:`mooncake_token_ids` when first read
+    (:class:`~kvcli.traces.request.HashIdRequest`).
 
     ``tokenizer`` is not used (there is no text); the ids are valid ordinary cl100k_base ids.
     """
@@ -43,10 +44,9 @@ def read_mooncake(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> It
 
 def _mooncake_request(record: Any, path: Path, line_no: int) -> Request:
     input_length, blocks, timestamp, session_id, output_length = _mooncake_fields(record)
-    return Request(
+    return HashIdRequest(
         id=f"{path.name}:{line_no}",
-        token_ids=_synthesize(blocks, input_length),
-        blocks=BlockKeys(blocks, MOONCAKE_BLOCK_TOKENS),
+        blocks=BlockKeys(blocks, MOONCAKE_BLOCK_TOKENS, input_length),
         timestamp=timestamp,
         session_id=session_id,
         output_length=output_length,

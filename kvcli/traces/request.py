@@ -10,20 +10,28 @@ from typing import NamedTuple
 import numpy as np
 
 from kvcli.model.tokenizer_base import Tokenizer
+from kvcli.traces.synth import block_token_ids
 
 
 class BlockKeys(NamedTuple):
-    """The block keys a hash-id request's token ids were synthesized from
+    """The block keys a hash-id request's token ids are synthesized from
     (:func:`kvcli.traces.synth.block_token_ids`): equal keys at one block size give equal token blocks, so the
-    reuse upper bound can match requests on their keys (:class:`kvcli.replay.upper_bound.UpperBound`).
+    reuse upper bound can match requests on their keys (:class:`kvcli.replay.upper_bound.UpperBound`) and the
+    store hash their chunks from them (a :class:`kvcli.store.hashing.BlockPrompt`).
 
     Attributes:
-        keys: ``[blocks]`` uint64, ``blocks == ceil(len(token_ids) / block_tokens)``.
+        keys: ``[blocks]`` uint64, ``blocks == ceil(length / block_tokens)``.
         block_tokens: tokens per key, >= 1.
+        length: the prompt's tokens (``len(token_ids)``), >= 0.
     """
 
     keys: np.ndarray
     block_tokens: int
+    length: int
+
+    def token_ids(self) -> np.ndarray:
+        """The synthesized token ids, ``[length]`` ``'<u4'`` (:func:`kvcli.traces.synth.block_token_ids`)."""
+        return block_token_ids(self.keys, self.block_tokens, self.length)
 
 
 class ChatPrompt(NamedTuple):
@@ -54,7 +62,8 @@ class Request:
         source: ``"<file>:<line>"`` (1-based record number) for error messages.
         chat: the messages the prompt was rendered from, for a chat request (None for a text, token-id or hash-id
             prompt).
-        blocks: the block keys of a hash-id request's synthesized token ids (None for any other request).
+        blocks: the block keys of a hash-id request's synthesized token ids (None for any other request; a
+            :class:`HashIdRequest` synthesizes its ``token_ids`` from them on first use).
     """
 
     id: str
@@ -67,12 +76,61 @@ class Request:
     chat: ChatPrompt | None = None
     blocks: BlockKeys | None = None
 
+    @property
+    def prompt_tokens(self) -> int:
+        """``len(token_ids)``, tokens (a :class:`HashIdRequest` does not synthesize them for it)."""
+        return len(self.token_ids)
+
+    @property
+    def prompt(self):
+        """What the store hashes the prompt from (:meth:`kvcli.store.hashing.PromptChunker.chunk`): the token ids
+        ``[tokens]``, or for a hash-id request its :class:`BlockKeys` (its chunks hashed from the keys, whether or
+        not its token ids were synthesized)."""
+        return self.token_ids if self.blocks is None else self.blocks
+
     def __repr__(self) -> str:
         """One line: the id, source, token count and first tokens (not the whole array)."""
-        head = ", ".join(str(int(t)) for t in self.token_ids[:4])
-        more = ", ..." if len(self.token_ids) > 4 else ""
-        return (f"Request({self.id!r}, {len(self.token_ids):,} tokens [{head}{more}], timestamp={self.timestamp}, "
+        n = self.prompt_tokens
+        head = ", ".join(str(int(t)) for t in self.token_ids[:4]) if self.blocks is None else "block keys"
+        more = ", ..." if n > 4 and self.blocks is None else ""
+        return (f"Request({self.id!r}, {n:,} tokens [{head}{more}], timestamp={self.timestamp}, "
                 f"session_id={self.session_id!r}, cache_salt={self.cache_salt!r}, source={self.source!r})")
+
+
+_TOKEN_SLOT = Request.__dict__["token_ids"]  # the field's own storage (a slot), under the property below
+
+
+class HashIdRequest(Request):
+    """A :class:`Request` of a hash-id trace whose ``token_ids`` are synthesized from its ``blocks`` on first use
+    (then kept): made with ``token_ids=None``. Reading, hashing its chunks (:attr:`prompt`) and its upper bound
+    need only the keys; a model run or a token-level consumer reads ``token_ids`` as from any request."""
+
+    __slots__ = ()
+
+    def __init__(self, id: str, token_ids: np.ndarray | None = None, **fields) -> None:
+        if fields.get("blocks") is None:
+            raise ValueError("a HashIdRequest needs its blocks")
+        super().__init__(id, token_ids, **fields)  # type: ignore[arg-type]
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """``[tokens]`` ``'<u4'``: synthesized from :attr:`blocks` the first time it is read."""
+        tokens = _TOKEN_SLOT.__get__(self)
+        if tokens is None:
+            assert self.blocks is not None
+            tokens = self.blocks.token_ids()
+            _TOKEN_SLOT.__set__(self, tokens)
+        return tokens
+
+    @token_ids.setter
+    def token_ids(self, tokens: np.ndarray | None) -> None:  # the dataclass's __init__ and unpickling set it
+        _TOKEN_SLOT.__set__(self, tokens)
+
+    @property
+    def prompt_tokens(self) -> int:
+        """``blocks.length``, tokens (no token id synthesized)."""
+        assert self.blocks is not None
+        return self.blocks.length
 
 
 class Outline(NamedTuple):

@@ -39,7 +39,18 @@ def block_token_ids(keys: np.ndarray, block_tokens: int, input_length: int) -> n
         ``[input_length]`` ``'<u4'`` token ids, each < 100,256.
     """
     offsets = np.arange(block_tokens, dtype=np.uint64)
-    x = (keys.astype(np.uint64)[:, None] * np.uint64(block_tokens) + offsets).reshape(-1)[:input_length]
+    return synth_tokens_((keys.astype(np.uint64)[:, None] * np.uint64(block_tokens) + offsets).reshape(-1)
+                         [:input_length])
+
+
+def first_token_ids(keys: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Token 0 of each block of :func:`block_token_ids` (``[blocks]`` ``'<u4'``), without the others."""
+    return synth_tokens_(keys.astype(np.uint64) * np.uint64(block_tokens))
+
+
+def synth_tokens_(x: np.ndarray) -> np.ndarray:
+    """The token ids of synthesis inputs ``x`` (``[tokens]`` contiguous uint64, ``key * block_tokens + j``:
+    :func:`block_token_ids`), computed **in place** in ``x``; returns them as ``'<u4'``."""
     x = splitmix64_(x)
     x >>= _S32
     x *= _VOCAB

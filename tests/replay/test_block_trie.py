@@ -14,7 +14,7 @@ from kvcli.traces.synth import block_token_ids
 def _request(keys, block_tokens: int, length: int, salt: str = "", blocks: bool = True) -> Request:
     keys = np.asarray(keys, np.uint64)
     tokens = block_token_ids(keys, block_tokens, length)
-    return Request("r", tokens, cache_salt=salt, blocks=BlockKeys(keys, block_tokens) if blocks else None)
+    return Request("r", tokens, cache_salt=salt, blocks=BlockKeys(keys, block_tokens, length) if blocks else None)
 
 
 def _both(requests: list[Request]) -> tuple[list[int], list[int]]:
@@ -79,8 +79,7 @@ def test_requests_without_keys_and_small_blocks_use_the_radix_tree():
     with pytest.raises(ValueError, match="at least 8 tokens"):
         BlockTrie(4)
     with pytest.raises(ValueError, match="2 block keys for 20 tokens"):
-        BlockTrie(8).match_and_insert(np.array([1, 2], np.uint64), block_token_ids(np.array([1, 2, 3], np.uint64),
-                                                                                    8, 20))
+        BlockTrie(8).match_and_insert(np.array([1, 2], np.uint64), 20)
 
 
 _records = st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=6), st.integers(0, 7),
