@@ -12,12 +12,14 @@ requests (default all). The cache-manager row includes its real Redis
 round trips (embedded server); it is left out unless named in ``--policies``.
 
 Every measurement runs in a fresh process (``--worker``) that reads and hashes the trace (timed apart: the
-``read + hash`` line), then times each policy ``R`` times. With ``--ref REV`` (e.g. the commit before a change),
+``read + hash`` line, with its ratio to a hash floor: one xxh3 pass over the same token bytes, read again untimed),
+then times each policy ``R`` times. With ``--ref REV`` (e.g. the commit before a change),
 the ``kvcli`` package of REV (``git archive``) is measured too, in alternating processes (``K`` rounds of each),
 so a slow spell of this shared machine lands on both sides; the table gives min and median requests/s of each and
 their ratios (after / before). Without ``--ref`` only this checkout is measured. Every process also times a floor
 that does not depend on kvcli: a bare heap of the same event tuples (3 pushes and pops per request); ``x floor`` is
-the simulation's time over that floor's, comparable between runs.
+the simulation's time over that floor's, comparable between runs. The header gives the machine's load average
+before and after the run.
 """
 from __future__ import annotations
 
@@ -55,6 +57,23 @@ def heap_floor(arrival: list[float]) -> None:
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
+def hash_floor(trace: str, limit: int | None) -> dict[str, float]:
+    """The work floor of reading and hashing: one xxh3-128 pass over every prompt's token bytes (``<u4``), read
+    again beforehand (untimed) so that the tokens are in memory. ``{clock: seconds}``."""
+    import itertools
+
+    import xxhash
+
+    from kvcli.model.tokenize import lazy_tokenizer
+    from kvcli.store.hashing import as_token_array
+    from kvcli.traces.detect import read_trace
+
+    tokens = [as_token_array(r.token_ids) for r in itertools.islice(
+        read_trace(trace, "auto", lazy_tokenizer("cl100k_base")[0]), limit)]
+    digest = xxhash.xxh3_128_digest
+    return timed(lambda: [digest(t.data) for t in tokens])[1]
+
+
 def timed(fn) -> tuple[object, dict[str, float]]:
     """``(fn(), {clock: seconds it took})`` on each of :data:`CLOCKS`."""
     start = {name: clock() for name, clock in CLOCKS.items()}
@@ -71,10 +90,12 @@ def worker(args) -> dict:
     from kvcli.store.server import open_redis
 
     requests, load = timed(lambda: load_requests(args.trace, chunk_size=args.chunk_size, limit=args.limit))
+    floor = hash_floor(args.trace, args.limit)
     config = SimConfig(nodes=args.nodes, capacity_tokens=args.capacity, chunk_size=args.chunk_size)
     cost = CostCurve.from_tokens_per_second(10_000)
     arrival = sorted(r.timestamp or 0.0 for r in requests)
     out = {"requests": len(requests), "chunks": sum(len(r.hashes) for r in requests), "load": load,
+           "hash_floor": floor,
            "floor": [], "policies": {p: [] for p in args.policies}}
     with open_redis() if "cache-manager" in args.policies else nullcontext((None, None)) as (client, _):
         for _ in range(args.repeats):
@@ -112,6 +133,7 @@ def merge(results: list[dict]) -> dict:
     for r in results:
         out["floor"] += r["floor"]
         out["load"] = min(out["load"], r["load"], key=lambda t: t["wall"])
+        out["hash_floor"] = min(out["hash_floor"], r["hash_floor"], key=lambda t: t["wall"])
         for p, runs in r["policies"].items():
             out["policies"][p] += runs
     return out
@@ -124,10 +146,13 @@ def report(sides: dict[str, dict], args) -> None:
     print(f"{Path(args.trace).name}: {n:,} requests, {first['chunks']:,} chunks of {args.chunk_size} tokens; "
           f"{args.nodes} nodes, {args.capacity:,}-token caches; {args.rounds} processes x {args.repeats} repeats "
           "per side")
+    print(f"load average (1, 5, 15 min) on {os.cpu_count()} CPUs: {args.load_before} before, {args.load_after} after")
     for side, r in sides.items():
         floor = min(run["wall"] for run in r["floor"])
-        print(f"{side}: read + hash {r['load']['wall']:.2f} s ({n / r['load']['wall']:,.0f} requests/s, fastest "
-              f"process); heap floor {n / floor:,.0f} requests/s (wall, min)")
+        read, hashing = r["load"], r["hash_floor"]
+        print(f"{side}: read + hash {read['wall']:.2f} s wall, {read['cpu']:.2f} s CPU ({n / read['wall']:,.0f} "
+              f"requests/s, fastest process; {read['cpu'] / hashing['cpu']:.0f}x the hash floor, one xxh3 pass over "
+              f"the token bytes: {hashing['cpu']:.3f} s CPU); heap floor {n / floor:,.0f} requests/s (wall, min)")
     for clock, what in (("wall", "wall clock"), ("cpu", "CPU time of the process (discounts time the machine "
                                                          "gave to other jobs)")):
         head = "".join(f"{s + ' min':>14}{s + ' median':>16}" for s in names)
@@ -150,6 +175,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args)))
         return
+    args.load_before = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"now": str(ROOT)}
         if args.ref:
@@ -158,6 +184,7 @@ def main() -> None:
         for _ in range(args.rounds):
             for side, tree in trees.items():
                 runs[side].append(measure(tree, args))
+        args.load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
         report({side: merge(r) for side, r in runs.items()}, args)
 
 

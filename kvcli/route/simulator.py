@@ -40,7 +40,7 @@ from kvcli.errors import BadInputError
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.engine import EventLoop
 from kvcli.route.numbering import ChunkNumbering
-from kvcli.store.hashing import chunk_prompt, namespace_root, reusable_tokens
+from kvcli.store.hashing import PromptChunker, reusable_tokens
 from kvcli.store.lru import ChunkLru
 from kvcli.store.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
 from kvcli.units import parse_capacity
@@ -240,18 +240,17 @@ class SimRequest:
 
 def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> list[SimRequest]:
     """Hash every request of ``trace`` (kvcli.traces.Request objects) once, and number the distinct hashes (one
-    :class:`ChunkNumbering` per call); the token arrays are not kept.
+    :class:`ChunkNumbering` per call); the token arrays are not kept, and a hash-id request's are never made (its
+    chunks are hashed from its block keys: :meth:`~kvcli.store.hashing.PromptChunker.hashes`).
 
-    The namespace root is ``namespace_root("kvcli-route", tokenizer, cache_salt)``: only the salt varies inside
-    one run, and it is what keeps tenants apart.
+    The root is the store's, of model ``"kvcli-route"``, ``tokenizer`` and the request's cache salt: only the salt
+    varies inside one run, and it is what keeps tenants apart.
     """
-    roots: dict[str, bytes] = {}
+    chunker = PromptChunker("kvcli-route", tokenizer, chunk_size)
     numbering, out = ChunkNumbering(), []
     for r in trace:
-        root = roots.get(r.cache_salt) or roots.setdefault(r.cache_salt, namespace_root(
-            "kvcli-route", tokenizer, r.cache_salt))
-        chunk_ids = numbering.number(chunk_prompt(r.token_ids, chunk_size, root).hashes)
-        out.append(SimRequest(r.id, chunk_ids, int(len(r.token_ids)), r.output_length, r.timestamp, r.cache_salt,
+        chunk_ids = numbering.number(chunker.hashes(r.prompt, r.cache_salt)[0])
+        out.append(SimRequest(r.id, chunk_ids, int(r.prompt_tokens), r.output_length, r.timestamp, r.cache_salt,
                               numbering, r.source))
     numbering.close()
     return out
