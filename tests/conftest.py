@@ -5,6 +5,10 @@ Every test that uses ``redis_url`` or ``redis_client`` runs twice: on a single s
 cluster of 3 primaries (``[cluster]``, marked ``cluster``; skipped with the reason when no binary here can run a
 cluster). ``-m "not cluster"`` runs only the single-server half. A test that only makes sense on one server says so
 with ``@pytest.mark.single_server("why")``.
+
+The suite runs in pytest-xdist workers (``-n auto --dist loadfile``, pyproject.toml): each worker is a session of its
+own, with its own servers and cluster on its own free ports, and runs whole files (a file's module-scoped models and
+tokenizers are built once). ``-n 0`` runs everything in this process.
 """
 from __future__ import annotations
 
@@ -22,6 +26,32 @@ from redis.exceptions import RedisClusterException
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
 from kvcli.store.server import embedded_cluster, embedded_server
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject.toml's addopts): one worker per core, none for a run of named tests (``file::test``),
+    which would only wait for the workers to start."""
+    if config.args and all("::" in arg for arg in config.args):
+        return 0
+    return None  # xdist's own count
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """Under pytest-xdist: each worker starts with the controller's ``$COLUMNS`` (execnet's workers are started
+    with ``COLUMNS=80``, which kvcli's tables read as a terminal 80 columns wide)."""
+    node.workerinput["kvcli_columns"] = os.environ.get("COLUMNS")
+
+
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "kvcli_columns" in workerinput:
+        columns = workerinput["kvcli_columns"]
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
 
 
 def pytest_generate_tests(metafunc):

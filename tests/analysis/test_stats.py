@@ -83,8 +83,9 @@ def test_stats_json_on_the_tiny_trace(tmp_path):
                                                "saved_tokens": 16, "cache_salt": "", "first_words": None}
 
 
-def test_stats_text_shows_first_words_of_a_text_trace(tmp_path):
-    path = tmp_path / "chat.jsonl"
+def test_stats_text_shows_first_words_of_a_text_trace(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the table's title starts with the trace's name: a long one would wrap the title
+    path = Path("chat.jsonl")
     system = {"role": "system", "content": "You answer questions about the weather in one short line."}
     path.write_text("".join(json.dumps({"messages": [system, {"role": "user", "content": q}]}) + "\n"
                             for q in ("Rain in Paris?", "Snow in Oslo?", "Sun in Rome?")))
