@@ -7,7 +7,8 @@ the thin typer layer. units.py and errors.py are shared by all.
 The library the CLI is built on: the names a notebook needs are importable from ``kvcli`` itself (each loaded on
 first use, so ``import kvcli`` costs nothing). docs/library.md walks through them; its example runs in the tests.
 
-* traces: :func:`read_trace` (a trace file's :class:`Request` objects), :func:`read_prompts` (warm's sources);
+* traces: :func:`read_trace` (a trace file's :class:`Request` objects; a hash-id trace's are :class:`HashIdRequest`),
+  :func:`read_prompts` (warm's sources);
 * a server: :func:`open_redis` (a URL, ``$REDIS_URL``, or an embedded server for the block);
 * replay: :class:`ReplayConfig`, :class:`ModelOptions`, :func:`run_replay` -> :class:`TraceResult` per trace, one
   :class:`ChunkSizeResult` per chunk size;
@@ -28,6 +29,7 @@ _EXPORTS = {
     "read_trace": "kvcli.traces.detect",
     "read_prompts": "kvcli.traces.prompts",
     "Request": "kvcli.traces.request",
+    "HashIdRequest": "kvcli.traces.request",
     "open_redis": "kvcli.store.server",
     "ReplayConfig": "kvcli.replay.results",
     "TraceResult": "kvcli.replay.results",
@@ -50,7 +52,8 @@ _EXPORTS = {
     "ModelFailure": "kvcli.errors",
 }
 __all__ = [  # the names of _EXPORTS, spelled out for linters and editors (a test checks they agree)
-    "__version__", "read_trace", "read_prompts", "Request", "open_redis", "ReplayConfig", "TraceResult",
+    "__version__", "read_trace", "read_prompts", "Request", "HashIdRequest", "open_redis", "ReplayConfig",
+    "TraceResult",
     "ChunkSizeResult", "ModelOptions", "run_replay", "ChunkStore", "StoreConfig", "judge", "warm", "WarmConfig",
     "load_model", "inspect_cache", "chunk_map", "count", "purge", "KvcliError", "BadInputError", "RedisFailure",
     "ModelFailure",
@@ -71,7 +74,7 @@ if TYPE_CHECKING:  # what a type checker and an editor see; at run time each nam
     from kvcli.store.server import open_redis
     from kvcli.traces.detect import read_trace
     from kvcli.traces.prompts import read_prompts
-    from kvcli.traces.request import Request
+    from kvcli.traces.request import HashIdRequest, Request
 
 
 def __getattr__(name: str):
