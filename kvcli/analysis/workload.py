@@ -26,7 +26,6 @@ from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
 from kvcli.traces.request import ChatPrompt, Request
-from kvcli.traces.synth import block_token_ids
 
 
 def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int) -> list[TraceReport]:
@@ -191,8 +190,8 @@ def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None)
     def hashes(prompt, cache_salt: str) -> list[str]:
         if scheme == "kvcli":  # the store's own keys: a hash-id prompt's from its block keys, as replay and warm
             return [h.hex() for h in chunker.hashes(prompt, cache_salt)[0]]
-        tokens = block_token_ids(prompt.keys, prompt.block_tokens, prompt.length) if is_block_prompt(prompt) \
-            else prompt  # an engine hashes token ids: a hash-id prompt's synthesized ones
+        tokens = prompt.token_ids() if is_block_prompt(prompt) else prompt  # an engine hashes token ids: a
+        # hash-id prompt's synthesized ones (BlockKeys.token_ids)
         return block_hashes(scheme, tokens, config.chunk_size, cache_salt=cache_salt, hash_seed=hash_seed,
                             model_id=config.model_id, tokenizer=config.tokenizer)
 
