@@ -9,13 +9,14 @@ write, curve after access) so the machine's load hits each alike. Reported, min 
 * (replay with curve - replay without) / replay without: the same share, measured end to end (noisier);
 * the curve's memory (numpy state) per chunk size, and per distinct chunk.
 
-    python bench/bench_curve.py [TRACE] [REPEATS]   # default: the Mooncake sample (1,000 requests), 3 repeats
+    python bench/bench_curve.py [TRACE] [REPEATS] [--chunk-sizes 512]
+    # default: the Mooncake sample (1,000 requests), 3 repeats, chunk sizes 16/64/256/1024
 """
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces/mooncake_conversat
 SIZES = (16, 64, 256, 1024)
 
 
-def replay(client, trace: str, curve: bool, refresh: bool = False):
+def replay(client, trace: str, curve: bool, refresh: bool = False, sizes: tuple[int, ...] = SIZES):
     import torch
 
     from kvcli.model.costcurve import CostCurve
@@ -32,7 +33,7 @@ def replay(client, trace: str, curve: bool, refresh: bool = False):
     from kvcli.replay.results import ReplayConfig
     from kvcli.traces.detect import read_trace
 
-    config = ReplayConfig(chunk_sizes=SIZES, payload="accounted", measure=0, hit_curve=curve, ttl_refresh=refresh)
+    config = ReplayConfig(chunk_sizes=sizes, payload="accounted", measure=0, hit_curve=curve, ttl_refresh=refresh)
     r = Replayer(client, None, CostCurve.from_tokens_per_second(1000), "cl100k_base", config,
                  spec=ModelSpec("m", (8, 2, 2, 64), torch.bfloat16))
     requests = list(read_trace(trace))  # read once, outside the timing: the replay is what is compared
@@ -48,16 +49,21 @@ def _mm(xs: list[float], spec: str = ".2f") -> str:
 def main() -> None:
     from kvcli.store.server import open_redis
 
-    trace = sys.argv[1] if len(sys.argv) > 1 else str(SAMPLE)
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    print(f"{trace}; index-only replay, chunk sizes {', '.join(map(str, SIZES))}; {repeats} repeat(s); "
-          f"min / median")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace", nargs="?", default=str(SAMPLE))
+    ap.add_argument("repeats", nargs="?", type=int, default=3)
+    ap.add_argument("--chunk-sizes", default=",".join(map(str, SIZES)))
+    args = ap.parse_args()
+    trace, repeats = args.trace, args.repeats
+    sizes = tuple(int(x) for x in args.chunk_sizes.split(","))
+    print(f"{trace}; index-only replay, chunk sizes {', '.join(map(str, sizes))}; {repeats} repeat(s); "
+          f"min / median; load {os.getloadavg()[0]:.1f}")
     base, runs = [], {"after write": [], "after access": []}
     with open_redis(os.environ.get("REDIS_URL")) as (client, _):
         for _ in range(repeats):
-            base.append(replay(client, trace, False)[0])
+            base.append(replay(client, trace, False, sizes=sizes)[0])
             for rule in runs:
-                runs[rule].append(replay(client, trace, True, refresh=rule == "after access"))
+                runs[rule].append(replay(client, trace, True, refresh=rule == "after access", sizes=sizes))
     print(f"replay without the curve: {_mm(base)} s")
     for rule, got in runs.items():
         total = [t for t, _ in got]
