@@ -27,6 +27,12 @@ from kvcli.errors import RedisFailure
 from kvcli.store import cluster
 from kvcli.store.server import embedded_cluster, embedded_server
 
+# One OpenMP thread for torch (and numpy's BLAS) in this process and every process a test starts, unless the caller
+# says otherwise: the workers already share the cores, and a tiny model's ops are microseconds, where a second
+# thread's wake-up costs more than the op (the CLI's --threads defaults to 1 for the same reason; torch reads this
+# when it is first imported, after this module).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
