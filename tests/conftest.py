@@ -15,11 +15,14 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import weakref
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import redis
+import typer
+import typer.testing
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
@@ -32,6 +35,24 @@ from kvcli.store.server import embedded_cluster, embedded_server
 # thread's wake-up costs more than the op (the CLI's --threads defaults to 1 for the same reason; torch reads this
 # when it is first imported, after this module).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+_commands: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _command(app: typer.Typer):
+    """typer's click command for ``app``, built once per app and per set of registered commands (typer's
+    CliRunner.invoke builds it again on every call, ~0.1 s for kvcli's app, before each of ~1,500 invocations; the
+    command is rebuilt when a test registers another command or callback on the app)."""
+    shape = (tuple(id(c) for c in app.registered_commands), tuple(id(g) for g in app.registered_groups),
+             id(app.registered_callback))
+    cached = _commands.get(app)
+    if cached is None or cached[0] != shape:
+        cached = _commands[app] = (shape, _build_command(app))
+    return cached[1]
+
+
+_build_command = typer.testing._get_command
+typer.testing._get_command = _command  # type: ignore[attr-defined]
 
 
 @pytest.hookimpl(optionalhook=True)

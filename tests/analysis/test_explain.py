@@ -159,8 +159,9 @@ def test_every_request_adds_up_to_its_prompt_tokens_on_every_sample():
 
 @pytest.mark.single_server
 def test_the_totals_are_replays_hit_tokens_and_upper_bound_on_every_sample(redis_url):
+    # in this process (--jobs 1): test_parallel checks that worker processes give the same report
     out = run("replay", SAMPLES, "--chunk-sizes", "16,256", "--measure", "0", "--prefill-tps", 1000, "--payload",
-              "accounted", "--no-curve", "--json", "--redis-url", redis_url)
+              "accounted", "--no-curve", "--json", "--jobs", 1, "--redis-url", redis_url)
     rows = {(t["trace"], r["chunk_size"]): r for t in json.loads(out.stdout)["traces"] for r in t["per_chunk_size"]}
     for cs in (16, 256):
         for t in explain_traces([SAMPLES], "auto", None, ExplainConfig(cs)):
