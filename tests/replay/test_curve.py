@@ -96,9 +96,9 @@ def test_curve_equals_the_store_chunk_for_chunk(redis_client, prompts, capacity)
 
 
 def test_curve_equals_replays_on_the_mooncake_sample(redis_client):
-    """First 300 requests, index only: the curve of one replay at three capacities = three capacity replays."""
+    """First 150 requests, index only: the curve of one replay at three capacities = three capacity replays."""
     read = lambda: read_trace(MOONCAKE)  # noqa: E731
-    config = dict(chunk_sizes=(256, 1024), payload="accounted", measure=0, limit=300)
+    config = dict(chunk_sizes=(256, 1024), payload="accounted", measure=0, limit=150)
     spec = ModelSpec("m", (8, 2, 2, 64), torch.bfloat16)
 
     def run(**kw):
