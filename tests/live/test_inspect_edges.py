@@ -4,8 +4,7 @@ a namespace that holds nothing for the model or chunk size asked about."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import signal
 
 import numpy as np
 import pytest
@@ -39,12 +38,26 @@ def hashes(client, tokens, namespace="i", salt="", spec=TINY) -> list[str]:
     return [h.hex() for h in store.chunk(np.asarray(tokens, dtype=np.uint32), salt).hashes]
 
 
+class Overran(BaseException):
+    """Raised by SIGALRM into a command that runs past its time (a BaseException: no handler of kvcli's takes it)."""
+
+
 def inspect_json(url: str, *args: str) -> dict:
-    """``kvcli inspect --json`` in a child process that must end within 60 s (a loop over parent links would not)."""
-    proc = subprocess.run([sys.executable, "-m", "kvcli", "inspect", "--json", "--redis-url", url, *args],
-                          capture_output=True, timeout=60)
-    assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
-    return json.loads(proc.stdout)
+    """``kvcli inspect --json``, which must end within 60 s (a loop over parent links would not: SIGALRM stops it
+    with :class:`Overran`, and the test fails)."""
+    def overran(signum, frame):
+        raise Overran("kvcli inspect ran for 60 s")
+
+    previous = signal.signal(signal.SIGALRM, overran)
+    signal.alarm(60)
+    try:
+        out = CliRunner().invoke(app, ["inspect", "--json", "--redis-url", url, *args])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert out.exit_code == 0 and out.exception is None and "Traceback" not in out.output, (out.output,
+                                                                                             out.exception)
+    return json.loads(out.stdout)
 
 
 @pytest.mark.parametrize("source", [1, 2])
