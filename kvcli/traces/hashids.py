@@ -261,14 +261,15 @@ def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
                          skipped: list[BadInputError] | None = None) -> Iterator[tuple[int, _Fields]]:
     """``(line, fields)`` of each record of a line-per-request hash-id trace, checked, in file order.
 
-    ``skipped``: with ``fmt.skip_bad_records``, each record that failed its checks is appended here (located
-    errors) instead of raised.
+    ``skipped``: with ``fmt.skip_bad_records``, each record that failed its checks, or a line that is not JSON, is
+    appended here (located errors) instead of raised.
 
     Raises:
         BadInputError: at ``path:line``, a record that fails its checks (unless skipped).
     """
     blocks, sessions = BlockIds(fmt), _Sessions()
-    for line_no, record in iter_jsonl(path):
+    invalid = (skipped if skipped is not None else []) if fmt.skip_bad_records else None  # lines that are not JSON
+    for line_no, record in iter_jsonl(path, invalid):
         try:
             fields = _fields(record, schema, blocks, sessions)
         except BadInputError as err:
