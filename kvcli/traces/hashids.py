@@ -34,6 +34,7 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.traces.records import (
+    cache_salt,
     iter_jsonl,
     located,
     optional_count,
@@ -236,6 +237,7 @@ class _Fields:
     session_id: str | None
     output_length: int | None
     request_id: str | None
+    cache_salt: str
 
 
 def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sessions) -> _Fields:
@@ -254,7 +256,7 @@ def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sess
     else:
         session, request_id = optional_id(record, "session_id"), None
     return _Fields(input_length, keys, block_tokens, timestamp, session,
-                   optional_count(record.get("output_length"), "output_length"), request_id)
+                   optional_count(record.get("output_length"), "output_length"), request_id, cache_salt(record))
 
 
 def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
@@ -294,7 +296,8 @@ def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema
     for line_no, f in iter_hash_id_records(path, schema, fmt):
         yield HashIdRequest(id=f.request_id or f"{path.name}:{line_no}",
                             blocks=BlockKeys(f.keys, f.block_tokens, f.input_length), timestamp=f.timestamp,
-                            session_id=f.session_id, output_length=f.output_length, source=f"{path}:{line_no}")
+                            session_id=f.session_id, output_length=f.output_length, cache_salt=f.cache_salt,
+                            source=f"{path}:{line_no}")
 
 
 def outline_hash_id_trace(path: Path, schema: HashIdSchema, fmt: TraceFormat) -> Iterator[Outline]:

@@ -36,6 +36,15 @@ def optional_id(record: dict, key: str) -> str | None:
     return str(value)
 
 
+def cache_salt(record: dict, where: str = "") -> str:
+    """The record's ``cache_salt`` (a tenant's salt: requests of different salts never share cache), ``""`` when
+    absent or null. Raises BadInputError when it is not a string (``where`` prefixes the field's name in it)."""
+    salt = record.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadInputError(f"{where}cache_salt must be a string, not {json_type(salt)}")
+    return salt or ""
+
+
 def optional_count(value: Any, key: str) -> int | None:
     """``value`` as a count (an integer >= 0, not a boolean), or None. Raises BadInputError naming ``key``."""
     if value is None:
