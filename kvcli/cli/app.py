@@ -4,7 +4,9 @@ stderr, one-line errors with exit codes: 0 done, 2 bad input, 3 Redis failure, 4
 """
 from __future__ import annotations
 
+import atexit
 import functools
+import gc
 import os
 import signal
 import sys
@@ -420,6 +422,10 @@ def _interrupt(signum, frame) -> None:
 
 def main() -> None:
     """Console-script entry point: exit 130 after SIGINT, 143 after SIGTERM (128 + the last signal's number)."""
+    # Registered first, so it runs after every other exit handler: the objects left are frozen out of the
+    # collector, whose passes over them in the interpreter's teardown took ~1 s with torch imported on this
+    # 2-vCPU machine (0.3 s frozen); they are freed by their reference counts as the process ends.
+    atexit.register(gc.freeze)
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
     try:

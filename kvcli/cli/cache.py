@@ -136,7 +136,7 @@ def warm(
 INSPECT_PANELS = {
     "Store": ("namespace", "chunk_size", "layout", "redis_url", "redis_timeout"),
     "A prompt's chunks (--prompt, --tokens, --request)": ("prompt", "tokens", "request", "model", "dtype", "seed",
-                                                         "tokenizer", "cache_salt", "fmt"),
+                                                         "tokenizer", "cache_salt", "fmt", "add_special_tokens"),
     "Checks and output": ("sample", "verify", "json_out"),
 }
 
@@ -161,6 +161,9 @@ def inspect(
                                              "keys (LMCache 0.5.6 layout), by model.")] = "kvcli",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
+    hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
+    drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
+    add_special_tokens: AddSpecialTokens = True,
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
     integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map; or, with
@@ -186,7 +189,9 @@ def inspect(
         return _inspect_lmcache(redis_url, timeout, sample, json_out, namespace=namespace, verify=verify,
                                 prompt=prompt, tokens=tokens, request=request)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
-    ids = _prompt_ids(prompt, tokens, request, tok, fmt, cache_salt)
+    read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
+                           add_special_tokens)
+    ids = _prompt_ids(prompt, tokens, request, tok, read_as, cache_salt)
     sizes = () if ids is None else parse_chunk_sizes(chunk_size)  # only a chunk map has chunk sizes
     with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
@@ -282,7 +287,7 @@ def _show(command: str, result, json_out: bool, view) -> None:
         print_view(stdout_console(), view(result))
 
 
-def _prompt_ids(prompt, tokens, request, tok, fmt: str, cache_salt: str | None = None):
+def _prompt_ids(prompt, tokens, request, tok, fmt, cache_salt: str | None = None):
     """``(token ids, cache salt)`` of the one prompt to map (text tokenized with ``tok``, a
     tokenizer or its name; a hash-id record's block keys, hashed as replay and warm hash them), or None for the
     summary. The salt is ``cache_salt``

@@ -28,7 +28,7 @@ from kvcli.errors import KvcliError
 from kvcli.model.costcurve import PrefillSample
 from kvcli.prefixkv import resumable_tokens
 from kvcli.replay.curve import HitCurve
-from kvcli.replay.measure import timed_prefill
+from kvcli.replay.measure import SuffixTimings
 from kvcli.replay.network import ServerRates
 from kvcli.replay.planner import plan
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
@@ -69,7 +69,6 @@ class Lane:
         rate: the server's transfer rates for this store (seconds per chunk), calibrated once per trace.
         config: the replay's options (payload, ``verify_sample``, ``memory_sample``, upper bound, hit curve).
         client: the redis-py client the store runs on (its Redis memory is sampled at :meth:`finish`).
-        model: the local model that runs measured requests' suffix prefills (None when nothing is measured).
         batched: estimated requests go to the server in pipelined batches (:class:`~kvcli.store.batch.Batcher`;
             only for a store that :func:`~kvcli.store.batch.batchable` accepts).
         quiet: a context manager factory each of the batcher's latency samples runs inside, or None.
@@ -80,14 +79,14 @@ class Lane:
         ledger: this store's per request records (tokens; seconds) for the savings.
     """
 
-    def __init__(self, store: KVStore, rate: ServerRates, config: ReplayConfig, client: redis.Redis, model=None,
+    def __init__(self, store: KVStore, rate: ServerRates, config: ReplayConfig, client: redis.Redis,
                  batched: bool = False, quiet=None) -> None:
         cs = store.config.chunk_size
         self.store = store
         self.result = ChunkSizeResult(cs, store.config.namespace, layout=store.layout,
                                       upper_bound_tokens=0 if config.upper_bound else None)
         self.ledger = Ledger()
-        self._rate, self._client, self._model = rate, client, model
+        self._rate, self._client = rate, client
         self._real = config.payload == "real"
         self._priced = config.priced  # a profile or a roofline prices every prefill, measured requests' too
         self._verify_sample, self._memory_sample = config.verify_sample, config.memory_sample
@@ -190,12 +189,13 @@ class Lane:
         return next((i for i in range(k) if checked.get(prompt.hashes[i]) is False), k)
 
     # -- measured requests ----------------------------------------------------------------------------------------
-    def measure(self, index: int, request: Request, head: np.ndarray, t_full: float, logits_full, kv_full
-                ) -> Measured:
+    def measure(self, index: int, request: Request, head: np.ndarray, t_full: float, logits_full, kv_full,
+                suffixes: SuffixTimings) -> Measured:
         """Replay one measured request here, timed: lookup, retrieve, suffix prefill and store, against its full
         prefill of ``head`` (its first ``len(head)`` tokens: ``t_full`` seconds, ``logits_full``
         ``[tokens, vocab]``, ``kv_full`` ``[layers, 2, kv_heads, tokens, head_dim]``); the rest of a truncated
-        prompt is estimated.
+        prompt is estimated. ``suffixes`` times the suffix prefill (the request's own, shared by its lanes: a lane
+        that reuses the same prefix KV as one before it takes that timing, and adds no new sample).
 
         Raises:
             RedisFailure: the server failed. ModelFailure: the model failed.
@@ -219,8 +219,8 @@ class Lane:
         if reuse == 0:  # no hit: the cached path is the full prefill itself, saving exactly 0
             kv, t_suffix = kv_full, t_full
         else:
-            t_suffix, (logits, kv) = timed_prefill(self._model, head[reuse:], past)
-            sample = PrefillSample(length - reuse, reuse, t_suffix)
+            t_suffix, (logits, kv), fresh = suffixes.timed(past)
+            sample = PrefillSample(length - reuse, reuse, t_suffix) if fresh else None
             res.max_logit_diff = max(res.max_logit_diff, float((logits[-1] - logits_full[-1]).abs().max()))
         if self._real and length < n:  # real KV for the measured tokens' chunks, the rest accounted
             written = store.store(prompt, kv, start_chunk=hit_chunks, end_chunk=length // cs, lookup=look)

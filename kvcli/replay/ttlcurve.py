@@ -34,6 +34,8 @@ from kvcli.replay.stackdist import BatchLinks, batch_links, chain_max
 TTL_GRID_SECONDS = np.array([m * 10.0 ** e for e in range(-1, 6) for m in (1, 2, 5)])
 
 
+_SCALAR_TAIL = 8  # a batch's trailing rounds of one touch each are taken on Python floats from this many on
+
 RESOLUTION_SECONDS = 1e-6
 """Timestamps are compared to the microsecond: finer than any trace's clock (Mooncake's is in milliseconds, Redis
 expires to the millisecond), coarser than floating point's error on a difference of two epoch times (~1e-7 s)."""
@@ -141,8 +143,13 @@ class TtlCurve:
         now = stamps[at_of][:, None]
         alive = np.empty((len(retouch), g), bool)  # [retouch by round, grid]
         writes, grid = self._writes, self._limits
-        for a, b in zip(cuts[:-1], cuts[1:]):  # each chunk at most once per round
-            if b - a == 1:  # one chunk (a chunk in most requests of the batch): plain views, no gathers
+        sizes = np.diff(cuts)
+        wide = np.flatnonzero(sizes != 1)
+        tail = int(wide[-1]) + 1 if wide.size else 0  # rounds from here on hold one touch each
+        if len(sizes) - tail < _SCALAR_TAIL:
+            tail = len(sizes)
+        for a, b in zip(cuts[:tail], cuts[1:tail + 1]):  # each chunk at most once per round
+            if b - a == 1:  # one chunk: plain views, no gathers
                 written = writes[row_of[a]]
                 ok = np.less_equal(now[a] - stamps[written], grid, out=alive[a])
                 written[~ok] = at_of[a]  # absent: written now
@@ -151,6 +158,9 @@ class TtlCurve:
             written = writes[rows]
             ok = np.less_equal(now[a:b] - stamps[written], grid, out=alive[a:b])
             writes[rows] = np.where(ok, written, at_of[a:b, None])  # absent: written now
+        if tail < len(sizes):
+            first = cuts[tail]
+            alive[first:] = self._one_by_one(row_of[first:], at_of[first:])
         # each request's hits per grid TTL: its leading present chunks, all among its touches up to its first unseen
         m, heads = len(retouch), bounds[:-1]
         unseen = np.flatnonzero(fresh)
@@ -166,6 +176,31 @@ class TtlCurve:
         absent_at[order] = np.where(alive, np.int32(m), order.astype(np.int32)[:, None])
         first_absent = np.minimum.reduceat(absent_at, np.column_stack([start, stop]).ravel(), axis=0)[::2]
         self._hits[:-1] += (np.minimum(first_absent, stop[:, None]) - start[:, None]).sum(axis=0)
+
+    def _one_by_one(self, rows: np.ndarray, ats: np.ndarray) -> np.ndarray:
+        """The rounds of one touch each, in order (the tail of a batch's rounds: the touches of its most requested
+        chunk after every other chunk's last), as the round loop takes them, on Python floats: per touch, the
+        same float64 gap and comparison at each grid TTL, a fraction of the cost of numpy calls on one row of
+        ``len(grid)`` values. Updates the rows' write times; returns bool ``[touches, grid]``: present."""
+        writes, stamps = self._writes, self._stamps
+        limits = self._limits.tolist()
+        columns = range(len(limits))
+        out: list[list[bool]] = []
+        row, written, when = -1, list[int](), list[float]()  # the row being updated: its writes and their times
+        for r, at in zip(rows.tolist(), ats.tolist()):
+            if r != row:
+                if row >= 0:
+                    writes[row] = written
+                row, written = r, writes[r].tolist()
+                when = stamps[written].tolist()
+            now = float(stamps[at])
+            present = [now - when[j] <= limits[j] for j in columns]
+            for j in columns:
+                if not present[j]:  # absent: written now
+                    written[j], when[j] = at, now
+            out.append(present)
+        writes[row] = written
+        return np.array(out, bool)
 
     def _stamp_many(self, nows: np.ndarray) -> np.ndarray:
         r, k = self._requests, len(nows)

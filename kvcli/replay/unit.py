@@ -21,7 +21,7 @@ import redis
 
 from kvcli.model.costcurve import PrefillSample
 from kvcli.replay.lane import Lane
-from kvcli.replay.measure import timed_prefill
+from kvcli.replay.measure import SuffixTimings, timed_prefill
 from kvcli.replay.prefetch import Item, Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ReplayConfig
 from kvcli.replay.upper_bound import UpperBound
@@ -61,7 +61,7 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
     items = (ahead_items if ahead_items is not None
              else hashed_here(work.reader, requests, stores, radix, work.measured))
     quiet = ahead_items.paused if ahead_items is not None else None  # the child stopped while a lookup is timed
-    lanes = [Lane(store, work.rates[i], config, client, model, batched=pipeline > 1 and batchable(store),
+    lanes = [Lane(store, work.rates[i], config, client, batched=pipeline > 1 and batchable(store),
                   quiet=quiet) for i, store in zip(indices, stores)]
     unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=radix is not None,
                       batch_tokens=BATCH_CHUNKS * min(config.chunk_sizes))
@@ -170,8 +170,9 @@ class UnitReplay:
         t_full, (logits_full, kv_full) = timed_prefill(self._model, head, None)
         self.samples.append(PrefillSample(length, 0, t_full))
         rows, reusable = [], []
+        suffixes = SuffixTimings(self._model, head)
         for lane in self.lanes:
-            got = lane.measure(index, request, head, t_full, logits_full, kv_full)
+            got = lane.measure(index, request, head, t_full, logits_full, kv_full, suffixes)
             rows.append(got.row)
             reusable.append(got.reusable)
             if got.sample is not None:

@@ -22,7 +22,7 @@ class ChunkIndex:
     def __init__(self, nodes: int, capacity_chunks: int | None) -> None:
         self.caches = [ChunkLru(capacity_chunks) for _ in range(nodes)]
         self._matches = [cache.match for cache in self.caches]
-        self._touches = [cache.touch for cache in self.caches]
+        self.touches = [cache.touch for cache in self.caches]  # per node, its cache's ChunkLru.touch
 
     def depth(self, node: int, chunk_ids) -> int:
         """Leading chunks of ``chunk_ids`` (a request's, in prompt order) cached on ``node``."""
@@ -38,4 +38,4 @@ class ChunkIndex:
 
     def touch(self, node: int, chunk_ids) -> list:
         """:meth:`ChunkLru.touch` on ``node`` (:meth:`store` without the new ids). Returns the evicted ids."""
-        return self._touches[node](chunk_ids)
+        return self.touches[node](chunk_ids)

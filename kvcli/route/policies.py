@@ -103,9 +103,11 @@ class Policy:
         pass
 
     def mirror_nodes(self, capacity_chunks: int | None) -> list[deque] | None:
-        """None, or (a policy whose index mirrors the nodes' caches exactly) one queue per node of the chunk ids its
-        index evicted at each decision, oldest first, kept from now on: the event loop then keeps no LRU of its own
-        (:mod:`kvcli.route.engine`)."""
+        """None, or (a policy whose index mirrors the nodes' caches exactly) one queue per node of
+        ``(depth, evicted)`` per decision sent to it, oldest first, kept from now on: ``depth`` the request's leading
+        chunks the index held on that node before the decision's store (an int, chunks), ``evicted`` the chunk ids
+        that store evicted (a list). The event loop then keeps no LRU of its own and reads a request's hit from
+        ``depth`` (:mod:`kvcli.route.engine`)."""
         return None
 
     def close(self) -> None:
@@ -161,25 +163,29 @@ class _RouterIndexed(Policy):
     def __init__(self, config: SimConfig) -> None:
         self.config = config
         self.index = ChunkIndex(config.nodes, config.capacity_chunks)
-        self.depths, self.touch = self.index.depths, self.index.touch
-        self.evictions: list[deque] | None = None  # per node, when mirrored (mirror_nodes)
+        self.depths, self.touches = self.index.depths, self.index.touches
+        self.evictions: list[deque] | None = None  # per node, (depth, evicted) per decision when mirrored
 
     def choose(self, request, view, lookup) -> int:
         chunk_ids = request.chunk_ids
-        node = self.pick(request, view, self.depths(chunk_ids))
-        evicted = self.touch(node, chunk_ids)
+        depths = self.depths(chunk_ids)
+        node = self.pick(request, view, depths)
+        evicted = self.touches[node](chunk_ids)
         if self.evictions is not None:
-            self.evictions[node].append(evicted)
+            self.evictions[node].append((depths[node], evicted))
         return node
 
     def mirror_nodes(self, capacity_chunks: int | None) -> list[deque] | None:
-        """The index's evictions per node, from now on, when its capacity is the nodes' (else None).
+        """The index's depth and evictions per decision, per node, from now on, when its capacity is the nodes'
+        (else None).
 
         Why that mirrors the nodes exactly: a node prefills one request at a time, in the order they were sent to
         it (a FIFO queue), and stores it when the prefill ends; the index stores it when it is sent. So node ``k``'s
         cache and the index's cache ``k`` are fed the same requests in the same order, at the same capacity, and
         evict the same chunks at each store: the node's is only later. The node can then hold its chunks in an
-        unlimited cache and drop, at each store, what the index evicted at the same store."""
+        unlimited cache and drop, at each store, what the index evicted at the same store. For the same reason, when
+        a request's prefill starts (every request sent to the node before it has been stored), the node's cache is
+        the index's just before that request's store: its hit is the ``depth`` recorded then, no prefix match."""
         self.evictions = None
         if capacity_chunks != self.config.capacity_chunks or any(len(cache) for cache in self.index.caches):
             return None  # another capacity, or the index already holds decisions these nodes have not seen

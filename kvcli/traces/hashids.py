@@ -34,6 +34,7 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.traces.records import (
+    cache_salt,
     iter_jsonl,
     located,
     optional_count,
@@ -236,6 +237,7 @@ class _Fields:
     session_id: str | None
     output_length: int | None
     request_id: str | None
+    cache_salt: str
 
 
 def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sessions) -> _Fields:
@@ -254,21 +256,22 @@ def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sess
     else:
         session, request_id = optional_id(record, "session_id"), None
     return _Fields(input_length, keys, block_tokens, timestamp, session,
-                   optional_count(record.get("output_length"), "output_length"), request_id)
+                   optional_count(record.get("output_length"), "output_length"), request_id, cache_salt(record))
 
 
 def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
                          skipped: list[BadInputError] | None = None) -> Iterator[tuple[int, _Fields]]:
     """``(line, fields)`` of each record of a line-per-request hash-id trace, checked, in file order.
 
-    ``skipped``: with ``fmt.skip_bad_records``, each record that failed its checks is appended here (located
-    errors) instead of raised.
+    ``skipped``: with ``fmt.skip_bad_records``, each record that failed its checks, or a line that is not JSON, is
+    appended here (located errors) instead of raised.
 
     Raises:
         BadInputError: at ``path:line``, a record that fails its checks (unless skipped).
     """
     blocks, sessions = BlockIds(fmt), _Sessions()
-    for line_no, record in iter_jsonl(path):
+    invalid = (skipped if skipped is not None else []) if fmt.skip_bad_records else None  # lines that are not JSON
+    for line_no, record in iter_jsonl(path, invalid):
         try:
             fields = _fields(record, schema, blocks, sessions)
         except BadInputError as err:
@@ -293,7 +296,8 @@ def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema
     for line_no, f in iter_hash_id_records(path, schema, fmt):
         yield HashIdRequest(id=f.request_id or f"{path.name}:{line_no}",
                             blocks=BlockKeys(f.keys, f.block_tokens, f.input_length), timestamp=f.timestamp,
-                            session_id=f.session_id, output_length=f.output_length, source=f"{path}:{line_no}")
+                            session_id=f.session_id, output_length=f.output_length, cache_salt=f.cache_salt,
+                            source=f"{path}:{line_no}")
 
 
 def outline_hash_id_trace(path: Path, schema: HashIdSchema, fmt: TraceFormat) -> Iterator[Outline]:

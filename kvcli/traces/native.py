@@ -13,6 +13,7 @@ from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import TOKEN_DTYPE, check_tools
 from kvcli.traces.records import (
+    cache_salt,
     iter_jsonl,
     located,
     optional_count,
@@ -38,15 +39,12 @@ def read_native(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iter
 
 def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: int) -> Request:
     record = require_object(record)
-    salt = record.get("cache_salt")
-    if salt is not None and not isinstance(salt, str):
-        raise BadInputError(f"cache_salt must be a string, not {type(salt).__name__}")
     return Request(
         id=optional_id(record, "id") or f"{path.name}:{line_no}",
         token_ids=prompt_tokens(record, tokenizer, "a native record"),
         timestamp=optional_seconds(record.get("timestamp"), "timestamp", divisor=1),
         session_id=optional_id(record, "session_id"),
-        cache_salt=salt or "",
+        cache_salt=cache_salt(record),
         output_length=optional_count(record.get("output_length"), "output_length"),
         source=f"{path}:{line_no}",
         chat=prompt_chat(record),

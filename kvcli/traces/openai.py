@@ -19,7 +19,7 @@ from typing import Any
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.traces.native import prompt_chat, prompt_tokens
-from kvcli.traces.records import iter_jsonl, json_type, located, optional_id, require_object
+from kvcli.traces.records import cache_salt, iter_jsonl, json_type, located, optional_id, require_object
 from kvcli.traces.request import Request, TokenizerArg
 
 #: the keys that make a record an OpenAI Batch input line.
@@ -41,15 +41,13 @@ def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str,
         keys = ", ".join(sorted(body)[:10]) or "none"
         raise BadInputError(f"{what} has neither messages (a chat completion) nor prompt (a completion); its keys: "
                             f"{keys}")
-    salt = body.get("cache_salt")
-    if salt is not None and not isinstance(salt, str):
-        raise BadInputError(f"{what}.cache_salt must be a string, not {json_type(salt)}")
+    salt = cache_salt(body, f"{what}.")
     try:
         tokens = prompt_tokens({k: body[k] for k in ("messages", "prompt", "tools") if k in body}, tokenizer, what)
     except BadInputError as err:
         raise BadInputError(f"{what}: {err.reason}") from None
     return Request(id=request_id, token_ids=tokens, timestamp=timestamp, session_id=session_id,
-                   cache_salt=salt or "", output_length=output_length, source=source, chat=prompt_chat(body))
+                   cache_salt=salt, output_length=output_length, source=source, chat=prompt_chat(body))
 
 
 def read_openai_batch(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:

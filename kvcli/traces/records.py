@@ -36,6 +36,15 @@ def optional_id(record: dict, key: str) -> str | None:
     return str(value)
 
 
+def cache_salt(record: dict, where: str = "") -> str:
+    """The record's ``cache_salt`` (a tenant's salt: requests of different salts never share cache), ``""`` when
+    absent or null. Raises BadInputError when it is not a string (``where`` prefixes the field's name in it)."""
+    salt = record.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise BadInputError(f"{where}cache_salt must be a string, not {json_type(salt)}")
+    return salt or ""
+
+
 def optional_count(value: Any, key: str) -> int | None:
     """``value`` as a count (an integer >= 0, not a boolean), or None. Raises BadInputError naming ``key``."""
     if value is None:
@@ -166,10 +175,25 @@ def _parse_line(path: Path, line_no: int, line: bytes) -> Any:
                             path=str(path), line=line_no) from None
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """``(line_no, value)`` of each non-blank line of a JSONL file, streamed."""
+def iter_jsonl(path: Path, invalid: list[BadInputError] | None = None) -> Iterator[tuple[int, Any]]:
+    """``(line_no, value)`` of each non-blank line of a JSONL file, streamed.
+
+    ``invalid``: where a line that is not JSON (or not UTF-8) goes, as its located error, instead of being
+    raised (``--skip-bad-records``: a log cut mid-line by a rotation or a crash). None: raised.
+
+    Raises:
+        BadInputError: at ``path:line``, invalid JSON or not UTF-8 (without ``invalid``), or the file cannot be
+            read.
+    """
     for line_no, line in _iter_lines(path):
-        yield line_no, _parse_line(path, line_no, line)
+        try:
+            value = _parse_line(path, line_no, line)
+        except BadInputError as err:
+            if invalid is None:
+                raise
+            invalid.append(err)
+            continue
+        yield line_no, value
 
 
 def load_json(path: Path) -> Any:

@@ -307,6 +307,17 @@ def test_deferred_requests_come_first_and_in_batches():
     assert curve.observe(h, 1.0, 4).tolist() == [300]  # the 299 other chunks touched after it, then itself
 
 
+def batched_ttl_hits(prompts, times, refresh, grid, sizes):
+    """TtlCurve.access_many's hits per grid TTL over ``prompts`` at ``times``, cut in batches of ``sizes``."""
+    ids, curve = ChunkIds(), TtlCurve(refresh, np.asarray(grid, float))
+    for group in cut(list(zip(prompts, times)), sizes):
+        hs = [chunk_prompt(p, 4, b"r" * 16).hashes for p, _ in group]
+        got, first = ids.ids_many(hs)
+        bounds = np.concatenate([[0], np.cumsum([len(h) for h in hs])]).astype(np.int64)
+        curve.access_many(got, bounds, first, np.array([t for _, t in group], float))
+    return curve.hits().tolist()
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=24), st.sampled_from([0, 0.5, 1, 2, 3, 7, -1])),
                 min_size=1, max_size=25), st.booleans(), st.lists(st.integers(1, 10), min_size=1, max_size=3))
@@ -315,13 +326,8 @@ def test_batched_ttl_curve_equals_a_simulation_per_ttl(trace, refresh, sizes):
     prompts = [p for p, _ in trace]
     times = np.cumsum([dt for _, dt in trace]).tolist()
     grid = [0.5, 1, 2, 3, 5, 8, 13, 1e9]
-    ids, curve = ChunkIds(), TtlCurve(refresh, np.asarray(grid, float))
-    for group in cut(list(zip(prompts, times)), sizes):
-        hs = [chunk_prompt(p, 4, b"r" * 16).hashes for p, _ in group]
-        got, first = ids.ids_many(hs)
-        bounds = np.concatenate([[0], np.cumsum([len(h) for h in hs])]).astype(np.int64)
-        curve.access_many(got, bounds, first, np.array([t for _, t in group], float))
-    assert curve.hits().tolist() == [_reference(prompts, times, t, refresh) for t in grid]
+    assert batched_ttl_hits(prompts, times, refresh, grid, sizes) == [_reference(prompts, times, t, refresh)
+                                                                      for t in grid]
 
 
 def test_a_hot_chunk_in_every_request_of_a_batch():
@@ -332,3 +338,16 @@ def test_a_hot_chunk_in_every_request_of_a_batch():
     got, first = ids.ids_many([hs] * 40)
     curve.access_many(got, np.arange(41, dtype=np.int64), first, np.arange(40, dtype=float))
     assert curve.hits().tolist() == [0, 26, 39]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2), max_size=12), st.sampled_from([0, 0.25, 0.5, 1, 2, 3, 7, -1])),
+                min_size=10, max_size=60), st.booleans(), st.lists(st.integers(10, 60), min_size=1, max_size=3))
+def test_a_hot_chunk_s_rounds_after_every_other_chunk_s_equal_a_simulation_per_ttl(trace, refresh, sizes):
+    """Every request starts with the same chunk, in batches of 10-60: the hot chunk's touches after every other
+    chunk's last in the batch (rounds of one touch, taken on Python floats) == the store's rule per TTL."""
+    prompts = [tok(1, 4) + [t + 10 for t in p] for p, _ in trace]
+    times = np.cumsum([dt for _, dt in trace]).tolist()
+    grid = [0.2, 0.25, 0.5, 1, 2, 3, 5, 8, 13, 1e9]  # times are sums of exact binary fractions
+    assert batched_ttl_hits(prompts, times, refresh, grid, sizes) == [_reference(prompts, times, t, refresh)
+                                                                      for t in grid]

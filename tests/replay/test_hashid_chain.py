@@ -219,3 +219,25 @@ def test_warm_inspect_and_replay_of_a_hash_id_trace_agree(tmp_path, redis_url, r
     assert out.exit_code == 0, out.output
     (row,) = json.loads(out.stdout)["traces"][0]["per_chunk_size"]
     assert (row["chunks_hit"], row["hit_tokens"], row["chunks_written"]) == (6, 32 + 64, 0)
+
+
+def test_inspect_request_reads_the_trace_with_the_hash_id_options(tmp_path, redis_url, redis_client, model):
+    """A Mooncake-shaped trace of 16-token ids (--hash-block-tokens 16) warmed, then one request mapped by inspect
+    read the same way: its 4 full chunks hit (64 of 70 tokens). Its bad first record is passed over with
+    --skip-bad-records, and without it stops the read (exit 2, naming file and line)."""
+    from kvcli.traces.hashids import TraceFormat
+
+    trace = tmp_path / "m.jsonl"
+    trace.write_text('{"timestamp": 1000, "input_length": 40, "hash_ids": [1, 2]}\n'
+                     '{"timestamp": 1000, "input_length": 40, "hash_ids": [1, 2, 3]}\n'
+                     '{"timestamp": 2000, "input_length": 70, "hash_ids": [1, 2, 3, 4, 5]}\n')
+    fmt = TraceFormat(block_tokens=16, skip_bad_records=True)
+    warm(redis_client, list(read_trace(trace, fmt)), model, WarmConfig("m16", (16,)))
+    args = ["inspect", "--request", f"{trace}:3", "--model", "tiny", "--chunk-size", "16", "--namespace", "m16",
+            "--json", "--redis-url", redis_url]
+    res = CliRunner().invoke(app, [*args, "--hash-block-tokens", "16", "--skip-bad-records"])
+    assert res.exit_code == 0, res.output
+    (m,) = json.loads(res.stdout)["chunk_maps"]
+    assert (m["hit_tokens"], m["prefill_tokens"]) == (64, 6)
+    res = CliRunner().invoke(app, [*args, "--hash-block-tokens", "16"])
+    assert res.exit_code == 2 and f"{trace}:1: 2 hash_ids for input_length 40 at 16 tokens per id" in res.output

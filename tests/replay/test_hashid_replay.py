@@ -41,6 +41,22 @@ def test_two_bailian_records_sharing_one_block(tmp_path, redis_url):
             "(the format's), sessions: the root of each parent_chat_id chain") in result["notes"]
 
 
+def test_a_hash_id_record_s_cache_salt_keeps_tenants_apart(tmp_path, redis_url):
+    """The same 3 blocks of 16 tokens (48) four times: tenant a, tenant b (a miss: another salt), a again (hits
+    all but the last token: 47), no salt (a miss). Hit tokens 47 of 192 at chunk 16, and the upper bound agrees."""
+    rows = [{"block_size": 16, "input_length": 48, "hash_ids": [1, 2, 3], **({"cache_salt": salt} if salt else {})}
+            for salt in ("a", "b", "a", None)]
+    trace = tmp_path / "salted.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (result,) = replay_json(redis_url, trace, "--chunk-sizes", "16")["traces"]
+    (row,) = result["per_chunk_size"]
+    assert (row["hit_tokens"], row["prompt_tokens"], row["upper_bound_tokens"]) == (47, 192, 47)
+    trace.write_text(json.dumps(dict(rows[0], cache_salt=7)) + "\n")
+    out = CliRunner().invoke(app, ["replay", str(trace), "--measure", "0", "--prefill-tps", "1000", "--redis-url",
+                                   redis_url])
+    assert out.exit_code == 2 and f"{trace}:1: cache_salt must be a string, not a number" in out.output
+
+
 def test_a_bad_bailian_record_is_exit_2_naming_file_and_line(tmp_path, redis_url):
     trace = tmp_path / "bad.jsonl"
     trace.write_text('{"chat_id": 1, "parent_chat_id": -1, "timestamp": 1, "input_length": 40, "hash_ids": [1]}\n')

@@ -114,6 +114,25 @@ def test_replay_measured_real_kv_with_tiny_model(redis_client):
     assert sum(":4:m:" in k for k in keys) == 4 and sum(":4:p:" in k for k in keys) == 4
 
 
+
+def test_lanes_reusing_the_same_prefix_kv_share_one_timed_suffix_prefill(redis_client):
+    model = build_model("tiny", "float32", "cpu", seed=0)
+    replayer = _replayer(redis_client, model=model, measure=None, payload="real")
+    result = replayer.replay("t", requests())
+    reused = {log["id"]: [(row["chunk_size"], row["reused_tokens"]) for row in log["per_chunk_size"]]
+              for log in result.measured}
+    # R2 and R3 reuse 8 tokens at both chunk sizes; R6 = tok(1..16) reuses 12 at 4 and 8 at 8
+    assert reused == {"t:1": [(4, 0), (8, 0)], "t:2": [(4, 8), (8, 8)], "t:3": [(4, 8), (8, 8)],
+                      "t:4": [(4, 0), (8, 0)], "t:6": [(4, 12), (8, 8)]}
+    for log in result.measured:
+        rows = log["per_chunk_size"]
+        if rows[0]["reused_tokens"] == rows[1]["reused_tokens"] > 0:  # the same computation: timed once
+            assert rows[0]["suffix_prefill_seconds"] == rows[1]["suffix_prefill_seconds"]
+    # samples: 5 full prefills, and a suffix one per distinct reuse: R2 (8), R3 (8), R6 (12 and 8)
+    assert sorted((s.new_tokens, s.cached_tokens) for s in replayer.measured_samples) == [
+        (3, 0), (3, 8), (4, 8), (4, 12), (8, 8), (11, 0), (11, 0), (12, 0), (16, 0)]
+    assert all(res.max_logit_diff < 1e-3 for res in result.per_chunk_size)
+
 def test_replay_refuses_token_outside_vocab_before_writing(redis_client):
     model = build_model("tiny", "float32", "cpu")
     bad = requests() + [Request("t:7", np.asarray([10**6], dtype="<u4"), source="t.jsonl:7")]

@@ -100,6 +100,20 @@ def test_skip_bad_records_skips_and_counts(tmp_path):
         f"{path}:2: 2 hash_ids for input_length 40 at 16 tokens per id: expected ceil(40/16) = 3")
 
 
+def test_skip_bad_records_skips_a_line_that_is_not_json(tmp_path):
+    """A log cut mid-line (its last record half written): the records before it, and the note names the line."""
+    path = write_jsonl(tmp_path / "t.jsonl", TWO)
+    with path.open("a") as f:
+        f.write('{"chat_id": 3, "parent_chat_id": -1, "timestamp": 15, "input_length": 40, "hash_ids": [1,\n')
+    with pytest.raises(BadInputError, match=r"t\.jsonl:3: invalid JSON"):
+        list(read_trace(path))
+    fmt = TraceFormat(skip_bad_records=True)
+    assert [r.id for r in read_trace(path, fmt)] == ["1", "2"]
+    assert [o.prompt_tokens for o in outline_trace(path, fmt)] == [40, 70]
+    assert trace_note(path, fmt).endswith("; 1 records failed their checks and were skipped (--skip-bad-records), "
+                                          f"the first: {path}:3: invalid JSON: Expecting value (column 90)")
+
+
 def test_declared_block_size_and_unit_apply_to_a_mooncake_shaped_trace(tmp_path):
     path = write_jsonl(tmp_path / "m.jsonl", [{"timestamp": 1500, "input_length": 40, "hash_ids": [1, 2, 3]}])
     with pytest.raises(BadInputError, match=r"m\.jsonl:1: 3 hash_ids for input_length 40 at 8 tokens per id: "
