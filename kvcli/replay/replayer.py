@@ -45,8 +45,9 @@ Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.sto
 miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. After a
 dropped connection or a timeout they check that the server is still the one the run started on, holding the run's
 sentinel key (:mod:`kvcli.store.runmark`); when it is not (restarted, replaced, flushed) the run stops (exit 3).
-The run's own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace
-X…"); when that deletion fails or is interrupted again, what was left and the command that removes it are said.
+The run's own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace X…"):
+on a given server, the keys its stores recorded as they wrote them (:mod:`kvcli.store.written`); when that deletion
+fails or is interrupted again, what was left and the command that removes it are said.
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ class Replayer:
         device: host <-> device rates of the serving device, which a ``config.priced`` replay needs (its
             overheads priced from counts and rates: :func:`kvcli.replay.network.priced_overheads`).
         own_server: ``client`` is kvcli's embedded server, private to this command: a trace's cleanup empties it
-            (:func:`kvcli.store.kvstore.purge_run`) instead of deleting the run's keys one SCAN step at a time.
+            (:func:`kvcli.store.kvstore.purge_run`) instead of deleting the keys the run recorded.
     """
 
     def __init__(self, client: redis.Redis, model, curve: PrefillCost, tokenizer: str, config: ReplayConfig,
@@ -162,6 +163,7 @@ class Replayer:
         self.device = device
         self._degraded: list[str] = []  # what could not be read (INFO, MEMORY USAGE), for the notes
         self._rates: dict[tuple, ServerRates] = {}  # transfer costs measured this run, by store shape
+        self._recorded = False  # the trace's stores' records of what they wrote are whole (:meth:`_cleanup`)
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
@@ -198,17 +200,18 @@ class Replayer:
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         self.phase(f"replaying {name}: {len(lengths):,} request{'s' if len(lengths) != 1 else ''} x "
                    f"{len(stores)} store{'s' if len(stores) != 1 else ''}")
+        self._recorded = self.units is None  # a worker's record comes back with its part (_run)
         try:
             write_sentinel(self.client, mark)
             result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
                                mark)
         except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
-                self._cleanup(namespace, stores, interrupted=True)
+                self._cleanup(namespace, stores, interrupted=True, mark=mark)
             raise
         if not cfg.keep:
             self.phase(f"cleaning up: deleting namespace {namespace}")
-            result.left_behind = self._cleanup(namespace, stores, interrupted=False)
+            result.left_behind = self._cleanup(namespace, stores, interrupted=False, mark=mark)
             result.notes += [result.left_behind] if result.left_behind else []
         else:
             delete_sentinel(self.client, mark)  # the chunks are kept, not the run's bookkeeping
@@ -278,23 +281,30 @@ class Replayer:
         rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
         return Link(cfg.link_gbps if cfg.link_gbps is not None else measured_gbps, rtt)
 
-    def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool) -> str:
+    def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool, mark: RunMark | None = None) -> str:
         """Delete the run's namespace; "" when done, else what was left and how to remove it (said at once after
         an interruption or an error; a second Ctrl-C or SIGTERM during the deletion propagates after saying it).
         A first one during the deletion at the end of a run goes on deleting as after any interruption, then
-        propagates."""
+        propagates.
+
+        The keys go by the stores' records of what they wrote (:mod:`kvcli.store.written`) and the sentinel of
+        ``mark``, where those records are whole: the stores ran in this process, or every worker's part came back
+        (:meth:`_run` merged their records); else (a worker's record was lost with it) by a SCAN of the server
+        (:func:`kvcli.store.kvstore.purge_run`)."""
         say = self.notify or (lambda line: None)
         if interrupted:
             say(f"deleting namespace {namespace}…")
             drop_connections(self.client)  # a connection may hold half a command or an unread reply
+        whole = self._recorded and mark is not None
         try:
-            purge_run(self.client, namespace, self.config.layouts, own_server=self.own_server)
+            purge_run(self.client, namespace, self.config.layouts, own_server=self.own_server,
+                      stores=stores if whole else None, keys=[mark.sentinel] if mark is not None else [])
             return ""
         except KeyboardInterrupt:
             if interrupted:  # a second signal: say what is left, and stop
                 say(self._left(namespace, stores, "interrupted again"))
                 raise
-            self._cleanup(namespace, stores, interrupted=True)  # the first signal: the deletion goes on
+            self._cleanup(namespace, stores, interrupted=True, mark=mark)  # the first signal: the deletion goes on
             raise
         except KvcliError as exc:
             left = self._left(namespace, stores, str(exc))
@@ -339,6 +349,11 @@ class Replayer:
             parts = [self.replay_unit(work, tuple(range(len(stores))), True, stores, progress)]
         else:  # worker processes or Ray tasks (kvcli.replay.parallel), the same replay_unit in each
             parts = self.units.run(self, work, progress)
+        for part in parts:  # the records of what each unit's stores wrote, for the cleanup
+            for i, written in zip(part.indices, part.written):
+                if written is not stores[i].written:  # a unit with stores of its own (a worker's)
+                    stores[i].written.merge(written)
+        self._recorded = True
         results, ledgers, skipped, span = merge_parts(parts, len(stores), cfg.upper_bound)
         self.measured_samples += merged_samples(parts)
         self._degraded += [note for part in parts for note in part.degraded]

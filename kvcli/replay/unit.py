@@ -139,7 +139,7 @@ class UnitReplay:
         stamps = self.stamps
         return Part(indices, [lane.result for lane in self.lanes], [lane.ledger for lane in self.lanes],
                     self.reach, self.match, self.skipped, max(stamps) - min(stamps) if len(stamps) > 1 else None,
-                    self.measured_log, degraded, self.samples)
+                    self.measured_log, degraded, self.samples, [lane.store.written for lane in self.lanes])
 
     def _flush(self, drain: bool = True) -> None:
         """Send the waiting batch through every lane and account the batch sent before it; with ``drain``, also

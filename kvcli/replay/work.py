@@ -13,7 +13,7 @@ Everything here is plain picklable data: units run in this process, in worker pr
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from kvcli.replay.network import ServerRates
 from kvcli.replay.results import ChunkSizeResult
 from kvcli.replay.savings import Ledger
 from kvcli.store.runmark import RunMark
+from kvcli.store.written import WrittenChunks
 from kvcli.traces.request import Request
 
 UPPER_BOUND_WEIGHT = 4.0  # the radix tree's cost in units of a 1,024-token store (bench/bench_jobs.py, roughly)
@@ -67,7 +68,8 @@ class Part:
     ``reach[i]``: the most tokens request ``i`` would reuse at any of these stores with unlimited capacity (0 for
     an empty prompt); ``match[i]``: the radix tree's reusable tokens for it, in the one unit that ran it, else None.
     ``measured_log``: one entry per measured request, its ``per_chunk_size`` in ``indices`` order. ``samples``:
-    the prefills this unit timed (each measured request's full prefill, then its suffixes).
+    the prefills this unit timed (each measured request's full prefill, then its suffixes). ``written``: each
+    store's record of the chunks whose keys it may have written (:mod:`kvcli.store.written`), for the cleanup.
     """
 
     indices: tuple[int, ...]
@@ -80,6 +82,7 @@ class Part:
     measured_log: list[dict]
     degraded: list[str]
     samples: list[PrefillSample]
+    written: list[WrittenChunks] = field(default_factory=list)
 
 
 def plan_units(stores: tuple[tuple[str, int], ...], jobs: int, upper_bound: bool) -> list[tuple[tuple[int, ...], bool]]:

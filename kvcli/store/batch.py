@@ -67,6 +67,7 @@ from kvcli.store.judge import JUDGE_LUA, NOT_READ, STATES
 from kvcli.store.layout import is_real
 from kvcli.store.records import NOTHING_STORED, LookupResult, StoreResult
 from kvcli.store.server import script_refused
+from kvcli.store.written import METADATA
 
 MAX_SCRIPT_KEYS = 4096  # chunks per batch script at most: ~30 ms of the server's time here (a script blocks every
 # other client; 256 requests at chunk size 16 were 200k keys, 1-2 s, past redis-py's reply timeout at times)
@@ -115,7 +116,7 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
     st.lookups += len(prompts)
     st.lookups_pipelined += len(prompts)
     price = st.mean_lookup_seconds()
-    meta = store.prefix + "m:"
+    meta = store.meta_head
     keys = list(dict.fromkeys(meta + x for p in prompts for x in p.hexes))  # distinct: prompts share prefixes
     try:
         values = store.calls.read(keys) if keys else []
@@ -184,7 +185,7 @@ def _real_lengths(store: ChunkStore, keys: list[str], values: list) -> dict[str,
     real = [k for k, v in zip(keys, values) if isinstance(v, bytes) and is_real(v)]
     if not real:
         return {}
-    own, cut = store.prefix + "p:", len(store.prefix) + 2
+    own, cut = store.payload_head, len(store.meta_head)
     replies = store.calls.strlens([own + k[cut:] for k in real])
     return dict(zip(real, replies))
 
@@ -346,7 +347,7 @@ class Batcher:
         store = self.store
         _sample(store, prompts, self.sample_every, self.quiet)
         t0 = time.perf_counter()
-        meta = store.prefix + "m:"
+        meta = store.meta_head
         now = int(time.time())
         middle, tail = store.metadata.middle, store.metadata.tail(False, now)
         st = store.stats
@@ -358,18 +359,19 @@ class Batcher:
                                            store.value_bytes,
                                            *[len(p.hashes) for p in group]))
             batch.scripts.append(len(group))
+        self._due.append(batch)  # before it is sent: however this ends, close() or a reply records its writes
         try:
             with uninterrupted():  # sent whole or not at all
                 store.calls.call(self._eval, [c for packed in batch.packed for c in packed], len(batch.packed),
                                  record=False, name="EVAL")
         except RedisUnavailable as exc:
             st.redis_timeouts += exc.timeout
+            self._due.remove(batch)
             self._drop()
             self._fail(batch)
             store.calls.absorb(exc)
             return batch
         batch.sent_seconds = time.perf_counter() - t0
-        self._due.append(batch)
         if not self._tried:  # the first: answered now, so that a refusal falls back before anything else is sent
             try:
                 self._receive(self._due.pop(0))
@@ -397,6 +399,7 @@ class Batcher:
         replay ends: before a cleanup, nothing this process sent may still be waiting to run."""
         for due in self._due:
             due.answers = []
+            self._record(due)
         try:
             while self._unread > 0 and self._conn is not None:  # every script sent, even one whose reply a
                 self._eval()  # Ctrl-C stopped waiting for: it may not have run yet
@@ -407,6 +410,21 @@ class Batcher:
             self._drop()
 
     def _receive(self, batch: Batch) -> None:
+        """Read ``batch``'s replies and answer it, recording in the store's ``written`` the chunks it wrote, or
+        every chunk it names when its replies are not all read (however that ends)."""
+        try:
+            self._answer(batch)
+        except BaseException:
+            self._record(batch)
+            raise
+
+    def _record(self, batch: Batch, hits: list[int] | None = None) -> None:
+        """Record in the store's ``written`` the chunks ``batch``'s scripts may have written: each request's chunks
+        from ``hits`` (its hit chunks, where its reply was read) on, else every chunk it names."""
+        hits = hits or [0] * len(batch.prompts)
+        self.store.written.add(METADATA, (h for p, hit in zip(batch.prompts, hits) for h in p.hashes[hit:]))
+
+    def _answer(self, batch: Batch) -> None:
         store, st = self.store, self.store.stats
         try:
             replies = self._replies(batch)
@@ -438,6 +456,7 @@ class Batcher:
         cs = store.config.chunk_size
         answers = []
         counts = [int(x) for r in replies for x in r[2:-2]]
+        self._record(batch, counts[0::4])  # a request writes only from its hit run's end on
         for i, prompt in enumerate(batch.prompts):
             hit, meta_hit, present, reason = counts[4 * i:4 * i + 4]
             full = len(prompt.hashes)
@@ -521,6 +540,7 @@ class Batcher:
         st.lookups += len(batch.prompts)
         st.lookups_pipelined += len(batch.prompts)
         batch.answers = self._failed(batch)
+        self._record(batch)  # the server may have run it
 
     @staticmethod
     def _failed(batch: Batch) -> list[tuple[LookupResult, StoreResult]]:

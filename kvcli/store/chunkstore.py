@@ -29,6 +29,7 @@ more; each is counted in :class:`~kvcli.store.records.StoreStats`.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import redis
@@ -68,6 +69,7 @@ from kvcli.store.records import (
 from kvcli.store.runmark import RunMark
 from kvcli.store.serde import dtype_name, encode_kv
 from kvcli.store.server import script_refused
+from kvcli.store.written import METADATA, PAYLOAD, WrittenChunks, hexes
 
 if TYPE_CHECKING:
     import torch
@@ -101,6 +103,8 @@ class ChunkStore:
         self.stats = StoreStats()
         self.calls = Calls(client, self.stats, tolerate_unavailable, mark)
         self.prefix = key_prefix(config.namespace, config.chunk_size)
+        self.meta_head, self.payload_head = self.prefix + "m:", self.prefix + "p:"  # a key is head + hash hex
+        self.written = WrittenChunks()  # the chunks whose keys this store may have written (kvcli.store.written)
         self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
         self.cluster = is_cluster(client)
@@ -116,11 +120,18 @@ class ChunkStore:
     # -- keys ---------------------------------------------------------------------------------------------------
     def meta_key(self, chunk_hash: bytes) -> str:
         """The metadata key of a chunk."""
-        return f"{self.prefix}m:{chunk_hash.hex()}"
+        return self.meta_head + chunk_hash.hex()
 
     def payload_key(self, chunk_hash: bytes) -> str:
         """The payload key of a chunk."""
-        return f"{self.prefix}p:{chunk_hash.hex()}"
+        return self.payload_head + chunk_hash.hex()
+
+    def written_keys(self) -> Iterator[list[str]]:
+        """Every key this store may have written (:attr:`written`: metadata, then payloads), distinct, in lists of
+        at most :data:`~kvcli.store.written.DELETE_BATCH` keys."""
+        for kind, head in ((METADATA, self.meta_head), (PAYLOAD, self.payload_head)):
+            for blob in self.written.slices(kind):
+                yield [head + x for x in hexes(blob)]
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt under this store's namespace root (model, tokenizer, ``cache_salt``)."""
@@ -399,6 +410,7 @@ class ChunkStore:
             return StoreResult(0, 0, 0, 0, 0, 0, 0, evicted, 0.0)
         now = int(time.time())
         meta_bytes, firsts, thens = 0, [], []
+        self._record(prompt, todo, real)
         for k in todo:
             checksum = NO_CHECKSUM
             if real:
@@ -453,8 +465,9 @@ class ChunkStore:
         real = kv is not None
         evicted, dropped, deletes = self._admit(prompt, n, lookup)
         missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
+        self._record(prompt, missing, real)
         now, meta_bytes = int(time.time()), 0
-        meta_pre, payload_pre = self.prefix + "m:", self.prefix + "p:"
+        meta_pre, payload_pre = self.meta_head, self.payload_head
         args: list = []  # a single server: MSET args
         firsts: list[tuple[str, memoryview]] = []  # a cluster: (key, value) pairs
         thens: list[tuple[str, bytes]] = []
@@ -474,6 +487,14 @@ class ChunkStore:
                 args += (meta_pre + prompt.hexes[k], meta)
         present = sum(1 for k in range(start, n) if k in lookup.present_after)
         return WritePlan(prompt, missing, deletes, args, firsts, thens, meta_bytes, evicted, present, real)
+
+    def _record(self, prompt: ChunkedPrompt, chunks: list[int], real: bool) -> None:
+        """Record ``chunks`` of ``prompt`` in :attr:`written` before their write is sent: metadata, and the payload
+        when ``real``."""
+        hashes = [prompt.hashes[k] for k in chunks]
+        self.written.add(METADATA, hashes)
+        if real:
+            self.written.add(PAYLOAD, hashes)
 
     def account_write(self, plan: WritePlan, seconds: float) -> StoreResult:
         """Count a :meth:`plan_write` write that the server acknowledged (all its SETs created keys)."""

@@ -7,7 +7,8 @@ same chunks; what differs is what goes over the wire and what sits in Redis.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import redis
@@ -18,6 +19,7 @@ from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.namespace import purge_own
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.runmark import RunMark
+from kvcli.store.written import WrittenChunks, delete_keys
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +37,7 @@ class KVStore(Protocol):
     config: StoreConfig
     stats: StoreStats
     chunker: PromptChunker  # what ``chunk`` cuts and hashes with (another process can hash with it too)
+    written: WrittenChunks  # the chunks whose keys it may have written, recorded before each write is sent
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt (the same chunks and hashes in every layout)."""
@@ -58,6 +61,9 @@ class KVStore(Protocol):
 
     def payload_key(self, chunk_hash: bytes) -> str:
         """The key a chunk's payload is written under."""
+
+    def written_keys(self) -> Iterator[list[str]]:
+        """Every key the store may have written (its ``written`` record), in batches for UNLINK."""
 
     @property
     def resident_chunks(self) -> int | None:
@@ -118,19 +124,32 @@ def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_u
     return LAYOUTS[layout](client, config)
 
 
-def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...], own_server: bool = False) -> int:
-    """Delete what a run wrote under ``namespace`` (its own, fresh) in each of ``layouts`` (its own keys only: kvcli's
-    layout through :func:`~kvcli.store.namespace.purge_own`, whatever the layouts: the run's sentinel,
-    :mod:`kvcli.store.runmark`, is named in it). Returns the count (None-free: 0 when unknown).
+def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...], own_server: bool = False,
+              stores: list[KVStore] | None = None, keys: Iterable[str] = ()) -> int:
+    """Delete what a run wrote under ``namespace`` (its own, fresh) in each of ``layouts``; its own keys only.
+    Returns the keys deleted.
+
+    ``stores``: the run's stores, whose ``written`` records are complete (every chunk whose keys the run may have
+    written, this process's and its workers': :mod:`kvcli.store.written`), with ``keys``, the run's other keys
+    (its sentinel, :mod:`kvcli.store.runmark`): those keys are deleted with batched UNLINKs
+    (:func:`~kvcli.store.written.delete_keys`), no SCAN. None (a record may be incomplete: a worker's was lost with
+    it): a SCAN of the server finds them, kvcli's layout through :func:`~kvcli.store.namespace.purge_own`
+    (the sentinel is named in it), LMCache's through :func:`~kvcli.store.lmcache_store.purge_namespace`.
 
     ``own_server``: the server is kvcli's embedded one, started for this command, on a private port, holding
     nothing but this command's keys: then its database is emptied at once (``FLUSHDB``, ~10x faster than a SCAN of
     a million keys). Never on a server that was given (``--redis-url``, ``REDIS_URL``): that one may hold other
-    people's keys, and only the run's own are deleted."""
+    people's keys, and only the run's own are deleted.
+
+    Raises:
+        RedisFailure: a command failed (the message says how many keys were deleted before it).
+    """
     if own_server:
         deleted = int(client.dbsize())
         client.flushdb()
         return deleted
+    if stores is not None:
+        return delete_keys(client, itertools.chain([list(keys)], *(store.written_keys() for store in stores)))
     deleted = purge_own(client, namespace)
     if "lmcache" in layouts:
         from kvcli.store.lmcache_store import purge_namespace

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Iterator
 
 import redis
 import torch
@@ -47,6 +48,7 @@ from kvcli.store.lmcache import (
 )
 from kvcli.store.namespace import glob_escape
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
+from kvcli.store.written import HASH_BYTES, METADATA, PAYLOAD, WrittenChunks
 from kvcli.units import torch_dtype
 
 _DELETE_BATCH = 1000
@@ -102,6 +104,7 @@ class LMCacheStore:
         self._with_kv: set[int] = set()
         self._accounted: set[int] = set()
         self._base_bytes = self._bases = 0
+        self.written = WrittenChunks()  # the chunks whose keys this store may have written (kvcli.store.written)
 
     # -- keys ---------------------------------------------------------------------------------------------------
     def base_key(self, chunk_hash: bytes) -> str:
@@ -111,6 +114,13 @@ class LMCacheStore:
     def payload_key(self, chunk_hash: bytes) -> str:
         """The chunk's ``kv_bytes`` key."""
         return self.base_key(chunk_hash) + KV_SUFFIX
+
+    def written_keys(self) -> Iterator[list[str]]:
+        """Every key this store may have written (:attr:`written`: metadata, then kv_bytes), in lists of at most
+        :data:`~kvcli.store.written.DELETE_BATCH` keys (two hashes that fold to one LMCache key give it twice)."""
+        for kind, suffix in ((METADATA, METADATA_SUFFIX), (PAYLOAD, KV_SUFFIX)):
+            for blob in self.written.slices(kind):
+                yield [self.base_key(blob[i:i + HASH_BYTES]) + suffix for i in range(0, len(blob), HASH_BYTES)]
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt exactly as :meth:`kvcli.store.ChunkStore.chunk` does (same root and chain)."""
@@ -216,6 +226,9 @@ class LMCacheStore:
         if kv is not None and kv.shape[3] < n * cs:
             raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
         t0 = time.perf_counter()
+        self.written.add(METADATA, prompt.hashes[start_chunk:n])  # before the writes are sent
+        if kv is not None:
+            self.written.add(PAYLOAD, prompt.hashes[start_chunk:n])
         ids = [fold_hash(h) for h in prompt.hashes[start_chunk:n]]
         bases = [f"{self._head}{x:x}{self._tail}" for x in ids]
         if kv is not None:

@@ -226,7 +226,8 @@ return {scan[1], deleted}
 
 
 def purge_own(client: redis.Redis, namespace: str) -> int:
-    """Delete a namespace that this process created and alone wrote (a replay's own, named at random): one script
+    """Delete a namespace that this process created and alone wrote (a replay's own, named at random, where its
+    record of what it wrote is incomplete: :func:`kvcli.store.kvstore.purge_run`): one script
     per SCAN step deletes the matching keys inside the server, so no key crosses the network (a replay's cleanup of
     113,835 keys: ~0.13 s instead of ~0.25 s here). The glob is kvcli's layout up to the key kind
     (``{prefix}[1-9]*:[mp]:*``; the 32 hex digits spelled out would make the cleanup ~20% slower); the exact

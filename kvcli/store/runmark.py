@@ -9,9 +9,11 @@ namespace (:func:`write_sentinel`); after any dropped connection or timeout, :mo
 :class:`ServerRestarted` (exit 3).
 
 The sentinel is named like one of the run's payload keys (:data:`SENTINEL_HEX` where a chunk's hash goes), so the
-deletion of the run's namespace (:func:`kvcli.store.namespace.purge_own`, ``kvcli purge``) removes it with the
-rest; no lookup reads it (a payload is read only where its chunk's metadata names it). Where ``INFO`` is refused
-(an ACL) or on a Redis Cluster (one ``run_id`` per primary), the sentinel alone is checked.
+deletion of the run's namespace by a SCAN (:func:`kvcli.store.namespace.purge_own`, ``kvcli purge``) removes it with
+the rest; the run's own cleanup from its record of what it wrote (:mod:`kvcli.store.written`) names it
+(:func:`kvcli.store.kvstore.purge_run`'s ``keys``). No lookup reads it (a payload is read only where its chunk's
+metadata names it). Where ``INFO`` is refused (an ACL) or on a Redis Cluster (one ``run_id`` per primary), the
+sentinel alone is checked.
 """
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ R1 = R2 = tok(1..10) at chunk size 4: two full chunks each; R1 misses and stores
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import signal
 import subprocess
@@ -22,8 +21,7 @@ from faultproxy import FaultProxy  # bench/faultproxy.py (tests/conftest.py puts
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
-from kvcli.store.namespace import _PURGE_OWN_STEP
-from kvcli.store.runmark import SENTINEL_HEX
+from kvcli.store.runmark import SENTINEL_HEX, SENTINEL_TAIL
 
 pytestmark = pytest.mark.single_server("the fault proxy stands in front of one server")
 
@@ -206,6 +204,9 @@ def _wait(predicate, seconds: float = 120) -> None:
         time.sleep(0.05)
 
 
+CLEANUP = (b"UNLINK", SENTINEL_TAIL)  # the cleanup's first round trip: the UNLINK of the run's sentinel first
+
+
 def _second_signal_during_cleanup(fault_proxy, redis_url, signum: int) -> tuple[int, str]:
     """Replay the Mooncake sample through the proxy; signal it mid-run; stall its cleanup's SCAN; signal again."""
     client = redis.Redis.from_url(redis_url)
@@ -215,10 +216,8 @@ def _second_signal_during_cleanup(fault_proxy, redis_url, signum: int) -> tuple[
                           "--payload", "accounted", "--redis-url", fault_proxy.url(), "--redis-timeout", "60s"])
     _wait(lambda: client.dbsize() >= 1000 or proc.poll() is not None)
     assert proc.poll() is None, "the replay ended before it could be interrupted"
-    # the cleanup's first step hangs (up to the 60 s timeout): its script (by SHA, once the server holds it; loaded,
-    # its body holds SCAN) or a client-side SCAN
-    fault_proxy.stall(hashlib.sha1(_PURGE_OWN_STEP.encode()).hexdigest().encode())
-    fault_proxy.stall(b"SCAN")
+    # the cleanup's first round trip hangs (up to the 60 s timeout): its UNLINKs, the sentinel's first
+    fault_proxy.stall(*CLEANUP)
     proc.send_signal(signum)
     _wait(lambda: any("deleting namespace" in x for x in lines) or proc.poll() is not None)
     time.sleep(0.3)
@@ -256,8 +255,7 @@ def test_one_signal_during_the_final_cleanup_lets_it_finish(fault_proxy, redis_u
     connection, as after any interruption) and completes; only a second signal would stop it."""
     client = redis.Redis.from_url(redis_url)
     client.set("foreign", "1")
-    fault_proxy.stall(hashlib.sha1(_PURGE_OWN_STEP.encode()).hexdigest().encode())  # the final cleanup's first
-    fault_proxy.stall(b"SCAN")  # step hangs (the script by SHA, or a client-side SCAN)
+    fault_proxy.stall(*CLEANUP)  # the final cleanup's first round trip hangs
     trace = ROOT / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
     proc, lines = _spawn(["replay", str(trace), "--chunk-sizes", "64", "--limit", "200", "--measure", "0",
                           "--prefill-tps", "1000", "--payload", "accounted", "--redis-url", fault_proxy.url(),
