@@ -38,6 +38,17 @@ from kvcli.store.server import reply_timeout  # noqa: F401 - the workers' timeou
 
 POLL_SECONDS = 0.05
 TERMINATE_SECONDS = 2.0  # a terminated worker's time to exit before it is killed (SIGKILL)
+CLOSE_SECONDS = 10.0  # the longest wait for dead workers' connections to close before a cleanup that scans
+
+
+def workers_quiet(client, setup: Setup) -> bool:
+    """Wait (at most :data:`CLOSE_SECONDS`) until the server holds no connection of ``setup``'s workers
+    (:func:`kvcli.store.cluster.wait_closed`): after a worker died, what it had sent may still be in the server's
+    input buffer, and a SCAN of the run's namespace must start after it ran. Returns whether they closed (False
+    without a name, or where ``CLIENT LIST`` is refused)."""
+    from kvcli.store.cluster import wait_closed
+
+    return setup.client_name is not None and wait_closed(client, setup.client_name, CLOSE_SECONDS)
 
 
 class ModelChoice(Protocol):
@@ -59,8 +70,10 @@ class ModelChoice(Protocol):
 class Setup:
     """What a worker needs to build its replayer: the Redis URL and reply timeout (seconds; None: the default),
     the model options (kvcli.replay.runner.ModelOptions: its model is built only when a unit measures), the
-    tokenizer's name, the model's spec and shapes, and the options. The cost curve never leaves the parent: the
-    estimates are computed there, after the merge."""
+    tokenizer's name, the model's spec and shapes, the options, and the name the workers' connections give
+    themselves (``CLIENT SETNAME``: the parent waits for them to close before a cleanup that scans, so nothing a dead
+    worker sent lands after it). The cost curve never leaves the parent: the estimates are computed there, after
+    the merge."""
 
     url: str
     timeout: float | None
@@ -69,6 +82,7 @@ class Setup:
     spec: ModelSpec
     model_config: ModelConfig | None
     config: ReplayConfig
+    client_name: str | None = None
 
 
 _clients: dict = {}
@@ -84,9 +98,9 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
     """
     from kvcli.store.server import connect
 
-    key = (setup.url, setup.timeout)
+    key = (setup.url, setup.timeout, setup.client_name)
     if key not in _clients:
-        _clients[key] = connect(setup.url, setup.timeout)
+        _clients[key] = connect(setup.url, setup.timeout, setup.client_name)
     options = setup.model_options
     model = None
     if work.measured:
@@ -181,6 +195,10 @@ class ProcessUnits:
             self.close(terminate=True)
             raise
 
+    def quiet(self, client) -> bool:
+        """:func:`workers_quiet` for these workers."""
+        return workers_quiet(client, self.setup)
+
     def close(self, terminate: bool = False) -> None:
         """Stop the workers (at once with ``terminate``, else after their current unit)."""
         pool, self._pool = self._pool, None
@@ -256,6 +274,10 @@ class RayUnits:
                 self.ray.cancel(ref, force=True)
             except Exception:  # already finished or gone
                 pass
+
+    def quiet(self, client) -> bool:
+        """:func:`workers_quiet` for these tasks' workers."""
+        return workers_quiet(client, self.setup)
 
     def close(self, terminate: bool = False) -> None:
         """Shut down the local Ray instance this object started (nothing otherwise)."""

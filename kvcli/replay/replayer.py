@@ -296,6 +296,8 @@ class Replayer:
             say(f"deleting namespace {namespace}…")
             drop_connections(self.client)  # a connection may hold half a command or an unread reply
         whole = self._recorded and mark is not None
+        if not whole and self.units is not None:  # a dead worker's last batch may still be queued on the server:
+            self.units.quiet(self.client)  # the scan starts once its connections are gone
         try:
             purge_run(self.client, namespace, self.config.layouts, own_server=self.own_server,
                       stores=stores if whole else None, keys=[mark.sentinel] if mark is not None else [])

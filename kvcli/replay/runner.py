@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,7 +229,7 @@ def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | lis
                                                                 config.kv_dtype)
         shapes = model_shapes(model_options.model)
         units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
-                                            config), target.embedded, runs_model)
+                                            config, f"kvcli-replay-{os.getpid()}-worker"), target.embedded, runs_model)
         if units is not None:  # on an error or an interrupt at once (no unit is running then: nothing to wait
             # for, and workers still starting would make a refused replay wait out their imports); else after them
             stack.push(lambda kind, *_: units.close(terminate=kind is not None))

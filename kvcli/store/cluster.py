@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -314,6 +315,24 @@ def drop_connections(client) -> None:
         client.disconnect_connection_pools()
     else:
         client.connection_pool.disconnect()
+
+
+def wait_closed(client, name: str, seconds: float, poll: float = 0.05) -> bool:
+    """Wait until no primary (one server: itself) holds a connection named ``name`` (``CLIENT LIST``; a client
+    names its connections with ``CLIENT SETNAME``). A server runs what a connection sent before it reads the end of
+    its stream, so once a dead writer's connections are gone nothing it sent can still be applied. Returns whether
+    that happened within ``seconds``; False also where ``CLIENT LIST`` is refused (an ACL) or fails."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            held = any(c.get("name") == name for _, node in shards(client) for c in node.client_list())
+        except REDIS_ERRORS:
+            return False
+        if not held:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
 
 
 def shard_info(client, *sections: str) -> dict[str, dict]:

@@ -195,13 +195,14 @@ def _split_scheme(url: str) -> tuple[str, bool]:
     return url, False
 
 
-def connect(url: str, timeout: float | None = None) -> redis.Redis | RedisCluster:
+def connect(url: str, timeout: float | None = None, client_name: str | None = None) -> redis.Redis | RedisCluster:
     """A redis-py client for ``url``, checked with one PING: a :class:`RedisCluster` when the server is a cluster
     node (``INFO cluster``) or the URL says ``redis+cluster://``, else a :class:`redis.Redis`. Timeouts and
     retries: the module docstring (a cluster client gets the same timeouts and retry policy).
 
     Args:
         timeout: seconds for the connect and for each reply (default :data:`DEFAULT_TIMEOUT`).
+        client_name: the name every connection gives itself (``CLIENT SETNAME``), or None.
 
     Raises:
         BadInputError: the URL is malformed or the timeout is not a positive number of seconds.
@@ -218,7 +219,7 @@ def connect(url: str, timeout: float | None = None) -> redis.Redis | RedisCluste
     try:
         client = redis.Redis.from_url(
             plain, socket_connect_timeout=timeout, socket_timeout=timeout, health_check_interval=0, retry=retry,
-            retry_on_error=[redis.exceptions.ConnectionError], retry_on_timeout=False)
+            retry_on_error=[redis.exceptions.ConnectionError], retry_on_timeout=False, client_name=client_name)
     except ValueError:  # redis-py's message may quote part of a malformed URL, password included
         raise BadInputError(f"not a Redis URL: {shown}; use redis://[user:password@]host:port/db, "
                             f"rediss://..., unix:///path.sock or redis+cluster://host:port, with '@', ':', '/', "
@@ -251,7 +252,7 @@ def connect(url: str, timeout: float | None = None) -> redis.Redis | RedisCluste
     try:
         whole = RedisCluster.from_url(plain, socket_connect_timeout=timeout, socket_timeout=timeout,
                                       retry=CountingRetry(EqualJitterBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE),
-                                                          RETRIES, retry.counts))
+                                                          RETRIES, retry.counts), client_name=client_name)
     except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         raise RedisFailure(f"cannot use the Redis Cluster at {shown}: {redact(str(exc), url)}") from None
     try:  # before any command writes: a cluster that does not serve every slot would take some keys, not others

@@ -205,3 +205,18 @@ def test_server_info_is_none_for_a_user_without_info(make_server):
     client = connect(url.replace("redis://", "redis://kv:pw@"))
     assert server_info(client, "memory") is None
     assert server_info(admin, "memory")["used_memory"] > 0
+
+
+def test_wait_closed_waits_for_every_connection_of_a_name_on_every_shard(redis_url, redis_client):
+    """A named client's connections (on each node it reached) keep wait_closed waiting; once it closes them, it
+    returns True; a name no connection holds returns at once."""
+    from kvcli.store import cluster
+
+    named = connect(redis_url, client_name="kvcli-test-writer")
+    for i in range(20):  # keys in several slots: a cluster client then holds a connection on every primary
+        named.set(f"k{i}", i)
+    assert not cluster.wait_closed(redis_client, "kvcli-test-writer", 0.2)
+    cluster.drop_connections(named)  # its sockets closed, as a dead process's are (a cluster client's close() keeps
+    named.close()  # its nodes' pools open until it is collected)
+    assert cluster.wait_closed(redis_client, "kvcli-test-writer", 10.0)
+    assert cluster.wait_closed(redis_client, "nobody", 0.0)
