@@ -149,9 +149,16 @@ def test_a_run_refused_midway_deletes_its_keys_from_its_records(make_server, sca
 class _LostPart:
     """Units whose one worker wrote its stores' keys and then died: its part, and its records, are lost."""
 
+    waited = False  # whether the replay waited for its workers' connections to close (quiet)
+
     def run(self, replayer, work, progress):
         replayer.replay_unit(work, tuple(range(len(work.stores))), True)  # stores of its own, as a worker's
         raise KvcliError("a replay worker process died")
+
+    def quiet(self, client) -> bool:
+        """Its worker's connections are closed (it wrote through the test's own client)."""
+        self.waited = True
+        return True
 
 
 def test_a_lost_record_falls_back_to_the_scan(redis_client, scans):
@@ -164,9 +171,10 @@ def test_a_lost_record_falls_back_to_the_scan(redis_client, scans):
     import torch
 
     config = ReplayConfig(chunk_sizes=(16, 64), payload="accounted", measure=0, limit=60)
+    units = _LostPart()
     replayer = Replayer(redis_client, None, CostCurve.from_tokens_per_second(1000.0), "cl100k_base", config,
-                        spec=ModelSpec("m", (2, 2, 2, 32), torch.float32), units=_LostPart())
+                        spec=ModelSpec("m", (2, 2, 2, 32), torch.float32), units=units)
     with pytest.raises(KvcliError, match="worker process died"):
         replayer.replay("t", TraceSource(MOONCAKE, "auto", "cl100k_base"))
     assert _left(redis_client) == FOREIGN
-    assert scans == ["purge_own"]
+    assert scans == ["purge_own"] and units.waited  # the scan after the workers' connections closed
