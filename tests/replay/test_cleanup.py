@@ -65,7 +65,7 @@ CASES = {
     "pipelined": dict(),
     "one-by-one": dict(pipeline=1),
     "capacity": dict(capacity_tokens=20_000),
-    "lmcache": dict(layouts=("kvcli", "lmcache"), limit=30),  # its lookups are one round trip per chunk
+    "lmcache": dict(layouts=("kvcli", "lmcache"), limit=20),  # its lookups are one round trip per chunk
 }
 
 
@@ -74,7 +74,7 @@ def test_the_cleanup_deletes_what_the_run_wrote_and_what_the_scan_deletes(redis_
     """The same replay twice: kept and deleted with today's SCAN (purge_own, and LMCache's purge_namespace), then
     deleted from its records: both leave exactly the foreign keys; the second scans nothing."""
     _foreign(redis_client)
-    config = dict(chunk_sizes=(16, 64), payload="accounted", measure=0, limit=120) | CASES[case]
+    config = dict(chunk_sizes=(16, 64), payload="accounted", measure=0, limit=40) | CASES[case]
     kept = _replay(redis_client, redis_url, ReplayConfig(keep=True, **config))
     namespace = _namespace(kept)
     assert sum(len(batch) for batch in scan_keys(redis_client)) > len(FOREIGN) + 1000  # the kept run's keys
