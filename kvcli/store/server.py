@@ -47,6 +47,7 @@ from redis.retry import Retry
 
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.redact import mask_url, redact
+from kvcli.store.busy import Backoff, is_busy
 from kvcli.store.cluster import check_whole
 
 ENV_URL = "REDIS_URL"
@@ -345,17 +346,26 @@ def server_info(client: redis.Redis, *sections: str) -> dict | None:
     as a dict, or None when this user may not run INFO (an ACL without ``@dangerous``, e.g.
     ``~kvcli:* +@all -@dangerous -@admin``) or the server renamed it: callers degrade and say so.
 
+    While another client's script holds the server (BUSY), INFO is sent again (:class:`~kvcli.store.busy.Backoff`)
+    for up to the client's reply timeout, as a replay's other calls are.
+
     Raises:
-        RedisFailure: any other error (connection, timeout).
+        RedisFailure: any other error (connection, timeout), or BUSY past the reply timeout.
     """
-    try:
-        return client.info(*sections)
-    except redis.exceptions.ResponseError as exc:  # NoPermissionError, or "unknown command" (renamed)
-        if isinstance(exc, redis.exceptions.NoPermissionError) or "unknown command" in str(exc).lower():
-            return None
-        raise RedisFailure(f"Redis INFO failed: {exc}") from None
-    except (redis.RedisError, RedisClusterException) as exc:
-        raise RedisFailure(f"Redis INFO failed: {exc}") from None
+    backoff = None
+    while True:
+        try:
+            return client.info(*sections)
+        except redis.exceptions.ResponseError as exc:  # NoPermissionError, or "unknown command" (renamed)
+            if isinstance(exc, redis.exceptions.NoPermissionError) or "unknown command" in str(exc).lower():
+                return None
+            if is_busy(exc):
+                backoff = backoff or Backoff(reply_timeout(client) or DEFAULT_TIMEOUT)
+                if backoff.wait():
+                    continue
+            raise RedisFailure(f"Redis INFO failed: {exc}") from None
+        except (redis.RedisError, RedisClusterException) as exc:
+            raise RedisFailure(f"Redis INFO failed: {exc}") from None
 
 
 INFO_REFUSED = "this Redis user may not run INFO"

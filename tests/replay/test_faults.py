@@ -21,6 +21,7 @@ from faultproxy import FaultProxy  # bench/faultproxy.py (tests/conftest.py puts
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
+from kvcli.errors import RedisFailure
 from kvcli.store.runmark import SENTINEL_HEX, SENTINEL_TAIL
 
 pytestmark = pytest.mark.single_server("the fault proxy stands in front of one server")
@@ -315,6 +316,23 @@ def test_busy_from_another_clients_script_is_waited_out_and_counted(tmp_path, ma
     assert row["redis_busy_retries"] >= 1 and (row["redis_errors"], row["redis_timeouts"]) == (0, 0)
     spinners[0].join()
     assert redis.Redis.from_url(url).dbsize() == 0
+
+
+def test_info_waits_out_another_clients_script_up_to_the_reply_timeout(make_server):
+    """INFO answered BUSY is sent again while the reply timeout lasts: a 1 s script is waited out with a 10 s
+    timeout; a 60 s one fails the INFO, in one line, once a 0.3 s timeout has passed (the script is then killed)."""
+    from kvcli.store.server import connect, server_info
+
+    url = make_server(**{"busy-reply-threshold": "10"})
+    patient, hasty = connect(url, 10.0), connect(url, 0.3)  # connected (a PING) before the server is held
+    spinner = _busy_for(url, 1.0)
+    assert "used_memory" in server_info(patient, "memory")
+    spinner.join()
+    spinner = _busy_for(url, 60)
+    with pytest.raises(RedisFailure, match=r"^Redis INFO failed: BUSY"):
+        server_info(hasty, "memory")
+    redis.Redis.from_url(url).script_kill()
+    spinner.join()
 
 
 def test_busy_past_the_timeout_fails_that_call_only(tmp_path, make_server):
