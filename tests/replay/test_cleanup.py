@@ -127,9 +127,9 @@ class _StopAt(ReplayEvents):
 def test_an_interrupted_run_deletes_its_keys_from_its_records(redis_client, redis_url, scans):
     """Ctrl-C midway, a batch in flight: what was sent is recorded, so nothing is left."""
     _foreign(redis_client)
-    config = ReplayConfig(chunk_sizes=(16, 64), payload="accounted", measure=0, limit=400, pipeline=64)
+    config = ReplayConfig(chunk_sizes=(16, 64), payload="accounted", measure=0, limit=120, pipeline=32)
     with pytest.raises(KeyboardInterrupt):
-        _replay(redis_client, redis_url, config, events=_StopAt(300))
+        _replay(redis_client, redis_url, config, events=_StopAt(90))
     assert _left(redis_client) == FOREIGN and scans == []
 
 
@@ -140,7 +140,7 @@ def test_a_run_refused_midway_deletes_its_keys_from_its_records(make_server, sca
     client = redis.Redis.from_url(url)
     _foreign(client)
     client.config_set("maxmemory", client.info("memory")["used_memory"] + 2_000_000)
-    config = ReplayConfig(chunk_sizes=(16,), payload="accounted", measure=0, limit=1000)
+    config = ReplayConfig(chunk_sizes=(16,), payload="accounted", measure=0, limit=200)  # ~2 MB is ~20 requests
     with pytest.raises(RedisFailure, match="OOM"):
         _replay(client, url, config)
     assert _left(client) == FOREIGN and scans == []
