@@ -94,6 +94,7 @@ from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.records import StoreConfig
 from kvcli.store.runmark import RunMark, delete_sentinel, mark_run, write_sentinel
 from kvcli.store.server import INFO_REFUSED
+from kvcli.store.written import WrittenChunks
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.request import Request
 
@@ -518,12 +519,15 @@ class Replayer:
     def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli", mark: RunMark | None = None
                     ) -> KVStore:
         cfg = self.config
-        return make_store(layout, self.client, StoreConfig(
+        store = make_store(layout, self.client, StoreConfig(
             namespace=namespace, chunk_size=chunk_size, model_id=self.model_id, tokenizer=self.tokenizer,
             kv_shape=self.kv_shape, dtype=self.dtype, payload=cfg.payload, capacity_tokens=cfg.capacity_tokens,
             capacity_bytes=cfg.capacity_bytes, read_namespace=cfg.namespace, kv_dtype=cfg.kv_dtype,
             state_shape=self.state_shape),
             tolerate_unavailable=True, mark=mark)
+        if self.own_server:  # kvcli's embedded server is emptied whole at the end: no record of the writes needed
+            store.written = WrittenChunks(keep=False)
+        return store
 
 def _purge_remedy(namespace: str) -> str:
     """How to remove what a run left in ``namespace`` when the replayer was given no ``remedy``."""

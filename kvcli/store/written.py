@@ -34,14 +34,20 @@ class WrittenChunks:
     over-allocation (up to 1/8). A chunk recorded again (written again after its eviction, or named by a batch
     whose reply was lost) is kept once whenever a kind's record reaches twice its size at the last compaction (at
     least :data:`COMPACT_BYTES`): the record stays within ~2x the distinct chunks' bytes. Picklable (a worker
-    process returns its stores' records with its results)."""
+    process returns its stores' records with its results).
 
-    def __init__(self) -> None:
+    ``keep`` False: a record that keeps nothing (0 bytes), for a run whose cleanup needs none (kvcli's own
+    embedded server, emptied whole): every method works, on an empty record."""
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
         self._hashes: dict[str, bytearray] = {kind: bytearray() for kind in KINDS}
         self._compacted: dict[str, int] = {kind: 0 for kind in KINDS}
 
     def add(self, kind: str, hashes: Iterable[bytes | bytearray]) -> None:
-        """Record 16-byte ``hashes`` of ``kind`` (:data:`METADATA` or :data:`PAYLOAD`)."""
+        """Record 16-byte ``hashes`` of ``kind`` (:data:`METADATA` or :data:`PAYLOAD`); nothing without ``keep``."""
+        if not self.keep:
+            return
         buf = self._hashes[kind]
         buf += b"".join(hashes)
         if len(buf) >= max(COMPACT_BYTES, 2 * self._compacted[kind]):

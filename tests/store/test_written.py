@@ -93,3 +93,14 @@ def test_a_refused_unlink_says_how_many_keys_were_deleted_before_it(redis_client
         delete_keys(user, [["k:0", "k:1"], ["s"]], pipeline_batches=1)
     assert _keys(redis_client) == {b"s"}
     redis_client.acl_deluser("only-k")
+
+
+def test_a_record_that_keeps_nothing_is_empty_and_still_works():
+    """keep=False (a run on kvcli's own server, emptied whole): adds and merges keep nothing, reads see none."""
+    full = WrittenChunks()
+    full.add(METADATA, [bytes([i]) * 16 for i in range(3)])
+    off = WrittenChunks(keep=False)
+    off.add(METADATA, [b"\x01" * 16])
+    off.merge(full)
+    assert (off.nbytes, off.chunks(METADATA), off.distinct(METADATA), list(off.slices(METADATA))) == (0, 0, b"", [])
+    assert full.nbytes == 48
