@@ -179,28 +179,36 @@ class TtlCurve:
 
     def _one_by_one(self, rows: np.ndarray, ats: np.ndarray) -> np.ndarray:
         """The rounds of one touch each, in order (the tail of a batch's rounds: the touches of its most requested
-        chunk after every other chunk's last), as the round loop takes them, on Python floats: per touch, the
-        same float64 gap and comparison at each grid TTL, a fraction of the cost of numpy calls on one row of
-        ``len(grid)`` values. Updates the rows' write times; returns bool ``[touches, grid]``: present."""
+        chunk after every other chunk's last), as the round loop takes them, on Python floats: per grid TTL, the
+        same float64 gap and comparison per touch, a fraction of the cost of numpy calls on one row of
+        ``len(grid)`` values; a TTL at which the row's first write outlives its last touch is present throughout
+        (one comparison). Updates the rows' write times; returns bool ``[touches, grid]``: present."""
         writes, stamps = self._writes, self._stamps
         limits = self._limits.tolist()
-        columns = range(len(limits))
-        out: list[list[bool]] = []
-        row, written, when = -1, list[int](), list[float]()  # the row being updated: its writes and their times
-        for r, at in zip(rows.tolist(), ats.tolist()):
-            if r != row:
-                if row >= 0:
-                    writes[row] = written
-                row, written = r, writes[r].tolist()
-                when = stamps[written].tolist()
-            now = float(stamps[at])
-            present = [now - when[j] <= limits[j] for j in columns]
-            for j in columns:
-                if not present[j]:  # absent: written now
-                    written[j], when[j] = at, now
-            out.append(present)
-        writes[row] = written
-        return np.array(out, bool)
+        rows_of, ats_of = rows.tolist(), ats.tolist()
+        nows = stamps[ats].tolist()
+        present = np.ones((len(rows_of), len(limits)), bool)
+        start = 0
+        while start < len(rows_of):  # each run of touches of one row
+            row, end = rows_of[start], start + 1
+            while end < len(rows_of) and rows_of[end] == row:
+                end += 1
+            written = writes[row].tolist()
+            when = stamps[written].tolist()
+            latest = max(nows[start:end])
+            for j, limit in enumerate(limits):
+                if latest - when[j] <= limit:  # alive at every touch (a gap never exceeds the largest)
+                    continue
+                at_j, when_j = written[j], when[j]
+                for k in range(start, end):
+                    now = nows[k]
+                    if now - when_j > limit:  # absent: written now
+                        present[k, j] = False
+                        at_j, when_j = ats_of[k], now
+                written[j] = at_j
+            writes[row] = written
+            start = end
+        return present
 
     def _stamp_many(self, nows: np.ndarray) -> np.ndarray:
         r, k = self._requests, len(nows)
