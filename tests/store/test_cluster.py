@@ -26,7 +26,7 @@ from kvcli.store import cluster
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.namespace import count, purge
 from kvcli.store.records import StoreConfig
-from kvcli.store.server import connect, embedded_cluster
+from kvcli.store.server import connect
 from kvcli.traces.detect import read_trace
 from kvcli.traces.request import Request
 
@@ -169,13 +169,28 @@ def test_the_route_index_lives_in_one_slot_and_its_query_is_one_command(cc):
     assert index.drop() == 300 and cluster.dbsize(cc) == 0
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_clusters(request, cluster_in_background):
+    """One cluster for each of this module's selected tests that uses :func:`own_cluster`, all started at once in
+    the background when the module's first test starts (a new cluster waits ~2 s before it accepts writes)."""
+    wanted = sum(item.module is request.module and "own_cluster" in item.fixturenames
+                 for item in request.session.items)
+    started = [cluster_in_background() for _ in range(wanted)]
+    yield started
+    for one in started:
+        one.close()
+
+
 @pytest.fixture
-def own_cluster():
-    """A cluster of its own for tests that break it or fill it."""
-    with embedded_cluster(3) as url:
-        client = connect(url)
+def own_cluster(_own_clusters, cluster_in_background):
+    """A cluster of its own for tests that break it or fill it, stopped after the test."""
+    started = _own_clusters.pop() if _own_clusters else cluster_in_background()
+    try:
+        client = connect(started.url())
         yield client
         client.close()
+    finally:
+        started.close()
 
 
 def test_a_cluster_that_does_not_serve_every_slot_is_refused(own_cluster):
