@@ -112,8 +112,8 @@ def test_a_lookup_writes_to_every_shard_before_it_reads_any(cc, monkeypatch):
 
 
 def test_hit_tokens_are_identical_on_a_single_server_and_on_the_cluster(single_url, cluster_url):
-    # the first 200 requests: 101,888 hit tokens, 164,864 without the capacity (38,653 chunks evicted at 64)
-    config = ReplayConfig(chunk_sizes=(64, 512), payload="accounted", measure=0, limit=200, capacity_tokens=200_000)
+    # the first 150 requests: 76,288 hit tokens, 97,792 without the capacity (28,928 chunks evicted at 64)
+    config = ReplayConfig(chunk_sizes=(64, 512), payload="accounted", measure=0, limit=150, capacity_tokens=60_000)
     rows = {}
     for url in (single_url, cluster_url):
         client = connect(url)
@@ -131,6 +131,8 @@ def test_hit_tokens_are_identical_on_a_single_server_and_on_the_cluster(single_u
         client.close()
     assert rows[single_url] == rows[cluster_url]
     assert rows[single_url][1][3] > 0 and rows[single_url][1][7] > 0  # hits, and the LRU evicted
+    assert [(r[3], r[4]) for r in rows[single_url]] == [(76_288, 97_792)] * 2  # the evictions cost hits
+    assert rows[single_url][0][7] == 28_928
 
 
 def test_a_namespace_spreads_and_purge_removes_exactly_its_keys_on_every_shard(cc):
