@@ -43,15 +43,15 @@ line (:mod:`kvcli.traces.lines`).
 ``mooncake`` -- Mooncake (FAST'25) JSONL: ``timestamp`` (ms; converted to seconds), ``input_length``,
 ``output_length``, ``hash_ids`` (prefix-chained block ids, 512 tokens per block). There is no text, so token
 ids are synthesized by :func:`mooncake_token_ids`: equal hash ids give equal 512-token blocks. ``id`` is
-``"<file name>:<line>"``; an optional ``session_id`` is kept.
+``"<file name>:<line>"``; an optional ``session_id`` and ``cache_salt`` are kept.
 
-``bailian``, ``hash-ids``, ``claude-code`` -- hash-id traces with explicit block semantics
-(:mod:`kvcli.traces.hashids`, :mod:`kvcli.traces.claude_code`): Qwen-Bailian (16 tokens per id, seconds, sessions
-from ``parent_chat_id``), records with ``block_size``, SemiAnalysis Claude-Code sessions (64 tokens per id, ids
-scoped per session). Every record is checked, ``len(hash_ids) == ceil(input_length / B)``. ``fmt`` may be a
-:class:`~kvcli.traces.hashids.TraceFormat` that declares tokens per id, the timestamp unit, a private tail block or
-skipping bad records (a Mooncake trace with any declared is read there too). Token ids come from
-:func:`kvcli.traces.synth.block_token_ids`, one function for every block size.
+``mooncake``, ``bailian``, ``hash-ids``, ``claude-code`` -- hash-id traces with explicit block semantics
+(:mod:`kvcli.traces.hashids`, :mod:`kvcli.traces.claude_code`): Mooncake, Qwen-Bailian (16 tokens per id,
+seconds, sessions from ``parent_chat_id``), records with ``block_size``, SemiAnalysis Claude-Code sessions (64
+tokens per id, ids scoped per session). Every record is checked the same way, ``len(hash_ids) == ceil(input_length
+/ B)``. ``fmt`` may be a :class:`~kvcli.traces.hashids.TraceFormat` that declares tokens per id, the timestamp
+unit, a private tail block or skipping bad records. Token ids come from :func:`kvcli.traces.synth.block_token_ids`,
+one function for every block size.
 
 ``sharegpt`` -- a JSON list of conversations (or one conversation object, or JSONL with one per line), each
 ``{"id"|"conversation_id", "conversations": [{"from": ..., "value": str}, ...], "system"?: str, "tools"?: str}``

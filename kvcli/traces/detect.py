@@ -19,7 +19,6 @@ from kvcli.traces.hashids import (
     semantics_note,
 )
 from kvcli.traces.lines import read_lines
-from kvcli.traces.mooncake import outline_mooncake, read_mooncake
 from kvcli.traces.native import NATIVE_PROMPT_KEYS, read_native
 from kvcli.traces.openai import BATCH_KEYS, read_openai_batch
 from kvcli.traces.records import (
@@ -60,13 +59,12 @@ def read_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: Tok
 
 
 def _reader(name: str, spec: TraceFormat) -> Reader:
-    """The reader of format ``name`` under ``spec``'s declarations (a Mooncake trace with any declared goes to the
-    hash-id reader, with Mooncake's 512 tokens and ms as its defaults)."""
+    """The reader of format ``name`` under ``spec``'s declarations."""
     if name == "claude-code":
         return functools.partial(read_claude_code, fmt=spec)
     if name == "gateway":
         return functools.partial(read_gateway, fmt=spec)
-    if name in HASH_ID_FORMATS and (name != "mooncake" or spec.declared):
+    if name in HASH_ID_FORMATS:
         return functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS[name], fmt=spec)
     return FORMATS[name]
 
@@ -74,15 +72,13 @@ def _reader(name: str, spec: TraceFormat) -> Reader:
 def outline_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: TokenizerArg = DEFAULT_TOKENIZER
                   ) -> Iterator[Outline]:
     """Each request's prompt length (tokens) and arrival time, in trace order, checked exactly as
-    :func:`read_trace` checks it (same errors, file and line): a Mooncake trace without synthesizing token ids
-    (:func:`kvcli.traces.mooncake.outline_mooncake`), other formats read whole (their lengths need the tokens).
+    :func:`read_trace` checks it (same errors, file and line): a hash-id trace without synthesizing token ids
+    (:func:`kvcli.traces.hashids.outline_hash_id_trace`), other formats read whole (their lengths need the tokens).
 
     Raises:
         BadInputError: as :func:`read_trace`.
     """
     path, name, spec = _resolved(path, fmt)
-    if name == "mooncake" and not spec.declared:
-        return outline_mooncake(path)
     if name == "claude-code":
         return outline_claude_code(path, spec)
     if name in HASH_ID_FORMATS:
@@ -266,7 +262,8 @@ def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None)
 
 FORMATS: dict[str, Reader] = {
     "native": read_native,
-    "mooncake": read_mooncake,
+    "mooncake": functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS["mooncake"],
+                                  fmt=TraceFormat("mooncake")),
     "sharegpt": read_sharegpt,
     "swe-agent": read_swe_agent,
     "bailian": functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS["bailian"], fmt=TraceFormat("bailian")),

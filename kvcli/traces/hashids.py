@@ -4,8 +4,7 @@ tokens, read with explicit semantics.
 Formats (``HASH_ID_FORMATS``; each record has ``input_length`` and ``hash_ids``):
 
 * ``mooncake`` -- Mooncake FAST'25 (kvcache-ai/Mooncake ``FAST25-release/traces``): 512 tokens per id, ``timestamp``
-  in ms, optional ``session_id``. Read by :mod:`kvcli.traces.mooncake` unless an option below is declared; then
-  here, with Mooncake's 512 and ms as defaults.
+  in ms, optional ``session_id`` (:mod:`kvcli.traces.mooncake` names its constants and token synthesis).
 * ``bailian`` -- Alibaba's Qwen-Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon, Apache-2.0; the
   KVCache-in-the-wild ATC'25 traces): 16 tokens per id, ``timestamp`` in seconds, ``chat_id``, ``parent_chat_id``
   (-1 for a session's first turn), ``turn``, ``type``; the session is the root of the ``parent_chat_id`` chain.
@@ -91,12 +90,6 @@ class TraceFormat:
         if self.timestamp_unit is not None and self.timestamp_unit not in TIMESTAMP_UNITS:
             raise BadInputError(f"--timestamp-unit must be one of {', '.join(TIMESTAMP_UNITS)}, got "
                                 f"{self.timestamp_unit!r}")
-
-    @property
-    def declared(self) -> bool:
-        """Whether any hash-id option was given (a Mooncake trace is then read here, not by its own reader)."""
-        return (self.block_tokens is not None or self.timestamp_unit is not None or self.drop_tail_block
-                or self.skip_bad_records)
 
 
 def as_trace_format(fmt: str | TraceFormat) -> TraceFormat:
@@ -285,7 +278,7 @@ def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
 
 def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema, fmt: TraceFormat
                        ) -> Iterator[Request]:
-    """Requests of a line-per-request hash-id trace (``mooncake`` with declarations, ``bailian``, ``hash-ids``),
+    """Requests of a line-per-request hash-id trace (``mooncake``, ``bailian``, ``hash-ids``),
     token ids synthesized per id (module docstring) when first read (:class:`~kvcli.traces.request.HashIdRequest`).
     ``tokenizer`` is not used (there is no text).
 

@@ -3,7 +3,7 @@ implements."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
 
@@ -125,6 +125,12 @@ class HashIdRequest(Request):
     @token_ids.setter
     def token_ids(self, tokens: np.ndarray | None) -> None:  # the dataclass's __init__ and unpickling set it
         _TOKEN_SLOT.__set__(self, tokens)
+
+    def __getstate__(self) -> list:
+        """The fields in order, as the dataclass pickles them, but the token ids as held: None until synthesized, so
+        pickling a request (to a worker process) neither synthesizes them nor sends them (a 512-token block is 2 KiB
+        of ids against its one key)."""
+        return [_TOKEN_SLOT.__get__(self) if f.name == "token_ids" else getattr(self, f.name) for f in fields(self)]
 
     @property
     def prompt_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -241,3 +242,20 @@ def test_inspect_request_reads_the_trace_with_the_hash_id_options(tmp_path, redi
     assert (m["hit_tokens"], m["prefill_tokens"]) == (64, 6)
     res = CliRunner().invoke(app, [*args, "--hash-block-tokens", "16"])
     assert res.exit_code == 2 and f"{trace}:1: 2 hash_ids for input_length 40 at 16 tokens per id" in res.output
+
+
+def test_a_pickled_hash_id_request_carries_its_keys_not_tokens_it_never_synthesized(monkeypatch):
+    """Pickling a request read from a hash-id trace synthesizes nothing and sends its block keys only; the copy
+    synthesizes the same token ids when read, and one synthesized before pickling arrives with them."""
+    calls = []
+    real = request_module.block_token_ids
+    monkeypatch.setattr(request_module, "block_token_ids", lambda *a: calls.append(a) or real(*a))
+    lazy, read = list(read_trace(MOONCAKE))[:2]
+    tokens = read.token_ids
+    assert len(calls) == 1
+    copy = pickle.loads(pickle.dumps(lazy))
+    assert len(calls) == 1 and len(pickle.dumps(lazy)) < 1000 < 4 * lazy.prompt_tokens
+    assert (copy.id, copy.prompt_tokens, copy.timestamp) == (lazy.id, lazy.prompt_tokens, lazy.timestamp)
+    assert np.array_equal(copy.token_ids, lazy.token_ids) and len(calls) == 3
+    again = pickle.loads(pickle.dumps(read))
+    assert again.token_ids is not tokens and np.array_equal(again.token_ids, tokens) and len(calls) == 3

@@ -111,7 +111,8 @@ def test_a_mooncake_outline_gives_input_lengths_and_seconds(tmp_path):
                     '{"timestamp": 2000, "input_length": 1025, "hash_ids": [1, 2]}\n')
     rows = outline_trace(path)
     assert next(rows) == (700, 1.5) and next(rows) == (0, None)
-    with pytest.raises(BadInputError, match=r"t\.jsonl:3: 2 hash_ids cover 1024 tokens, fewer than input_length 1025"):
+    with pytest.raises(BadInputError, match=r"t\.jsonl:3: 2 hash_ids for input_length 1025 at 512 tokens per id: "
+                                             r"expected ceil\(1025/512\) = 3"):
         next(rows)
 
 

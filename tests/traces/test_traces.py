@@ -11,6 +11,7 @@ import pytest
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import get_tokenizer
 from kvcli.traces.detect import FORMATS, detect_format, read_trace
+from kvcli.traces.hashids import TraceFormat
 from kvcli.traces.mooncake import mooncake_token_ids
 from kvcli.traces.request import Request
 
@@ -144,16 +145,20 @@ def test_mooncake_token_ids_follow_the_documented_function():
     # SplitMix64 seeded with 0 first outputs 0xE220A8397B1DCDAF (Vigna's reference implementation)
     assert _splitmix64_reference(0) == 0xE220A8397B1DCDAF
     assert mooncake_token_ids([0], 1).tolist() == [((0xE220A8397B1DCDAF >> 32) * 100256) >> 32] == [88557]
-    ids = mooncake_token_ids([7, 2**54], 600)
+    # An id from 2**54 (2**63 // 512) up is folded below it, as the reader folds it: key splitmix64(id) % 2**54.
+    big, folded = 2**54 + 3, _splitmix64_reference(2**54 + 3) % 2**54
+    ids = mooncake_token_ids([7, big], 600)
     expected = [((_splitmix64_reference(h * 512 + j) >> 32) * 100256) >> 32
-                for h in (7, 2**54) for j in range(512)][:600]
+                for h in (7, folded) for j in range(512)][:600]
     assert ids.tolist() == expected
     assert mooncake_token_ids([], 0).shape == (0,)
-    assert len(mooncake_token_ids([3, 4, 5], 512)) == 512  # extra hash ids are ignored
+    with pytest.raises(BadInputError, match=r"3 hash_ids for input_length 512 at 512 tokens per id"):
+        mooncake_token_ids([3, 4, 5], 512)
 
 
 @pytest.mark.parametrize("record, words", [
-    ({"input_length": 1025, "hash_ids": [0, 1]}, "2 hash_ids cover 1024 tokens, fewer than input_length 1025"),
+    ({"input_length": 1025, "hash_ids": [0, 1]}, "2 hash_ids for input_length 1025 at 512 tokens per id"),
+    ({"input_length": 512, "hash_ids": [0, 1]}, "expected ceil(512/512) = 1"),
     ({"input_length": -1, "hash_ids": [0]}, "input_length must be an integer >= 0"),
     ({"hash_ids": [0]}, "needs input_length"),
     ({"input_length": 10}, "needs hash_ids"),
@@ -438,3 +443,19 @@ def test_a_line_cut_short_names_its_column_and_a_request_prints_in_one_line(tmp_
 def test_read_trace_on_a_directory_says_what_to_use(tmp_path):
     with pytest.raises(BadInputError, match="a directory: a reader reads one trace file"):
         read_trace(tmp_path)
+
+
+def test_a_mooncake_trace_reads_the_same_with_or_without_hash_id_options(tmp_path):
+    """One reader for every hash-id format: a declared option that changes nothing (the format's own unit) gives
+    the same requests, large ids (folded from 2**54) and a record's cache_salt included."""
+    path = write_jsonl(tmp_path / "m.jsonl", [
+        {"timestamp": 5, "input_length": 600, "hash_ids": [1, 2**54 + 1], "cache_salt": "tenant-a"},
+        {"timestamp": 9, "input_length": 512, "hash_ids": [2**64 - 1], "session_id": "s"},
+    ])
+    plain = list(read_trace(path))
+    declared = list(read_trace(path, TraceFormat("mooncake", timestamp_unit="ms")))
+    assert [(r.cache_salt, r.timestamp, r.session_id) for r in plain] == [("tenant-a", 0.005, None), ("", 0.009, "s")]
+    for a, b in zip(plain, declared, strict=True):
+        assert (a.id, a.cache_salt, a.timestamp, a.session_id) == (b.id, b.cache_salt, b.timestamp, b.session_id)
+        assert np.array_equal(a.token_ids, b.token_ids)
+    assert np.array_equal(plain[0].token_ids, mooncake_token_ids([1, 2**54 + 1], 600))
