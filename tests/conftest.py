@@ -115,8 +115,8 @@ def start_cluster(primaries: int = 3) -> tuple[contextlib.ExitStack, str]:
 
 class ClusterInBackground:
     """:func:`start_cluster` in a thread: a new cluster's primaries wait ~2 s before they accept writes
-    (kvcli.store.server.embedded_cluster), time in which the caller goes on (collecting tests, running others).
-    :meth:`url` waits for it; :meth:`close` stops it."""
+    (kvcli.store.server.embedded_cluster), time in which the caller goes on (collecting tests, starting other
+    clusters). :meth:`wait` and :meth:`url` wait for it; :meth:`close` stops it."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
@@ -132,6 +132,10 @@ class ClusterInBackground:
             self._error = exc
         finally:
             self._done.set()
+
+    def wait(self) -> None:
+        """Until the cluster is up, or failed to start (no thread of it runs after this)."""
+        self._done.wait()
 
     def url(self) -> str:
         self._done.wait()
@@ -154,9 +158,15 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_finish(session):
-    """No selected test is marked ``cluster`` (``-m "not cluster"``, a single-server file): the cluster stops."""
+    """After collection the cluster is up, before any test runs (tests count the commands redis-py sends, from
+    every thread); where no selected test is marked ``cluster`` (``-m "not cluster"``, a single-server file), it
+    is stopped."""
     early = session.config.stash.get(_EARLY_CLUSTER, None)
-    if early is not None and not any(item.get_closest_marker("cluster") for item in session.items):
+    if early is None:
+        return
+    if any(item.get_closest_marker("cluster") for item in session.items):
+        early.wait()
+    else:
         early.close()
         del session.config.stash[_EARLY_CLUSTER]
 

@@ -171,13 +171,17 @@ def test_the_route_index_lives_in_one_slot_and_its_query_is_one_command(cc):
     assert index.drop() == 300 and cluster.dbsize(cc) == 0
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def _own_clusters(request, cluster_in_background):
-    """One cluster for each of this module's selected tests that uses :func:`own_cluster`, all started at once in
-    the background when the module's first test starts (a new cluster waits ~2 s before it accepts writes)."""
+    """One cluster for each of this module's selected tests that uses :func:`own_cluster`, all started at once
+    (each new cluster waits ~2 s before it accepts writes: they wait together) when the first of those tests
+    starts, and all up before it runs: no cluster starts in the background while another test runs (tests here
+    count the commands redis-py sends, from every thread)."""
     wanted = sum(item.module is request.module and "own_cluster" in item.fixturenames
                  for item in request.session.items)
     started = [cluster_in_background() for _ in range(wanted)]
+    for one in started:
+        one.wait()
     yield started
     for one in started:
         one.close()
