@@ -44,6 +44,7 @@ from kvcli.model.presets import ModelSpec
 from kvcli.model.threads import torch_threads
 from kvcli.prefixkv import StatefulKV, resumable_tokens
 from kvcli.store import cluster
+from kvcli.store.calls import execute_pipeline
 from kvcli.store.chunkstore import ChunkStore, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.judge import ACCOUNTED, MISSING, USABLE, WRONG_TYPE, judge
@@ -437,7 +438,7 @@ def _write_batch(client, heads: list[str], chunks: list[tuple[tuple, tuple]], tt
         pipe.set(pkey, pvalue, ex=ttl)
         pipe.set(mkey, mvalue, ex=ttl)
     try:
-        pipe.execute()
+        execute_pipeline(pipe)
     except redis.RedisError as exc:
         return 0, exc
     return len(chunks), None

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvcli.errors import RedisFailure
-from kvcli.store.calls import RedisUnavailable, ScriptKilled, ServerBusy
+from kvcli.store.calls import RedisUnavailable, ScriptKilled, ServerBusy, execute_pipeline
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.cluster import by_shard, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt
@@ -166,7 +166,7 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
                 store.calls.call(_write, store.client, commands, store.shard_trips)
             elif not store.cluster and len(pipe):
                 store.shard_trips.add()
-                store.calls.call(pipe.execute)
+                store.calls.call(execute_pipeline, pipe)
     except RedisUnavailable as exc:
         store.calls.absorb(exc)
         return [(look, NOTHING_STORED) for look in looks]

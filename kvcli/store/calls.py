@@ -189,6 +189,34 @@ class Calls:
             raise exc
 
 
+def execute_pipeline(pipe) -> list:
+    """``pipe.execute()`` of a single server's pipeline (or transaction), with its first error reply raised as
+    redis-py raises it, ``Command # 3 (MSET key) of pipeline caused error: OOM ...`` (the form
+    :func:`kvcli.errors.redis_error_text` shortens to ``OOM ... (MSET key)``), but naming the failed command by its
+    name and first argument only: redis-py's own message joins every argument of it, seconds for a batch's MSET of
+    thousands of keys and values, and a copy of every payload it carried. A cluster's pipeline, whose queue
+    redis-py keeps to itself, is executed as it is (redis-py's message).
+
+    Returns:
+        the replies, one per queued command.
+
+    Raises:
+        redis.RedisError: the first error reply, or what ``execute`` itself raises (a dropped connection, a
+            timeout, a transaction's EXECABORT).
+    """
+    if not isinstance(pipe, redis.client.Pipeline):
+        return pipe.execute()
+    named = [args[:2] for args, _ in pipe.command_stack]
+    replies = pipe.execute(raise_on_error=False)
+    for number, reply in enumerate(replies, 1):
+        if isinstance(reply, Exception):
+            words = " ".join(a.decode("utf-8", "replace") if isinstance(a, bytes) else str(a)
+                             for a in named[number - 1])
+            reply.args = (f"Command # {number} ({words}) of pipeline caused error: {reply.args[0]}", *reply.args[1:])
+            raise reply
+    return replies
+
+
 def _requeue(fn: Callable, args: tuple) -> Callable[[], None]:
     """What makes ``fn(*args)`` ready to be called again as the first time: a pipeline's ``execute`` (or a partial
     of it, or a function given the pipeline) empties the pipeline, so its commands are queued again; anything else

@@ -38,7 +38,7 @@ import xxhash
 from kvcli.errors import KvcliError
 from kvcli.prefixkv import concat_kv
 from kvcli.store.busy import is_busy
-from kvcli.store.calls import Calls, RedisUnavailable
+from kvcli.store.calls import Calls, RedisUnavailable, execute_pipeline
 from kvcli.store.cluster import by_shard, is_cluster, set_in_order, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.judge import (
@@ -596,7 +596,7 @@ class ChunkStore:
         with uninterrupted():  # a write is sent whole or not at all: Ctrl-C waits for its reply
             if not self.cluster:
                 self.shard_trips.add()
-                return self.calls.call(pipe.execute), []
+                return self.calls.call(execute_pipeline, pipe), []
             self.stats.round_trips += bool(firsts and thens)
             return self.calls.call(set_in_order, self.client, deletes, firsts, thens, nx, ex, self.shard_trips)
 

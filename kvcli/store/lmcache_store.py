@@ -30,8 +30,9 @@ from collections.abc import Iterator
 import redis
 import torch
 
-from kvcli.errors import BadInputError, KvcliError, RedisFailure
+from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
 from kvcli.store import cluster
+from kvcli.store.calls import execute_pipeline
 from kvcli.store.chunkstore import check_value_size
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.lmcache import (
@@ -269,9 +270,9 @@ class LMCacheStore:
             getattr(pipe, command)(key, *(() if values is None else (values[i],)))
         self.stats.round_trips += 1
         try:
-            return pipe.execute()
+            return execute_pipeline(pipe)
         except cluster.REDIS_ERRORS as exc:
-            raise RedisFailure(f"Redis {command.upper()} failed: {exc}") from None
+            raise RedisFailure(f"Redis {command.upper()} failed: {redis_error_text(exc)}") from None
 
     # -- the common interface (kvcli.store.kvstore.KVStore) -------------------------------------------------------
     def accounted(self, prompt: ChunkedPrompt, lookup: LookupResult, k: int) -> bool:

@@ -140,8 +140,7 @@ def test_a_run_refused_midway_deletes_its_keys_from_its_records(make_server, sca
     client = redis.Redis.from_url(url)
     _foreign(client)
     client.config_set("maxmemory", client.info("memory")["used_memory"] + 2_000_000)
-    # ~2 MB is ~20 requests: the second batch of 16 requests fails in its MSET (redis-py's message for a failed
-    # command of a pipeline joins the command's arguments: seconds for a batch of 256 requests' keys)
+    # ~2 MB is ~20 requests: the second batch of 16 requests fails in its MSET, after the first one's writes
     config = ReplayConfig(chunk_sizes=(16,), payload="accounted", measure=0, limit=200, pipeline=16)
     with pytest.raises(RedisFailure, match="OOM command not allowed .*MSET"):
         _replay(client, url, config)

@@ -9,6 +9,8 @@ import redis
 import torch
 from redis.cluster import RedisCluster
 
+from kvcli.errors import redis_error_text
+from kvcli.store.calls import execute_pipeline
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import chunk_prompt, namespace_root
 from kvcli.store.records import ChunkTooLargeError, StoreConfig
@@ -252,3 +254,32 @@ def test_lru_request_longer_than_capacity_keeps_its_head(redis_client):
     assert (res.chunks_written, res.evicted_chunks) == (2, 0)
     assert store.lookup(tok(1, 16)).hit_tokens == 8
     assert redis_client.dbsize() == 4  # metadata + payload of c0 and c1
+
+
+def test_a_failed_pipeline_command_is_named_by_its_first_key_not_echoed_whole(redis_client, monkeypatch):
+    """The first error reply of a single server's pipeline is raised in redis-py's form, naming the command and its
+    first key, without redis-py's echo of all its arguments (never called here); the replies before it were
+    applied. A cluster's pipeline fails as redis-py fails it."""
+    def echoed(*args):
+        raise AssertionError("redis-py's annotate_exception joined the command's arguments")
+
+    cluster = isinstance(redis_client, RedisCluster)
+    if not cluster:
+        monkeypatch.setattr(redis.client.Pipeline, "annotate_exception", echoed)
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.set("{t}a", "1")
+    pipe.set("{t}b", "2")
+    pipe.lpush("{t}a", b"\x00" * 100_000, "more")  # a string key: WRONGTYPE
+    with pytest.raises(redis.ResponseError) as caught:
+        execute_pipeline(pipe)
+    assert "WRONGTYPE" in str(caught.value)
+    if not cluster:
+        assert str(caught.value).startswith("Command # 3 (LPUSH {t}a) of pipeline caused error: WRONGTYPE")
+        assert len(str(caught.value)) < 200
+    text = redis_error_text(caught.value)
+    assert text.startswith("WRONGTYPE") and "(LPUSH {t}a" in text and (cluster or text.endswith("(LPUSH {t}a)"))
+    assert redis_client.get("{t}b") == b"2"
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.get("{t}a")
+    pipe.strlen("{t}b")
+    assert execute_pipeline(pipe) == [b"1", 1]
