@@ -166,7 +166,7 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
                 store.calls.call(_write, store.client, commands, store.shard_trips)
             elif not store.cluster and len(pipe):
                 store.shard_trips.add()
-                store.calls.call(execute_pipeline, pipe)
+                store.calls.call(execute_pipeline, pipe, name="EXECUTE")
     except RedisUnavailable as exc:
         store.calls.absorb(exc)
         return [(look, NOTHING_STORED) for look in looks]

@@ -596,7 +596,7 @@ class ChunkStore:
         with uninterrupted():  # a write is sent whole or not at all: Ctrl-C waits for its reply
             if not self.cluster:
                 self.shard_trips.add()
-                return self.calls.call(execute_pipeline, pipe), []
+                return self.calls.call(execute_pipeline, pipe, name="EXECUTE"), []
             self.stats.round_trips += bool(firsts and thens)
             return self.calls.call(set_in_order, self.client, deletes, firsts, thens, nx, ex, self.shard_trips)
 
