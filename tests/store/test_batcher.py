@@ -94,3 +94,21 @@ def test_a_request_writing_more_chunks_than_one_mset_takes_writes_them_all(redis
     assert got == expected
     assert _own_values(redis_client, many.prefix) == _own_values(redis_client, one.prefix)
     assert len(_own_values(redis_client, many.prefix)) == 2345 + 1200 + 1645
+
+
+def test_a_batch_over_its_capacity_deletes_on_the_server_what_the_lru_evicted(redis_client):
+    """Chunk size 4, a capacity of 3 chunks, one pipelined batch (lookup_and_store) of three prompts of two chunks:
+    A B; C D evicts B (a chain's tail before its head); E F evicts A, then D. The server holds exactly the LRU's
+    chunks after the batch, on every shard: an evicted chunk's metadata key is deleted, not only forgotten."""
+    from kvcli.store import cluster
+    from kvcli.store.batch import lookup_and_store
+
+    store = ChunkStore(redis_client, StoreConfig("cap", 4, "m", "raw", (2, 2, 2, 3), torch.float32,
+                                                 payload="accounted", capacity_tokens=12))
+    prompts = [store.chunk(np.arange(1, 9, dtype="<u4")), store.chunk(np.arange(100, 108, dtype="<u4")),
+               store.chunk(np.arange(200, 208, dtype="<u4"))]
+    lookup_and_store(store, prompts)
+    assert store.stats.evicted_chunks == 3 and store.resident_chunks == 3
+    held = [h for p in prompts for h in p.hashes if redis_client.exists(store.meta_key(h))]
+    assert held == prompts[1].hashes[:1] + prompts[2].hashes  # C, then E F: B, A and D evicted in that order
+    assert cluster.dbsize(redis_client) == 3
