@@ -66,7 +66,7 @@ def _reader(name: str, spec: TraceFormat) -> Reader:
         return functools.partial(read_gateway, fmt=spec)
     if name in HASH_ID_FORMATS:
         return functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS[name], fmt=spec)
-    return FORMATS[name]
+    return _PLAIN_READERS[name]
 
 
 def outline_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: TokenizerArg = DEFAULT_TOKENIZER
@@ -260,17 +260,9 @@ def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None)
                             path=path)
 
 
-FORMATS: dict[str, Reader] = {
-    "native": read_native,
-    "mooncake": functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS["mooncake"],
-                                  fmt=TraceFormat("mooncake")),
-    "sharegpt": read_sharegpt,
-    "swe-agent": read_swe_agent,
-    "bailian": functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS["bailian"], fmt=TraceFormat("bailian")),
-    "hash-ids": functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS["hash-ids"],
-                                  fmt=TraceFormat("hash-ids")),
-    "claude-code": functools.partial(read_claude_code, fmt=TraceFormat("claude-code")),
-    "openai-batch": read_openai_batch,
-    "gateway": functools.partial(read_gateway, fmt=TraceFormat("gateway")),
-    "lines": read_lines,
-}
+# The formats whose reader takes no declarations; the others are built by _reader for what the user declared.
+_PLAIN_READERS: dict[str, Reader] = {"native": read_native, "sharegpt": read_sharegpt, "swe-agent": read_swe_agent,
+                                     "openai-batch": read_openai_batch, "lines": read_lines}
+FORMATS: dict[str, Reader] = {name: _reader(name, TraceFormat(name)) for name in (
+    "native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code", "openai-batch", "gateway",
+    "lines")}
