@@ -12,15 +12,33 @@ SUFFIXES = (".png", ".svg")
 
 
 def check_plot_path(path: str | Path | None) -> None:
-    """Raise BadInputError unless ``path`` is None or ends in ``.png`` or ``.svg`` (checked before any work)."""
-    if path is not None and Path(path).suffix.lower() not in SUFFIXES:
-        raise BadInputError(f"--plot must end in .png or .svg, got {Path(path).name!r}")
+    """Raise BadInputError unless ``path`` is None or ends in ``.png`` or ``.svg`` in a folder that exists (checked
+    before any work)."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.suffix.lower() not in SUFFIXES:
+        raise BadInputError(f"--plot must end in .png or .svg, got {path.name!r}")
+    if not path.parent.is_dir():
+        raise BadInputError(f"--plot {str(path)!r}: no folder {str(path.parent)!r} to write it in")
 
 
 def plot_paths(path: str | Path, traces: list[str]) -> list[Path]:
     """One figure per trace: ``path`` itself for one trace, else ``{stem}-{trace stem}{suffix}`` beside it (the
-    trace's file name up to its first dot: ``plot-chat.png`` for ``chat.jsonl.gz``)."""
+    trace's file name up to its first dot: ``plot-chat.png`` for ``chat.jsonl.gz``); a name already given to an
+    earlier trace (two ``x.jsonl`` in different folders, or one trace given twice) gets ``-2``, ``-3``, ... after
+    the trace stem, so that no figure overwrites another."""
     path = Path(path)
     if len(traces) == 1:
         return [path]
-    return [path.with_name(f"{path.stem}-{Path(t).name.split('.')[0]}{path.suffix}") for t in traces]
+    out: list[Path] = []
+    taken: set[str] = set()
+    for trace in traces:
+        stem, n = f"{path.stem}-{Path(trace).name.split('.')[0]}", 1
+        name = stem
+        while name in taken:
+            n += 1
+            name = f"{stem}-{n}"
+        taken.add(name)
+        out.append(path.with_name(name + path.suffix))
+    return out

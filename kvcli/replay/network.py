@@ -156,11 +156,21 @@ def overheads(res, value_bytes: int, rates: ServerRates, link: Link | None) -> O
                      f"network model: {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip")
 
 
+#: The normal distribution's standard deviation per unit of median absolute deviation (1 / Phi^-1(3/4)).
+MAD_TO_SD = 1.4826
+
+
 def repeat_spread(rates: ServerRates) -> float:
-    """The relative standard deviation of the transfer calibration's repeats (``rates.spread``: ``t / median -
-    1`` of each timing): how far one timing of this server strays."""
+    """How far one timing of this server strays, relative: a robust standard deviation of the transfer
+    calibration's repeats (``rates.spread``: ``t / median - 1`` of each timing), ``MAD_TO_SD`` times their median
+    absolute deviation from their median (the standard deviation where the timings are normal). Robust because one
+    stalled timing among the dozen (a 100 us SET that took 1 ms once) would set a plain standard deviation to
+    several times the median, and with it an overhead interval as if every timing of the run could stall alike;
+    the overheads themselves are sums of this run's wall times, stalls included. 0 for fewer than 2 repeats."""
     spread = np.asarray(rates.spread, dtype=np.float64)
-    return float(spread.std(ddof=1)) if spread.size > 1 else 0.0
+    if spread.size < 2:
+        return 0.0
+    return float(MAD_TO_SD * np.median(np.abs(spread - np.median(spread))))
 
 
 def priced_overheads(res, value_bytes: int, link: Link, device: DeviceRates) -> Overheads:

@@ -22,7 +22,8 @@ Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inpu
 * an overhead total (critical path, background) summed from this run's wall times: its relative spread is the
   larger of what this run measured of it: the spread of the overhead per prompt token across ``BLOCKS``
   consecutive blocks of the trace's requests, and the repeat spread of the transfer calibration (how far one
-  timing of the server strays) (normal draws with that relative standard deviation, clipped at 0). A priced
+  timing of the server strays: a robust standard deviation, :func:`kvcli.replay.network.repeat_spread`) (normal
+  draws with that relative standard deviation, clipped at 0). A priced
   overhead (a profile or a named accelerator: counts through the network model) is not timed and has none.
 
 Recommendation (:func:`recommend`): chunk sizes are compared in pairs with the same coefficient draws (the curve's

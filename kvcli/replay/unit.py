@@ -81,7 +81,7 @@ class UnitReplay:
     Args:
         lanes: one per store of the unit, in :attr:`Work.stores` order.
         pipeline: estimated requests per batch (1: one at a time).
-        requests: the trace's requests (the length of :attr:`reach`).
+        requests: the trace's requests (the length of each row of :attr:`reach`).
         model: the local model for measured requests' full prefills (None: nothing measured).
         measure_tokens: tokens of each measured prompt that run the model (0: whole).
         radix: whether the items carry the radix tree's match (:attr:`match` kept).
@@ -89,7 +89,7 @@ class UnitReplay:
 
     Attributes:
         lanes: the lanes.
-        reach: per request, the most tokens any lane would reuse with unlimited capacity ``[requests]``.
+        reach: per lane and request, the tokens the lane would reuse with unlimited capacity ``[lanes, requests]``.
         match: per request, the radix tree's reusable tokens ``[requests]``, or None without it.
         skipped: empty prompts seen. stamps: the timestamps seen (seconds).
         measured_log: one entry per measured request (``per_chunk_size`` in lane order).
@@ -99,7 +99,7 @@ class UnitReplay:
     def __init__(self, lanes: list[Lane], pipeline: int, requests: int, model=None, measure_tokens: int = 0,
                  radix: bool = False, batch_tokens: int | None = None) -> None:
         self.lanes = lanes
-        self.reach = np.zeros(requests, np.int64)
+        self.reach = np.zeros((len(lanes), requests), np.int64)
         self.match = np.zeros(requests, np.int64) if radix else None
         self.skipped = 0
         self.stamps: list[float] = []
@@ -157,9 +157,8 @@ class UnitReplay:
 
     def _account(self, indices: list[int], shares: list[list], sent: list) -> None:
         """Count one sent batch in every lane and set :attr:`reach` of its requests."""
-        reusable = [lane.account(share, batch) for lane, share, batch in zip(self.lanes, shares, sent)]
-        for k, index in enumerate(indices):
-            self.reach[index] = max(used[k] for used in reusable)
+        for row, lane, share, batch in zip(self.reach, self.lanes, shares, sent):
+            row[indices] = lane.account(share, batch)
 
     def _measure(self, index: int, request: Request) -> None:
         """Run one request with the model on its first ``measure_tokens`` tokens (all of them when shorter): its
@@ -179,4 +178,4 @@ class UnitReplay:
                 self.samples.append(got.sample)
         self.measured_log.append({"index": index, "id": request.id, "prompt_tokens": n, "measured_tokens": length,
                                   "full_prefill_seconds": t_full, "per_chunk_size": rows})
-        self.reach[index] = max(reusable)
+        self.reach[:, index] = reusable

@@ -5,7 +5,8 @@ nothing one store does changes another's hits. A unit replays the whole trace (i
 order stays sequential) through a subset of the stores and returns a :class:`Part`; the parent merges the parts
 (:func:`merge_parts`, :func:`merge_logs`, :func:`merged_samples`) into exactly what one unit holding every store
 returns, then computes savings, the verdict and the notes once (kvcli.replay.replayer). The only figure that spans
-stores, the upper bound, is merged per request: ``max(radix match, the most any store reuses)``, summed.
+stores, the upper bound, is merged per request and store: ``max(radix match, what the store reuses)``, summed
+(more than the match only where a read ``--namespace`` supplies it, at the chunk sizes it holds).
 
 Everything here is plain picklable data: units run in this process, in worker processes or as Ray tasks
 (kvcli.replay.parallel).
@@ -65,7 +66,7 @@ class Work:
 class Part:
     """One unit's results, for the stores ``indices`` of :attr:`Work.stores` (in that order).
 
-    ``reach[i]``: the most tokens request ``i`` would reuse at any of these stores with unlimited capacity (0 for
+    ``reach[j, i]``: the tokens request ``i`` would reuse at store ``indices[j]`` with unlimited capacity (0 for
     an empty prompt); ``match[i]``: the radix tree's reusable tokens for it, in the one unit that ran it, else None.
     ``measured_log``: one entry per measured request, its ``per_chunk_size`` in ``indices`` order. ``samples``:
     the prefills this unit timed (each measured request's full prefill, then its suffixes). ``written``: each
@@ -122,10 +123,11 @@ def merge_parts(parts: list[Part], stores: int, upper_bound: bool
     # every slot is filled (asserted above; a ledger comes with each result): the filters only narrow the types
     done = [r for r in results if r is not None]
     books = [ledger for ledger in ledgers if ledger is not None]
-    if upper_bound:
-        upper = int(np.maximum.reduce([p.reach for p in parts] + [p.match for p in parts if p.match is not None]).sum())
-        for res in done:
-            res.upper_bound_tokens = upper
+    if upper_bound:  # per store: the radix tree's match, or what the store reused where that is more (--namespace)
+        match = next(p.match for p in parts if p.match is not None)
+        for part in parts:
+            for i, reach in zip(part.indices, part.reach):
+                done[i].upper_bound_tokens = int(np.maximum(match, reach).sum())
     return done, books, parts[0].skipped, parts[0].span_seconds
 
 

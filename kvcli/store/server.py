@@ -185,9 +185,17 @@ def _split_scheme(url: str) -> tuple[str, bool]:
     """``(url redis-py understands, cluster required)``.
 
     Raises:
-        BadInputError: a cluster URL without a host (``redis+cluster:///path``: a cluster is reached over TCP).
+        BadInputError: a cluster URL without a host (``redis+cluster:///path``: a cluster is reached over TCP), or
+            a TCP URL whose path is not a database number (``redis://host:6379/abc``: redis-py would use db 0).
     """
     scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("redis", "rediss", *CLUSTER_SCHEMES):
+        db = urlsplit(url).path.strip("/")
+        if db and not db.isdigit():
+            # the path is not echoed: in a URL with an unencoded '/' in its password, it holds part of it
+            raise BadInputError(f"not a Redis URL: {mask_url(url)}: the path after host:port must be a database "
+                                f"number (redis://host:port/0), and '@', ':', '/', '?' and '#' in a password "
+                                f"percent-encoded")
     if sep and scheme.lower() in CLUSTER_SCHEMES:
         if not urlsplit(url).hostname:
             raise BadInputError(f"{mask_url(url)}: a cluster URL names a node's host:port, e.g. "
@@ -236,6 +244,9 @@ def connect(url: str, timeout: float | None = None, client_name: str | None = No
         if "DB index is out of range" in str(exc):
             raise BadInputError(f"{shown}: the server has no such database (out of range; a Redis Cluster has "
                                 f"only database 0)") from None
+        if isinstance(exc, redis.AuthenticationError) and not client.connection_pool.connection_kwargs.get("password"):
+            raise RedisFailure(f"cannot use Redis at {shown}: the server requires a password and the URL gives "
+                               f"none; use redis://[user]:PASSWORD@host:port (or ?password=...)") from None
         raise RedisFailure(f"cannot use Redis at {shown}: {redact(str(exc), url)}") from None
     if not enabled:
         if wants_cluster:

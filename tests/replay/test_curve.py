@@ -236,10 +236,15 @@ def test_cli_no_curve_and_bad_plot_paths(tmp_path, redis_url):
     both = _cli(_trace(tmp_path), "--redis-url", redis_url, "--plot", tmp_path / "c.svg", "--no-curve")
     assert both.exit_code == 2 and "needs the curve" in both.stderr
     assert not (tmp_path / "c.svg").exists()
+    nowhere = _cli(_trace(tmp_path), "--redis-url", redis_url, "--plot", tmp_path / "no" / "c.png")
+    assert nowhere.exit_code == 2 and "no folder" in nowhere.stderr and "replaying" not in nowhere.stderr
 
 
-@pytest.mark.parametrize("traces, names", [(["a.jsonl"], ["c.png"]), (["a.jsonl", "b.json.gz"],
-                                                                     ["c-a.png", "c-b.png"])])
+@pytest.mark.parametrize("traces, names", [
+    (["a.jsonl"], ["c.png"]),
+    (["a.jsonl", "b.json.gz"], ["c-a.png", "c-b.png"]),
+    (["p/x.jsonl", "q/x.jsonl", "x.json", "x-2.jsonl"], ["c-x.png", "c-x-2.png", "c-x-3.png", "c-x-2-2.png"]),
+])
 def test_one_plot_per_trace(traces, names):
     from kvcli.figures import plot_paths
 

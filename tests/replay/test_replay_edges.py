@@ -79,6 +79,16 @@ def test_unmeasured_hits_are_what_an_engine_could_load(redis_client, damage, hit
     assert res.upper_bound_tokens == hit  # the first request: only the namespace supplies anything
 
 
+def test_the_upper_bound_counts_what_the_namespace_holds_at_each_chunk_size_only(redis_client):
+    """fleet holds tok(1..16) at chunk size 4 and nothing at 8. Requests tok(1..17), then tok(1..10) + tok(50..55):
+    at 4 the first reuses the namespace's 16 and the second 8 (two chunks); the radix tree of the trace alone gives
+    0 and 10; so the bound at 4 is 16 + 10 = 26. At 8 the namespace holds nothing: the trace's own bound, 0 + 10."""
+    fleet(redis_client, tok(1, 16))
+    second = tok(1, 10) + tok(50, 55)
+    rows = replay(redis_client, [req(tok(1, 17), "a"), req(second, "b")], chunk_sizes=(4, 8)).per_chunk_size
+    assert [(r.chunk_size, r.hit_tokens, r.upper_bound_tokens) for r in rows] == [(4, 24, 26), (8, 8, 10)]
+
+
 def test_the_checksum_sample_is_bounded_and_remembers_failures(redis_client):
     store = fleet(redis_client, tok(1, 16))
     h = store.chunk(tok(1, 16)).hashes

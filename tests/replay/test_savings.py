@@ -6,7 +6,7 @@ import pytest
 
 from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import PRESETS
-from kvcli.replay.network import Link, ServerRates, overheads
+from kvcli.replay.network import Link, ServerRates, overheads, repeat_spread
 from kvcli.replay.results import ChunkSizeResult
 from kvcli.replay.savings import TIE_TOLERANCE, Interval, Ledger, fmt_interval, recommend, sig, summarize
 
@@ -44,6 +44,17 @@ def test_savings_by_hand_flat_curve():
     spread = summarize(_ledger(), FLAT, critical=0.002, background=0.010, noise=[], model=TINY, overhead_floor=0.2)
     assert spread.net_sync.low < spread.net_sync.value < spread.net_sync.high
     assert spread.net_sync.high - spread.net_sync.low < 2 * 1.96 * 0.2 * 0.012 * 1.2
+
+
+def test_one_stalled_timing_does_not_set_the_repeat_spread():
+    # four quantities timed 3 times each (t / median - 1; each triple's median is 0): deviations from the median 0
+    # sorted 0 0 0 0 .05 .05 .1 .1 .1 .2 .3 11.5: the median absolute deviation is (.05 + .1) / 2 = 0.075
+    calm = (0.0, 0.05, -0.1, 0.0, -0.05, 0.1, 0.0, 0.2, -0.1, 0.0, -0.3, 11.5)
+    assert repeat_spread(ServerRates(1e-4, 1e-4, spread=calm)) == pytest.approx(1.4826 * 0.075)
+    # a plain standard deviation would have been 3.3, an overhead interval 13 times the overhead wide
+    assert np.std(calm, ddof=1) > 3.0
+    assert repeat_spread(ServerRates(1e-4, 1e-4, spread=(0.0,))) == 0.0
+    assert repeat_spread(ServerRates(1e-4, 1e-4, spread=(0.2, -0.2))) == pytest.approx(1.4826 * 0.2)
 
 
 def test_saved_flops_by_hand():

@@ -96,6 +96,24 @@ def test_an_unreachable_or_malformed_url_never_prints_its_password(unused_port):
     assert out.exit_code == 2 and SECRET not in out.output and "percent-encoded" in out.output
 
 
+def test_a_server_that_needs_a_password_the_url_does_not_give_says_so(locked):
+    out = _invoke("purge", "--namespace", "x", "--redis-url", locked)
+    assert out.exit_code == 3
+    assert "requires a password and the URL gives none" in out.output and "HELLO" not in out.output
+
+
+@pytest.mark.parametrize("path", ["abc", "0x1", "1/2"])
+def test_a_url_path_that_is_not_a_database_number_is_bad_input(redis_url, redis_client, path):
+    """redis-py would ignore such a path and use database 0."""
+    before = redis_client.dbsize()
+    out = _invoke("replay", "sample_traces/tokens_small.jsonl", "--chunk-sizes", "4", "--measure", "0",
+                  "--prefill-tps", "1000", "--payload", "accounted", "--redis-url", f"{redis_url}/{path}")
+    assert out.exit_code == 2, out.output
+    assert "not a Redis URL" in out.output and "must be a database number" in out.output
+    assert redis_client.dbsize() == before
+    assert connect(f"{redis_url}/0").ping() and connect(f"{redis_url}/").ping()
+
+
 @pytest.fixture
 def unused_port():
     import socket
