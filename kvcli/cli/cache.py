@@ -39,6 +39,7 @@ from kvcli.cli.options import (
     chunk_sizes_option,
     one_chunk_size,
     parse_chunk_sizes,
+    seed_option,
     timeout_seconds,
     trace_format,
 )
@@ -55,10 +56,11 @@ from kvcli.live.report import (
     warm_view,
 )
 from kvcli.tables import stdout_console
+from kvcli.units import check_seed
 
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
 Namespace = Annotated[str, typer.Option(help="Key namespace.")]
-Seed = Annotated[int, typer.Option(help="Model weight seed of a preset (part of its model id).")]
+Seed = Annotated[int, seed_option("Model weight seed of a preset (part of its model id).")]
 Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, bailian, hash-ids, "
                                                      "claude-code, sharegpt, swe-agent.")]
 
@@ -109,6 +111,7 @@ def warm(
     from kvcli.store.server import open_redis
     from kvcli.traces.prompts import read_prompts
 
+    check_seed(seed)
     check_count("--threads", threads)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
     config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify,
@@ -182,6 +185,7 @@ def inspect(
     from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.store.server import open_redis
 
+    check_seed(seed)
     if layout not in ("kvcli", "lmcache"):
         raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
     timeout = timeout_seconds(redis_timeout)
