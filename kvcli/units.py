@@ -1,5 +1,5 @@
-"""Units in one place: the size parser, the capacity parser (tokens or bytes), the duration parser, the byte
-formatter, and the JSON document envelope every command's ``--json`` output shares.
+"""Units in one place: the size parser, the capacity parser (tokens or bytes), the duration parser, the seed's
+range, the byte formatter, and the JSON document envelope every command's ``--json`` output shares.
 
 JSON field names carry their unit (``_seconds``, ``_bytes``, ``_tokens``; ratios are plain ``_ratio`` numbers in
 [0, 1]); the same name means the same thing in every command (``model_id``, ``hit_token_ratio``, ...). Every
@@ -121,6 +121,22 @@ def parse_duration(text: str) -> float:
     if not m:
         raise BadInputError(f"bad duration {text!r}; use e.g. 5ms, 200us, 0.5s")
     return _finite(float(m[1]) / _PER_SECOND[m[2] or "s"], text, "duration")
+
+
+#: the largest ``--seed``: every seed is a non-negative 64-bit signed integer (numpy's and torch's generators, a
+#: model id's ``@seed<N>``)
+MAX_SEED = 2**63 - 1
+
+
+def check_seed(seed: int) -> int:
+    """``seed`` when it is an integer in ``[0, MAX_SEED]`` (the ``--seed`` of every command that takes one).
+
+    Raises:
+        BadInputError: not an integer, or outside that range.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise BadInputError(f"--seed must be an integer in [0, 2**63 - 1], got {seed}")
+    return seed
 
 
 def fmt_bytes(n: float | None) -> str:

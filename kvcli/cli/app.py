@@ -41,6 +41,7 @@ from kvcli.cli.options import (
     chunk_sizes_option,
     help_panels,
     parse_chunk_sizes,
+    seed_option,
     timeout_seconds,
     trace_format,
 )
@@ -215,7 +216,7 @@ def replay(
                                                    "write.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="Write the curve (hit ratio vs cache bytes and vs TTL) to "
                                                       "FILE.png or FILE.svg; one file per trace.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for model weights and measured-request sampling.")] = 0,
+    seed: Annotated[int, seed_option("Seed for model weights and measured-request sampling.")] = 0,
     layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
                                              "lookup), or kvcli,lmcache side by side.")] = "kvcli",
     pipeline: Annotated[int, typer.Option(help="Index-only lookups and stores (--payload accounted, no "

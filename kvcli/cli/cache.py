@@ -9,7 +9,6 @@ tables, or one JSON document with ``--json``), progress and notes to stderr. kvc
 from __future__ import annotations
 
 import functools
-import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,6 +38,7 @@ from kvcli.cli.options import (
     chunk_sizes_option,
     one_chunk_size,
     parse_chunk_sizes,
+    seed_option,
     timeout_seconds,
     trace_format,
 )
@@ -55,10 +55,11 @@ from kvcli.live.report import (
     warm_view,
 )
 from kvcli.tables import stdout_console
+from kvcli.units import check_seed
 
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
 Namespace = Annotated[str, typer.Option(help="Key namespace.")]
-Seed = Annotated[int, typer.Option(help="Model weight seed of a preset (part of its model id).")]
+Seed = Annotated[int, seed_option("Model weight seed of a preset (part of its model id).")]
 Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, bailian, hash-ids, "
                                                      "claude-code, sharegpt, swe-agent.")]
 
@@ -109,6 +110,7 @@ def warm(
     from kvcli.store.server import open_redis
     from kvcli.traces.prompts import read_prompts
 
+    check_seed(seed)
     check_count("--threads", threads)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
     config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify,
@@ -150,7 +152,8 @@ def inspect(
     verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Check payload checksums "
                                                    "(default: when payloads total <= 256 MiB).")] = None,
     prompt: Annotated[Optional[str], typer.Option(help="Map this prompt text's chunks.")] = None,
-    tokens: Annotated[Optional[Path], typer.Option(help="Map the token ids in FILE (integers).")] = None,
+    tokens: Annotated[Optional[Path], typer.Option(help="Map the token ids in FILE: integers separated by "
+                                                        "whitespace or commas, or one JSON array.")] = None,
     request: Annotated[Optional[str], typer.Option(help="Map a trace request: TRACE:LINE.")] = None,
     model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = None,
     cache_salt: Annotated[Optional[str], typer.Option(
@@ -182,6 +185,7 @@ def inspect(
     from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.store.server import open_redis
 
+    check_seed(seed)
     if layout not in ("kvcli", "lmcache"):
         raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
     timeout = timeout_seconds(redis_timeout)
@@ -299,16 +303,9 @@ def _prompt_ids(prompt, tokens, request, tok, fmt, cache_salt: str | None = None
 
         return get_tokenizer(tok).encode_prompt(prompt), cache_salt or ""
     if tokens is not None:
-        try:
-            ids = [int(x) for x in re.findall(r"-?\d+", tokens.read_text(encoding="utf-8"))]
-        except OSError as exc:
-            raise BadInputError(f"cannot read: {exc.strerror or exc}", path=str(tokens)) from None
-        except UnicodeDecodeError as exc:
-            raise BadInputError(f"not UTF-8 text (byte {exc.start}): --tokens wants token ids as text, e.g. "
-                                f"'1 2 3'", path=str(tokens)) from None
-        if any(not 0 <= i < 2**32 for i in ids):
-            raise BadInputError("token ids must be integers in [0, 2**32)", path=str(tokens))
-        return ids, cache_salt or ""
+        from kvcli.traces.tokenfile import read_token_file
+
+        return read_token_file(tokens), cache_salt or ""
     if request is not None:
         from kvcli.traces.detect import read_trace
 

@@ -57,13 +57,21 @@ def export(
     """
     from kvcli.model.load import resolve_tokenizer
     from kvcli.model.tokenize import lazy_tokenizer
-    from kvcli.traces.export import EXPORT_FORMATS, BlockNumbering, load_key, read_id_map, write_id_map
+    from kvcli.traces.export import (
+        EXPORT_FORMATS,
+        BlockNumbering,
+        check_export_paths,
+        load_key,
+        read_id_map,
+        write_id_map,
+    )
     from kvcli.traces.paths import expand_paths, stdin_paths
 
     err = Console(stderr=True, soft_wrap=True)
     fmt = trace_format(input_format, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
                        add_special_tokens)
     block = block_size if block_size is not None else EXPORT_FORMATS.get(out_format, (1, 1))[0]
+    check_export_paths(traces, key_file, out, id_map)
     key, created = load_key(key_file)
     known = read_id_map(id_map)
     numbering = BlockNumbering(key, block, known)

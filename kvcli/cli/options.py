@@ -1,7 +1,8 @@
 """Options that several commands share, each declared once with its parser: ``--redis-url``, ``--redis-timeout``,
-``--chunk-sizes`` (a comma list) and the local model's ``--model``, ``--dtype``, ``--device``, ``--threads``,
-``--tokenizer``, ``--kv-dtype``, plus ``--json``, and what every command that reads traces accepts about hash-id traces
-(``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``, ``--skip-bad-records``: :func:`trace_format`).
+``--chunk-sizes`` (a comma list), ``--seed`` and the local model's ``--model``, ``--dtype``, ``--device``,
+``--threads``, ``--tokenizer``, ``--kv-dtype``, plus ``--json``, and what every command that reads traces accepts
+about hash-id traces (``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``, ``--skip-bad-records``:
+:func:`trace_format`).
 
 A command with many options groups them in help panels with :func:`help_panels` (one table per panel, each
 narrow enough that ``--help`` at 80 columns shows every option name whole).
@@ -38,6 +39,12 @@ def redis_url_option(help: str = REDIS_URL_HELP, **settings: Any) -> Any:
 def redis_timeout_option(help: str = REDIS_TIMEOUT_HELP, **settings: Any) -> Any:
     """``--redis-timeout`` (or ``$KVCLI_REDIS_TIMEOUT``), a duration read by :func:`timeout_seconds`."""
     return typer.Option("--redis-timeout", envvar="KVCLI_REDIS_TIMEOUT", help=help, **settings)
+
+
+def seed_option(help: str, **settings: Any) -> Any:
+    """``--seed``, an integer with ``help`` (its range appended) and any further ``typer.Option`` ``settings``;
+    the command checks it with :func:`kvcli.units.check_seed` before any work (a one-line error, exit 2)."""
+    return typer.Option("--seed", help=f"{help} An integer in [0, 2**63 - 1].", **settings)
 
 
 def chunk_sizes_option(what: str = "Chunk sizes") -> Any:

@@ -22,6 +22,7 @@ from kvcli.cli.options import (
     one_chunk_size,
     redis_timeout_option,
     redis_url_option,
+    seed_option,
     timeout_seconds,
     trace_format,
 )
@@ -66,8 +67,8 @@ def route(
                                       rich_help_panel=CLUSTER)] = 128,
     rate: Annotated[Optional[float], Opt(help="Poisson arrivals, requests/s (default: trace timestamps).",
                                          rich_help_panel=CLUSTER)] = None,
-    seed: Annotated[int, Opt(help="Seed of every random choice (arrivals, random, cost, delays).",
-                             rich_help_panel=POLICY)] = 0,
+    seed: Annotated[int, seed_option("Seed of every random choice (arrivals, random, cost, delays).",
+                                     rich_help_panel=POLICY)] = 0,
     abs_threshold: Annotated[float, Opt(help="cache-aware: balance when max-min load > this (requests).",
                                         rich_help_panel=POLICY)] = 32,
     rel_threshold: Annotated[float, Opt(help="cache-aware: ...and max > this x min (>= 1).",

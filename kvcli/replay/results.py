@@ -16,6 +16,7 @@ from kvcli.replay.network import Overheads
 from kvcli.replay.planner import PlanOptions
 from kvcli.replay.savings import Savings, Verdict
 from kvcli.store.serde import check_kv_dtype
+from kvcli.units import check_seed
 
 
 @dataclass(frozen=True)
@@ -95,10 +96,10 @@ class ReplayConfig:
         """Check the options, alone and together; each message names the ``kvcli replay`` flag that sets them.
 
         Raises:
-            BadInputError: an unknown payload or store mode; a limit, measured-token cap, token capacity or
-                pipeline below 1; a link speed that is not a positive number; a round trip or time budget that is
-                not a number >= 0; ``ttl_refresh`` without ``hit_curve``; the lmcache layout with a read
-                namespace or a capacity.
+            BadInputError: an unknown payload or store mode; a seed outside ``[0, 2**63 - 1]``; a limit,
+                measured-token cap, token capacity or pipeline below 1; a link speed that is not a positive number;
+                a round trip or time budget that is not a number >= 0; ``ttl_refresh`` without ``hit_curve``; the
+                lmcache layout with a read namespace or a capacity.
         """
         sizes = self.chunk_sizes
         if (not isinstance(sizes, (tuple, list)) or not sizes
@@ -106,6 +107,7 @@ class ReplayConfig:
             raise BadInputError(f"--chunk-sizes must be positive integers, got {sizes!r}")
         object.__setattr__(self, "chunk_sizes", tuple(dict.fromkeys(sizes)))  # a size given twice counts once
         object.__setattr__(self, "kv_dtype", check_kv_dtype(self.kv_dtype))
+        check_seed(self.seed)
         if self.measure is not None and (isinstance(self.measure, bool) or not isinstance(self.measure, int)
                                          or self.measure < 0):
             raise BadInputError(f"--measure must be a count >= 0 or all (None), got {self.measure!r}")

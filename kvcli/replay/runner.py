@@ -38,7 +38,7 @@ from kvcli.store.server import INFO_REFUSED, RedisTarget
 from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import outline_trace, read_trace, trace_note
 from kvcli.traces.paths import display_name, expand_paths
-from kvcli.units import dtype_bytes, dtype_key
+from kvcli.units import check_seed, dtype_bytes, dtype_key
 
 if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
@@ -63,8 +63,9 @@ class ModelOptions:
             (a JSON file: :class:`kvcli.model.profile.Profile`) for this model's shapes and dtype.
 
     Raises:
-        BadInputError: ``threads`` < 1; ``prefill_tps`` not a positive number; two ways to price prefill at once;
-            ``mfu`` without ``hardware`` or outside (0, 1]; an unknown accelerator.
+        BadInputError: ``seed`` outside ``[0, 2**63 - 1]``; ``threads`` < 1; ``prefill_tps`` not a positive
+            number; two ways to price prefill at once; ``mfu`` without ``hardware`` or outside (0, 1]; an unknown
+            accelerator.
     """
 
     model: str = "cpu"
@@ -78,6 +79,7 @@ class ModelOptions:
     profile: str | None = None
 
     def __post_init__(self) -> None:
+        check_seed(self.seed)
         check_count("--threads", self.threads)
         check_positive("--prefill-tps", self.prefill_tps)
         given = [flag for flag, value in (("--prefill-tps", self.prefill_tps), ("--hardware", self.hardware),

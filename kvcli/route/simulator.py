@@ -43,7 +43,7 @@ from kvcli.route.numbering import ChunkNumbering
 from kvcli.store.hashing import PromptChunker, reusable_tokens
 from kvcli.store.lru import ChunkLru
 from kvcli.store.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
-from kvcli.units import parse_capacity
+from kvcli.units import check_seed, parse_capacity
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
@@ -166,6 +166,7 @@ class SimConfig:
         for option, value in floats.items():
             if value is not None and not math.isfinite(value):
                 raise BadInputError(f"{option} must be a finite number, got {value}")
+        check_seed(self.seed)
         capacity, chunk = self.capacity_tokens, self.chunk_size
         checks = [("--nodes", self.nodes, 1 <= self.nodes <= MAX_NODES, f"in [1, {MAX_NODES:,}] (one cache each)"),
                   ("--chunk-size", chunk, chunk >= 1, ">= 1"),
@@ -173,7 +174,6 @@ class SimConfig:
                   ("--decode-tpot", self.decode_tpot, self.decode_tpot >= 0, ">= 0"),
                   ("--output-length", self.default_output_tokens, self.default_output_tokens >= 0, ">= 0"),
                   ("--rate", self.rate, self.rate is None or self.rate > 0, "> 0"),
-                  ("--seed", self.seed, self.seed >= 0, ">= 0"),
                   ("--abs-threshold", self.abs_threshold, self.abs_threshold >= 0, ">= 0"),
                   ("--rel-threshold", self.rel_threshold, self.rel_threshold >= 1, ">= 1 (below 1 it acts as 1)"),
                   ("--cache-threshold", self.cache_threshold, 0 <= self.cache_threshold <= 1, "in [0, 1]"),

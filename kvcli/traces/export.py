@@ -20,7 +20,7 @@ import hmac
 import json
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +33,36 @@ from kvcli.traces.request import Request
 EXPORT_FORMATS = {"mooncake": (512, 1000), "bailian": (16, 1)}
 KEY_BYTES = 32
 _DIGEST = 32
+
+
+def check_export_paths(traces: Sequence[Path], key_file: Path, out: Path, id_map: Path | None = None) -> None:
+    """Refuse an export that would write onto a file it reads: ``out`` onto the key file, the id map or an input
+    trace, and the id map onto the key file or an input trace. ``traces`` as given to ``kvcli export`` (a directory
+    stands for its trace files, :func:`kvcli.traces.paths.expand_paths`; ``-``, stdin, for none); ``out`` ``-`` is
+    stdout, never refused. Two paths are one file by :func:`os.path.samefile` where both exist (a link, a hard link),
+    else by their resolved paths. Reads no file and writes none, so it runs before the key file is created.
+
+    Raises:
+        BadInputError: a write onto a file read, naming both options; an input trace that does not exist.
+    """
+    from kvcli.traces.paths import expand_paths
+
+    inputs = [("an input trace", p) for p in expand_paths([p for p in traces if str(p) != "-"])]
+    read = [("--key-file", key_file), *([] if id_map is None else [("--id-map", id_map)]), *inputs]
+    written = ([] if str(out) == "-" else [("--out", out)]) + ([] if id_map is None else [("--id-map", id_map)])
+    for option, path in written:
+        for source, other in read:
+            if source != option and _same_file(path, other):
+                what = source if source.startswith("--") or str(other) == str(path) else f"{source} ({other})"
+                raise BadInputError(f"{option} is the same file as {what}: the export would write into it; "
+                                    f"give {option} another file", path=str(path))
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: :func:`os.path.samefile` where both exist, else resolved paths."""
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
 
 
 def load_key(path: Path) -> tuple[bytes, bool]:

@@ -92,3 +92,47 @@ def test_a_short_key_file_is_exit_2(tmp_path):
     assert out.stderr.strip() == (f"kvcli: error: {key}: a key file of 5 bytes: a key needs at least 16 (kvcli writes "
                                   "32 random bytes to a key file that does not exist)")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def _files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file under ``folder``: its bytes and mode (a link: its target's)."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mode) for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("args, option, same_as", [
+    (["t.jsonl", "--key-file", "k", "--out", "k"], "--out", "--key-file"),
+    (["t.jsonl", "--key-file", "k", "--out", "link-to-k"], "--out", "--key-file"),  # os.path.samefile
+    (["t.jsonl", "--key-file", "new.key", "--out", "new.key"], "--out", "--key-file"),  # neither exists yet
+    (["t.jsonl", "--key-file", "k", "--out", "ids", "--id-map", "ids"], "--out", "--id-map"),
+    (["t.jsonl", "--key-file", "k", "--out", "o.jsonl", "--id-map", "k"], "--id-map", "--key-file"),
+    (["t.jsonl", "--key-file", "k", "--out", "t.jsonl"], "--out", "an input trace"),
+    (["t.jsonl", "--key-file", "k", "--out", "sub/../t.jsonl"], "--out", "an input trace"),
+    (["dir", "--key-file", "k", "--out", "dir/u.jsonl"], "--out", "an input trace"),  # a directory's file
+    (["t.jsonl", "--key-file", "new.key", "--out", "o.jsonl", "--id-map", "t.jsonl"], "--id-map", "an input trace"),
+])
+def test_export_refuses_to_write_onto_a_file_it_reads(tmp_path, monkeypatch, args, option, same_as):
+    """An --out or --id-map that is the key file, the id map or an input trace: exit 2, one line naming both
+    options, and every file as it was (no key created, no partial output left)."""
+    (tmp_path / "t.jsonl").write_bytes((SAMPLES / "tokens_small.jsonl").read_bytes())
+    (tmp_path / "k").write_bytes(bytes(range(32)))
+    (tmp_path / "k").chmod(0o600)
+    (tmp_path / "link-to-k").symlink_to(tmp_path / "k")
+    (tmp_path / "ids").write_bytes(b"\x01" * 64)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "dir" / "u.jsonl").write_bytes((SAMPLES / "no_reuse.jsonl").read_bytes())
+    before = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(app, ["export", *args])
+    assert out.exit_code == 2, out.output
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("kvcli: error: ") and f"{option} is the same file as {same_as}" in line, line
+    assert _files(tmp_path) == before
+    assert out.stdout == ""
+
+
+def test_export_to_stdout_beside_its_key_file(tmp_path):
+    key = tmp_path / "k"
+    out = run("export", SAMPLES / "tokens_small.jsonl", "--key-file", key, "--out", "-")
+    assert len(out.stdout.splitlines()) == 6 and len(key.read_bytes()) == 32

@@ -130,3 +130,43 @@ def test_every_command_that_runs_a_model_takes_threads(args):
                              if args[0] != "profile" else args + ["--threads", "0"], input=TOKENS)
     assert out.exit_code == 2, out.output
     assert out.stderr.splitlines()[-1] == "kvcli: error: --threads must be >= 1, got 0"
+
+
+SEEDED = ["replay", "warm", "inspect", "inspect-map", "route"]  # every command with --seed (and inspect's map)
+
+
+def test_the_seeded_commands_are_every_command_with_a_seed():
+    from typer.main import get_command
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    with_seed = {name for name, command in commands.items() if any("--seed" in p.opts for p in command.params)}
+    assert with_seed == {name.partition("-")[0] for name in SEEDED}
+
+
+@pytest.mark.single_server("a refusal before any work is the same on a cluster")
+@pytest.mark.parametrize("seed", ["-1", str(2**63), "99999999999999999999999"])
+@pytest.mark.parametrize("name", SEEDED)
+def test_every_seed_option_refuses_a_seed_out_of_range_before_any_work(name, seed, redis_url, redis_client,
+                                                                       tmp_path):
+    """One line and exit 2, before a trace is read or a key written (warm without --dry-run: it would write)."""
+    args = [a for a in _args(name, tmp_path) if a != "--dry-run"]
+    out = CliRunner().invoke(app, args + ["--seed", seed, "--redis-url", redis_url], input=TOKENS)
+    assert out.exit_code == 2, out.output
+    assert out.stderr == f"kvcli: error: --seed must be an integer in [0, 2**63 - 1], got {seed}\n"
+    assert out.stdout == "" and redis_client.dbsize() == 0
+
+
+@pytest.mark.single_server("the seed's range is the same on a cluster")
+@pytest.mark.parametrize("name", ["replay", "warm", "route"])
+def test_every_seed_option_takes_the_largest_seed(name, redis_url, tmp_path):
+    out = CliRunner().invoke(app, _args(name, tmp_path) + ["--seed", str(2**63 - 1), "--redis-url", redis_url],
+                             input=TOKENS)
+    assert out.exit_code == 0, out.output
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, True, 1.0, "1"])
+def test_check_seed_refuses(seed):
+    from kvcli.units import check_seed
+
+    with pytest.raises(BadInputError, match=r"^--seed must be an integer in \[0, 2\*\*63 - 1\], got "):
+        check_seed(seed)

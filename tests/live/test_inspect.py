@@ -279,6 +279,29 @@ def test_tokens_file_that_is_not_utf8_is_bad_input(redis_url, tmp_path):
     assert res.stderr.startswith(f"kvcli: error: {tokens}: not UTF-8 text (byte 6)") and res.stderr.count("\n") == 1
 
 
+@pytest.mark.single_server("the file is refused before any connection")
+@pytest.mark.parametrize("text, line, bad", [
+    ("1 2 x 4", 1, "'x'"),
+    ("1 2\n1.5\n", 2, "'1.5'"),
+    ('{"token_ids": [1, 2], "timestamp": 3}\n', 1, "'{\"token_ids\":'"),
+    ("1 -2", 1, "'-2'"),
+    ("1 4294967296", 1, "'4294967296'"),
+])
+def test_a_tokens_file_with_anything_but_token_ids_is_bad_input(redis_url, redis_client, tmp_path, text, line,
+                                                                  bad):
+    """Every character is an id or a separator: a word, a decimal point, a JSON record or an id out of range is
+    refused with the file, the line and the token (never read as the digits it holds)."""
+    tokens = tmp_path / "t.txt"
+    tokens.write_text(text)
+    res = CliRunner().invoke(cli_app(), ["inspect", "--tokens", str(tokens), "--model", "tiny", "--chunk-size", "1",
+                                         "--redis-url", redis_url])
+    assert res.exit_code == 2, res.output
+    (message,) = res.stderr.splitlines()
+    assert message.startswith(f"kvcli: error: {tokens}:{line}: {bad} is not a token id (token ids are integers in "
+                              "[0, 2**32)"), message
+    assert res.stdout == "" and redis_client.dbsize() == 0
+
+
 def test_quotas_spread_a_sample_over_groups():
     from kvcli.live.inspect import quotas
 

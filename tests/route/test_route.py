@@ -578,7 +578,7 @@ def test_limit_keeps_the_first_requests(serial_trace):
     ("--abs-threshold", "-1", "--abs-threshold must be >= 0, got -1"),
     ("--cache-threshold", "1.5", "--cache-threshold must be in [0, 1], got 1.5"),
     ("--cache-threshold", "-0.1", "--cache-threshold must be in [0, 1], got -0.1"),
-    ("--seed", "-1", "--seed must be >= 0, got -1"),
+    ("--seed", "-1", "--seed must be an integer in [0, 2**63 - 1], got -1"),
 ])
 def test_invalid_option_values_are_one_line_errors(serial_trace, option, value, message):
     assert_one_line_error(kvcli_route(serial_trace, *FAST, option, value), message)
@@ -603,7 +603,7 @@ def test_markup_in_a_bad_value_is_printed_as_is(serial_trace):
     ("rel_threshold", 0.99, r"--rel-threshold must be >= 1 \(below 1 it acts as 1\), got 0.99"),
     ("cache_threshold", 1.01, r"--cache-threshold must be in \[0, 1\], got 1.01"),
     ("lookup_timeout", 0.0, "--lookup-timeout must be > 0 seconds, got 0"),
-    ("seed", -1, "--seed must be >= 0, got -1"),
+    ("seed", -1, r"--seed must be an integer in \[0, 2\*\*63 - 1\], got -1"),
 ])
 def test_library_config_validates_too(field, value, message):
     with pytest.raises(BadInputError, match=f"^{message}$"):
