@@ -37,7 +37,7 @@ _DIGEST = 32
 
 def check_export_paths(traces: Sequence[Path], key_file: Path, out: Path, id_map: Path | None = None) -> None:
     """Refuse an export that would write onto a file it reads: ``out`` onto the key file, the id map or an input
-    trace, and the id map onto the key file or an input trace. ``traces`` as given to ``kvcli export`` (a directory
+    trace, and the id map onto the key file or an input trace; and a key file that is an input trace. ``traces`` as given to ``kvcli export`` (a directory
     stands for its trace files, :func:`kvcli.traces.paths.expand_paths`; ``-``, stdin, for none); ``out`` ``-`` is
     stdout, never refused. Two paths are one file by :func:`os.path.samefile` where both exist (a link, a hard link),
     else by their resolved paths. Reads no file and writes none, so it runs before the key file is created.
@@ -56,6 +56,10 @@ def check_export_paths(traces: Sequence[Path], key_file: Path, out: Path, id_map
                 what = source if source.startswith("--") or str(other) == str(path) else f"{source} ({other})"
                 raise BadInputError(f"{option} is the same file as {what}: the export would write into it; "
                                     f"give {option} another file", path=str(path))
+    for _, trace in inputs:
+        if _same_file(key_file, trace):
+            raise BadInputError("--key-file is an input trace: its bytes would be the HMAC key; give the key its "
+                                "own file (created, 32 random bytes, when missing)", path=str(key_file))
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -132,6 +132,14 @@ def test_export_refuses_to_write_onto_a_file_it_reads(tmp_path, monkeypatch, arg
     assert out.stdout == ""
 
 
+def test_export_refuses_an_input_trace_as_its_key_file(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_bytes((SAMPLES / "tokens_small.jsonl").read_bytes())
+    out = CliRunner().invoke(app, ["export", str(trace), "--key-file", str(trace), "--out", str(tmp_path / "o")])
+    assert out.exit_code == 2 and "--key-file is an input trace" in out.stderr, out.output
+    assert trace.read_bytes() == (SAMPLES / "tokens_small.jsonl").read_bytes() and not (tmp_path / "o").exists()
+
+
 def test_export_to_stdout_beside_its_key_file(tmp_path):
     key = tmp_path / "k"
     out = run("export", SAMPLES / "tokens_small.jsonl", "--key-file", key, "--out", "-")
