@@ -75,17 +75,19 @@ generation prompt); ``output_length`` is its token count; ``session_id`` is the 
 
 Auto-detection (:func:`detect_format`, reads only the first record of a JSONL file): a ``.traj`` suffix ->
 swe-agent; ``.txt`` -> lines; a first non-space character ``[`` -> sharegpt; a first line that is a CSV header with
-a gateway log's columns -> gateway; other CSV refused; any other first line not starting with ``{`` -> lines;
-otherwise the first record (the first non-blank line,
-or the whole document when that line is a lone ``{``) decides: ``hash_ids`` -> bailian (with ``chat_id``,
-``parent_chat_id``, ``turn`` or ``type``), hash-ids (with ``block_size``) or mooncake; ``requests`` with
-``block_size`` or ``hash_id_scope`` -> claude-code; ``conversations`` ->
-sharegpt, ``history`` -> swe-agent; then ``custom_id`` and ``body`` -> openai-batch, a request and a time field ->
-gateway, ``prompt``/``messages``/``token_ids`` -> native, and a record that fits more than one of these three is
-refused, naming the formats to pass (:func:`kvcli.traces.detect.request_format`). CSV other than a gateway log is
-refused, by the one rule every command applies (:func:`kvcli.traces.detect.refuse_csv`): an Azure LLM inference
-trace (known by its ``TIMESTAMP,ContextTokens,GeneratedTokens`` header; prompt lengths only, so no prefix sharing can
-be derived) or any ``.csv``/``.tsv`` file.
+a gateway log's columns -> gateway; other CSV refused; in a file named ``.json``, ``.jsonl`` or ``.ndjson``, a first
+line that is JSON but not an object (null, a number, a string) refused; any other first line not starting with
+``{`` -> lines; otherwise the first record (the first non-blank line, or the whole document when that line is a
+lone ``{``) decides by the signature it fits (:func:`kvcli.traces.detect.record_format`): ``hash_ids`` -> a
+hash-id format (bailian with ``chat_id``, ``parent_chat_id``, ``turn`` or ``type``, else hash-ids with
+``block_size``, else mooncake); ``requests`` with ``block_size`` or ``hash_id_scope`` -> claude-code;
+``conversations`` -> sharegpt; ``history`` -> swe-agent; ``custom_id`` and ``body`` -> openai-batch; a request and
+a time field -> gateway; ``prompt``/``messages``/``token_ids`` -> native (not ``messages`` alone beside a gateway
+row's fields). No signature takes precedence over another: a record that fits two is refused, naming the formats to
+pass. CSV other than a gateway log is refused, by the one rule every command applies
+(:func:`kvcli.traces.detect.refuse_csv`): an Azure LLM inference trace (known by its
+``TIMESTAMP,ContextTokens,GeneratedTokens`` header; prompt lengths only, so no prefix sharing can be derived) or any
+``.csv``/``.tsv`` file.
 
 Order: readers yield file order; commands take requests in arrival order (:mod:`kvcli.traces.order`: timestamps
 when every request has one, stable) and say when that reorders a trace. ``-`` (stdin) is spooled to a file by

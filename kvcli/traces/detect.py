@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,7 +132,9 @@ def detect_format(path: str | Path) -> str:
     """The format name of a trace file, from its suffix and first record (see the module docstring).
 
     Raises:
-        BadInputError: the file is missing, empty, not JSON, or its first record matches no format.
+        BadInputError: the file is missing, empty, not JSON, or its first record matches no format or more than
+            one (:func:`record_format`); a file named as JSON whose first line is not an object
+            (:func:`refuse_json_value`); CSV other than a gateway log (:func:`refuse_csv`).
     """
     path = Path(path)
     check_file(path)
@@ -152,26 +155,27 @@ def detect_format(path: str | Path) -> str:
     if not isinstance(record, dict):
         raise BadInputError(f"cannot detect the trace format: the first record is {json_type(record)}, "
                             "not an object; pass the format by name", path=str(path), line=line_no)
-    if "hash_ids" in record:
-        return hash_id_format(record)
-    if isinstance(record.get("requests"), list) and ("hash_id_scope" in record or "block_size" in record):
-        return "claude-code"
-    for key, fmt in (("conversations", "sharegpt"), ("history", "swe-agent")):
-        if key in record:
-            return fmt
-    return request_format(record, path, line_no)
+    return record_format(record, path, line_no)
 
 
-def request_format(record: dict, path: Path, line_no: int) -> str:
-    """The format of a first record that holds one request: ``openai-batch`` (``custom_id`` and ``body``),
-    ``gateway`` (:func:`kvcli.traces.gateway.is_gateway_record`) or ``native`` (``prompt``, ``messages`` or
-    ``token_ids``). A gateway row's ``messages`` is the gateway's copy of the request's, so it alone does not make
-    the row native.
+def record_format(record: dict, path: Path, line_no: int) -> str:
+    """The one format whose signature a first record fits: a hash-id format (``hash_ids``;
+    :func:`hash_id_format` tells them apart), ``claude-code`` (a ``requests`` list with ``block_size`` or
+    ``hash_id_scope``), ``sharegpt`` (``conversations``), ``swe-agent`` (``history``), ``openai-batch``
+    (``custom_id`` and ``body``), ``gateway`` (:func:`kvcli.traces.gateway.is_gateway_record`) or ``native``
+    (``prompt``, ``messages`` or ``token_ids``). No signature wins over another: a record that fits two is refused.
+    The one exception is a gateway row's ``messages``, the gateway's copy of the request's, which alone does not
+    make the row native.
 
     Raises:
-        BadInputError: no format fits, or more than one does (the error names them and says to pass one).
+        BadInputError: at ``path:line_no``, no format fits, or more than one does (the error names them and says to
+            pass one).
     """
-    fits = {"openai-batch": all(k in record for k in BATCH_KEYS), "gateway": is_gateway_record(record),
+    requests = isinstance(record.get("requests"), list)
+    fits = {hash_id_format(record): "hash_ids" in record,
+            "claude-code": requests and ("hash_id_scope" in record or "block_size" in record),
+            "sharegpt": "conversations" in record, "swe-agent": "history" in record,
+            "openai-batch": all(k in record for k in BATCH_KEYS), "gateway": is_gateway_record(record),
             "native": any(k in record for k in NATIVE_PROMPT_KEYS)}
     if fits["gateway"] and not any(k in record for k in ("prompt", "token_ids")):
         fits["native"] = False
@@ -192,13 +196,14 @@ def request_format(record: dict, path: Path, line_no: int) -> str:
 
 
 def text_format(name: str, first_line: bytes, path: str, line: int | None = None) -> str | None:
-    """The format a file's first non-blank line says, when it is not JSON: ``gateway`` for a CSV header with a
-    gateway log's columns (:func:`kvcli.traces.gateway.is_gateway_record`), ``lines`` (one prompt per line) for
-    any other text that does not start with ``{``; None for a JSON line. The rule every command applies, warm's
-    ``-`` (stdin) included.
+    """The format a file's first non-blank line says, when it is not a JSON object: ``gateway`` for a CSV header
+    with a gateway log's columns (:func:`kvcli.traces.gateway.is_gateway_record`), ``lines`` (one prompt per line)
+    for any other text that does not start with ``{``; None for a JSON object's line. The rule every command
+    applies, warm's ``-`` (stdin) included.
 
     Raises:
-        BadInputError: at ``path:line``, other CSV input (:func:`refuse_csv`).
+        BadInputError: at ``path:line``, other CSV input (:func:`refuse_csv`), or a file named as JSON whose first
+            line is a JSON value other than an object (:func:`refuse_json_value`).
     """
     text = first_line.strip().removeprefix(b"\xef\xbb\xbf")
     if text.startswith(b"{"):
@@ -206,7 +211,30 @@ def text_format(name: str, first_line: bytes, path: str, line: int | None = None
     if is_gateway_record(csv_header(text)):
         return "gateway"
     refuse_csv(name, first_line, path, line)
+    refuse_json_value(name, text, path, line)
     return "lines"
+
+
+#: suffixes that name a file JSON (a trailing ``.gz`` aside): its lines are records, never prompt text
+JSON_SUFFIXES = (".json", ".jsonl", ".ndjson")
+
+
+def refuse_json_value(name: str, text: bytes, path: str, line: int | None = None) -> None:
+    """Refuse a file named as JSON (:data:`JSON_SUFFIXES`) whose first line ``text`` is a JSON value other than an
+    object (null, a number, a string, a boolean): its records cannot be read, and reading it as prompt lines
+    would take its JSON objects for text. Other text, and any file named otherwise, is left to be read as lines.
+
+    Raises:
+        BadInputError: at ``path:line``, naming what the line is.
+    """
+    if Path(name.lower().removesuffix(".gz")).suffix not in JSON_SUFFIXES:
+        return
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError): prompt text
+        return
+    raise BadInputError(f"the first record is {json_type(value)}, not a JSON object: each line of a JSONL trace is "
+                        "one object (--format lines reads the file as one prompt per line)", path=path, line=line)
 
 
 def csv_header(line: bytes) -> list[str]:

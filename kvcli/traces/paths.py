@@ -20,7 +20,8 @@ def expand_paths(paths: list[Path]) -> list[Path]:
     notes, scripts, CSV and plots skipped): every command reads the same files of a directory.
 
     Raises:
-        BadInputError: a path does not exist, or a directory holds no prompt or trace file.
+        BadInputError: a path does not exist, or a directory holds no prompt or trace file (the message says what
+            it holds instead: :func:`skipped_note`).
     """
     out: list[Path] = []
     for path in paths:
@@ -28,13 +29,41 @@ def expand_paths(paths: list[Path]) -> list[Path]:
             found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
                            and p.suffix.lower() not in NOT_TRACES)
             if not found:
-                raise BadInputError("directory holds no prompt (.txt) or trace files", path=str(path))
+                raise BadInputError(f"directory holds no prompt (.txt) or trace files: {skipped_note(path)}",
+                                    path=str(path))
             out.extend(found)
         elif path.exists():
             out.append(path)
         else:
             raise BadInputError("no such file", path=str(path))
     return out
+
+
+def skipped_note(directory: Path) -> str:
+    """What a directory without prompt or trace files holds instead, as :func:`expand_paths` skipped it: its CSV
+    files (read only as a gateway log, so only when named), its subdirectories (not searched), then its other
+    skipped files (hidden files, notes, scripts, plots); ``"it is empty"`` for an empty one."""
+    entries = list(directory.iterdir())
+    subdirectories = sum(p.is_dir() for p in entries)
+    csv = sum(p.is_file() and p.suffix.lower() == ".csv" for p in entries)
+    other = len(entries) - subdirectories - csv
+    parts = []
+    if csv:
+        parts.append(f"{_count(csv, '.csv file')} (kvcli reads CSV only as a gateway log, and only when named: "
+                     "name the file)")
+    if subdirectories:
+        parts.append(f"{_count(subdirectories, 'subdirectory', 'subdirectories')} (kvcli does not search "
+                     "subdirectories: name them)")
+    if other:
+        parts.append(f"{_count(other, 'other file')} skipped (hidden files, notes, scripts, plots)")
+    if not parts:
+        return "it is empty"
+    return f"it holds {'only ' if len(parts) == 1 else ''}{'; '.join(parts)}"
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """``"1 thing"`` / ``"3 things"``."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def display_name(path: Path | str) -> str:
