@@ -37,10 +37,11 @@ _DIGEST = 32
 
 def check_export_paths(traces: Sequence[Path], key_file: Path, out: Path, id_map: Path | None = None) -> None:
     """Refuse an export that would write onto a file it reads: ``out`` onto the key file, the id map or an input
-    trace, and the id map onto the key file or an input trace; and a key file that is an input trace. ``traces`` as given to ``kvcli export`` (a directory
-    stands for its trace files, :func:`kvcli.traces.paths.expand_paths`; ``-``, stdin, for none); ``out`` ``-`` is
-    stdout, never refused. Two paths are one file by :func:`os.path.samefile` where both exist (a link, a hard link),
-    else by their resolved paths. Reads no file and writes none, so it runs before the key file is created.
+    trace, and the id map onto the key file or an input trace; and a key file that is an input trace. ``traces``
+    as given to ``kvcli export`` (a directory stands for its trace files, :func:`kvcli.traces.paths.expand_paths`;
+    ``-``, stdin, for none); ``out`` ``-`` is stdout, never refused. Two paths are one file by
+    :func:`os.path.samefile` where both exist (a link, a hard link), else by their resolved paths. Reads no file
+    and writes none, so it runs before the key file is created.
 
     Raises:
         BadInputError: a write onto a file read, naming both options; an input trace that does not exist.
