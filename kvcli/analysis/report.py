@@ -72,7 +72,8 @@ def print_stats(reports: list[TraceReport], console: Console) -> None:
         table.add_row(r.name, r.fmt, f"{s.requests:,}", "–" if s.sessions is None else f"{s.sessions:,}",
                       f"{s.prompt_tokens:,}", *(f"{s.percentiles[p]:,.0f}" if s.percentiles else "–"
                                                 for p in PERCENTILES),
-                      f"{s.max_prompt_tokens:,}", f"{s.shared_tokens:,}", f"{s.shared_token_ratio:.1%}")
+                      f"{s.max_prompt_tokens:,}", f"{s.shared_tokens:,}",
+                      "–" if s.shared_token_ratio is None else f"{s.shared_token_ratio:.1%}")
     table.caption = f"granularity: {GRANULARITY}"
     table.caption_justify = "left"
     print_table(console, table, keep=1)

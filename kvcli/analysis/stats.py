@@ -87,9 +87,10 @@ class TraceStats:
     top: list[SharedPrefix]
 
     @property
-    def shared_token_ratio(self) -> float:
-        """``shared_tokens / prompt_tokens`` (0 for no prompt tokens)."""
-        return self.shared_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    def shared_token_ratio(self) -> float | None:
+        """``shared_tokens / prompt_tokens``; None for no prompt tokens (no denominator: ``–`` in a table, ``null``
+        in JSON, as every ratio kvcli reports)."""
+        return self.shared_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
 def trace_stats(requests: Iterable[Request], top: int = 10) -> TraceStats:

@@ -291,11 +291,16 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in (
 
 
 def get_preset(name: str) -> ModelConfig:
-    """The preset called ``name``. Raises BadInputError listing the valid names."""
+    """The preset called ``name``. Raises BadInputError listing the valid names: these presets, the config-only
+    ones (:mod:`kvcli.model.configs`, read as checkpoint folders before a name gets here) and a folder."""
     try:
         return PRESETS[name]
     except KeyError:
-        raise BadInputError(f"unknown model preset {name!r}; valid: {', '.join(PRESETS)}") from None
+        from kvcli.model.configs import SOURCES
+
+        raise BadInputError(f"unknown model preset {name!r}; valid: {', '.join(PRESETS)}; config only (shapes, "
+                            f"no weights: --measure 0 --payload accounted): {', '.join(SOURCES)}; or a checkpoint "
+                            f"folder") from None
 
 
 def check_dtype(name: str) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from kvcli.errors import BadInputError
 
-NOT_TRACES = (".md", ".py", ".sh", ".csv", ".png", ".svg")
+NOT_TRACES = (".md", ".py", ".sh", ".png", ".svg")
+TABLES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")  # read only as a gateway log, and only when named
 STDIN_NAME = "<stdin>"
 _SPOOLED: set[str] = set()
 
@@ -27,7 +28,7 @@ def expand_paths(paths: list[Path]) -> list[Path]:
     for path in paths:
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                           and p.suffix.lower() not in NOT_TRACES)
+                           and p.suffix.lower() not in NOT_TRACES and not _is_table(p))
             if not found:
                 raise BadInputError(f"directory holds no prompt (.txt) or trace files: {skipped_note(path)}",
                                     path=str(path))
@@ -45,12 +46,12 @@ def skipped_note(directory: Path) -> str:
     skipped files (hidden files, notes, scripts, plots); ``"it is empty"`` for an empty one."""
     entries = list(directory.iterdir())
     subdirectories = sum(p.is_dir() for p in entries)
-    csv = sum(p.is_file() and p.suffix.lower() == ".csv" for p in entries)
+    csv = sum(p.is_file() and _is_table(p) for p in entries)
     other = len(entries) - subdirectories - csv
     parts = []
     if csv:
-        parts.append(f"{_count(csv, '.csv file')} (kvcli reads CSV only as a gateway log, and only when named: "
-                     "name the file)")
+        parts.append(f"{_count(csv, 'CSV or TSV file')} (kvcli reads CSV and TSV only as a gateway log, and only "
+                     "when named: name the file)")
     if subdirectories:
         parts.append(f"{_count(subdirectories, 'subdirectory', 'subdirectories')} (kvcli does not search "
                      "subdirectories: name them)")
@@ -59,6 +60,11 @@ def skipped_note(directory: Path) -> str:
     if not parts:
         return "it is empty"
     return f"it holds {'only ' if len(parts) == 1 else ''}{'; '.join(parts)}"
+
+
+def _is_table(path: Path) -> bool:
+    """A CSV or TSV file (``.gz`` or not): :data:`TABLES`."""
+    return path.name.lower().endswith(TABLES)
 
 
 def _count(n: int, one: str, many: str | None = None) -> str:

@@ -83,6 +83,17 @@ def test_stats_json_on_the_tiny_trace(tmp_path):
                                                "saved_tokens": 16, "cache_salt": "", "first_words": None}
 
 
+def test_a_trace_of_empty_prompts_has_no_shared_ratio(tmp_path):
+    trace = tmp_path / "empty.jsonl"
+    trace.write_text('{"token_ids": []}\n{"prompt": ""}\n')
+    out = CliRunner().invoke(app, ["stats", str(trace), "--json"])
+    assert out.exit_code == 0, out.output
+    (row,) = json.loads(out.stdout)["traces"]
+    assert (row["prompt_tokens"], row["shared_prefix_tokens"], row["shared_prefix_token_ratio"]) == (0, 0, None)
+    table = CliRunner().invoke(app, ["stats", str(trace)], env={"COLUMNS": "200"}).stdout
+    assert "0.0%" not in table and table.splitlines()[4].rstrip().endswith("–" + " │")
+
+
 def test_stats_text_shows_first_words_of_a_text_trace(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the table's title starts with the trace's name: a long one would wrap the title
     path = Path("chat.jsonl")

@@ -585,10 +585,13 @@ def test_invalid_option_values_are_one_line_errors(serial_trace, option, value, 
 
 
 def test_unknown_model_is_rejected_even_with_prefill_tps(serial_trace):
+    from kvcli.model.configs import SOURCES
     from kvcli.model.presets import PRESETS
 
     assert_one_line_error(kvcli_route(serial_trace, *FAST, "--model", "nope"),
-                          f"unknown model preset 'nope'; valid: {', '.join(PRESETS)}")
+                          f"unknown model preset 'nope'; valid: {', '.join(PRESETS)}; config only (shapes, no "
+                          f"weights: --measure 0 --payload accounted): {', '.join(SOURCES)}; or a checkpoint folder")
+    assert "deepseek-v3" in SOURCES
 
 
 def test_markup_in_a_bad_value_is_printed_as_is(serial_trace):
