@@ -23,7 +23,7 @@ from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
 from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, as_trace_format
 from kvcli.traces.order import arrival_order, order_note
-from kvcli.traces.paths import display_name, expand_paths, stdin_paths
+from kvcli.traces.paths import as_given, display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
 from kvcli.traces.request import ChatPrompt, Request
 
@@ -36,28 +36,29 @@ def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | No
         BadInputError: a missing path, an undetectable or ambiguous format, a bad record (``file:line``).
     """
     reports = []
-    for path, name, tok in each_trace(paths, fmt, tokenizer):
-        stats = trace_stats(read_trace(path, fmt, tok), top)
-        note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok)) if n) or None
-        reports.append(TraceReport(display_name(path), name, stats, note,
-                                   get_tokenizer(tok).decode if is_text_trace(path, name) else None))
+    with stdin_paths(paths) as given:  # around the reads: an error in stdin's copy names <stdin>
+        for path, name, tok in each_trace(given, fmt, tokenizer):
+            stats = trace_stats(read_trace(path, fmt, tok), top)
+            note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok)) if n) or None
+            reports.append(TraceReport(display_name(path), name, stats, note,
+                                       get_tokenizer(tok).decode if is_text_trace(path, name) else None))
     return reports
 
 
 def each_trace(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, model: str = "cpu"
                ) -> Iterator[tuple[Path, str, Tokenizer | str]]:
-    """``(path, format name, tokenizer)`` of each trace file of ``paths`` (directories expanded, ``-`` for stdin),
-    the tokenizer resolved as replay resolves it for ``model`` (None: the checkpoint's own, else ``cl100k_base``)
-    and loaded only when a record holds text.
+    """``(path, format name, tokenizer)`` of each trace file of ``paths`` (directories expanded; ``-`` already
+    replaced by :func:`kvcli.traces.paths.stdin_paths`, which the caller holds around its reads so that an error in
+    stdin's copy names ``<stdin>``), the tokenizer resolved as replay resolves it for ``model`` (None: the
+    checkpoint's own, else ``cl100k_base``) and loaded only when a record holds text.
 
     Raises:
         BadInputError: a missing path, an undetectable or ambiguous format.
     """
     tok = lazy_tokenizer(resolve_tokenizer(tokenizer, model))[0]
-    with stdin_paths(paths) as given:
-        for path in expand_paths(given):
-            name = as_trace_format(fmt).name
-            yield path, detect_format(path) if name == "auto" else name, tok
+    for path in expand_paths(paths):
+        name = as_trace_format(fmt).name
+        yield path, detect_format(path) if name == "auto" else name, tok
 
 
 @dataclass
@@ -89,6 +90,14 @@ def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | N
         BadInputError: a missing path, an undetectable format, a bad record (``file:line``), a request id no trace
             holds, and :meth:`kvcli.analysis.explain.Explainer.add`'s errors.
     """
+    with stdin_paths(paths) as given:  # around the reads: an error in stdin's copy names <stdin>
+        return _explain_traces(given, fmt, tokenizer, config, request_id, model, namespace_run)
+
+
+def _explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, config: ExplainConfig,
+                    request_id: str | None, model: str, namespace_run: Callable[[Request], int] | None
+                    ) -> list[ExplainedTrace]:
+    """:func:`explain_traces` on paths with stdin already spooled."""
     out = []
     for path, name, tok in each_trace(paths, fmt, tokenizer, model):
         text = is_text_trace(path, name)
@@ -99,7 +108,7 @@ def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | N
         if request_id is not None:
             explainer.watch.add(request_id)
         requests, order = ordered_requests(path, fmt, tok, name)
-        for request in requests:
+        for request in as_given(requests, path):
             explainer.add(request)
         explanation = explainer.result
         explanation.reordered = 0 if order is None else int(np.count_nonzero(order != np.arange(len(order))))

@@ -174,7 +174,10 @@ class CacheManagerIndex:
 
     def drop(self) -> int:
         """Delete this index's keys (SCAN of every primary + UNLINK of each batch of up to 1,000: one slot, so one
-        command). Returns the number deleted."""
+        command), on fresh connections: the simulation may have been interrupted (Ctrl-C, SIGTERM) between a
+        pipeline's send and its last reply, and a pooled connection's unread reply would answer the SCAN. Returns
+        the number deleted."""
+        cluster.drop_connections(self.client)
         deleted = 0
         for _, keys in cluster.scan(self.client, self.prefix + b"*", 1000):
             for start in range(0, len(keys), 1000):

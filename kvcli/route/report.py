@@ -217,9 +217,9 @@ def runs_at(runs: list[dict], point: dict) -> list[dict]:
 
 def winners(runs: list[dict]) -> list[dict]:
     """Per sweep point (:func:`sweep_grid`, each policy's run at it from :func:`runs_at`): the policy with the lowest
-    TTFT p99 and the one with the highest hit ratio, each with the runner-up (itself when it ran alone) and the
-    ratio between them (``by``: runner-up p99 / best p99; best hit / runner-up hit; None when dividing by 0).
-    Ties go to the earlier policy."""
+    TTFT p99 and the one with the highest hit ratio, each with the runner-up and the ratio between them (``by``:
+    runner-up p99 / best p99; best hit / runner-up hit; None when dividing by 0); runner-up, its value and ``by``
+    None when the policy ran alone (no margin: a ratio of 1 would read as a tie). Ties go to the earlier policy."""
     out = []
     for point in sweep_grid(runs):
         group = runs_at(runs, point)
@@ -227,10 +227,14 @@ def winners(runs: list[dict]) -> list[dict]:
         for metric, get, lower in (("ttft_p99_seconds", lambda r: r["ttft_seconds"]["p99"], True),
                                    ("hit_token_ratio", lambda r: r["hit_token_ratio"], False)):
             ranked = sorted(group, key=lambda r: get(r) if lower else -get(r))
-            best, second = ranked[0], ranked[1] if len(ranked) > 1 else ranked[0]
-            num, den = (get(second), get(best)) if lower else (get(best), get(second))
-            entry[metric] = {"policy": best["policy"], "value": get(best), "runner_up": second["policy"],
-                             "runner_up_value": get(second), "by": num / den if den else None}
+            best = ranked[0]
+            entry[metric] = {"policy": best["policy"], "value": get(best), "runner_up": None,
+                             "runner_up_value": None, "by": None}
+            if len(ranked) > 1:
+                second = ranked[1]
+                num, den = (get(second), get(best)) if lower else (get(best), get(second))
+                entry[metric].update(runner_up=second["policy"], runner_up_value=get(second),
+                                     by=num / den if den else None)
         out.append(entry)
     return out
 
@@ -319,8 +323,8 @@ def render(report: dict, console: Console) -> None:
 def margin(entry: dict, word: str, show: Callable[[float], str]) -> str:
     """The winner's margin over the runner-up as the summary line prints it: ``", 1.43x below least-loaded"``,
     ``", ties with cost"`` when the ratio prints as 1.00 (or both values are equal), ``", cost 0.0%"`` when the
-    ratio is undefined, and nothing when the winner ran alone."""
-    if entry["runner_up"] == entry["policy"]:
+    ratio is undefined, and nothing when the winner ran alone (no runner-up)."""
+    if entry["runner_up"] is None:
         return ""
     by = entry["by"]
     if entry["value"] == entry["runner_up_value"] or (by is not None and f"{by:.2f}" == "1.00"):

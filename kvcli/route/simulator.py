@@ -89,10 +89,6 @@ def parse_route_tiers(texts: Sequence[str], kv_bytes_per_token: Callable[[], int
     if tiers[0].shared:
         raise BadInputError(f"--tier {tiers[0].name}: the first tier is each node's own cache; name it gpu, hbm, "
                             "host, cpu or dram (other names are shared by all nodes)")
-    late = next((b for a, b in zip(tiers, tiers[1:]) if a.shared and not b.shared), None)
-    if late is not None:
-        raise BadInputError(f"--tier {late.name}: a per-node tier must come before the shared ones "
-                            f"({', '.join(t.name for t in tiers if t.shared)}); tiers are fastest first")
     return tiers[0].name, tiers[0].tokens, tuple(tiers[1:])
 
 

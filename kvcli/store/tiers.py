@@ -79,10 +79,16 @@ def parse_tier(text: str) -> TierSpec:
 
 
 def check_tiers(tiers: Sequence[TierSpec]) -> None:
-    """Raise BadInputError (naming --tier) when two tiers share a name (case aside)."""
+    """Raise BadInputError (naming --tier) when two tiers share a name (case aside), or when a node's own tier
+    (``gpu``, ``host``... :data:`KINDS`) comes after a store across the network: tiers are looked up fastest first,
+    so the node's memory cannot stand behind a shared store."""
     names = [t.name for t in tiers]
     if len({n.lower() for n in names}) != len(names):  # GPU and gpu: one tier named twice
         raise BadInputError(f"--tier names must differ, got {', '.join(names)}")
+    late = next((b for a, b in zip(tiers, tiers[1:]) if a.kind == "remote" and b.kind != "remote"), None)
+    if late is not None:
+        raise BadInputError(f"--tier {late.name}: a per-node tier must come before the shared ones "
+                            f"({', '.join(t.name for t in tiers if t.kind == 'remote')}); tiers are fastest first")
 
 
 def lookup_tiers(tiers: Sequence[ChunkLru], chunk_ids: Sequence, start: int = 0) -> list[int]:

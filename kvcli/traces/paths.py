@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kvcli.errors import BadInputError
@@ -99,10 +100,22 @@ def stdin_paths(paths: list[Path]) -> Iterator[list[Path]]:
             yield [spooled if str(p) == "-" else p for p in paths]
         except BadInputError as exc:
             if exc.path and exc.path.startswith(str(spooled)):
-                raise BadInputError(exc.reason, STDIN_NAME, exc.line) from None
+                raise BadInputError(exc.reason.replace(str(spooled), STDIN_NAME), STDIN_NAME, exc.line) from None
+            if str(spooled) in str(exc):  # the copy's path inside the message itself
+                raise BadInputError(str(exc).replace(str(spooled), STDIN_NAME)) from None
             raise
         finally:
             _SPOOLED.discard(str(spooled))
+
+
+def as_given(requests: Iterable, path: Path) -> Iterator:
+    """``requests`` (:class:`~kvcli.traces.request.Request`) read from ``path``, their sources naming ``<stdin>``
+    where ``path`` is stdin's copy (:func:`stdin_paths`); as they are for any other file."""
+    if str(path) not in _SPOOLED:
+        yield from requests
+        return
+    for r in requests:
+        yield dataclasses.replace(r, source=r.source.replace(str(path), STDIN_NAME))
 
 
 @contextlib.contextmanager

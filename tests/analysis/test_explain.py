@@ -383,3 +383,16 @@ def test_a_repeated_id_is_mapped_by_its_source_and_said(tmp_path):
     request = third["traces"][0]["request"]
     assert (request["prompt_tokens"], request["reused_tokens"], request["predecessor"]) == (7, 4, "p2")
     assert request["lost_tokens_by_cause"] == causes(chunk_boundary=2, divergence=1)
+
+
+@pytest.mark.parametrize("command", [["explain", "-"], ["stats", "-"]])
+def test_a_trace_on_stdin_is_named_stdin_in_errors_and_sources(command):
+    bad = CliRunner().invoke(app, command, input='{"prompt": "a"}\nnot json\n')
+    assert bad.exit_code == 2
+    assert bad.stderr.strip() == "kvcli: error: <stdin>:2: invalid JSON: Expecting value (column 1)"
+    if command[0] == "explain":
+        text = (SAMPLES / "chat_shared_system.jsonl").read_text()
+        out = CliRunner().invoke(app, [*command, "--request", "acme-1-t2"], input=text)
+        assert out.exit_code == 0, out.output
+        assert out.stdout.startswith("request acme-1-t2 (<stdin>:5): ") and "from acme-1-t1 (<stdin>:1)" in out.stdout
+        assert "kvcli-stdin" not in out.output

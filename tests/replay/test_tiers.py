@@ -209,6 +209,8 @@ def test_cli_tiers_optimal_and_bill_by_hand(tmp_path, redis_url):
 @pytest.mark.parametrize("args, message", [
     (["--tier", "gpu"], "--tier must be NAME=SIZE"),
     (["--tier", "gpu=1", "--tier", "gpu=2"], "--tier names must differ"),
+    (["--tier", "redis=16", "--tier", "gpu=8"], "--tier gpu: a per-node tier must come before the shared ones (redis)"),
+    (["--tier", "gpu=8", "--tier", "redis=16", "--tier", "host=8"], "--tier host: a per-node tier must come before"),
     (["--tier", "gpu=64G"], "--tier gpu: capacity '64G' is ambiguous"),
     (["--tier", "gpu=8", "--no-curve"], "need the curve"),
     (["--admit-after", "0"], "--admit-after must be a count >= 1"),

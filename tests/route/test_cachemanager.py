@@ -75,3 +75,21 @@ def test_purge_with_a_chunk_size_leaves_a_route_index_alone(redis_client):
     assert count(redis_client, "fleet").keys == 0  # another namespace: none of its keys
     assert count(redis_client, ROUTE_NAMESPACE).route_index == 5
     assert index.drop() == 5
+
+
+def test_an_index_drops_its_keys_after_an_interrupt_left_a_reply_unread(redis_client, server_kind):
+    """A Ctrl-C between a pipeline's send and its replies leaves a pooled connection with an unread reply (an
+    integer, SADD's); the cleanup's SCAN must not read it (it once raised, and left the index behind)."""
+    from kvcli.store import cluster
+
+    index = CacheManagerIndex(redis_client, nodes=2)
+    index.publish(0, [bytes([i]) * 16 for i in range(5)], [])
+    key = index.prefix + (bytes([0]) * 16).hex().encode()
+    server = redis_client
+    if cluster.is_cluster(redis_client):
+        server = redis_client.get_redis_connection(redis_client.get_node_from_key(key))
+    conn = server.connection_pool.get_connection()
+    conn.send_command("SADD", key, "1")  # sent, its reply never read: as an interrupted publish leaves it
+    server.connection_pool.release(conn)
+    assert index.drop() == 5
+    assert count(redis_client, ROUTE_NAMESPACE).route_index == 0
