@@ -129,7 +129,7 @@ def route(
     from kvcli.replay.results import check_count
     from kvcli.route.cachemanager import DelaySpec
     from kvcli.route.policies import resolve_policies
-    from kvcli.route.report import plan_runs, render, report_dict, run_routes, sweep_points
+    from kvcli.route.report import eviction_notes, plan_runs, render, report_dict, run_routes, sweep_points
     from kvcli.route.report import plot as write_plot
     from kvcli.route.simulator import (
         SimConfig,
@@ -190,6 +190,9 @@ def route(
                                   lambda what, task=task: bar.update(task, advance=1, description=f"simulating {what}"),
                                   timeout)
                 bar.remove_task(task)
+                for note in eviction_notes(runs):
+                    notes.append(note)
+                    err.print(f"kvcli: note: {note}", markup=False, highlight=False)
                 reports.append({**report_dict(name, runs, cost_info), "notes": notes})
         if plot is not None:
             for report, out in zip(reports, plot_paths(plot, [r["trace"] for r in reports])):

@@ -37,6 +37,7 @@ from kvcli.errors import BadInputError, KvcliError
 from kvcli.route.cachemanager import CacheManagerIndex
 from kvcli.route.nodecache import ChunkIndex
 from kvcli.route.simulator import STREAM_LOOKUP, STREAM_POLICY, ClusterView, Lookup, SimConfig, SimRequest
+from kvcli.store.preflight import evicted_since, server_memory
 
 
 def _least(first: list, second: list, nodes: list[int] | None) -> int:
@@ -268,6 +269,7 @@ class CacheManager(Policy):
             raise KvcliError("the cache-manager policy needs a Redis server (--redis-url, or the embedded one)")
         self.config = config
         self.index = CacheManagerIndex(redis_client, config.nodes)
+        self.memory = server_memory(redis_client)  # its evicted_keys: did the server evict the index meanwhile?
         self.rng = np.random.default_rng([config.seed, STREAM_LOOKUP])
         self.hash_of: list[bytes] = []  # chunk id -> hash (ChunkNumbering.hashes)
 
@@ -291,8 +293,11 @@ class CacheManager(Policy):
         self.index.publish(node, [hash_of[c] for c in stored], [hash_of[c] for c in evicted])
 
     def stats(self) -> dict:
-        """Round trips to the manager: ``query_round_trips`` (lookups) and ``index_writes`` (node updates)."""
-        return {"query_round_trips": self.index.queries, "index_writes": self.index.writes}
+        """Round trips to the manager: ``query_round_trips`` (lookups) and ``index_writes`` (node updates); and
+        ``server_evicted_keys``, the keys the server evicted since the policy was made (whoever's: an evicted index
+        key answers a lookup as a miss), None when INFO cannot be read."""
+        return {"query_round_trips": self.index.queries, "index_writes": self.index.writes,
+                "server_evicted_keys": evicted_since(self.index.client, self.memory)}
 
     def close(self) -> None:
         self.index.drop()

@@ -239,6 +239,14 @@ def winners(runs: list[dict]) -> list[dict]:
     return out
 
 
+def eviction_notes(runs: list[dict]) -> list[str]:
+    """One note per run whose Redis server evicted keys while it ran (the cache-manager policy's index: its lookups
+    then missed what the nodes held, so its hits are too low)."""
+    return [f"{r['policy']}: the server evicted {r['lookups']['server_evicted_keys']:,} keys during the run "
+            f"(whoever's): evicted index entries answered lookups as misses, so its hits are too low; give the "
+            f"server room (maxmemory) or a noeviction policy" for r in runs if r["lookups"].get("server_evicted_keys")]
+
+
 def report_dict(trace: str, runs: list[dict], cost_info: dict) -> dict:
     """The one JSON document of ``kvcli route --json``."""
     return {"trace": trace, "cost_curve": cost_info, "runs": runs, "winners": winners(runs)}

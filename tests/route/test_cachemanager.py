@@ -93,3 +93,24 @@ def test_an_index_drops_its_keys_after_an_interrupt_left_a_reply_unread(redis_cl
     server.connection_pool.release(conn)
     assert index.drop() == 5
     assert count(redis_client, ROUTE_NAMESPACE).route_index == 0
+
+
+def test_a_server_that_evicts_the_index_is_named_in_a_note(make_server):
+    """allkeys-lru with 400 kB of room: the index's keys are evicted as the run writes them, and its lookups miss
+    what the nodes hold; the run says so (on stderr and in the JSON's notes) instead of reporting low hits as the
+    policy's."""
+    url = make_server()
+    client = redis.Redis.from_url(url)
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 400_000)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    out = CliRunner().invoke(app, ["route", str(ROOT / "sample_traces" / "mooncake_conversation_head1000.jsonl.gz"),
+                                   "--chunk-size", "512", "--prefill-tps", "10000", "--no-count-rtt", "-p",
+                                   "cache-manager", "--redis-url", url, "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    (trace,) = doc["traces"] if "traces" in doc else [doc]
+    evicted = trace["runs"][0]["lookups"]["server_evicted_keys"]
+    assert evicted > 0
+    (note,) = trace["notes"]
+    assert note.startswith(f"cache-manager: the server evicted {evicted:,} keys during the run") and note in out.stderr
+    client.close()
