@@ -371,7 +371,8 @@ def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int
     """Hit tokens of one node holding the whole cluster's capacity (``nodes x capacity`` in each per-node tier, a
     shared tier's own size), serving every request in arrival order with no overlap, each looked up and stored at
     once (:func:`kvcli.store.tiers.lookup_tiers`, :func:`~kvcli.store.tiers.write_tiers`): the ceiling no routing
-    policy can beat with the same total cache."""
+    policy can beat with the same total cache without tiers (LRU aside, by a hair); with tiers a reference only (a
+    split cluster's nodes hold different chunks beside a shared tier: docs/routing.md, "Cache tiers")."""
     check_numbering(requests)
     capacity = None if config.capacity_chunks is None else config.capacity_chunks * config.nodes
     caches = [ChunkLru(capacity)] + [ChunkLru(t.tokens // config.chunk_size * (1 if t.shared else config.nodes))
