@@ -428,7 +428,9 @@ class Replayer:
         result.store_mode = cfg.store_mode
         # each with its savings: the loop above set every store's (the filter only narrows the type)
         rows = [(r, r.savings) for r in result.per_chunk_size if r.requests and r.savings is not None]
-        result.verdict = recommend({r.chunk_size: s.net(r.store_mode) for r, s in rows}, cfg.store_mode,
+        modes = {r.store_mode for r, _ in rows} or {cfg.store_mode}
+        result.verdict = recommend({r.chunk_size: s.net(r.store_mode) for r, s in rows},
+                                   modes.pop() if len(modes) == 1 else "mixed",
                                    {r.chunk_size: s.net_draws(r.store_mode) for r, s in rows})
 
     def _used_memory(self) -> int | None:

@@ -275,7 +275,9 @@ class Verdict:
 
 def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, np.ndarray] | None = None
               ) -> Verdict:
-    """Pick a chunk size from net benefits with intervals (``{chunk size: Interval}``, seconds).
+    """Pick a chunk size from net benefits with intervals (``{chunk size: Interval}``, seconds). ``mode`` names
+    the stores the nets assume, for the message: "async", "sync", or "mixed" (async, but sync at the sizes whose
+    background work the trace's span cannot absorb).
 
     Not caching is a candidate too, with a net benefit of exactly 0: "none" when no size's interval reaches above
     0, "noise" when the best size's interval reaches 0 (or its value is not above 0). Otherwise the best size
@@ -286,7 +288,8 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     one's interval lies above the other's. Either way the difference must also be at least :data:`TIE_TOLERANCE`
     of the best net benefit (module docstring). Sizes it does not beat tie with it.
     """
-    how = "stores in the background" if mode == "async" else "stores on the request's path"
+    how = {"async": "stores in the background", "sync": "stores on the request's path",
+           "mixed": "stores in the background, on the request's path where the background cannot keep up"}[mode]
     if not nets:
         return Verdict(None, "none", (), "no chunk size was replayed")
     order = sorted(nets, key=lambda cs: (-nets[cs].value, cs))

@@ -212,3 +212,12 @@ def test_the_summary_line_says_how_much_of_the_saving_is_extrapolated():
     row = ChunkSizeResult(64, "ns", requests=1, prompt_tokens=100, hit_tokens=50, savings=savings)
     line = summary_line(TraceResult("t", 1, 0, 0, "accounted", [row], verdict=recommend({64: iv})))
     assert line.endswith("(async stores), 62.5% of the saving from prompts beyond the calibrated range; 0 measured)")
+
+
+def test_a_verdict_says_which_stores_its_nets_assume():
+    nets = {16: Interval(-1.0, -2.0, -0.5), 64: Interval(-0.2, -0.3, -0.1)}
+    assert "(stores in the background)" in recommend(nets, "async").text
+    assert "(stores on the request's path)" in recommend(nets, "sync").text
+    mixed = recommend(nets, "mixed").text
+    assert mixed.startswith("no chunk size pays off (stores in the background, on the request's path where the "
+                            "background cannot keep up)")
