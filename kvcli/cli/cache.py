@@ -8,6 +8,7 @@ tables, or one JSON document with ``--json``), progress and notes to stderr. kvc
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 from typing import Annotated, Optional
@@ -248,6 +249,9 @@ def purge(
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
+    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: the LMCache-layout keys a replay "
+                                             "with --layout lmcache --keep left (model names NAMESPACE/...).")
+                      ] = "kvcli",
 ) -> None:
     """Delete kvcli's keys of ONE namespace (and optionally one chunk size): shows the count first, deletes only
     with --yes; SCAN + UNLINK, never FLUSHDB/FLUSHALL; foreign keys and other namespaces are never touched.
@@ -257,26 +261,44 @@ def purge(
       kvcli purge --namespace fleet --redis-url redis://cache:6379
 
       kvcli purge --namespace fleet --chunk-size 16 --yes
+
+      kvcli purge --namespace replay-1796194786-5312-891e0e --layout lmcache --yes
     """
     from kvcli.store.namespace import count, purge_command
     from kvcli.store.namespace import purge as run_purge
     from kvcli.store.server import open_redis
 
+    if layout not in ("kvcli", "lmcache"):
+        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    if layout == "lmcache" and chunk_size is not None:
+        raise BadInputError("--chunk-size: not with --layout lmcache (its keys are deleted by namespace)")
     size = None if chunk_size is None else one_chunk_size(chunk_size)
-    scope = purge_scope(namespace, size)
+    scope = purge_scope(namespace, size) + (" (LMCache layout)" if layout == "lmcache" else "")
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: purging a fresh embedded server (empty)")
         try:
-            found = count(client, namespace, size)
+            if layout == "kvcli":
+                found = count(client, namespace, size)
+            else:
+                from kvcli.store.lmcache_store import count_namespace
+
+                found = count_namespace(client, namespace)
             err.print(purge_count_line(found, scope), markup=False, highlight=False, soft_wrap=True)
             if found.keys and not yes:
                 if json_out:  # the count, for a script that decides (deleted: 0); still exit 2
                     typer.echo(to_json("purge", found))
                 raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
-            done = run_purge(client, namespace, size) if yes else found
+            if not yes:
+                done = found
+            elif layout == "kvcli":
+                done = run_purge(client, namespace, size)
+            else:
+                from kvcli.store.lmcache_store import purge_namespace
+
+                done = dataclasses.replace(found, deleted=purge_namespace(client, namespace))
         except RedisFailure as exc:  # what is left is still there: say how to finish
-            again = purge_command(target, namespace, size) if yes else ""
+            again = purge_command(target, namespace, size, layout) if yes else ""
             raise RedisFailure(str(exc).rstrip(".") + (f"; remove what is left with: {again} (again)" if yes else "")
                                ) from None
     _show("purge", done, json_out, functools.partial(purge_view, scope=scope))

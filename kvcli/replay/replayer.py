@@ -220,9 +220,8 @@ class Replayer:
             if "kvcli" in cfg.layouts:
                 kept += f": its kvcli-layout keys: {self.remedy(namespace)}"
             if "lmcache" in cfg.layouts:
-                kept += (f"; its LMCache-layout keys (model names {namespace}/<chunk size>/...) are not kvcli "
-                         f"purge's (it deletes kvcli's layout only): delete the keys matching '{namespace}/*' "
-                         f"with SCAN and UNLINK")
+                kept += (f"; its LMCache-layout keys (model names {namespace}/<chunk size>/...): remove them with "
+                         f"kvcli purge --namespace {namespace} --layout lmcache --yes (and this run's --redis-url)")
             result.notes.append(kept)
         result.calibration = coverage
         # read after the cleanup: a server over maxmemory evicts on any command, reads included

@@ -47,7 +47,7 @@ from kvcli.store.lmcache import (
     split_redis_key,
     to_kv_2ltd,
 )
-from kvcli.store.namespace import glob_escape
+from kvcli.store.namespace import PurgeCount, glob_escape
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.written import HASH_BYTES, METADATA, PAYLOAD, WrittenChunks
 from kvcli.units import torch_dtype
@@ -305,20 +305,47 @@ class LMCacheStore:
         return 2 * base + len(METADATA_SUFFIX) + len(KV_SUFFIX)
 
 
-def purge_namespace(client: redis.Redis, namespace: str) -> int:
-    """Delete a replay's LMCache-layout keys: those whose ``model_name`` starts with ``{namespace}/`` and that
-    parse as LMCache keys (SCAN MATCH, never KEYS; UNLINK in batches). Returns the number deleted.
+def _namespace_keys(client: redis.Redis, namespace: str) -> Iterator[tuple[bytes, str]]:
+    """``(key, "metadata" | "kv_bytes")`` of each LMCache-layout key whose ``model_name`` starts with
+    ``{namespace}/`` (SCAN MATCH of every shard, never KEYS; a key that does not parse as LMCache's is left out)."""
+    prefix = namespace + "/"
+    for _, keys in cluster.scan(client, glob_escape(prefix) + "*@*", _DELETE_BATCH):  # every shard
+        for key in keys:
+            parsed = split_redis_key(key)
+            if parsed is not None and parsed[0].model_name.startswith(prefix):
+                yield key, parsed[1]
+
+
+def count_namespace(client: redis.Redis, namespace: str) -> PurgeCount:
+    """What :func:`purge_namespace` would delete now, as ``kvcli purge`` counts it: metadata keys and KV keys
+    (payloads). Read-only.
 
     Raises:
         RedisFailure: the server refused a command.
     """
-    prefix, deleted, batch = namespace + "/", 0, []
+    found = PurgeCount(namespace, None)
     try:
-        for _, keys in cluster.scan(client, glob_escape(prefix) + "*@*", _DELETE_BATCH):  # every shard
-            for key in keys:
-                parsed = split_redis_key(key)
-                if parsed is not None and parsed[0].model_name.startswith(prefix):
-                    batch.append(key)
+        for _, kind in _namespace_keys(client, namespace):
+            if kind == METADATA_SUFFIX:
+                found.metadata += 1
+            else:
+                found.payloads += 1
+    except cluster.REDIS_ERRORS as exc:
+        raise RedisFailure(f"Redis SCAN failed: {exc}") from None
+    return found
+
+
+def purge_namespace(client: redis.Redis, namespace: str) -> int:
+    """Delete a replay's LMCache-layout keys (:func:`_namespace_keys`; UNLINK in batches). Returns the number
+    deleted.
+
+    Raises:
+        RedisFailure: the server refused a command.
+    """
+    deleted, batch = 0, []
+    try:
+        for key, _ in _namespace_keys(client, namespace):
+            batch.append(key)
             if len(batch) >= _DELETE_BATCH:
                 deleted += cluster.unlink(client, batch)
                 batch = []

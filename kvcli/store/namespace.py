@@ -270,11 +270,13 @@ def purge_own(client: redis.Redis, namespace: str) -> int:
     return deleted
 
 
-def purge_command(target: RedisTarget, namespace: str, chunk_size: int | None = None) -> str:
-    """The exact ``kvcli purge`` command that deletes ``namespace`` on ``target``, for messages. The password is
-    never printed: it is masked (``***``, with a note to put it back), or left out when ``REDIS_URL`` holds it."""
+def purge_command(target: RedisTarget, namespace: str, chunk_size: int | None = None, layout: str = "kvcli") -> str:
+    """The exact ``kvcli purge`` command that deletes ``namespace`` (its ``layout``'s keys) on ``target``, for
+    messages. The password is never printed: it is masked (``***``, with a note to put it back), or left out when
+    ``REDIS_URL`` holds it."""
     command = f"kvcli purge --namespace {shlex.quote(namespace)}"
     command += f" --chunk-size {chunk_size}" if chunk_size else ""
+    command += f" --layout {layout}" if layout != "kvcli" else ""
     secret = target.display != target.url
     if secret and os.environ.get(ENV_URL) == target.url:  # the password stays in REDIS_URL: the command is exact
         return f"{command} --yes"

@@ -179,3 +179,33 @@ def test_a_lost_record_falls_back_to_the_scan(redis_client, scans):
         replayer.replay("t", TraceSource(MOONCAKE, "auto", "cl100k_base"))
     assert _left(redis_client) == FOREIGN
     assert scans == ["purge_own"] and units.waited  # the scan after the workers' connections closed
+
+
+def test_purge_deletes_what_a_kept_lmcache_layout_replay_left_and_nothing_else(redis_client, redis_url):
+    """replay --layout lmcache --keep names the command; purge --layout lmcache counts those keys, deletes them
+    only with --yes, and leaves every foreign key (another model's LMCache key among them)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from kvcli.cli.app import app
+
+    _foreign(redis_client)
+    out = CliRunner().invoke(app, ["replay", str(ROOT / "sample_traces/chat_shared_system.jsonl"), "--payload",
+                                   "accounted", "--measure", "0", "--prefill-tps", "5000", "--chunk-sizes", "16",
+                                   "--layout", "lmcache", "--keep", "--redis-url", redis_url, "--json"])
+    assert out.exit_code == 0, out.output
+    (note,) = [n for n in json.loads(out.stdout)["traces"][0]["notes"] if "kept (--keep)" in n]
+    namespace = note.split()[1]
+    assert f"kvcli purge --namespace {namespace} --layout lmcache --yes" in note
+    kept = len(_left(redis_client)) - len(FOREIGN)
+    assert kept > 100
+    count = CliRunner().invoke(app, ["purge", "--namespace", namespace, "--layout", "lmcache", "--redis-url",
+                                     redis_url])
+    assert count.exit_code == 2 and f"{kept:,} kvcli keys in namespace {namespace!r} (LMCache layout)" in count.stderr
+    assert len(_left(redis_client)) == len(FOREIGN) + kept
+    done = CliRunner().invoke(app, ["purge", "--namespace", namespace, "--layout", "lmcache", "--yes",
+                                    "--redis-url", redis_url, "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.stdout)["deleted"] == kept
+    assert _left(redis_client) == FOREIGN

@@ -379,7 +379,7 @@ def test_cli_replay_both_layouts_json_and_refusals(tmp_path, redis_url, redis_cl
     namespace = doc["per_chunk_size"][0]["namespace"]
     note = next(n for n in doc["notes"] if "(--keep)" in n)
     assert f"namespace {namespace} kept (--keep)" in note and f"kvcli purge --namespace {namespace} --yes" in note
-    assert f"matching '{namespace}/*'" in note
+    assert f"kvcli purge --namespace {namespace} --layout lmcache --yes" in note
     lmcache_keys = redis_client.keys(f"{namespace}/*")
     assert lmcache_keys and redis_client.dbsize() == purge(redis_client, namespace).deleted + len(lmcache_keys)
 
