@@ -54,7 +54,6 @@ from kvcli.store import cluster
 from kvcli.store.judge import BAD_METADATA, BAD_PAYLOAD, CHECKSUM, HITS, NO_PAYLOAD, WRONG_TYPE, judge
 from kvcli.store.layout import (
     ChunkMeta,
-    check_namespace,
     is_chunk_key,
     is_route_index_key,
     key_prefix,
@@ -217,11 +216,8 @@ def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int
         verify: read payloads to check their checksums (None: only when they total <= 256 MiB).
 
     Raises:
-        BadInputError: ``namespace`` is a name no kvcli namespace can have (:func:`kvcli.store.layout.check_namespace`).
         RedisFailure: the server refused a read.
     """
-    if namespace is not None:
-        check_namespace(namespace)
     with reader(client) as conn:
         result = _inspect(conn, namespace, sample, verify)
         result.no_touch = bool(getattr(conn, "kvcli_no_touch", False))

@@ -31,7 +31,7 @@ import redis
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
 from kvcli.store.busy import Backoff, is_busy
-from kvcli.store.layout import KEY_ROOT, KEY_VERSION, ROUTE_KIND, ROUTE_NAMESPACE, check_namespace, is_route_index_key
+from kvcli.store.layout import KEY_ROOT, KEY_VERSION, ROUTE_KIND, ROUTE_NAMESPACE, is_route_index_key
 from kvcli.store.runmark import SENTINEL_TAIL
 from kvcli.store.server import ENV_URL, RedisTarget, script_refused
 
@@ -76,7 +76,6 @@ def glob_escape(text: str) -> str:
 def _check(namespace: str, chunk_size: int | None) -> None:
     if not namespace:
         raise BadInputError("purge needs a namespace name (--namespace NAME)")
-    check_namespace(namespace)  # a name kvcli could not have written holds none of its keys: a typo, said so
     if chunk_size is not None and chunk_size < 1:
         raise BadInputError(f"chunk size must be >= 1, got {chunk_size}")
 
@@ -182,8 +181,7 @@ def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pi
     SCAN and UNLINK is found but not deleted).
 
     Raises:
-        BadInputError: empty namespace, a name no kvcli namespace can have (:func:`kvcli.store.layout.check_namespace`)
-            or bad chunk size.
+        BadInputError: empty namespace or bad chunk size.
         RedisFailure: a command failed (refused, no reply within the timeout, connection gone); keys of earlier
             batches are deleted, and the message says how many.
     """
