@@ -8,7 +8,6 @@ tables, or one JSON document with ``--json``), progress and notes to stderr. kvc
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 from pathlib import Path
 from typing import Annotated, Optional
@@ -264,39 +263,24 @@ def purge(
 
       kvcli purge --namespace replay-1796194786-5312-891e0e --layout lmcache --yes
     """
-    from kvcli.store.namespace import count, purge_command
-    from kvcli.store.namespace import purge as run_purge
+    from kvcli.store.kvstore import check_purge_layout, count_layout, purge_layout
+    from kvcli.store.namespace import purge_command
     from kvcli.store.server import open_redis
 
-    if layout not in ("kvcli", "lmcache"):
-        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
-    if layout == "lmcache" and chunk_size is not None:
-        raise BadInputError("--chunk-size: not with --layout lmcache (its keys are deleted by namespace)")
     size = None if chunk_size is None else one_chunk_size(chunk_size)
+    check_purge_layout(layout, size)
     scope = purge_scope(namespace, size) + (" (LMCache layout)" if layout == "lmcache" else "")
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: purging a fresh embedded server (empty)")
         try:
-            if layout == "kvcli":
-                found = count(client, namespace, size)
-            else:
-                from kvcli.store.lmcache_store import count_namespace
-
-                found = count_namespace(client, namespace)
+            found = count_layout(client, namespace, size, layout)
             err.print(purge_count_line(found, scope), markup=False, highlight=False, soft_wrap=True)
             if found.keys and not yes:
                 if json_out:  # the count, for a script that decides (deleted: 0); still exit 2
                     typer.echo(to_json("purge", found))
                 raise BadInputError(f"nothing deleted: add --yes to delete these {found.keys:,} keys")
-            if not yes:
-                done = found
-            elif layout == "kvcli":
-                done = run_purge(client, namespace, size)
-            else:
-                from kvcli.store.lmcache_store import purge_namespace
-
-                done = dataclasses.replace(found, deleted=purge_namespace(client, namespace))
+            done = purge_layout(client, namespace, size, layout) if yes else found
         except RedisFailure as exc:  # what is left is still there: say how to finish
             again = purge_command(target, namespace, size, layout) if yes else ""
             raise RedisFailure(str(exc).rstrip(".") + (f"; remove what is left with: {again} (again)" if yes else "")

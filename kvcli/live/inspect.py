@@ -52,14 +52,7 @@ import redis
 from kvcli.live.reading import execute_read, read_key_facts, reader
 from kvcli.store import cluster
 from kvcli.store.judge import BAD_METADATA, BAD_PAYLOAD, CHECKSUM, HITS, NO_PAYLOAD, WRONG_TYPE, judge
-from kvcli.store.layout import (
-    ChunkMeta,
-    is_chunk_key,
-    is_route_index_key,
-    key_prefix,
-    parse_key,
-    parse_or_none,
-)
+from kvcli.store.layout import ChunkMeta, is_chunk_key, is_route_index_key, key_prefix, parse_key, parse_or_none
 from kvcli.store.preflight import ServerMemory, server_memory
 
 VERIFY_AUTO_BYTES = 256 << 20

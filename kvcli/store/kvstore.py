@@ -16,7 +16,7 @@ import redis
 from kvcli.errors import BadInputError
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
-from kvcli.store.namespace import purge_own
+from kvcli.store.namespace import PurgeCount, count, purge, purge_own
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.runmark import RunMark
 from kvcli.store.written import WrittenChunks, delete_keys
@@ -156,3 +156,35 @@ def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...], own
 
         deleted += purge_namespace(client, namespace)
     return deleted
+
+
+def check_purge_layout(layout: str, chunk_size: int | None) -> None:
+    """Raise BadInputError unless ``kvcli purge`` can delete ``layout``'s keys at ``chunk_size``: kvcli's by
+    namespace and chunk size, LMCache's (what a ``replay --layout lmcache --keep`` left) by namespace only."""
+    if layout not in ("kvcli", "lmcache"):
+        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    if layout == "lmcache" and chunk_size is not None:
+        raise BadInputError("--chunk-size: not with --layout lmcache (its keys are deleted by namespace)")
+
+
+def count_layout(client: redis.Redis, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
+    """What :func:`purge_layout` would delete now (:func:`kvcli.store.namespace.count`, or for LMCache's layout
+    :func:`kvcli.store.lmcache_store.count_namespace`). Read-only. Raises BadInputError, RedisFailure."""
+    check_purge_layout(layout, chunk_size)
+    if layout == "kvcli":
+        return count(client, namespace, chunk_size)
+    from kvcli.store.lmcache_store import count_namespace
+
+    return count_namespace(client, namespace)
+
+
+def purge_layout(client: redis.Redis, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
+    """Delete ``namespace``'s keys of ``layout`` (and ``chunk_size``, kvcli's layout only): what was found, with
+    ``deleted`` (:func:`kvcli.store.namespace.purge`; :func:`kvcli.store.lmcache_store.count_namespace`). Raises
+    BadInputError, RedisFailure."""
+    check_purge_layout(layout, chunk_size)
+    if layout == "kvcli":
+        return purge(client, namespace, chunk_size)
+    from kvcli.store.lmcache_store import count_namespace
+
+    return count_namespace(client, namespace, delete=True)

@@ -316,39 +316,36 @@ def _namespace_keys(client: redis.Redis, namespace: str) -> Iterator[tuple[bytes
                 yield key, parsed[1]
 
 
-def count_namespace(client: redis.Redis, namespace: str) -> PurgeCount:
-    """What :func:`purge_namespace` would delete now, as ``kvcli purge`` counts it: metadata keys and KV keys
-    (payloads). Read-only.
+def count_namespace(client: redis.Redis, namespace: str, delete: bool = False) -> PurgeCount:
+    """The LMCache-layout keys of ``namespace`` (:func:`_namespace_keys`) as ``kvcli purge`` counts them:
+    metadata keys and KV keys (payloads); with ``delete``, also deleted as they are found (UNLINK in batches),
+    ``deleted`` the number the server removed. Read-only otherwise.
 
     Raises:
         RedisFailure: the server refused a command.
     """
-    found = PurgeCount(namespace, None)
+    found, batch = PurgeCount(namespace, None), []
     try:
-        for _, kind in _namespace_keys(client, namespace):
+        for key, kind in _namespace_keys(client, namespace):
             if kind == METADATA_SUFFIX:
                 found.metadata += 1
             else:
                 found.payloads += 1
+            if delete:
+                batch.append(key)
+                if len(batch) >= _DELETE_BATCH:
+                    found.deleted += cluster.unlink(client, batch)
+                    batch = []
+        found.deleted += cluster.unlink(client, batch)
     except cluster.REDIS_ERRORS as exc:
-        raise RedisFailure(f"Redis SCAN failed: {exc}") from None
+        raise RedisFailure(f"Redis {'cleanup' if delete else 'SCAN'} failed: {exc}") from None
     return found
 
 
 def purge_namespace(client: redis.Redis, namespace: str) -> int:
-    """Delete a replay's LMCache-layout keys (:func:`_namespace_keys`; UNLINK in batches). Returns the number
-    deleted.
+    """Delete a replay's LMCache-layout keys (:func:`count_namespace` with ``delete``). Returns the number deleted.
 
     Raises:
         RedisFailure: the server refused a command.
     """
-    deleted, batch = 0, []
-    try:
-        for key, _ in _namespace_keys(client, namespace):
-            batch.append(key)
-            if len(batch) >= _DELETE_BATCH:
-                deleted += cluster.unlink(client, batch)
-                batch = []
-        return deleted + cluster.unlink(client, batch)
-    except cluster.REDIS_ERRORS as exc:
-        raise RedisFailure(f"Redis cleanup failed: {exc}") from None
+    return count_namespace(client, namespace, delete=True).deleted
