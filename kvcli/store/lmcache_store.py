@@ -49,6 +49,7 @@ from kvcli.store.lmcache import (
 )
 from kvcli.store.namespace import PurgeCount, glob_escape
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
+from kvcli.store.serde import flat_bytes, tensor_bytes
 from kvcli.store.written import HASH_BYTES, METADATA, PAYLOAD, WrittenChunks
 from kvcli.units import torch_dtype
 
@@ -233,8 +234,7 @@ class LMCacheStore:
         ids = [fold_hash(h) for h in prompt.hashes[start_chunk:n]]
         bases = [f"{self._head}{x:x}{self._tail}" for x in ids]
         if kv is not None:
-            values = [to_kv_2ltd(kv[:, :, :, k * cs:(k + 1) * cs, :]).view(torch.uint8).numpy().data
-                      for k in range(start_chunk, n)]
+            values = [tensor_bytes(to_kv_2ltd(kv[:, :, :, k * cs:(k + 1) * cs, :])) for k in range(start_chunk, n)]
             self._pipelined("set", [b + KV_SUFFIX for b in bases], values)
         self._pipelined("set", [b + METADATA_SUFFIX for b in bases], [self._record] * len(bases))
         seconds = time.perf_counter() - t0
@@ -267,7 +267,7 @@ class LMCacheStore:
         """One round trip: ``command`` for every key (with its value), pipelined without a transaction."""
         pipe = self.client.pipeline(transaction=False)
         for i, key in enumerate(keys):
-            getattr(pipe, command)(key, *(() if values is None else (values[i],)))
+            getattr(pipe, command)(key, *(() if values is None else (flat_bytes(values[i]),)))
         self.stats.round_trips += 1
         try:
             return execute_pipeline(pipe)

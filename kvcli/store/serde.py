@@ -137,6 +137,47 @@ def _header(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None, stat
     return struct.pack("<Q", len(raw)) + raw
 
 
+def flat_bytes(value) -> bytes | bytearray | memoryview:
+    """``value`` as the one kind of buffer kvcli hands to redis-py: ``bytes``, a ``bytearray``, or a 1-D
+    C-contiguous memoryview of format ``"B"``, whose ``len()`` is its size in bytes.
+
+    redis-py writes ``len(arg)`` as a value's RESP bulk length (redis/connection.py, ``PythonRespSerializer.pack``),
+    and a memoryview's ``len()`` is its first dimension: a ``[2, 3, 4]`` uint8 buffer would be announced as 2 bytes
+    and its other 22 sent as further commands. Every payload and record kvcli writes passes through here.
+
+    Args:
+        value: ``bytes`` or ``bytearray`` (returned as they are); a memoryview of any shape and format (a C-contiguous
+            one cast to ``"B"`` without a copy, any other copied into ``bytes`` in C order); a NumPy array or a torch
+            tensor of any shape, dtype, strides or device (its bytes in C order: no copy when it is a C-contiguous
+            CPU tensor, else one).
+
+    Raises:
+        TypeError: ``value`` is none of these (a ``str`` included: text is encoded by the caller).
+    """
+    if isinstance(value, (bytes, bytearray)):
+        return value
+    if isinstance(value, memoryview):
+        if value.c_contiguous:
+            return value.cast("B") if value.ndim != 1 or value.format != "B" else value
+        return value.tobytes()
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value).reshape(-1).view(np.uint8).data.cast("B")
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return tensor_bytes(value)
+    raise TypeError(f"not a byte buffer: {type(value).__name__}")
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """A tensor's bytes in C order as a 1-D memoryview of format ``"B"`` (:func:`flat_bytes`' rule for tensors):
+    ``tensor.nbytes`` long, whatever its shape, dtype, strides or device; no copy for a C-contiguous CPU tensor."""
+    import torch
+
+    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().data.cast("B")
+
+
 def header_size(shape: tuple[int, ...], dtype, metadata: dict[str, str] | None = None,
                 state_shape: tuple[int, ...] = (), state_dtype=None) -> int:
     """Bytes of serialization header (length prefix + JSON + padding) for a tensor of this shape and dtype, and a
@@ -152,7 +193,7 @@ def encode_kv(kv, metadata: dict[str, str] | None = None, dtype: str | None = No
     The tensor may be a strided view (a slice of a longer cache): it is gathered straight into the output buffer,
     which is the only copy. ``dtype`` None stores it as it is (bit-exact); ``"float8_e4m3fn"`` quantizes it with
     per-layer K and V scales (module docstring; ``kv`` then needs at least 2 dimensions). Returns a read-write
-    memoryview of ``header + data`` bytes, ready for redis-py.
+    memoryview of ``header + data`` bytes, 1-D and of format ``"B"`` (:func:`flat_bytes`), ready for redis-py.
 
     Raises:
         PayloadError: the dtype cannot be serialized, or is not one a payload is quantized to; a StatefulKV chunk
@@ -185,7 +226,7 @@ def encode_kv(kv, metadata: dict[str, str] | None = None, dtype: str | None = No
         out[len(head) + n:kv_end].view(torch.float32).copy_(scales.reshape(-1))
     if state is not None and state.numel():
         out[kv_end:].view(state.dtype).view(state.shape).copy_(state)
-    return out.numpy().data
+    return tensor_bytes(out)
 
 
 def quantize_fp8(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
