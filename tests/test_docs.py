@@ -39,3 +39,32 @@ def test_the_library_names_resolve_and_load_only_when_used():
     out = subprocess.run([sys.executable, "-c", "import kvcli, sys; print(sorted(m for m in ('numpy', 'redis', "
                           "'torch', 'rich') if m in sys.modules))"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"  # `import kvcli` (and so `kvcli --version`) loads none of them
+
+
+def _setup_commands() -> list[list[str]]:
+    """README's two set-up commands (its first two ```bash blocks under "Set up on a new machine"), as steps."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Set up on a new machine"):]
+    section = section[:section.index("\n## ", 1)]
+    blocks = re.findall(r"```bash\n(.*?)\n```", section, re.DOTALL)
+    return [[step.strip() for step in block.split("&&")] for block in blocks]
+
+
+def test_readme_has_two_setup_commands_and_ci_runs_the_test_one_from_the_lock():
+    main, test = _setup_commands()
+    def quiet(step: str) -> str:  # .ci/run adds -q to pip and --durations to pytest
+        return " ".join(word for word in step.split() if word != "-q")
+
+    ci = [quiet(line.split("#")[0]) for line in (ROOT / ".ci/run").read_text().splitlines()]
+    ci = [line for line in ci if line]
+    # the test command's steps after the venv, in order, are .ci/run's
+    steps = [quiet(step) for step in test[2:]]
+    assert steps[1] == "pip install -r requirements/test.txt" and main[3] == "pip install -r requirements/main.txt"
+    at = [ci.index(next(line for line in ci if line.startswith(step))) for step in steps]
+    assert at == sorted(at)
+    for name in ("main", "test"):
+        lock = (ROOT / "requirements" / f"{name}.txt").read_text()
+        pins = re.findall(r"^([a-z0-9._-]+)==", lock, re.MULTILINE)
+        assert pins and "torch" not in pins  # torch is the first, separate step
+        assert all("--hash=sha256:" in entry for entry in re.split(r"\n(?=[a-z0-9])", lock.split("\n", 1)[1]) if
+                   "==" in entry)
