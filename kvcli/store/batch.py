@@ -403,7 +403,7 @@ class Batcher:
         try:
             while self._unread > 0 and self._conn is not None:  # every script sent, even one whose reply a
                 self._eval()  # Ctrl-C stopped waiting for: it may not have run yet
-        except Exception:  # noqa: BLE001 - a broken connection: whatever the server had, it ran or dropped
+        except Exception:  # a broken connection: whatever the server had, it ran or dropped
             pass
         finally:
             self._due = []
