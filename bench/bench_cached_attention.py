@@ -30,7 +30,7 @@ from kvcli.model.flops import attention_pairs, prefill_flops
 from kvcli.model.llama import build_model
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import interleaved  # noqa: E402
+from _common import interleaved
 
 
 def _ratio(part: list[float], whole: list[float]) -> str:

@@ -29,9 +29,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from kvcli.store.chunkstore import ChunkStore  # noqa: E402
+from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.records import StoreConfig
-from kvcli.store.server import connect, embedded_cluster, embedded_server  # noqa: E402
+from kvcli.store.server import connect, embedded_cluster, embedded_server
 
 PROMPTS = 200
 

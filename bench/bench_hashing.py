@@ -11,9 +11,9 @@ import numpy as np
 import xxhash
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import timed  # noqa: E402
+from _common import timed
 
-from kvcli.store.hashing import chunk_prompt, namespace_root  # noqa: E402
+from kvcli.store.hashing import chunk_prompt, namespace_root
 
 TOKENS = 32768
 

@@ -19,13 +19,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import timed  # noqa: E402
+from _common import timed
 
-from kvcli.store.chunkstore import ChunkStore  # noqa: E402
-from kvcli.store.lmcache_store import LMCacheStore, purge_namespace  # noqa: E402
-from kvcli.store.namespace import purge  # noqa: E402
+from kvcli.store.chunkstore import ChunkStore
+from kvcli.store.lmcache_store import LMCacheStore, purge_namespace
+from kvcli.store.namespace import purge
 from kvcli.store.records import StoreConfig
-from kvcli.store.server import open_redis  # noqa: E402
+from kvcli.store.server import open_redis
 
 CHUNK = 16
 PROMPTS = 50

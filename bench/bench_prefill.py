@@ -20,7 +20,7 @@ import numpy as np
 from kvcli.model.llama import build_model
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import interleaved  # noqa: E402
+from _common import interleaved
 
 
 def main() -> None:

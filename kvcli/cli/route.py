@@ -186,9 +186,11 @@ def route(
                     with torch_threads(threads if prefill_tps is None else None):
                         cost, cost_info = prefill_cost(prefill_tps, model)
                 task = bar.add_task(f"simulating {name}", total=len(planned))
-                runs = run_routes(requests, names, points, cost, redis_url,
-                                  lambda what, task=task: bar.update(task, advance=1, description=f"simulating {what}"),
-                                  timeout)
+
+                def advance(what: str, task=task) -> None:
+                    bar.update(task, advance=1, description=f"simulating {what}")
+
+                runs = run_routes(requests, names, points, cost, redis_url, advance, timeout)
                 bar.remove_task(task)
                 for note in eviction_notes(runs):
                     notes.append(note)
@@ -205,8 +207,8 @@ def route(
     else:
         from kvcli.tables import stdout_console
 
-        out = stdout_console()  # pipes and files: wide, no 80-column cut
+        console = stdout_console()  # pipes and files: wide, no 80-column cut
         for i, report in enumerate(reports):
             if i:
-                out.print()
-            render(report, out)
+                console.print()
+            render(report, console)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import RedisFailure
 from kvcli.live.reading import execute_read, reader
@@ -62,8 +63,8 @@ class ChunkMap:
         return {**{k: v for k, v in self.__dict__.items() if k != "rows"}, "rows": [r.__dict__ for r in self.rows]}
 
 
-def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
-              cache_salt: str = "", server: ServerMemory | None = None) -> ChunkMap:
+def chunk_map(client: redis.Redis | RedisCluster, token_ids, namespace: str, chunk_size: int, model_id: str,
+              tokenizer: str, cache_salt: str = "", server: ServerMemory | None = None) -> ChunkMap:
     """Where a prompt's hit run would break, and why (``token_ids``: token ids ``[tokens]``, or a hash-id prompt's block
     keys, :class:`kvcli.store.hashing.BlockPrompt`, hashed from its keys as replay and warm hash it); read-only (two
     pipelined round trips, payloads included), over one connection in ``CLIENT NO-TOUCH`` mode where the server has
@@ -83,8 +84,8 @@ def chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, m
         return _chunk_map(conn, token_ids, namespace, chunk_size, model_id, tokenizer, cache_salt, server)
 
 
-def _chunk_map(client: redis.Redis, token_ids, namespace: str, chunk_size: int, model_id: str, tokenizer: str,
-               cache_salt: str, server: ServerMemory | None) -> ChunkMap:
+def _chunk_map(client: redis.Redis | RedisCluster, token_ids, namespace: str, chunk_size: int, model_id: str,
+               tokenizer: str, cache_salt: str, server: ServerMemory | None) -> ChunkMap:
 
     prompt = PromptChunker(model_id, tokenizer, chunk_size).chunk(token_ids, cache_salt)
     prefix = key_prefix(namespace, chunk_size)
@@ -126,7 +127,7 @@ def _state(prompt, k: int, meta, payload) -> str:
     return judge(meta, payload, prompt.token_digest(k))
 
 
-def absent_warnings(client: redis.Redis, maps: list[ChunkMap]) -> list[ChunkMap]:
+def absent_warnings(client: redis.Redis | RedisCluster, maps: list[ChunkMap]) -> list[ChunkMap]:
     """``maps`` with a warning on each map whose first chunk is missing (nothing at either of its keys), naming
     what its namespace does hold (models, chunk sizes, key counts): a silent miss is often another seed, model or
     chunk size, or a typo. A first chunk that is there but damaged gets no such warning: its status says what is

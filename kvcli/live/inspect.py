@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.live.reading import execute_read, read_key_facts, reader
 from kvcli.store import cluster
@@ -197,7 +198,7 @@ class _Space:
         self.odd_payloads: set[str] = set()  # payload-named keys that hold another type (counted as other keys)
 
 
-def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int | None = None,
+def inspect_cache(client: redis.Redis | RedisCluster, namespace: str | None = None, sample: int | None = None,
                   verify: bool | None = None) -> Inspection:
     """Read every kvcli key once (read-only, over one NO-TOUCH connection: :func:`reader`) and summarise it.
 
@@ -217,7 +218,8 @@ def inspect_cache(client: redis.Redis, namespace: str | None = None, sample: int
     return result
 
 
-def _inspect(client: redis.Redis, namespace: str | None, sample: int | None, verify: bool | None) -> Inspection:
+def _inspect(client: redis.Redis | RedisCluster, namespace: str | None, sample: int | None,
+             verify: bool | None) -> Inspection:
     t0 = time.perf_counter()
     is_cluster = cluster.is_cluster(client)
     cluster.check_whole(client)  # before INFO: a cluster that is not whole is refused, not summed

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.live.inspect import SCAN_COUNT, ShardView, quotas, shard_skew, shard_views, shards_to_dict
 from kvcli.live.reading import execute_read, read_key_facts, reader
@@ -140,7 +141,7 @@ class LMCacheInspection:
                 "groups": [g.to_dict() for g in self.groups]}
 
 
-def inspect_lmcache(client: redis.Redis, sample: int | None = None) -> LMCacheInspection:
+def inspect_lmcache(client: redis.Redis | RedisCluster, sample: int | None = None) -> LMCacheInspection:
     """Read every LMCache key once (read-only, one NO-TOUCH connection) and summarise it by model.
 
     Args:
@@ -250,23 +251,24 @@ def _groups(chunks: dict[bytes, _Chunk]) -> list[LMCacheGroup]:
             if chunk.meta is None:
                 g.issues["orphan_kv_bytes"].append(name)
         if chunk.meta is not None:
-            _record(g, chunk, name)
+            _record(g, chunk, chunk.meta, name)
         for usage in chunk.memory.values():
             g.memory_bytes = (g.memory_bytes or 0) + usage
             g.memory_sampled_keys += 1
     for g in groups.values():
         keys = g.metadata_keys + g.kv_keys
-        if g.memory_sampled_keys and g.memory_sampled_keys < keys:
+        if g.memory_bytes is not None and g.memory_sampled_keys < keys:  # None: no key's memory was read
             g.memory_bytes = int(g.memory_bytes * keys / g.memory_sampled_keys)
     return [groups[m] for m in sorted(groups)]
 
 
-def _record(g: LMCacheGroup, chunk: _Chunk, name: str) -> None:
-    """Account one metadata value: decode it, check it against the kv bytes, keep the first complete chunk."""
+def _record(g: LMCacheGroup, chunk: _Chunk, meta: bytes, name: str) -> None:
+    """Account the chunk's metadata value ``meta``: decode it, check it against the kv bytes, keep the first complete
+    chunk."""
     g.metadata_keys += 1
-    g.metadata_value_bytes += len(chunk.meta)
+    g.metadata_value_bytes += len(meta)
     try:
-        record = unpack_record(chunk.meta)
+        record = unpack_record(meta)
     except ValueError:
         g.issues["bad_metadata"].append(name)
         return
@@ -280,7 +282,7 @@ def _record(g: LMCacheGroup, chunk: _Chunk, name: str) -> None:
     else:
         g.chunks += 1
         if g.example is None:
-            g.example = _example(chunk.key, record, chunk.meta)
+            g.example = _example(chunk.key, record, meta)
 
 
 def _example(key: LMCacheKey, record: RemoteRecord, raw: bytes) -> dict:

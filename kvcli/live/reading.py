@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
@@ -36,7 +37,7 @@ return o"""
 
 
 @contextlib.contextmanager
-def reader(client: redis.Redis) -> Iterator[redis.Redis]:
+def reader(client: redis.Redis | RedisCluster) -> Iterator[redis.Redis | RedisCluster]:
     """A client for inspect's reads: ONE connection to ``client``'s server (to each primary of a cluster; a pool of
     one, so every command and pipeline goes over it; a second connection would be an error, not a silent bypass;
     made by :func:`kvcli.store.server.no_touch_client`), in ``CLIENT NO-TOUCH ON`` mode from its first command on

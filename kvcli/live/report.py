@@ -42,8 +42,8 @@ def _jsonable(obj):
 
 def print_view(console: Console, shown: RenderableType) -> None:
     """Print a view on ``console``: each table split by columns when too wide, never cut (its first
-    ``keep_columns``, default 1, repeated in each part: the columns that name a row); text unwrapped when
-    ``console`` is not a terminal (a grep finds a line whole)."""
+    :attr:`PlainTable.keep_columns`, default 1, repeated in each part: the columns that name a row); text unwrapped
+    when ``console`` is not a terminal (a grep finds a line whole)."""
     for part in getattr(shown, "renderables", [shown]):
         if isinstance(part, Table):
             print_table(console, part, keep=getattr(part, "keep_columns", 1))
@@ -51,11 +51,18 @@ def print_view(console: Console, shown: RenderableType) -> None:
             console.print(part, soft_wrap=isinstance(part, Text) and not console.is_terminal)
 
 
-def plain_table(title: str, columns: list[str], rows: list[list]) -> Table:
+class PlainTable(Table):
+    """A rich table that knows how many of its first columns name a row (:func:`print_view` repeats them in each
+    part of a table split by columns)."""
+
+    keep_columns = 1
+
+
+def plain_table(title: str, columns: list[str], rows: list[list]) -> PlainTable:
     """A table whose title and cells are plain text: names from the server (namespaces, models) are never read as
     rich markup (``[/]`` would raise, ``[p]`` would vanish). Integers get thousands separators; the first column is
     left-aligned, the others right-aligned."""
-    table = Table(title=Text(title), title_justify="left")
+    table = PlainTable(title=Text(title), title_justify="left")
     for i, c in enumerate(columns):
         table.add_column(c, justify="left" if i == 0 else "right")
     for row in rows:
@@ -130,7 +137,7 @@ def inspect_view(r: Inspection) -> Group:
     maxmemory = fmt_bytes(s.maxmemory) if s.maxmemory else "none"
     server = (f"server {s.version}: used_memory {fmt_bytes(s.used_memory)}, maxmemory {maxmemory} ({s.policy}), "
               f"evicted_keys {s.evicted_keys:,}, expired_keys {s.expired_keys:,}" if s.known else f"server: {s.note}")
-    parts = [table]
+    parts: list[RenderableType] = [table]
     if r.cluster:
         parts.append(shards_table(r.shards, "kvcli", r.kvcli_keys, r.skew))
         server = "cluster totals, " + server
@@ -186,7 +193,8 @@ def lmcache_view(r: LMCacheInspection) -> Group:
     s = r.server
     memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
               else f"sampled {r.memory_sampled:,} keys across the models, scaled")
-    parts = [table, shards_table(r.shards, "lmcache", r.lmcache_keys, r.skew)] if r.cluster else [table]
+    parts: list[RenderableType] = [table, shards_table(r.shards, "lmcache", r.lmcache_keys, r.skew)] if r.cluster \
+        else [table]
     if r.legacy_keys:
         models = ", ".join(f"{m} ({n:,})" for m, n in r.legacy_models.most_common())
         parts.append(Text(f"older layout: {r.legacy_keys:,} keys in LMCache {LEGACY_VERSIONS}'s layout "
@@ -202,7 +210,7 @@ def lmcache_view(r: LMCacheInspection) -> Group:
 def map_view(maps: list[ChunkMap]) -> Group:
     """``kvcli inspect --prompt/--tokens/--request``: per chunk size, one row per full chunk (hash, tokens, status,
     TTL), then the hit / prefill split and where the hit run breaks."""
-    parts = []
+    parts: list[RenderableType] = []
     for m in maps:
         rows = [[r.index, r.hash[:16], f"{r.start}-{r.end}", r.status, "–" if r.ttl is None else f"{r.ttl:.0f} s"]
                 for r in m.rows]

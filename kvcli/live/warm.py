@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import redis
 import torch
+from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError, RedisFailure, redis_error_text
 from kvcli.model.presets import ModelSpec
@@ -167,7 +168,7 @@ class _Plan:
     pttl: tuple[int, ...] = ()
 
 
-def make_stores(client: redis.Redis, spec: ModelSpec, config: WarmConfig) -> list[ChunkStore]:
+def make_stores(client: redis.Redis | RedisCluster, spec: ModelSpec, config: WarmConfig) -> list[ChunkStore]:
     """One :class:`ChunkStore` per chunk size: real payloads, the run's namespace, tokenizer and TTL."""
     return [ChunkStore(client, StoreConfig(config.namespace, cs, spec.model_id, config.tokenizer, spec.kv_shape,
                                            spec.dtype, ttl=config.ttl, kv_dtype=config.kv_dtype,
@@ -251,7 +252,7 @@ def plan_bytes(stores: Sequence[ChunkStore], planned: Sequence[SizeTotals]) -> i
 Progress = Callable[[int, int, int, int], None]
 
 
-def warm(client: redis.Redis, requests: Sequence[Request], model, config: WarmConfig,
+def warm(client: redis.Redis | RedisCluster, requests: Sequence[Request], model, config: WarmConfig,
          progress: Progress | None = None, spec: ModelSpec | None = None,
          notify: Callable[[str], None] | None = None) -> WarmResult:
     """Warm ``requests`` into ``config.namespace`` for every chunk size (or only estimate it, ``dry_run``).

@@ -23,6 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import KvcliError
 from kvcli.model.costcurve import PrefillSample
@@ -79,7 +80,7 @@ class Lane:
         ledger: this store's per request records (tokens; seconds) for the savings.
     """
 
-    def __init__(self, store: KVStore, rate: ServerRates, config: ReplayConfig, client: redis.Redis,
+    def __init__(self, store: KVStore, rate: ServerRates, config: ReplayConfig, client: redis.Redis | RedisCluster,
                  batched: bool = False, quiet=None) -> None:
         cs = store.config.chunk_size
         self.store = store

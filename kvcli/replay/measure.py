@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import redis
 import xxhash
+from redis.cluster import RedisCluster
 
 from kvcli.model.costcurve import PrefillCost, prefill_clock
 from kvcli.prefixkv import concat_kv
@@ -150,7 +151,7 @@ def probe_plan(value_bytes: int, room: int | None = None) -> tuple[int, int]:
     return chunks, size
 
 
-def calibrate_transfer(client: redis.Redis, store: KVStore, room: int | None = None) -> ServerRates:
+def calibrate_transfer(client: redis.Redis | RedisCluster, store: KVStore, room: int | None = None) -> ServerRates:
     """Chunk SET and GET costs on this server, as one round trip plus a cost per chunk, and serialize and
     deserialize costs per chunk here, measured now (:class:`~kvcli.replay.network.ServerRates`).
 
@@ -241,7 +242,7 @@ def _copy_with_header(data: bytearray) -> bytearray:
     return out
 
 
-def ping_seconds(client: redis.Redis, repeats: int = 5) -> float:
+def ping_seconds(client: redis.Redis | RedisCluster, repeats: int = 5) -> float:
     """The server's round trip (seconds): the fastest of ``repeats`` PINGs."""
     best = float("inf")
     for _ in range(repeats):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.replay.measure import probe_plan
 from kvcli.store.chunkstore import ChunkStore, chunk_metadata
@@ -72,8 +73,8 @@ def probe_bytes(store: KVStore, mem: ServerMemory) -> int:
     return keys_bytes(chunks, int(store.key_bytes_per_chunk / 2), size)
 
 
-def replay_preflight(client: redis.Redis, stores: Sequence[KVStore], reader: Callable[[], Iterable[Request]],
-                     limit: int, measured_heads: Sequence[int]) -> Preflight:
+def replay_preflight(client: redis.Redis | RedisCluster, stores: Sequence[KVStore],
+                     reader: Callable[[], Iterable[Request]], limit: int, measured_heads: Sequence[int]) -> Preflight:
     """The server's memory against what replaying the first ``limit`` requests will write (module docstring).
 
     Args:

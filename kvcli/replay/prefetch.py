@@ -143,7 +143,7 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
         send.send(None)
     except BrokenPipeError:  # the replay stopped reading: it ended or failed
         pass
-    except Exception as exc:  # noqa: BLE001 - anything goes back as one line
+    except Exception as exc:  # anything goes back as one line
         kind = type(exc) if isinstance(exc, KvcliError) else BadInputError if isinstance(exc, ValueError) else (
             KvcliError)
         try:

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.model.costcurve import PrefillCost, PrefillSample
@@ -138,8 +139,8 @@ class Replayer:
             (:func:`kvcli.store.kvstore.purge_run`) instead of deleting the keys the run recorded.
     """
 
-    def __init__(self, client: redis.Redis, model, curve: PrefillCost, tokenizer: str, config: ReplayConfig,
-                 spec: ModelSpec | None = None, calibration: Calibration | None = None,
+    def __init__(self, client: redis.Redis | RedisCluster, model, curve: PrefillCost, tokenizer: str,
+                 config: ReplayConfig, spec: ModelSpec | None = None, calibration: Calibration | None = None,
                  model_config: ModelConfig | None = None, *, notify: Callable[[str], None] | None = None,
                  remedy: Callable[[str], str] | None = None, units=None, prefetch: bool | None = None,
                  device: DeviceRates | None = None, phase: Callable[[str], None] | None = None,

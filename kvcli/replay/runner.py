@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError
 from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
@@ -188,7 +189,7 @@ def roofline_cost(options: ModelOptions, spec: ModelSpec,
     return cost, DeviceRates(link, link, f"{accelerator.label}'s {accelerator.host_link} at its peak rate")
 
 
-def run_replay(client: redis.Redis, target: RedisTarget, paths: str | Path | list, config: ReplayConfig,
+def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: str | Path | list, config: ReplayConfig,
                model_options: ModelOptions, fmt: str | TraceFormat = "auto", tokenizer: str | None = None,
                events: ReplayEvents | None = None, jobs: int | None = 1,
                ray: str | None = None) -> tuple[list[TraceResult], dict]:
@@ -320,7 +321,7 @@ def _itemsize(dtype) -> int:
     return dtype_bytes(dtype)
 
 
-def _server_version(client: redis.Redis) -> str:
+def _server_version(client: redis.Redis | RedisCluster) -> str:
     mem = server_memory(client)  # the first primary's on a cluster ("mixed" when they differ)
     return mem.version if mem.known else f"? ({INFO_REFUSED})"
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.model.costcurve import PrefillSample
 from kvcli.replay.lane import Lane
@@ -37,7 +38,7 @@ BATCH_CHUNKS = 1 << 16
 
 
 def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], upper_bound: bool,
-                  client: redis.Redis, model, config: ReplayConfig, prefetch: bool | None = None,
+                  client: redis.Redis | RedisCluster, model, config: ReplayConfig, prefetch: bool | None = None,
                   progress: Callable[[int, int], None] | None = None) -> Part:
     """Replay the whole trace of ``work`` through ``stores`` (the stores ``indices`` of ``work.stores``, on
     ``client``) and return their picklable results; with ``upper_bound``, this unit also runs the token-granular

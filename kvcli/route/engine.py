@@ -79,10 +79,9 @@ class Records:
     @classmethod
     def empty(cls, count: int) -> Records:
         """Records of ``count`` requests, none routed yet (node -1, times and delays 0)."""
-        times = {name: [0.0] * count for name in ("dispatch", "prefill_start", "first_token", "finish",
-                                                  "injected", "measured")}
-        return cls(node=[-1] * count, hit_tokens=[0] * count, looked_up=[False] * count,
-                   timed_out=[False] * count, **times)
+        return cls(node=[-1] * count, hit_tokens=[0] * count, dispatch=[0.0] * count, prefill_start=[0.0] * count,
+                   first_token=[0.0] * count, finish=[0.0] * count, injected=[0.0] * count, measured=[0.0] * count,
+                   looked_up=[False] * count, timed_out=[False] * count)
 
 
 class EventLoop:
@@ -144,7 +143,7 @@ class EventLoop:
         # Most tokens a request can reuse (all but the last): reusable_tokens(hit, prompt) == min(hit, limit).
         prompt_array = np.array(prompt, dtype=np.int64)
         limit = reusable_tokens(prompt_array, prompt_array).tolist()
-        queues = [deque() for _ in range(nodes)]
+        queues: list[deque[int]] = [deque() for _ in range(nodes)]  # per node, request indices waiting
         active, prefilling, estimate = [0] * nodes, [False] * nodes, [0] * count
         load_tokens, load_requests = view.load_tokens, view.load_requests
         out = Records.empty(count)

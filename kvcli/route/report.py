@@ -17,6 +17,7 @@ import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich import box
@@ -73,7 +74,7 @@ def sweep_points(config: SimConfig, sweeps: list[str], kv_bytes_per_token) -> li
             not parse or that SimConfig rejects (naming the parameter and the value).
     """
     parsers = _sweep_parsers(kv_bytes_per_token)
-    axes = []
+    axes: list[list[tuple[str, str, str, Any]]] = []  # per sweep: (name, text, field, value) per value
     for text in sweeps:
         name, _, values = (part.strip() for part in text.partition("="))
         if name not in parsers or not values:
@@ -386,6 +387,7 @@ def _place_labels(fig, ax, labels: list[tuple[float, float, str]], points: list[
                 note.remove()
             if score == 0:
                 break
+        assert best is not None  # _LABEL_SPOTS is not empty
         placed.append(best[2])
 
 
@@ -440,7 +442,7 @@ def plot_figure(report: dict):
         subs = (1.0, 2.0, 5.0) if decades <= 2.5 else (1.0, 3.0) if decades <= 4 else (1.0,)
         ax.xaxis.set_major_locator(LogLocator(base=10, subs=subs))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=np.arange(2, 10)))
+        ax.xaxis.set_minor_locator(LogLocator(base=10, subs=range(2, 10)))
         ax.xaxis.set_minor_formatter(NullFormatter())
     ax.margins(x=0.06, y=0.08)
     ax.set_xlabel(f"TTFT p99 (s{', log scale' if log else ''})")

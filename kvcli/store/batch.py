@@ -56,7 +56,9 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
+
+import redis
 
 from kvcli.errors import RedisFailure
 from kvcli.store.calls import RedisUnavailable, ScriptKilled, ServerBusy, execute_pipeline
@@ -403,7 +405,7 @@ class Batcher:
         try:
             while self._unread > 0 and self._conn is not None:  # every script sent, even one whose reply a
                 self._eval()  # Ctrl-C stopped waiting for: it may not have run yet
-        except Exception:  # noqa: BLE001 - a broken connection: whatever the server had, it ran or dropped
+        except Exception:  # a broken connection: whatever the server had, it ran or dropped
             pass
         finally:
             self._due = []
@@ -516,8 +518,8 @@ class Batcher:
     def _pack(self, *args) -> list:
         """One command packed for this batcher's connection (made here, not connected yet, the first time: its
         own, so that replies come back in the order sent)."""
-        if self._conn is None:
-            self._conn = self.store.client.connection_pool.make_connection()
+        if self._conn is None:  # only a scripted batch packs commands, and only on a single server: a plain client
+            self._conn = cast(redis.Redis, self.store.client).connection_pool.make_connection()
         return self._conn.pack_command(*args)
 
     def _eval(self, packed: list | None = None, scripts: int = 0):

@@ -29,6 +29,7 @@ import functools
 from collections.abc import Callable
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import RedisFailure, redis_error_text
 from kvcli.store.busy import Backoff, is_busy, is_script_killed
@@ -70,7 +71,7 @@ class Calls:
             None: never checked.
     """
 
-    def __init__(self, client: redis.Redis, stats: StoreStats, tolerate_unavailable: bool = False,
+    def __init__(self, client: redis.Redis | RedisCluster, stats: StoreStats, tolerate_unavailable: bool = False,
                  mark: RunMark | None = None) -> None:
         self.client, self.stats, self.tolerate_unavailable, self.mark = client, stats, tolerate_unavailable, mark
         self.shard_trips = ShardTrips(client)  # round trips per shard: {"host:port": count}

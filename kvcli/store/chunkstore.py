@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import redis
 import xxhash
+from redis.cluster import RedisCluster
 
 from kvcli.errors import KvcliError
 from kvcli.prefixkv import concat_kv
@@ -96,7 +97,7 @@ class ChunkStore:
 
     layout = "kvcli"
 
-    def __init__(self, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False,
+    def __init__(self, client: redis.Redis | RedisCluster, config: StoreConfig, tolerate_unavailable: bool = False,
                  scripts: bool = True, mark: RunMark | None = None) -> None:
         self.client = client
         self.config = config
@@ -613,7 +614,7 @@ def _execute_reads(pipe) -> list:
     return replies
 
 
-def check_value_size(client: redis.Redis, config: StoreConfig, value_bytes: int,
+def check_value_size(client: redis.Redis | RedisCluster, config: StoreConfig, value_bytes: int,
                      alternative: str = "--payload accounted") -> int:
     """Refuse ``value_bytes``-byte chunk values over the server's ``proto-max-bulk-len``, real or accounted payloads
     alike (a store the server could not hold is no answer, and a replay's transfer calibration writes values of one

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError
 from kvcli.store.chunkstore import ChunkStore
@@ -82,13 +83,13 @@ class KVStore(Protocol):
         """Bytes of one chunk's key names."""
 
 
-def _lmcache_store(client: redis.Redis, config: StoreConfig) -> KVStore:
+def _lmcache_store(client: redis.Redis | RedisCluster, config: StoreConfig) -> KVStore:
     from kvcli.store.lmcache_store import LMCacheStore  # torch: only a run with this layout loads it
 
     return LMCacheStore(client, config)
 
 
-LAYOUTS: dict[str, Callable[[redis.Redis, StoreConfig], KVStore]] = {
+LAYOUTS: dict[str, Callable[[redis.Redis | RedisCluster, StoreConfig], KVStore]] = {
     "kvcli": ChunkStore,
     "lmcache": _lmcache_store,
 }
@@ -107,7 +108,7 @@ def parse_layouts(text: str) -> tuple[str, ...]:
     return names
 
 
-def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_unavailable: bool = False,
+def make_store(layout: str, client: redis.Redis | RedisCluster, config: StoreConfig, tolerate_unavailable: bool = False,
                mark: RunMark | None = None) -> KVStore:
     """The store of ``layout`` for ``config``. ``tolerate_unavailable``: kvcli's store counts a call that still
     fails after redis-py's retries as a miss (:class:`~kvcli.store.chunkstore.ChunkStore`); the lmcache store
@@ -124,7 +125,7 @@ def make_store(layout: str, client: redis.Redis, config: StoreConfig, tolerate_u
     return LAYOUTS[layout](client, config)
 
 
-def purge_run(client: redis.Redis, namespace: str, layouts: tuple[str, ...], own_server: bool = False,
+def purge_run(client: redis.Redis | RedisCluster, namespace: str, layouts: tuple[str, ...], own_server: bool = False,
               stores: list[KVStore] | None = None, keys: Iterable[str] = ()) -> int:
     """Delete what a run wrote under ``namespace`` (its own, fresh) in each of ``layouts``; its own keys only.
     Returns the keys deleted.
@@ -167,7 +168,7 @@ def check_purge_layout(layout: str, chunk_size: int | None) -> None:
         raise BadInputError("--chunk-size: not with --layout lmcache (its keys are deleted by namespace)")
 
 
-def count_layout(client: redis.Redis, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
+def count_layout(client: redis.Redis | RedisCluster, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
     """What :func:`purge_layout` would delete now (:func:`kvcli.store.namespace.count`, or for LMCache's layout
     :func:`kvcli.store.lmcache_store.count_namespace`). Read-only. Raises BadInputError, RedisFailure."""
     check_purge_layout(layout, chunk_size)
@@ -178,7 +179,7 @@ def count_layout(client: redis.Redis, namespace: str, chunk_size: int | None, la
     return count_namespace(client, namespace)
 
 
-def purge_layout(client: redis.Redis, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
+def purge_layout(client: redis.Redis | RedisCluster, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
     """Delete ``namespace``'s keys of ``layout`` (and ``chunk_size``, kvcli's layout only): what was found, with
     ``deleted`` (:func:`kvcli.store.namespace.purge`; :func:`kvcli.store.lmcache_store.count_namespace`). Raises
     BadInputError, RedisFailure."""

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 
 import redis
 import torch
+from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_text
 from kvcli.store import cluster
@@ -75,7 +76,8 @@ class LMCacheStore:
 
     layout = "lmcache"
 
-    def __init__(self, client: redis.Redis, config: StoreConfig, world_size: int = 1, worker_id: int = 0) -> None:
+    def __init__(self, client: redis.Redis | RedisCluster, config: StoreConfig, world_size: int = 1,
+                 worker_id: int = 0) -> None:
         if config.read_namespace:
             raise BadInputError("--namespace reads kvcli's own layout; it cannot be read with --layout lmcache")
         if config.capacity_tokens or config.capacity_bytes or config.ttl:
@@ -305,7 +307,7 @@ class LMCacheStore:
         return 2 * base + len(METADATA_SUFFIX) + len(KV_SUFFIX)
 
 
-def _namespace_keys(client: redis.Redis, namespace: str) -> Iterator[tuple[bytes, str]]:
+def _namespace_keys(client: redis.Redis | RedisCluster, namespace: str) -> Iterator[tuple[bytes, str]]:
     """``(key, "metadata" | "kv_bytes")`` of each LMCache-layout key whose ``model_name`` starts with
     ``{namespace}/`` (SCAN MATCH of every shard, never KEYS; a key that does not parse as LMCache's is left out)."""
     prefix = namespace + "/"
@@ -316,7 +318,7 @@ def _namespace_keys(client: redis.Redis, namespace: str) -> Iterator[tuple[bytes
                 yield key, parsed[1]
 
 
-def count_namespace(client: redis.Redis, namespace: str, delete: bool = False) -> PurgeCount:
+def count_namespace(client: redis.Redis | RedisCluster, namespace: str, delete: bool = False) -> PurgeCount:
     """The LMCache-layout keys of ``namespace`` (:func:`_namespace_keys`) as ``kvcli purge`` counts them:
     metadata keys and KV keys (payloads); with ``delete``, also deleted as they are found (UNLINK in batches),
     ``deleted`` the number the server removed. Read-only otherwise.
@@ -342,7 +344,7 @@ def count_namespace(client: redis.Redis, namespace: str, delete: bool = False) -
     return found
 
 
-def purge_namespace(client: redis.Redis, namespace: str) -> int:
+def purge_namespace(client: redis.Redis | RedisCluster, namespace: str) -> int:
     """Delete a replay's LMCache-layout keys (:func:`count_namespace` with ``delete``). Returns the number deleted.
 
     Raises:

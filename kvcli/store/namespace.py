@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
@@ -164,7 +165,7 @@ def _prefix(namespace: str) -> bytes:
     return f"{KEY_ROOT}:{KEY_VERSION}:{namespace}:".encode()
 
 
-def count(client: redis.Redis, namespace: str, chunk_size: int | None = None) -> PurgeCount:
+def count(client: redis.Redis | RedisCluster, namespace: str, chunk_size: int | None = None) -> PurgeCount:
     """How many keys :func:`purge` would delete now, by kind and chunk size. Read-only."""
     result = PurgeCount(namespace, chunk_size, by_shard={name: 0 for name, _ in cluster.shards(client)})
     for shard, batch in _matching(client, namespace, chunk_size):
@@ -173,7 +174,7 @@ def count(client: redis.Redis, namespace: str, chunk_size: int | None = None) ->
     return result
 
 
-def purge(client: redis.Redis, namespace: str, chunk_size: int | None = None, pipeline_batches: int = 16
+def purge(client: redis.Redis | RedisCluster, namespace: str, chunk_size: int | None = None, pipeline_batches: int = 16
           ) -> PurgeCount:
     """Delete kvcli's keys of ``namespace`` (and ``chunk_size``): UNLINK of each SCAN batch, pipelined.
 
@@ -225,7 +226,7 @@ return {scan[1], deleted}
 """
 
 
-def purge_own(client: redis.Redis, namespace: str) -> int:
+def purge_own(client: redis.Redis | RedisCluster, namespace: str) -> int:
     """Delete a namespace that this process created and alone wrote (a replay's own, named at random, where its
     record of what it wrote is incomplete: :func:`kvcli.store.kvstore.purge_run`): one script
     per SCAN step deletes the matching keys inside the server, so no key crosses the network (a replay's cleanup of
@@ -339,7 +340,7 @@ class SizeContents:
     sampled: int = 0
 
 
-def contents(client: redis.Redis, namespace: str, sample: int = 100) -> dict[int, SizeContents]:
+def contents(client: redis.Redis | RedisCluster, namespace: str, sample: int = 100) -> dict[int, SizeContents]:
     """What ``namespace`` holds, per chunk size: metadata and payload keys (counted over one SCAN) and the models
     named by up to ``sample`` metadata values per chunk size (read with MGET). Read-only.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import redis
+from redis.cluster import RedisCluster
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
@@ -176,7 +177,7 @@ class Preflight:
                 "message": self.message}
 
 
-def preflight(client: redis.Redis, need_bytes: int | None, mem: ServerMemory | None = None,
+def preflight(client: redis.Redis | RedisCluster, need_bytes: int | None, mem: ServerMemory | None = None,
               writes_ttl: bool = False) -> Preflight:
     """Compare ``need_bytes`` (from :func:`keys_bytes`) with ``maxmemory - used_memory``.
 
@@ -236,7 +237,7 @@ def _cluster_preflight(mem: ServerMemory, need_bytes: int, writes_ttl: bool) -> 
                      worst is None, message, mem.evicted_keys, worst is None or evicts[worst.name])
 
 
-def evicted_since(client: redis.Redis, before: Preflight | ServerMemory) -> int | None:
+def evicted_since(client: redis.Redis | RedisCluster, before: Preflight | ServerMemory) -> int | None:
     """Keys the server evicted since ``before`` was read (INFO ``evicted_keys`` delta; whoever caused them), or
     None when the counter cannot be read (then, or now: INFO refused, or the server unreachable)."""
     start = before.evicted_keys_before if isinstance(before, Preflight) else before.evicted_keys
