@@ -91,7 +91,8 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def _session_server():
-    with embedded_server() as url:
+    """A private server on a free loopback port (TCP: tests put a proxy in front of it and read its port)."""
+    with embedded_server(tcp=True) as url:
         yield url
 
 
@@ -283,11 +284,12 @@ def redis_client(redis_url, server_kind):
 
 @pytest.fixture
 def make_server():
-    """Factory: ``make_server(**config) -> url`` starts one more private server with settings; all stop at teardown."""
+    """Factory: ``make_server(**config) -> url`` starts one more private server with settings, on a free loopback
+    port (as :func:`_session_server`); all stop at teardown."""
     stack = contextlib.ExitStack()
 
     def start(**config: str) -> str:
-        return stack.enter_context(embedded_server(**config))
+        return stack.enter_context(embedded_server(tcp=True, **config))
 
     with stack:
         yield start

@@ -315,7 +315,8 @@ def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool, 
     if ray is not None:
         if embedded and ray != "local":
             raise BadInputError(f"--ray {ray}: the cluster's machines cannot reach the embedded Redis server "
-                                f"(127.0.0.1); give --redis-url (or REDIS_URL) of a server they can reach")
+                                f"(a unix socket on this machine); give --redis-url (or REDIS_URL) of a server they "
+                                f"can reach")
         return RayUnits(ray, jobs, setup)
     jobs = default_jobs(runs_model) if jobs is None else jobs
     stores = len(setup.config.chunk_sizes) * len(setup.config.layouts)

