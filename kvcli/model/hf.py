@@ -159,7 +159,8 @@ class HFModel:
     with :func:`load_checkpoint`.
 
     Attributes:
-        checkpoint: the folder's :class:`~kvcli.model.checkpoint.Checkpoint`. module: the transformers model.
+        checkpoint: the folder's :class:`~kvcli.model.checkpoint.Checkpoint`. module: the transformers model, in
+            eval mode, its parameters frozen (``requires_grad`` False).
         config: its shapes (:class:`~kvcli.model.presets.ModelConfig`; ``config.vocab`` is the embedding size).
         dtype, device, model_id, spec, kv_bytes_per_token: as LocalModel's (``kv_bytes_per_token``: the attention
             layers' only; a hybrid model's chunk also carries ``config.state_bytes``).
@@ -358,6 +359,9 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
         dtype: ``"float32"/"bfloat16"/"float16"`` (and short forms); None for the checkpoint's own dtype.
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ...
 
+    Returns:
+        An :class:`HFModel`; its module in eval mode with every parameter frozen (``requires_grad`` False).
+
     Raises:
         BadInputError: not a supported checkpoint folder (:func:`read_checkpoint`); linear-attention or Mamba
             layers of a model type outside :data:`RESUMABLE`, or MLP-only blocks in a model without them; no
@@ -386,4 +390,8 @@ def load_checkpoint(path: str, dtype: str | None = None, device: str = "auto") -
     if missing:
         raise ModelFailure(f"checkpoint {path} lacks {len(missing)} weights (e.g. {missing[0]}); they would be "
                            "random")
-    return HFModel(checkpoint, module.to(dev).eval(), torch_dtype, dev)
+    # Only forwards run, so no parameter needs a gradient. Frozen, no submodule call receives a tensor that requires
+    # one (transformers passes the conv weight of a linear-attention or Mamba layer to its kernel wrapper module):
+    # torch's ModuleTracker, inside FlopCounterMode, hooks the gradient of each such argument, which fails under
+    # prefill's inference_mode, where no autograd graph is built.
+    return HFModel(checkpoint, module.to(dev).eval().requires_grad_(False), torch_dtype, dev)

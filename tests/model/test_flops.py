@@ -212,13 +212,15 @@ HYBRIDS = {"qwen3_next": lambda: tiny_config("qwen3_next", 300, 4),
 
 @pytest.fixture(scope="module")
 def hybrid_models():
-    """name -> (transformers model in eval mode, its ModelConfig), seeded random weights, float32."""
+    """name -> (transformers model in eval mode, parameters frozen, its ModelConfig), seeded random weights, float32."""
     out = {}
     for name, make in HYBRIDS.items():
         config = make()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            model = transformers().AutoModelForCausalLM.from_config(config).eval()
+            # frozen, as kvcli.model.hf.load_checkpoint leaves its models: under inference_mode torch's
+            # ModuleTracker (inside FlopCounterMode) fails on a submodule argument that requires a gradient
+            model = transformers().AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
         model.config._experts_implementation = "eager"  # each expert on its tokens: mm the counter sees
         out[name] = (model, shapes_from_config(name, config, "float32"))
     return out
