@@ -5,7 +5,7 @@
 #
 #   . .venv/bin/activate && bash requirements/refresh.sh
 #
-# The locks are universal (every platform and Python >= 3.10, with markers) and hash every file, so pip installs
+# The locks are universal (every platform and Python >= 3.11, with markers) and hash every file, so pip installs
 # exactly these files or fails. torch is left out: the README installs it first, on its own (the CPU build here;
 # a bare requirement could pull a multi-GB CUDA build), and its CPU build's requirements are locked in its place.
 set -euo pipefail
@@ -26,7 +26,7 @@ for text in md.requires("torch") or []:
     print(text)
 PY
 echo "torch; python_version < '0'" >"$tmp/no-torch.txt"  # an override whose marker never holds: torch unlocked
-common=(--universal --python-version 3.10 --generate-hashes --override "$tmp/no-torch.txt" --no-header
+common=(--universal --python-version 3.11 --generate-hashes --override "$tmp/no-torch.txt" --no-header
         --index-url https://pypi.org/simple --quiet)
 "$uv" pip compile "${common[@]}" pyproject.toml --extra test "$tmp/torch-deps.in" -o requirements/test.txt
 # main.txt: the runtime set, at the versions test.txt chose
