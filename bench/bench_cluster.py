@@ -30,8 +30,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 
 from kvcli.store.chunkstore import ChunkStore
+from kvcli.store.localcluster import embedded_cluster
 from kvcli.store.records import StoreConfig
-from kvcli.store.server import connect, embedded_cluster, embedded_server
+from kvcli.store.server import connect, embedded_server
 
 PROMPTS = 200
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from kvcli.version import __version__
 
 _EXPORTS = {
     "read_trace": "kvcli.traces.detect",

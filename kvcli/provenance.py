@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvcli.redact import mask_argv
+from kvcli.version import __version__
 
 LIBRARIES = ("torch", "redis", "numpy", "xxhash", "transformers")  # distributions whose versions a document names
 
@@ -41,8 +42,6 @@ def elapsed_seconds() -> float:
 
 def provenance() -> dict:
     """This command's provenance object (module docstring): JSON-ready, passwords masked."""
-    from kvcli import __version__
-
     wall, argv = _clock["wall"], _clock["argv"]
     assert isinstance(wall, float)
     started = datetime.fromtimestamp(wall, tz=timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")

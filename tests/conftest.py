@@ -29,7 +29,8 @@ from redis.exceptions import RedisClusterException
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
-from kvcli.store.server import embedded_cluster, embedded_server
+from kvcli.store.localcluster import embedded_cluster
+from kvcli.store.server import embedded_server
 
 # One OpenMP thread for torch (and numpy's BLAS) in this process and every process a test starts, unless the caller
 # says otherwise: the workers already share the cores, and a tiny model's ops are microseconds, where a second
@@ -116,7 +117,7 @@ def start_cluster(primaries: int = 3) -> tuple[contextlib.ExitStack, str]:
 
 class ClusterInBackground:
     """:func:`start_cluster` in a thread: a new cluster's primaries wait ~2 s before they accept writes
-    (kvcli.store.server.embedded_cluster), time in which the caller goes on (collecting tests, starting other
+    (kvcli.store.localcluster.embedded_cluster), time in which the caller goes on (collecting tests, starting other
     clusters). :meth:`wait` and :meth:`url` wait for it; :meth:`close` stops it."""
 
     def __init__(self) -> None:

@@ -49,6 +49,7 @@ from kvcli.errors import BadInputError, KvcliError, RedisFailure, redis_error_te
 from kvcli.redact import mask_url
 from kvcli.replay.events import ReplayEvents
 from kvcli.units import parse_size
+from kvcli.version import __version__
 
 if TYPE_CHECKING:
     from kvcli.replay.results import ReplayConfig, TraceResult
@@ -61,8 +62,6 @@ err = Console(stderr=True, soft_wrap=True)  # stderr lines are never hard-wrappe
 
 def _version(value: bool) -> None:
     if value:
-        from kvcli import __version__
-
         typer.echo(f"kvcli {__version__}")
         raise typer.Exit()
 

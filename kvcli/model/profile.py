@@ -39,6 +39,7 @@ from kvcli.model.presets import ModelConfig, check_dtype, dtype_short
 from kvcli.provenance import cpu_model, host_facts, ram_bytes
 from kvcli.redact import mask_argv
 from kvcli.units import dtype_key, json_document
+from kvcli.version import __version__
 
 if TYPE_CHECKING:
     import torch
@@ -336,7 +337,6 @@ def measure_profile(model, max_tokens: int | None = None, repeats: int = 3, prog
         BadInputError: ``max_tokens`` < 512, ``repeats`` < 1. ModelFailure: no point could be timed (all
             skipped), or a value failed its checksum on load.
     """
-    from kvcli import __version__
     from kvcli.model.llama import available_bytes
 
     max_tokens = model.config.context if max_tokens is None else max_tokens

@@ -1,6 +1,7 @@
 """The chunk-hash KV-cache store: chunk hashes, key layout and metadata, KV serialization, the store on Redis
-(lookup, retrieve, store), the one LRU over chunks, namespace scans, connections and the embedded server; the
-store interface replay drives (kvstore) and LMCache's Redis layout with a store in it (lmcache, lmcache_store).
+(lookup, retrieve, store) and the port its batcher drives it through, the one LRU over chunks, namespace scans,
+connections, the embedded server and a local cluster for tests; the store interface replay drives (kvstore) and
+LMCache's Redis layout with a store in it (lmcache, lmcache_store).
 
 May import: kvcli.errors, kvcli.units, kvcli.redact, kvcli.prefixkv (and torch/numpy/redis/xxhash). Nothing else
 of kvcli.

@@ -25,11 +25,11 @@ batch is answered before the next is sent, so a refusal shows there and nothing 
    by_shard`): the server's state before the batch;
 2. the requests are answered in order, each from that state overlaid with what the batch's earlier requests wrote
    or deleted (the run's namespace is its own: this process is its only writer and knows those values byte for
-   byte), with the code the one-by-one path runs: :meth:`ChunkStore.evaluate` (judged from the metadata and,
-   for a real chunk, its payload's length, read in one more round trip where the batch names one: see
-   :func:`batchable`), :meth:`ChunkStore.plan_write` (the LRU's deletes and the MSET of the missing chunks) and,
-   once the server acknowledged the writes,
-   :meth:`ChunkStore.account_write`;
+   byte), with the code the one-by-one path runs, through the store's :class:`~kvcli.store.batchport.BatchPort`:
+   :meth:`~kvcli.store.batchport.BatchPort.evaluate` (judged from the metadata and, for a real chunk, its
+   payload's length, read in one more round trip where the batch names one: see :func:`batchable`),
+   :meth:`~kvcli.store.batchport.BatchPort.plan_write` (the LRU's deletes and the MSET of the missing chunks) and,
+   once the server acknowledged the writes, :meth:`~kvcli.store.batchport.BatchPort.account_write`;
 3. every request's deletes and writes in request order, in one round trip (a single server: one pipeline of DELs
    and MSETs, the MSETs of consecutive requests without a DEL between them merged into one; a cluster: one DEL or
    SET per key through :func:`~kvcli.store.cluster.by_shard`, whose per-shard order keeps the order of the
@@ -56,11 +56,10 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
-
-import redis
+from typing import Any
 
 from kvcli.errors import RedisFailure
+from kvcli.store.batchport import BatchPort
 from kvcli.store.calls import RedisUnavailable, ScriptKilled, ServerBusy, execute_pipeline
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.cluster import by_shard, uninterrupted
@@ -85,7 +84,7 @@ def batchable(store) -> bool:
     one more round trip where the batch names one."""
     if not isinstance(store, ChunkStore):
         return False
-    cfg = store.config
+    cfg = store.batch_port().config
     return cfg.read_namespace is None and cfg.ttl is None
 
 
@@ -111,41 +110,46 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
         RedisFailure: the server refused a read or a write (e.g. OOM, permissions).
         RedisUnavailable: a call failed after retries and the store does not absorb it (module docstring).
     """
+    return _lookup_and_store(store.batch_port(), prompts, sample_every, quiet)
+
+
+def _lookup_and_store(port: BatchPort, prompts: list[ChunkedPrompt], sample_every: int,
+                      quiet) -> list[tuple[LookupResult, StoreResult]]:
+    """:func:`lookup_and_store` through the store's port."""
     if not prompts:
         return []
-    st = store.stats
-    _sample(store, prompts, sample_every, quiet)
-    st.lookups += len(prompts)
-    st.lookups_pipelined += len(prompts)
+    st, calls = port.stats, port.calls
+    _sample(port, prompts, sample_every, quiet)
+    st.count_pipelined_lookups(len(prompts))
     price = st.mean_lookup_seconds()
-    meta = store.meta_head
+    meta = port.meta_head
     keys = list(dict.fromkeys(meta + x for p in prompts for x in p.hexes))  # distinct: prompts share prefixes
     try:
-        values = store.calls.read(keys) if keys else []
+        values = calls.read(keys) if keys else []
     except RedisUnavailable as exc:
-        store.calls.absorb(exc)
+        calls.absorb(exc)
         return [(LookupResult.failure(len(p.hashes), price), NOTHING_STORED) for p in prompts]
-    st.lookup_round_trips += bool(keys)
+    st.count_lookup_round_trips(bool(keys))
     state = dict(zip(keys, values))  # the server's before the batch, then overlaid with the batch's own writes
     try:
-        lengths = _real_lengths(store, keys, values)
+        lengths = _real_lengths(port, keys, values)
     except RedisUnavailable as exc:
-        store.calls.absorb(exc)
+        calls.absorb(exc)
         return [(LookupResult.failure(len(p.hashes), price), NOTHING_STORED) for p in prompts]
     t0 = time.perf_counter()
-    pipe: Any = None if store.cluster else store.client.pipeline(transaction=False)  # a single server's
+    pipe: Any = None if port.cluster else port.client.pipeline(transaction=False)  # a single server's
     commands: list[tuple] = []  # a cluster: every DEL and SET in request order
     mset: list = []  # a single server: the MSET arguments since the last DEL (one MSET for consecutive requests)
     looks, plans = [], []
     for prompt in prompts:
         metas = [state[meta + x] for x in prompt.hexes]
-        look = store.evaluate(prompt, metas, None if not lengths else store.judged(
+        look = port.evaluate(prompt, metas, None if not lengths else port.judged(
             prompt, metas, [lengths.get(meta + x, NOT_READ) for x in prompt.hexes]), price)
-        plan = store.plan_write(prompt, None, look.hit_chunks, len(prompt.hashes), look)
+        plan = port.plan_write(prompt, None, look.hit_chunks, len(prompt.hashes), look)
         deleted = plan.deletes  # the LRU's victims, deleted before this request's writes
         for key in deleted:
             state[key] = None
-        if store.cluster:
+        if port.cluster:
             commands += [("DEL", key) for key in deleted]
             commands += [("SET", key, value) for key, value in plan.thens]
             state.update(plan.thens)
@@ -164,19 +168,19 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
         pipe.execute_command("MSET", *mset)
     try:
         with uninterrupted():  # sent whole and acknowledged, or not at all
-            if store.cluster and commands:
-                store.calls.call(_write, store.client, commands, store.shard_trips)
-            elif not store.cluster and len(pipe):
-                store.shard_trips.add()
-                store.calls.call(execute_pipeline, pipe, name="EXECUTE")
+            if port.cluster and commands:
+                calls.call(_write, port.client, commands, port.shard_trips)
+            elif not port.cluster and len(pipe):
+                port.shard_trips.add()
+                calls.call(execute_pipeline, pipe, name="EXECUTE")
     except RedisUnavailable as exc:
-        store.calls.absorb(exc)
+        calls.absorb(exc)
         return [(look, NOTHING_STORED) for look in looks]
     seconds = (time.perf_counter() - t0) / len(prompts)
-    return [(look, store.account_write(plan, seconds)) for look, plan in zip(looks, plans)]
+    return [(look, port.account_write(plan, seconds)) for look, plan in zip(looks, plans)]
 
 
-def _real_lengths(store: ChunkStore, keys: list[str], values: list) -> dict[str, int]:
+def _real_lengths(port: BatchPort, keys: list[str], values: list) -> dict[str, int]:
     """The payload STRLEN of every chunk whose metadata (``values`` of metadata ``keys``) records a real payload,
     by metadata key: one more round trip, only where the batch names such a chunk (a real-payload replay's chunks
     are mostly accounted). A chunk the batch itself writes is accounted, so these lengths stay the server's.
@@ -187,28 +191,27 @@ def _real_lengths(store: ChunkStore, keys: list[str], values: list) -> dict[str,
     real = [k for k, v in zip(keys, values) if isinstance(v, bytes) and is_real(v)]
     if not real:
         return {}
-    own, cut = store.payload_head, len(store.meta_head)
-    replies = store.calls.strlens([own + k[cut:] for k in real])
+    own, cut = port.payload_head, len(port.meta_head)
+    replies = port.calls.strlens([own + k[cut:] for k in real])
     return dict(zip(real, replies))
 
 
-def _sample(store: ChunkStore, prompts: list[ChunkedPrompt], sample_every: int, quiet=None) -> None:
+def _sample(port: BatchPort, prompts: list[ChunkedPrompt], sample_every: int, quiet=None) -> None:
     """The latency samples of a batch: one unpipelined, timed lookup (read-only, its answer not used) for the first
     request with a full chunk from every ``sample_every``-th lookup on (counted over the store's life), each inside
     ``quiet()`` when given (a context manager that stops other work of this replay for the timing)."""
-    st = store.stats
+    st = port.stats
     for i, prompt in enumerate(prompts):
         if prompt.hexes and st.lookups_sampled * sample_every <= st.lookups_pipelined + i:  # lookups with a chunk
             with quiet() if quiet is not None else contextlib.nullcontext():
                 t0 = time.perf_counter()
                 try:
-                    store.read_chunks(prompt, record=False)
+                    port.read_chunks(prompt, record=False)
                 except RedisUnavailable as exc:
-                    store.calls.absorb(exc)
+                    port.calls.absorb(exc)
                     continue
                 seconds = time.perf_counter() - t0
-            st.lookup_seconds.append(seconds)
-            st.lookups_sampled += 1
+            st.count_sample(seconds)
 
 
 def _write(client, commands: list[tuple], trips) -> list:
@@ -226,7 +229,7 @@ def _write(client, commands: list[tuple], trips) -> list:
 # ARGV[3]: an accounted metadata value's constant parts (kvcli.store.layout.MetadataWriter: middle, tail); ARGV[4]:
 # the exact length of a real payload value; ARGV[5..]: each request's number of full chunks. Per request, in order:
 # every chunk's state by the chunk judge's Lua twin (kvcli.store.judge.JUDGE_LUA), then one MSET (in slices of
-# _SCRIPT_MSET_PAIRS keys: Lua's unpack has a stack limit) of what ChunkStore.plan_write writes: the chunks from the
+# _SCRIPT_MSET_PAIRS keys: Lua's unpack has a stack limit) of what BatchPort.plan_write writes: the chunks from the
 # hit run's end on that are not hits, with the same values; SET per key would give the same server state, MSET is
 # one command instead of one per chunk.
 # What a chunk's state is read from, the least the judge's answer needs:
@@ -326,10 +329,12 @@ class Batcher:
     """
 
     def __init__(self, store: ChunkStore, sample_every: int = SAMPLE_EVERY, quiet=None) -> None:
-        """``quiet``: a context manager factory each latency sample runs inside (e.g. one that stops the process
-        hashing the trace ahead, :meth:`kvcli.replay.prefetch.Prefetch.paused`), or None."""
-        self.store, self.sample_every, self.quiet = store, sample_every, quiet
-        self.scripted = not store.cluster and store.resident_chunks is None and store.scripts_allowed
+        """``store``: one for which :func:`batchable` holds, driven through its port alone
+        (:meth:`~kvcli.store.chunkstore.ChunkStore.batch_port`). ``quiet``: a context manager factory each latency
+        sample runs inside (e.g. one that stops the process hashing the trace ahead,
+        :meth:`kvcli.replay.prefetch.Prefetch.paused`), or None."""
+        self.port, self.sample_every, self.quiet = store.batch_port(), sample_every, quiet
+        self.scripted = self.port.scripted
         self._conn: Any = None  # a connection of its own (redis-py's Connection), made at the first batch
         self._due: list[Batch] = []  # sent, reply not read yet: in the order sent
         self._unread = 0  # script replies not read yet on the connection (:meth:`_eval`)
@@ -345,33 +350,33 @@ class Batcher:
         while self._due:
             self._receive(self._due.pop(0))
         if not self.scripted or not any(p.hashes for p in prompts):
-            return Batch(prompts, lookup_and_store(self.store, prompts, self.sample_every, self.quiet))
-        store = self.store
-        _sample(store, prompts, self.sample_every, self.quiet)
+            return Batch(prompts, _lookup_and_store(self.port, prompts, self.sample_every, self.quiet))
+        port = self.port
+        _sample(port, prompts, self.sample_every, self.quiet)
         t0 = time.perf_counter()
-        meta = store.meta_head
+        meta = port.meta_head
         now = int(time.time())
-        middle, tail = store.metadata.middle, store.metadata.tail(False, now)
-        st = store.stats
-        batch = Batch(prompts, None, st.mean_lookup_seconds(), 0.0, store.metadata.length(False, False, now))
+        middle, tail = port.metadata.middle, port.metadata.tail(False, now)
+        st = port.stats
+        batch = Batch(prompts, None, st.mean_lookup_seconds(), 0.0, port.metadata.length(False, False, now))
         for group in _groups(prompts):  # scripts of at most MAX_SCRIPT_KEYS keys (a request is never split)
             keys = [meta + x for p in group for x in p.hexes]
             digests = b"".join(d for p in group for d in p.digests)
             batch.packed.append(self._pack("EVAL", _INDEX_SCRIPT, len(keys), *keys, digests, middle, tail,
-                                           store.value_bytes,
+                                           port.config.value_bytes,
                                            *[len(p.hashes) for p in group]))
             batch.scripts.append(len(group))
         self._due.append(batch)  # before it is sent: however this ends, close() or a reply records its writes
         try:
             with uninterrupted():  # sent whole or not at all
-                store.calls.call(self._eval, [c for packed in batch.packed for c in packed], len(batch.packed),
-                                 record=False, name="EVAL")
+                port.calls.call(self._eval, [c for packed in batch.packed for c in packed], len(batch.packed),
+                                record=False, name="EVAL")
         except RedisUnavailable as exc:
-            st.redis_timeouts += exc.timeout
+            st.count_faults(timeouts=exc.timeout)
             self._due.remove(batch)
             self._drop()
             self._fail(batch)
-            store.calls.absorb(exc)
+            port.calls.absorb(exc)
             return batch
         batch.sent_seconds = time.perf_counter() - t0
         if not self._tried:  # the first: answered now, so that a refusal falls back before anything else is sent
@@ -380,8 +385,8 @@ class Batcher:
             except _Refused:
                 self.scripted = False
                 self._drop()
-                st.round_trips -= 1  # the refused one
-                return Batch(prompts, lookup_and_store(store, prompts, self.sample_every, self.quiet))
+                st.count_round_trips(-1)  # the refused one
+                return Batch(prompts, _lookup_and_store(port, prompts, self.sample_every, self.quiet))
         return batch
 
     def answers(self, batch: Batch) -> list[tuple[LookupResult, StoreResult]]:
@@ -424,23 +429,23 @@ class Batcher:
         """Record in the store's ``written`` the chunks ``batch``'s scripts may have written: each request's chunks
         from ``hits`` (its hit chunks, where its reply was read) on, else every chunk it names."""
         hits = hits or [0] * len(batch.prompts)
-        self.store.written.add(METADATA, (h for p, hit in zip(batch.prompts, hits) for h in p.hashes[hit:]))
+        self.port.written.add(METADATA, (h for p, hit in zip(batch.prompts, hits) for h in p.hashes[hit:]))
 
     def _answer(self, batch: Batch) -> None:
-        store, st = self.store, self.store.stats
+        port, st = self.port, self.port.stats
         try:
             replies = self._replies(batch)
         except (ScriptKilled, _Lost) as exc:  # every reply was read: the connection stays
             self._fail(batch)
-            store.calls.absorb(exc)
+            port.calls.absorb(exc)
             return
         except RedisUnavailable as exc:
-            st.redis_timeouts += exc.timeout  # on this connection of its own, not redis-py's retry's to count
+            st.count_faults(timeouts=exc.timeout)  # on this connection of its own, not redis-py's retry's to count
             self._drop()
             for due in [batch, *self._due]:  # lost with the connection, whether or not the server ran them
                 self._fail(due)
             self._due = []
-            store.calls.absorb(exc)
+            port.calls.absorb(exc)
             return
         except RedisFailure as exc:
             if not self._tried and script_refused(exc):
@@ -449,13 +454,12 @@ class Batcher:
         finally:
             self._tried = True
         n = len(batch.prompts)
-        st.lookups += n
-        st.lookups_pipelined += n
-        st.lookup_round_trips += 1
-        store.shard_trips.add()
+        st.count_pipelined_lookups(n)
+        st.count_lookup_round_trips(1)
+        port.shard_trips.add()
         server = sum((int(r[-2]) - int(r[0])) + (int(r[-1]) - int(r[1])) / 1e6 for r in replies)
         seconds = (batch.sent_seconds + server) / n  # not the wait for the reply: the server's time is in it
-        cs = store.config.chunk_size
+        cs = port.config.chunk_size
         answers = []
         counts = [int(x) for r in replies for x in r[2:-2]]
         self._record(batch, counts[0::4])  # a request writes only from its hit run's end on
@@ -466,7 +470,7 @@ class Batcher:
             look = LookupResult(hit, hit * cs, full, "" if reason < 0 else STATES[reason], batch.price,
                                 metadata_hit_chunks=meta_hit)
             meta_bytes = written * batch.value_bytes - (32 if written and hit == 0 else 0)  # chunk 0: no parent
-            answers.append((look, store.account_written(written, meta_bytes, seconds, present)))
+            answers.append((look, port.account_written(written, meta_bytes, seconds, present)))
         batch.answers = answers
 
     def _replies(self, batch: Batch) -> list:
@@ -481,7 +485,7 @@ class Batcher:
             RedisUnavailable: a reply did not come (connection, timeout), or BUSY outlasted the reply timeout.
             RedisFailure: the server refused a script (e.g. OOM, permissions).
         """
-        calls, st = self.store.calls, self.store.stats
+        calls, st = self.port.calls, self.port.stats
         replies: list = [None] * len(batch.scripts)
         start, backoff = 0, None
         while True:
@@ -503,13 +507,13 @@ class Batcher:
             if not busy:
                 return replies
             if busy != list(range(busy[0], len(batch.scripts))) or self._due:
-                st.redis_errors += 1
+                st.count_faults(errors=1)
                 raise _Lost("Redis EVAL failed: a batch script answered BUSY ran out of order with the others")
             backoff = backoff or calls.busy_backoff()
             if not backoff.wait():
                 raise calls.unavailable("EVAL", f"busy with another client's script for {calls.busy_seconds:g} s, "
                                                 f"the reply timeout", True, "BUSY")
-            st.redis_busy_retries += len(busy)
+            st.count_faults(busy_retries=len(busy))
             start = busy[0]
             with uninterrupted():
                 calls.call(self._eval, [c for packed in batch.packed[start:] for c in packed],
@@ -519,7 +523,7 @@ class Batcher:
         """One command packed for this batcher's connection (made here, not connected yet, the first time: its
         own, so that replies come back in the order sent)."""
         if self._conn is None:  # only a scripted batch packs commands, and only on a single server: a plain client
-            self._conn = cast(redis.Redis, self.store.client).connection_pool.make_connection()
+            self._conn = self.port.new_connection()
         return self._conn.pack_command(*args)
 
     def _eval(self, packed: list | None = None, scripts: int = 0):
@@ -538,9 +542,7 @@ class Batcher:
 
     def _fail(self, batch: Batch) -> None:
         """A batch lost to a connection failure: its lookups failed (misses that store nothing), counted."""
-        st = self.store.stats
-        st.lookups += len(batch.prompts)
-        st.lookups_pipelined += len(batch.prompts)
+        self.port.stats.count_pipelined_lookups(len(batch.prompts))
         batch.answers = self._failed(batch)
         self._record(batch)  # the server may have run it
 

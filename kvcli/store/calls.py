@@ -91,7 +91,7 @@ class Calls:
             ServerRestarted: a connection dropped or timed out earlier, and the server is no longer the run's.
             RedisFailure: any other error of the server or the client.
         """
-        self.stats.round_trips += record
+        self.stats.count_round_trips(record)
         faults, st = self._faults, self.stats
         self.verify()
         retries, timeouts = faults.retries, faults.timeouts
@@ -105,18 +105,17 @@ class Calls:
             raise self.unavailable(label, why, timeout, str(exc)) from None
         except REDIS_ERRORS as exc:
             if is_script_killed(exc):
-                st.redis_errors += 1
+                st.count_faults(errors=1)
                 raise ScriptKilled(f"Redis {label} failed: a SCRIPT KILL from another client stopped it") from None
             if is_busy(exc) and not busy_retry:
                 raise ServerBusy(f"Redis {label} failed: {redis_error_text(exc)}") from None
             if is_busy(exc):
-                st.redis_timeouts += 1  # no usable reply within the timeout (redis-py counts only its own)
+                st.count_faults(timeouts=1)  # no usable reply within the timeout (redis-py counts only its own)
                 raise self.unavailable(label, f"busy with another client's script for {self.busy_seconds:g} s, "
                                               f"the reply timeout", True, redis_error_text(exc)) from None
             raise RedisFailure(f"Redis {label} failed: {redis_error_text(exc)}") from None
         finally:
-            st.redis_retries += faults.retries - retries
-            st.redis_timeouts += faults.timeouts - timeouts
+            st.count_faults(retries=faults.retries - retries, timeouts=faults.timeouts - timeouts)
         faults.failed_in_row = 0
         self.verify()  # a connection dropped and was made again during the call: its answer may be another server's
         return result
@@ -133,7 +132,7 @@ class Calls:
                 backoff = backoff or Backoff(self.busy_seconds)
                 if not backoff.wait():
                     raise
-                self.stats.redis_busy_retries += 1
+                self.stats.count_faults(busy_retries=1)
                 again()
 
     def busy_backoff(self) -> Backoff:
@@ -146,7 +145,7 @@ class Calls:
         error to raise (``final`` once that many failed in a row)."""
         faults = self._faults
         faults.failed_in_row += 1
-        self.stats.redis_errors += 1
+        self.stats.count_faults(errors=1)
         if faults.failed_in_row >= MAX_FAILURES_IN_ROW:
             return RedisUnavailable(f"the Redis server stopped answering: {faults.failed_in_row} calls in a row "
                                     f"failed after retries (last: {name}, {why}: {detail})", timeout, final=True)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 import xxhash
@@ -38,9 +38,10 @@ from redis.cluster import RedisCluster
 
 from kvcli.errors import KvcliError
 from kvcli.prefixkv import concat_kv
+from kvcli.store.batchport import BatchPort
 from kvcli.store.busy import is_busy
 from kvcli.store.calls import Calls, RedisUnavailable, execute_pipeline
-from kvcli.store.cluster import by_shard, is_cluster, set_in_order, uninterrupted
+from kvcli.store.cluster import ShardTrips, by_shard, is_cluster, set_in_order, uninterrupted
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
 from kvcli.store.judge import (
     HITS,
@@ -85,7 +86,8 @@ class ChunkStore:
 
     Not thread-safe. Read-only calls: :meth:`lookup`, :meth:`retrieve`, :meth:`verify` (apart from the client-side
     LRU's recency). Errors from Redis are raised as :class:`~kvcli.errors.RedisFailure` (one line, no traceback at
-    the CLI). Implements :class:`kvcli.store.kvstore.KVStore` (layout "kvcli").
+    the CLI). Implements :class:`kvcli.store.kvstore.KVStore` (layout "kvcli"); its batcher (:mod:`kvcli.store.batch`)
+    drives it through :meth:`batch_port` alone.
 
     Args:
         client: a redis-py client.
@@ -102,18 +104,18 @@ class ChunkStore:
         self.client = client
         self.config = config
         self.stats = StoreStats()
-        self.calls = Calls(client, self.stats, tolerate_unavailable, mark)
+        self._calls = Calls(client, self.stats, tolerate_unavailable, mark)
         self.prefix = key_prefix(config.namespace, config.chunk_size)
-        self.meta_head, self.payload_head = self.prefix + "m:", self.prefix + "p:"  # a key is head + hash hex
+        self._meta_head, self._payload_head = self.prefix + "m:", self.prefix + "p:"  # a key is head + hash hex
         self.written = WrittenChunks()  # the chunks whose keys this store may have written (kvcli.store.written)
-        self.read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
+        self._read_prefix = key_prefix(config.read_namespace, config.chunk_size) if config.read_namespace else None
         self.chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
-        self.cluster = is_cluster(client)
-        self.metadata = MetadataWriter(config.chunk_size, dtype_name(config.stored_dtype), config.chunk_shape,
-                                       config.model_id, config.payload_bytes, config.header_bytes)
+        self._cluster = is_cluster(client)
+        self._metadata = MetadataWriter(config.chunk_size, dtype_name(config.stored_dtype), config.chunk_shape,
+                                        config.model_id, config.payload_bytes, config.header_bytes)
         self.expected = Expected(config.model_id, dtype_name(config.stored_dtype), config.chunk_shape,
                                  config.chunk_size, config.payload_bytes, config.header_bytes)
-        self._spaces = [self.prefix] + ([self.read_prefix] if self.read_prefix else [])
+        self._spaces = [self.prefix] + ([self._read_prefix] if self._read_prefix else [])
         self._scripts = scripts  # False once the server refused the lookup script: pipelined lookups from then on
         capacity = config.capacity_chunks
         self._lru = ChunkLru(capacity) if capacity is not None else None
@@ -121,16 +123,16 @@ class ChunkStore:
     # -- keys ---------------------------------------------------------------------------------------------------
     def meta_key(self, chunk_hash: bytes) -> str:
         """The metadata key of a chunk."""
-        return self.meta_head + chunk_hash.hex()
+        return self._meta_head + chunk_hash.hex()
 
     def payload_key(self, chunk_hash: bytes) -> str:
         """The payload key of a chunk."""
-        return self.payload_head + chunk_hash.hex()
+        return self._payload_head + chunk_hash.hex()
 
     def written_keys(self) -> Iterator[list[str]]:
         """Every key this store may have written (:attr:`written`: metadata, then payloads), distinct, in lists of
         at most :data:`~kvcli.store.written.DELETE_BATCH` keys."""
-        for kind, head in ((METADATA, self.meta_head), (PAYLOAD, self.payload_head)):
+        for kind, head in ((METADATA, self._meta_head), (PAYLOAD, self._payload_head)):
             for blob in self.written.slices(kind):
                 yield [head + x for x in hexes(blob)]
 
@@ -141,12 +143,12 @@ class ChunkStore:
     @property
     def shard_trips(self):
         """Round trips per shard (:class:`kvcli.store.cluster.ShardTrips`)."""
-        return self.calls.shard_trips
+        return self._calls.shard_trips
 
-    @property
-    def scripts_allowed(self) -> bool:
-        """False once the server refused the lookup script (Redis < 7, an ACL, scripting disabled)."""
-        return self._scripts
+    def batch_port(self) -> BatchPort:
+        """This store as its batcher (:mod:`kvcli.store.batch`) drives it: the members a batch needs beyond this
+        class's public ones (:class:`~kvcli.store.batchport.BatchPort`), each this store's own."""
+        return _BatchSide(self)
 
     # -- checks -------------------------------------------------------------------------------------------------
     def check_value_size(self, alternative: str = "--payload accounted") -> int:
@@ -179,21 +181,19 @@ class ChunkStore:
         n = len(prompt.hashes)
         t0 = time.perf_counter()
         try:
-            metas, states = self.read_chunks(prompt, record) if n else ([], [])
+            metas, states = self._read_chunks(prompt, record) if n else ([], [])
         except RedisUnavailable as exc:
-            self.calls.absorb(exc)
+            self._calls.absorb(exc)
             return LookupResult.failure(n, time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
         if record:
-            self.stats.lookups += 1
-            self.stats.lookup_round_trips += bool(n)
-            self.stats.lookup_seconds.append(seconds)
-        return self.evaluate(prompt, metas, states, seconds)
+            self.stats.count_lookup(seconds, bool(n))
+        return self._evaluate(prompt, metas, states, seconds)
 
-    def evaluate(self, prompt: ChunkedPrompt, metas: list, states: list[str] | None = None,
-                 seconds: float = 0.0) -> LookupResult:
+    def _evaluate(self, prompt: ChunkedPrompt, metas: list, states: list[str] | None = None,
+                  seconds: float = 0.0) -> LookupResult:
         """The lookup's answer from the metadata values of every chunk in every namespace (the store's, then the
-        read-only one; None: missing) and their states (:meth:`read_chunks`), as :meth:`lookup` gives it.
+        read-only one; None: missing) and their states (:meth:`_read_chunks`), as :meth:`lookup` gives it.
         ``states`` None: payloads not read (a pipelined index-only lookup, kvcli.store.batch): the chunks are
         judged here without them, so a chunk whose metadata records a real payload is "bad-payload", never a hit
         nobody checked."""
@@ -221,7 +221,7 @@ class ChunkStore:
         return LookupResult(k, k * self.config.chunk_size, n, reason, seconds, chosen, later, from_read, read_only,
                             by_meta, usable)
 
-    def read_chunks(self, prompt: ChunkedPrompt, record: bool = True) -> tuple[list, list[str]]:
+    def _read_chunks(self, prompt: ChunkedPrompt, record: bool = True) -> tuple[list, list[str]]:
         """The metadata values and states (:mod:`kvcli.store.judge`) of every chunk of ``prompt`` in every
         namespace prefix, in one round trip: the lookup script, or where scripts are refused an MGET and STRLENs
         pipelined (judged here); on a cluster one round trip per shard touched, all shards' sent before any reply
@@ -237,16 +237,16 @@ class ChunkStore:
         hexes = prompt.hexes
         meta_keys = [p + "m:" + x for p in self._spaces for x in hexes]
         payload_keys = [p + "p:" + x for p in self._spaces for x in hexes]
-        if self.cluster:
-            metas, lengths = self.calls.call(self._shard_reads, meta_keys, payload_keys,
-                                             self.shard_trips if record else None, record=record)
-            return [m if isinstance(m, bytes) else None for m in metas], self.judged(prompt, metas, lengths)
+        if self._cluster:
+            metas, lengths = self._calls.call(self._shard_reads, meta_keys, payload_keys,
+                                              self.shard_trips if record else None, record=record)
+            return [m if isinstance(m, bytes) else None for m in metas], self._judged(prompt, metas, lengths)
         if record:
             self.shard_trips.add()
         if self._scripts:
             try:
-                replies = self.calls.call(self._eval_ro, meta_keys + payload_keys, b"".join(prompt.digests),
-                                          record=record)
+                replies = self._calls.call(self._eval_ro, meta_keys + payload_keys, b"".join(prompt.digests),
+                                           record=record)
             except _ScriptRefused:
                 self._scripts = False  # no scripts here (Redis < 7, ACL, disabled): pipelined from now on
             else:
@@ -256,12 +256,12 @@ class ChunkStore:
         pipe.mget(meta_keys)
         for key in payload_keys:
             pipe.strlen(key)
-        replies = self.calls.call(_execute_reads, pipe, record=record, name="MGET")
+        replies = self._calls.call(_execute_reads, pipe, record=record, name="MGET")
         metas = list(replies[0])
-        return metas, self.judged(prompt, metas, [WRONG_TYPE if isinstance(x, Exception) else int(x)
-                                                  for x in replies[1:]])
+        return metas, self._judged(prompt, metas, [WRONG_TYPE if isinstance(x, Exception) else int(x)
+                                                   for x in replies[1:]])
 
-    def judged(self, prompt: ChunkedPrompt, metas: list, lengths: list[int]) -> list[str]:
+    def _judged(self, prompt: ChunkedPrompt, metas: list, lengths: list[int]) -> list[str]:
         """The states of chunks read as metadata values and payload STRLENs (as the lookup script judges them: a
         payload's length counts only where the metadata records a real payload)."""
         n, value_bytes, digests = len(prompt.hashes), self.value_bytes, prompt.digests
@@ -308,9 +308,9 @@ class ChunkStore:
             return RetrieveResult(0, None, found, 0, 0, 0.0, 0.0, found.break_reason)
         t0 = time.perf_counter()
         try:
-            payloads = self.calls.read(self._payload_keys(prompt, found, range(k)))
+            payloads = self._calls.read(self._payload_keys(prompt, found, range(k)))
         except RedisUnavailable as exc:
-            self.calls.absorb(exc)
+            self._calls.absorb(exc)
             return RetrieveResult(0, None, found, 0, 0, time.perf_counter() - t0, 0.0, "redis-error")
         t1 = time.perf_counter()
         tensors, data_bytes, head_bytes, reason = [], 0, 0, found.break_reason
@@ -320,10 +320,9 @@ class ChunkStore:
                 break
             tensor = checked_tensor(payload, meta[8:16], self.config.chunk_shape, self.expected.dtype,
                                     self.config.dtype, self.config.state_shape)
-            self.stats.checksum_verified_chunks += 1
+            self.stats.count_checksums(1, tensor is None)
             if tensor is None:
                 reason = "checksum"
-                self.stats.checksum_failures += 1
                 break
             size = self.config.payload_bytes  # the stored bytes (checked above), not the dequantized tensor's
             tensors.append(tensor)
@@ -331,8 +330,7 @@ class ChunkStore:
             head_bytes += len(payload) - size
         kv = concat_kv(tensors) if tensors else None
         t2 = time.perf_counter()
-        self.stats.payload_bytes_read += data_bytes
-        self.stats.header_bytes_read += head_bytes
+        self.stats.count_read(data_bytes, head_bytes)
         hit = len(tensors) * self.config.chunk_size
         return RetrieveResult(hit, kv, found, data_bytes, head_bytes, t1 - t0, t2 - t1, reason)
 
@@ -340,19 +338,18 @@ class ChunkStore:
         """Whether each chunk ``indices`` (of the lookup's hit run) has a payload whose tensor bytes match the
         checksum in its metadata: one MGET of those payloads, not counted as a round trip of the measured path
         (bookkeeping: replay samples checksums of chunks it only looked up)."""
-        payloads = self.calls.read(self._payload_keys(prompt, lookup, indices), record=False)
+        payloads = self._calls.read(self._payload_keys(prompt, lookup, indices), record=False)
         out = []
         for i, payload in zip(indices, payloads):
             good = payload is not None and payload_ok(payload, lookup.metadata[i][8:16], self.config.chunk_shape,
                                                       self.expected.dtype, self.config.state_shape)
-            self.stats.checksum_verified_chunks += 1
-            self.stats.checksum_failures += not good
+            self.stats.count_checksums(1, not good)
             out.append(good)
         return out
 
     def _payload_keys(self, prompt: ChunkedPrompt, lookup: LookupResult, indices) -> list[str]:
         """The payload keys of hit chunks ``indices``, each in the namespace the lookup took it from."""
-        own, other = self.prefix + "p:", (self.read_prefix or "") + "p:"
+        own, other = self.prefix + "p:", (self._read_prefix or "") + "p:"
         read = lookup.from_read or (False,) * lookup.hit_chunks
         return [(other if read[i] else own) + prompt.hexes[i] for i in indices]
 
@@ -387,7 +384,7 @@ class ChunkStore:
         try:
             return self._store(tokens, kv, cache_salt, start_chunk, end_chunk, overwrite, lookup)
         except RedisUnavailable as exc:
-            self.calls.absorb(exc)
+            self._calls.absorb(exc)
             return NOTHING_STORED
 
     def _store(self, tokens, kv, cache_salt, start_chunk, end_chunk, overwrite, lookup) -> StoreResult:
@@ -402,7 +399,7 @@ class ChunkStore:
         t0 = time.perf_counter()
         pipe = self.client.pipeline(transaction=False)
         evicted, dropped, deletes = (0, frozenset(), []) if overwrite else self._admit(prompt, n, lookup)
-        if deletes and not self.cluster:  # a cluster sends them with the write (_ordered)
+        if deletes and not self._cluster:  # a cluster sends them with the write (_ordered)
             pipe.delete(*deletes)
         todo = [k for k in range(start_chunk, n) if k not in dropped]
         if not todo:
@@ -420,7 +417,7 @@ class ChunkStore:
             meta = self._metadata_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
             thens.append((self.meta_key(prompt.hashes[k]), meta))
-        if self.cluster:  # payloads acknowledged before any metadata is sent (cluster.py)
+        if self._cluster:  # payloads acknowledged before any metadata is sent (cluster.py)
             got = self._ordered(pipe, deletes, firsts, thens, nx=not overwrite, ex=cfg.ttl)
             replies = [r for pair in zip(*got) for r in pair] if real else got[1]
         else:
@@ -433,7 +430,7 @@ class ChunkStore:
         if overwrite:  # a rewrite adds payload objects to chunks whose metadata already existed
             replies = [r if i % 2 == 0 else None for i, r in enumerate(replies)]
             if real:  # their payload bytes move from "accounted" to "written"
-                self.stats.payload_bytes_accounted -= len(todo) * cfg.payload_bytes
+                self.stats.count_rewrite(len(todo) * cfg.payload_bytes)
         per = 2 if real else 1
         return self._account(len(todo), sum(1 for r in replies if r), sum(1 for r in replies[per - 1::per] if r),
                              meta_bytes, real, evicted, time.perf_counter() - t0)
@@ -441,9 +438,9 @@ class ChunkStore:
     def _store_known(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> StoreResult:
         """Write the chunks the lookup saw missing in one MSET (payload and metadata of each chunk together)."""
         t0 = time.perf_counter()
-        plan = self.plan_write(prompt, kv, start, n, lookup)
+        plan = self._plan_write(prompt, kv, start, n, lookup)
         pipe = self.client.pipeline(transaction=False)
-        if self.cluster:  # no MSET across slots: payloads first, then metadata (cluster.py)
+        if self._cluster:  # no MSET across slots: payloads first, then metadata (cluster.py)
             if plan.firsts or plan.thens or plan.evicted:
                 self._ordered(pipe, plan.deletes, plan.firsts, plan.thens)
         else:
@@ -453,9 +450,9 @@ class ChunkStore:
                 pipe.execute_command("MSET", *plan.args)
             if plan.args or plan.evicted:
                 self._ordered(pipe, [], [], [])
-        return self.account_write(plan, time.perf_counter() - t0)
+        return self._account_write(plan, time.perf_counter() - t0)
 
-    def plan_write(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> WritePlan:
+    def _plan_write(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> WritePlan:
         """What :meth:`store` with a lookup writes, not sent yet: the LRU's deletes (its bookkeeping is done: the
         plan must be sent), then the chunks of ``[start, n)`` the lookup did not find, as MSET ``args`` (a single
         server) or ``(key, value)`` payloads ``firsts`` and metadata ``thens`` (a cluster).
@@ -468,7 +465,7 @@ class ChunkStore:
         missing = [k for k in range(start, n) if k not in lookup.present_after and k not in dropped]
         self._record(prompt, missing, real)
         now, meta_bytes = int(time.time()), 0
-        meta_pre, payload_pre = self.meta_head, self.payload_head
+        meta_pre, payload_pre = self._meta_head, self._payload_head
         args: list = []  # a single server: MSET args
         firsts: list[tuple[str, memoryview]] = []  # a cluster: (key, value) pairs
         thens: list[tuple[str, bytes]] = []
@@ -476,13 +473,13 @@ class ChunkStore:
             checksum = NO_CHECKSUM
             if real:
                 value, checksum = self._payload(kv, k)
-                if self.cluster:
+                if self._cluster:
                     firsts.append((payload_pre + prompt.hexes[k], value))
                 else:
                     args += (payload_pre + prompt.hexes[k], value)
             meta = self._metadata_value(prompt, k, checksum, real, now)
             meta_bytes += len(meta)
-            if self.cluster:
+            if self._cluster:
                 thens.append((meta_pre + prompt.hexes[k], meta))
             else:
                 args += (meta_pre + prompt.hexes[k], meta)
@@ -497,13 +494,13 @@ class ChunkStore:
         if real:
             self.written.add(PAYLOAD, hashes)
 
-    def account_write(self, plan: WritePlan, seconds: float) -> StoreResult:
-        """Count a :meth:`plan_write` write that the server acknowledged (all its SETs created keys)."""
+    def _account_write(self, plan: WritePlan, seconds: float) -> StoreResult:
+        """Count a :meth:`_plan_write` write that the server acknowledged (all its SETs created keys)."""
         written = len(plan.missing)
         return self._account(written, written * (2 if plan.real else 1), written, plan.meta_bytes, plan.real,
                              plan.evicted, seconds, plan.present)
 
-    def account_written(self, chunks: int, meta_bytes: int, seconds: float, present: int = 0) -> StoreResult:
+    def _account_written(self, chunks: int, meta_bytes: int, seconds: float, present: int = 0) -> StoreResult:
         """Count ``chunks`` accounted chunks (metadata only) that another path wrote and the server acknowledged
         (kvcli.store.batch's script), ``meta_bytes`` of metadata, ``present`` chunks found there already."""
         return self._account(chunks, chunks, chunks, meta_bytes, False, 0, seconds, present)
@@ -511,17 +508,9 @@ class ChunkStore:
     def _account(self, written: int, created: int, new_meta: int, meta_bytes: int, real: bool, evicted: int,
                  seconds: float, present: int = 0) -> StoreResult:
         """Count a write of ``written`` chunks that created ``created`` keys, ``new_meta`` of them metadata."""
-        cfg, st = self.config, self.stats
+        cfg = self.config
         head = cfg.header_bytes if real else 0
-        st.chunks_written += new_meta
-        st.objects_created += created
-        st.metadata_entries += new_meta
-        if real:
-            st.payload_bytes_written += written * cfg.payload_bytes
-            st.header_bytes_written += written * head
-        else:
-            st.payload_bytes_accounted += written * cfg.payload_bytes
-        st.metadata_bytes_written += meta_bytes
+        self.stats.count_write(new_meta, created, written * cfg.payload_bytes, written * head, meta_bytes, real)
         return StoreResult(new_meta, written - new_meta + present, created, new_meta, written * cfg.payload_bytes,
                            written * head, meta_bytes, evicted, seconds)
 
@@ -532,7 +521,7 @@ class ChunkStore:
         return chunk_payload(self, kv[:, :, :, k * cs:(k + 1) * cs, :])
 
     def _metadata_value(self, prompt: ChunkedPrompt, k: int, checksum: bytes, real: bool, now: int) -> bytes:
-        return self.metadata.value(prompt.digests[k], checksum, prompt.hexes[k - 1] if k else "", real, now)
+        return self._metadata.value(prompt.digests[k], checksum, prompt.hexes[k - 1] if k else "", real, now)
 
     # -- capacity (client-side LRU over chunks) -------------------------------------------------------------------
     @property
@@ -559,7 +548,7 @@ class ChunkStore:
         gone, fresh = set(evicted), set(new)
         victims = [h for h in evicted if h not in fresh]
         deletes = [key for h in victims for key in (self.meta_key(h), self.payload_key(h))]
-        self.stats.evicted_chunks += len(victims)
+        self.stats.count_evictions(len(victims))
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone), deletes
 
     # -- what the replay compares across layouts (kvcli.store.kvstore.KVStore) ---------------------------------------
@@ -595,11 +584,89 @@ class ChunkStore:
         and ``thens`` are empty (callers queue everything on ``pipe`` in order) and the replies are all of
         ``pipe``'s."""
         with uninterrupted():  # a write is sent whole or not at all: Ctrl-C waits for its reply
-            if not self.cluster:
+            if not self._cluster:
                 self.shard_trips.add()
-                return self.calls.call(execute_pipeline, pipe, name="EXECUTE"), []
-            self.stats.round_trips += bool(firsts and thens)
-            return self.calls.call(set_in_order, self.client, deletes, firsts, thens, nx, ex, self.shard_trips)
+                return self._calls.call(execute_pipeline, pipe, name="EXECUTE"), []
+            self.stats.count_round_trips(bool(firsts and thens))
+            return self._calls.call(set_in_order, self.client, deletes, firsts, thens, nx, ex, self.shard_trips)
+
+
+class _BatchSide:
+    """A :class:`ChunkStore` as its batcher sees it (:class:`~kvcli.store.batchport.BatchPort`): each member is
+    the store's own, private there so that the store's public surface stays a library user's."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: ChunkStore) -> None:
+        self._store = store
+
+    @property
+    def config(self) -> StoreConfig:
+        return self._store.config
+
+    @property
+    def stats(self) -> StoreStats:
+        return self._store.stats
+
+    @property
+    def calls(self) -> Calls:
+        return self._store._calls
+
+    @property
+    def written(self) -> WrittenChunks:
+        return self._store.written
+
+    @property
+    def metadata(self) -> MetadataWriter:
+        return self._store._metadata
+
+    @property
+    def client(self) -> redis.Redis | RedisCluster:
+        return self._store.client
+
+    @property
+    def cluster(self) -> bool:
+        return self._store._cluster
+
+    @property
+    def shard_trips(self) -> ShardTrips:
+        return self._store.shard_trips
+
+    @property
+    def meta_head(self) -> str:
+        return self._store._meta_head
+
+    @property
+    def payload_head(self) -> str:
+        return self._store._payload_head
+
+    @property
+    def scripted(self) -> bool:
+        store = self._store
+        return not store._cluster and store._lru is None and store._scripts
+
+    def new_connection(self) -> Any:
+        assert not self._store._cluster, "a batcher's own connection is to a single server"
+        return cast(redis.Redis, self._store.client).connection_pool.make_connection()
+
+    def read_chunks(self, prompt: ChunkedPrompt, record: bool = True) -> tuple[list, list[str]]:
+        return self._store._read_chunks(prompt, record)
+
+    def judged(self, prompt: ChunkedPrompt, metas: list, lengths: list[int]) -> list[str]:
+        return self._store._judged(prompt, metas, lengths)
+
+    def evaluate(self, prompt: ChunkedPrompt, metas: list, states: list[str] | None = None,
+                 seconds: float = 0.0) -> LookupResult:
+        return self._store._evaluate(prompt, metas, states, seconds)
+
+    def plan_write(self, prompt: ChunkedPrompt, kv, start: int, n: int, lookup: LookupResult) -> WritePlan:
+        return self._store._plan_write(prompt, kv, start, n, lookup)
+
+    def account_write(self, plan: WritePlan, seconds: float) -> StoreResult:
+        return self._store._account_write(plan, seconds)
+
+    def account_written(self, chunks: int, meta_bytes: int, seconds: float, present: int = 0) -> StoreResult:
+        return self._store._account_written(chunks, meta_bytes, seconds, present)
 
 
 def _execute_reads(pipe) -> list:
@@ -662,5 +729,5 @@ def chunk_metadata(store: ChunkStore, prompt: ChunkedPrompt, k: int, checksum: b
 
     Its length does not depend on ``checksum`` (always 8 bytes), so a dry run counts metadata bytes exactly.
     """
-    return store.metadata.value(prompt.digests[k], checksum, prompt.hexes[k - 1] if k else "", real,
+    return store._metadata.value(prompt.digests[k], checksum, prompt.hexes[k - 1] if k else "", real,
                                 int(time.time()) if created is None else created)

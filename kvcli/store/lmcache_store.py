@@ -155,10 +155,8 @@ class LMCacheStore:
         seconds = time.perf_counter() - t0
         if record:
             trips = min(k + 1, n)
-            self.stats.lookups += 1
-            self.stats.round_trips += trips
-            self.stats.lookup_round_trips += trips
-            self.stats.lookup_seconds.append(seconds)
+            self.stats.count_round_trips(trips)
+            self.stats.count_lookup(seconds, trips)
         cs = self.config.chunk_size
         return LookupResult(k, k * cs, n, "missing" if k < n else "", seconds)
 
@@ -187,13 +185,13 @@ class LMCacheStore:
             tensor = self._decode(record, value)
             if tensor is None:
                 reason = "bad-record"
-                self.stats.checksum_failures += 1
+                self.stats.count_checksums(0, 1)
                 break
             tensors.append(tensor)
             data += len(value)
         kv = torch.cat(tensors, dim=3) if tensors else None
         t2 = time.perf_counter()
-        self.stats.payload_bytes_read += data
+        self.stats.count_read(data)
         return RetrieveResult(len(tensors) * self.config.chunk_size, kv, found, data, 0, t1 - t0, t2 - t1, reason)
 
     def _decode(self, record: bytes, value: bytes) -> torch.Tensor | None:
@@ -250,16 +248,11 @@ class LMCacheStore:
         payload = len(ids) * cfg.payload_bytes
         if real:
             self._with_kv.update(ids)
-            st.payload_bytes_accounted -= sum(1 for x in ids if x in self._accounted) * cfg.payload_bytes
+            st.count_rewrite(sum(1 for x in ids if x in self._accounted) * cfg.payload_bytes)
             self._accounted.difference_update(ids)
-            st.payload_bytes_written += payload
         else:
             self._accounted.update(x for x in ids if x not in self._with_kv)
-            st.payload_bytes_accounted += payload
-        st.chunks_written += new_meta
-        st.metadata_entries += new_meta
-        st.objects_created += new_meta + new_kv
-        st.metadata_bytes_written += len(ids) * len(self._record)
+        st.count_write(new_meta, new_meta + new_kv, payload, 0, len(ids) * len(self._record), real)
         self._base_bytes += sum(len(b.encode()) for b in bases)
         self._bases += len(bases)
         return StoreResult(new_meta, len(ids) - new_meta, new_meta + new_kv, new_meta, payload, 0,
@@ -270,7 +263,7 @@ class LMCacheStore:
         pipe = self.client.pipeline(transaction=False)
         for i, key in enumerate(keys):
             getattr(pipe, command)(key, *(() if values is None else (flat_bytes(values[i]),)))
-        self.stats.round_trips += 1
+        self.stats.count_round_trips()
         try:
             return execute_pipeline(pipe)
         except cluster.REDIS_ERRORS as exc:

@@ -209,7 +209,8 @@ NOTHING_STORED = StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
 
 @dataclass
 class StoreStats:
-    """Running totals of one store (counts; bytes; seconds)."""
+    """Running totals of one store (counts; bytes; seconds), changed only through its ``count_*`` methods (the
+    store, its Redis calls and its batcher each say what happened, never how a total adds up)."""
 
     round_trips: int = 0
     lookups: int = 0
@@ -238,10 +239,81 @@ class StoreStats:
         """The mean timed lookup so far (seconds; 0 before any): the price of a pipelined lookup."""
         return sum(self.lookup_seconds) / len(self.lookup_seconds) if self.lookup_seconds else 0.0
 
+    def count_round_trips(self, n: int = 1) -> None:
+        """``n`` calls to the server (a negative ``n`` takes back calls counted that turned out not to be the
+        measured path's: a batch script the server refused)."""
+        self.round_trips += n
+
+    def count_lookup(self, seconds: float, round_trips: int) -> None:
+        """One lookup timed on its own (not in a batch): ``seconds`` of wall time, ``round_trips`` of them (0 for a
+        prompt without a full chunk)."""
+        self.lookups += 1
+        self.lookup_round_trips += round_trips
+        self.lookup_seconds.append(seconds)
+
+    def count_pipelined_lookups(self, lookups: int) -> None:
+        """``lookups`` lookups answered in a batch (:mod:`kvcli.store.batch`), not timed one by one; their round
+        trips: :meth:`count_lookup_round_trips`."""
+        self.lookups += lookups
+        self.lookups_pipelined += lookups
+
+    def count_lookup_round_trips(self, n: int) -> None:
+        """``n`` round trips that answered a batch's lookups."""
+        self.lookup_round_trips += n
+
+    def count_sample(self, seconds: float) -> None:
+        """One unpipelined lookup a batcher timed for latency (read-only, its answer not used), ``seconds`` long."""
+        self.lookup_seconds.append(seconds)
+        self.lookups_sampled += 1
+
+    def count_write(self, chunks: int, objects: int, payload_bytes: int, header_bytes: int, metadata_bytes: int,
+                    real: bool) -> None:
+        """A write the server acknowledged: ``chunks`` new chunks (each a new metadata entry), ``objects`` keys
+        created, ``payload_bytes`` of tensor bytes (written when ``real``, else accounted: metadata only),
+        ``header_bytes`` of serialization headers and ``metadata_bytes`` of metadata values."""
+        self.chunks_written += chunks
+        self.metadata_entries += chunks
+        self.objects_created += objects
+        if real:
+            self.payload_bytes_written += payload_bytes
+            self.header_bytes_written += header_bytes
+        else:
+            self.payload_bytes_accounted += payload_bytes
+        self.metadata_bytes_written += metadata_bytes
+
+    def count_rewrite(self, payload_bytes: int) -> None:
+        """Chunks stored accounted got their real payload: ``payload_bytes`` are no longer only accounted (their
+        write is counted by :meth:`count_write`)."""
+        self.payload_bytes_accounted -= payload_bytes
+
+    def count_read(self, payload_bytes: int, header_bytes: int = 0) -> None:
+        """Payload values read back: ``payload_bytes`` of tensor bytes, ``header_bytes`` of headers."""
+        self.payload_bytes_read += payload_bytes
+        self.header_bytes_read += header_bytes
+
+    def count_checksums(self, verified: int, failed: int) -> None:
+        """``verified`` chunks checked against the checksum in their metadata; ``failed`` chunks that failed a check
+        (a checksum, or in LMCache's layout a record that does not describe the store's chunks)."""
+        self.checksum_verified_chunks += verified
+        self.checksum_failures += failed
+
+    def count_evictions(self, chunks: int) -> None:
+        """``chunks`` chunks the client-side LRU evicted."""
+        self.evicted_chunks += chunks
+
+    def count_faults(self, errors: int = 0, timeouts: int = 0, retries: int = 0, busy_retries: int = 0) -> None:
+        """Calls that failed after retries (``errors``), replies that did not come in time (``timeouts``), commands
+        redis-py sent again on a fresh connection (``retries``) and calls sent again after a BUSY reply
+        (``busy_retries``)."""
+        self.redis_errors += errors
+        self.redis_timeouts += timeouts
+        self.redis_retries += retries
+        self.redis_busy_retries += busy_retries
+
 
 @dataclass(frozen=True, slots=True)
 class WritePlan:
-    """One store planned from its lookup (:meth:`kvcli.store.chunkstore.ChunkStore.plan_write`), not sent yet.
+    """One store planned from its lookup (:meth:`kvcli.store.batchport.BatchPort.plan_write`), not sent yet.
 
     Attributes:
         prompt: the prompt it writes chunks of.

