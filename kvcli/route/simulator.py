@@ -43,7 +43,7 @@ from kvcli.route.numbering import ChunkNumbering
 from kvcli.store.hashing import PromptChunker, reusable_tokens
 from kvcli.store.lru import ChunkLru
 from kvcli.store.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
-from kvcli.units import check_seed, parse_capacity
+from kvcli.units import check_count, check_seed, parse_capacity
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
@@ -405,8 +405,7 @@ def load_requests(path, fmt: str = "auto", tokenizer="cl100k_base", chunk_size: 
     from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.traces.detect import read_trace
 
-    if limit is not None and limit < 1:
-        raise BadInputError(f"--limit must be >= 1, got {limit}")
+    check_count("--limit", limit)
     tok, name = lazy_tokenizer(tokenizer)
     stream = itertools.islice(read_trace(path, fmt, tok), None if limit is None else min(limit, sys.maxsize))
     requests = prepare_requests(track(stream) if track else stream, chunk_size, name)
