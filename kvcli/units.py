@@ -1,5 +1,6 @@
 """Units in one place: the size parser, the capacity parser (tokens or bytes), the duration parser, the seed's
-range, the byte formatter, and the JSON document envelope every command's ``--json`` output shares.
+range and the counts' floor, the byte formatter, and the JSON document envelope every command's ``--json`` output
+shares.
 
 JSON field names carry their unit (``_seconds``, ``_bytes``, ``_tokens``; ratios are plain ``_ratio`` numbers in
 [0, 1]); the same name means the same thing in every command (``model_id``, ``hit_token_ratio``, ...). Every
@@ -137,6 +138,12 @@ def check_seed(seed: int) -> int:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise BadInputError(f"--seed must be an integer in [0, 2**63 - 1], got {seed}")
     return seed
+
+
+def check_count(flag: str, value: int | None) -> None:
+    """Raise BadInputError naming ``flag`` unless ``value`` is None or >= 1 (a count such as ``--limit``)."""
+    if value is not None and value < 1:
+        raise BadInputError(f"{flag} must be >= 1, got {value}")
 
 
 def fmt_bytes(n: float | None) -> str:

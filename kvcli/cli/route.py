@@ -1,13 +1,14 @@
 """``kvcli route``: the typer command (registered by kvcli.cli as ``app.command("route")(route)``)."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import Progress
+from rich.progress import Progress, TaskID
 
 from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
@@ -26,10 +27,12 @@ from kvcli.cli.options import (
     timeout_seconds,
     trace_format,
 )
-from kvcli.errors import BadInputError, KvcliError
+from kvcli.errors import KvcliError
+from kvcli.route.events import RouteEvents
 from kvcli.units import json_document, parse_duration
 
 Opt = typer.Option
+err = Console(stderr=True, soft_wrap=True)
 
 
 CLUSTER, POLICY, MANAGER, IO = "Cluster and workload", "Policies and sweep", "cache-manager", "Input and output"
@@ -123,92 +126,74 @@ def route(
 
       kvcli route chat.jsonl --rate 4 --tier 'gpu=1M tokens' --tier 'host=8M tokens' --tier 'redis=64M tokens'
     """
-    from kvcli.figures import check_plot_path, plot_paths
-    from kvcli.model.load import check_model, resolve_tokenizer
-    from kvcli.model.threads import torch_threads
-    from kvcli.replay.results import check_count
     from kvcli.route.cachemanager import DelaySpec
-    from kvcli.route.policies import resolve_policies
-    from kvcli.route.report import eviction_notes, plan_runs, render, report_dict, run_routes, sweep_points
-    from kvcli.route.report import plot as write_plot
-    from kvcli.route.simulator import (
-        SimConfig,
-        check_prefill_tps,
-        kv_bytes_per_token,
-        load_requests,
-        node_cache_options,
-        prefill_cost,
-    )
-    from kvcli.traces.order import arrival_order, order_note
-    from kvcli.traces.paths import display_name, expand_paths, stdin_paths
+    from kvcli.route.config import RouteConfig
+    from kvcli.route.runner import route_traces
+    from kvcli.route.simulator import SimConfig, kv_bytes_per_token, node_cache_options
 
-    err = Console(stderr=True, soft_wrap=True)
-    reports: list[dict] = []
     try:
-        check_model(model)  # also with --prefill-tps: a typo should not pass silently
-        if limit is not None and limit < 1:
-            raise BadInputError(f"--limit must be >= 1, got {limit}")
-        check_count("--threads", threads)
-        timeout = timeout_seconds(redis_timeout)
-        size = one_chunk_size(chunk_size)
-        kv = lambda: kv_bytes_per_token(model)  # noqa: E731 (only called for byte capacities)
-        config = SimConfig(
-            nodes=nodes, **node_cache_options(node_capacity, tier or (), kv), chunk_size=size,
+        timeout, kv = timeout_seconds(redis_timeout), lambda: kv_bytes_per_token(model)
+        sim = SimConfig(
+            nodes=nodes, chunk_size=one_chunk_size(chunk_size), **node_cache_options(node_capacity, tier or (), kv),
             max_batch=max_batch, decode_tpot=decode_tpot, default_output_tokens=output_length, rate=rate, seed=seed,
             abs_threshold=abs_threshold, rel_threshold=rel_threshold, cache_threshold=cache_threshold, cost_weight=w,
             temperature=temperature, lookup_delay=DelaySpec.parse(lookup_delay), count_measured_latency=
             count_rtt if count_lookup_latency is None else count_lookup_latency,
             lookup_timeout=None if lookup_timeout is None else parse_duration(lookup_timeout))
-        points, names = sweep_points(config, sweep, kv), resolve_policies(policy)
-        check_prefill_tps(prefill_tps)
-        check_plot_path(plot)
-        planned = plan_runs(names, points)
-        unused = [s.partition("=")[0].strip() for s in sweep]
-        unused = [p for p in unused if not any(p in labels for _, labels, _ in planned)]
-        if unused:
-            err.print(f"kvcli: note: --sweep {escape(', '.join(unused))} changes none of the policies run "
-                      f"({', '.join(names)}); each runs once", highlight=False, soft_wrap=True)
-        with Progress(console=err, transient=True, disable=not err.is_terminal) as bar, \
-                stdin_paths(traces) as given:
-            files = expand_paths(given)
-            cost = None
-            for path in files:
-                name, notes = Path(display_name(path)).name, []
-                track = lambda it, name=name: bar.track(it, description=f"hashing {name}")  # noqa: E731
-                read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
-                                       add_special_tokens)
-                requests = load_requests(path, read_as, resolve_tokenizer(tokenizer, model), size, limit, track)
-                order = arrival_order([r.timestamp for r in requests]) if rate is None else None
-                if order is not None:  # simulated in timestamp order (as replay and warm take it): say so
-                    notes.append(order_note(order, name))
-                    err.print(f"kvcli: note: {notes[-1]}", markup=False, highlight=False)
-                if cost is None:  # measured once, for every trace
-                    with torch_threads(threads if prefill_tps is None else None):
-                        cost, cost_info = prefill_cost(prefill_tps, model)
-                task = bar.add_task(f"simulating {name}", total=len(planned))
-
-                def advance(what: str, task=task) -> None:
-                    bar.update(task, advance=1, description=f"simulating {what}")
-
-                runs = run_routes(requests, names, points, cost, redis_url, advance, timeout)
-                bar.remove_task(task)
-                for note in eviction_notes(runs):
-                    notes.append(note)
-                    err.print(f"kvcli: note: {note}", markup=False, highlight=False)
-                reports.append({**report_dict(name, runs, cost_info), "notes": notes})
-        if plot is not None:
-            for report, out in zip(reports, plot_paths(plot, [r["trace"] for r in reports])):
-                write_plot(report, out)
-    except KvcliError as exc:  # also handled by kvcli.cli.handle_errors; here for apps that mount route alone
+        config = RouteConfig(sim, tuple(policy), tuple(sweep), model=model, prefill_tps=prefill_tps, threads=threads,
+                             limit=limit, tokenizer=tokenizer, plot=plot, redis_url=redis_url, redis_timeout=timeout)
+        read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
+                               add_special_tokens)
+        with _RouteConsole() as events:
+            reports = route_traces(traces, config, read_as, events)
+    except KvcliError as exc:  # also handled by kvcli.cli.app.handle_errors; here for apps that mount route alone
         err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
+    _show_route(reports, json_out)
+
+
+def _show_route(reports: list[dict], json_out: bool) -> None:
+    """The reports on stdout: one JSON document with ``json_out``, else each trace's tables and winners."""
     if json_out:
         typer.echo(json_document("route", {"traces": reports}, indent=1))
-    else:
-        from kvcli.tables import stdout_console
+        return
+    from kvcli.route.report import render
+    from kvcli.tables import stdout_console
 
-        console = stdout_console()  # pipes and files: wide, no 80-column cut
-        for i, report in enumerate(reports):
-            if i:
-                console.print()
-            render(report, console)
+    console = stdout_console()  # pipes and files: wide, no 80-column cut
+    for i, report in enumerate(reports):
+        if i:
+            console.print()
+        render(report, console)
+
+
+class _RouteConsole(RouteEvents):
+    """A route run's events on stderr: each note as a ``kvcli: note:`` line; on a terminal, a transient bar per
+    trace while it is hashed, and one over its simulations."""
+
+    def __enter__(self) -> _RouteConsole:
+        self.bar = Progress(console=err, transient=True, disable=not err.is_terminal)
+        self.bar.__enter__()
+        self.task: TaskID | None = None  # the current trace's simulations
+        return self
+
+    def note(self, line: str) -> None:
+        err.print(f"kvcli: note: {line}", markup=False, highlight=False)
+
+    def reading(self, name: str, requests: Iterable[Any]) -> Iterable[Any]:
+        return self.bar.track(requests, description=f"hashing {name}")
+
+    def simulating(self, name: str, runs: int) -> None:
+        self.task = self.bar.add_task(f"simulating {name}", total=runs)
+
+    def run(self, what: str) -> None:
+        assert self.task is not None
+        self.bar.update(self.task, advance=1, description=f"simulating {what}")
+
+    def simulated(self, name: str) -> None:
+        assert self.task is not None
+        self.bar.remove_task(self.task)
+        self.task = None
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)

@@ -82,15 +82,16 @@ from kvcli.replay.network import (
     priced_overheads,
     repeat_spread,
 )
+from kvcli.replay.notes import namespace_misses, replay_notes
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.planner import price_plan, tier_load_seconds
-from kvcli.replay.results import ChunkSizeResult, ReplayConfig, TraceResult
-from kvcli.replay.savings import DRAWS, recommend, sig, summarize
+from kvcli.replay.results import ReplayConfig, TraceResult
+from kvcli.replay.savings import DRAWS, recommend, summarize
 from kvcli.replay.unit import replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.store.cluster import drop_connections
 from kvcli.store.kvstore import KVStore, make_store, purge_run
-from kvcli.store.namespace import absent_note, contents
+from kvcli.store.namespace import contents
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.records import StoreConfig
 from kvcli.store.runmark import RunMark, delete_sentinel, mark_run, write_sentinel
@@ -377,7 +378,7 @@ class Replayer:
         result.network = link.to_dict() if link else None
         result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
         result.cost_curve = self.curve.to_dict()
-        result.notes = (notes + self._notes(result, lengths, measured, measure_tokens, main) + self._degraded
+        result.notes = (notes + self._notes(result, lengths, measured, measure_tokens) + self._degraded
                         + _capacity_notes(stores, cfg))
         return result
 
@@ -441,57 +442,16 @@ class Replayer:
             self._degraded += [] if note in self._degraded else [note]
         return used
 
-    def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int,
-               results: list[ChunkSizeResult]) -> list[str]:
-        """Warnings a reader of the report needs: estimates far from what was measured or beyond the calibrated
-        range, truncated measurements, background work a trace's span cannot absorb; prompts shorter than one
-        chunk; a read namespace that gave nothing; chunks whose payload failed its checksum."""
-        notes = []
-        cfg = self.config
-        if cfg.priced and (cfg.link_gbps is None or cfg.rtt_seconds is None):
-            notes.append(f"the Redis side is priced across a {PRICED_LINK.gbps:g} Gbit/s network with a "
-                         f"{PRICED_LINK.rtt_seconds * 1e3:g} ms round trip where --link-gbps / --rtt-ms do not say "
-                         f"(an assumption, not a measurement: give your network's)")
-        if self.config.hit_curve and self.config.namespace is not None:
-            notes.append("no capacity/TTL curve with --namespace: the curve models the run's own cold cache")
-        for res in results:
-            if res.lookups_sampled:
-                notes.append(f"chunk size {res.chunk_size}: {res.lookups_pipelined:,} lookups pipelined, up to "
-                             f"{self.config.pipeline} requests per batch (--pipeline: {res.lookup_round_trips:,} "
-                             f"batch{'es' if res.lookup_round_trips != 1 else ''}); lookup p50/p99 and each lookup's "
-                             f"latency come from {res.lookups_sampled:,} sampled unpipelined lookup"
-                             f"{'s' if res.lookups_sampled != 1 else ''}")
-            if res.short_requests:
-                notes.append(f"chunk size {res.chunk_size}: {res.short_requests:,} of {res.requests:,} prompts "
-                             f"({res.short_prompt_tokens:,} tokens) are shorter than one chunk: they can never hit")
-            if res.checksum_failures:
-                notes.append(f"chunk size {res.chunk_size}: {res.checksum_failures:,} chunks failed their checksum "
-                             f"({res.checksum_verified_chunks:,} verified): counted as misses")
-        if self.config.namespace and any(r.requests and not r.namespace_hit_chunks for r in results):
-            found = contents(self.client, self.config.namespace)
-            notes += [absent_note(found, self.config.namespace, self.model_id, r.chunk_size) for r in results
-                      if r.requests and not r.namespace_hit_chunks]
+    def _notes(self, result: TraceResult, lengths: np.ndarray, measured: set[int], measure_tokens: int) -> list[str]:
+        """:func:`kvcli.replay.notes.replay_notes` of the main layout's results, with what the read namespace holds
+        when a chunk size took nothing from it, and the check of the prefills measured since the last trace."""
+        cfg, found = self.config, None
+        if cfg.namespace and namespace_misses(result.per_chunk_size):
+            found = contents(self.client, cfg.namespace)
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
-        ratio = None if self.config.priced else check.get("median_measured_over_predicted")  # another machine's
-        if ratio is not None and not 0.5 <= ratio <= 2.0:
-            notes.append(f"measured prefills took {ratio:.2f}x what the cost curve predicts (median of "
-                         f"{check['samples']}): the machine was busy or the curve is off; estimates are unreliable")
-        beyond = max((r.savings.beyond_share or 0.0 for r in results if r.savings), default=0.0)
-        if beyond > 0:
-            notes.append(f"up to {100 * beyond:.3g}% of a chunk size's saving comes from prompts longer than the "
-                         f"longest calibrated full prefill ({self.curve.longest_full_tokens:,} tokens; prompts reach "
-                         f"{int(lengths.max()):,}): extrapolated, with the calibration's spread in its interval")
-        longer = sum(1 for i in measured if lengths[i] > measure_tokens)
-        if longer:
-            notes.append(f"{longer} of {len(measured)} measured requests ran their first {measure_tokens:,} tokens "
-                         f"(the measuring budget's length); the rest of each prompt is estimated")
-        for r in results:
-            if r.overheads and result.span_seconds and r.overheads.background > result.span_seconds:
-                notes.append(f"chunk size {r.chunk_size}: background stores take {sig(r.overheads.background)} s "
-                             f"over a trace of {sig(result.span_seconds)} s: asynchronous storing cannot keep up, "
-                             f"so its synchronous net benefit is the one compared")
-        return notes
+        return replay_notes(cfg, result.per_chunk_size, result.span_seconds, lengths, measured, measure_tokens, check,
+                            self.curve.longest_full_tokens, self.model_id, found)
 
     # -- passes ---------------------------------------------------------------------------------------------------
     def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None]:

@@ -108,7 +108,7 @@ class CacheManagerIndex:
     """The Redis index chunk hash -> nodes of one simulation (see the module docstring for the layout).
 
     Args:
-        client: a redis-py client (e.g. from :func:`kvcli.server.open_redis`).
+        client: a redis-py client (e.g. from :func:`kvcli.store.server.open_redis`).
         nodes: number of nodes (depth lists have this length).
 
     Raises:

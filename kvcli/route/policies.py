@@ -1,11 +1,11 @@
 """Routing policies: which node serves a request. A registry maps each name to a factory.
 
-Interface (:class:`Policy`; the simulator in :mod:`kvcli.route` calls it):
+Interface (:class:`Policy`; the simulator in :mod:`kvcli.route.simulator` calls it):
 
 * ``lookup(request) -> Lookup | None`` at arrival: only a policy that asks a cache manager returns a
-  :class:`~kvcli.route.Lookup` (the router then waits ``wait_s`` simulated seconds); it may do real I/O.
-* ``choose(request, view, lookup) -> node`` at dispatch; ``view`` (:class:`~kvcli.route.ClusterView`) gives each
-  node's outstanding requests and prefill tokens. May mutate the policy's own state (counters, router index).
+  :class:`~kvcli.route.simulator.Lookup` (the router then waits ``wait_s`` simulated seconds); it may do real I/O.
+* ``choose(request, view, lookup) -> node`` at dispatch; ``view`` (:class:`~kvcli.route.simulator.ClusterView`) gives
+  each node's outstanding requests and prefill tokens. May mutate the policy's own state (counters, router index).
 * ``on_cache_change(node, stored, evicted)`` after a node's prefill changed its cache (the cache manager's feed;
   chunk ids, :attr:`~kvcli.route.simulator.SimRequest.chunk_ids`).
 * ``mirror_nodes(capacity_chunks) -> [deque per node] | None`` once, before the first request: a policy whose index
@@ -256,7 +256,7 @@ class Cost(_RouterIndexed):
 
 
 class CacheManager(Policy):
-    """Ask the Redis cache manager (:class:`~kvcli.cachemanager.CacheManagerIndex`) which node holds the longest
+    """Ask the Redis cache manager (:class:`~kvcli.route.cachemanager.CacheManagerIndex`) which node holds the longest
     prefix, after an injected delay (stream ``STREAM_LOOKUP``). If the wait (injected + measured, the measured part
     only when ``count_measured_latency``) exceeds ``lookup_timeout``, the router waits the timeout and sends the
     request to the least loaded node. Ties and no match at all: least loaded."""

@@ -1,7 +1,7 @@
 """The routing report: run every policy at every sweep point, summarize, and show it (table, JSON, plot).
 
 Per run (policy x sweep point) the summary holds: hit token ratio across the cluster and the single-node bound
-(:func:`kvcli.route.single_node_hit_tokens`), prefill tokens computed, per-node requests and computed tokens
+(:func:`kvcli.route.simulator.single_node_hit_tokens`), prefill tokens computed, per-node requests and computed tokens
 (max/mean and coefficient of variation = population std / mean), the peak request imbalance (max - min outstanding
 requests at any moment), queue wait and TTFT p50/p90/p99, end-to-end p50/p99 (seconds), throughput (requests per
 second over the makespan, first arrival to last finish), cache-manager lookups (count, timeouts, measured Redis
@@ -34,7 +34,7 @@ from kvcli.tables import print_table
 from kvcli.units import parse_capacity, parse_duration
 
 # Sweepable CLI names -> the SimConfig field each sets. Which policies a parameter affects follows from the field
-# (kvcli.policies.config_fields): cluster, workload and arrival fields affect all; the others only their policy.
+# (kvcli.route.policies.config_fields): cluster, workload and arrival fields affect all; the others only their policy.
 SWEEP_FIELDS = {"nodes": "nodes", "node-capacity": "capacity_tokens", "max-batch": "max_batch",
                 "decode-tpot": "decode_tpot", "rate": "rate", "seed": "seed", "abs-threshold": "abs_threshold",
                 "rel-threshold": "rel_threshold", "cache-threshold": "cache_threshold", "w": "cost_weight",
@@ -105,7 +105,7 @@ def sweep_points(config: SimConfig, sweeps: list[str], kv_bytes_per_token) -> li
 
 def plan_runs(policies: list[str], points: list[tuple[dict, SimConfig]]) -> list[tuple[str, dict, SimConfig]]:
     """The runs to simulate, ``[(policy, labels, config)]`` in policy order, then point order: each policy once per
-    distinct value of the config fields its run depends on (:func:`kvcli.policies.config_fields`), so a sweep of
+    distinct value of the config fields its run depends on (:func:`kvcli.route.policies.config_fields`), so a sweep of
     ``abs-threshold`` runs ``cache-aware`` at each value and every other policy once. ``labels`` keeps only the
     swept parameters that affect the policy."""
     seen, out = set(), []

@@ -3,7 +3,7 @@
 The model (what ``kvcli route`` simulates; docs/routing.md says the same for users):
 
 * **Requests** are hashed once (:func:`prepare_requests`): one 16-byte prefix-chained hash per *full* chunk
-  (:mod:`kvcli.hashing`), the cache salt in the root, so two tenants never share a chunk.
+  (:mod:`kvcli.store.hashing`), the cache salt in the root, so two tenants never share a chunk.
 * **Arrivals**: at the trace's timestamps (seconds), or Poisson at ``rate`` requests/s (seeded) with ``--rate``.
 * **Routing**: at arrival the policy picks a node. A policy that asks a cache manager (``cache-manager``) first
   waits for its answer (``Lookup.wait_s``: injected delay + measured Redis latency, capped at the timeout); the
@@ -43,7 +43,7 @@ from kvcli.route.numbering import ChunkNumbering
 from kvcli.store.hashing import PromptChunker, reusable_tokens
 from kvcli.store.lru import ChunkLru
 from kvcli.store.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
-from kvcli.units import check_seed, parse_capacity
+from kvcli.units import check_count, check_seed, parse_capacity
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
 STREAM_ARRIVALS, STREAM_POLICY, STREAM_LOOKUP = 1, 2, 3
@@ -229,7 +229,7 @@ class SimRequest:
 
     @property
     def hashes(self) -> tuple[bytes, ...]:
-        """16-byte chunk hashes, one per full chunk, chained from the salt's root (:mod:`kvcli.hashing`)."""
+        """16-byte chunk hashes, one per full chunk, chained from the salt's root (:mod:`kvcli.store.hashing`)."""
         table = self.numbering.hashes
         return tuple([table[c] for c in self.chunk_ids])
 
@@ -338,8 +338,8 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
 
     Args:
         requests: from one :func:`prepare_requests` call (hashed with ``config.chunk_size``).
-        policy: a :class:`kvcli.policies.Policy` (fresh: policies keep state).
-        cost: a :class:`kvcli.costcurve.CostCurve` (its scalar ``seconds(new_tokens, cached_tokens)``).
+        policy: a :class:`kvcli.route.policies.Policy` (fresh: policies keep state).
+        cost: a :class:`kvcli.model.costcurve.CostCurve` (its scalar ``seconds(new_tokens, cached_tokens)``).
 
     Raises:
         BadInputError: as :func:`arrival_times`. ValueError: as :func:`check_numbering`.
@@ -405,8 +405,7 @@ def load_requests(path, fmt: str = "auto", tokenizer="cl100k_base", chunk_size: 
     from kvcli.model.tokenize import lazy_tokenizer
     from kvcli.traces.detect import read_trace
 
-    if limit is not None and limit < 1:
-        raise BadInputError(f"--limit must be >= 1, got {limit}")
+    check_count("--limit", limit)
     tok, name = lazy_tokenizer(tokenizer)
     stream = itertools.islice(read_trace(path, fmt, tok), None if limit is None else min(limit, sys.maxsize))
     requests = prepare_requests(track(stream) if track else stream, chunk_size, name)
@@ -425,7 +424,7 @@ def check_prefill_tps(prefill_tps: float | None) -> None:
 
 def prefill_cost(prefill_tps: float | None, model: str = "cpu"):
     """The prefill cost curve: a flat ``prefill_tps`` tokens/s when given, else measured now on the local model
-    (:func:`kvcli.costcurve.calibrate` on ``load_model(model)``, a preset or checkpoint folder; a few seconds on
+    (:func:`kvcli.model.costcurve.calibrate` on ``load_model(model)``, a preset or checkpoint folder; a few seconds on
     CPU).
 
     Returns:
