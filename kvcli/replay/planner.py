@@ -1,5 +1,5 @@
 """The capacity planner of one chunk size: tiers, the optimal bound and the gap, admission, policies and the bill,
-run after the replay on the chunk ids the curve kept (:mod:`kvcli.replay.stream`; no Redis, nothing in the
+run after the replay on the chunk ids the curve kept (:mod:`kvcli.sim.stream`; no Redis, nothing in the
 replay's loops). Off unless ``--tier``, ``--optimal``, ``--admit-after`` or ``--policy`` asks for it.
 
 The chosen capacity (where the gap is split, and where admission and the policies run without tiers): the first
@@ -9,7 +9,7 @@ the unlimited cache's hit tokens.
 Pricing (:func:`price_plan`, after the replay's savings): a tier's hits cost a load and save their recompute.
 Recompute: the tier's hit tokens times the replay's saved prefill per hit token at this chunk size (its 95%
 interval carried): an average over the trace's hits, not the marginal cost of each. Load, by the tier's kind
-(:data:`kvcli.store.tiers.KINDS`): ``gpu`` 0 (the prefix cache is in device memory); ``host`` its bytes at the
+(:data:`kvcli.sim.tiers.KINDS`): ``gpu`` 0 (the prefix cache is in device memory); ``host`` its bytes at the
 device's load rate (``--hardware``'s host link or ``--prefill-profile``'s measured rate; else this machine's
 measured deserialize time per chunk); any other tier a store across the network, priced as the replay's Redis
 (the network model's round trip per request and bytes at link speed, or the server's measured rates), plus the
@@ -24,14 +24,13 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.replay.bill import Prices, bill, check_prices
-from kvcli.replay.curve import CurveResult
 from kvcli.replay.network import DeviceRates, Link, ServerRates
-from kvcli.replay.optimal import optimal_by_capacity
-from kvcli.replay.policies import simulate_policy
 from kvcli.replay.savings import Interval
-from kvcli.replay.stream import ChunkStream
-from kvcli.replay.tiers import simulate_tiers
-from kvcli.store.tiers import TierSpec, check_tiers
+from kvcli.sim.curve import CurveResult
+from kvcli.sim.eviction import simulate_policy
+from kvcli.sim.optimal import optimal_by_capacity
+from kvcli.sim.stream import ChunkStream
+from kvcli.sim.tiers import TierSpec, check_tiers, simulate_tiers
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,8 @@ class PlanOptions:
 class PlanResult:
     """One chunk size's plan, JSON-ready through :meth:`to_dict` (capacities in chunks, tokens and payload bytes;
     seconds; $). Fields left empty were not asked for. ``optimal``: MIN's ``(hit chunks, whole-prompt hits)`` at
-    every capacity (:func:`kvcli.replay.optimal.optimal_by_capacity`; None without ``--optimal``), written into the
-    curve's points (:meth:`CurveResult.to_dict <kvcli.replay.curve.CurveResult.to_dict>`), not into :meth:`to_dict`."""
+    every capacity (:func:`kvcli.sim.optimal.optimal_by_capacity`; None without ``--optimal``), written into the
+    curve's points (:meth:`CurveResult.to_dict <kvcli.sim.curve.CurveResult.to_dict>`), not into :meth:`to_dict`."""
 
     chunk_size: int
     payload_bytes_per_chunk: int

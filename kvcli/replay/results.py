@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvcli.replay.curve import CurveResult
     from kvcli.replay.planner import PlanResult
+    from kvcli.sim.curve import CurveResult
 
 from kvcli.errors import BadInputError
 from kvcli.replay.network import Overheads
@@ -47,7 +47,7 @@ class ReplayConfig:
             4 bytes per token).
         layouts: key layouts to replay through, side by side (kvcli.store.kvstore.LAYOUTS: "kvcli", "lmcache");
             the first one's results are the report's main table and recommendation.
-        hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
+        hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/sim/curve.py; its memory
             grows ~55-95 bytes per distinct chunk per chunk size).
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
         verify_sample: distinct chunks per chunk size whose checksum is verified when estimated requests hit

@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 from kvcli.cli.app import app
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.presets import ModelSpec
-from kvcli.replay.chunkids import ChunkIds
-from kvcli.replay.curve import HitCurve
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
-from kvcli.replay.ttlcurve import TtlCurve
+from kvcli.sim.chunkids import ChunkIds
+from kvcli.sim.curve import HitCurve
+from kvcli.sim.ttlcurve import TtlCurve
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import chunk_prompt
 from kvcli.store.namespace import purge
@@ -298,7 +298,7 @@ def test_observe_many_equals_observe_one_by_one(trace, sizes, refresh, untimed):
 def test_deferred_requests_come_first_and_in_batches():
     """defer() holds requests until BATCH of them (or an observe, or the result): 300 requests of one chunk then one
     more of it through observe: distances as one at a time."""
-    from kvcli.replay.curve import BATCH
+    from kvcli.sim.curve import BATCH
 
     h = chunk_prompt(tok(1, 4), 4, b"r" * 16).hashes
     other = [chunk_prompt([i] * 4, 4, b"r" * 16).hashes for i in range(1000, 1300)]

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_tiers import MOONCAKE, A, B, C, D, _cli, curve_and_stream, random_stream
 
-from kvcli.replay.optimal import optimal_by_capacity
-from kvcli.replay.stream import NEVER, ChunkStream, stream_of
-from kvcli.replay.tiers import simulate_tiers
+from kvcli.sim.optimal import optimal_by_capacity
+from kvcli.sim.stream import NEVER, ChunkStream, stream_of
+from kvcli.sim.tiers import simulate_tiers
 from kvcli.traces.detect import read_trace
 
 

@@ -5,10 +5,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcli.replay.chunkids import ChunkIds
-from kvcli.replay.stackdist import NEVER, Fenwick, StackDistances, _smaller_before, batch_links, chain_max
+from kvcli.sim.chunkids import ChunkIds
+from kvcli.sim.lru import ChunkLru
+from kvcli.sim.stackdist import NEVER, Fenwick, StackDistances, _smaller_before, batch_links, chain_max
 from kvcli.store.hashing import chunk_prompt
-from kvcli.store.lru import ChunkLru
 
 ROOT = b"r" * 16
 

@@ -10,11 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcli.errors import BadInputError
-from kvcli.replay.curve import HitCurve
-from kvcli.replay.stream import ChunkStream, stream_of
-from kvcli.replay.tiers import simulate_tiers
+from kvcli.sim.curve import HitCurve
+from kvcli.sim.stream import ChunkStream, stream_of
+from kvcli.sim.tiers import TierSpec, parse_tier, simulate_tiers
 from kvcli.store.hashing import chunk_prompt
-from kvcli.store.tiers import TierSpec, parse_tier
 from kvcli.traces.detect import read_trace
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"

@@ -35,7 +35,7 @@ from kvcli.route.simulator import (
     simulate,
     single_node_hit_tokens,
 )
-from kvcli.store.lru import ChunkLru
+from kvcli.sim.lru import ChunkLru
 from kvcli.traces.request import Request
 from kvcli.units import parse_capacity, parse_duration
 

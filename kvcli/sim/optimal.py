@@ -47,7 +47,7 @@ import heapq
 
 import numpy as np
 
-from kvcli.replay.stream import NEVER, ChunkStream
+from kvcli.sim.stream import NEVER, ChunkStream
 
 BLOCK = 64
 """Slots per block of the walk's search for the next slot to change."""
