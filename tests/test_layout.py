@@ -106,6 +106,21 @@ def test_the_simulations_load_neither_redis_nor_a_model():
     assert out.stdout.strip() == ""
 
 
+SERVER_FIXTURES = {"redis_url", "redis_client", "make_server", "fault_proxy", "server_kind", "cluster_in_background",
+                   "_session_server", "_session_cluster", "_flushers"}
+
+
+def test_the_simulations_tests_start_no_server():
+    """tests/sim/ asks for none of conftest.py's server fixtures."""
+    files = sorted((Path(__file__).parent / "sim").glob("test_*.py"))
+    assert files
+    asked = {f"{path.name}:{node.name}({arg.arg})"
+             for path in files
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+             for arg in node.args.args if arg.arg in SERVER_FIXTURES}
+    assert asked == set()
+
+
 def _own_names(tree: ast.AST) -> set[str]:
     """Every name a file defines or binds: functions, classes, ``self.x`` / ``cls.x`` attributes, assigned names,
     import aliases, parameters."""

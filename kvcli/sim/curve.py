@@ -3,8 +3,9 @@
 Capacity: Mattson's stack distances under the replay's own LRU order (:mod:`kvcli.sim.stackdist`, the one-pass
 form of :class:`kvcli.sim.lru.ChunkLru`): a request's chunk ``k`` hits at capacity ``C`` chunks iff the running
 maximum of its chain's distances up to ``k`` is ``<= C``. So the curve at ``C`` equals, chunk for chunk, a replay
-with ``--capacity-tokens C*chunk_size`` (or ``--capacity-bytes C*payload_bytes``): tests/replay/test_curve.py checks
-it on random traces and on the Mooncake sample. TTL: :mod:`kvcli.sim.ttlcurve` (unlimited capacity).
+with ``--capacity-tokens C*chunk_size`` (or ``--capacity-bytes C*payload_bytes``):
+tests/replay/test_curve_replay.py checks it on random traces and on the Mooncake sample. TTL:
+:mod:`kvcli.sim.ttlcurve` (unlimited capacity).
 
 Both assume the run's own cold cache (no ``--namespace`` to read from) and count index hits (a measured request's
 payload lost to a checksum failure is a hit here, a miss in the replay's count).

@@ -123,7 +123,7 @@ def test_distances_stay_exact_across_renumbering():
 
 def cut(items, sizes):
     """``items`` cut into consecutive groups of ``sizes`` (cycled), the last one what is left (also
-    tests/replay/test_curve.py's)."""
+    tests/sim/test_curve.py's)."""
     out, i, k = [], 0, 0
     while i < len(items):
         out.append(items[i:i + sizes[k % len(sizes)]])
