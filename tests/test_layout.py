@@ -3,6 +3,8 @@ and no two modules import each other (directly or through a cycle)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import kvcli
@@ -19,15 +21,16 @@ ALLOWED = {
     "units": {"errors", "provenance"},
     "tables": set(),
     "prefixkv": {"errors"},
-    "store": {"errors", "units", "redact", "prefixkv"},
     "model": {"errors", "units", "redact", "provenance", "prefixkv", "version"},
     "traces": {"errors", "units", "model"},
-    "replay": {"errors", "units", "tables", "figures", "traces", "store", "model", "prefixkv"},
+    "sim": {"errors", "units", "traces"},  # pure simulations, below the store (which takes its LRU from here)
+    "store": {"errors", "units", "redact", "prefixkv", "sim"},
+    "replay": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model", "prefixkv"},
     "live": {"errors", "units", "tables", "traces", "store", "model", "prefixkv"},
-    "route": {"errors", "units", "tables", "figures", "traces", "store", "model"},
-    "analysis": {"errors", "units", "tables", "traces", "model", "replay", "store"},
-    "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "traces", "store", "model", "replay",
-            "live", "route", "analysis", "version"},
+    "route": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model"},
+    "analysis": {"errors", "units", "tables", "sim", "traces", "model", "store"},
+    "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "sim", "traces", "store", "model",
+            "replay", "live", "route", "analysis", "version"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model", "version"},  # its library names, lazily
 }
@@ -90,6 +93,33 @@ def test_every_subpackage_says_what_it_owns_and_may_import():
     for init in ROOT.glob("*/__init__.py"):
         doc = ast.get_docstring(ast.parse(init.read_text())) or ""
         assert "May import" in doc or "Imports:" in doc, init
+
+
+def test_the_simulations_load_neither_redis_nor_a_model():
+    """kvcli.sim needs neither Redis nor a model: importing all of its modules in a fresh interpreter loads no
+    redis-py, torch or tokenizer library."""
+    names = sorted(n for n in _modules() if n.startswith("kvcli.sim."))
+    assert "kvcli.sim.curve" in names and "kvcli.sim.lru" in names
+    heavy = ("redis", "torch", "transformers", "tokenizers", "tiktoken")
+    code = (f"import sys\nfor name in {names!r}:\n    __import__(name)\n"
+            f"print(' '.join(sorted(m for m in {heavy!r} if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+SERVER_FIXTURES = {"redis_url", "redis_client", "make_server", "fault_proxy", "server_kind", "cluster_in_background",
+                   "_session_server", "_session_cluster", "_flushers"}
+
+
+def test_the_simulations_tests_start_no_server():
+    """tests/sim/ asks for none of conftest.py's server fixtures."""
+    files = sorted((Path(__file__).parent / "sim").glob("test_*.py"))
+    assert files
+    asked = {f"{path.name}:{node.name}({arg.arg})"
+             for path in files
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.FunctionDef)
+             for arg in node.args.args if arg.arg in SERVER_FIXTURES}
+    assert asked == set()
 
 
 def _own_names(tree: ast.AST) -> set[str]:

@@ -3,6 +3,6 @@ the prompt tokens a prefix cache could reuse) and ``kvcli explain`` (why each re
 and where its prompt diverged).
 
 May import: kvcli.errors, kvcli.units, kvcli.tables, kvcli.traces, kvcli.model (the tokenizer, model specs),
-kvcli.replay (the token radix of replay's upper bound, the TTL rules) and kvcli.store (chunk hashes, the LRU, the
-engines' block hashes, the store's capacity rule). Not live, route or cli.
+kvcli.sim (the token radix of replay's upper bound, the LRU, the TTL rules) and kvcli.store (chunk hashes, the
+engines' block hashes, the store's capacity rule). Not replay, live, route or cli.
 """

@@ -5,13 +5,13 @@ Per request of ``n`` prompt tokens, in the order every command takes a trace (:m
 chunk size ``cs``:
 
 * ``B``, the **best prefix**: its longest common token prefix with any earlier request of the same cache salt (the
-  token radix of replay's upper bound, :class:`kvcli.replay.upper_bound.RadixUpperBound`); ``B_any``, the same over
+  token radix of replay's upper bound, :class:`kvcli.sim.upper_bound.RadixUpperBound`); ``B_any``, the same over
   earlier requests of *any* salt (only traces with two salts or more differ); the **predecessor**: the latest earlier
   request that shares ``B_any`` tokens.
 * ``U = floor(B / cs) * cs``, the chunks an unlimited chunk-hash store holds for it (its run of chunk hits: every
   earlier request stored each of its full chunks, so a chunk is held iff an earlier prompt holds its whole prefix);
-  ``C``, the run the replay's LRU holds at the capacity (:class:`kvcli.store.lru.ChunkLru`, touched as replay
-  touches it); ``F``, the run that is also unexpired at the TTL (expiry as :mod:`kvcli.replay.ttlcurve` rules it:
+  ``C``, the run the replay's LRU holds at the capacity (:class:`kvcli.sim.lru.ChunkLru`, touched as replay
+  touches it); ``F``, the run that is also unexpired at the TTL (expiry as :mod:`kvcli.sim.ttlcurve` rules it:
   a chunk lives ``ttl`` seconds from the write that stored it, or from its last request with ``refresh``; an absent
   chunk, evicted or expired, is written again). ``F <= C <= U <= B <= B_any <= n``.
 * A request reuses ``reused = reusable(F)`` tokens, ``reusable(h) = min(h, n - 1)``
@@ -51,10 +51,10 @@ import numpy as np
 
 from kvcli.analysis.divergence import Site, locate
 from kvcli.errors import BadInputError
-from kvcli.replay.ttlcurve import RESOLUTION_SECONDS
-from kvcli.replay.upper_bound import PrefixMatch, RadixUpperBound
+from kvcli.sim.lru import ChunkLru
+from kvcli.sim.ttlcurve import RESOLUTION_SECONDS
+from kvcli.sim.upper_bound import PrefixMatch, RadixUpperBound
 from kvcli.store.hashing import PromptChunker, reusable_tokens
-from kvcli.store.lru import ChunkLru
 from kvcli.traces.request import ChatPrompt, Request
 
 #: the causes of lost tokens, in the order reports list them (module docstring).
@@ -207,7 +207,7 @@ class BlockHashes:
 
 
 class _Expiry:
-    """Chunk expiry for one TTL (the rules of :mod:`kvcli.replay.ttlcurve`): a chunk's time is its last write
+    """Chunk expiry for one TTL (the rules of :mod:`kvcli.sim.ttlcurve`): a chunk's time is its last write
     ("after write") or last request (``refresh``); it is present at ``now`` iff ``now - time <= ttl``, to the
     microsecond."""
 

@@ -8,9 +8,9 @@ Rules:
   of the same ``cache_salt``: exact at token granularity, over the token ids kvcli replays (a hash-id trace's are
   synthesized per block: two prompts share the tokens of their common blocks, and by chance rarely a token more).
   It is what an unlimited radix cache reuses
-  (:class:`kvcli.replay.upper_bound.RadixUpperBound`, the same radix as replay's upper bound; edges compared with
+  (:class:`kvcli.sim.upper_bound.RadixUpperBound`, the same radix as replay's upper bound; edges compared with
   one vectorized ``!=``, never a Python loop over tokens); the share is their sum over all prompt tokens.
-* **Top shared prefixes**: the radix's reused runs (:meth:`~kvcli.replay.upper_bound.RadixUpperBound.shared_segments`):
+* **Top shared prefixes**: the radix's reused runs (:meth:`~kvcli.sim.upper_bound.RadixUpperBound.shared_segments`):
   a run is the tokens between two branch points of the prefix tree, reused whole by some number of later requests;
   its saved tokens are its length times those requests. The runs partition the shared tokens (their saved tokens
   sum to the trace's shared tokens), so a system prompt every request repeats is one run, saved once per
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.sim.upper_bound import RadixUpperBound
 from kvcli.traces.order import arrival_order
 from kvcli.traces.request import Request
 

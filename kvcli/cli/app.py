@@ -295,11 +295,11 @@ def replay(
 def plan_options(tiers: list[str] | None, optimal: bool, admit_after: int, policy: str | None,
                  prices: list[str] | None):
     """The capacity planner's options from replay's ``--tier``, ``--optimal``, ``--admit-after``, ``--policy`` and
-    ``--price`` (:class:`kvcli.replay.planner.PlanOptions`). Raises BadInputError naming the option."""
+    ``--price`` (:class:`kvcli.replay.results.PlanOptions`). Raises BadInputError naming the option."""
     from kvcli.replay.bill import parse_prices
-    from kvcli.replay.planner import PlanOptions
-    from kvcli.replay.policies import parse_policies
-    from kvcli.store.tiers import parse_tier
+    from kvcli.replay.results import PlanOptions
+    from kvcli.sim.eviction import parse_policies
+    from kvcli.sim.tiers import parse_tier
 
     return PlanOptions(tuple(parse_tier(t) for t in tiers or ()), optimal, admit_after, parse_policies(policy),
                        parse_prices(prices))

@@ -1,7 +1,8 @@
-"""``kvcli replay``: replays traces through one chunk store per chunk size, accounts hits, bytes, round trips and
-measured/estimated prefill savings, computes the token-granular upper bound, and renders the report.
+"""``kvcli replay``: the replay of a trace on Redis and a model, and its accounting: one chunk store per chunk size,
+hits, bytes, round trips and measured/estimated prefill savings, the capacity planner run on the chunk ids the
+curve kept (its simulations are :mod:`kvcli.sim`), and the report.
 
-May import: kvcli.traces, kvcli.store, kvcli.model, kvcli.prefixkv, kvcli.errors, kvcli.units, kvcli.tables,
-kvcli.figures.
+May import: kvcli.sim, kvcli.traces, kvcli.store, kvcli.model, kvcli.prefixkv, kvcli.errors, kvcli.units,
+kvcli.tables, kvcli.figures.
 Not live, route or cli.
 """

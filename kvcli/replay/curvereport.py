@@ -3,7 +3,7 @@
 How to read the figure: the left panel is the hit token ratio an LRU cache of that size would have had on the
 trace (x: payload bytes for the model, log scale; top axis: tokens), one line per chunk size, each ending at its
 unlimited-cache ratio; the dashed line is the token-granular upper bound (an unlimited radix tree); with
-``--optimal``, a dash-dotted line per chunk size is the optimal eviction's (Belady's MIN, :mod:`kvcli.replay.optimal`)
+``--optimal``, a dash-dotted line per chunk size is the optimal eviction's (Belady's MIN, :mod:`kvcli.sim.optimal`)
 at the same capacities, so the space between the two is what a better policy could win. A curve that
 is still rising at the right edge wants more cache; the knee is where more bytes stop paying. The right panel is the
 same against the entries' TTL (unlimited capacity); the dotted line marks the trace's span, from which on a TTL is
@@ -19,9 +19,9 @@ import numpy as np
 
 from kvcli.errors import BadInputError
 from kvcli.figures import check_plot_path, plot_paths
-from kvcli.replay.curve import CurveResult
 from kvcli.replay.results import ChunkSizeResult, TraceResult
-from kvcli.replay.ttlcurve import TTL_GRID_SECONDS
+from kvcli.sim.curve import CurveResult
+from kvcli.sim.ttlcurve import TTL_GRID_SECONDS
 from kvcli.units import fmt_bytes
 
 Row = tuple[str, Callable[[ChunkSizeResult], str]]

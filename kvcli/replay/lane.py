@@ -3,7 +3,7 @@
 A replay runs one store per (layout, chunk size) and nothing one store does changes another's hits, so everything
 it accounts for a store lives in that store's :class:`Lane`: the :class:`~kvcli.replay.results.ChunkSizeResult`
 (counts, bytes, seconds), the :class:`~kvcli.replay.savings.Ledger` (per request records for the savings), the
-chunks an unlimited cache would hold (capacity-limited stores only), the :class:`~kvcli.replay.curve.HitCurve`, the
+chunks an unlimited cache would hold (capacity-limited stores only), the :class:`~kvcli.sim.curve.HitCurve`, the
 chunks whose checksum was verified and the :class:`~kvcli.store.batch.Batcher` of its pipelined batches. The unit
 that drives a trace through its lanes (:mod:`kvcli.replay.unit`) hands each lane every request in trace order.
 
@@ -28,12 +28,12 @@ from redis.cluster import RedisCluster
 from kvcli.errors import KvcliError
 from kvcli.model.costcurve import PrefillSample
 from kvcli.prefixkv import resumable_tokens
-from kvcli.replay.curve import HitCurve
 from kvcli.replay.measure import SuffixTimings
 from kvcli.replay.network import ServerRates
 from kvcli.replay.planner import plan
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.replay.savings import Ledger
+from kvcli.sim.curve import HitCurve
 from kvcli.store.batch import Batcher
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, reusable_tokens

@@ -1,5 +1,5 @@
 """The capacity planner of one chunk size: tiers, the optimal bound and the gap, admission, policies and the bill,
-run after the replay on the chunk ids the curve kept (:mod:`kvcli.replay.stream`; no Redis, nothing in the
+run after the replay on the chunk ids the curve kept (:mod:`kvcli.sim.stream`; no Redis, nothing in the
 replay's loops). Off unless ``--tier``, ``--optimal``, ``--admit-after`` or ``--policy`` asks for it.
 
 The chosen capacity (where the gap is split, and where admission and the policies run without tiers): the first
@@ -9,7 +9,7 @@ the unlimited cache's hit tokens.
 Pricing (:func:`price_plan`, after the replay's savings): a tier's hits cost a load and save their recompute.
 Recompute: the tier's hit tokens times the replay's saved prefill per hit token at this chunk size (its 95%
 interval carried): an average over the trace's hits, not the marginal cost of each. Load, by the tier's kind
-(:data:`kvcli.store.tiers.KINDS`): ``gpu`` 0 (the prefix cache is in device memory); ``host`` its bytes at the
+(:data:`kvcli.sim.tiers.KINDS`): ``gpu`` 0 (the prefix cache is in device memory); ``host`` its bytes at the
 device's load rate (``--hardware``'s host link or ``--prefill-profile``'s measured rate; else this machine's
 measured deserialize time per chunk); any other tier a store across the network, priced as the replay's Redis
 (the network model's round trip per request and bytes at link speed, or the server's measured rates), plus the
@@ -18,84 +18,16 @@ host part.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from kvcli.errors import BadInputError
-from kvcli.replay.bill import Prices, bill, check_prices
-from kvcli.replay.curve import CurveResult
+from kvcli.replay.bill import Prices, bill
 from kvcli.replay.network import DeviceRates, Link, ServerRates
-from kvcli.replay.optimal import optimal_by_capacity
-from kvcli.replay.policies import simulate_policy
+from kvcli.replay.results import PlanOptions, PlanResult
 from kvcli.replay.savings import Interval
-from kvcli.replay.stream import ChunkStream
-from kvcli.replay.tiers import simulate_tiers
-from kvcli.store.tiers import TierSpec, check_tiers
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """What the planner runs (built at the CLI edge): ``tiers`` fastest first, ``optimal``, ``admit_after`` (1:
-    store every new chunk), ``policies`` (beside LRU; empty: none), ``prices`` (None: no bill)."""
-
-    tiers: tuple[TierSpec, ...] = ()
-    optimal: bool = False
-    admit_after: int = 1
-    policies: tuple[str, ...] = ()
-    prices: Prices | None = None
-
-    def __post_init__(self) -> None:
-        """Raises BadInputError (naming the option): ``admit_after`` < 1, two tiers of one name, a per-GB price of
-        a tier not given."""
-        if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, int) or self.admit_after < 1:
-            raise BadInputError(f"--admit-after must be a count >= 1, got {self.admit_after!r}")
-        check_tiers(self.tiers)
-        check_prices(self.prices, [t.name for t in self.tiers])
-
-    @property
-    def wanted(self) -> bool:
-        """Anything to run (the curve then keeps its chunk ids)."""
-        return bool(self.tiers or self.optimal or self.admit_after > 1 or self.policies)
-
-
-@dataclass
-class PlanResult:
-    """One chunk size's plan, JSON-ready through :meth:`to_dict` (capacities in chunks, tokens and payload bytes;
-    seconds; $). Fields left empty were not asked for. ``optimal``: MIN's ``(hit chunks, whole-prompt hits)`` at
-    every capacity (:func:`kvcli.replay.optimal.optimal_by_capacity`; None without ``--optimal``), written into the
-    curve's points (:meth:`CurveResult.to_dict <kvcli.replay.curve.CurveResult.to_dict>`), not into :meth:`to_dict`."""
-
-    chunk_size: int
-    payload_bytes_per_chunk: int
-    capacity_chunks: int
-    capacity_source: str
-    tiers: list[dict] = field(default_factory=list)
-    tier_hit_tokens: int | None = None
-    optimal: tuple[np.ndarray, np.ndarray] | None = None
-    gap: dict | None = None
-    admission: dict | None = None
-    policies: list[dict] = field(default_factory=list)
-    bill: dict | None = None
-    slow_tiers: list[str] = field(default_factory=list)  # tiers whose loads cost more than their recompute
-    memory_bytes: int = 0
-    seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        """JSON-ready (without ``optimal``: the curve's points carry it)."""
-        return {k: v for k, v in self.__dict__.items() if k != "optimal"}
-
-    def optimal_hit_tokens(self, capacity_chunks: int) -> int:
-        """MIN's hit tokens at ``capacity_chunks`` chunks (clipped to the distinct chunks: past them, unlimited).
-
-        Raises:
-            ValueError: the plan has no optimal bound (no ``--optimal``).
-        """
-        if self.optimal is None:
-            raise ValueError("the plan has no optimal bound: it needs --optimal")
-        hits, whole = self.optimal
-        c = min(max(int(capacity_chunks), 0), len(hits) - 1)
-        return int(hits[c]) * self.chunk_size - int(whole[c])
+from kvcli.sim.curve import CurveResult
+from kvcli.sim.eviction import simulate_policy
+from kvcli.sim.optimal import optimal_by_capacity
+from kvcli.sim.stream import ChunkStream
+from kvcli.sim.tiers import simulate_tiers
 
 
 def chosen_capacity(options: PlanOptions, curve: CurveResult, capacity_chunks: int | None) -> tuple[int, str]:

@@ -8,8 +8,7 @@ from typing import Any
 
 from kvcli.replay.bill import FORMULAS
 from kvcli.replay.curvereport import Row
-from kvcli.replay.planner import PlanResult
-from kvcli.replay.results import ChunkSizeResult
+from kvcli.replay.results import ChunkSizeResult, PlanResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.units import fmt_bytes
 

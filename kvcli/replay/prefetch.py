@@ -57,7 +57,7 @@ def can_prefetch(requests: int, measured: bool, force: bool | None) -> bool:
 class Prefetch:
     """Items for the first ``limit`` requests of ``reader()``, in order, hashed in a forked child (started here):
     ``(index, timestamp, tokens, prompts, match, None)``, ``prompts`` None for an empty prompt; ``radix`` (a
-    :class:`~kvcli.replay.upper_bound.UpperBound` or None) runs in the child, ``match`` its reusable tokens.
+    :class:`~kvcli.sim.upper_bound.UpperBound` or None) runs in the child, ``match`` its reusable tokens.
     Iterate once; :meth:`close` always (it stops the child); :meth:`paused` around a timing.
 
     Raises (iterating):

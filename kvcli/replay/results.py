@@ -1,5 +1,7 @@
 """What a replay produces: per chunk size accounting (:class:`ChunkSizeResult`), per trace (:class:`TraceResult`),
-and the options that produced them (:class:`ReplayConfig`). Plain data, JSON-ready through ``to_dict``.
+and the options that produced them (:class:`ReplayConfig`); the capacity planner's options and result
+(:class:`PlanOptions`, :class:`PlanResult`, filled by :mod:`kvcli.replay.planner`). Plain data, JSON-ready through
+``to_dict``.
 """
 from __future__ import annotations
 
@@ -7,16 +9,83 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
-    from kvcli.replay.curve import CurveResult
-    from kvcli.replay.planner import PlanResult
+    from kvcli.sim.curve import CurveResult
 
 from kvcli.errors import BadInputError
+from kvcli.replay.bill import Prices, check_prices
 from kvcli.replay.network import Overheads
-from kvcli.replay.planner import PlanOptions
 from kvcli.replay.savings import Savings, Verdict
+from kvcli.sim.tiers import TierSpec, check_tiers
 from kvcli.store.serde import check_kv_dtype
 from kvcli.units import check_seed
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the planner runs (built at the CLI edge): ``tiers`` fastest first, ``optimal``, ``admit_after`` (1:
+    store every new chunk), ``policies`` (beside LRU; empty: none), ``prices`` (None: no bill)."""
+
+    tiers: tuple[TierSpec, ...] = ()
+    optimal: bool = False
+    admit_after: int = 1
+    policies: tuple[str, ...] = ()
+    prices: Prices | None = None
+
+    def __post_init__(self) -> None:
+        """Raises BadInputError (naming the option): ``admit_after`` < 1, two tiers of one name, a per-GB price of
+        a tier not given."""
+        if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, int) or self.admit_after < 1:
+            raise BadInputError(f"--admit-after must be a count >= 1, got {self.admit_after!r}")
+        check_tiers(self.tiers)
+        check_prices(self.prices, [t.name for t in self.tiers])
+
+    @property
+    def wanted(self) -> bool:
+        """Anything to run (the curve then keeps its chunk ids)."""
+        return bool(self.tiers or self.optimal or self.admit_after > 1 or self.policies)
+
+
+@dataclass
+class PlanResult:
+    """One chunk size's plan, JSON-ready through :meth:`to_dict` (capacities in chunks, tokens and payload bytes;
+    seconds; $). Fields left empty were not asked for. ``optimal``: MIN's ``(hit chunks, whole-prompt hits)`` at
+    every capacity (:func:`kvcli.sim.optimal.optimal_by_capacity`; None without ``--optimal``), written into the
+    curve's points (:meth:`CurveResult.to_dict <kvcli.sim.curve.CurveResult.to_dict>`), not into :meth:`to_dict`."""
+
+    chunk_size: int
+    payload_bytes_per_chunk: int
+    capacity_chunks: int
+    capacity_source: str
+    tiers: list[dict] = field(default_factory=list)
+    tier_hit_tokens: int | None = None
+    optimal: tuple[np.ndarray, np.ndarray] | None = None
+    gap: dict | None = None
+    admission: dict | None = None
+    policies: list[dict] = field(default_factory=list)
+    bill: dict | None = None
+    slow_tiers: list[str] = field(default_factory=list)  # tiers whose loads cost more than their recompute
+    memory_bytes: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        """JSON-ready (without ``optimal``: the curve's points carry it)."""
+        return {k: v for k, v in self.__dict__.items() if k != "optimal"}
+
+    def optimal_hit_tokens(self, capacity_chunks: int) -> int:
+        """MIN's hit tokens at ``capacity_chunks`` chunks (clipped to the distinct chunks: past them, unlimited).
+
+        Raises:
+            ValueError: the plan has no optimal bound (no ``--optimal``).
+        """
+        if self.optimal is None:
+            raise ValueError("the plan has no optimal bound: it needs --optimal")
+        hits, whole = self.optimal
+        c = min(max(int(capacity_chunks), 0), len(hits) - 1)
+        return int(hits[c]) * self.chunk_size - int(whole[c])
+
 
 
 @dataclass(frozen=True)
@@ -47,7 +116,7 @@ class ReplayConfig:
             4 bytes per token).
         layouts: key layouts to replay through, side by side (kvcli.store.kvstore.LAYOUTS: "kvcli", "lmcache");
             the first one's results are the report's main table and recommendation.
-        hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/replay/curve.py; its memory
+        hit_curve: compute the hit-token curve over every capacity and a grid of TTLs (kvcli/sim/curve.py; its memory
             grows ~55-95 bytes per distinct chunk per chunk size).
         ttl_refresh: the TTL curve counts a chunk's life from its last access, not its last write.
         verify_sample: distinct chunks per chunk size whose checksum is verified when estimated requests hit

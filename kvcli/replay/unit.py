@@ -25,8 +25,8 @@ from kvcli.replay.lane import Lane
 from kvcli.replay.measure import SuffixTimings, timed_prefill
 from kvcli.replay.prefetch import Item, Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ReplayConfig
-from kvcli.replay.upper_bound import UpperBound
 from kvcli.replay.work import Part, Work
+from kvcli.sim.upper_bound import UpperBound
 from kvcli.store.batch import batchable
 from kvcli.store.kvstore import KVStore
 from kvcli.traces.request import Request

@@ -23,9 +23,9 @@ when the node has nothing else in flight before its prefill end.
 
 With tiers behind the node's cache (``lower``), the node's cache is the first tier: its lookup and store are the
 ones above (its touches start at chunk 0, as without tiers). At each prefix match the lookup goes on from where
-that cache stopped through the node's lower tiers (:func:`kvcli.store.tiers.lookup_tiers`; a shared tier is one
+that cache stopped through the node's lower tiers (:func:`kvcli.sim.tiers.lookup_tiers`; a shared tier is one
 cache in every node's list), and the prefill covers what follows the whole hit run; at the prefill's end the
-lower tiers get the promotions and the new chunks (:func:`~kvcli.store.tiers.write_tiers`) from the bounds found at
+lower tiers get the promotions and the new chunks (:func:`~kvcli.sim.tiers.write_tiers`) from the bounds found at
 its start (the node's own tiers cannot change in between: its prefills run one at a time; a shared tier can).
 """
 from __future__ import annotations
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvcli.sim.lru import ChunkLru
+from kvcli.sim.tiers import lookup_tiers, served_tokens, write_tiers
 from kvcli.store.hashing import reusable_tokens
-from kvcli.store.lru import ChunkLru
-from kvcli.store.tiers import lookup_tiers, served_tokens, write_tiers
 
 PREFILL_DONE, DECODE_DONE, DISPATCH = 0, 1, 2
 # Heap keys: kind * 2**52 + sequence number, one int that orders as (kind, seq) for < 2**52 events.

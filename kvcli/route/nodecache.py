@@ -1,4 +1,4 @@
-"""The serving nodes' KV caches in the routing simulation: one :class:`kvcli.store.lru.ChunkLru` per node (the one
+"""The serving nodes' KV caches in the routing simulation: one :class:`kvcli.sim.lru.ChunkLru` per node (the one
 LRU over chunks, shared with the replay's capacity limit), chunk ids (:attr:`SimRequest.chunk_ids`) in LRU order, at
 most ``capacity_tokens // chunk_size`` chunks each. The router-side policies (``prefix``, ``cache-aware``, ``cost``)
 keep one, fed by their own decisions; the nodes' real caches are the same LRUs, one per node, in
@@ -13,7 +13,7 @@ updates per stored and evicted chunk: more than it saves, measured from 4 to 64 
 """
 from __future__ import annotations
 
-from kvcli.store.lru import ChunkLru
+from kvcli.sim.lru import ChunkLru
 
 
 class ChunkIndex:

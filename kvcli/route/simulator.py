@@ -39,10 +39,10 @@ import numpy as np
 from kvcli.errors import BadInputError
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.engine import EventLoop
-from kvcli.route.numbering import ChunkNumbering
+from kvcli.sim.lru import ChunkLru
+from kvcli.sim.numbering import ChunkNumbering
+from kvcli.sim.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
 from kvcli.store.hashing import PromptChunker, reusable_tokens
-from kvcli.store.lru import ChunkLru
-from kvcli.store.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
 from kvcli.units import check_count, check_seed, parse_capacity
 
 # Independent random streams of one seed: np.random.default_rng([seed, stream]).
@@ -67,7 +67,7 @@ class RouteTier:
 def parse_route_tiers(texts: Sequence[str], kv_bytes_per_token: Callable[[], int]) -> tuple[str, int,
                                                                                              tuple[RouteTier, ...]]:
     """``--tier NAME=SIZE`` options (fastest first) for ``kvcli route``, read by
-    :func:`kvcli.store.tiers.parse_tier`: a name of kind ``gpu`` or ``host`` (:data:`kvcli.store.tiers.KINDS`:
+    :func:`kvcli.sim.tiers.parse_tier`: a name of kind ``gpu`` or ``host`` (:data:`kvcli.sim.tiers.KINDS`:
     gpu, hbm, host, cpu, dram) is one cache per node, any other name (``redis``, ``valkey``, ``shared``...) one
     cache shared by all nodes. The first tier is each node's own cache (what ``--node-capacity`` sizes without
     ``--tier``); shared tiers come after every per-node one. A size in bytes is divided by
@@ -210,7 +210,7 @@ class SimRequest:
     """A request as the simulator sees it: chunk ids instead of tokens (one int per chunk, not per token).
 
     Attributes:
-        id: the trace's id. chunk_ids: one per full chunk, in prompt order (:mod:`kvcli.route.numbering`).
+        id: the trace's id. chunk_ids: one per full chunk, in prompt order (:mod:`kvcli.sim.numbering`).
         prompt_tokens: prompt length (tokens). output_length: tokens generated, or None (config default).
         timestamp: arrival in seconds, or None. cache_salt: tenant.
         source: ``"<file>:<line>"`` of the trace record, for error messages ("" when unknown).
@@ -370,7 +370,7 @@ def simulate(requests: list[SimRequest], policy, config: SimConfig, cost) -> Sim
 def single_node_hit_tokens(requests: list[SimRequest], config: SimConfig) -> int:
     """Hit tokens of one node holding the whole cluster's capacity (``nodes x capacity`` in each per-node tier, a
     shared tier's own size), serving every request in arrival order with no overlap, each looked up and stored at
-    once (:func:`kvcli.store.tiers.lookup_tiers`, :func:`~kvcli.store.tiers.write_tiers`): the ceiling no routing
+    once (:func:`kvcli.sim.tiers.lookup_tiers`, :func:`~kvcli.sim.tiers.write_tiers`): the ceiling no routing
     policy can beat with the same total cache without tiers (LRU aside, by a hair); with tiers a reference only (a
     split cluster's nodes hold different chunks beside a shared tier: docs/routing.md, "Cache tiers")."""
     check_numbering(requests)

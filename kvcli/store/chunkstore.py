@@ -38,6 +38,7 @@ from redis.cluster import RedisCluster
 
 from kvcli.errors import KvcliError
 from kvcli.prefixkv import concat_kv
+from kvcli.sim.lru import ChunkLru
 from kvcli.store.batchport import BatchPort
 from kvcli.store.busy import is_busy
 from kvcli.store.calls import Calls, RedisUnavailable, execute_pipeline
@@ -57,7 +58,6 @@ from kvcli.store.judge import (
     payload_ok,
 )
 from kvcli.store.layout import NO_CHECKSUM, MetadataWriter, is_accounted, is_real, key_prefix
-from kvcli.store.lru import ChunkLru
 from kvcli.store.records import (
     NOTHING_STORED,
     ChunkTooLargeError,
@@ -530,7 +530,7 @@ class ChunkStore:
         return self._lru.capacity if self._lru is not None else None
 
     def _admit(self, prompt: ChunkedPrompt, n: int, lookup: LookupResult | None) -> tuple[int, frozenset, list]:
-        """One request's LRU bookkeeping (:class:`~kvcli.store.lru.ChunkLru`): its chunks ``[0, n)`` held in this
+        """One request's LRU bookkeeping (:class:`~kvcli.sim.lru.ChunkLru`): its chunks ``[0, n)`` held in this
         namespace become the most recent, chunk 0 first, and the least recent chunks over the capacity are
         evicted. Chunks present only in the read-only namespace are not held here.
 

@@ -16,7 +16,7 @@ from kvcli.traces.synth import block_token_ids
 class BlockKeys(NamedTuple):
     """The block keys a hash-id request's token ids are synthesized from
     (:func:`kvcli.traces.synth.block_token_ids`): equal keys at one block size give equal token blocks, so the
-    reuse upper bound can match requests on their keys (:class:`kvcli.replay.upper_bound.UpperBound`) and the
+    reuse upper bound can match requests on their keys (:class:`kvcli.sim.upper_bound.UpperBound`) and the
     store hash their chunks from them (a :class:`kvcli.store.hashing.BlockPrompt`).
 
     Attributes:

@@ -203,7 +203,7 @@ def test_the_capacity_is_replays_lru_chunk_for_chunk(redis_url):
 
 
 def test_a_ttl_on_the_grid_equals_the_ttl_curve():
-    from kvcli.replay.curve import HitCurve
+    from kvcli.sim.curve import HitCurve
     from kvcli.store.hashing import PromptChunker
     from kvcli.traces.detect import read_trace
 
@@ -284,7 +284,7 @@ def _lcp(a: list[int], b: list[int]) -> int:
 def test_the_radix_names_the_latest_request_of_the_longest_prefix(prompts):
     # brute force: B = the longest common prefix with an earlier prompt of the same salt; the predecessor is the
     # latest of those sharing B that goes on past it, else the latest sharing it
-    from kvcli.replay.upper_bound import RadixUpperBound
+    from kvcli.sim.upper_bound import RadixUpperBound
 
     radix = RadixUpperBound()
     for i, (tokens, salt) in enumerate(prompts):

@@ -140,7 +140,7 @@ def test_hash_id_requests_are_not_synthesized_to_be_read_hashed_and_bounded(monk
     calls = []
     real = request_module.block_token_ids
     monkeypatch.setattr(request_module, "block_token_ids", lambda *a: calls.append(a) or real(*a))
-    from kvcli.replay.upper_bound import UpperBound
+    from kvcli.sim.upper_bound import UpperBound
 
     requests = list(read_trace(MOONCAKE))[:40]
     chunker = PromptChunker("m", "t", 512)

@@ -15,7 +15,7 @@ from kvcli.model.presets import ModelSpec
 from kvcli.replay.measure import measure_length, pick_measured
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
-from kvcli.replay.upper_bound import RadixUpperBound
+from kvcli.sim.upper_bound import RadixUpperBound
 from kvcli.store import cluster
 from kvcli.traces.request import Request
 

@@ -35,7 +35,7 @@ from kvcli.route.simulator import (
     simulate,
     single_node_hit_tokens,
 )
-from kvcli.store.lru import ChunkLru
+from kvcli.sim.lru import ChunkLru
 from kvcli.traces.request import Request
 from kvcli.units import parse_capacity, parse_duration
 
@@ -229,7 +229,7 @@ def test_node_capacity_of_four_chunks_in_the_simulation():
 
 def test_issue_10_smallest_case_on_one_node_hits_12():
     """tok(1..16), [101..104], tok(1..16) on one node of 16 tokens: the head c0..c2 outlives the tail c3, so the third
-    request hits 12 of its 16 tokens (the replay's capacity limit hits the same: tests/replay/test_curve.py)."""
+    request hits 12 of its 16 tokens (the replay's capacity limit hits the same: tests/replay/test_curve_replay.py)."""
     reqs = requests([list(range(1, 17)), list(range(101, 105)), list(range(1, 17))], [0.0, 10.0, 20.0])
     r = run("round-robin", reqs, config(nodes=1, capacity_tokens=4 * CS))
     assert r.hit_tokens.tolist() == [0, 0, 12]

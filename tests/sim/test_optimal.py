@@ -4,7 +4,6 @@ traces and the Mooncake sample at 512, and between LRU and the unlimited cache a
 from __future__ import annotations
 
 import heapq
-import json
 import random
 from functools import lru_cache
 from itertools import combinations
@@ -13,11 +12,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tiers import MOONCAKE, A, B, C, D, _cli, curve_and_stream, random_stream
+from test_tiers import MOONCAKE, A, B, C, D, curve_and_stream, random_stream
 
-from kvcli.replay.optimal import optimal_by_capacity
-from kvcli.replay.stream import NEVER, ChunkStream, stream_of
-from kvcli.replay.tiers import simulate_tiers
+from kvcli.sim.optimal import optimal_by_capacity
+from kvcli.sim.stream import NEVER, ChunkStream, stream_of
+from kvcli.sim.tiers import simulate_tiers
 from kvcli.traces.detect import read_trace
 
 
@@ -151,41 +150,3 @@ def test_on_the_mooncake_sample_at_512_at_every_curve_point():
         assert (hits[c], whole[c]) == reference_min(stream, c), c
     assert hits[-1] * 512 - whole[-1] == curve.unlimited_hit_tokens
     assert any(hits[c] > curve.hit_chunks_by_capacity[c] for c in points)
-
-
-def test_cli_curve_points_carry_the_optimal_hit_tokens(tmp_path, redis_url):
-    # [a1..a4], [b], [a1..a4] at chunk 4: MIN bypasses b and keeps min(C, 4) of the a's; at 4 the whole prompt
-    # of 16 tokens hits (15 reused). LRU loses the a's to b below 5 chunks.
-    out = _cli(tmp_path, "--redis-url", redis_url, "--json", "--optimal")
-    assert out.exit_code == 0, out.output
-    points = json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]["hit_curve"]["capacity_points"]
-    assert [p["capacity_chunks"] for p in points] == [0, 1, 2, 3, 4, 5]
-    assert [p["optimal_hit_tokens"] for p in points] == [0, 4, 8, 12, 15, 15]
-    assert [p["hit_tokens"] for p in points] == [0, 0, 4, 8, 12, 15]
-    plain = _cli(tmp_path, "--redis-url", redis_url, "--json")
-    points = json.loads(plain.stdout)["traces"][0]["per_chunk_size"][0]["hit_curve"]["capacity_points"]
-    assert all("optimal_hit_tokens" not in p for p in points)
-
-
-def test_cli_plot_draws_lru_and_optimal(tmp_path, redis_url, monkeypatch):
-    from kvcli.replay import curvereport
-
-    drawn = []
-
-    def figure(*args):
-        fig = curve_figure(*args)
-        drawn.append({line.get_label(): list(map(float, line.get_ydata())) for line in fig.axes[0].get_lines()})
-        return fig
-
-    curve_figure = curvereport.curve_figure
-    monkeypatch.setattr(curvereport, "curve_figure", figure)
-    out = _cli(tmp_path, "--redis-url", redis_url, "--optimal", "--plot", tmp_path / "c.png")
-    assert out.exit_code == 0, out.output
-    (lines,) = drawn
-    # capacities 1..5 chunks of the 36 prompt tokens: LRU hits 0, 1, 2, 3, 4 chunks of 4 tokens, MIN 1, 2, 3, 4, 4
-    assert lines["chunk size 4"] == pytest.approx([100 * 4 * k / 36 for k in (0, 1, 2, 3, 4)])
-    assert lines["chunk size 4: optimal eviction (MIN)"] == pytest.approx([100 * 4 * k / 36 for k in (1, 2, 3, 4, 4)])
-    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    drawn.clear()
-    assert _cli(tmp_path, "--redis-url", redis_url, "--plot", tmp_path / "d.png").exit_code == 0
-    assert not any("optimal" in label for label in drawn[0])

@@ -1,7 +1,7 @@
 """One chunk size's requests as dense chunk ids, kept for the offline simulations of the capacity planner.
 
-The one-pass curve (:class:`kvcli.replay.curve.HitCurve`) already maps each request's 16-byte chunk hashes to dense
-ids (:class:`kvcli.replay.chunkids.ChunkIds`); when the planner is asked for (``--tier``, ``--optimal``,
+The one-pass curve (:class:`kvcli.sim.curve.HitCurve`) already maps each request's 16-byte chunk hashes to dense
+ids (:class:`kvcli.sim.chunkids.ChunkIds`); when the planner is asked for (``--tier``, ``--optimal``,
 ``--policy``, ``--admit-after``), it also keeps them here, so the tiers, the optimal bound and the policies run
 after the replay on small ints without hashing anything again, and cost nothing when not asked for.
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcli.replay.chunkids import grown
-from kvcli.replay.stackdist import BatchLinks, batch_links, chain_max
+from kvcli.sim.chunkids import grown
+from kvcli.sim.stackdist import BatchLinks, batch_links, chain_max
 
 # TTLs evaluated, seconds: 1, 2, 5 x 10^k from 0.1 s to 500,000 s (5.8 days); a TTL longer than the trace's span
 # is the same as no expiry.
@@ -93,7 +93,7 @@ class TtlCurve:
                 ``>= first_new`` are new to these requests.
             bounds: int64 ``[requests + 1]``: request ``r``'s chunks are ``ids[bounds[r]:bounds[r + 1]]``.
             nows: float64 ``[requests]``: their timestamps, seconds.
-            links: :func:`~kvcli.replay.stackdist.batch_links` of ``ids`` (computed here when None).
+            links: :func:`~kvcli.sim.stackdist.batch_links` of ``ids`` (computed here when None).
 
         "After access": a chunk's gap is its request's time minus its previous request's (earlier in the batch or
         before it), all at once. "After write": a chunk's write time at each grid TTL depends on its previous

@@ -1,20 +1,47 @@
-"""Cache tiers (``--tier NAME=SIZE``, fastest first) and the one mechanism that looks a request up in them and
-writes it back: used by the replay's hierarchy on one node (:mod:`kvcli.replay.tiers`, whose docstring and
-docs/planner.md "The tier model" state the model) and by the routing simulation's per-node and shared tiers
-(:mod:`kvcli.route.engine`).
+"""Cache tiers (``--tier NAME=SIZE``, fastest first): their specs, the one mechanism that looks a request up in
+them and writes it back, and a hierarchy of them simulated over one chunk size's requests (:func:`simulate_tiers`,
+the replay's planner). The routing simulation's per-node and shared tiers (:mod:`kvcli.route.engine`) use the same
+lookup and write (:func:`lookup_tiers`, :func:`write_tiers`).
 
-The tiers are :class:`~kvcli.store.lru.ChunkLru` objects in lookup order. A lookup's *bounds* are ``[tiers + 1]``
+The tiers are :class:`~kvcli.sim.lru.ChunkLru` objects in lookup order. A lookup's *bounds* are ``[tiers + 1]``
 chunk indexes: tier ``i`` was asked from ``bounds[i]`` and served ``bounds[i + 1] - bounds[i]`` chunks;
 ``bounds[-1]`` is where the hit run ends. Cost per request of ``c`` chunks over ``m`` tiers: O(c + m) lookups for
 the lookup, O(m * c + e) for the write (``e`` evictions).
+
+The model (one serving node; each tier its own :class:`~kvcli.sim.lru.ChunkLru`, the replay's one LRU with its
+deepest-first touch order; docs/planner.md "The tier model"):
+
+- Lookup, tier by tier in prefix order: tier 1 serves the longest run of the request's chunks it holds from chunk
+  0; the run continues in tier 2 from the first chunk tier 1 missed, and so on; the request's hit run ends where
+  the last tier misses. (LMCache's ``StorageManager`` looks its backends up this way, each from where the one
+  before it stopped.) A tier is never asked again for chunks past a slower tier's run.
+- Promotion: a chunk served by a slower tier is copied into every faster tier (LMCache writes a remote hit into its
+  local CPU backend; vLLM loads an offloaded block back into the GPU's prefix cache).
+- Write-through: every newly computed chunk is written to every tier (LMCache stores to each configured backend).
+  With ``admit_after`` N, a new chunk is written only from its N-th request on (the requests holding it, this one
+  included); a chunk's count never exceeds its prefix's, so the admitted new chunks are a run from the hit run's end.
+- Touches: tier ``i`` touches (``ChunkLru.store``) the request's chunks from where its lookup started to the end of
+  what is kept: its own hits, the promoted chunks and the new ones. Chunks a faster tier served are not touched in
+  it (the engine never asks it for them), so the tiers' contents are not nested in general.
+
+Where engines differ: vLLM's CPU offloading (``OffloadingConnector``) and SGLang HiCache keep the host tier as a
+store of what the GPU evicts or writes back rather than write-through at compute time (HiCache's default
+``write_through`` policy does write through; ``write_back`` writes on eviction); an engine whose host tier only
+takes GPU evictions holds fewer duplicates, so this model's host tier is the conservative one for capacity.
+
+One tier equals the replay's LRU at that capacity, chunk for chunk (the same ``ChunkLru``, fed the same requests).
+Hit tokens follow the replay's rule: a prompt made only of full chunks that hits them all reuses one token less
+(the engine computes the last token); that token is taken from the tier that served the last chunk.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvcli.errors import BadInputError
-from kvcli.store.lru import ChunkLru
+from kvcli.sim.lru import ChunkLru
+from kvcli.sim.stream import ChunkStream
 from kvcli.units import parse_capacity
 
 KINDS = {"gpu": "gpu", "hbm": "gpu", "host": "host", "cpu": "host", "dram": "host"}
@@ -129,3 +156,79 @@ def served_tokens(bounds: Sequence[int], chunk_size: int, hit_tokens: int) -> li
         last = max(i for i, tokens in enumerate(out) if tokens)
         out[last] -= short
     return out
+
+
+
+@dataclass(frozen=True)
+class TierCounts:
+    """What each tier did over a stream (lists in tier order, fastest first).
+
+    Attributes:
+        capacity_chunks: each tier's capacity in chunks.
+        hit_chunks: chunks each tier served (they add up to the hierarchy's hit chunks).
+        hit_tokens: tokens each tier served (``hit_chunks * chunk_size`` less one per whole-prompt hit whose last
+            chunk it served); they add up to the hierarchy's hit tokens.
+        hit_requests: requests that read at least one chunk from each tier.
+        written_chunks: chunks written into each tier (new ones and promotions).
+        admitted_new_chunks / new_chunks: newly computed chunks kept (written to the tiers) / computed, over the trace.
+    """
+
+    capacity_chunks: list[int]
+    hit_chunks: list[int]
+    hit_tokens: list[int]
+    hit_requests: list[int]
+    written_chunks: list[int]
+    admitted_new_chunks: int
+    new_chunks: int
+
+    @property
+    def total_hit_tokens(self) -> int:
+        """The hierarchy's hit tokens."""
+        return sum(self.hit_tokens)
+
+
+def simulate_tiers(stream: ChunkStream, capacities: Sequence[int], admit_after: int = 1) -> TierCounts:
+    """Replay ``stream`` through tiers of ``capacities`` chunks (fastest first; module docstring).
+
+    Args:
+        stream: one chunk size's requests as chunk ids.
+        capacities: chunks per tier, each >= 0.
+        admit_after: a new chunk is written to the tiers from its ``admit_after``-th request on (1: always).
+
+    Raises:
+        ValueError: no tier, a negative capacity or ``admit_after`` < 1.
+    """
+    if not capacities:
+        raise ValueError("at least one tier")
+    if admit_after < 1:
+        raise ValueError(f"admit_after must be >= 1, got {admit_after}")
+    lrus = [ChunkLru(c) for c in capacities]
+    m, cs = len(lrus), stream.chunk_size
+    hit, hit_tokens, hit_req, written = [0] * m, [0] * m, [0] * m, [0] * m
+    seen: Counter | None = Counter() if admit_after > 1 else None
+    new_total = admitted_total = 0
+    flat, cuts, tokens = stream.lists()
+    for r, n_tokens in enumerate(tokens):
+        h = flat[cuts[r]:cuts[r + 1]]
+        n = len(h)
+        bounds = lookup_tiers(lrus, h)
+        p = bounds[-1]
+        if p:
+            served = served_tokens(bounds, cs, p * cs - (p == n and n_tokens == n * cs))
+            for i in range(m):
+                k = bounds[i + 1] - bounds[i]
+                if k:
+                    hit[i] += k
+                    hit_tokens[i] += served[i]
+                    hit_req[i] += 1
+        end = n
+        if seen is not None:
+            seen.update(h)
+            end = p
+            while end < n and seen[h[end]] >= admit_after:
+                end += 1
+        new_total += n - p
+        admitted_total += end - p
+        for i, w in enumerate(write_tiers(lrus, h, bounds, end)):
+            written[i] += w
+    return TierCounts(list(capacities), hit, hit_tokens, hit_req, written, admitted_total, new_total)

@@ -1,9 +1,9 @@
-"""LRU stack distances of chunks, a batch of requests at a time: the one-pass form of :class:`kvcli.store.lru.ChunkLru`.
+"""LRU stack distances of chunks, a batch of requests at a time: the one-pass form of :class:`kvcli.sim.lru.ChunkLru`.
 
 Mattson et al. (1970), "Evaluation techniques for storage hierarchies": an LRU cache of capacity ``C`` holds exactly
 the ``C`` most recent distinct items of the access sequence (the *stack*), whatever ``C`` is, so one pass that
 records each access's stack distance (1 = the most recent item, 2 = the one before, ...) gives the hit ratio at
-every capacity. Here the access sequence is :class:`~kvcli.store.lru.ChunkLru`'s: a request touches its chunks
+every capacity. Here the access sequence is :class:`~kvcli.sim.lru.ChunkLru`'s: a request touches its chunks
 last-to-first, so chunk 0 ends most recent, and ``ChunkLru`` with capacity ``C`` holds, after every request, exactly
 the top ``C`` of this stack. A request's lookup sees the state *before* it: its chunk ``k`` is held at capacity
 ``C`` iff its distance ``d_k <= C``, and it hits iff chunks ``0..k`` are all held: ``max(d_0..d_k) <= C`` (the
@@ -22,7 +22,7 @@ per run instead of ``n log n``. Times are renumbered 1..live when the tree fills
 chunks seen plus one batch (amortized O(log n) per access).
 
 Memory: per distinct chunk, 4 bytes of last-touch time and <= 8 bytes of tree (int32, at most half full), doubling
-as it grows; plus :class:`~kvcli.replay.chunkids.ChunkIds`' 24 bytes where the caller maps hashes to ids.
+as it grows; plus :class:`~kvcli.sim.chunkids.ChunkIds`' 24 bytes where the caller maps hashes to ids.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvcli.replay.chunkids import grown
+from kvcli.sim.chunkids import grown
 
 NEVER = np.int64(1) << np.int64(62)
 """The distance of a chunk never seen before: larger than any capacity (a miss at every capacity)."""
@@ -124,8 +124,8 @@ class Fenwick:
 
 
 class StackDistances:
-    """LRU stack distances of chunks (dense int ids, e.g. from :class:`~kvcli.replay.chunkids.ChunkIds`) under
-    :class:`~kvcli.store.lru.ChunkLru`'s order. Not thread-safe.
+    """LRU stack distances of chunks (dense int ids, e.g. from :class:`~kvcli.sim.chunkids.ChunkIds`) under
+    :class:`~kvcli.sim.lru.ChunkLru`'s order. Not thread-safe.
 
     Every chunk ever touched stays on the stack (an unlimited LRU never drops one), so ``live`` is the number of
     distinct chunks seen, and the distance of a seen chunk is at most ``live``.

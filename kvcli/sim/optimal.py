@@ -34,7 +34,7 @@ heap: at each slot, the better of the slot's chunk and the heap's best stays. On
 the heap's best change, found block by block (blocks of :data:`BLOCK` slots with their worst key), and the walk
 stops once the heap holds only empty slots. Slots hold only chunks that are requested again, so there are at most
 as many as the most chunks ever awaiting a next request (6,915 on the 7,500-request Mooncake cut at chunk 512);
-tests/replay/test_optimal.py checks the pass against a per-capacity MIN simulation (a heap of next uses) at every
+tests/sim/test_optimal.py checks the pass against a per-capacity MIN simulation (a heap of next uses) at every
 capacity on random traces and on the Mooncake sample, and against exhaustive search on tiny traces.
 
 Cost: a Python loop per chunk plus one step per changed slot: ~1.3 s for the 179 k chunks of the 7,500-request
@@ -47,7 +47,7 @@ import heapq
 
 import numpy as np
 
-from kvcli.replay.stream import NEVER, ChunkStream
+from kvcli.sim.stream import NEVER, ChunkStream
 
 BLOCK = 64
 """Slots per block of the walk's search for the next slot to change."""

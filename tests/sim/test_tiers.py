@@ -10,11 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvcli.errors import BadInputError
-from kvcli.replay.curve import HitCurve
-from kvcli.replay.stream import ChunkStream, stream_of
-from kvcli.replay.tiers import simulate_tiers
+from kvcli.sim.curve import HitCurve
+from kvcli.sim.stream import ChunkStream, stream_of
+from kvcli.sim.tiers import TierSpec, parse_tier, simulate_tiers
 from kvcli.store.hashing import chunk_prompt
-from kvcli.store.tiers import TierSpec, parse_tier
 from kvcli.traces.detect import read_trace
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
@@ -160,64 +159,3 @@ def test_parse_tier_reads_what_it_is_given(name, value, unit):
     scale = {"": 1, " tokens": 1, "B": 1, "KiB": 1024, "GB": 10**9}[unit]
     assert spec.name == name
     assert (spec.bytes if unit not in ("", " tokens") else spec.tokens) == value * scale
-
-
-# --- the command: a real Redis, the smallest trace of tests/replay/test_curve.py ---------------------------------
-
-def _cli(tmp_path, *args):
-    import json
-
-    from typer.testing import CliRunner
-
-    from kvcli.cli.app import app
-
-    path = tmp_path / "smallest.jsonl"
-    prompts = [list(range(1, 17)), list(range(101, 105)), list(range(1, 17))]
-    path.write_text("".join(json.dumps({"token_ids": p, "timestamp": t}) + "\n" for p, t in zip(prompts, [0, 1, 2])))
-    return CliRunner().invoke(app, ["replay", str(path), "--chunk-sizes", "4", "--measure", "0", "--prefill-tps",
-                                    "1000", "--payload", "accounted", "--model", "tiny", *map(str, args)])
-
-
-def test_cli_tiers_optimal_and_bill_by_hand(tmp_path, redis_url):
-    import json
-
-    out = _cli(tmp_path, "--redis-url", redis_url, "--json", "--tier", "gpu=8", "--tier", "host=16KiB", "--optimal",
-               "--price", "gpu-hour=3600", "--price", "host=1")
-    assert out.exit_code == 0, out.output
-    plan = json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]["plan"]
-    gpu, host = plan["tiers"]
-    # r1 [a1..a4]: gpu keeps a1,a2, host all 4; r2 [b]: gpu {a1,b}, host {a3,a2,a1,b}; r3: gpu a1, host a2,a3
-    assert (gpu["capacity_chunks"], host["capacity_chunks"]) == (2, 4)  # 8 tokens; 16 KiB / 4,096 bytes a chunk
-    assert (gpu["hit_tokens"], host["hit_tokens"], plan["tier_hit_tokens"]) == (4, 8, 12)
-    assert (gpu["bytes_read"], host["bytes_read"]) == (4096, 8192)
-    assert (gpu["bytes_written"], host["bytes_written"]) == ((4 + 1 + 3) * 4096, (4 + 1 + 1) * 4096)
-    assert gpu["load_seconds"] == 0.0
-    # at the gpu's 2 chunks: LRU 4 tokens (the curve), MIN keeps a1,a2 past b: 8; unlimited 15
-    assert plan["gap"] == {"capacity_chunks": 2, "lru_hit_tokens": 4, "optimal_hit_tokens": 8,
-                           "unlimited_hit_tokens": 15, "policy_gap_tokens": 4, "capacity_gap_tokens": 7}
-    # 12 tier hit tokens x (saved prefill 0.015 s / 15 hit tokens) over a 2 s span, at $3,600 an hour
-    assert plan["bill"]["saved_usd_per_day"]["value"] == pytest.approx(0.012 * 86400 / 2)
-    assert plan["bill"]["memory_usd_per_day"] == {"host": pytest.approx(16384 / 1e9 / (365.25 / 12))}
-    assert plan["bill"]["accelerators_freed"]["value"] == pytest.approx(0.012 / 2)
-    table = _cli(tmp_path, "--redis-url", redis_url, "--tier", "gpu=8", "--tier", "host=16KiB", "--optimal",
-                 "--admit-after", "2", "--price", "gpu-hour=3600")
-    assert table.exit_code == 0, table.output
-    assert "tier host (16.0 KiB): hit tokens" in table.stdout and "bill: saved $/day = " in table.stdout
-    assert "admit after 2: bytes written (always)" in table.stdout
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--tier", "gpu"], "--tier must be NAME=SIZE"),
-    (["--tier", "gpu=1", "--tier", "gpu=2"], "--tier names must differ"),
-    (["--tier", "redis=16", "--tier", "gpu=8"], "--tier gpu: a per-node tier must come before the shared ones (redis)"),
-    (["--tier", "gpu=8", "--tier", "redis=16", "--tier", "host=8"], "--tier host: a per-node tier must come before"),
-    (["--tier", "gpu=64G"], "--tier gpu: capacity '64G' is ambiguous"),
-    (["--tier", "gpu=8", "--no-curve"], "need the curve"),
-    (["--admit-after", "0"], "--admit-after must be a count >= 1"),
-    (["--price", "host=1"], "--price host: no --tier of that name"),
-    (["--price", "gpu-hour=x"], "--price must be gpu-hour"),
-    (["--policy", "arc"], "--policy: unknown policy arc"),
-])
-def test_cli_refuses_bad_planner_options_in_one_line(tmp_path, args, message):
-    out = _cli(tmp_path, *args)
-    assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output, out.output

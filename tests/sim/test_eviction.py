@@ -8,9 +8,9 @@ import pytest
 from test_tiers import A, B, C, D, random_stream
 
 from kvcli.errors import BadInputError
-from kvcli.replay.policies import parse_policies, simulate_policy
-from kvcli.replay.stream import stream_of
-from kvcli.replay.tiers import simulate_tiers
+from kvcli.sim.eviction import parse_policies, simulate_policy
+from kvcli.sim.stream import stream_of
+from kvcli.sim.tiers import simulate_tiers
 
 pytest.importorskip("libcachesim")
 

@@ -5,10 +5,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcli.replay.chunkids import ChunkIds
-from kvcli.replay.stackdist import NEVER, Fenwick, StackDistances, _smaller_before, batch_links, chain_max
+from kvcli.sim.chunkids import ChunkIds
+from kvcli.sim.lru import ChunkLru
+from kvcli.sim.stackdist import NEVER, Fenwick, StackDistances, _smaller_before, batch_links, chain_max
 from kvcli.store.hashing import chunk_prompt
-from kvcli.store.lru import ChunkLru
 
 ROOT = b"r" * 16
 
@@ -123,7 +123,7 @@ def test_distances_stay_exact_across_renumbering():
 
 def cut(items, sizes):
     """``items`` cut into consecutive groups of ``sizes`` (cycled), the last one what is left (also
-    tests/replay/test_curve.py's)."""
+    tests/sim/test_curve.py's)."""
     out, i, k = [], 0, 0
     while i < len(items):
         out.append(items[i:i + sizes[k % len(sizes)]])

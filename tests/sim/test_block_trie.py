@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcli.replay.upper_bound import BlockTrie, RadixUpperBound, UpperBound
+from kvcli.sim.upper_bound import BlockTrie, RadixUpperBound, UpperBound
 from kvcli.traces.request import BlockKeys, Request
 from kvcli.traces.synth import block_token_ids
 

@@ -1,11 +1,12 @@
 """Dense ids for chunk hashes: 0, 1, 2, ... in order of first sight, looked up a whole request at a time.
 
-The one-pass curves (:mod:`kvcli.replay.stackdist`, :mod:`kvcli.replay.curve`) keep per-chunk state in numpy arrays
+The one-pass curves (:mod:`kvcli.sim.stackdist`, :mod:`kvcli.sim.curve`) keep per-chunk state in numpy arrays
 indexed by id. A Python dict of 16-byte ``bytes`` keys costs about 120 bytes per chunk here (the key object, the
 int value, the table); this open-addressing table costs 24 to 48: both 64-bit halves of each hash by id (16 bytes,
 so a match compares the full 128 bits: no truncation, no false hit) and an int32 id per slot at load <= 1/2 (8
 bytes), each array doubling as it grows. Lookups and inserts run on numpy arrays of a whole request (linear
-probing, a few rounds), no Python loop over chunks.
+probing, a few rounds), no Python loop over chunks. The routing simulation's caches number their chunks with
+:mod:`kvcli.sim.numbering` instead (Python ints; its docstring says why).
 
 Source: open addressing with linear probing (Knuth, TAOCP vol. 3, 6.4, algorithm L); the slot is the hash's low
 bits, which xxh3-128 spreads uniformly.

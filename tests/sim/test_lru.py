@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kvcli.store.lru as lru
-from kvcli.store.lru import ChunkLru
+import kvcli.sim.lru as lru
+from kvcli.sim.lru import ChunkLru
 
 
 class ListLru:
-    """The order rule of kvcli.store.lru, one list operation per chunk: touch last-to-first, evict from the front."""
+    """The order rule of kvcli.sim.lru, one list operation per chunk: touch last-to-first, evict from the front."""
 
     def __init__(self, capacity):
         self.capacity, self.order = capacity, []

@@ -1,10 +1,11 @@
 """The hit-token curve of one chunk size over every cache capacity and a grid of TTLs, from one replay pass.
 
-Capacity: Mattson's stack distances under the replay's own LRU order (:mod:`kvcli.replay.stackdist`, the one-pass
-form of :class:`kvcli.store.lru.ChunkLru`): a request's chunk ``k`` hits at capacity ``C`` chunks iff the running
+Capacity: Mattson's stack distances under the replay's own LRU order (:mod:`kvcli.sim.stackdist`, the one-pass
+form of :class:`kvcli.sim.lru.ChunkLru`): a request's chunk ``k`` hits at capacity ``C`` chunks iff the running
 maximum of its chain's distances up to ``k`` is ``<= C``. So the curve at ``C`` equals, chunk for chunk, a replay
-with ``--capacity-tokens C*chunk_size`` (or ``--capacity-bytes C*payload_bytes``): tests/replay/test_curve.py checks
-it on random traces and on the Mooncake sample. TTL: :mod:`kvcli.replay.ttlcurve` (unlimited capacity).
+with ``--capacity-tokens C*chunk_size`` (or ``--capacity-bytes C*payload_bytes``):
+tests/replay/test_curve_replay.py checks it on random traces and on the Mooncake sample. TTL:
+:mod:`kvcli.sim.ttlcurve` (unlimited capacity).
 
 Both assume the run's own cold cache (no ``--namespace`` to read from) and count index hits (a measured request's
 payload lost to a checksum failure is a hit here, a miss in the replay's count).
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcli.replay.chunkids import ChunkIds, grown
-from kvcli.replay.stackdist import NEVER, StackDistances, batch_links, chain_max
-from kvcli.replay.stream import ChunkStream, StreamRecorder
-from kvcli.replay.ttlcurve import TtlCurve
+from kvcli.sim.chunkids import ChunkIds, grown
+from kvcli.sim.stackdist import NEVER, StackDistances, batch_links, chain_max
+from kvcli.sim.stream import ChunkStream, StreamRecorder
+from kvcli.sim.ttlcurve import TtlCurve
 
 BATCH = 256
 """Deferred requests (:meth:`HitCurve.defer`) observed at once: the replay's default ``--pipeline``; at chunk 512 the
@@ -62,7 +63,7 @@ class HitCurve:
         token (:func:`kvcli.store.hashing.reusable_tokens`), so it reuses one token less at those capacities.
 
         Returns int64 ``[chunks]``: each chunk's chain distance (chunk ``k`` hits at capacity ``C`` chunks iff it is
-        ``<= C``; :data:`~kvcli.replay.stackdist.NEVER` for a miss at every capacity).
+        ``<= C``; :data:`~kvcli.sim.stackdist.NEVER` for a miss at every capacity).
         """
         return self.observe_many([(hashes, timestamp, prompt_tokens)])[0]
 
@@ -85,8 +86,8 @@ class HitCurve:
                      ) -> list[np.ndarray]:
         """Several requests ``(hashes, timestamp, prompt_tokens)`` in trace order, each as :meth:`observe`, in one
         pass of numpy calls over all their chunks (:meth:`StackDistances.access_many
-        <kvcli.replay.stackdist.StackDistances.access_many>`, :meth:`TtlCurve.access_many
-        <kvcli.replay.ttlcurve.TtlCurve.access_many>`): the same chain distances and the same curve as one call per
+        <kvcli.sim.stackdist.StackDistances.access_many>`, :meth:`TtlCurve.access_many
+        <kvcli.sim.ttlcurve.TtlCurve.access_many>`): the same chain distances and the same curve as one call per
         request, at a fraction of the per-call cost (the replay passes its ``--pipeline`` batches).
 
         Returns one int64 ``[chunks]`` array of chain distances per request.

@@ -1,7 +1,7 @@
 """Eviction policies beside LRU on one chunk size's requests, one cache of ``C`` chunks: LFU and S3-FIFO from
 libCacheSim (its Python bindings, ``pip install 'kvcli[policies]'``; Yang et al., "FIFO queues are all you need
 for cache eviction", SOSP 2023, for S3-FIFO), LRU from libCacheSim too, as a check of the wrapping: it equals the
-replay's own :class:`~kvcli.store.lru.ChunkLru` chunk for chunk (tests/replay/test_policies.py).
+replay's own :class:`~kvcli.sim.lru.ChunkLru` chunk for chunk (tests/sim/test_eviction.py).
 
 The prefix rule on top, said: libCacheSim knows objects, not chains. Per request: the lookup asks the cache,
 without updating it (``find(update_cache=False)``), for chunk 0, 1, ... and stops at the first miss: those are the
@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvcli.errors import BadInputError
-from kvcli.replay.stream import ChunkStream
+from kvcli.sim.stream import ChunkStream
 
 POLICIES = ("lru", "lfu", "s3fifo")
 """Policy names ``--policy`` takes."""
