@@ -3,6 +3,8 @@ and no two modules import each other (directly or through a cycle)."""
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +168,53 @@ def test_the_private_reach_check_can_fail(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("from kvcli.store.layout import _KEY_RE\n\ndef f(store):\n    return store._lru, store.prefix\n")
     assert _private_reach(source) == ["m.py:1: imports _KEY_RE", "m.py:4: ._lru"]
+
+
+DOTTED = re.compile(r"(?<![\w/.-])kvcli(?:\.[A-Za-z_]\w*)+")
+SLASHED = re.compile(r"(?<![\w/.-])((?:kvcli|tests|bench)/[\w/-]*\w\.(?:py|md|json|txt|sh))\b")
+
+
+def _resolves(ref: str) -> bool:
+    """Whether ``kvcli.a.b.Name.attr`` names something: its longest importable module prefix, then attributes."""
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def _broken_references(path: Path, repo: Path) -> list[str]:
+    """Every ``kvcli.x.y`` reference in ``path`` that names no module or attribute, and every ``kvcli/...``,
+    ``tests/...`` or ``bench/...`` file path that does not exist under ``repo``."""
+    text, out = path.read_text(), []
+    for m in DOTTED.finditer(text):
+        if not _resolves(m.group(0)):
+            out.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}")
+    for m in SLASHED.finditer(text):
+        if not (repo / m.group(1)).exists():
+            out.append(f"{path.name}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(1)}")
+    return out
+
+
+def test_every_dotted_reference_in_code_and_docs_resolves():
+    """A docstring or doc naming ``kvcli.x.y`` (or a file ``kvcli/x/y.py``) names something that exists."""
+    repo = ROOT.parent
+    here = Path(__file__).resolve()
+    files = [*sorted(ROOT.rglob("*.py")), *sorted((repo / "docs").glob("*.md")), repo / "README.md",
+             *sorted(p for p in (repo / "tests").rglob("*.py") if p != here), *sorted((repo / "bench").glob("*.py"))]
+    assert [hit for path in files for hit in _broken_references(path, repo)] == []
+
+
+def test_the_reference_check_can_fail(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("See kvcli.store.chunkstore.ChunkStore.lookup, kvcli.hashing.chain and kvcli/replay/tiers.py,\n"
+                    "and kvcli/store/chunkstore.py, model kvcli/cpu.\n")
+    assert _broken_references(page, ROOT.parent) == ["page.md:1: kvcli.hashing.chain",
+                                                      "page.md:1: kvcli/replay/tiers.py"]

@@ -309,7 +309,7 @@ def calibrate(model, lengths=(64, 256, 1024), cached=(0, 512), repeats: int = 2,
     serving), with the device synchronized. About 3 s in all for the ``cpu`` preset on a 2-vCPU machine.
 
     Args:
-        model: a :class:`kvcli.model.LocalModel`.
+        model: a :class:`kvcli.model.llama.LocalModel`.
         lengths: new-token counts (each >= 1). cached: cached-prefix lengths (0 = no prefix).
         repeats: timed runs per point. seed: for the random token ids.
 

@@ -155,7 +155,7 @@ _JSON = json.JSONDecoder()
 
 
 def parse_metadata(raw: bytes) -> ChunkMeta:
-    """Parse a metadata value written by :meth:`kvcli.store.ChunkStore.store`.
+    """Parse a metadata value written by :meth:`kvcli.store.chunkstore.ChunkStore.store`.
 
     Raises:
         PayloadError: the value is truncated or its JSON is not kvcli's.

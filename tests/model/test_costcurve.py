@@ -1,4 +1,4 @@
-"""kvcli.costcurve: exact recovery of known coefficients, min-of-repeats, flat rates, real calibration."""
+"""kvcli.model.costcurve: exact recovery of known coefficients, min-of-repeats, flat rates, real calibration."""
 from __future__ import annotations
 
 import numpy as np

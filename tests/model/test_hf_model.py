@@ -20,7 +20,7 @@ from kvcli.model.load import kv_bytes_per_token, load_model, model_id_of, resolv
 
 # fp32: cached and full prefill run the same kernels on the same rows; observed 2.4e-7 (one ulp at |logit| ~ 2).
 FP32_ATOL = 1e-5
-# bf16: an ulp is 2**-7 at 1..2, the same bound as tests/test_model.py.
+# bf16: an ulp is 2**-7 at 1..2, the same bound as tests/model/test_model.py.
 BF16_ATOL = 5e-2
 
 

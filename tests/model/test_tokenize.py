@@ -1,4 +1,4 @@
-"""kvcli.tokenize: offline cl100k_base, ordinary-text encoding, and the chat template's prefix guarantees."""
+"""kvcli.model.tokenize: offline cl100k_base, ordinary-text encoding, and the chat template's prefix guarantees."""
 from __future__ import annotations
 
 import json

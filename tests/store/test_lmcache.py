@@ -275,19 +275,19 @@ def stores(client, dtype=torch.float32):
 
 
 def test_lookup_of_3_chunks_with_2_hits_is_3_exists_vs_1_round_trip(redis_client, server_kind):
-    kvcli, lmc = stores(redis_client)
-    for store in (kvcli, lmc):
+    ours, lmc = stores(redis_client)
+    for store in (ours, lmc):
         store.store(list(range(1, 9)), None)
     redis_client.config_resetstat()
     prompt = list(range(1, 13))
-    assert kvcli.lookup(prompt).hit_tokens == lmc.lookup(prompt).hit_tokens == 8
+    assert ours.lookup(prompt).hit_tokens == lmc.lookup(prompt).hit_tokens == 8
     ran = commands_since_reset(redis_client)
     # kvcli: one EVAL_RO (its 3 GETs of metadata run inside the server: one round trip); LMCache: 3 EXISTS
     # kvcli: one EVAL_RO (its GETs counted by the server), on a cluster a GET and a STRLEN per chunk in one write
     # per shard; LMCache: one EXISTS per chunk up to the miss
     assert ran == ({"eval_ro": 1, "get": 3, "exists": 3} if server_kind == "single" else
                    {"get": 3, "strlen": 3, "exists": 3})
-    assert (kvcli.stats.lookup_round_trips, lmc.stats.lookup_round_trips) == (1, 3)
+    assert (ours.stats.lookup_round_trips, lmc.stats.lookup_round_trips) == (1, 3)
     redis_client.config_resetstat()
     assert lmc.lookup(list(range(100, 113))).hit_chunks == 0  # the first chunk misses: one EXISTS, no more
     assert commands_since_reset(redis_client) == {"exists": 1}
