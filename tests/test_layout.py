@@ -218,3 +218,9 @@ def test_the_reference_check_can_fail(tmp_path):
                     "and kvcli/store/chunkstore.py, model kvcli/cpu.\n")
     assert _broken_references(page, ROOT.parent) == ["page.md:1: kvcli.hashing.chain",
                                                       "page.md:1: kvcli/replay/tiers.py"]
+
+
+def test_test_files_have_distinct_names():
+    """pytest imports test files by basename (no ``__init__.py`` in tests/): two of one name fail collection."""
+    names = [p.name for p in (Path(__file__).parent).rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
