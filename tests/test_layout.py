@@ -25,8 +25,9 @@ ALLOWED = {
     "live": {"errors", "units", "tables", "traces", "store", "model", "prefixkv"},
     "route": {"errors", "units", "tables", "figures", "traces", "store", "model"},
     "analysis": {"errors", "units", "tables", "traces", "model", "replay", "store"},
+    "engine": {"errors", "units", "traces"},
     "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "traces", "store", "model", "replay",
-            "live", "route", "analysis"},
+            "live", "route", "analysis", "engine"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model"},  # its library names, loaded lazily
 }
