@@ -31,8 +31,9 @@ ALLOWED = {
     "live": {"errors", "units", "tables", "traces", "store", "model", "prefixkv"},
     "route": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model"},
     "analysis": {"errors", "units", "tables", "sim", "traces", "model", "store"},
+    "engine": {"errors", "units", "traces"},
     "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "sim", "traces", "store", "model",
-            "replay", "live", "route", "analysis", "version"},
+            "replay", "live", "route", "analysis", "engine", "version"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model", "version"},  # its library names, lazily
 }

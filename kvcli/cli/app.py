@@ -393,6 +393,8 @@ class _ReplayConsole(ReplayEvents):
 
 def _register() -> None:
     from kvcli.cli.cache import INSPECT_PANELS, WARM_PANELS, inspect, purge, warm
+    from kvcli.cli.events import events_app
+    from kvcli.cli.events import record as record_events
     from kvcli.cli.explain import explain
     from kvcli.cli.export import EXPORT_PANELS, export
     from kvcli.cli.hardware import hardware
@@ -405,6 +407,8 @@ def _register() -> None:
                      ("explain", explain)):
         panels = {"warm": WARM_PANELS, "inspect": INSPECT_PANELS, "export": EXPORT_PANELS}.get(name)
         app.command(name, cls=help_panels(panels) if panels else None)(handle_errors(fn))
+    events_app.command("record")(handle_errors(record_events))
+    app.add_typer(events_app, name="events")
 
 
 _register()
