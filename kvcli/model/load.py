@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
 from kvcli.model.hf_tokenizer import has_tokenizer
-from kvcli.model.presets import PRESETS, ModelSpec, get_preset, model_spec
+from kvcli.model.presets import PRESETS, ModelConfig, ModelSpec, get_preset, model_spec
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
 
@@ -80,10 +80,16 @@ def open_tokenizer(tokenizer: str | None, model: str) -> Tokenizer:
     return get_tokenizer(resolve_tokenizer(tokenizer, model))
 
 
+def model_shapes(model: str) -> ModelConfig:
+    """The shapes of ``model`` (a preset, or a checkpoint folder's config), without weights. Raises
+    BadInputError as :func:`resolve_spec`."""
+    return read_checkpoint(model).shapes if is_checkpoint_name(model) else get_preset(model)
+
+
 def kv_bytes_per_token(model: str, dtype: str | None = None) -> int:
     """KV bytes per token of ``model`` (preset or checkpoint) in ``dtype`` (None: its default):
     ``2 * layers * kv_heads * head_dim * element size``. Raises BadInputError."""
-    config = read_checkpoint(model).shapes if is_checkpoint_name(model) else get_preset(model)
+    config = model_shapes(model)
     return config.kv_bytes_per_token(dtype if dtype is not None else config.dtype)
 
 

@@ -16,11 +16,10 @@ import redis
 from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError
-from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
 from kvcli.model.costcurve import CostCurve, PrefillCost
 from kvcli.model.hardware import get_accelerator
-from kvcli.model.load import describe, load_model, resolve_spec, resolve_tokenizer
-from kvcli.model.presets import ModelConfig, ModelSpec, get_preset
+from kvcli.model.load import describe, load_model, model_shapes, resolve_spec, resolve_tokenizer
+from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.model.profile import Profile
 from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, Roofline
 from kvcli.model.threads import torch_threads
@@ -310,11 +309,6 @@ class TraceSource:
         """A fresh iterator over the requests' lengths and times (:func:`kvcli.traces.detect.outline_trace`), with
         the same checks: a replay's first pass, cheaper than reading the requests where the format allows."""
         return outline_trace(self.path, self.fmt, lazy_tokenizer(self.tokenizer)[0])
-
-
-def model_shapes(model: str) -> ModelConfig:
-    """The shapes of ``model`` (a preset, or a checkpoint folder's config) for exact FLOPs, without weights."""
-    return read_checkpoint(model).shapes if is_checkpoint_name(model) else get_preset(model)
 
 
 def _itemsize(dtype) -> int:
