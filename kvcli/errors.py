@@ -47,6 +47,12 @@ class ModelFailure(KvcliError):
     exit_code = 4
 
 
+class EngineFailure(ModelFailure):
+    """A serving engine (an OpenAI-compatible server: ``kvcli profile --engine``) could not be reached, did not
+    answer as one, or lacks what a measurement needs (prefix caching, cached-token counts). Exit code 4: the engine
+    is where the model runs."""
+
+
 _PIPELINE = re.compile(r"Command # \d+ \((\S+)(?: (\S+))?.*?\) of pipeline caused error: (.*)", re.DOTALL)
 _BYTES = re.compile(r"""b'(?:[^'\\]|\\.)*'|b"(?:[^"\\]|\\.)*"|<memory at 0x[0-9a-fA-F]+>""")
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from kvcli.cli.options import Device, Dtype, JsonOut, KvDtype, Model, Threads
+from kvcli.cli.options import Device, Dtype, JsonOut, KvDtype, Threads
 from kvcli.errors import BadInputError
 
 if TYPE_CHECKING:  # kvcli.model.profile loads on use: `kvcli --help` never imports torch
@@ -25,9 +25,15 @@ if TYPE_CHECKING:  # kvcli.model.profile loads on use: `kvcli --help` never impo
 err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must find a line whole
 
 
+ProfileModel = Annotated[Optional[str], typer.Option(
+    "--model", help="Model preset or local Hugging Face checkpoint folder (default: cpu). With --engine: the served "
+                    "model's shapes, a preset or its config folder (default: the served model, when it is a folder "
+                    "here).", show_default=False)]
+
+
 def profile(
     out: Annotated[Path, typer.Option("--out", help="The profile file to write (JSON).", show_default=False)],
-    model: Model = "cpu", dtype: Dtype = None, device: Device = "auto",
+    model: ProfileModel = None, dtype: Dtype = None, device: Device = "auto",
     max_tokens: Annotated[Optional[int], typer.Option(
         help="Longest point timed, new + cached tokens (>= 512; default: the model's context length).",
         show_default=False)] = None,
@@ -35,9 +41,19 @@ def profile(
     threads: Threads = 1,
     kv_dtype: KvDtype = "auto",
     json_out: JsonOut = False,
+    engine: Annotated[Optional[str], typer.Option(
+        help="Time a running OpenAI-compatible engine (e.g. vLLM) at this URL through its API instead of a "
+             "local model: time to first token after confirmed cached prefixes. An API key: $KVCLI_ENGINE_API_KEY.",
+        show_default=False)] = None,
+    served_model: Annotated[Optional[str], typer.Option(
+        help="With --engine: the served model to time (default: the first GET /v1/models lists).",
+        show_default=False)] = None,
+    warmup: Annotated[int, typer.Option(help="With --engine: untimed warm-up rounds, each a prefix and a hit on it "
+                                             "(they also check that the engine confirms hits).")] = 2,
 ) -> None:
-    """Measure a model's prefill cost surface t(new, cached tokens) and its KV load/save rates on a device, and
-    write them to a portable JSON profile that `kvcli replay --prefill-profile FILE` prices savings with.
+    """Measure a model's prefill cost surface t(new, cached tokens) and its KV load/save rates on a device, or a
+    running engine's through its API (--engine URL), and write them to a portable JSON profile that
+    `kvcli replay --prefill-profile FILE` prices savings with.
 
     Examples:
 
@@ -46,33 +62,90 @@ def profile(
       kvcli profile --model tiny --device cpu --max-tokens 1024 --repeats 2 --out /tmp/tiny.json --json
 
       kvcli profile --model llama-3-8b --device cuda --kv-dtype fp8 --out profiles/llama-3-8b-h200-fp8kv.json
+
+      kvcli profile --engine http://127.0.0.1:8000 --model ~/models/Llama-3.1-8B-Instruct --out profiles/vllm.json
     """
-    from kvcli.model.load import load_model
-    from kvcli.model.profile import check_max_tokens, device_facts, measure_profile, profile_points
-    from kvcli.model.threads import torch_threads
+    from kvcli.model.profile import check_max_tokens
     from kvcli.replay.results import check_count
     from kvcli.store.serde import check_kv_dtype
     from kvcli.tables import stdout_console
 
     payload_dtype = check_kv_dtype(kv_dtype)
-    check_count("--repeats", repeats)
-    check_count("--threads", threads)
+    for flag, count in (("--repeats", repeats), ("--threads", threads), ("--warmup", warmup)):
+        check_count(flag, count)
     if max_tokens is not None:
         check_max_tokens(max_tokens)
     _check_writable(out)
-    local = load_model(model, dtype, device)
-    facts = device_facts(local.device)
-    planned = len(profile_points(max_tokens or local.config.context))
-    heads = {"prefill": f"timing {planned} points x {repeats} repeats on {facts['device']} ({facts['name']})",
-             "kv": "load/save rates of 64, 256 and 1024-token chunks" + (" of fp8 payloads" if payload_dtype else "")}
-    with torch_threads(threads), _Bar(heads) as bar:
-        result = measure_profile(local, max_tokens, repeats, bar.update, codec=store_codec(payload_dtype))
+    if engine is not None:
+        result = profile_engine(engine, model, served_model, dtype, device, max_tokens, repeats, warmup, threads,
+                                payload_dtype)
+    else:
+        result = profile_local(model or "cpu", dtype, device, max_tokens, repeats, threads, payload_dtype)
     text = result.save(out)
     err.print(f"profile: written {out}", markup=False, highlight=False)
     if json_out:
         typer.echo(text)
     else:
         print_profile(result, stdout_console())
+
+
+def profile_local(model: str, dtype: str | None, device: str, max_tokens: int | None, repeats: int, threads: int,
+                  kv_dtype: str | None) -> Profile:
+    """``kvcli profile`` of a local model (:func:`kvcli.model.profile.measure_profile`), progress on stderr."""
+    from kvcli.model.load import load_model
+    from kvcli.model.profile import device_facts, measure_profile, profile_points
+    from kvcli.model.threads import torch_threads
+
+    local = load_model(model, dtype, device)
+    facts = device_facts(local.device)
+    planned = len(profile_points(max_tokens or local.config.context))
+    heads = {"prefill": f"timing {planned} points x {repeats} repeats on {facts['device']} ({facts['name']})",
+             "kv": "load/save rates of 64, 256 and 1024-token chunks" + (" of fp8 payloads" if kv_dtype else "")}
+    with torch_threads(threads), _Bar(heads) as bar:
+        return measure_profile(local, max_tokens, repeats, bar.update, codec=store_codec(kv_dtype))
+
+
+def profile_engine(url: str, model: str | None, served_model: str | None, dtype: str | None, device: str,
+                   max_tokens: int | None, repeats: int, warmup: int, threads: int, kv_dtype: str | None) -> Profile:
+    """``kvcli profile --engine URL``: the engine's TTFT surface (:func:`kvcli.model.engine_profile.
+    measure_engine_profile`) and kvcli's KV payload path on ``device``, progress on stderr.
+
+    Raises:
+        BadInputError: a bad URL; no ``model`` and the served model is no folder here; as the measurement.
+        EngineFailure: as :func:`~kvcli.model.engine_profile.measure_engine_profile`.
+    """
+    from kvcli.model.engine_client import EngineClient
+    from kvcli.model.engine_profile import EngineRun, engine_max_tokens, measure_engine_profile, measure_payload_path
+    from kvcli.model.load import model_shapes, resolve_spec
+    from kvcli.model.profile import profile_points
+    from kvcli.model.threads import torch_threads
+    from kvcli.units import dtype_key
+
+    with EngineClient(url) as client:
+        info = client.info(served_model)
+        model = model or _served_folder(info.served_model)
+        spec, shapes = resolve_spec(model, dtype), model_shapes(model)
+        run = EngineRun(shapes.vocab, max_tokens, repeats, warmup)
+        planned = len(profile_points(engine_max_tokens(info, shapes, max_tokens)))
+        engine = " ".join(x for x in (info.name, info.version) if x) or "the engine"
+        heads = {"prefill": f"timing {planned} points x {repeats} repeats on {engine} at {info.url} "
+                            f"({info.served_model}), after {warmup} warm-up rounds",
+                 "kv": "kvcli's load/save rates of 64, 256 and 1024-token chunks" + (" of fp8 payloads" if kv_dtype
+                                                                                     else "")}
+        with torch_threads(threads), _Bar(heads) as bar:
+            return measure_engine_profile(
+                client, info, run, model=model, model_id=spec.model_id, dtype=dtype_key(spec.dtype), shapes=shapes,
+                kv=lambda: measure_payload_path(shapes, dtype_key(spec.dtype), device, store_codec(kv_dtype), repeats,
+                                                bar.update), progress=bar.update)
+
+
+def _served_folder(served_model: str) -> str:
+    """The served model's id as ``--model`` when it is a checkpoint folder here (vLLM serves a local folder under
+    its path). Raises BadInputError otherwise: the profile needs the model's shapes."""
+    if (Path(served_model).expanduser() / "config.json").is_file():
+        return served_model
+    raise BadInputError(f"--engine: give --model, the shapes of the served model {served_model} (a preset, or a "
+                        "folder with its config.json)")
 
 
 def store_codec(kv_dtype: str | None = None) -> KvCodec:
@@ -123,11 +196,20 @@ def print_profile(result: Profile, console: Console) -> None:
         kv.add_row(f"{t.chunk_tokens:,}", f"{t.value_bytes:,}", f"{load:.6f}", f"{save:.6f}",
                    _gbps(t.value_bytes / load if load else None, unit=False),
                    _gbps(t.value_bytes / save if save else None, unit=False))
+    if result.engine is None:
+        prefill = (f"prefill of {result.model_id} on {facts['device']} ({facts['name']}): {result.repeats} repeats, "
+                   f"clock {result.clock}")
+        payload = ""
+    else:
+        engine = " ".join(str(result.engine[k]) for k in ("name", "version") if result.engine.get(k)) or "engine"
+        prefill = (f"time to first token of {result.engine['served_model']} ({result.model_id}) on {engine} at "
+                   f"{result.engine['url']}: {result.repeats} repeats, wall clock at the client")
+        payload = f" kvcli's, on {facts['device']} ({facts['name']}):"
     for heading, table in (
-            (f"prefill of {result.model_id} on {facts['device']} ({facts['name']}): {result.repeats} repeats, "
-             f"clock {result.clock}", points),
+            (prefill, points),
             ("fit: t = a + b*n + d*n(n+1)/2 + e*n*c seconds (n new, c cached tokens)", fit),
-            (f"KV payload: load {_gbps(result.load_bytes_per_second)}, save {_gbps(result.save_bytes_per_second)} "
+            (f"KV payload:{payload} load {_gbps(result.load_bytes_per_second)}, save "
+             f"{_gbps(result.save_bytes_per_second)} "
              f"(value bytes over the fastest repeat of the largest chunk); KV {result.kv_bytes_per_token:,} "
              f"bytes/token in {f'fp8 ({result.kv_dtype})' if result.kv_dtype else result.dtype}", kv)):
         console.print(heading, markup=False, highlight=False)

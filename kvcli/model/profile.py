@@ -14,6 +14,10 @@ listed. Then the KV payload path, at chunks of 64, 256 and 1,024 tokens: *save* 
 into its serialized value and checksums it (what the store writes), *load* decodes a value, checks it against its
 checksum and copies the tensor to the device (what a hit reads).
 
+A running serving engine's surface is measured through its API into the same file
+(:mod:`kvcli.model.engine_profile`, ``kvcli profile --engine``): its points are times to first token, and its
+``engine`` object says what the engine is.
+
 The file (:meth:`Profile.to_dict`) is kvcli's JSON envelope (``schema_version``, ``command``) around
 ``"format": "kvcli-profile/1"``; a reader of format 1 ignores fields it does not know, and refuses a newer version.
 """
@@ -152,6 +156,10 @@ class Profile:
         measure_seconds: wall time the measurement took.
         kv_dtype: the KV payloads' dtype when it was not the model's (``--kv-dtype fp8``: ``"float8_e4m3fn"``);
             None: the model's (``auto``; a profile written before the field).
+        engine: for a profile measured through a serving engine's API (:mod:`kvcli.model.engine_profile`): what
+            the engine said (``url``, ``name``, ``version``, ``served_model``, ``max_model_len``, ``block_size``,
+            ``prefix_caching``, ``kv_cache_dtype``) and how it was timed (``timed``, ``warmup_rounds``); the points
+            are then times to first token, ``device`` is where the KV rates were timed. None: a local model's.
     """
 
     format: str
@@ -174,6 +182,7 @@ class Profile:
     kv_timings: tuple[KvTiming, ...]
     measure_seconds: float
     kv_dtype: str | None = None
+    engine: dict | None = None
 
     def samples(self) -> list[PrefillSample]:
         """Every timing as a :class:`PrefillSample`, point by point in plan order."""
@@ -247,6 +256,7 @@ class Profile:
                          "load_bytes_per_second": self.load_bytes_per_second,
                          "save_bytes_per_second": self.save_bytes_per_second,
                          "timings": [t.to_dict() for t in self.kv_timings]},
+            "engine": self.engine,
         }
 
     def to_json(self) -> str:
@@ -511,6 +521,9 @@ _SCHEMA: dict[str, Any] = {
                  "timings": [{"chunk_tokens": int, "kv_bytes": int, "value_bytes": int, "load_seconds": [_NUM],
                               "save_seconds": [_NUM]}]},
 }
+#: An engine profile's ``engine`` object (absent or null in a local model's).
+_ENGINE_SCHEMA: dict[str, Any] = {"url": str, "name": _OPT_STR, "version": _OPT_STR, "served_model": str,
+                                  "block_size": (int, type(None))}
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", type(None): "null", list: "a list",
                dict: "an object", bool: "true/false"}
 
@@ -592,10 +605,13 @@ def _from_dict(doc) -> Profile:
         raise _Invalid("fields repeats and max_tokens must be >= 1")
     skipped = tuple(SkippedPoint(s["kind"], s["new_tokens"], s["cached_tokens"], s["reason"])
                     for s in doc["skipped_points"])
+    engine = doc.get("engine")
+    if engine is not None:
+        _check(engine, _ENGINE_SCHEMA, "engine")
     return Profile(
         format=doc["format"], kvcli_version=doc["kvcli_version"], created=doc["created"],
         command_line=tuple(doc["command_line"]), device=dict(doc["device"]), host=dict(doc["host"]),
         model_id=model["model_id"], model=model["model"], dtype=dtype, shapes=shapes, clock=doc["clock"],
         max_tokens=doc["max_tokens"], repeats=doc["repeats"], max_past_bytes=doc["max_past_bytes"], points=points,
         skipped=skipped, fit=dict(doc["fit"]), kv_timings=timings, measure_seconds=float(doc["measure_seconds"]),
-        kv_dtype=kv_dtype)
+        kv_dtype=kv_dtype, engine=dict(engine) if engine is not None else None)
