@@ -16,8 +16,9 @@ trap 'rm -rf "$tmp"' EXIT
 python3 -m venv "$tmp/uv" && "$tmp/uv/bin/pip" install -q "uv==$UV_VERSION"
 uv="$tmp/uv/bin/uv"
 # torch's requirements, without its extras and its CUDA libraries (the CPU build has none)
-python - >"$tmp/torch-deps.in" <<'PY'
+python - >requirements/torch-cpu.in <<'PY'
 import importlib.metadata as md
+print("# torch's own requirements (its CPU build's), locked in its place: made by requirements/refresh.sh")
 from packaging.requirements import Requirement
 for text in md.requires("torch") or []:
     req = Requirement(text)
@@ -28,9 +29,9 @@ PY
 echo "torch; python_version < '0'" >"$tmp/no-torch.txt"  # an override whose marker never holds: torch unlocked
 common=(--universal --python-version 3.11 --generate-hashes --override "$tmp/no-torch.txt" --no-header
         --index-url https://pypi.org/simple --quiet)
-"$uv" pip compile "${common[@]}" pyproject.toml --extra test "$tmp/torch-deps.in" -o requirements/test.txt
+"$uv" pip compile "${common[@]}" pyproject.toml --extra test requirements/torch-cpu.in -o requirements/test.txt
 # main.txt: the runtime set, at the versions test.txt chose
-"$uv" pip compile "${common[@]}" pyproject.toml "$tmp/torch-deps.in" -c requirements/test.txt -o requirements/main.txt
+"$uv" pip compile "${common[@]}" pyproject.toml requirements/torch-cpu.in -c requirements/test.txt -o requirements/main.txt
 for f in main test; do
     sed -i "1i # kvcli's $f lock: made by requirements/refresh.sh (uv $UV_VERSION) on $(date -u +%F); do not edit" \
         requirements/$f.txt
