@@ -3,6 +3,6 @@
 tokenizers (tiktoken with kvcli's ChatML template, or a checkpoint's own tokenizer and chat template), and the
 prefill cost curve calibrated on this machine.
 
-May import: kvcli.errors, kvcli.units, kvcli.redact, kvcli.provenance, kvcli.prefixkv, kvcli.version. Not the store,
-traces or anything above them.
+May import: kvcli.errors, kvcli.units, kvcli.redact, kvcli.provenance, kvcli.prefixkv, kvcli.version, kvcli.outfile
+(the profile file). Not the store, traces or anything above them.
 """
