@@ -6,7 +6,6 @@ terminal, else one line per phase. kvcli's errors propagate to ``handle_errors``
 """
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -17,7 +16,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from kvcli.cli.options import Device, Dtype, JsonOut, KvDtype, Model, Threads
-from kvcli.errors import BadInputError
 
 if TYPE_CHECKING:  # kvcli.model.profile loads on use: `kvcli --help` never imports torch
     from kvcli.model.profile import KvCodec, Profile
@@ -29,9 +27,9 @@ def profile(
     out: Annotated[Path, typer.Option("--out", help="The profile file to write (JSON).", show_default=False)],
     model: Model = "cpu", dtype: Dtype = None, device: Device = "auto",
     max_tokens: Annotated[Optional[int], typer.Option(
-        help="Longest point timed, new + cached tokens (>= 512; default: the model's context length).",
+        help="Longest point timed, new + cached tokens (512 to the model's context length, its default).",
         show_default=False)] = None,
-    repeats: Annotated[int, typer.Option(help="Timings of each point and chunk size, interleaved.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timings of each point and chunk size, interleaved (1 to 100).")] = 3,
     threads: Threads = 1,
     kv_dtype: KvDtype = "auto",
     json_out: JsonOut = False,
@@ -47,19 +45,20 @@ def profile(
 
       kvcli profile --model llama-3-8b --device cuda --kv-dtype fp8 --out profiles/llama-3-8b-h200-fp8kv.json
     """
-    from kvcli.model.load import load_model
-    from kvcli.model.profile import check_max_tokens, device_facts, measure_profile, profile_points
+    from kvcli.model.load import load_model, model_context
+    from kvcli.model.profile import check_max_tokens, check_repeats, device_facts, measure_profile, profile_points
     from kvcli.model.threads import torch_threads
+    from kvcli.outfile import check_output
     from kvcli.replay.results import check_count
     from kvcli.store.serde import check_kv_dtype
     from kvcli.tables import stdout_console
 
     payload_dtype = check_kv_dtype(kv_dtype)
-    check_count("--repeats", repeats)
+    check_repeats(repeats)
     check_count("--threads", threads)
-    if max_tokens is not None:
-        check_max_tokens(max_tokens)
-    _check_writable(out)
+    context = model_context(model)
+    check_max_tokens(context if max_tokens is None else max_tokens, context)
+    check_output(out, "--out")
     local = load_model(model, dtype, device)
     facts = device_facts(local.device)
     planned = len(profile_points(max_tokens or local.config.context))
@@ -140,17 +139,6 @@ def _num(value: float | None, spec: str) -> str:
 
 def _gbps(rate: float | None, unit: bool = True) -> str:
     return "–" if rate is None else f"{rate / 1e9:.2f}" + (" GB/s" if unit else "")
-
-
-def _check_writable(out: Path) -> None:
-    """Raise BadInputError naming ``--out`` unless a file can be written there (checked before measuring)."""
-    folder = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        raise BadInputError(f"--out {out} is a directory; give a file name (e.g. {out / 'profile.json'})")
-    if not folder.is_dir():
-        raise BadInputError(f"--out {out}: no such directory {folder}")
-    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise BadInputError(f"--out {out}: not writable")
 
 
 class _Bar:
