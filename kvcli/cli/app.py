@@ -187,8 +187,8 @@ def replay(
              "a100-80gb, l40s, mi300x, ...: kvcli hardware lists them): a roofline of the model's exact FLOPs and "
              "bytes. Deterministic: nothing is timed here.", show_default=False)] = None,
     mfu: Annotated[Optional[float], typer.Option(
-        help="With --hardware: the share of the dense peak a prefill reaches (default 0.52, interval 0.39-0.67: "
-             "TensorRT-LLM's published first-token latencies).", show_default=False)] = None,
+        help="With --hardware: the share of the dense peak a prefill reaches, 0.01 to 1 (default 0.52, interval "
+             "0.39-0.67: TensorRT-LLM's published first-token latencies).", show_default=False)] = None,
     prefill_profile: Annotated[Optional[Path], typer.Option(
         help="Price prefill, and moving KV to and from the device, with a profile `kvcli profile` measured (on "
              "a GPU elsewhere, typically) for this --model and --dtype. Deterministic: nothing is timed here.",
