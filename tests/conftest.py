@@ -325,3 +325,19 @@ def fault_proxy(redis_url):
     parts = urlsplit(redis_url)
     with FaultProxy(parts.hostname, parts.port) as proxy:
         yield proxy
+
+
+@pytest.fixture
+def open_folder():
+    """A folder under /tmp that any user may enter (pytest's own tmp_path is root's alone when root runs the tests),
+    for a test that runs kvcli as another user (tests/test_outfile.py's ``unprivileged``); removed at teardown."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="kvcli-test-", dir="/tmp"))
+    folder.chmod(0o755)
+    yield folder
+    for p in folder.rglob("*"):
+        if p.is_dir() and not p.is_symlink():
+            p.chmod(0o755)
+    shutil.rmtree(folder)

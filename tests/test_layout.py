@@ -18,13 +18,14 @@ ALLOWED = {
     "version": set(),  # a leaf: the version string, importable by every module below
     "errors": set(),
     "redact": set(),
-    "figures": {"errors"},
+    "outfile": {"errors"},  # files a user names for kvcli to write: one writer for every command
+    "figures": {"errors", "outfile"},
     "provenance": {"redact", "version"},
     "units": {"errors", "provenance"},
     "tables": set(),
     "prefixkv": {"errors"},
-    "model": {"errors", "units", "redact", "provenance", "prefixkv", "version"},
-    "traces": {"errors", "units", "model"},
+    "model": {"errors", "units", "redact", "provenance", "prefixkv", "version", "outfile"},
+    "traces": {"errors", "units", "model", "outfile"},
     "sim": {"errors", "units", "traces"},  # pure simulations, below the store (which takes its LRU from here)
     "store": {"errors", "units", "redact", "prefixkv", "sim"},
     "replay": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model", "prefixkv"},
@@ -32,8 +33,8 @@ ALLOWED = {
     "route": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model"},
     "analysis": {"errors", "units", "tables", "sim", "traces", "model", "store"},
     "engine": {"errors", "units", "traces"},
-    "cli": {"errors", "units", "redact", "provenance", "figures", "tables", "sim", "traces", "store", "model",
-            "replay", "live", "route", "analysis", "engine", "version"},
+    "cli": {"errors", "units", "redact", "provenance", "figures", "outfile", "tables", "sim", "traces", "store",
+            "model", "replay", "live", "route", "analysis", "engine", "version"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model", "version"},  # its library names, lazily
 }

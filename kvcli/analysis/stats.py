@@ -17,8 +17,12 @@ Rules:
   request, and each conversation's history after it another.
 * Percentiles: numpy's linear interpolation over the prompt lengths.
 
-Cost: one pass over the trace; memory, the radix (4 bytes per distinct token) plus the requests' token ids while
-a trace out of timestamp order is reordered.
+Cost: one pass over the trace; memory, the radix (4 bytes per distinct token) plus the requests as read (a text or
+token-id trace's token ids; a hash-id trace's block keys, 8 bytes a block: its token ids are synthesized one request
+at a time and dropped once inserted). **Bound:** the radix holds at most ``max_tokens`` distinct tokens
+(:data:`MAX_TOKENS` unless raised; ``kvcli stats --max-tokens``): a request that could take it past them is refused
+before its token ids are made, so a small hash-id file (an id stands for a block of up to 2**20 tokens) cannot make
+stats hold more than ``4 * max_tokens`` bytes of tokens, plus one request's.
 """
 from __future__ import annotations
 
@@ -28,12 +32,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvcli.errors import BadInputError
 from kvcli.sim.upper_bound import RadixUpperBound
 from kvcli.traces.order import arrival_order
 from kvcli.traces.request import Request
 
 #: the prompt-length percentiles reported.
 PERCENTILES = (50, 90, 99)
+#: The distinct prompt tokens stats holds by default (4 bytes each, 512 MiB): Mooncake's 12k-request conversation
+#: trace needs about 100 million.
+MAX_TOKENS = 1 << 27
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    """Raise BadInputError (naming ``--max-tokens``) unless ``max_tokens`` is an integer >= 1."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise BadInputError(f"--max-tokens must be an integer >= 1, got {max_tokens!r}")
 
 
 @dataclass(frozen=True)
@@ -93,21 +107,32 @@ class TraceStats:
         return self.shared_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
-def trace_stats(requests: Iterable[Request], top: int = 10) -> TraceStats:
+def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MAX_TOKENS) -> TraceStats:
     """The statistics of ``requests`` (one trace, in file order; taken in arrival order), with the ``top`` shared
-    prefix runs by saved tokens (ties: the earlier start first, then depth-first order).
+    prefix runs by saved tokens (ties: the earlier start first, then depth-first order), holding at most
+    ``max_tokens`` distinct prompt tokens (module docstring).
 
     Raises:
-        BadInputError: as the trace's reader, when iteration reaches a bad record.
+        BadInputError: as the trace's reader, when iteration reaches a bad record; a request that could take the
+            distinct tokens held past ``max_tokens`` (naming its record and ``--max-tokens``).
     """
+    check_max_tokens(max_tokens)
     requests = list(requests)
     order = arrival_order([r.timestamp for r in requests])
     ordered = requests if order is None else [requests[i] for i in order.tolist()]
     radix = RadixUpperBound()
-    lengths = np.fromiter((len(r.token_ids) for r in ordered), dtype=np.int64, count=len(ordered))
-    shared_total = 0
-    for request in ordered:
-        shared_total += radix.match_and_insert(request.token_ids, request.cache_salt)
+    lengths = np.fromiter((r.prompt_tokens for r in ordered), dtype=np.int64, count=len(ordered))
+    shared_total = held = 0
+    for request, length in zip(ordered, lengths.tolist()):
+        if held + length > max_tokens:
+            raise BadInputError(f"{request.source or request.id}: {length:,} prompt tokens after {held:,} distinct "
+                                f"ones held would pass --max-tokens {max_tokens:,} (stats holds each distinct token "
+                                "once, 4 bytes); raise --max-tokens to read this trace")
+        # a hash-id request's tokens are made here and dropped after (its own token_ids would keep them)
+        tokens = request.token_ids if request.blocks is None else request.blocks.token_ids()
+        shared = radix.match_and_insert(tokens, request.cache_salt)
+        shared_total += shared
+        held += length - shared
     ranked = heapq.nsmallest(top, enumerate(radix.shared_segments()),
                              key=lambda e: (-len(e[1].tokens) * e[1].reused, e[1].start, e[0]))
     sessions = {r.session_id for r in requests if r.session_id is not None}

@@ -10,7 +10,7 @@ import numpy as np
 
 from kvcli.analysis.explain import BlockHashes, ExplainConfig, Explainer, TraceExplanation
 from kvcli.analysis.report import TraceReport
-from kvcli.analysis.stats import trace_stats
+from kvcli.analysis.stats import MAX_TOKENS, check_max_tokens, trace_stats
 from kvcli.errors import BadInputError, RedisFailure
 from kvcli.model.load import resolve_spec, resolve_tokenizer
 from kvcli.model.tokenize import get_tokenizer, lazy_tokenizer
@@ -28,17 +28,21 @@ from kvcli.traces.records import read_first_record
 from kvcli.traces.request import ChatPrompt, Request
 
 
-def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int) -> list[TraceReport]:
+def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int,
+                  max_tokens: int = MAX_TOKENS) -> list[TraceReport]:
     """One report per trace file of ``paths`` (directories expanded, ``-`` for stdin), read with ``fmt`` and
-    ``tokenizer`` (None: ``cl100k_base``) as every command reads them.
+    ``tokenizer`` (None: ``cl100k_base``) as every command reads them, each holding at most ``max_tokens``
+    distinct prompt tokens (:func:`kvcli.analysis.stats.trace_stats`).
 
     Raises:
-        BadInputError: a missing path, an undetectable or ambiguous format, a bad record (``file:line``).
+        BadInputError: a missing path, an undetectable or ambiguous format, a bad record (``file:line``), a trace
+            of more distinct tokens than ``max_tokens``.
     """
+    check_max_tokens(max_tokens)
     reports = []
     with stdin_paths(paths) as given:  # around the reads: an error in stdin's copy names <stdin>
         for path, name, tok in each_trace(given, fmt, tokenizer):
-            stats = trace_stats(read_trace(path, fmt, tok), top)
+            stats = trace_stats(read_trace(path, fmt, tok), top, max_tokens)
             note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok)) if n) or None
             reports.append(TraceReport(display_name(path), name, stats, note,
                                        get_tokenizer(tok).decode if is_text_trace(path, name) else None))

@@ -187,8 +187,8 @@ def replay(
              "a100-80gb, l40s, mi300x, ...: kvcli hardware lists them): a roofline of the model's exact FLOPs and "
              "bytes. Deterministic: nothing is timed here.", show_default=False)] = None,
     mfu: Annotated[Optional[float], typer.Option(
-        help="With --hardware: the share of the dense peak a prefill reaches (default 0.52, interval 0.39-0.67: "
-             "TensorRT-LLM's published first-token latencies).", show_default=False)] = None,
+        help="With --hardware: the share of the dense peak a prefill reaches, 0.01 to 1 (default 0.52, interval "
+             "0.39-0.67: TensorRT-LLM's published first-token latencies).", show_default=False)] = None,
     prefill_profile: Annotated[Optional[Path], typer.Option(
         help="Price prefill, and moving KV to and from the device, with a profile `kvcli profile` measured (on "
              "a GPU elsewhere, typically) for this --model and --dtype. Deterministic: nothing is timed here.",
@@ -318,19 +318,21 @@ def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> Non
 
 
 def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool) -> None:
-    """The plots (paths on stderr), the report on stdout (JSON with ``--json``; each trace's summary line went to
-    stderr as it finished). Raises RedisFailure, after all that, when a run's keys could not be deleted."""
+    """The report on stdout (JSON with ``--json``; each trace's summary line went to stderr as it finished), then
+    the plots (paths on stderr): a plot that fails to write (a disk filled during the run: its folder was checked
+    before) raises BadInputError after the report is out. Raises RedisFailure, after all that, when a run's keys
+    could not be deleted."""
     from kvcli.replay.curvereport import write_plots
     from kvcli.replay.report import print_report, to_json
     from kvcli.tables import stdout_console
 
-    if plot is not None:
-        for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
-            err.print(f"plot written: {path}", highlight=False)
     if json_out:
         typer.echo(to_json(results, context))
     else:
         print_report(results, stdout_console(), context)
+    if plot is not None:
+        for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
+            err.print(f"plot written: {path}", highlight=False)
     left = [r.left_behind for r in results if r.left_behind]
     if left:  # the report stands; the run's keys could not be deleted
         raise RedisFailure("; ".join(left))

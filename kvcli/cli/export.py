@@ -35,10 +35,11 @@ def export(
                                                            "512, bailian 16; another size is written as "
                                                            "block_size).", show_default=False)] = None,
     id_map: Annotated[Optional[Path], typer.Option(help="Keep the block numbering in FILE (32 bytes per id, read and "
-                                                        "extended): later exports of the same traffic reuse the "
-                                                        "same ids.", show_default=False)] = None,
-    round_seconds: Annotated[Optional[float], typer.Option(help="Round timestamps to a multiple of SECONDS.",
-                                                           show_default=False)] = None,
+                                                        "extended; made with one key and block size): later "
+                                                        "exports of the same traffic reuse the same ids.",
+                                                   show_default=False)] = None,
+    round_seconds: Annotated[Optional[float], typer.Option(help="Round timestamps to a multiple of SECONDS "
+                                                                "(1e-6 to 1e9).", show_default=False)] = None,
     input_format: Annotated[str, typer.Option("--input-format", help=TRACE_FORMATS_HELP)] = "auto",
     tokenizer: TextTokenizer = None,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
@@ -60,10 +61,11 @@ def export(
     from kvcli.traces.export import (
         EXPORT_FORMATS,
         BlockNumbering,
+        check_export_options,
+        check_export_outputs,
         check_export_paths,
-        load_key,
-        read_id_map,
-        write_id_map,
+        load_key_and_map,
+        locked_id_map,
     )
     from kvcli.traces.paths import expand_paths, stdin_paths
 
@@ -71,15 +73,15 @@ def export(
     fmt = trace_format(input_format, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
                        add_special_tokens)
     block = block_size if block_size is not None else EXPORT_FORMATS.get(out_format, (1, 1))[0]
+    check_export_options(out_format, block, round_seconds)
     check_export_paths(traces, key_file, out, id_map)
-    key, created = load_key(key_file)
-    known = read_id_map(id_map)
-    numbering = BlockNumbering(key, block, known)
-    tok = lazy_tokenizer(resolve_tokenizer(tokenizer, "cpu"))[0]
-    with stdin_paths(traces) as files:
-        written = _write(expand_paths(files), fmt, tok, out_format, numbering, round_seconds, out)
-    if id_map is not None:
-        write_id_map(id_map, numbering.digests, len(known))
+    check_export_outputs(out, id_map)
+    with locked_id_map(id_map):
+        key, created, known = load_key_and_map(key_file, id_map, block)
+        numbering = BlockNumbering(key, block, known)
+        tok = lazy_tokenizer(resolve_tokenizer(tokenizer, "cpu"))[0]
+        with stdin_paths(traces) as files:
+            written = _write(expand_paths(files), fmt, tok, out_format, numbering, round_seconds, out, id_map)
     if created:
         err.print(f"created key file {key_file} (32 random bytes): keep it; later exports with it give equal "
                   f"digests", highlight=False, markup=False)
@@ -87,30 +89,22 @@ def export(
               f"{block} tokens ({len(numbering.digests):,} in all)", highlight=False, markup=False)
 
 
-def _write(files, fmt, tokenizer, out_format, numbering, round_seconds, out: Path) -> int:
-    """Export every trace of ``files`` into ``out`` (``-``: stdout); returns the requests written. The output is
-    written to a temporary file beside ``out`` and renamed once complete, so a failed export leaves no half file."""
+def _write(files, fmt, tokenizer, out_format, numbering, round_seconds, out: Path, id_map: Path | None) -> int:
+    """Export every trace of ``files`` into ``out`` (``-``: stdout; else :func:`kvcli.outfile.write_output`) and
+    then the id map (when given), before the output is renamed into place: an id map that cannot be written leaves
+    the old output as it was. Returns the requests written."""
     import contextlib
     import itertools
-    import os
     import sys
 
-    from kvcli.errors import BadInputError
+    from kvcli.outfile import write_output
     from kvcli.traces.detect import read_trace
-    from kvcli.traces.export import export_records, write_jsonl
+    from kvcli.traces.export import export_records, write_id_map, write_jsonl
 
     requests = itertools.chain.from_iterable(read_trace(path, fmt, tokenizer) for path in files)
     records = export_records(requests, out_format, numbering, round_seconds)
-    if str(out) == "-":
-        return write_jsonl(records, sys.stdout)
-    partial = out.with_name(out.name + ".partial")
-    try:
-        with open(partial, "w", encoding="utf-8") as f:
-            written = write_jsonl(records, f)
-        os.replace(partial, out)
-    except OSError as exc:
-        raise BadInputError(f"cannot write: {exc.strerror or exc}", path=str(out)) from None
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            partial.unlink()
+    with contextlib.nullcontext(sys.stdout) if str(out) == "-" else write_output(out, "--out") as f:
+        written = write_jsonl(records, f)
+        if id_map is not None:
+            write_id_map(id_map, numbering.digests, numbering.key, numbering.block_tokens)
     return written

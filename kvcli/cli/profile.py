@@ -6,7 +6,6 @@ terminal, else one line per phase. kvcli's errors propagate to ``handle_errors``
 """
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -35,9 +34,9 @@ def profile(
     out: Annotated[Path, typer.Option("--out", help="The profile file to write (JSON).", show_default=False)],
     model: ProfileModel = None, dtype: Dtype = None, device: Device = "auto",
     max_tokens: Annotated[Optional[int], typer.Option(
-        help="Longest point timed, new + cached tokens (>= 512; default: the model's context length).",
+        help="Longest point timed, new + cached tokens (512 to the model's context length, its default).",
         show_default=False)] = None,
-    repeats: Annotated[int, typer.Option(help="Timings of each point and chunk size, interleaved.")] = 3,
+    repeats: Annotated[int, typer.Option(help="Timings of each point and chunk size, interleaved (1 to 100).")] = 3,
     threads: Threads = 1,
     kv_dtype: KvDtype = "auto",
     json_out: JsonOut = False,
@@ -65,17 +64,23 @@ def profile(
 
       kvcli profile --engine http://127.0.0.1:8000 --model ~/models/Llama-3.1-8B-Instruct --out profiles/vllm.json
     """
-    from kvcli.model.profile import check_max_tokens
+    from kvcli.model.load import model_context
+    from kvcli.model.profile import check_max_tokens, check_repeats
+    from kvcli.outfile import check_output
     from kvcli.replay.results import check_count
     from kvcli.store.serde import check_kv_dtype
     from kvcli.tables import stdout_console
 
     payload_dtype = check_kv_dtype(kv_dtype)
-    for flag, count in (("--repeats", repeats), ("--threads", threads), ("--warmup", warmup)):
+    check_repeats(repeats)
+    for flag, count in (("--threads", threads), ("--warmup", warmup)):
         check_count(flag, count)
-    if max_tokens is not None:
-        check_max_tokens(max_tokens)
-    _check_writable(out)
+    if engine is None:
+        context = model_context(model or "cpu")
+        check_max_tokens(context if max_tokens is None else max_tokens, context)
+    elif max_tokens is not None:
+        check_max_tokens(max_tokens)  # the served model's context is checked once the engine answers
+    check_output(out, "--out")
     if engine is not None:
         result = profile_engine(engine, model, served_model, dtype, device, max_tokens, repeats, warmup, threads,
                                 payload_dtype)
@@ -222,17 +227,6 @@ def _num(value: float | None, spec: str) -> str:
 
 def _gbps(rate: float | None, unit: bool = True) -> str:
     return "–" if rate is None else f"{rate / 1e9:.2f}" + (" GB/s" if unit else "")
-
-
-def _check_writable(out: Path) -> None:
-    """Raise BadInputError naming ``--out`` unless a file can be written there (checked before measuring)."""
-    folder = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
-        raise BadInputError(f"--out {out} is a directory; give a file name (e.g. {out / 'profile.json'})")
-    if not folder.is_dir():
-        raise BadInputError(f"--out {out}: no such directory {folder}")
-    if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise BadInputError(f"--out {out}: not writable")
 
 
 class _Bar:

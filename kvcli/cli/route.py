@@ -128,7 +128,7 @@ def route(
     """
     from kvcli.route.cachemanager import DelaySpec
     from kvcli.route.config import RouteConfig
-    from kvcli.route.runner import route_traces
+    from kvcli.route.runner import route_traces, write_plots
     from kvcli.route.simulator import SimConfig, kv_bytes_per_token, node_cache_options
 
     try:
@@ -145,11 +145,12 @@ def route(
         read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
                                add_special_tokens)
         with _RouteConsole() as events:
-            reports = route_traces(traces, config, read_as, events)
+            reports = route_traces(traces, config, read_as, events, plots=False)
+        _show_route(reports, json_out)  # the reports, then the plots: a plot that fails to write loses no report
+        write_plots(reports, config.plot)
     except KvcliError as exc:  # also handled by kvcli.cli.app.handle_errors; here for apps that mount route alone
         err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
-    _show_route(reports, json_out)
 
 
 def _show_route(reports: list[dict], json_out: bool) -> None:

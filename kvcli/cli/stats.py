@@ -22,6 +22,9 @@ from kvcli.cli.options import (
 def stats(
     traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
     top: Annotated[int, typer.Option(help="Shared prefixes listed per trace.")] = 10,
+    max_tokens: Annotated[int, typer.Option(help="Distinct prompt tokens held per trace, at most (4 bytes each; "
+                                                 "a hash-id trace's are made from its block ids).")] = 1 << 27,
+    # 1 << 27: kvcli.analysis.stats.MAX_TOKENS, spelled out so that --help loads neither numpy nor the radix
     fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
     tokenizer: TextTokenizer = None,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
@@ -50,7 +53,7 @@ def stats(
         raise BadInputError(f"--top must be >= 0, got {top}")
     spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
                         add_special_tokens)
-    reports = trace_reports(traces, spec, tokenizer, top)
+    reports = trace_reports(traces, spec, tokenizer, top, max_tokens)
     if json_out:
         typer.echo(json_document("stats", to_body(reports), indent=1))
     else:

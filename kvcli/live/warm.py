@@ -278,7 +278,7 @@ def warm(client: redis.Redis | RedisCluster, requests: Sequence[Request], model,
     spec = spec or model.spec
     stores = make_stores(client, spec, config)
     for store in stores:
-        store.check_value_size(alternative="")  # warm always writes real payloads
+        store.check_value_size()
     if model is not None and spec.state_shape:  # a hybrid model: its state at every boundary of every store
         model.state_chunk_sizes = tuple(config.chunk_sizes)
     if model is not None and not config.dry_run:

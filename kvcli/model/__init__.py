@@ -4,6 +4,6 @@ tokenizers (tiktoken with kvcli's ChatML template, or a checkpoint's own tokeniz
 prefill cost curve calibrated on this machine, and a running serving engine's measured through its HTTP API
 (``engine_client``, ``engine_profile``: httpx2).
 
-May import: kvcli.errors, kvcli.units, kvcli.redact, kvcli.provenance, kvcli.prefixkv, kvcli.version. Not the store,
-traces or anything above them.
+May import: kvcli.errors, kvcli.units, kvcli.redact, kvcli.provenance, kvcli.prefixkv, kvcli.version, kvcli.outfile
+(the profile file). Not the store, traces or anything above them.
 """

@@ -163,6 +163,19 @@ def prefill_clock(model):
     return time.perf_counter
 
 
+def determines_curve(points) -> bool:
+    """Whether prefills timed at ``points`` (``(new, cached)`` token pairs) determine all four coefficients: their
+    design matrix (:func:`features`, each column scaled to its largest value) has rank 4. Four copies of one point
+    do not (any a, b, d, e that meet it fit), nor do points without cached tokens (``e`` is free).
+    """
+    pairs = np.asarray(list(points), dtype=np.float64).reshape(-1, 2)
+    if len(pairs) < 4:
+        return False
+    x = _features(pairs[:, 0], pairs[:, 1])
+    x = x / np.maximum(np.abs(x).max(axis=0), 1e-300)
+    return int(np.linalg.matrix_rank(x)) == 4
+
+
 def _weighted_nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`_nnls` minimizing relative errors: rows scaled by 1 / y (y > 0); stacks as :func:`_nnls`."""
     w = 1.0 / np.where(y > 0, y, 1.0)

@@ -93,6 +93,16 @@ def kv_bytes_per_token(model: str, dtype: str | None = None) -> int:
     return config.kv_bytes_per_token(dtype if dtype is not None else config.dtype)
 
 
+def model_context(model: str) -> int:
+    """The longest prompt ``model`` (a preset, or a checkpoint folder's ``max_position_embeddings``) takes, tokens,
+    without loading weights or torch.
+
+    Raises:
+        BadInputError: an unknown preset, a missing or unsupported checkpoint folder.
+    """
+    return read_checkpoint(model).shapes.context if is_checkpoint_name(model) else get_preset(model).context
+
+
 def describe(model: str) -> dict:
     """JSON-ready description of ``model`` for reports: ``{"preset": name}`` or ``{"checkpoint": folder,
     "checkpoint_commit": commit or None, "checkpoint_digest": 16 hex}``."""

@@ -28,7 +28,6 @@ import dataclasses
 import datetime
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -38,8 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvcli.errors import BadInputError, ModelFailure
-from kvcli.model.costcurve import CostCurve, PrefillSample, prefill_clock
+from kvcli.model.costcurve import CostCurve, PrefillSample, determines_curve, prefill_clock
 from kvcli.model.presets import ModelConfig, check_dtype, dtype_short
+from kvcli.outfile import write_output
 from kvcli.provenance import cpu_model, host_facts, ram_bytes
 from kvcli.redact import mask_argv
 from kvcli.units import dtype_key, json_document
@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 FORMAT_NAME, FORMAT_VERSION = "kvcli-profile", 1
 FORMAT = f"{FORMAT_NAME}/{FORMAT_VERSION}"
 MIN_MAX_TOKENS = 512  # the smallest grid, (32, 0) (128, 0) (512, 0) (256, 256), that determines the 4 coefficients
+MAX_MAX_TOKENS = 1 << 22  # 4,194,304 tokens: above the longest context of the presets and of usual checkpoints
+MAX_REPEATS = 100  # timings of each point: the fastest of a few is the estimate (CostCurve.fit), 100 is plenty
 RATE_CHUNK_TOKENS = (64, 256, 1024)
 #: KV payload dtypes a profile may record besides the model's (torch's names; ``kvcli.store.serde.KV_DTYPES``'
 #: values: the model package imports nothing of the store).
@@ -265,18 +267,16 @@ class Profile:
         return json_document("profile", self.to_dict(), indent=1)
 
     def save(self, path: str | Path) -> str:
-        """Write :meth:`to_json` to ``path`` (through a temporary file beside it, so a reader never sees half a
-        profile) and return the text written. Raises BadInputError naming ``path`` when it cannot be written."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        """Write :meth:`to_json` to ``path`` by :func:`kvcli.outfile.write_output` (a regular file through a
+        temporary file beside it, so a reader never sees half a profile; a FIFO or a device in place) and return
+        the text written.
+
+        Raises:
+            BadInputError: ``path`` cannot be written (naming ``--out`` and the path; the old file kept).
+        """
         text = self.to_json()
-        try:
-            tmp.write_text(text + "\n", encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise BadInputError(f"cannot write the profile: {exc.strerror or exc}", path=str(path)) from None
+        with write_output(path, "--out") as f:
+            f.write(text + "\n")
         return text
 
     @classmethod
@@ -285,8 +285,8 @@ class Profile:
 
         Raises:
             BadInputError: one line naming ``path``: it cannot be read, is not JSON (a truncated file), is not a
-                kvcli profile or is of a newer format version, or a field is missing, of the wrong type or out of
-                range.
+                kvcli profile or is of a newer format version, a field is missing, of the wrong type or out of
+                range, or the timed points do not determine the cost curve (four copies of one point).
         """
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -304,12 +304,25 @@ class Profile:
             raise BadInputError(str(exc), path=str(path)) from None
 
 
-def check_max_tokens(max_tokens: int) -> None:
-    """Raise BadInputError unless ``max_tokens`` >= :data:`MIN_MAX_TOKENS` (the smallest grid that fits the
-    curve's four coefficients)."""
+def check_max_tokens(max_tokens: int, context: int | None = None) -> None:
+    """Raise BadInputError (naming ``--max-tokens``) unless ``max_tokens`` is an integer from
+    :data:`MIN_MAX_TOKENS` (the smallest grid that fits the curve's four coefficients) to the model's ``context``
+    (its longest prompt, tokens; None: not checked) and :data:`MAX_MAX_TOKENS`."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < MIN_MAX_TOKENS:
         raise BadInputError(f"--max-tokens must be at least {MIN_MAX_TOKENS} (the smallest grid that determines the "
                             f"cost curve), got {max_tokens}")
+    if max_tokens > MAX_MAX_TOKENS:
+        raise BadInputError(f"--max-tokens must be at most {MAX_MAX_TOKENS:,} tokens (a prefill longer than any "
+                            f"model's context), got {max_tokens:,}")
+    if context is not None and max_tokens > context:
+        raise BadInputError(f"--max-tokens must be at most the model's context, {context:,} tokens, got "
+                            f"{max_tokens:,}")
+
+
+def check_repeats(repeats: int) -> None:
+    """Raise BadInputError (naming ``--repeats``) unless ``repeats`` is an integer in ``[1, MAX_REPEATS]``."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise BadInputError(f"--repeats must be an integer in [1, {MAX_REPEATS}], got {repeats}")
 
 
 def profile_points(max_tokens: int) -> list[tuple[str, int, int]]:
@@ -592,6 +605,13 @@ def _from_dict(doc) -> Profile:
         if p.new_tokens < 1 or p.cached_tokens < 0 or not p.seconds or min(p.seconds) < 0:
             raise _Invalid(f"field points[{i}]: needs new_tokens >= 1, cached_tokens >= 0 and seconds >= 0 (at "
                            "least one)")
+    pairs = sorted({(p.new_tokens, p.cached_tokens) for p in points})
+    if not determines_curve(pairs):
+        one = len(pairs) == 1
+        raise _Invalid(f"field points: {len(pairs)} distinct (new, cached) token {'pair' if one else 'pairs'} "
+                       f"that {'does' if one else 'do'} not determine the cost curve's 4 coefficients (it needs 3 "
+                       "new-token counts and cached tokens at some point, as kvcli profile times them): every saving "
+                       "would be priced from a guess; measure the profile again")
     timings = tuple(KvTiming(t["chunk_tokens"], t["kv_bytes"], t["value_bytes"],
                              tuple(float(s) for s in t["load_seconds"]), tuple(float(s) for s in t["save_seconds"]))
                     for t in doc["kv_rates"]["timings"])

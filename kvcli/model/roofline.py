@@ -39,6 +39,9 @@ from kvcli.model.traffic import head_bytes, layer_bytes
 
 DEFAULT_MFU = 0.52
 MFU_RANGE = (0.39, 0.67)
+#: The lowest ``--mfu`` taken: a prefill at 1% of the dense peak is already far below any served model's; smaller
+#: values only make every figure huge (1e-300 priced a saving at 2.6e300 s).
+MIN_MFU = 0.01
 #: The published first-token latencies the default comes from: (model, input tokens, GPU, dtype, seconds).
 PUBLISHED_TTFT = (("llama-2-7b", 2048, "h100-sxm", "float8", 0.036), ("llama-2-7b", 2048, "l40s", "float8", 0.073),
                   ("llama-2-7b", 2048, "a100-80gb", "bfloat16", 0.133))
@@ -74,8 +77,9 @@ class Roofline:
         from kvcli.errors import BadInputError
 
         low, high = self.mfu_range
-        if not (0 < low <= self.mfu <= high <= 1):
-            raise BadInputError(f"--mfu must be in (0, 1] and within its interval, got {self.mfu} in [{low}, {high}]")
+        if not (MIN_MFU <= low <= self.mfu <= high <= 1):
+            raise BadInputError(f"--mfu must be in [{MIN_MFU}, 1] and within its interval, got {self.mfu} in "
+                                f"[{low}, {high}]")
         self.accelerator.peak_flops(self.compute_dtype)  # the dtype has a tensor-core figure here
 
     # -- the cost interface (kvcli.model.costcurve.PrefillCost) -----------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvcli.errors import BadInputError
-from kvcli.figures import check_plot_path, plot_paths
+from kvcli.figures import check_plot_path, plot_paths, save_figure
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.sim.curve import CurveResult
 from kvcli.sim.ttlcurve import TTL_GRID_SECONDS
@@ -87,9 +87,7 @@ def write_plots(results: list[TraceResult], path: str | Path, kv_bytes_per_token
     for result, out in zip(results, plot_paths(path, [r.trace for r in results])):
         fig = curve_figure(result, kv_bytes_per_token, model_id)
         try:
-            fig.savefig(out, dpi=110, bbox_inches="tight", pad_inches=0.1)
-        except OSError as exc:
-            raise BadInputError(f"cannot write the plot: {exc}", path=str(out)) from None
+            save_figure(fig, out, dpi=110, bbox_inches="tight", pad_inches=0.1)
         finally:
             plt.close(fig)
         written.append(out)

@@ -89,6 +89,7 @@ from kvcli.replay.results import ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, summarize
 from kvcli.replay.unit import replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
+from kvcli.sim.tiers import check_tier_sizes
 from kvcli.store.cluster import drop_connections
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.namespace import contents
@@ -179,6 +180,7 @@ class Replayer:
             BadInputError: a token id is outside the model's vocabulary (before any write); a priced replay
                 (``config.priced``) without the device's rates.
             ChunkTooLargeError: a chunk's value exceeds the server's proto-max-bulk-len (before any write).
+            BadInputError: a ``--tier`` smaller than one chunk of a chunk size (before any write).
             RedisFailure: the server failed, or the run would make it evict keys and ``allow_evictions`` is off
                 (before any write).
             ModelFailure: the model failed.
@@ -200,6 +202,7 @@ class Replayer:
         stores = [self._make_store(namespace, cs, layout, mark) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
             store.check_value_size()
+            check_tier_sizes(cfg.plan.tiers, store.config.chunk_size, store.config.payload_bytes)
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         self.phase(f"replaying {name}: {len(lengths):,} request{'s' if len(lengths) != 1 else ''} x "
                    f"{len(stores)} store{'s' if len(stores) != 1 else ''}")

@@ -18,7 +18,7 @@ from kvcli.errors import BadInputError
 from kvcli.replay.bill import Prices, check_prices
 from kvcli.replay.network import Overheads
 from kvcli.replay.savings import Savings, Verdict
-from kvcli.sim.tiers import TierSpec, check_tiers
+from kvcli.sim.tiers import TierSpec, check_tier_sizes, check_tiers
 from kvcli.store.serde import check_kv_dtype
 from kvcli.units import check_seed
 
@@ -167,8 +167,9 @@ class ReplayConfig:
         Raises:
             BadInputError: an unknown payload or store mode; a seed outside ``[0, 2**63 - 1]``; a limit,
                 measured-token cap, token capacity or pipeline below 1; a link speed that is not a positive number;
-                a round trip or time budget that is not a number >= 0; ``ttl_refresh`` without ``hit_curve``; the
-                lmcache layout with a read namespace or a capacity.
+                a round trip or time budget that is not a number >= 0; ``ttl_refresh`` without ``hit_curve``; a
+                ``--tier`` in tokens smaller than one chunk of a chunk size; the lmcache layout with a read namespace
+                or a capacity.
         """
         sizes = self.chunk_sizes
         if (not isinstance(sizes, (tuple, list)) or not sizes
@@ -200,6 +201,8 @@ class ReplayConfig:
         if self.plan.wanted and (not self.hit_curve or self.namespace is not None):
             raise BadInputError("--tier, --optimal, --admit-after and --policy run on the curve's chunk stream: they "
                                 "need the curve (no --no-curve, no --namespace)")
+        for cs in self.chunk_sizes:  # a tier in bytes is checked with the payload's size (Replayer.replay)
+            check_tier_sizes(self.plan.tiers, cs)
         if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
             raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
                                 "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "

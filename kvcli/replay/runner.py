@@ -21,7 +21,7 @@ from kvcli.model.hardware import get_accelerator
 from kvcli.model.load import describe, load_model, model_shapes, resolve_spec, resolve_tokenizer
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.model.profile import Profile
-from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, Roofline
+from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, MIN_MFU, Roofline
 from kvcli.model.threads import torch_threads
 from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.events import ReplayEvents
@@ -64,8 +64,8 @@ class ModelOptions:
 
     Raises:
         BadInputError: ``seed`` outside ``[0, 2**63 - 1]``; ``threads`` < 1; ``prefill_tps`` not a positive
-            number; two ways to price prefill at once; ``mfu`` without ``hardware`` or outside (0, 1]; an unknown
-            accelerator.
+            number; two ways to price prefill at once; ``mfu`` without ``hardware`` or outside ``[MIN_MFU, 1]``; an
+            unknown accelerator.
     """
 
     model: str = "cpu"
@@ -88,8 +88,9 @@ class ModelOptions:
             raise BadInputError(f"{' and '.join(given)} both price prefill: give one")
         if self.mfu is not None and self.hardware is None:
             raise BadInputError("--mfu sets the roofline's utilization: it needs --hardware")
-        if self.mfu is not None and not 0 < self.mfu <= 1:
-            raise BadInputError(f"--mfu must be in (0, 1], got {self.mfu}")
+        if self.mfu is not None and not MIN_MFU <= self.mfu <= 1:
+            raise BadInputError(f"--mfu must be in [{MIN_MFU}, 1] (the share of the dense peak a prefill reaches), "
+                                f"got {self.mfu}")
         if self.hardware is not None:
             get_accelerator(self.hardware)
 

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvcli.errors import BadInputError
-from kvcli.figures import check_plot_path
+from kvcli.figures import check_plot_path, save_figure
 from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.policies import POLICIES, config_fields, make_policy
 from kvcli.route.simulator import SimConfig, SimRequest, SimResult, simulate, single_node_hit_tokens
@@ -399,9 +399,7 @@ def plot(report: dict, path: str | Path) -> None:
 
     fig = plot_figure(report)
     try:
-        fig.savefig(path, bbox_inches="tight", pad_inches=0.1)
-    except OSError as exc:
-        raise BadInputError(f"cannot write the plot: {exc}", path=str(path)) from None
+        save_figure(fig, path, bbox_inches="tight", pad_inches=0.1)
     finally:
         plt.close(fig)
 

@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 
 
 def route_traces(traces: Sequence[Path], config: RouteConfig, read_as: Any = "auto",
-                 events: RouteEvents | None = None) -> list[dict]:
-    """Simulate every run of ``config`` on each trace, and write ``config.plot`` when set.
+                 events: RouteEvents | None = None, plots: bool = True) -> list[dict]:
+    """Simulate every run of ``config`` on each trace, and write ``config.plot`` when set and ``plots`` (False: the
+    caller writes them, :func:`write_plots`, e.g. after printing the reports).
 
     Args:
         traces: trace files, folders (their trace files: :func:`kvcli.traces.paths.expand_paths`) or ``-`` (stdin,
@@ -54,10 +55,21 @@ def route_traces(traces: Sequence[Path], config: RouteConfig, read_as: Any = "au
     cost = functools.cache(functools.partial(measure_cost, config))  # once, when the first trace is read
     with stdin_paths(list(traces)) as given:
         reports = [_route_trace(path, config, read_as, events, cost) for path in expand_paths(given)]
-    if config.plot is not None:
-        for report, out in zip(reports, plot_paths(config.plot, [r["trace"] for r in reports])):
-            plot(report, out)
+    if plots:
+        write_plots(reports, config.plot)
     return reports
+
+
+def write_plots(reports: list[dict], path: Path | None) -> None:
+    """Each report of :func:`route_traces` drawn to its file (:func:`kvcli.figures.plot_paths` of ``path``; None:
+    none).
+
+    Raises:
+        BadInputError: a plot that cannot be written (:func:`kvcli.figures.save_figure`).
+    """
+    if path is not None:
+        for report, out in zip(reports, plot_paths(path, [r["trace"] for r in reports])):
+            plot(report, out)
 
 
 def measure_cost(config: RouteConfig) -> tuple[CostCurve, dict]:

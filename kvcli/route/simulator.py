@@ -41,7 +41,7 @@ from kvcli.route.cachemanager import DelaySpec
 from kvcli.route.engine import EventLoop
 from kvcli.sim.lru import ChunkLru
 from kvcli.sim.numbering import ChunkNumbering
-from kvcli.sim.tiers import check_tiers, lookup_tiers, parse_tier, write_tiers
+from kvcli.sim.tiers import check_tier_room, check_tiers, lookup_tiers, parse_tier, write_tiers
 from kvcli.store.hashing import PromptChunker, reusable_tokens
 from kvcli.units import check_count, check_seed, parse_capacity
 
@@ -176,16 +176,17 @@ class SimConfig:
                   ("--w", self.cost_weight, self.cost_weight >= 0, ">= 0"),
                   ("--temperature", self.temperature, self.temperature >= 0, ">= 0"),
                   ("--lookup-timeout", self.lookup_timeout, self.lookup_timeout is None or self.lookup_timeout > 0,
-                   "> 0 seconds"),
-                  ("--node-capacity" if self.first_tier is None else f"--tier {self.first_tier}", capacity,
-                   capacity is None or capacity >= chunk, f"at least one chunk (>= --chunk-size, {chunk} tokens)")]
-        checks += [(f"--tier {t.name}", t.tokens, t.tokens >= chunk, f"at least one chunk (>= --chunk-size, {chunk} "
-                    "tokens)") for t in self.lower_tiers]
+                   "> 0 seconds")]
         if self.lower_tiers and self.first_tier is None:
             raise BadInputError("lower_tiers need first_tier (the name of the tier capacity_tokens sizes)")
         for option, value, ok, requirement in checks:
             if not ok:
                 raise BadInputError(f"{option} must be {requirement}, got {value:g}")
+        if capacity is not None:
+            check_tier_room("--node-capacity" if self.first_tier is None else f"--tier {self.first_tier}", capacity,
+                            chunk)
+        for t in self.lower_tiers:
+            check_tier_room(f"--tier {t.name}", t.tokens, chunk)
 
     @property
     def capacity_chunks(self) -> int | None:

@@ -118,6 +118,36 @@ def check_tiers(tiers: Sequence[TierSpec]) -> None:
                             f"({', '.join(t.name for t in tiers if t.kind == 'remote')}); tiers are fastest first")
 
 
+def check_tier_room(option: str, size: int, chunk_size: int, chunk_bytes: int | None = None) -> None:
+    """Raise BadInputError unless a cache of ``size`` holds at least one chunk of ``chunk_size`` tokens: ``size``
+    tokens, or with ``chunk_bytes`` (payload bytes per chunk) ``size`` bytes. A smaller one holds nothing, so it
+    could only report misses; replay's ``--tier`` and route's ``--tier`` and ``--node-capacity`` are refused alike.
+
+    Args:
+        option: what the message names (``--tier gpu``, ``--node-capacity``).
+    """
+    if chunk_bytes is None and size < chunk_size:
+        raise BadInputError(f"{option} must be at least one chunk (>= --chunk-size, {chunk_size} tokens), got "
+                            f"{size:g}")
+    if chunk_bytes is not None and size < chunk_bytes:
+        raise BadInputError(f"{option} must be at least one chunk ({chunk_bytes:,} bytes of KV at chunk size "
+                            f"{chunk_size}), got {size:,} bytes")
+
+
+def check_tier_sizes(tiers: Sequence[TierSpec], chunk_size: int, chunk_bytes: int | None = None) -> None:
+    """:func:`check_tier_room` for each tier at one chunk size of ``chunk_bytes`` payload bytes per chunk (None: not
+    known yet, the tiers sized in bytes are not checked).
+
+    Raises:
+        BadInputError: the first tier smaller than one chunk, named.
+    """
+    for t in tiers:
+        if t.tokens is not None:
+            check_tier_room(f"--tier {t.name}", t.tokens, chunk_size)
+        elif t.bytes is not None and chunk_bytes is not None:
+            check_tier_room(f"--tier {t.name}", t.bytes, chunk_size, chunk_bytes)
+
+
 def lookup_tiers(tiers: Sequence[ChunkLru], chunk_ids: Sequence, start: int = 0) -> list[int]:
     """Look ``chunk_ids`` (a request's, in prompt order) up tier by tier in prefix order, from chunk ``start``: each
     tier serves the longest run it holds from where the one before it stopped; a tier is not asked past the end.

@@ -151,16 +151,15 @@ class ChunkStore:
         return _BatchSide(self)
 
     # -- checks -------------------------------------------------------------------------------------------------
-    def check_value_size(self, alternative: str = "--payload accounted") -> int:
-        """Refuse a chunk whose value would exceed the server's ``proto-max-bulk-len``, before any write.
-
-        ``alternative``: one more way out the message suggests (the command's own option), or "" for none.
-        Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
+    def check_value_size(self) -> int:
+        """Refuse a chunk whose value would exceed the server's ``proto-max-bulk-len``, before any write
+        (:func:`check_value_size`). Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on
+        managed servers).
 
         Raises:
             ChunkTooLargeError: header + payload bytes of one chunk exceed the limit.
         """
-        return check_value_size(self.client, self.config, self.value_bytes, alternative)
+        return check_value_size(self.client, self.config, self.value_bytes)
 
     # -- read ---------------------------------------------------------------------------------------------------
     def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
@@ -681,12 +680,11 @@ def _execute_reads(pipe) -> list:
     return replies
 
 
-def check_value_size(client: redis.Redis | RedisCluster, config: StoreConfig, value_bytes: int,
-                     alternative: str = "--payload accounted") -> int:
+def check_value_size(client: redis.Redis | RedisCluster, config: StoreConfig, value_bytes: int) -> int:
     """Refuse ``value_bytes``-byte chunk values over the server's ``proto-max-bulk-len``, real or accounted payloads
     alike (a store the server could not hold is no answer, and a replay's transfer calibration writes values of one
-    chunk's size either way); ``alternative`` is one more way out the message suggests for real payloads (the
-    command's own option), or "" for none.
+    chunk's size, up to 8 MiB, either way), so the message names the two ways out that work for both: a smaller
+    chunk size, or a larger limit.
 
     Returns the limit in bytes (512 MiB assumed when CONFIG GET is not allowed, as on managed servers).
 
@@ -698,12 +696,10 @@ def check_value_size(client: redis.Redis | RedisCluster, config: StoreConfig, va
     except redis.RedisError:
         limit = 0
     limit = limit or 512 * 1024 * 1024
-    alternative = alternative if config.payload == "real" else ""
     if value_bytes > limit:
         raise ChunkTooLargeError(
             f"chunk size {config.chunk_size} makes {value_bytes:,}-byte values, over the server's "
-            f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size"
-            + (f", raise proto-max-bulk-len, or {alternative}" if alternative else " or raise proto-max-bulk-len"))
+            f"proto-max-bulk-len of {limit:,} bytes; use a smaller chunk size or raise proto-max-bulk-len")
     return limit
 
 

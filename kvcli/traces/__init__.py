@@ -1,5 +1,5 @@
 """Trace readers (one module per format), format detection, and warm's prompt sources. May import: kvcli.errors,
-kvcli.units and kvcli.model.tokenize (no store, no torch).
+kvcli.units, kvcli.outfile (export's files) and kvcli.model.tokenize (no store, no torch).
 
 A prompt trace file in, :class:`Request` objects (prompt token ids) out, lazily, in file order:
 ``read_trace(path, fmt="auto", tokenizer="cl100k_base")``, ``tokenizer`` a tiktoken name, a Hugging Face tokenizer

@@ -36,11 +36,19 @@ def block_token_ids(keys: np.ndarray, block_tokens: int, input_length: int) -> n
         input_length: prompt length in tokens, >= 0.
 
     Returns:
-        ``[input_length]`` ``'<u4'`` token ids, each < 100,256.
+        ``[input_length]`` ``'<u4'`` token ids, each < 100,256. Made :data:`PIECE_TOKENS` at a time: besides the
+        result (4 bytes a token), a long prompt needs a few 8-byte arrays of one piece, not of the whole prompt.
     """
-    i = np.arange(input_length, dtype=np.uint64)  # only the prompt's own tokens: a long block is cut, not made
-    b = np.uint64(block_tokens)
-    return synth_tokens_(keys.astype(np.uint64)[i // b] * b + i % b)
+    out = np.empty(input_length, dtype=TOKEN_DTYPE)  # only the prompt's own tokens: a long block is cut, not made
+    k, b = keys.astype(np.uint64), np.uint64(block_tokens)
+    for start in range(0, input_length, PIECE_TOKENS):
+        i = np.arange(start, min(start + PIECE_TOKENS, input_length), dtype=np.uint64)
+        out[start:start + len(i)] = synth_tokens_(k[i // b] * b + i % b)
+    return out
+
+
+#: Tokens :func:`block_token_ids` synthesizes at once (its temporary arrays: about 32 bytes a token of one piece).
+PIECE_TOKENS = 1 << 20
 
 
 def first_token_ids(keys: np.ndarray, block_tokens: int) -> np.ndarray:

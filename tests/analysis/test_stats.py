@@ -3,6 +3,8 @@ agreement with replay's radix upper bound on the sample traces, and the command'
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +17,8 @@ from kvcli.analysis.stats import trace_stats
 from kvcli.cli.app import app
 from kvcli.traces.request import Request
 
-SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "sample_traces"
 # r1: 11 tokens; r2 shares r1's first 8 (then 20, 21, 22); r3 shares r2's first 10 (1..8, 20, 21), then 40, 41.
 TINY = [{"id": "r1", "session_id": "a", "token_ids": list(range(1, 12))},
         {"id": "r2", "session_id": "a", "token_ids": list(range(1, 9)) + [20, 21, 22]},
@@ -128,3 +131,75 @@ def test_stats_errors_are_one_line(tmp_path):
     out = CliRunner().invoke(app, ["stats", str(bad)])
     assert out.exit_code == 2
     assert out.stderr == f"kvcli: error: {bad}:2: token_ids[0] = -1 is not an integer in [0, 2**32)\n"
+
+
+def _hash_id_trace(path: Path, prompts: list[list[int]], block: int) -> Path:
+    """A hash-id trace (``hash-ids`` format: ``block_size`` on each record) of whole blocks."""
+    path.write_text("".join(json.dumps({"block_size": block, "input_length": block * len(ids), "hash_ids": ids})
+                            + "\n" for ids in prompts))
+    return path
+
+
+def test_stats_holds_at_most_max_tokens_refusing_before_it_makes_them(tmp_path):
+    """Blocks of 16 tokens, [1, 2] then [1, 3]: the second request may make 32 more tokens after the first's 32, so
+    --max-tokens 64 reads the trace (48 distinct tokens held in the end) and 63 refuses it, naming the record."""
+    trace = _hash_id_trace(tmp_path / "h.jsonl", [[1, 2], [1, 3]], 16)
+    ok = CliRunner().invoke(app, ["stats", str(trace), "--max-tokens", "64", "--json"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads(ok.stdout)["traces"][0]["shared_prefix_tokens"] == 16
+    refused = CliRunner().invoke(app, ["stats", str(trace), "--max-tokens", "63"])
+    assert (refused.exit_code, refused.stderr) == (2, (
+        f"kvcli: error: {trace}:2: 32 prompt tokens after 32 distinct ones held would pass --max-tokens 63 (stats "
+        "holds each distinct token once, 4 bytes); raise --max-tokens to read this trace\n"))
+    zero = CliRunner().invoke(app, ["stats", str(trace), "--max-tokens", "0"])
+    assert (zero.exit_code, zero.stderr) == (2, "kvcli: error: --max-tokens must be an integer >= 1, got 0\n")
+
+
+def test_the_cli_default_is_the_librarys():
+    import inspect
+
+    from kvcli.analysis.stats import MAX_TOKENS
+    from kvcli.cli.stats import stats
+
+    assert inspect.signature(stats).parameters["max_tokens"].default == MAX_TOKENS == 134_217_728
+
+
+# kvcli stats in this process, then its peak resident memory in bytes on stderr: VmHWM, the high-water mark of this
+# process image (ru_maxrss would keep the forking parent's, the pytest worker's, across exec)
+_PEAK = """
+import sys
+from kvcli.__main__ import main
+sys.argv = ["kvcli", "stats", *sys.argv[1:]]
+try:
+    main()
+finally:
+    with open("/proc/self/status") as f:
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    print("peak", kib * 1024, file=sys.stderr)
+"""
+
+
+def _stats_peak(*args) -> tuple[int, str, int]:
+    done = subprocess.run([sys.executable, "-c", _PEAK, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    lines = done.stderr.strip().splitlines()
+    return done.returncode, "\n".join(lines[:-1]), int(lines[-1].split()[1])
+
+
+def test_a_small_hash_id_file_cannot_make_stats_hold_gigabytes(tmp_path):
+    """One Mooncake record of 270,000 ids (2 MB) stands for 138,240,000 tokens: refused before any is made, with
+    the trace's bytes and little more in memory. One of 100,000 ids (51,200,000 tokens, 205 MB of token ids) is read
+    holding its tokens once in the radix and once while they are inserted: under 700 MB at the peak (the whole
+    trace's synthesized tokens kept besides, and 8-byte temporaries of every token, took 1.3 GB)."""
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"timestamp": 0, "input_length": 512 * 270_000, "hash_ids": list(range(270_000))}))
+    rc, err, peak = _stats_peak(big)
+    assert (rc, err) == (2, f"kvcli: error: {big}:1: 138,240,000 prompt tokens after 0 distinct ones held would pass "
+                            "--max-tokens 134,217,728 (stats holds each distinct token once, 4 bytes); raise "
+                            "--max-tokens to read this trace")
+    assert peak < 300e6
+    fits = tmp_path / "fits.jsonl"
+    fits.write_text(json.dumps({"timestamp": 0, "input_length": 512 * 100_000, "hash_ids": list(range(100_000))}))
+    rc, err, peak = _stats_peak(fits, "--json")
+    assert rc == 0, err
+    assert peak < 700e6

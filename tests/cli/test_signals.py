@@ -2,10 +2,13 @@
 process sent a real SIGINT; a reader of stdout that stops early ends the command quietly with exit 141."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pytest
 import redis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,3 +58,73 @@ def test_a_reader_that_stops_early_ends_the_command_quietly_with_141():
     proc.stdout.close()  # before the command has imported what it needs, let alone printed
     _, err = proc.communicate(timeout=120)
     assert (proc.returncode, err) == (141, b"")
+
+
+def _entry_point() -> str:
+    """The ``kvcli`` console script's entry point as pyproject.toml declares it (``module:function``)."""
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kvcli"]
+
+
+# The console script as pip writes it (``from MODULE import FUNCTION; sys.exit(FUNCTION())``), with an import hook
+# that sends this process SIGINT when the module named by argv[1] starts to import: a Ctrl-C while kvcli is still
+# importing itself.
+_SCRIPT_CTRL_C_AT_IMPORT = """
+import importlib, os, signal, sys
+
+TARGET = sys.argv[1]
+
+class CtrlC:
+    sent = False
+
+    def find_spec(self, name, path=None, target=None):
+        if not CtrlC.sent and name == TARGET:
+            CtrlC.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+module, function = sys.argv[2].split(":")
+sys.argv = ["kvcli", "--help"]
+entry = getattr(importlib.import_module(module), function)
+sys.exit(entry())
+"""
+
+
+@pytest.mark.parametrize("module", ["typer", "rich.console", "kvcli.cli.options", "kvcli.replay.events"])
+def test_ctrl_c_while_kvcli_imports_itself_exits_130_in_one_line(module):
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT_CTRL_C_AT_IMPORT, module, _entry_point()], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "kvcli: interrupted\n", "")
+
+
+# The console script once the interpreter has started (its own start-up, site and .pth files, comes before any of
+# kvcli's code): "ready" on stdout, then what pip's script does.
+_SCRIPT_AFTER_START_UP = """
+import importlib, sys
+module, function = sys.argv[1].split(":")
+sys.argv = ["kvcli", "--help"]
+print("ready", flush=True)
+sys.exit(getattr(importlib.import_module(module), function)())
+"""
+
+
+@pytest.mark.parametrize("delay", [0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.3])
+def test_ctrl_c_at_any_moment_of_start_up_is_never_a_traceback(delay):
+    """``kvcli --help`` sent a real SIGINT ``delay`` seconds after the interpreter started: it has either finished
+    (exit 0) or stops with one line, wherever the signal lands (importing kvcli, typer or rich, building the help;
+    not in the script's own ``import`` statement, the milliseconds before kvcli's first line runs). Stopped means
+    exit 130, or ended by the SIGINT itself (-2 here, 130 in a shell): CPython ends a process that way once a
+    KeyboardInterrupt went through an ``eval`` (typer evaluates kvcli's annotations), whatever its exit code."""
+    proc = subprocess.Popen([sys.executable, "-c", _SCRIPT_AFTER_START_UP, _entry_point()], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err and proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err)
+    if proc.returncode:
+        assert err.splitlines()[-1] == "kvcli: interrupted"
+    else:
+        assert "Usage: kvcli" in out

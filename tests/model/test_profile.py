@@ -141,6 +141,10 @@ def _doc(profile: Profile) -> dict:
     (lambda d: d["points"][0].update(new_tokens=0), "field points[0]: needs new_tokens >= 1"),
     (lambda d: d.update(points=[]), "field points: no timed point"),
     (lambda d: d["model"].update(dtype="int4"), "field model.dtype: unknown dtype 'int4'"),
+    (lambda d: d.update(points=[d["points"][0]] * 4), "field points: 1 distinct (new, cached) token pair that does "
+                                                      "not determine the cost curve's 4 coefficients"),
+    (lambda d: d.update(points=[p for p in d["points"] if p["cached_tokens"] == 0]), "field points: 4 distinct (new, "
+                                                                                     "cached) token pairs that do not"),
 ])
 def test_load_refuses_a_bad_document_naming_the_file(measured, tmp_path, edit, message):
     doc = _doc(measured[0])
@@ -202,9 +206,13 @@ def test_cli_json_is_the_profile_document(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--max-tokens", "0"], "--max-tokens must be at least 512"),
-    (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--max-tokens", str(10**12)], "--max-tokens must be at most 4,194,304 tokens (a prefill longer than any "
+                                    "model's context), got 1,000,000,000,000"),
+    (["--max-tokens", "8193"], "--max-tokens must be at most the model's context, 8,192 tokens, got 8,193"),
+    (["--repeats", "0"], "--repeats must be an integer in [1, 100], got 0"),
+    (["--repeats", "101"], "--repeats must be an integer in [1, 100], got 101"),
     (["--threads", "0"], "--threads must be >= 1"),
-    (["--out", "{tmp}/missing/p.json"], "--out {tmp}/missing/p.json: no such directory {tmp}/missing"),
+    (["--out", "{tmp}/missing/p.json"], "--out {tmp}/missing/p.json: no folder {tmp}/missing to write it in"),
     (["--out", "{tmp}"], "--out {tmp} is a directory"),
     (["--kv-dtype", "int8"], "--kv-dtype must be auto or fp8"),
 ])
@@ -215,7 +223,8 @@ def test_cli_bad_input_exits_2_before_any_timing(tmp_path, monkeypatch, args, me
     monkeypatch.setattr("kvcli.model.profile.measure_profile", never)
     monkeypatch.setattr("kvcli.model.load.load_model", never)
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    base = ["profile", "--model", "tiny", "--device", "cpu", "--max-tokens", "512"]
+    base = ["profile", "--model", "tiny", "--device", "cpu"] + ([] if "--max-tokens" in args else ["--max-tokens",
+                                                                                                    "512"])
     res = CliRunner().invoke(app, base + (args if "--out" in args else args + ["--out", str(tmp_path / "p.json")]))
     assert res.exit_code == 2, res.output
     assert res.stderr.startswith("kvcli: error: " + message.replace("{tmp}", str(tmp_path)))
@@ -300,3 +309,37 @@ def test_cli_kv_dtype_fp8_reports_fp8_payloads(tmp_path):
     errors = [line for line in replay.stderr.splitlines() if line.startswith("kvcli: error: ")]
     assert replay.exit_code == 2 and len(errors) == 1 and "Traceback" not in replay.output, replay.output
     assert errors[0].endswith("differs in --kv-dtype fp8 (here auto)") and str(out) in errors[0]
+
+
+def test_a_profile_is_saved_through_a_fifo_and_a_symlink_leaving_both(measured, tmp_path):
+    """--out's file rules (kvcli.outfile): a FIFO is written in place and stays a FIFO; a symbolic link stays a link
+    and its target gets the profile."""
+    import os
+    import stat
+
+    from test_outfile import read_fifo
+
+    profile = measured[0]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    thread, got = read_fifo(fifo)
+    text = profile.save(fifo)
+    thread.join(10)
+    assert got == [(text + "\n").encode()] and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    (tmp_path / "t.json").write_text("old")
+    (tmp_path / "link.json").symlink_to(tmp_path / "t.json")
+    profile.save(tmp_path / "link.json")
+    assert os.path.islink(tmp_path / "link.json") and Profile.load(tmp_path / "t.json") == profile
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json", "t.json"]
+
+
+def test_a_profile_of_copies_of_one_point_is_refused_by_replay(measured, tmp_path):
+    doc = _doc(measured[0])
+    doc["points"] = [doc["points"][0]] * 4
+    path = tmp_path / "same.json"
+    path.write_text(json.dumps(doc))
+    out = CliRunner().invoke(app, ["replay", "sample_traces/tokens_small.jsonl", "--model", "tiny",
+                                   "--prefill-profile", str(path), "--measure", "0"])
+    assert out.exit_code == 2, out.output
+    (line,) = [line for line in out.stderr.splitlines() if "error" in line]
+    assert line.startswith(f"kvcli: error: {path}: field points: 1 distinct (new, cached) token pair that does not")

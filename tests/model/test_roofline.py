@@ -6,13 +6,16 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
 from kvcli.errors import BadInputError
 from kvcli.model.hardware import ACCELERATORS, Accelerator, get_accelerator
 from kvcli.model.presets import ModelConfig
-from kvcli.model.roofline import DEFAULT_MFU, LLAMA_2_7B, MFU_RANGE, PUBLISHED_TTFT, Roofline, implied_mfu
+from kvcli.model.roofline import DEFAULT_MFU, LLAMA_2_7B, MFU_RANGE, MIN_MFU, PUBLISHED_TTFT, Roofline, implied_mfu
+from kvcli.replay.runner import ModelOptions
 
 SMALL = ModelConfig("small", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=1000)
 FAKE = Accelerator("fake", "a test part", 1e12, None, 1e11, 1e9, "PCIe", 1e10, ("by hand",))
@@ -132,13 +135,28 @@ def test_replay_kv_dtype_fp8_prices_one_byte_kv_on_named_hardware(tmp_path, redi
     (["--hardware", "h100"], "unknown --hardware 'h100'"),
     (["--mfu", "0.5"], "--mfu sets the roofline's utilization: it needs --hardware"),
     (["--hardware", "h100-sxm", "--prefill-tps", "1000"], "--prefill-tps and --hardware both price prefill"),
-    (["--hardware", "h100-sxm", "--mfu", "1.5"], "--mfu must be in (0, 1]"),
+    (["--hardware", "h100-sxm", "--mfu", "1.5"], "--mfu must be in [0.01, 1] (the share of the dense peak a prefill "
+                                                 "reaches), got 1.5"),
+    (["--hardware", "h100-sxm", "--mfu", "1e-300"], "--mfu must be in [0.01, 1] (the share of the dense peak a "
+                                                    "prefill reaches), got 1e-300"),
+    (["--hardware", "h100-sxm", "--mfu", "nan"], "--mfu must be in [0.01, 1]"),
 ])
 def test_bad_pricing_options_are_one_line_errors(tmp_path, args, message):
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE)
     out = CliRunner().invoke(app, ["replay", str(trace), "--payload", "accounted", *args])
     assert out.exit_code == 2 and message in out.stderr, out.output
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True))
+def test_mfu_is_taken_exactly_in_its_bounds(mfu):
+    """--mfu in [MIN_MFU, 1] builds the options; anything else (1e-300 priced a saving at 2.6e300 s) is refused."""
+    if MIN_MFU <= mfu <= 1:
+        assert ModelOptions(hardware="h100-sxm", mfu=mfu).mfu == mfu
+    else:
+        with pytest.raises(BadInputError, match=r"^--mfu must be in \[0\.01, 1\]"):
+            ModelOptions(hardware="h100-sxm", mfu=mfu)
 
 
 def test_a_float32_model_on_named_hardware_is_refused(tmp_path):

@@ -4,6 +4,11 @@ plot. The curve's own rules, without a server: tests/sim/test_curve.py."""
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +31,8 @@ from kvcli.traces.detect import read_trace
 from kvcli.traces.request import Request
 
 SPEC = ModelSpec("m", (2, 2, 2, 32), torch.float32)  # 1,024 KV bytes per token
-MOONCAKE = Path(__file__).resolve().parents[2] / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
+ROOT = Path(__file__).resolve().parents[2]
+MOONCAKE = ROOT / "sample_traces/mooncake_conversation_head1000.jsonl.gz"
 
 
 def tok(a: int, b: int) -> list[int]:
@@ -184,6 +190,55 @@ def test_cli_no_curve_and_bad_plot_paths(tmp_path, redis_url):
     assert not (tmp_path / "c.svg").exists()
     nowhere = _cli(_trace(tmp_path), "--redis-url", redis_url, "--plot", tmp_path / "no" / "c.png")
     assert nowhere.exit_code == 2 and "no folder" in nowhere.stderr and "replaying" not in nowhere.stderr
+
+
+def in_private_mount(script: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run shell ``script`` in a mount namespace of its own (``unshare -m``), where it may mount a small or
+    read-only tmpfs that no other process sees; skipped where this process may not make one (not root, no
+    unshare)."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("no private mount namespace here (unshare -m needs root)")
+    return subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _replay_args(trace: Path, redis_url: str, plot: Path) -> str:
+    return " ".join(shlex.quote(str(a)) for a in [
+        sys.executable, "-m", "kvcli", "replay", trace, "--redis-url", redis_url, "--chunk-sizes", "4", "--measure",
+        "0", "--prefill-tps", "1000", "--payload", "accounted", "--model", "tiny", "--plot", plot])
+
+
+@pytest.mark.single_server("the plot is written after the run, whatever the server")
+def test_a_plot_that_cannot_be_written_is_refused_before_the_run(tmp_path, redis_url):
+    """--plot in a read-only file system (a tmpfs mounted read-only), or at a directory: exit 2 in one line before
+    the replay starts."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    done = in_private_mount(f"mount -t tmpfs -o ro,size=64k tmpfs {folder} && exec "
+                            + _replay_args(_trace(tmp_path), redis_url, folder / "c.png"))
+    assert (done.returncode, done.stderr) == (2, f"kvcli: error: --plot {folder / 'c.png'}: the folder {folder} is not "
+                                                 "writable\n")
+    (tmp_path / "c.png").mkdir()
+    at_dir = _cli(_trace(tmp_path), "--redis-url", redis_url, "--plot", tmp_path / "c.png")
+    assert at_dir.exit_code == 2 and at_dir.stderr == f"kvcli: error: --plot {tmp_path / 'c.png'} is a directory; " \
+                                                      "give a file name\n"
+
+
+@pytest.mark.single_server("the plot is written after the run, whatever the server")
+def test_a_full_disk_keeps_the_report_and_the_old_plot(tmp_path, redis_url):
+    """--plot on a 16 KiB tmpfs holding an old figure: the report is printed, then one line says the plot could not
+    be written and the old figure stays (no 0-byte PNG, no temporary file), exit 2."""
+    folder = tmp_path / "full"
+    folder.mkdir()
+    plot = folder / "c.png"
+    done = in_private_mount(f"mount -t tmpfs -o size=16k tmpfs {folder} && printf old > {plot} && "
+                            + _replay_args(_trace(tmp_path), redis_url, plot)
+                            + f"; rc=$?; ls -a {folder}; cat {plot}; exit $rc")
+    assert done.returncode == 2, done.stderr
+    assert "hit token ratio" in done.stdout  # the report
+    assert done.stdout.splitlines()[-4:] == [".", "..", "c.png", "old"]
+    assert done.stderr.splitlines()[-1] == (f"kvcli: error: --plot {plot}: cannot write: No space left on device; the "
+                                            "file was left as it was")
 
 
 @pytest.mark.parametrize("traces, names", [

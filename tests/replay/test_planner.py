@@ -9,7 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
+from kvcli.errors import BadInputError
 from kvcli.replay import curvereport
+from kvcli.route.simulator import RouteTier, SimConfig
 
 
 def _cli(tmp_path, *args):
@@ -59,6 +61,7 @@ def test_cli_tiers_optimal_and_bill_by_hand(tmp_path, redis_url):
     (["--price", "host=1"], "--price host: no --tier of that name"),
     (["--price", "gpu-hour=x"], "--price must be gpu-hour"),
     (["--policy", "arc"], "--policy: unknown policy arc"),
+    (["--tier", "gpu=3"], "--tier gpu must be at least one chunk (>= --chunk-size, 4 tokens), got 3"),
 ])
 def test_cli_refuses_bad_planner_options_in_one_line(tmp_path, args, message):
     out = _cli(tmp_path, *args)
@@ -99,3 +102,17 @@ def test_cli_plot_draws_lru_and_optimal(tmp_path, redis_url, monkeypatch):
     drawn.clear()
     assert _cli(tmp_path, "--redis-url", redis_url, "--plot", tmp_path / "d.png").exit_code == 0
     assert not any("optimal" in label for label in drawn[0])
+
+
+def test_a_tier_smaller_than_one_chunk_is_refused_as_route_refuses_it(tmp_path, redis_url, redis_client):
+    """A tier that holds no chunk (3 tokens at chunk size 4; 2 KiB where a chunk's KV is 4 KiB) could only report
+    misses: refused in one line, as kvcli route refuses it (the one check, kvcli.sim.tiers.check_tier_room), the
+    size in bytes before anything is written."""
+    out = _cli(tmp_path, "--redis-url", redis_url, "--tier", "gpu=8", "--tier", "host=2KiB")
+    assert out.exit_code == 2, out.output
+    assert out.stderr.splitlines()[-1] == ("kvcli: error: --tier host must be at least one chunk (4,096 bytes of KV at "
+                                           "chunk size 4), got 2,048 bytes")
+    assert redis_client.dbsize() == 0
+    with pytest.raises(BadInputError) as route:
+        SimConfig(chunk_size=4, capacity_tokens=8, first_tier="gpu", lower_tiers=(RouteTier("host", 3, False),))
+    assert str(route.value) == "--tier host must be at least one chunk (>= --chunk-size, 4 tokens), got 3"

@@ -250,6 +250,27 @@ def test_cli_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     assert redis.Redis.from_url(url).dbsize() == 0
 
 
+def test_cli_real_chunk_too_large_advises_only_what_works(tmp_path, make_server):
+    """A real payload over proto-max-bulk-len is refused with the ways out that work: --payload accounted is refused
+    at the same sizes (its transfer calibration writes chunk-sized values), so it is not advised."""
+    from typer.testing import CliRunner
+
+    from kvcli.cli.app import app
+
+    url = make_server(**{"proto-max-bulk-len": "1mb"})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"token_ids": list(range(3000))}) + "\n")
+    lines = []
+    for payload in ("real", "accounted"):
+        bad = CliRunner().invoke(app, ["replay", str(trace), "--model", "tiny", "--measure", "0", "--prefill-tps",
+                                       "1000", "--payload", payload, "--chunk-sizes", "2048", "--redis-url", url])
+        assert bad.exit_code == 2, bad.output
+        lines.append(bad.stderr.strip().splitlines()[-1])
+    assert lines == 2 * ["kvcli: error: chunk size 2048 makes 2,097,320-byte values, over the server's "
+                         "proto-max-bulk-len of 1,048,576 bytes; use a smaller chunk size or raise proto-max-bulk-len"]
+    assert redis.Redis.from_url(url).dbsize() == 0
+
+
 def test_cli_accounted_chunk_too_large_refused_before_any_write(tmp_path, make_server):
     """Accounted payloads are refused as real ones are (exit 2, one line, nothing written), not left to fail on the
     transfer calibration's chunk-sized values (Redis's "invalid bulk length", exit 3)."""

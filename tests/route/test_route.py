@@ -464,6 +464,26 @@ def test_cli_cache_manager_with_sweep_and_plots(cli, serial_trace, redis_url, tm
     assert runs[1]["lookups"]["count"] == 4 and runs[1]["lookups"]["injected_seconds"]["p99"] == 0.25
 
 
+def test_a_plot_on_a_full_disk_keeps_the_report_and_the_old_plot(serial_trace, tmp_path):
+    """--plot on a 16 KiB tmpfs holding an old figure: the tables are printed, then one line says the plot could not
+    be written, exit 2; the old figure stays, with no temporary file beside it."""
+    import shlex
+
+    from test_curve_replay import in_private_mount
+
+    folder = tmp_path / "full"
+    folder.mkdir()
+    plot = folder / "r.png"
+    command = " ".join(shlex.quote(str(a)) for a in [sys.executable, "-m", "kvcli", "route", serial_trace, "-p",
+                                                     "round-robin", *COMMON, "--plot", plot])
+    done = in_private_mount(f"mount -t tmpfs -o size=16k tmpfs {folder} && printf old > {plot} && {command}; "
+                            f"rc=$?; ls -a {folder}; cat {plot}; exit $rc")
+    assert done.returncode == 2, done.stderr
+    assert "round-robin" in done.stdout and done.stdout.splitlines()[-4:] == [".", "..", "r.png", "old"]
+    assert done.stderr.splitlines()[-1] == (f"kvcli: error: --plot {plot}: cannot write: No space left on device; the "
+                                            "file was left as it was")
+
+
 def test_cli_table_and_errors(cli, serial_trace, tmp_path):
     res = cli(serial_trace, "-p", "round-robin", "--chunk-size", CS, "--prefill-tps", TPS)
     assert res.exit_code == 0 and "round-robin" in res.stdout and "TTFT p99" in res.stdout

@@ -232,3 +232,19 @@ def test_equal_ids_give_equal_blocks_and_distinct_ids_distinct_blocks(tmp_path_f
     for i in range(min(len(a), len(b))):
         same = np.array_equal(ra.token_ids[i * block:(i + 1) * block], rb.token_ids[i * block:(i + 1) * block])
         assert same == (a[i] == b[i])
+
+
+@settings(max_examples=30, deadline=None)
+@given(keys=st.lists(st.integers(0, 2**40), min_size=1, max_size=6), block=st.integers(1, 40),
+       cut=st.integers(0, 39), piece=st.integers(1, 50))
+def test_token_synthesis_in_pieces_is_the_whole_at_once(keys, block, cut, piece):
+    """block_token_ids made PIECE_TOKENS at a time equals its definition applied to every token at once."""
+    from kvcli.traces import synth
+
+    arr = np.array(keys, dtype=np.uint64)
+    length = max(0, len(keys) * block - min(cut, block - 1))
+    i = np.arange(length, dtype=np.uint64)
+    whole = synth.synth_tokens_(arr[i // np.uint64(block)] * np.uint64(block) + i % np.uint64(block))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(synth, "PIECE_TOKENS", piece)
+        assert np.array_equal(synth.block_token_ids(arr, block, length), whole)
