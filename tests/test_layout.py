@@ -33,8 +33,9 @@ ALLOWED = {
     "route": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model"},
     "analysis": {"errors", "units", "tables", "sim", "traces", "model", "store"},
     "engine": {"errors", "units", "traces"},
+    "html": {"errors", "units", "outfile"},  # the report page: a pure function of the JSON documents
     "cli": {"errors", "units", "redact", "provenance", "figures", "outfile", "tables", "sim", "traces", "store",
-            "model", "replay", "live", "route", "analysis", "engine", "version"},
+            "model", "replay", "live", "route", "analysis", "engine", "html", "version"},
     "__main__": {"cli"},
     "__init__": {"errors", "traces", "store", "replay", "live", "model", "version"},  # its library names, lazily
 }

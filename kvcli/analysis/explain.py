@@ -105,6 +105,7 @@ class Explanation:
         (None when it extends it or matches whole). lost_tokens_by_cause: tokens per :data:`CAUSES`.
         cache_salt: the request's salt. site: where it diverges (None: no divergence, or not located).
         reused_from_namespace_tokens: of ``reused_tokens``, those only the live namespace held (``--namespace``).
+        timestamp: its arrival time, seconds from the trace's start (None: the trace gives none).
     """
 
     index: int
@@ -120,6 +121,7 @@ class Explanation:
     cache_salt: str = ""
     site: Site | None = None
     reused_from_namespace_tokens: int = 0
+    timestamp: float | None = None
 
     @property
     def upper_bound_tokens(self) -> int:
@@ -332,7 +334,7 @@ class Explainer:
                 reused += from_namespace
                 take_front(lost, from_namespace, whole=live >= n > 0)
         e = Explanation(index, request.id, request.source, n, reused, b, b_any, blind.predecessor,
-                        b_any if diverges else None, lost, salt, site, from_namespace)
+                        b_any if diverges else None, lost, salt, site, from_namespace, request.timestamp)
         res.requests += 1
         res.prompt_tokens += n
         res.reused_tokens += e.reused_tokens

@@ -69,7 +69,8 @@ def _request_json(e: Explanation, ids: list[str]) -> dict:
             "predecessor": ids[e.predecessor] if e.predecessor >= 0 else None,
             "first_divergent_token": e.first_divergent_token, "lost_tokens_by_cause": e.lost_tokens_by_cause,
             "divergence_site": site.label if site else None,
-            "divergence_ours": site.ours if site else None, "divergence_predecessor": site.theirs if site else None}
+            "divergence_ours": site.ours if site else None, "divergence_predecessor": site.theirs if site else None,
+            "timestamp_seconds": e.timestamp, "token_spans": [list(span) for span in spans(e)]}
 
 
 def explain_notes(traces: list[ExplainedTrace], request_id: str | None, scheme: str, hash_seed: str | None,
@@ -102,7 +103,7 @@ def explain_notes(traces: list[ExplainedTrace], request_id: str | None, scheme: 
     return notes
 
 
-def spans(e: Explanation, chunk_size: int) -> list[tuple[str, int, int]]:
+def spans(e: Explanation) -> list[tuple[str, int, int]]:
     """The request's tokens on the token axis, ``(cause, start, end)`` (end exclusive; empty spans left out), in
     position order: reused, then expiry, eviction, chunk_boundary, last_token, cache_salt, then divergence or new
     (the counts of :class:`~kvcli.analysis.explain.Explanation`, laid where they fall)."""
@@ -124,7 +125,7 @@ def chunk_map(t: ExplainedTrace, e: Explanation, block_hashes: BlockHashes | Non
     whether the LRU held it and it was unexpired when the request came (with a capacity or TTL)."""
     cs = t.explanation.config.chunk_size
     n = e.prompt_tokens
-    laid = spans(e, cs)
+    laid = spans(e)
     ours = t.tokens.get(e.index)
     theirs = t.tokens.get(e.predecessor) if e.predecessor >= 0 else None
     pred = t.explanation.explained[e.predecessor] if e.predecessor >= 0 else None

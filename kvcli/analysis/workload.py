@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -85,22 +86,24 @@ class ExplainedTrace:
 
 def explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, config: ExplainConfig,
                    request_id: str | None = None, model: str = "cpu",
-                   namespace_run: Callable[[Request], int] | None = None) -> list[ExplainedTrace]:
+                   namespace_run: Callable[[Request], int] | None = None, limit: int | None = None
+                   ) -> list[ExplainedTrace]:
     """Every trace of ``paths`` (directories expanded, ``-`` for stdin) explained at ``config``, read as every
     command reads it (:func:`each_trace`); with ``request_id``, the traces that hold that request keep its and its
-    predecessor's token ids; ``namespace_run``: a live namespace read beside (:func:`namespace_lookup`).
+    predecessor's token ids; ``namespace_run``: a live namespace read beside (:func:`namespace_lookup`); ``limit``:
+    only the first N requests of each file, as replay's ``--limit`` takes them (then in arrival order).
 
     Raises:
         BadInputError: a missing path, an undetectable format, a bad record (``file:line``), a request id no trace
             holds, and :meth:`kvcli.analysis.explain.Explainer.add`'s errors.
     """
     with stdin_paths(paths) as given:  # around the reads: an error in stdin's copy names <stdin>
-        return _explain_traces(given, fmt, tokenizer, config, request_id, model, namespace_run)
+        return _explain_traces(given, fmt, tokenizer, config, request_id, model, namespace_run, limit)
 
 
 def _explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, config: ExplainConfig,
-                    request_id: str | None, model: str, namespace_run: Callable[[Request], int] | None
-                    ) -> list[ExplainedTrace]:
+                    request_id: str | None, model: str, namespace_run: Callable[[Request], int] | None,
+                    limit: int | None = None) -> list[ExplainedTrace]:
     """:func:`explain_traces` on paths with stdin already spooled."""
     out = []
     for path, name, tok in each_trace(paths, fmt, tokenizer, model):
@@ -111,7 +114,7 @@ def _explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | 
                               block_tokens=block, namespace_run=namespace_run, render=_renderer(tok))
         if request_id is not None:
             explainer.watch.add(request_id)
-        requests, order = ordered_requests(path, fmt, tok, name)
+        requests, order = ordered_requests(path, fmt, tok, name, limit)
         for request in as_given(requests, path):
             explainer.add(request)
         explanation = explainer.result
@@ -122,7 +125,7 @@ def _explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | 
         if request_id is not None and explanation.matching(request_id):
             e = explanation.request(request_id)
             wanted = {e.index, e.predecessor} - {-1}
-            requests, _ = ordered_requests(path, fmt, tok, name)
+            requests, _ = ordered_requests(path, fmt, tok, name, limit)
             tokens = {i: r.prompt for i, r in enumerate(requests) if i in wanted}
         out.append(ExplainedTrace(display_name(path), name, explanation, notes, tokens))
     if request_id is not None and not any(t.tokens for t in out):
@@ -140,20 +143,21 @@ def _renderer(tok) -> Callable[[ChatPrompt], np.ndarray]:
     return render
 
 
-def ordered_requests(path: Path, fmt: str | TraceFormat, tok, name: str
+def ordered_requests(path: Path, fmt: str | TraceFormat, tok, name: str, limit: int | None = None
                      ) -> tuple[Iterator[Request], np.ndarray | None]:
-    """The requests of one trace in arrival order (:mod:`kvcli.traces.order`), and the order (None: file order).
-    A hash-id trace is streamed when it is already in order (its outline, no token ids, tells); other traces are
-    read whole first (their outline would tokenize them anyway).
+    """The requests of one trace in arrival order (:mod:`kvcli.traces.order`), and the order (None: file order);
+    ``limit``: the first N requests of the file only, then ordered. A hash-id trace is streamed when it is already in
+    order (its outline, no token ids, tells); other traces are read whole first (their outline would tokenize them
+    anyway).
 
     Raises:
         BadInputError: as the trace's reader.
     """
     if name in HASH_ID_FORMATS:
-        order = arrival_order([o.timestamp for o in outline_trace(path, fmt, tok)])
+        order = arrival_order([o.timestamp for o in islice(outline_trace(path, fmt, tok), limit)])
         if order is None:
-            return read_trace(path, fmt, tok), None
-    requests = list(read_trace(path, fmt, tok))
+            return islice(read_trace(path, fmt, tok), limit), None
+    requests = list(islice(read_trace(path, fmt, tok), limit))
     order = arrival_order([r.timestamp for r in requests])
     return (iter(requests) if order is None else (requests[i] for i in order.tolist())), order
 
@@ -171,11 +175,11 @@ def is_text_trace(path: Path, fmt: str) -> bool:
 
 def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None, tokenizer: str | None = None,
                    capacity_tokens: int | None = None, capacity_bytes: int | None = None, ttl: float | None = None,
-                   ttl_refresh: bool = False) -> ExplainConfig:
+                   ttl_refresh: bool = False, kv_dtype: str | None = None) -> ExplainConfig:
     """The :class:`~kvcli.analysis.explain.ExplainConfig` of replay's options: the hash root of ``model`` (a preset
     or a checkpoint folder, no weights loaded) and ``tokenizer`` as replay's, and the capacity in chunks as replay's
     store counts it (:attr:`kvcli.store.records.StoreConfig.capacity_chunks`: the smaller of the two, bytes of the
-    model's KV payload per chunk).
+    model's KV payload per chunk, stored as ``kv_dtype``: None or "auto" for the model's dtype, "fp8").
 
     Raises:
         BadInputError: an unknown model or dtype, a capacity or TTL that is not > 0, a chunk size < 1.
@@ -187,7 +191,7 @@ def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None
         chunks = StoreConfig(namespace="kvcli-explain", chunk_size=chunk_size, model_id=spec.model_id,
                              tokenizer=tok_name, kv_shape=spec.kv_shape, dtype=spec.dtype, payload="accounted",
                              capacity_tokens=capacity_tokens, capacity_bytes=capacity_bytes,
-                             state_shape=spec.state_shape).capacity_chunks
+                             state_shape=spec.state_shape, kv_dtype=kv_dtype).capacity_chunks
     return ExplainConfig(chunk_size, chunks, ttl, ttl_refresh, spec.model_id, tok_name)
 
 

@@ -29,6 +29,7 @@ from kvcli.cli.options import (
     DropTailBlock,
     Dtype,
     HashBlockTokens,
+    HtmlOut,
     JsonOut,
     KvDtype,
     Model,
@@ -242,6 +243,7 @@ def replay(
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     jobs: Annotated[Optional[int], typer.Option(help=JOBS_HELP, show_default=False)] = None,
     ray: Annotated[Optional[str], typer.Option(help=RAY_HELP, show_default=False)] = None,
+    html: HtmlOut = None,
 ) -> None:
     """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
     ratio, objects, bytes, round trips, measured prefill savings and the net benefit that picks the chunk size.
@@ -279,17 +281,23 @@ def replay(
         layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,
         priced=options.priced, plan=plan_options(tier, optimal, admit_after, policy, price),
         kv_dtype=kv_dtype)
-    _check_run(config, jobs, plot)
+    _check_run(config, jobs, plot, html)
     timeout = timeout_seconds(redis_timeout)
+    read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
+                           add_special_tokens)
+    explained: dict[str, dict] | None = None  # with --html: each trace's per-request breakdown, for its timeline
     with _ReplayConsole() as events:
         url = redis_url or os.environ.get("REDIS_URL")
         events.phase(f"connecting to Redis at {mask_url(url)}" if url else "starting the embedded Redis server")
         with stdin_paths(traces) as files, open_redis(redis_url, timeout) as (client, target):
-            results, context = run_replay(client, target, files, config, options, trace_format(
-                fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens),
-                tokenizer, events,
-                jobs, ray)
-    _show_replay(results, context, plot, json_out)
+            results, context = run_replay(client, target, files, config, options, read_as, tokenizer, events,
+                                          jobs, ray)
+            if html is not None:
+                from kvcli.cli.report import explain_replayed
+
+                events.phase("explaining each request for the HTML report's timeline")
+                explained = explain_replayed(files, results, config, read_as, tokenizer, model, dtype)
+    _show_replay(results, context, plot, json_out, html, explained)
 
 
 def plan_options(tiers: list[str] | None, optimal: bool, admit_after: int, policy: str | None,
@@ -305,31 +313,40 @@ def plan_options(tiers: list[str] | None, optimal: bool, admit_after: int, polic
                        parse_prices(prices))
 
 
-def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> None:
+def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None, html: Path | None = None) -> None:
     """replay's options that are not the config's, checked against it: ``--jobs`` >= 1; ``--plot`` a .png or
-    .svg file, and only with the curve it draws."""
+    .svg file, and only with the curve it draws; ``--html`` in a folder that exists."""
     from kvcli.figures import check_plot_path
+    from kvcli.html.page import check_report_path
     from kvcli.replay.results import check_count
 
     check_count("--jobs", jobs)
     check_plot_path(plot)
+    if html is not None:
+        check_report_path(html)
     if plot is not None and (not config.hit_curve or config.namespace is not None):
         raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
 
 
-def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool) -> None:
-    """The report on stdout (JSON with ``--json``; each trace's summary line went to stderr as it finished), then
-    the plots (paths on stderr): a plot that fails to write (a disk filled during the run: its folder was checked
-    before) raises BadInputError after the report is out. Raises RedisFailure, after all that, when a run's keys
-    could not be deleted."""
+def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool,
+                 html: Path | None = None, explained: dict[str, dict] | None = None) -> None:
+    """The report on stdout (JSON with ``--json``, with ``explained``'s per-request breakdowns when drawn; each
+    trace's summary line went to stderr as it finished), then the HTML page and the plots (paths on stderr): a page
+    or plot that fails to write (a disk filled during the run: its folder was checked before) raises
+    BadInputError after the report is out. Raises RedisFailure, after all that, when a run's keys could not be
+    deleted."""
+    from kvcli.cli.report import replay_document, write_document_html
     from kvcli.replay.curvereport import write_plots
-    from kvcli.replay.report import print_report, to_json
+    from kvcli.replay.report import print_report
     from kvcli.tables import stdout_console
 
+    document = replay_document(results, context, explained) if json_out or html is not None else ""
     if json_out:
-        typer.echo(to_json(results, context))
+        typer.echo(document)
     else:
         print_report(results, stdout_console(), context)
+    if html is not None:
+        write_document_html(html, document)
     if plot is not None:
         for path in write_plots(results, plot, context["kv_bytes_per_token"], context["model_id"]):
             err.print(f"plot written: {path}", highlight=False)
@@ -401,12 +418,13 @@ def _register() -> None:
     from kvcli.cli.export import EXPORT_PANELS, export
     from kvcli.cli.hardware import hardware
     from kvcli.cli.profile import profile
+    from kvcli.cli.report import report
     from kvcli.cli.route import route
     from kvcli.cli.stats import stats
 
     for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
                      ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats),
-                     ("explain", explain)):
+                     ("explain", explain), ("report", report)):
         panels = {"warm": WARM_PANELS, "inspect": INSPECT_PANELS, "export": EXPORT_PANELS}.get(name)
         app.command(name, cls=help_panels(panels) if panels else None)(handle_errors(fn))
     events_app.command("record")(handle_errors(record_events))

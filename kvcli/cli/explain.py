@@ -13,6 +13,7 @@ from kvcli.cli.options import (
     DropTailBlock,
     Dtype,
     HashBlockTokens,
+    HtmlOut,
     JsonOut,
     Model,
     RedisTimeout,
@@ -58,6 +59,7 @@ def explain(
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,
     json_out: JsonOut = False,
+    html: HtmlOut = None,
 ) -> None:
     """Why each request reused what it did at one chunk size: its prompt tokens split into reused and lost, by
     cause (the chunk boundary, eviction by the capacity, expiry by the TTL, the last-token rule, another cache
@@ -72,6 +74,8 @@ def explain(
       kvcli explain mooncake.jsonl --capacity-tokens 2000000 --json
 
       kvcli explain chats.jsonl --request r42 --hash vllm --hash-seed 0
+
+      kvcli explain mooncake.jsonl --chunk-size 512 --html explain.html   # the per-request timeline, drawn
     """
     from kvcli.analysis.explain_report import explain_notes, print_explained, to_body
     from kvcli.analysis.workload import block_hash_scheme, explain_config, explain_traces
@@ -81,6 +85,10 @@ def explain(
 
     if top < 0:
         raise BadInputError(f"--top must be >= 0, got {top}")
+    if html is not None:
+        from kvcli.html.page import check_report_path
+
+        check_report_path(html)
     cs = one_chunk_size(chunk_size)
     config = explain_config(cs, model, dtype, tokenizer, capacity_tokens, parse_size(capacity_bytes), ttl,
                             ttl_refresh)
@@ -102,7 +110,12 @@ def explain(
             explained = explain_traces(traces, spec, tokenizer, config, request, model, run)
     for note in explain_notes(explained, request, hash_scheme, hash_seed, namespace):
         typer.echo(f"note: {note}", err=True)
+    document = json_document("explain", to_body(explained, top, request, hashes), indent=1)
+    if html is not None:
+        from kvcli.cli.report import write_document_html
+
+        write_document_html(html, document)
     if json_out:
-        typer.echo(json_document("explain", to_body(explained, top, request, hashes), indent=1))
+        typer.echo(document)
     else:
         print_explained(explained, stdout_console(), top, request, hashes)

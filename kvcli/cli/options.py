@@ -1,8 +1,8 @@
 """Options that several commands share, each declared once with its parser: ``--redis-url``, ``--redis-timeout``,
 ``--chunk-sizes`` (a comma list), ``--seed`` and the local model's ``--model``, ``--dtype``, ``--device``,
-``--threads``, ``--tokenizer``, ``--kv-dtype``, plus ``--json``, and what every command that reads traces accepts
-about hash-id traces (``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``, ``--skip-bad-records``:
-:func:`trace_format`).
+``--threads``, ``--tokenizer``, ``--kv-dtype``, plus ``--json`` and ``--html``, and what every command that reads
+traces accepts about hash-id traces (``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``,
+``--skip-bad-records``: :func:`trace_format`).
 
 A command with many options groups them in help panels with :func:`help_panels` (one table per panel, each
 narrow enough that ``--help`` at 80 columns shows every option name whole).
@@ -14,6 +14,7 @@ option with the same factory and its own help: the flag names, environment varia
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -73,6 +74,17 @@ Tokenizer = Annotated[Optional[str], typer.Option(help="tiktoken encoding or tok
 TextTokenizer = Annotated[Optional[str], typer.Option("--tokenizer", help="tiktoken encoding or tokenizer folder for "
                                                       "text prompts (default: cl100k_base).", show_default=False)]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print one JSON document on stdout.")]
+
+
+def html_option(**settings: Any) -> Any:
+    """``--html FILE``: the command's JSON document drawn as one self-contained page (:mod:`kvcli.html`), with any
+    further ``typer.Option`` ``settings`` (a help panel)."""
+    return typer.Option("--html", metavar="FILE", show_default=False, help="Also write the result as one "
+                        "self-contained HTML page: the --json document drawn, figures with their numbers, no network "
+                        "needed to view it (docs/report.md).", **settings)
+
+
+HtmlOut = Annotated[Optional[Path], html_option()]
 KvDtype = Annotated[str, typer.Option(
     "--kv-dtype", metavar="auto|fp8",
     help="Dtype of the stored KV payloads, as engines' --kv-cache-dtype: auto (the model's --dtype, bit-exact) or "

@@ -20,6 +20,7 @@ from kvcli.cli.options import (
     SkipBadRecords,
     Threads,
     TimestampUnit,
+    html_option,
     one_chunk_size,
     redis_timeout_option,
     redis_url_option,
@@ -112,6 +113,7 @@ def route(
     json_out: Annotated[bool, Opt("--json", help="Print one JSON document on stdout.", rich_help_panel=IO)] = False,
     plot: Annotated[Optional[Path], Opt(metavar="<file>", help="Write hit ratio vs TTFT p99 to FILE.png or FILE.svg.",
                                         rich_help_panel=IO)] = None,
+    html: Annotated[Optional[Path], html_option(rich_help_panel=IO)] = None,
 ) -> None:
     """Simulate KV-cache-aware routing across serving nodes and its conflict with load balance: per policy (and
     sweep point) hit token ratio, per-node load spread, queue wait, TTFT and end-to-end percentiles, lookups.
@@ -125,6 +127,8 @@ def route(
       kvcli route trace.jsonl -p cache-manager --lookup-delay lognormal:1ms:50ms --lookup-timeout 20ms --json
 
       kvcli route chat.jsonl --rate 4 --tier 'gpu=1M tokens' --tier 'host=8M tokens' --tier 'redis=64M tokens'
+
+      kvcli route trace.jsonl --sweep nodes=2,4,8 --html route.html    # policies against load, drawn
     """
     from kvcli.route.cachemanager import DelaySpec
     from kvcli.route.config import RouteConfig
@@ -132,6 +136,10 @@ def route(
     from kvcli.route.simulator import SimConfig, kv_bytes_per_token, node_cache_options
 
     try:
+        if html is not None:
+            from kvcli.html.page import check_report_path
+
+            check_report_path(html)
         timeout, kv = timeout_seconds(redis_timeout), lambda: kv_bytes_per_token(model)
         sim = SimConfig(
             nodes=nodes, chunk_size=one_chunk_size(chunk_size), **node_cache_options(node_capacity, tier or (), kv),
@@ -146,18 +154,25 @@ def route(
                                add_special_tokens)
         with _RouteConsole() as events:
             reports = route_traces(traces, config, read_as, events, plots=False)
-        _show_route(reports, json_out)  # the reports, then the plots: a plot that fails to write loses no report
+        _show_route(reports, json_out, html)  # the reports, then the plots: a plot that fails to write loses no report
         write_plots(reports, config.plot)
     except KvcliError as exc:  # also handled by kvcli.cli.app.handle_errors; here for apps that mount route alone
         err.print(f"[red]kvcli: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(exc.exit_code) from None
 
 
-def _show_route(reports: list[dict], json_out: bool) -> None:
-    """The reports on stdout: one JSON document with ``json_out``, else each trace's tables and winners."""
-    if json_out:
-        typer.echo(json_document("route", {"traces": reports}, indent=1))
-        return
+def _show_route(reports: list[dict], json_out: bool, html: Path | None = None) -> None:
+    """The reports on stdout: one JSON document with ``json_out``, else each trace's tables and winners; with
+    ``html``, that JSON document drawn there too."""
+    if json_out or html is not None:
+        document = json_document("route", {"traces": reports}, indent=1)
+        if html is not None:
+            from kvcli.cli.report import write_document_html
+
+            write_document_html(html, document)
+        if json_out:
+            typer.echo(document)
+            return
     from kvcli.route.report import render
     from kvcli.tables import stdout_console
 

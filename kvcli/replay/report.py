@@ -281,8 +281,8 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "measured_requests": t.measured_requests, "payload": t.payload, "seconds": t.seconds,
             "used_memory_delta_bytes": t.used_memory_delta_bytes, "notes": t.notes,
             "recommended_chunk_size": t.recommended_chunk_size,
-            "verdict": ({"kind": t.verdict.kind, "tied_chunk_sizes": list(t.verdict.tied), "text": t.verdict.text}
-                        if t.verdict else None),
+            "verdict": ({"kind": t.verdict.kind, "tied_chunk_sizes": list(t.verdict.tied), "text": t.verdict.text,
+                         "focus_chunk_size": t.verdict.focus} if t.verdict else None),
             "store_mode": t.store_mode, "measure_tokens": t.measure_tokens, "measured": t.measured,
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
