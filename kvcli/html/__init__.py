@@ -4,5 +4,6 @@ no Redis, no model. ``kvcli report`` and each command's ``--html`` write it (:fu
 each document kind has its view module, registered in :data:`kvcli.html.views.VIEWS`.
 
 May import: kvcli.errors, kvcli.units (the byte format, the schema version) and kvcli.outfile (how a page is
-written), and vl-convert-python (the Vega, Vega-Lite and vega-embed bundle). Not the subpackages that make the documents: a page is a pure function of them.
+written), and vl-convert-python (the Vega, Vega-Lite and vega-embed bundle). Not the subpackages that make the
+documents: a page is a pure function of them.
 """
