@@ -18,6 +18,7 @@ from kvcli.errors import BadInputError
 from kvcli.replay.bill import Prices, check_prices
 from kvcli.replay.network import Overheads
 from kvcli.replay.savings import Savings, Verdict
+from kvcli.sim.eviction import libcachesim
 from kvcli.sim.tiers import TierSpec, check_tiers
 from kvcli.store.serde import check_kv_dtype
 from kvcli.units import check_seed
@@ -36,11 +37,13 @@ class PlanOptions:
 
     def __post_init__(self) -> None:
         """Raises BadInputError (naming the option): ``admit_after`` < 1, two tiers of one name, a per-GB price of
-        a tier not given."""
+        a tier not given, policies without libCacheSim installed (checked here, before any work)."""
         if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, int) or self.admit_after < 1:
             raise BadInputError(f"--admit-after must be a count >= 1, got {self.admit_after!r}")
         check_tiers(self.tiers)
         check_prices(self.prices, [t.name for t in self.tiers])
+        if self.policies:
+            libcachesim()
 
     @property
     def wanted(self) -> bool:

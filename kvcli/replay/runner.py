@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from kvcli.replay.events import ReplayEvents
 from kvcli.replay.measure import curve_check
 from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
-from kvcli.replay.replayer import Replayer
+from kvcli.replay.replayer import Replayer, check_prompts
 from kvcli.replay.results import ReplayConfig, TraceResult, check_count, check_positive
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
@@ -221,8 +222,10 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
     if runs_model or len(files) > 1:
         events.phase(f"checking {len(files)} trace{'s' if len(files) > 1 else ''}")
         for path in files:
-            for _ in TraceSource(path, fmt, tokenizer).outline():
-                pass
+            outline = itertools.islice(TraceSource(path, fmt, tokenizer).outline(), config.limit)
+            check_prompts((request.prompt_tokens for request in outline), display_name(path))
+    if is_checkpoint_name(model_options.model):  # transformers' import and its config classes: seconds
+        events.phase(f"reading the model's config: {model_options.model}")
     if runs_model:  # torch's import (a second or more) starts here
         where = "" if model_options.device == "auto" else f" on {model_options.device}"
         spec_id = resolve_spec(model_options.model, model_options.dtype, model_options.seed).model_id

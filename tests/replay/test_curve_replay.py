@@ -61,10 +61,11 @@ def test_issue_10_smallest_case_replay_hits_12_and_the_curve_agrees(redis_client
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.integers(0, 3), max_size=20), min_size=1, max_size=14),
+@given(st.lists(st.lists(st.integers(0, 3), max_size=20), min_size=1, max_size=14).filter(lambda ps: any(ps)),
        st.lists(st.integers(1, 14), min_size=1, max_size=3))
 def test_curve_equals_a_replay_at_every_capacity(redis_client, prompts, capacities):
-    """Totals: --capacity-tokens C*chunk_size gives the curve's hit tokens at C, per chunk size."""
+    """Totals: --capacity-tokens C*chunk_size gives the curve's hit tokens at C, per chunk size (a trace with a
+    prompt: one of only empty prompts is refused)."""
     requests = reqs(prompts)
     curves = {r.chunk_size: r.hit_curve for r in replay(redis_client, requests, (2, 3)).per_chunk_size}
     for c in capacities:

@@ -4,6 +4,7 @@ without a server: tests/sim/test_tiers.py, test_optimal.py, test_eviction.py."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -63,6 +64,13 @@ def test_cli_tiers_optimal_and_bill_by_hand(tmp_path, redis_url):
 def test_cli_refuses_bad_planner_options_in_one_line(tmp_path, args, message):
     out = _cli(tmp_path, *args)
     assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output, out.output
+
+
+def test_policies_without_libcachesim_are_refused_before_any_work(tmp_path, redis_url, monkeypatch):
+    monkeypatch.setitem(sys.modules, "libcachesim", None)  # an import of it raises ImportError
+    out = _cli(tmp_path, "--redis-url", redis_url, "--policy", "lfu")
+    assert out.exit_code == 2 and "--policy needs libCacheSim: pip install 'kvcli[policies]'" in out.stderr
+    assert "replaying" not in out.stderr and "trace 1 of 1" not in out.stderr and out.stdout == ""
 
 
 def test_cli_curve_points_carry_the_optimal_hit_tokens(tmp_path, redis_url):

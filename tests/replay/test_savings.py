@@ -201,6 +201,13 @@ def test_the_summary_line_is_the_verdict_in_its_own_words(nets, headline, at):
     assert line.startswith(f"t.jsonl: {headline} (at {at}: hit {hit}, net benefit ")
 
 
+def test_one_chunk_size_is_recommended_as_the_only_one_compared():
+    verdict = recommend({64: Interval(10.0, 9.0, 11.0)})
+    assert (verdict.kind, verdict.chunk_size) == ("clear", 64)
+    assert "beats" not in verdict.text and "the only size compared" in verdict.text
+    assert recommend({64: Interval(1.0, -0.5, 2.0)}).kind == "noise"
+
+
 def test_the_summary_line_says_how_much_of_the_saving_is_extrapolated():
     from kvcli.replay.report import summary_line
     from kvcli.replay.results import TraceResult
