@@ -20,8 +20,11 @@ from rich.markup import escape
 
 from kvcli import provenance
 from kvcli.cli.options import (
+    CAPACITY_BYTES_HELP,
+    CAPACITY_TOKENS_HELP,
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
+    LIMIT_HELP,
     TRACE_FORMATS_HELP,
     TRACES_HELP,
     AddSpecialTokens,
@@ -129,17 +132,19 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
             "'kvcli\\[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
 
 
-#: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
+#: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`), the common path first.
 REPLAY_PANELS = {
-    "Store and network": ("chunk_sizes", "redis_url", "redis_timeout", "payload", "layout", "store_mode",
-                          "capacity_tokens", "capacity_bytes", "pipeline", "link_gbps", "rtt_ms", "namespace"),
-    "Model and prefill pricing": ("model", "dtype", "kv_dtype", "device", "threads", "seed", "measure",
-                                  "measure_max_tokens", "measure_seconds", "calibrate_seconds", "prefill_tps",
-                                  "hardware", "mfu", "prefill_profile"),
-    "Curves and capacity planner": ("upper_bound", "curve", "ttl_refresh", "plot", "tier", "optimal", "admit_after",
-                                    "policy", "price"),
-    "Traces, run and output": ("fmt", "tokenizer", "add_special_tokens", "limit", "keep", "allow_evictions", "jobs",
-                               "ray", "json_out"),
+    "Common options": ("chunk_sizes", "model", "hardware", "prefill_tps", "capacity_bytes", "capacity_tokens",
+                       "json_out", "plot"),
+    "The model and its prefill's price": ("prefill_profile", "mfu", "measure", "measure_max_tokens",
+                                          "measure_seconds", "calibrate_seconds", "dtype", "kv_dtype", "device",
+                                          "threads", "seed"),
+    "Store, server and network": ("redis_url", "redis_timeout", "payload", "store_mode", "link_gbps", "rtt_ms",
+                                  "layout", "pipeline", "namespace", "keep", "allow_evictions"),
+    "Curves and the capacity planner": ("upper_bound", "curve", "ttl_refresh", "tier", "price", "optimal",
+                                        "admit_after", "policy"),
+    "Traces and the run": ("fmt", "tokenizer", "add_special_tokens", "limit", "hash_block_tokens", "timestamp_unit",
+                           "drop_tail_block", "skip_bad_records", "jobs", "ray"),
 }
 
 
@@ -178,8 +183,8 @@ def replay(
     threads: Threads = 1,
     payload: Annotated[str, typer.Option(help="real: measured requests move real KV through Redis; "
                                               "accounted: index and metadata only, payload bytes counted.")] = "real",
-    capacity_tokens: Annotated[Optional[int], typer.Option(help="LRU capacity per chunk size, tokens.")] = None,
-    capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, payload bytes (e.g. 2GiB).")] = None,
+    capacity_tokens: Annotated[Optional[int], typer.Option(help=CAPACITY_TOKENS_HELP)] = None,
+    capacity_bytes: Annotated[Optional[str], typer.Option(help=CAPACITY_BYTES_HELP)] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
                                                              "calibrating the model.")] = None,
     hardware: Annotated[Optional[str], typer.Option(
@@ -200,7 +205,7 @@ def replay(
     drop_tail_block: DropTailBlock = False,
     skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,
-    limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
+    limit: Annotated[Optional[int], typer.Option(help=LIMIT_HELP)] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
                                                           "`kvcli warm` filled) as hits; it is read, never "
                                                           "written.")] = None,

@@ -8,6 +8,7 @@ import typer
 
 from kvcli.cli.options import (
     TRACE_FORMATS_HELP,
+    TRACES_HELP,
     AddSpecialTokens,
     DropTailBlock,
     HashBlockTokens,
@@ -20,7 +21,7 @@ from kvcli.cli.options import (
 
 
 def stats(
-    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
+    traces: Annotated[list[Path], typer.Argument(help=TRACES_HELP + ".")],
     top: Annotated[int, typer.Option(help="Shared prefixes listed per trace.")] = 10,
     fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
     tokenizer: TextTokenizer = None,
