@@ -135,7 +135,7 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
 #: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`), the common path first.
 REPLAY_PANELS = {
     "Common options": ("chunk_sizes", "model", "hardware", "prefill_tps", "capacity_bytes", "capacity_tokens",
-                       "json_out", "plot"),
+                       "full", "json_out", "plot"),
     "The model and its prefill's price": ("prefill_profile", "mfu", "measure", "measure_max_tokens",
                                           "measure_seconds", "calibrate_seconds", "dtype", "kv_dtype", "device",
                                           "threads", "seed"),
@@ -244,6 +244,8 @@ def replay(
         help="The bill: gpu-hour=$ (per accelerator-hour) and TIER=$ (per GB-month of that --tier), repeatable; "
              "money per day of the trace's traffic and accelerators freed.", show_default=False)] = None,
     json_out: JsonOut = False,
+    full: Annotated[bool, typer.Option("--full", help="Print every row of each trace's table (the compact table "
+                                                      "holds the rows that decide the answer).")] = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     jobs: Annotated[Optional[int], typer.Option(help=JOBS_HELP, show_default=False)] = None,
     ray: Annotated[Optional[str], typer.Option(help=RAY_HELP, show_default=False)] = None,
@@ -294,7 +296,7 @@ def replay(
                 fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens),
                 tokenizer, events,
                 jobs, ray)
-    _show_replay(results, context, plot, json_out)
+    _show_replay(results, context, plot, json_out, full)
 
 
 def plan_options(tiers: list[str] | None, optimal: bool, admit_after: int, policy: str | None,
@@ -322,9 +324,11 @@ def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None) -> Non
         raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
 
 
-def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool) -> None:
-    """The plots (paths on stderr), the report on stdout (JSON with ``--json``; each trace's summary line went to
-    stderr as it finished). Raises RedisFailure, after all that, when a run's keys could not be deleted."""
+def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool,
+                 full: bool = False) -> None:
+    """The plots (paths on stderr), the report on stdout (JSON with ``--json``; every row of each table with
+    ``full``; each trace's summary line went to stderr as it finished). Raises RedisFailure, after all that, when a
+    run's keys could not be deleted."""
     from kvcli.replay.curvereport import write_plots
     from kvcli.replay.report import print_report, to_json
     from kvcli.tables import stdout_console
@@ -335,7 +339,7 @@ def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, j
     if json_out:
         typer.echo(to_json(results, context))
     else:
-        print_report(results, stdout_console(), context)
+        print_report(results, stdout_console(), context, full)
     left = [r.left_behind for r in results if r.left_behind]
     if left:  # the report stands; the run's keys could not be deleted
         raise RedisFailure("; ".join(left))

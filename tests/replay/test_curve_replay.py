@@ -161,7 +161,7 @@ def test_cli_json_table_and_plot(tmp_path, redis_url):
     assert [p["hit_tokens"] for p in curve["capacity_points"]] == [0, 0, 4, 8, 12, 15]
     assert curve["ttl_for_fraction_seconds"]["1.0"] == 2.0 and curve["trace_span_seconds"] == 2.0
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = _cli(_trace(tmp_path, times=False), "--redis-url", redis_url)
+    table = _cli(_trace(tmp_path, times=False), "--redis-url", redis_url, "--full")  # the curve's rows: every row
     assert table.exit_code == 0, table.output
     assert "cache for 90% of unlimited hits" in table.stdout and "20.0 KiB / 20 tok" in table.stdout
     assert "no timestamps" in table.stdout
@@ -169,7 +169,7 @@ def test_cli_json_table_and_plot(tmp_path, redis_url):
     partial = tmp_path / "partial.jsonl"
     partial.write_text("".join(json.dumps({"token_ids": p, **({"timestamp": t} if t is not None else {})}) + "\n"
                                for p, t in zip(SMALLEST, [0.0, None, 2.0])))
-    table = _cli(partial, "--redis-url", redis_url)
+    table = _cli(partial, "--redis-url", redis_url, "--full")
     assert table.exit_code == 0 and "1 untimed" in table.stdout and "no timestamps" not in table.stdout
     refused = _cli(partial, "--redis-url", redis_url, "--no-curve", "--ttl-refresh")
     assert refused.exit_code == 2 and "--ttl-refresh sets the TTL curve's expiry rule" in refused.output

@@ -145,12 +145,14 @@ def test_no_upper_bound_prints_a_dash_and_null(redis_url):
     (row,) = json.loads(out.stdout)["traces"][0]["per_chunk_size"]
     assert (row["upper_bound_tokens"], row["upper_bound_ratio"], row["loss_to_chunking_tokens"]) == (None, None, None)
     assert (row["hit_tokens"], row["max_logit_diff"]) == (8, None)
-    table = CliRunner().invoke(app, base, input=trace)
+    table = CliRunner().invoke(app, base + ["--full"], input=trace)
     assert table.exit_code == 0, table.output
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in table.stdout.splitlines()
             if line.count("│") == 3}
     assert rows["token-granular upper bound"] == "–" and rows["loss to chunking (tokens)"] == "–"
     assert rows["hit token ratio"] == "44.4%" and rows["max logit diff"] == "–"
+    compact = CliRunner().invoke(app, base, input=trace)  # the compact table leaves the bound's row out
+    assert compact.exit_code == 0 and "token-granular" not in compact.stdout and "44.4%" in compact.stdout
 
 
 def test_an_all_empty_trace_is_refused_before_the_model_loads(redis_url, redis_client):
