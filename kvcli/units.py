@@ -157,6 +157,22 @@ def fmt_bytes(n: float | None) -> str:
     return ""
 
 
+def fmt_count(n: int | None) -> str:
+    """A count in a few digits: ``9,456`` whole below 10,000, then 3 significant digits and k, M, G or T:
+    ``42,224`` -> ``"42.2k"``, ``683,082`` -> ``"683k"``, ``1,234,567`` -> ``"1.23M"`` (``"–"`` for None)."""
+    if n is None:
+        return "–"
+    if abs(n) < 10_000:
+        return f"{n:,}"
+    x, unit = float(n), ""
+    for unit in ("k", "M", "G", "T"):
+        x /= 1000
+        if abs(x) < 999.5 or unit == "T":
+            break
+    digits = 3 - len(str(int(abs(x))))
+    return f"{x:.{max(digits, 0)}f}{unit}"
+
+
 def _clean(obj):
     """NaN and infinities become null (JSON has neither)."""
     if isinstance(obj, float) and not math.isfinite(obj):

@@ -20,8 +20,11 @@ from rich.markup import escape
 
 from kvcli import provenance
 from kvcli.cli.options import (
+    CAPACITY_BYTES_HELP,
+    CAPACITY_TOKENS_HELP,
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
+    LIMIT_HELP,
     TRACE_FORMATS_HELP,
     TRACES_HELP,
     AddSpecialTokens,
@@ -130,17 +133,19 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
             "'kvcli\\[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
 
 
-#: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
+#: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`), the common path first.
 REPLAY_PANELS = {
-    "Store and network": ("chunk_sizes", "redis_url", "redis_timeout", "payload", "layout", "store_mode",
-                          "capacity_tokens", "capacity_bytes", "pipeline", "link_gbps", "rtt_ms", "namespace"),
-    "Model and prefill pricing": ("model", "dtype", "kv_dtype", "device", "threads", "seed", "measure",
-                                  "measure_max_tokens", "measure_seconds", "calibrate_seconds", "prefill_tps",
-                                  "hardware", "mfu", "prefill_profile"),
-    "Curves and capacity planner": ("upper_bound", "curve", "ttl_refresh", "plot", "tier", "optimal", "admit_after",
-                                    "policy", "price"),
-    "Traces, run and output": ("fmt", "tokenizer", "add_special_tokens", "limit", "keep", "allow_evictions", "jobs",
-                               "ray", "json_out"),
+    "Common options": ("chunk_sizes", "model", "hardware", "prefill_tps", "capacity_bytes", "capacity_tokens",
+                       "full", "json_out", "plot"),
+    "The model and its prefill's price": ("prefill_profile", "mfu", "measure", "measure_max_tokens",
+                                          "measure_seconds", "calibrate_seconds", "dtype", "kv_dtype", "device",
+                                          "threads", "seed"),
+    "Store, server and network": ("redis_url", "redis_timeout", "payload", "store_mode", "link_gbps", "rtt_ms",
+                                  "layout", "pipeline", "namespace", "keep", "allow_evictions"),
+    "Curves and the capacity planner": ("upper_bound", "curve", "ttl_refresh", "tier", "price", "optimal",
+                                        "admit_after", "policy"),
+    "Traces and the run": ("fmt", "tokenizer", "add_special_tokens", "limit", "hash_block_tokens", "timestamp_unit",
+                           "drop_tail_block", "skip_bad_records", "jobs", "ray"),
 }
 
 
@@ -179,8 +184,8 @@ def replay(
     threads: Threads = 1,
     payload: Annotated[str, typer.Option(help="real: measured requests move real KV through Redis; "
                                               "accounted: index and metadata only, payload bytes counted.")] = "real",
-    capacity_tokens: Annotated[Optional[int], typer.Option(help="LRU capacity per chunk size, tokens.")] = None,
-    capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, payload bytes (e.g. 2GiB).")] = None,
+    capacity_tokens: Annotated[Optional[int], typer.Option(help=CAPACITY_TOKENS_HELP)] = None,
+    capacity_bytes: Annotated[Optional[str], typer.Option(help=CAPACITY_BYTES_HELP)] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
                                                              "calibrating the model.")] = None,
     hardware: Annotated[Optional[str], typer.Option(
@@ -201,7 +206,7 @@ def replay(
     drop_tail_block: DropTailBlock = False,
     skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,
-    limit: Annotated[Optional[int], typer.Option(help="Replay only the first N requests of each trace.")] = None,
+    limit: Annotated[Optional[int], typer.Option(help=LIMIT_HELP)] = None,
     namespace: Annotated[Optional[str], typer.Option(help="Count the chunks of this namespace (e.g. one "
                                                           "`kvcli warm` filled) as hits; it is read, never "
                                                           "written.")] = None,
@@ -240,6 +245,8 @@ def replay(
         help="The bill: gpu-hour=$ (per accelerator-hour) and TIER=$ (per GB-month of that --tier), repeatable; "
              "money per day of the trace's traffic and accelerators freed.", show_default=False)] = None,
     json_out: JsonOut = False,
+    full: Annotated[bool, typer.Option("--full", help="Print every row of each trace's table (the compact table "
+                                                      "holds the rows that decide the answer).")] = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     jobs: Annotated[Optional[int], typer.Option(help=JOBS_HELP, show_default=False)] = None,
     ray: Annotated[Optional[str], typer.Option(help=RAY_HELP, show_default=False)] = None,
@@ -297,7 +304,7 @@ def replay(
 
                 events.phase("explaining each request for the HTML report's timeline")
                 explained = explain_replayed(files, results, config, read_as, tokenizer, model, dtype)
-    _show_replay(results, context, plot, json_out, html, explained)
+    _show_replay(results, context, plot, json_out, html, explained, full)
 
 
 def plan_options(tiers: list[str] | None, optimal: bool, admit_after: int, policy: str | None,
@@ -329,12 +336,12 @@ def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None, html: 
 
 
 def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, json_out: bool,
-                 html: Path | None = None, explained: dict[str, dict] | None = None) -> None:
-    """The report on stdout (JSON with ``--json``, with ``explained``'s per-request breakdowns when drawn; each
-    trace's summary line went to stderr as it finished), then the HTML page and the plots (paths on stderr): a page
-    or plot that fails to write (a disk filled during the run: its folder was checked before) raises
-    BadInputError after the report is out. Raises RedisFailure, after all that, when a run's keys could not be
-    deleted."""
+                 html: Path | None = None, explained: dict[str, dict] | None = None, full: bool = False) -> None:
+    """The report on stdout (JSON with ``--json``, with ``explained``'s per-request breakdowns when drawn; every row
+    of each table with ``full``; each trace's summary line went to stderr as it finished), then the HTML page and
+    the plots (paths on stderr): a page or plot that fails to write (a disk filled during the run: its folder was
+    checked before) raises BadInputError after the report is out. Raises RedisFailure, after all that, when a run's
+    keys could not be deleted."""
     from kvcli.cli.report import replay_document, write_document_html
     from kvcli.replay.curvereport import write_plots
     from kvcli.replay.report import print_report
@@ -344,7 +351,7 @@ def _show_replay(results: list[TraceResult], context: dict, plot: Path | None, j
     if json_out:
         typer.echo(document)
     else:
-        print_report(results, stdout_console(), context)
+        print_report(results, stdout_console(), context, full)
     if html is not None:
         write_document_html(html, document)
     if plot is not None:

@@ -7,8 +7,11 @@ from typing import Annotated, Optional
 import typer
 
 from kvcli.cli.options import (
+    CAPACITY_BYTES_HELP,
+    CAPACITY_TOKENS_HELP,
     DEFAULT_REDIS_TIMEOUT,
     TRACE_FORMATS_HELP,
+    TRACES_HELP,
     AddSpecialTokens,
     DropTailBlock,
     Dtype,
@@ -33,12 +36,11 @@ HASH_HELP = ("Block hashes the chunk map (--request) names chunks by: kvcli (rep
 
 
 def explain(
-    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
+    traces: Annotated[list[Path], typer.Argument(help=TRACES_HELP + ".")],
     chunk_size: Annotated[str, typer.Option(help="Tokens per chunk (an engine's block size, e.g. vLLM's 16, "
                                                  "LMCache's 256).")] = "256",
-    capacity_tokens: Annotated[Optional[int], typer.Option(help="LRU capacity, tokens (as replay's).")] = None,
-    capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, bytes of --model's KV (e.g. "
-                                                               "2GiB).")] = None,
+    capacity_tokens: Annotated[Optional[int], typer.Option(help=CAPACITY_TOKENS_HELP)] = None,
+    capacity_bytes: Annotated[Optional[str], typer.Option(help=CAPACITY_BYTES_HELP)] = None,
     ttl: Annotated[Optional[float], typer.Option(help="Chunks expire SECONDS after the write that stored them "
                                                       "(trace timestamps).")] = None,
     ttl_refresh: Annotated[bool, typer.Option(help="With --ttl: from a chunk's last request instead.")] = False,

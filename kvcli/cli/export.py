@@ -9,6 +9,7 @@ from rich.console import Console
 
 from kvcli.cli.options import (
     TRACE_FORMATS_HELP,
+    TRACES_HELP,
     AddSpecialTokens,
     DropTailBlock,
     HashBlockTokens,
@@ -26,7 +27,7 @@ EXPORT_PANELS = {
 
 
 def export(
-    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
+    traces: Annotated[list[Path], typer.Argument(help=TRACES_HELP + ".")],
     key_file: Annotated[Path, typer.Option(help="HMAC key (kept by you; created with 32 random bytes when it does "
                                                 "not exist): the same key gives the same block digests.")],
     out: Annotated[Path, typer.Option(help="The anonymized trace, JSONL (- for stdout).")],

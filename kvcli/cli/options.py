@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperOption
 
 from kvcli.errors import BadInputError
 
@@ -96,6 +96,9 @@ TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, s
 TRACES_HELP = ("Trace files or directories in any --format (native JSONL with prompt/messages/token_ids, OpenAI "
                "Batch, gateway logs, prompt lines, Mooncake, Bailian and other hash-id traces, ShareGPT, SWE-agent "
                ".traj; detected; .gz accepted), or - for stdin")
+LIMIT_HELP = "Read only the first N requests of each trace (N >= 1)."
+CAPACITY_TOKENS_HELP = "LRU capacity per chunk size, tokens (e.g. 3000000)."
+CAPACITY_BYTES_HELP = "LRU capacity per chunk size, bytes of --model's KV (e.g. 64GiB)."
 HASH_IDS_PANEL = "Hash-id traces (Mooncake, Bailian, block_size records, Claude-Code sessions)"
 HashBlockTokens = Annotated[Optional[int], typer.Option(
     "--hash-block-tokens", metavar="B", show_default=False, rich_help_panel=HASH_IDS_PANEL,
@@ -189,16 +192,18 @@ def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str 
 
 def help_panels(panels: Mapping[str, tuple[str, ...]]) -> type[TyperCommand]:
     """A command class (``app.command(name, cls=help_panels({...}))``) whose ``--help`` shows its options in these
-    rich help panels: panel title -> the options' parameter names (``"chunk_sizes"``), in the panel's order of
-    first mention; an option named in no panel keeps its own panel (``rich_help_panel``, else "Options"). Each
-    panel is a table of its own, sized to its own longest names: grouping the options with long negative names
-    (``--no-allow-evictions``) apart from those with long aliases (``--chunk-sizes,--chunk-size``) keeps every
-    name whole at 80 columns.
+    rich help panels: panel title -> the options' parameter names (``"chunk_sizes"``), the panels and the options
+    in each in the order given, ``--help`` itself in the first panel; an option named in no panel keeps its own
+    panel (``rich_help_panel``, else "Options"), after them. Each panel is a table of its own, sized to its own
+    longest names: grouping the options with long negative names (``--no-allow-evictions``) apart from those with
+    long aliases (``--chunk-sizes,--chunk-size``) keeps every name whole at 80 columns.
 
     Raises:
         ValueError: (when the command is built) a name that is not one of the command's parameters.
     """
     where = {name: title for title, names in panels.items() for name in names}
+    order = {name: i for i, name in enumerate(name for names in panels.values() for name in names)}
+    first = next(iter(panels), None)
 
     class PanelledCommand(TyperCommand):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -209,5 +214,16 @@ def help_panels(panels: Mapping[str, tuple[str, ...]]) -> type[TyperCommand]:
             for param in self.params:
                 if param.name in where:
                     param.rich_help_panel = where[param.name]  # type: ignore[attr-defined]
+            # the arguments first, in their order (the parser reads them by position); the options as the panels
+            # list them (the help prints them in this order), then the others as declared
+            arguments = [p for p in self.params if not isinstance(p, TyperOption)]
+            options = [p for p in self.params if isinstance(p, TyperOption)]
+            self.params = arguments + sorted(options, key=lambda p: order.get(p.name or "", len(order)))
+
+        def get_help_option(self, ctx: Any) -> Any:
+            option = super().get_help_option(ctx)
+            if option is not None and first is not None:
+                option.rich_help_panel = first
+            return option
 
     return PanelledCommand

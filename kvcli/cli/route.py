@@ -12,6 +12,7 @@ from rich.progress import Progress, TaskID
 
 from kvcli.cli.options import (
     DEFAULT_REDIS_TIMEOUT,
+    LIMIT_HELP,
     TRACE_FORMATS_HELP,
     TRACES_HELP,
     AddSpecialTokens,
@@ -102,7 +103,7 @@ def route(
     sweep: Annotated[list[str], Opt(metavar="<p=v1,v2>", help="Repeatable; PARAM: nodes, node-capacity, max-batch, "
                                     "decode-tpot, rate, seed, abs-threshold, rel-threshold, cache-threshold, w, "
                                     "temperature, lookup-delay, lookup-timeout.", rich_help_panel=POLICY)] = [],
-    limit: Annotated[Optional[int], Opt(help="Only the first N requests (N >= 1).", rich_help_panel=IO)] = None,
+    limit: Annotated[Optional[int], Opt(help=LIMIT_HELP, rich_help_panel=IO)] = None,
     fmt: Annotated[str, Opt("--format", help=TRACE_FORMATS_HELP, rich_help_panel=IO)] = "auto",
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,

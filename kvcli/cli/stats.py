@@ -8,6 +8,7 @@ import typer
 
 from kvcli.cli.options import (
     TRACE_FORMATS_HELP,
+    TRACES_HELP,
     AddSpecialTokens,
     DropTailBlock,
     HashBlockTokens,
@@ -20,7 +21,7 @@ from kvcli.cli.options import (
 
 
 def stats(
-    traces: Annotated[list[Path], typer.Argument(help="Trace files or directories, any format kvcli reads, or -.")],
+    traces: Annotated[list[Path], typer.Argument(help=TRACES_HELP + ".")],
     top: Annotated[int, typer.Option(help="Shared prefixes listed per trace.")] = 10,
     max_tokens: Annotated[int, typer.Option(help="Distinct prompt tokens held per trace, at most (4 bytes each; "
                                                  "a hash-id trace's are made from its block ids).")] = 1 << 27,

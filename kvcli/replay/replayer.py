@@ -479,6 +479,7 @@ class Replayer:
                 stamps.append(request.timestamp)
         if not lengths:
             raise BadInputError("the trace holds no requests", path=name)
+        check_prompts(lengths, name)
         return np.asarray(lengths, dtype=np.int64), arrival_order(stamps)
 
     def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli", mark: RunMark | None = None
@@ -493,6 +494,22 @@ class Replayer:
         if self.own_server:  # kvcli's embedded server is emptied whole at the end: no record of the writes needed
             store.written = WrittenChunks(keep=False)
         return store
+
+def check_prompts(lengths: Iterable[int], name: str) -> None:
+    """Refuse a trace none of whose requests has a prompt (``lengths``: each request's prompt tokens, read as they
+    come): nothing to replay, so nothing to load a model or write for.
+
+    Raises:
+        BadInputError: (exit 2, naming ``name``) every request's prompt is empty.
+    """
+    count = prompts = 0
+    for n in lengths:
+        count += 1
+        prompts += n > 0
+    if count and not prompts:
+        raise BadInputError(f"no prompt to replay: every request{'' if count == 1 else f' of {count:,}'} is empty",
+                            path=name)
+
 
 def _purge_remedy(namespace: str) -> str:
     """How to remove what a run left in ``namespace`` when the replayer was given no ``remedy``."""

@@ -1,15 +1,24 @@
-"""Replay reports: a rich table per trace for the terminal, one JSON document for scripts."""
+"""Replay reports: per trace, its answer (:mod:`kvcli.replay.answer`) and a table for the terminal (the compact
+one of the rows that decide the answer, chunk sizes side by side, or every row with ``full``); one JSON document for
+scripts; one stderr line per trace.
+"""
 from __future__ import annotations
 
-from rich.console import Console
-from rich.table import Table
+import textwrap
 
+from rich import box
+from rich.console import Console
+from rich.rule import Rule
+from rich.table import Table
+from rich.text import Text
+
+from kvcli.replay.answer import answer_line, answer_lines, answer_of
 from kvcli.replay.curvereport import Row, curve_rows
 from kvcli.replay.planreport import plan_notes, plan_rows
-from kvcli.replay.results import ChunkSizeResult, TraceResult
+from kvcli.replay.results import Answer, ChunkSizeResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.tables import print_table, stdout_console
-from kvcli.units import fmt_bytes, json_document
+from kvcli.units import fmt_bytes, fmt_count, json_document
 
 
 def _secs(s: float) -> str:
@@ -114,34 +123,152 @@ ROWS: list[Row] = [
 
 def trace_table(result: TraceResult, curve_source: str = "measured in this run") -> Table:
     """A table for one trace: one column per chunk size, the recommended one marked (tied ones marked "=")."""
-    best = result.recommended_chunk_size
-    tied = set(result.verdict.tied) if result.verdict and result.verdict.kind == "tie" else set()
+    best, marks = result.recommended_chunk_size, _marks(result)
     layout = result.per_chunk_size[0].layout if result.per_chunk_size else "kvcli"
     table = Table(title=f"{result.trace}: {result.requests:,} requests, {result.skipped_empty} empty skipped; "
                         f"payload {result.payload}" + ("" if layout == "kvcli" else f"; layout {layout}"),
                   title_justify="left")
     table.add_column("chunk size", style="bold", no_wrap=True)
     for r in result.per_chunk_size:
-        mark = " *" if r.chunk_size == best else (" =" if r.chunk_size in tied else "")
-        table.add_column(f"{r.chunk_size}{mark}", justify="right", style="green" if r.chunk_size == best else None)
+        table.add_column(f"{r.chunk_size}{marks[r.chunk_size]}", justify="right",
+                         style="green" if r.chunk_size == best else None)
     for label, fn in ROWS + curve_rows(result.per_chunk_size) + plan_rows(result.per_chunk_size):
         if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
                                                       for r in result.per_chunk_size):
             continue  # every hit's payload checked out: the row would repeat the one above
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
-    verdict = _verdict_line(result)
+    table.caption = f"{_verdict_line(result)} {_sources(result, curve_source)}"
+    table.caption_justify = "left"
+    return table
+
+
+def _sources(result: TraceResult, curve_source: str) -> str:
+    """Where the figures come from (priced, or measured and estimated) and what their intervals cover."""
     transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")
     if curve_source.startswith(("roofline", "profile")):
         spread = ("the utilization's published range" if curve_source.startswith("roofline")
                   else "the profile's spread")
-        table.caption = (f"{verdict} Priced, not timed: prefill from the {curve_source} (every request), overheads "
-                         f"from counts and rates (transfers from {transfers}, KV to and from the device at its "
-                         f"rates). Intervals: 95%, from {spread} and the rates' repeats.")
+        return (f"Priced, not timed: prefill from the {curve_source} (every request), overheads from counts and "
+                f"rates (transfers from {transfers}, KV to and from the device at its rates). Intervals: 95%, from "
+                f"{spread} and the rates' repeats.")
+    return (f"Measured: timed with the model and Redis in this run; estimated: prefill from the cost curve "
+            f"({curve_source}), transfers from {transfers}. Intervals: 95%, from the calibration's spread and this "
+            f"run's timing noise.")
+
+
+def _compact_caption(result: TraceResult, curve_source: str) -> str:
+    """The compact table's caption: its marks, where its figures come from, and where every row is."""
+    legend = "* recommended, = tied. " if any(_marks(result).values()) else ""
+    if curve_source.startswith(("roofline", "profile")):
+        sources = f"Priced, not timed: prefill from the {curve_source}, overheads from counts and rates."
     else:
-        table.caption = (f"{verdict} Measured: timed with the model and Redis in this run; estimated: prefill from "
-                         f"the cost curve ({curve_source}), transfers from {transfers}. Intervals: 95%, from the "
-                         f"calibration's spread and this run's timing noise.")
-    table.caption_justify = "left"
+        sources = ("Measured: timed with the model and Redis in this run; estimated: the rest, from the cost "
+                   "curve.")
+    planned = any(r.plan is not None for r in result.per_chunk_size)
+    more = "Every row, the capacity planner's too: --full." if planned else "Every row: --full."
+    return f"{legend}{sources} {more}"
+
+
+def _marks(result: TraceResult) -> dict[int, str]:
+    """Each chunk size's mark in a table's header: " *" recommended, " =" tied, "" else."""
+    best = result.recommended_chunk_size
+    tied = set(result.verdict.tied) if result.verdict and result.verdict.kind == "tie" else set()
+    return {r.chunk_size: " *" if r.chunk_size == best else " =" if r.chunk_size in tied else ""
+            for r in result.per_chunk_size}
+
+
+SECOND_UNITS = ((1e-3, 1e6, "µs"), (1.0, 1e3, "ms"), (1e4, 1.0, "s"), (float("inf"), 1 / 3600, "h"))
+"""A row of seconds is written in the first unit whose bound its largest magnitude is under: (bound in seconds,
+factor, unit)."""
+
+
+def _seconds_row(values: list[float | None]) -> tuple[float, str]:
+    """The factor and unit of a row of seconds (:data:`SECOND_UNITS`)."""
+    top = max((abs(v) for v in values if v is not None), default=0.0)
+    return next((factor, unit) for bound, factor, unit in SECOND_UNITS if top < bound)
+
+
+def _seconds_cells(values: list[float | None], also: list[float] | None = None) -> list[str]:
+    """Seconds in the row's unit (:func:`_seconds_row` of ``values`` and ``also``: the interval row's ends)."""
+    factor, unit = _seconds_row([*values, *(also or [])])
+    return [NA if v is None else f"{sig(v * factor)} {unit}" for v in values]
+
+
+def _ends(ivs: list[Interval | None]) -> list[float]:
+    return [x for iv in ivs if iv is not None for x in (iv.low, iv.high)]
+
+
+def _interval_cells(ivs: list[Interval | None]) -> list[str]:
+    """Intervals as "low–high" (one figure where both ends read the same) in the unit of the row above them (its
+    values' and theirs, the largest magnitude)."""
+    factor, _ = _seconds_row([x for iv in ivs if iv is not None for x in (iv.value, iv.low, iv.high)])
+    cells = [None if iv is None else (sig(iv.low * factor), sig(iv.high * factor)) for iv in ivs]
+    return [NA if c is None else c[0] if c[0] == c[1] else f"{c[0]}–{c[1]}" for c in cells]
+
+
+def _ratio(tokens: int | None, r: ChunkSizeResult) -> float | None:
+    """``tokens`` over ``r``'s prompt tokens (None without either)."""
+    return tokens / r.prompt_tokens if tokens is not None and r.prompt_tokens else None
+
+
+def _saved(r: ChunkSizeResult) -> Interval | None:
+    return r.savings.saved if r.savings is not None else None
+
+
+def _net(r: ChunkSizeResult) -> Interval | None:
+    return r.savings.net(r.store_mode) if r.savings is not None else None
+
+
+def compact_rows(result: TraceResult) -> list[tuple[str, list[str]]]:
+    """The rows that decide the answer, as (label, a cell per chunk size), in reading order: hit token ratio (and
+    unbounded, where a capacity cut it; the token-granular upper bound), objects (and evictions, where any), payload
+    and metadata bytes, the critical path (and the background, where a size's net benefit counts it), prefill
+    saved with its interval and share, the net benefit the verdict compares with its interval."""
+    rs = result.per_chunk_size
+    saved, net = [_saved(r) for r in rs], [_net(r) for r in rs]
+    modes = {r.store_mode for r in rs} or {result.store_mode}
+    rows = [("hit token ratio", [_pct(r.hit_token_ratio) for r in rs])]
+    if any(r.hit_tokens_unlimited != r.hit_tokens for r in rs):
+        rows.append(("  unbounded cache", [_pct(_ratio(r.hit_tokens_unlimited, r)) for r in rs]))
+    if any(r.upper_bound_tokens is not None for r in rs):
+        rows.append(("  token-granular bound", [_pct(_ratio(r.upper_bound_tokens, r)) for r in rs]))
+    rows.append(("objects created", [fmt_count(r.objects_created) for r in rs]))
+    if any(r.evicted_chunks for r in rs):
+        rows.append(("  evicted chunks", [fmt_count(r.evicted_chunks) for r in rs]))
+    rows += [("KV payload bytes", [fmt_bytes(r.payload_bytes_written + r.payload_bytes_accounted) for r in rs]),
+             ("metadata bytes", [fmt_bytes(r.metadata_bytes_written) for r in rs]),
+             ("critical path", _seconds_cells([_over_seconds(r, "critical") for r in rs]))]
+    if any(r.store_mode == "sync" for r in rs):
+        rows.append(("background (stores)", _seconds_cells([_over_seconds(r, "background") for r in rs])))
+    rows += [("prefill saved", _seconds_cells([_value(iv) for iv in saved], _ends(saved))),
+             ("  95% interval", _interval_cells(saved)),
+             ("  share of prefill", [_pct(r.savings.share.value) if r.savings and r.savings.share else NA
+                                     for r in rs]),
+             (f"net benefit ({modes.pop() if len(modes) == 1 else 'mixed'})",
+              _seconds_cells([_value(iv) for iv in net], _ends(net))),
+             ("  95% interval", _interval_cells(net))]
+    return rows
+
+
+def _over_seconds(r: ChunkSizeResult, part: str) -> float | None:
+    return getattr(r.overheads, part) if r.overheads is not None else None
+
+
+def _value(iv: Interval | None) -> float | None:
+    return None if iv is None else iv.value
+
+
+def compact_table(result: TraceResult) -> Table:
+    """The rows that decide the answer (:func:`compact_rows`), chunk sizes side by side, the verdict's marks in
+    the header (* recommended, = tied); every row is in :func:`trace_table` (``kvcli replay --full``)."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)  # columns 2 apart
+    table.add_column("chunk size", style="bold", no_wrap=True)
+    marks, best = _marks(result), result.recommended_chunk_size
+    for r in result.per_chunk_size:
+        table.add_column(f"{r.chunk_size}{marks[r.chunk_size]}", justify="right", no_wrap=True,
+                         style="green" if r.chunk_size == best else None)
+    for label, cells in compact_rows(result):
+        table.add_row(label, *cells)
     return table
 
 
@@ -212,20 +339,40 @@ def layout_table(result: TraceResult) -> Table:
     return table
 
 
-def print_report(results: list[TraceResult], console: Console, context: dict) -> None:
-    """Print every trace's table (and its layout comparison), then the run context (model, server, cost curve)."""
+def answer(result: TraceResult) -> Answer:
+    """``result``'s answer: the one the run made (:func:`kvcli.replay.runner.run_replay`), else made now from the
+    result alone (:func:`kvcli.replay.answer.answer_of`)."""
+    return result.answer if result.answer is not None else answer_of(result)
+
+
+def print_report(results: list[TraceResult], console: Console, context: dict, full: bool = False) -> None:
+    """Print every trace's answer (:func:`kvcli.replay.answer.answer_lines`), its table (the compact one, or every
+    row with ``full``) and layout comparison, its facts and notes (under a rule naming the trace when there are
+    several), then the run context (model, server, cost curve)."""
     for result in results:
-        print_table(console, trace_table(result, context.get("cost_curve_source", "")))
-        console.print(_facts(result), markup=False, highlight=False, soft_wrap=True)
+        if len(results) > 1:
+            console.print(Rule(Text(result.trace), align="left", characters="─"))  # a name, never markup
+        for line in answer_lines(answer(result), console.width):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        source = context.get("cost_curve_source", "")
+        if full:
+            print_table(console, trace_table(result, source))
+        else:
+            skipped = f", {result.skipped_empty:,} empty skipped" if result.skipped_empty else ""
+            say(console, f"{result.trace}: {result.requests:,} requests{skipped}")
+            table = compact_table(result)
+            table.caption = _compact_caption(result, source)
+            table.caption_justify = "left"
+            print_table(console, table)
+        say(console, _facts(result))
         if result.preflight:
-            console.print(f"  preflight: {result.preflight['message']}", markup=False, highlight=False,
-                          soft_wrap=True)
+            say(console, f"  preflight: {result.preflight['message']}")
         if len(result.by_layout) > 1:
             print_table(console, layout_table(result))
         for note in result.notes:
-            console.print(f"  note: {note}", markup=False, highlight=False, soft_wrap=True)
-        for line in plan_notes(result.per_chunk_size):
-            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+            say(console, f"  note: {note}")
+        for line in plan_notes(result.per_chunk_size) if full else []:
+            say(console, f"  {line}")
     curve = context.get("cost_curve", {})
     check = context.get("cost_curve_vs_measured", {})
     source = f" (checkpoint {context['checkpoint']})" if context.get("checkpoint") else ""
@@ -239,22 +386,19 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     state = context.get("state_bytes_per_chunk")
     state = (f" (attention layers) + {state:,} bytes per chunk of linear layers' state at its end (full and "
              "suffix prefills timed as one forward per chunk-boundary segment)") if state else ""
-    console.print(f"model {context.get('model_id')}{source} on {context.get('device')}{threads}, KV "
-                  f"{kv_dtype}{context.get('kv_bytes_per_token'):,} bytes/token{state}; tokenizer "
-                  f"{context.get('tokenizer')}"
-                  f"{tok_source}; "
-                  f"Redis {context.get('redis')} {context.get('redis_version')}; metadata "
-                  f"{context.get('metadata_placement')}"
-                  f"{'; units in ' + context['units'] if context.get('units') else ''}",
-                  highlight=False, markup=False, soft_wrap=True)
+    say(console, f"model {context.get('model_id')}{source} on {context.get('device')}{threads}, KV "
+                 f"{kv_dtype}{context.get('kv_bytes_per_token'):,} bytes/token{state}; tokenizer "
+                 f"{context.get('tokenizer')}{tok_source}; Redis {context.get('redis')} "
+                 f"{context.get('redis_version')}; metadata {context.get('metadata_placement')}"
+                 f"{'; units in ' + context['units'] if context.get('units') else ''}")
     if curve.get("kind") == "roofline":
         acc, rates = curve["accelerator"], context.get("device_rates") or {}
-        console.print(f"prefill priced on {acc['label']}: a roofline of the model's FLOPs and bytes "
-                      f"({acc['bf16_flops_per_second'] / 1e12:,.0f} TFLOP/s dense BF16, "
-                      f"{acc['hbm_bytes_per_second'] / 1e12:.2f} TB/s HBM) at MFU {curve['mfu']:.2f} "
-                      f"[{curve['mfu_interval'][0]:.2f}, {curve['mfu_interval'][1]:.2f}]; KV to and from the "
-                      f"device at {rates.get('load_bytes_per_second', 0) / 1e9:.0f} GB/s ({acc['host_link']}); "
-                      f"overheads priced from counts and rates, not timed", highlight=False, soft_wrap=True)
+        say(console, f"prefill priced on {acc['label']}: a roofline of the model's FLOPs and bytes "
+                     f"({acc['bf16_flops_per_second'] / 1e12:,.0f} TFLOP/s dense BF16, "
+                     f"{acc['hbm_bytes_per_second'] / 1e12:.2f} TB/s HBM) at MFU {curve['mfu']:.2f} "
+                     f"[{curve['mfu_interval'][0]:.2f}, {curve['mfu_interval'][1]:.2f}]; KV to and from the "
+                     f"device at {rates.get('load_bytes_per_second', 0) / 1e9:.0f} GB/s ({acc['host_link']}); "
+                     f"overheads priced from counts and rates, not timed")
     elif curve:
         line = (f"cost curve ({context.get('cost_curve_source')}): t = {curve['a_seconds']:.3g} s + "
                 f"{curve['b_seconds_per_token']:.3g} s/token x n + "
@@ -268,7 +412,16 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
         elif check.get("samples"):
             line += (f"; measured/predicted on {check['samples']} measured prefills: median "
                      f"{check['median_measured_over_predicted']:.2f}, max {check['max_measured_over_predicted']:.2f}")
-        console.print(line, highlight=False, soft_wrap=True)
+        say(console, line)
+
+
+def say(console: Console, text: str) -> None:
+    """Print a line of prose under a table, wrapped between words to the console's width (a word longer than a
+    line, a path, is printed whole), its continuation lines indented 2 columns past its own indent."""
+    indent = len(text) - len(text.lstrip(" "))
+    for line in textwrap.wrap(text, console.width, subsequent_indent=" " * (indent + 2), break_long_words=False,
+                              break_on_hyphens=False) or [""]:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def to_json(results: list[TraceResult], context: dict) -> str:
@@ -287,6 +440,7 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
             "server_rates_per_chunk": t.server_rates,
+            "answer": {**answer(t).to_dict(), "line": summary_line(t)},
             "per_chunk_size": [r.to_dict() for r in t.per_chunk_size],
             **({"by_layout": {name: [r.to_dict() for r in rows] for name, rows in t.by_layout.items()}}
                if len(t.by_layout) > 1 else {})})
@@ -294,27 +448,11 @@ def to_json(results: list[TraceResult], context: dict) -> str:
 
 
 def summary_line(result: TraceResult) -> str:
-    """One line per trace for stderr: the verdict's headline, in the verdict's own words
-    (:attr:`kvcli.replay.savings.Verdict.headline`), and the hit ratio and savings of the chunk size it points at
-    (:attr:`~kvcli.replay.savings.Verdict.focus`: seconds with their interval, the share of the trace's prefill,
-    and the share of the saving that is extrapolated beyond the cost's calibrated range, when there is one)."""
-    rows = {r.chunk_size: r for r in result.per_chunk_size if r.requests}
-    if not result.requests or not rows:
-        return f"{result.trace}: no prompt to replay (every request of {result.skipped_empty:,} is empty)"
-    v = result.verdict
-    if v is not None and v.focus in rows:
-        head, at = v.headline, rows[v.focus]
-    else:  # a result built without a verdict: the best net benefit
-        at = max(rows.values(), key=lambda r: (r.net_benefit_seconds, -r.chunk_size))
-        head = f"chunk size {at.chunk_size}" if at.net_benefit_seconds > 0 else "no chunk size pays off"
-    saved = (f"saves {fmt_interval(at.savings.saved)} s = {_share(at.savings.share)} of prefill, "
-             f"net {fmt_interval(at.savings.net(at.store_mode))} s ({at.store_mode} stores)"
-             if at.savings else f"net benefit {_secs(at.net_benefit_seconds)}")
-    beyond = at.savings.beyond_share if at.savings else None
-    if beyond:  # what the estimate rests on least: say it where the figure is read
-        saved += f", {100 * beyond:.3g}% of the saving from prompts beyond the calibrated range"
-    return (f"{result.trace}: {head} (at {at.chunk_size}: hit {_pct(at.hit_token_ratio)}, {saved}; "
-            f"{result.measured_requests} measured)")
+    """One line per trace for stderr, never wrapped: the trace's answer whole (:func:`kvcli.replay.answer.
+    answer_line`: the verdict, the figures at its chunk size, the cache it assumes, the assumption that moves it
+    most) and how many requests were measured."""
+    return answer_line(result.trace, answer(result), result.measured_requests)
 
 
-__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line", "stdout_console"]
+__all__ = ["print_report", "to_json", "trace_table", "compact_table", "layout_table", "summary_line", "answer",
+           "stdout_console"]

@@ -1,7 +1,7 @@
-"""What a replay produces: per chunk size accounting (:class:`ChunkSizeResult`), per trace (:class:`TraceResult`),
-and the options that produced them (:class:`ReplayConfig`); the capacity planner's options and result
-(:class:`PlanOptions`, :class:`PlanResult`, filled by :mod:`kvcli.replay.planner`). Plain data, JSON-ready through
-``to_dict``.
+"""What a replay produces: per chunk size accounting (:class:`ChunkSizeResult`), per trace (:class:`TraceResult`)
+and its answer (:class:`Answer`, filled by :mod:`kvcli.replay.answer`), and the options that produced them
+(:class:`ReplayConfig`); the capacity planner's options and result (:class:`PlanOptions`, :class:`PlanResult`, filled
+by :mod:`kvcli.replay.planner`). Plain data, JSON-ready through ``to_dict``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 from kvcli.errors import BadInputError
 from kvcli.replay.bill import Prices, check_prices
 from kvcli.replay.network import Overheads
-from kvcli.replay.savings import Savings, Verdict
+from kvcli.replay.savings import Interval, Savings, Verdict
+from kvcli.sim.eviction import libcachesim
 from kvcli.sim.tiers import TierSpec, check_tier_sizes, check_tiers
 from kvcli.store.serde import check_kv_dtype
 from kvcli.units import check_seed
@@ -36,11 +37,13 @@ class PlanOptions:
 
     def __post_init__(self) -> None:
         """Raises BadInputError (naming the option): ``admit_after`` < 1, two tiers of one name, a per-GB price of
-        a tier not given."""
+        a tier not given, policies without libCacheSim installed (checked here, before any work)."""
         if isinstance(self.admit_after, bool) or not isinstance(self.admit_after, int) or self.admit_after < 1:
             raise BadInputError(f"--admit-after must be a count >= 1, got {self.admit_after!r}")
         check_tiers(self.tiers)
         check_prices(self.prices, [t.name for t in self.tiers])
+        if self.policies:
+            libcachesim()
 
     @property
     def wanted(self) -> bool:
@@ -352,6 +355,80 @@ class ChunkSizeResult:
         return out
 
 
+@dataclass(frozen=True)
+class Pricing:
+    """What priced a replay's prefill, as its answer says it: ``kind`` "timed" (calibrated and timed on this
+    machine), "rate" (a flat ``--prefill-tps``), "roofline" (``--hardware``) or "profile" (``--prefill-profile``);
+    ``label`` in words: this machine's device ("cpu", "cuda:0"), "3,000 tokens/s", "NVIDIA H100 SXM5 80GB";
+    ``gpu_hour_usd``: ``--price gpu-hour`` ($ per accelerator-hour; None: not given)."""
+
+    kind: str = "timed"
+    label: str = "cpu"
+    gpu_hour_usd: float | None = None
+
+    @property
+    def priced(self) -> bool:
+        """Whether the prefill seconds are a serving accelerator's (every kind but "timed")."""
+        return self.kind != "timed"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A trace's answer, the first lines of its report (:func:`kvcli.replay.answer.answer_lines`), its stderr
+    summary line and the ``answer`` object of its JSON (:meth:`to_dict`).
+
+    Attributes:
+        verdict: the verdict's kind (:class:`kvcli.replay.savings.Verdict`: "clear", "tie", "noise", "none"), or
+            "empty" when no request had a prompt.
+        chunk_size: the chunk size to use: the recommended one, or the tie's pick; None: do not cache.
+        focus: the chunk size the figures are of (``chunk_size``, or the most hopeful when none pays off).
+        tied: the sizes that tie (the tie's pick is the one that writes the fewest objects); ``sizes``: every
+            chunk size compared.
+        hit_token_ratio: at ``focus``. saved, share, net: prefill seconds saved, its share of the trace's prefill
+            and the net benefit at ``focus``, with their 95% intervals (None without savings); ``store_mode``: the
+            stores ``net`` assumes ("async", "sync").
+        pricing: what priced the prefill. per_day: accelerator-seconds of prefill saved per day of this traffic
+            (the trace repeating at its own rate), with its interval; usd_per_day: the same at ``pricing``'s
+            gpu-hour price; None where there is no rate (no timestamps) or nothing prices it.
+        cache_bytes: KV payload bytes an unbounded cache holds at ``focus`` (every distinct chunk; None unknown).
+        capacity_text: the cache the answer assumes, in words; sizing_text: how big a cache must be (None: not
+            computed); assumption: the one assumption that moves the answer most, in words.
+    """
+
+    verdict: str
+    chunk_size: int | None
+    focus: int | None
+    tied: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+    hit_token_ratio: float | None = None
+    saved: Interval | None = None
+    share: Interval | None = None
+    net: Interval | None = None
+    store_mode: str = "async"
+    pricing: Pricing = Pricing()
+    per_day: Interval | None = None
+    usd_per_day: Interval | None = None
+    cache_bytes: int | None = None
+    capacity_text: str = ""
+    sizing_text: str | None = None
+    assumption: str = ""
+
+    def to_dict(self) -> dict:
+        """JSON-ready, unit-suffixed (intervals as ``{value, low, high}``)."""
+        def iv(x: Interval | None) -> dict | None:
+            return None if x is None else x.to_dict()
+
+        return {"verdict": self.verdict, "chunk_size": self.chunk_size, "focus_chunk_size": self.focus,
+                "tied_chunk_sizes": list(self.tied), "hit_token_ratio": self.hit_token_ratio,
+                "saved_prefill_seconds": iv(self.saved), "saved_prefill_share": iv(self.share),
+                "net_benefit_seconds": iv(self.net), "store_mode": self.store_mode,
+                "pricing": {"kind": self.pricing.kind, "label": self.pricing.label,
+                            "gpu_hour_usd": self.pricing.gpu_hour_usd},
+                "accelerator_seconds_per_day": iv(self.per_day), "usd_per_day": iv(self.usd_per_day),
+                "cache_payload_bytes": self.cache_bytes, "capacity_text": self.capacity_text,
+                "sizing_text": self.sizing_text, "assumption": self.assumption}
+
+
 @dataclass
 class TraceResult:
     """One trace's replay: per chunk size results, the recommendation and run-level facts."""
@@ -378,6 +455,7 @@ class TraceResult:
     network: dict | None = None
     server_rates: dict = field(default_factory=dict)
     left_behind: str = ""  # the run's namespace could not be deleted: what was left and how to remove it
+    answer: Answer | None = None  # the first lines of the report (kvcli.replay.answer); None: not made yet
 
     @property
     def recommended_chunk_size(self) -> int | None:

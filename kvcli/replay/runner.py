@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError
+from kvcli.model.checkpoint import is_checkpoint_name
 from kvcli.model.costcurve import CostCurve, PrefillCost
 from kvcli.model.hardware import get_accelerator
 from kvcli.model.load import describe, load_model, model_shapes, resolve_spec, resolve_tokenizer
@@ -24,12 +26,13 @@ from kvcli.model.profile import Profile
 from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, MIN_MFU, Roofline
 from kvcli.model.threads import torch_threads
 from kvcli.model.tokenize import lazy_tokenizer
+from kvcli.replay.answer import answer_of
 from kvcli.replay.events import ReplayEvents
 from kvcli.replay.measure import curve_check
 from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
-from kvcli.replay.replayer import Replayer
-from kvcli.replay.results import ReplayConfig, TraceResult, check_count, check_positive
+from kvcli.replay.replayer import Replayer, check_prompts
+from kvcli.replay.results import Pricing, ReplayConfig, TraceResult, check_count, check_positive
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
@@ -38,7 +41,7 @@ from kvcli.store.server import INFO_REFUSED, RedisTarget
 from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import outline_trace, read_trace, trace_note
 from kvcli.traces.paths import display_name, expand_paths
-from kvcli.units import check_seed, dtype_bytes, dtype_key
+from kvcli.units import check_seed, dtype_bytes, dtype_key, fmt_bytes
 
 if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
@@ -221,8 +224,10 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
     if runs_model or len(files) > 1:
         events.phase(f"checking {len(files)} trace{'s' if len(files) > 1 else ''}")
         for path in files:
-            for _ in TraceSource(path, fmt, tokenizer).outline():
-                pass
+            outline = itertools.islice(TraceSource(path, fmt, tokenizer).outline(), config.limit)
+            check_prompts((request.prompt_tokens for request in outline), display_name(path))
+    if is_checkpoint_name(model_options.model):  # transformers' import and its config classes: seconds
+        events.phase(f"reading the model's config: {model_options.model}")
     if runs_model:  # torch's import (a second or more) starts here
         where = "" if model_options.device == "auto" else f" on {model_options.device}"
         spec_id = resolve_spec(model_options.model, model_options.dtype, model_options.seed).model_id
@@ -241,6 +246,7 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
                             units=units, prefetch=False if jobs == 1 else None,  # --jobs 1: this process alone
                             device=device, phase=events.phase, own_server=target.embedded)
         results = []
+        pricing = answer_pricing(model_options, config, model)
         for i, path in enumerate(files, 1):
             name = display_name(path)
             events.phase(f"trace {i} of {len(files)}: {name}")
@@ -248,6 +254,7 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
             results.append(replayer.replay(name, TraceSource(path, fmt, tokenizer), step))
             notes = (trace_note(path, fmt), trace_bos_note(path, fmt, lazy_tokenizer(tokenizer)[0]))
             results[-1].notes += [note for note in notes if note]
+            results[-1].answer = answer_of(results[-1], pricing, capacity_words(config))
             events.trace_done(results[-1])
     layers, two, heads, dim = spec.kv_shape
     context = {
@@ -280,6 +287,28 @@ LAYOUT_NOTES = {
                 "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
                 "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
 }
+
+
+def answer_pricing(options: ModelOptions, config: ReplayConfig, model: Any = None) -> Pricing:
+    """What priced the replay's prefill, for its answer (:class:`kvcli.replay.results.Pricing`): ``--prefill-tps``,
+    ``--hardware``, ``--prefill-profile``, else this machine (its device: ``model``'s, when one runs); with
+    ``--price gpu-hour``."""
+    gpu_hour = config.plan.prices.gpu_hour if config.plan.prices is not None else None
+    if options.prefill_tps is not None:
+        return Pricing("rate", f"{options.prefill_tps:,g} tokens/s", gpu_hour)
+    if options.hardware is not None:
+        return Pricing("roofline", get_accelerator(options.hardware).label, gpu_hour)
+    if options.profile is not None:
+        return Pricing("profile", f"the profile {Path(options.profile).name}", gpu_hour)
+    return Pricing("timed", str(model.device) if model is not None else "cpu", gpu_hour)
+
+
+def capacity_words(config: ReplayConfig) -> str | None:
+    """The replay's LRU capacity per chunk size in words ("64.0 GiB", "3,000,000 tokens", both when both are
+    given); None: unbounded."""
+    parts = [f"{config.capacity_tokens:,} tokens" if config.capacity_tokens else "",
+             fmt_bytes(config.capacity_bytes) if config.capacity_bytes else ""]
+    return " or ".join(p for p in parts if p) or None
 
 
 def _cost_source(options: ModelOptions) -> str:

@@ -286,7 +286,8 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
     with the same cost-curve coefficients), when the 95 % interval of the paired difference is above 0 (the curve's
     common uncertainty, the same for every size of a trace, cancels in a comparison); without draws, when the best
     one's interval lies above the other's. Either way the difference must also be at least :data:`TIE_TOLERANCE`
-    of the best net benefit (module docstring). Sizes it does not beat tie with it.
+    of the best net benefit (module docstring). Sizes it does not beat tie with it. A single chunk size, with no
+    other to beat, is recommended when its interval lies above 0 (its text says it was the only one).
     """
     how = {"async": "stores in the background", "sync": "stores on the request's path",
            "mixed": "stores in the background, on the request's path where the background cannot keep up"}[mode]
@@ -311,6 +312,9 @@ def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, n
         return top.low > nets[cs].high
 
     tied = tuple(sorted([best] + [cs for cs in order[1:] if not beaten(cs)]))
+    if len(nets) == 1:
+        return Verdict(best, "clear", tied, f"chunk size {best} ({how}): the only size compared, and its net "
+                                            f"benefit's interval lies above 0", best)
     if len(tied) == 1:
         return Verdict(best, "clear", tied, f"chunk size {best} ({how}): its net benefit beats every other size's "
                                             f"by more than their intervals and {TIE_TOLERANCE:.0%}", best)

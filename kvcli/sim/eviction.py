@@ -56,12 +56,23 @@ def parse_policies(text: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(["lru", *names]))
 
 
-def _cache(policy: str, capacity: int):
-    """A libCacheSim cache of ``capacity`` objects. Raises BadInputError when libCacheSim is not installed."""
+def libcachesim():
+    """libCacheSim's module, imported (the policies' simulator; checked before a replay that asks for them, so a
+    missing one stops it before any work).
+
+    Raises:
+        BadInputError: libCacheSim is not installed (naming --policy and how to install it).
+    """
     try:
         import libcachesim as lcs
     except ImportError:
         raise BadInputError("--policy needs libCacheSim: pip install 'kvcli[policies]'") from None
+    return lcs
+
+
+def _cache(policy: str, capacity: int):
+    """A libCacheSim cache of ``capacity`` objects. Raises BadInputError when libCacheSim is not installed."""
+    lcs = libcachesim()
     factory = {"lru": lcs.LRU, "lfu": lcs.LFU, "s3fifo": lcs.S3FIFO}[policy]
     # the hash table: 2**hashpower buckets (libCacheSim's default 24 is 128 MiB per cache)
     return factory(cache_size=capacity, hashpower=max(10, min(24, (2 * capacity).bit_length()))), lcs.Request()

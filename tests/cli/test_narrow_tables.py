@@ -3,6 +3,7 @@ columns (its first column repeated), and only a name wider than the screen on it
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -48,14 +49,26 @@ def test_replay_at_80_columns(redis_url):
     out = CliRunner().invoke(app, base, input=trace, env=NARROW)
     assert out.exit_code == 0, out.output
     _check_width(out.stdout)
+    lines = out.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and lines[0].startswith("answer: ")  # the answer first (its verdict: timed)
+    # the compact table: every chunk size side by side, in one table
+    (head,) = [line for line in lines if line.startswith("chunk size")]
+    assert re.findall(r"\d+", head) == ["16", "64", "256", "1024"]
     doc = json.loads(CliRunner().invoke(app, base + ["--json"], input=trace).stdout)
+    for row in doc["traces"][0]["per_chunk_size"]:
+        for text in (fmt_bytes(row["payload_bytes_accounted"]), f"{100 * row['hit_token_ratio']:.1f}%"):
+            assert text in out.stdout, text
+    # every row (--full): four chunk-size columns do not fit in 80 (the curve rows' "4.0 MiB / 1,024 tok" cells
+    # are the widest): the table is split, each part repeating the "chunk size" column
+    full = CliRunner().invoke(app, base + ["--full"], input=trace, env=NARROW)
+    assert full.exit_code == 0, full.output
+    _check_width(full.stdout)
+    assert full.stdout.startswith(lines[0])
+    assert sum(line.startswith("┃ chunk size") for line in full.stdout.splitlines()) >= 2
     for row in doc["traces"][0]["per_chunk_size"]:
         for text in (f"{row['prompt_tokens']:,}", f"{row['hit_tokens']:,}", fmt_bytes(row["payload_bytes_accounted"]),
                      f"{100 * row['hit_token_ratio']:.1f}%"):
-            assert text in out.stdout, text
-    # four chunk-size columns do not fit in 80 (the curve rows' "4.0 MiB / 1,024 tok" cells are the widest):
-    # the table is split, each part repeating the "chunk size" column
-    assert sum(line.startswith("┃ chunk size") for line in out.stdout.splitlines()) >= 2
+            assert text in full.stdout, text
 
 
 def test_inspect_and_purge_print_whole_names_at_80_columns(redis_url, redis_client, model):

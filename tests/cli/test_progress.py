@@ -29,7 +29,7 @@ def test_each_phase_is_a_line_and_each_summary_comes_as_its_trace_ends(tmp_path,
                      CLEANUP, str(a),
                      f"trace 2 of 2: {b}", f"reading {b}", f"replaying {b}: 2 requests x 1 store", CLEANUP, str(b)]
     # a: R2 reuses chunk [1-4] [5-8] minus its last token: 7 of 16; b: 11 of 24
-    assert "(at 4: hit 43.8%," in lines[8] and "(at 4: hit 45.8%," in lines[13]
+    assert " hit 43.8%; " in lines[8] and " hit 45.8%; " in lines[13]
     assert [t["trace"] for t in json.loads(out.stdout)["traces"]] == [str(a), str(b)]
 
 

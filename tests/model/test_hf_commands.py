@@ -127,5 +127,9 @@ def test_a_config_only_preset_prices_a_replay_without_weights(tmp_path, redis_ur
     out = CliRunner().invoke(app, args + ["--payload", "accounted", "--prefill-tps", "5000"])
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)["context"]["kv_bytes_per_token"] == 61 * 576 * 2
+    # reading the config (transformers' import and config classes: seconds) is a phase of its own
+    phases = [line.split("] ", 1)[1] for line in out.stderr.splitlines() if line.startswith("[")]
+    assert phases[:3] == [f"connecting to Redis at {redis_url}", "reading the model's config: deepseek-v3",
+                          f"trace 1 of 1: {trace}"]
     real = CliRunner().invoke(app, args)  # real payload bytes need the model's KV: one line, no traceback
     assert real.exit_code != 0 and "no weights" in real.output and "Traceback" not in real.output

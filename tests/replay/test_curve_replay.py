@@ -67,10 +67,11 @@ def test_issue_10_smallest_case_replay_hits_12_and_the_curve_agrees(redis_client
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.lists(st.integers(0, 3), max_size=20), min_size=1, max_size=14),
+@given(st.lists(st.lists(st.integers(0, 3), max_size=20), min_size=1, max_size=14).filter(lambda ps: any(ps)),
        st.lists(st.integers(1, 14), min_size=1, max_size=3))
 def test_curve_equals_a_replay_at_every_capacity(redis_client, prompts, capacities):
-    """Totals: --capacity-tokens C*chunk_size gives the curve's hit tokens at C, per chunk size."""
+    """Totals: --capacity-tokens C*chunk_size gives the curve's hit tokens at C, per chunk size (a trace with a
+    prompt: one of only empty prompts is refused)."""
     requests = reqs(prompts)
     curves = {r.chunk_size: r.hit_curve for r in replay(redis_client, requests, (2, 3)).per_chunk_size}
     for c in capacities:
@@ -166,7 +167,7 @@ def test_cli_json_table_and_plot(tmp_path, redis_url):
     assert [p["hit_tokens"] for p in curve["capacity_points"]] == [0, 0, 4, 8, 12, 15]
     assert curve["ttl_for_fraction_seconds"]["1.0"] == 2.0 and curve["trace_span_seconds"] == 2.0
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = _cli(_trace(tmp_path, times=False), "--redis-url", redis_url)
+    table = _cli(_trace(tmp_path, times=False), "--redis-url", redis_url, "--full")  # the curve's rows: every row
     assert table.exit_code == 0, table.output
     assert "cache for 90% of unlimited hits" in table.stdout and "20.0 KiB / 20 tok" in table.stdout
     assert "no timestamps" in table.stdout
@@ -174,7 +175,7 @@ def test_cli_json_table_and_plot(tmp_path, redis_url):
     partial = tmp_path / "partial.jsonl"
     partial.write_text("".join(json.dumps({"token_ids": p, **({"timestamp": t} if t is not None else {})}) + "\n"
                                for p, t in zip(SMALLEST, [0.0, None, 2.0])))
-    table = _cli(partial, "--redis-url", redis_url)
+    table = _cli(partial, "--redis-url", redis_url, "--full")
     assert table.exit_code == 0 and "1 untimed" in table.stdout and "no timestamps" not in table.stdout
     refused = _cli(partial, "--redis-url", redis_url, "--no-curve", "--ttl-refresh")
     assert refused.exit_code == 2 and "--ttl-refresh sets the TTL curve's expiry rule" in refused.output

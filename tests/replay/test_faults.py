@@ -83,7 +83,7 @@ def test_the_report_table_shows_retries_errors_and_timeouts(tmp_path, fault_prox
     fault_proxy.drop(*LOOKUP_R2, skip=1)
     out = CliRunner().invoke(app, ["replay", str(_trace(tmp_path)), "--chunk-sizes", "4", "--measure", "0",
                                    "--prefill-tps", "1000", "--payload", "accounted", "--redis-url",
-                                   fault_proxy.url(), "--pipeline", "1"])
+                                   fault_proxy.url(), "--pipeline", "1", "--full"])
     assert out.exit_code == 0, out.output
     line = next(x for x in out.stdout.splitlines() if "Redis retries / BUSY retries / errors / timeouts" in x)
     assert "1 / 0 / 0 / 0" in line

@@ -4,6 +4,7 @@ without a server: tests/sim/test_tiers.py, test_optimal.py, test_eviction.py."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -44,10 +45,15 @@ def test_cli_tiers_optimal_and_bill_by_hand(tmp_path, redis_url):
     assert plan["bill"]["memory_usd_per_day"] == {"host": pytest.approx(16384 / 1e9 / (365.25 / 12))}
     assert plan["bill"]["accelerators_freed"]["value"] == pytest.approx(0.012 / 2)
     table = _cli(tmp_path, "--redis-url", redis_url, "--tier", "gpu=8", "--tier", "host=16KiB", "--optimal",
-                 "--admit-after", "2", "--price", "gpu-hour=3600")
+                 "--admit-after", "2", "--price", "gpu-hour=3600", "--full")  # the planner's rows: every row
     assert table.exit_code == 0, table.output
     assert "tier host (16.0 KiB): hit tokens" in table.stdout and "bill: saved $/day = " in table.stdout
     assert "admit after 2: bytes written (always)" in table.stdout
+    compact = _cli(tmp_path, "--redis-url", redis_url, "--tier", "gpu=8", "--price", "gpu-hour=3600")
+    assert compact.exit_code == 0 and "tier gpu" not in compact.stdout
+    assert "Every row, the capacity planner's too: --full." in " ".join(compact.stdout.split())
+    # the answer prices the saving: 0.015 s over a 2 s span at $3,600 an hour
+    assert f"${0.015 * 86400 / 2:,.0f}/day at $3600/GPU-hour" in compact.stdout
 
 
 @pytest.mark.parametrize("args, message", [
@@ -66,6 +72,13 @@ def test_cli_tiers_optimal_and_bill_by_hand(tmp_path, redis_url):
 def test_cli_refuses_bad_planner_options_in_one_line(tmp_path, args, message):
     out = _cli(tmp_path, *args)
     assert out.exit_code == 2 and message in out.output and "Traceback" not in out.output, out.output
+
+
+def test_policies_without_libcachesim_are_refused_before_any_work(tmp_path, redis_url, monkeypatch):
+    monkeypatch.setitem(sys.modules, "libcachesim", None)  # an import of it raises ImportError
+    out = _cli(tmp_path, "--redis-url", redis_url, "--policy", "lfu")
+    assert out.exit_code == 2 and "--policy needs libCacheSim: pip install 'kvcli[policies]'" in out.stderr
+    assert "replaying" not in out.stderr and "trace 1 of 1" not in out.stderr and out.stdout == ""
 
 
 def test_cli_curve_points_carry_the_optimal_hit_tokens(tmp_path, redis_url):

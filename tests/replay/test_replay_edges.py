@@ -15,7 +15,7 @@ from kvcli.cli.app import app
 from kvcli.model.costcurve import CostCurve
 from kvcli.model.presets import ModelSpec
 from kvcli.replay.replayer import Replayer
-from kvcli.replay.results import ReplayConfig
+from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.records import StoreConfig
 from kvcli.traces.request import Request
@@ -145,31 +145,29 @@ def test_no_upper_bound_prints_a_dash_and_null(redis_url):
     (row,) = json.loads(out.stdout)["traces"][0]["per_chunk_size"]
     assert (row["upper_bound_tokens"], row["upper_bound_ratio"], row["loss_to_chunking_tokens"]) == (None, None, None)
     assert (row["hit_tokens"], row["max_logit_diff"]) == (8, None)
-    table = CliRunner().invoke(app, base, input=trace)
+    table = CliRunner().invoke(app, base + ["--full"], input=trace)
     assert table.exit_code == 0, table.output
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in table.stdout.splitlines()
             if line.count("│") == 3}
     assert rows["token-granular upper bound"] == "–" and rows["loss to chunking (tokens)"] == "–"
     assert rows["hit token ratio"] == "44.4%" and rows["max logit diff"] == "–"
+    compact = CliRunner().invoke(app, base, input=trace)  # the compact table leaves the bound's row out
+    assert compact.exit_code == 0 and "token-granular" not in compact.stdout and "44.4%" in compact.stdout
 
 
-def test_an_all_empty_trace_has_no_ratios(redis_url):
+def test_an_all_empty_trace_is_refused_before_the_model_loads(redis_url, redis_client):
     trace = json.dumps({"token_ids": []}) + "\n" + json.dumps({"prompt": ""}) + "\n"
-    base = ["replay", "-", "--chunk-sizes", "4,8", "--redis-url", redis_url] + FAST
-    out = CliRunner().invoke(app, base + ["--json"], input=trace)
-    assert out.exit_code == 0, out.output
-    (t,) = json.loads(out.stdout)["traces"]
-    assert (t["requests"], t["skipped_empty"], t["recommended_chunk_size"]) == (0, 2, None)
-    for row in t["per_chunk_size"]:
-        assert [row[k] for k in ("hit_token_ratio", "hit_token_ratio_unlimited", "upper_bound_ratio",
-                                 "lookup_p50_seconds", "lookup_p99_seconds")] == [None] * 5
-    assert out.stderr.strip().splitlines()[-1] == "<stdin>: no prompt to replay (every request of 2 is empty)"
-    table = CliRunner().invoke(app, base, input=trace)
-    rows = {line.split("│")[1].strip(): line.split("│")[2:4] for line in table.stdout.splitlines()
-            if line.count("│") == 4}
-    assert [c.strip() for c in rows["hit token ratio"]] == ["–", "–"]
-    assert [c.strip() for c in rows["lookup p50 / p99"]] == ["–", "–"]
-    assert "0.0%" not in table.stdout
+    base = ["replay", "-", "--chunk-sizes", "4,8", "--model", "tiny", "--redis-url", redis_url]
+    # a replay that runs the model checks its traces before loading it; an index-only one as it reads the trace
+    for extra in (["--jobs", "1"], FAST):
+        out = CliRunner().invoke(app, base + extra, input=trace)
+        assert (out.exit_code, out.stdout) == (2, ""), out.output
+        assert out.stderr.splitlines()[-1] == "kvcli: error: <stdin>: no prompt to replay: every request of 2 is empty"
+        assert "loading the model" not in out.stderr and "replaying" not in out.stderr
+    assert not list(redis_client.scan_iter("kvcli:*"))
+    # a result without prompts (a library's) has no ratios: null, not 0
+    row = ChunkSizeResult(4, "ns").to_dict()
+    assert [row[k] for k in ("hit_token_ratio", "hit_token_ratio_unlimited", "upper_bound_ratio")] == [None] * 3
 
 
 def test_prompts_shorter_than_a_chunk_get_a_note(redis_client):

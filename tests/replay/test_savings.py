@@ -178,17 +178,21 @@ def test_network_model_by_hand():
     assert (local.transfer, local.background) == pytest.approx((0.3, 0.7))
 
 
-@pytest.mark.parametrize("nets, headline, at", [
+@pytest.mark.parametrize("nets, headline, answer, at", [
     # 64 beats 16 by more than both intervals and by more than TIE_TOLERANCE: recommended
-    ({16: Interval(1.0, 0.9, 1.1), 64: Interval(2.0, 1.9, 2.1)}, "chunk size 64", 64),
-    # within each other's intervals: a tie, and the summary names the tied size with the fewest objects (64)
-    ({16: Interval(2.0, 1.5, 2.5), 64: Interval(1.9, 1.4, 2.4)}, "chunk sizes 16, 64 tie", 64),
-    # the best one's interval reaches 0: noise; the summary shows the most hopeful (16: the highest high end)
-    ({16: Interval(0.5, -0.5, 1.5), 64: Interval(0.6, -0.1, 1.2)}, "no chunk size pays off beyond noise", 16),
-    # every interval <= 0: none pays; the summary shows the best net benefit (64)
-    ({16: Interval(-2.0, -3.0, -1.0), 64: Interval(-1.0, -1.5, -0.5)}, "no chunk size pays off", 64),
+    ({16: Interval(1.0, 0.9, 1.1), 64: Interval(2.0, 1.9, 2.1)}, "chunk size 64",
+     "chunk size 64 (it beats 16 beyond noise)", 64),
+    # within each other's intervals: a tie, and the answer names the tied size with the fewest objects (64)
+    ({16: Interval(2.0, 1.5, 2.5), 64: Interval(1.9, 1.4, 2.4)}, "chunk sizes 16, 64 tie",
+     "chunk size 64 (16, 64 tie within noise; 64 writes the fewest objects)", 64),
+    # the best one's interval reaches 0: noise; the figures are the most hopeful's (16: the highest high end)
+    ({16: Interval(0.5, -0.5, 1.5), 64: Interval(0.6, -0.1, 1.2)}, "no chunk size pays off beyond noise",
+     "don't cache (no chunk size pays off beyond noise); at 16:", 16),
+    # every interval <= 0: none pays; the figures are the best net benefit's (64)
+    ({16: Interval(-2.0, -3.0, -1.0), 64: Interval(-1.0, -1.5, -0.5)}, "no chunk size pays off",
+     "don't cache (no chunk size pays off); at 64:", 64),
 ])
-def test_the_summary_line_is_the_verdict_in_its_own_words(nets, headline, at):
+def test_the_summary_line_is_the_answer_to_the_verdict(nets, headline, answer, at):
     from kvcli.replay.report import summary_line
     from kvcli.replay.results import TraceResult
 
@@ -198,10 +202,17 @@ def test_the_summary_line_is_the_verdict_in_its_own_words(nets, headline, at):
                             saved_prefill_seconds_estimated=iv.value) for cs, iv in nets.items()]
     line = summary_line(TraceResult("t.jsonl", 2, 0, 0, "accounted", rows, verdict=verdict))
     hit = {16: "8.0%", 64: "32.0%"}[at]
-    assert line.startswith(f"t.jsonl: {headline} (at {at}: hit {hit}, net benefit ")
+    assert line.startswith(f"t.jsonl: {answer}") and f"hit {hit}; saves " in line and line.endswith("; 0 measured")
 
 
-def test_the_summary_line_says_how_much_of_the_saving_is_extrapolated():
+def test_one_chunk_size_is_recommended_as_the_only_one_compared():
+    verdict = recommend({64: Interval(10.0, 9.0, 11.0)})
+    assert (verdict.kind, verdict.chunk_size) == ("clear", 64)
+    assert "beats" not in verdict.text and "the only size compared" in verdict.text
+    assert recommend({64: Interval(1.0, -0.5, 2.0)}).kind == "noise"
+
+
+def test_the_summary_line_is_the_answer_in_one_line():
     from kvcli.replay.report import summary_line
     from kvcli.replay.results import TraceResult
     from kvcli.replay.savings import Savings
@@ -211,7 +222,9 @@ def test_the_summary_line_says_how_much_of_the_saving_is_extrapolated():
                       0.5, 0.0, iv, iv)
     row = ChunkSizeResult(64, "ns", requests=1, prompt_tokens=100, hit_tokens=50, savings=savings)
     line = summary_line(TraceResult("t", 1, 0, 0, "accounted", [row], verdict=recommend({64: iv})))
-    assert line.endswith("(async stores), 62.5% of the saving from prompts beyond the calibrated range; 0 measured)")
+    assert line == ("t: chunk size 64 (the only size compared; it pays off beyond noise); hit 50.0%; saves 10.0 s "
+                    "[9.00, 11.0] = 25.0% of prefill; net 10.0 s (async stores); cache: unbounded; assumes prefill "
+                    "timed on this machine's cpu, not a serving GPU's (--hardware); 0 measured")
 
 
 def test_a_verdict_says_which_stores_its_nets_assume():
