@@ -440,7 +440,7 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
             "server_rates_per_chunk": t.server_rates,
-            "answer": {**answer(t).to_dict(), "line": summary_line(t)},
+            "answer": {**answer(t).to_dict(), "lines": answer_lines(answer(t)), "line": summary_line(t)},
             "per_chunk_size": [r.to_dict() for r in t.per_chunk_size],
             **({"by_layout": {name: [r.to_dict() for r in rows] for name, rows in t.by_layout.items()}}
                if len(t.by_layout) > 1 else {})})
