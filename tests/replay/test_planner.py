@@ -99,3 +99,26 @@ def test_cli_plot_draws_lru_and_optimal(tmp_path, redis_url, monkeypatch):
     drawn.clear()
     assert _cli(tmp_path, "--redis-url", redis_url, "--plot", tmp_path / "d.png").exit_code == 0
     assert not any("optimal" in label for label in drawn[0])
+
+
+@pytest.mark.parametrize("capacity, s3fifo", [(10, None), (20, 15)])
+def test_cli_s3fifo_below_its_smallest_useful_capacity_is_not_run_and_said(tmp_path, redis_url, capacity, s3fifo):
+    """SMALLEST with one tier of ``capacity`` chunks, which holds every chunk: r3 = r1 hits its 4 chunks, 15 tokens
+    reused (its last one computed again), by LRU and LFU alike. At 10 chunks libCacheSim's S3-FIFO holds nothing:
+    it is not run, and one line under the table says so; at 20 it holds everything, as LRU does."""
+    args = ["--redis-url", redis_url, "--tier", f"gpu={4 * capacity}", "--policy", "lfu,s3fifo"]
+    out = _cli(tmp_path, *args, "--json")
+    assert out.exit_code == 0, out.output
+    policies = {p["policy"]: p for p in json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]["plan"]["policies"]}
+    assert (policies["lru"]["hit_tokens"], policies["lfu"]["hit_tokens"]) == (15, 15)
+    why = ("not run: S3-FIFO holds nothing below 20 chunks (libCacheSim's small FIFO, 10% of the cache, keeps "
+           "nothing under 2)")
+    table = _cli(tmp_path, *args)
+    assert table.exit_code == 0, table.output
+    text = " ".join(table.stdout.split())  # the table's lines wrap
+    if s3fifo is None:
+        assert (policies["s3fifo"]["hit_tokens"], policies["s3fifo"]["skipped"]) == (0, why)
+        assert f"chunk size 4: policy s3fifo at {capacity} chunks {why}" in text
+    else:
+        assert (policies["s3fifo"]["hit_tokens"], policies["s3fifo"]["skipped"]) == (s3fifo, "")
+        assert "policy s3fifo at" not in text
