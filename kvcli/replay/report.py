@@ -281,8 +281,8 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "measured_requests": t.measured_requests, "payload": t.payload, "seconds": t.seconds,
             "used_memory_delta_bytes": t.used_memory_delta_bytes, "notes": t.notes,
             "recommended_chunk_size": t.recommended_chunk_size,
-            "verdict": ({"kind": t.verdict.kind, "tied_chunk_sizes": list(t.verdict.tied), "text": t.verdict.text}
-                        if t.verdict else None),
+            "verdict": ({"kind": t.verdict.kind, "tied_chunk_sizes": list(t.verdict.tied), "text": t.verdict.text,
+                         "lower_bound_chunk_sizes": list(t.verdict.lower_bound)} if t.verdict else None),
             "store_mode": t.store_mode, "measure_tokens": t.measure_tokens, "measured": t.measured,
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
@@ -297,7 +297,9 @@ def summary_line(result: TraceResult) -> str:
     """One line per trace for stderr: the verdict's headline, in the verdict's own words
     (:attr:`kvcli.replay.savings.Verdict.headline`), and the hit ratio and savings of the chunk size it points at
     (:attr:`~kvcli.replay.savings.Verdict.focus`: seconds with their interval, the share of the trace's prefill,
-    and the share of the saving that is extrapolated beyond the cost's calibrated range, when there is one)."""
+    and the share of the saving that is extrapolated beyond the cost's calibrated range, when there is one); a hit
+    ratio that is a lower bound says so and why (:attr:`~kvcli.replay.results.ChunkSizeResult.understated`), and
+    other chunk sizes whose hit figures are lower bounds are named."""
     rows = {r.chunk_size: r for r in result.per_chunk_size if r.requests}
     if not result.requests or not rows:
         return f"{result.trace}: no prompt to replay (every request of {result.skipped_empty:,} is empty)"
@@ -313,8 +315,21 @@ def summary_line(result: TraceResult) -> str:
     beyond = at.savings.beyond_share if at.savings else None
     if beyond:  # what the estimate rests on least: say it where the figure is read
         saved += f", {100 * beyond:.3g}% of the saving from prompts beyond the calibrated range"
-    return (f"{result.trace}: {head} (at {at.chunk_size}: hit {_pct(at.hit_token_ratio)}, {saved}; "
-            f"{result.measured_requests} measured)")
+    hit = _pct(at.hit_token_ratio) + (f" (a lower bound: {_short_why(at)})" if at.understated else "")
+    low = [cs for cs in (v.lower_bound if v is not None else ()) if cs != at.chunk_size]
+    other = (f"; hit figures at chunk size{'s' if len(low) > 1 else ''} {', '.join(map(str, low))} are a lower "
+             f"bound too" if low else "")
+    return (f"{result.trace}: {head} (at {at.chunk_size}: hit {hit}, {saved}; "
+            f"{result.measured_requests} measured{other})")
+
+
+def _short_why(r: ChunkSizeResult) -> str:
+    """Why a chunk size's hits are a lower bound, in a few words: "2 of its chunks vanished, 12 Redis calls
+    failed" (the notes give :attr:`~kvcli.replay.results.ChunkSizeResult.understated` in full)."""
+    why = [f"{r.vanished_chunks:,} of its chunks vanished"] if r.vanished_chunks else []
+    if r.redis_errors:
+        why.append(f"{r.redis_errors:,} Redis call{'s' if r.redis_errors != 1 else ''} failed")
+    return ", ".join(why)
 
 
 __all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line", "stdout_console"]

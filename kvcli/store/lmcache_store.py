@@ -127,7 +127,8 @@ class LMCacheStore:
                 yield [self.base_key(blob[i:i + HASH_BYTES]) + suffix for i in range(0, len(blob), HASH_BYTES)]
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
-        """Cut and hash a prompt exactly as :meth:`kvcli.store.chunkstore.ChunkStore.chunk` does (same root and chain)."""
+        """Cut and hash a prompt exactly as :meth:`kvcli.store.chunkstore.ChunkStore.chunk` does (same root and
+        chain)."""
         return self.chunker.chunk(tokens, cache_salt)
 
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
@@ -277,6 +278,11 @@ class LMCacheStore:
     def check_value_size(self) -> int:
         """Refuse KV values over the server's ``proto-max-bulk-len`` before any write (ChunkTooLargeError)."""
         return check_value_size(self.client, self.config, self.value_bytes)
+
+    def vanished_chunks(self) -> int | None:
+        """None: not known (LMCache's store writes every chunk after the hit run again, present or not, so a
+        chunk written twice says nothing of a chunk gone)."""
+        return None
 
     @property
     def resident_chunks(self) -> int | None:
