@@ -113,8 +113,7 @@ class ChunkStore:
         self._cluster = is_cluster(client)
         self._metadata = MetadataWriter(config.chunk_size, dtype_name(config.stored_dtype), config.chunk_shape,
                                         config.model_id, config.payload_bytes, config.header_bytes)
-        self.expected = Expected(config.model_id, dtype_name(config.stored_dtype), config.chunk_shape,
-                                 config.chunk_size, config.payload_bytes, config.header_bytes)
+        self.expected = Expected.of_store(config)
         self._spaces = [self.prefix] + ([self._read_prefix] if self._read_prefix else [])
         self._scripts = scripts  # False once the server refused the lookup script: pipelined lookups from then on
         capacity = config.capacity_chunks
