@@ -21,7 +21,16 @@ of inspect and purge):
 * ``kill -9`` (replay only, as ``--jobs 2`` over chunk sizes 16 and 64): the replay's own process is SIGKILLed;
   its message column says how many of its worker processes were still alive after it (waited for 10 s at most)
   and how many keys were written once they should have stopped; the bench then purges the orphaned namespace
-  (nothing of a SIGKILLed process can say what it left: its row is clean when no worker outlived it).
+  (nothing of a SIGKILLed process can say what it left: its row is clean when no worker outlived it);
+* ``vanish`` (replay only): another client deletes the run's chunks (every metadata key of its namespace; the
+  server stays up) at the trigger; clean when the run's summary line says its hits are a lower bound;
+* ``script kill`` (replay only, 16 copies of one 40,000-token prompt at chunk size 4, ``--pipeline 2``: each
+  batch script looks up 20,000 chunks): another client sends ``SCRIPT KILL`` every millisecond
+  (``busy-reply-threshold`` 1 ms) until it has killed 4 scripts that only read (its fired column counts them);
+  clean when the summary line says the hits are a lower bound;
+* ``acl no-multi``, ``acl metadata`` (warm only): warm as a Redis user without MULTI, and as one without MULTI
+  allowed to write only metadata keys; clean when the objects warm says it wrote are the keys the server holds
+  (its message column: ``wrote N objects (server: M)``) and no chunk is half-written.
 
 The table: fault, command, exit code and its message, kvcli keys the command left that it should have deleted (the
 replay's own namespace; purge's namespace), whether the message names them with the command that removes them
@@ -57,7 +66,12 @@ sys.path.insert(0, str(ROOT))
 from kvcli.live.inspect import inspect_cache  # noqa: E402
 
 FOREIGN = 200
-FAULTS = ("drop", "stall 1", "stall", "killed", "pause", "noeviction", "allkeys-lru", "restart", "busy", "kill -9")
+FAULTS = ("drop", "stall 1", "stall", "killed", "pause", "noeviction", "allkeys-lru", "restart", "busy", "kill -9",
+          "vanish", "script kill", "acl no-multi", "acl metadata")
+ONLY = {"kill -9": "replay", "vanish": "replay", "script kill": "replay", "acl no-multi": "warm",
+        "acl metadata": "warm"}  # faults of one command
+ACL_RULES = {"acl no-multi": ["~*", "+@all", "-multi"],
+             "acl metadata": ["resetkeys", "%R~*", "%W~kvcli:*:m:*", "+@all", "-multi"]}
 SPIN = ("local t = redis.call('TIME') local stop = t[1] * 1e6 + t[2] + ARGV[1] * 1e6 "
         "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] >= stop return 1")  # busy for ARGV[1] seconds
 COMMANDS = ("replay", "warm", "inspect", "purge")
@@ -79,7 +93,9 @@ def files(tmp: Path) -> dict[str, Path]:
     fleet = tmp / "fleet.jsonl"
     fleet.write_text("".join(json.dumps({"token_ids": list(range(7000 + 300 * i, 7000 + 300 * i + 256))}) + "\n"
                              for i in range(60)))
-    return {"trace": trace, "prompts": prompts, "fleet": fleet}
+    long = tmp / "long.jsonl"
+    long.write_text(16 * (json.dumps({"token_ids": list(range(1, 40_001))}) + "\n"))
+    return {"trace": trace, "prompts": prompts, "fleet": fleet, "long": long}
 
 
 def kvcli(*args: str, timeout: float = 300) -> tuple[int, str, str]:
@@ -122,6 +138,7 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
     stop_reader, prep_err = threading.Event(), ""
     match, skip = TRIGGER[command]
     timeout = "1s" if fault in ("stall 1", "stall", "pause") else None
+    userinfo, kills = "", [0]
     with FaultProxy("127.0.0.1", server.port, max_seconds=600) as proxy:
         if fault == "drop":
             proxy.drop(*match, skip=skip)
@@ -140,6 +157,14 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
             proxy.on(*match, skip=skip, call=lambda: _busy(server.port, 2.0))
         elif fault == "kill -9":
             return _kill_parallel(server, proxy, paths, admin)
+        elif fault == "vanish":
+            proxy.on(*match, skip=skip, call=lambda: _delete_run_chunks(admin))
+        elif fault == "script kill":
+            admin.config_set("busy-reply-threshold", 1)
+            threading.Thread(target=_kill_scripts, args=(server.port, stop_reader, kills), daemon=True).start()
+        elif fault in ACL_RULES:
+            admin.execute_command("ACL", "SETUSER", "kv", "reset", "on", ">pw", *ACL_RULES[fault])
+            userinfo = "kv:pw"
         elif fault in ("noeviction", "allkeys-lru"):
             used = int(admin.info("memory")["used_memory"])
             admin.config_set("maxmemory-policy", fault)
@@ -147,12 +172,22 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
             threading.Thread(target=_touch, args=(server.port, stop_reader), daemon=True).start()
             if command in ("inspect", "purge"):  # a cache a warm filled up to the limit (OOM, or evictions)
                 _, prep_err, _ = kvcli(*command_args("warm", paths, f"redis://127.0.0.1:{server.port}", None))
+        args = command_args(command, paths, proxy.url(userinfo=userinfo), timeout)
+        if fault == "script kill":  # long lookups in batch scripts of two requests
+            args[1:args.index("--pipeline") + 2] = [str(paths["long"]), "--chunk-sizes", "4", "--measure", "0",
+                                                    "--prefill-tps", "1000", "--payload", "accounted", "--json",
+                                                    "--pipeline", "2"]
         t0 = time.monotonic()
-        code, err, out = kvcli(*command_args(command, paths, proxy.url(), timeout))
+        code, err, out = kvcli(*args)
         seconds = time.monotonic() - t0
         proxy.heal()
         fired = proxy.fired
     stop_reader.set()
+    if fault == "script kill":
+        fired = kills[0]
+    elif fault in ACL_RULES:  # the user's rules apply to every command it sends
+        fired = 1
+        admin.execute_command("ACL", "DELUSER", "kv")
     _wait_free(server.port)  # another client's script ends (busy)
     if not server.alive():
         server.start()
@@ -174,16 +209,49 @@ def run_one(server: Server, fault: str, command: str, paths: dict) -> dict:
     message = next((line for line in reversed(err.strip().splitlines()) if line.startswith("kvcli:")), "")
     if command == "purge" and code == 0:
         message = out.strip() or message
+    reported = found = None
     if command == "replay" and code == 0:
         row = json.loads(out)["traces"][0]["per_chunk_size"][0]
         message = (f"hit {row['hit_token_ratio']:.1%}; Redis retries {row['redis_retries']}, BUSY "
                    f"{row['redis_busy_retries']}, errors {row['redis_errors']}, timeouts {row['redis_timeouts']}")
+        if row["vanished_chunks"]:
+            message += f", vanished {row['vanished_chunks']:,}"
+        if "(a lower bound: " in err:
+            message += "; said: lower bound"
+    if fault in ACL_RULES:
+        wrote = re.search(r"wrote ([\d,]+) objects", out)
+        reported = int(wrote.group(1).replace(",", "")) if wrote else -1
+        found = sum(1 for _ in admin.scan_iter("kvcli:v1:w:*", count=1000))
+        message = (f"wrote {reported:,} objects (server: {found:,})"
+                   + (f"; {message.removeprefix('kvcli: error: ')}" if code else ""))
     if fault in ("noeviction", "allkeys-lru"):  # did the server reach its limit (in this command or the warm)?
         fired = int(evicted > 0 or "maxmemory" in err + (prep_err if command in ("inspect", "purge") else ""))
     return {"fault": fault, "command": command, "fired": fired, "exit": code, "message": message or "-",
             "seconds": seconds,
             "keys_left": owed, "named": bool(named), "left_after_named": after, "half_written": half,
-            "foreign_lost": lost, "evicted": evicted}
+            "foreign_lost": lost, "evicted": evicted, "said_lower_bound": "(a lower bound: " in err,
+            "reported_objects": reported, "objects_found": found}
+
+
+def _delete_run_chunks(admin: redis.Redis) -> None:
+    """Another client deletes a running replay's chunks: every metadata key of its namespace (the sentinel, a
+    payload-named key, stays)."""
+    keys = list(admin.scan_iter("kvcli:v1:replay-*:m:*", count=1000))
+    if keys:
+        admin.delete(*keys)
+
+
+def _kill_scripts(port: int, stop: threading.Event, kills: list[int], most: int = 4) -> None:
+    """Another client sends SCRIPT KILL every millisecond until ``stop`` or ``most`` scripts were killed;
+    ``kills[0]`` counts the scripts it killed (a script that wrote cannot be killed: UNKILLABLE)."""
+    client = redis.Redis(port=port, socket_timeout=10)
+    while not stop.is_set() and kills[0] < most:
+        try:
+            client.script_kill()
+            kills[0] += 1
+        except redis.RedisError:  # NOTBUSY (no script runs long enough), UNKILLABLE
+            pass
+        time.sleep(0.001)
 
 
 def _busy(port: int, seconds: float) -> None:
@@ -301,7 +369,7 @@ def main() -> None:
             paths = files(Path(tmp))
             for fault in args.faults.split(","):
                 for command in args.commands.split(","):
-                    if fault == "kill -9" and command != "replay":
+                    if ONLY.get(fault, command) != command:
                         continue
                     rows.append(run_one(server, fault, command, paths))
                     if not args.json:
@@ -314,7 +382,9 @@ def main() -> None:
     bad = [r for r in rows if r["foreign_lost"] or r["half_written"] or r["left_after_named"]
            or (r["keys_left"] and not r["named"] and r["fault"] != "kill -9") or not r["fired"]
            or (r["exit"] < 0 and r["fault"] != "kill -9") or r.get("workers_alive")
-           or (r["fault"] == "kill -9" and not r.get("workers"))]
+           or (r["fault"] == "kill -9" and not r.get("workers"))
+           or (r["fault"] in ("vanish", "script kill") and not r["said_lower_bound"])
+           or r.get("reported_objects") != r.get("objects_found")]
     print(f"\n{len(rows)} runs: {sum(r['foreign_lost'] for r in rows)} foreign keys lost, "
           f"{sum(r['half_written'] or 0 for r in rows)} half-written chunks, "
           f"{sum(1 for r in rows if r['keys_left'] and not r['named'] and r['fault'] != 'kill -9')} runs left keys "

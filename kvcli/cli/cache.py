@@ -28,6 +28,7 @@ from kvcli.cli.options import (
     HashBlockTokens,
     JsonOut,
     KvDtype,
+    MapKvDtype,
     Model,
     RedisTimeout,
     RedisUrl,
@@ -138,7 +139,8 @@ def warm(
 INSPECT_PANELS = {
     "Store": ("namespace", "chunk_size", "layout", "redis_url", "redis_timeout"),
     "A prompt's chunks (--prompt, --tokens, --request)": ("prompt", "tokens", "request", "model", "dtype", "seed",
-                                                         "tokenizer", "cache_salt", "fmt", "add_special_tokens"),
+                                                         "kv_dtype", "tokenizer", "cache_salt", "fmt",
+                                                         "add_special_tokens"),
     "Checks and output": ("sample", "verify", "json_out"),
 }
 
@@ -155,7 +157,8 @@ def inspect(
     tokens: Annotated[Optional[Path], typer.Option(help="Map the token ids in FILE: integers separated by "
                                                         "whitespace or commas, or one JSON array.")] = None,
     request: Annotated[Optional[str], typer.Option(help="Map a trace request: TRACE:LINE.")] = None,
-    model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, tokenizer: Tokenizer = None,
+    model: Model = "cpu", dtype: Dtype = None, seed: Seed = 0, kv_dtype: MapKvDtype = "auto",
+    tokenizer: Tokenizer = None,
     cache_salt: Annotated[Optional[str], typer.Option(
         help="Tenant salt (part of the chunk hash) for --prompt/--tokens; with --request, overrides the record's.",
         show_default=False)] = None,
@@ -181,11 +184,13 @@ def inspect(
       kvcli inspect --layout lmcache --redis-url redis://lmcache-redis:6379 --sample 2000
     """
     from kvcli.live.inspect import inspect_cache
-    from kvcli.model.load import model_id_of, resolve_tokenizer
+    from kvcli.model.load import resolve_tokenizer, spec_of
     from kvcli.model.tokenize import lazy_tokenizer
+    from kvcli.store.serde import check_kv_dtype
     from kvcli.store.server import open_redis
 
     check_seed(seed)
+    stored = check_kv_dtype(kv_dtype)
     if layout not in ("kvcli", "lmcache"):
         raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
     timeout = timeout_seconds(redis_timeout)
@@ -197,27 +202,42 @@ def inspect(
                            add_special_tokens)
     ids = _prompt_ids(prompt, tokens, request, tok, read_as, cache_salt)
     sizes = () if ids is None else parse_chunk_sizes(chunk_size)  # only a chunk map has chunk sizes
+    spec = None if ids is None else spec_of(model, dtype, seed)
     with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
         if ids is None:
             return _show("inspect", inspect_cache(client, namespace, sample, verify), json_out, inspect_view)
-        maps = _chunk_maps(client, ids, namespace or "default", sizes, model_id_of(model, dtype, seed), tok_name)
+        maps = _chunk_maps(client, ids, namespace or "default", sizes, spec or model, tok, tok_name, stored)
     _show("inspect", maps, json_out, map_view)
 
 
-def _chunk_maps(client, ids: tuple, namespace: str, sizes: tuple[int, ...], model_id: str,
-                tok_name: str) -> list:
+def _chunk_maps(client, ids: tuple, namespace: str, sizes: tuple[int, ...], model, tok, tok_name: str,
+                kv_dtype: str | None) -> list:
     """One prompt's chunk map per chunk size (``ids``: token ids, or a hash-id record's block keys, and the cache
-    salt), read over one NO-TOUCH connection; their warnings on stderr."""
+    salt), read over one NO-TOUCH connection; their warnings on stderr. ``model``: a
+    :class:`~kvcli.model.presets.ModelSpec`, whose store's payload layout (with ``kv_dtype``) each chunk is judged
+    against, or a bare model id (judged against the prompt's chunk 0). A double BOS at the prompt's start is named
+    where a map finds its first chunk missing."""
+    import numpy as np
+
     from kvcli.live.chunkmap import absent_warnings, chunk_map
     from kvcli.live.reading import reader
+    from kvcli.store.judge import Expected
     from kvcli.store.preflight import server_memory
+    from kvcli.store.records import StoreConfig
+    from kvcli.traces.bos import prompt_bos_note
 
+    model_id = model if isinstance(model, str) else model.model_id
+    expects = {cs: None if isinstance(model, str) else Expected.of_store(StoreConfig(
+        namespace, cs, model_id, tok_name, model.kv_shape, model.dtype, kv_dtype=kv_dtype,
+        state_shape=model.state_shape)) for cs in sizes}
+    cause = prompt_bos_note(ids[0], tok) if isinstance(ids[0], np.ndarray) else None
     with reader(client) as conn:  # one connection, CLIENT NO-TOUCH where the server has it
         server = server_memory(conn)
-        maps = [chunk_map(conn, ids[0], namespace, cs, model_id, tok_name, ids[1], server) for cs in sizes]
-        maps = absent_warnings(conn, maps)
+        maps = [chunk_map(conn, ids[0], namespace, cs, model_id, tok_name, ids[1], server, expects[cs])
+                for cs in sizes]
+        maps = absent_warnings(conn, maps, cause or "")
     for m in maps:
         if m.warning:
             err.print(f"warning: {m.warning}", markup=False, highlight=False)

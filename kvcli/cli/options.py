@@ -90,6 +90,11 @@ KvDtype = Annotated[str, typer.Option(
     help="Dtype of the stored KV payloads, as engines' --kv-cache-dtype: auto (the model's --dtype, bit-exact) or "
          "fp8 (float8_e4m3fn with a float32 scale per layer for K and for V in each chunk: half of bf16's bytes; "
          "cached prefills run on the dequantized KV and the report gives their largest logit difference).")]
+#: --kv-dtype of inspect's chunk map: the payloads it expects, as warm and replay stored them
+MapKvDtype = Annotated[str, typer.Option(
+    "--kv-dtype", metavar="auto|fp8",
+    help="Chunk map: the dtype of the KV payloads replay would read, as warm and replay store them with --kv-dtype: "
+         "auto (the model's --dtype) or fp8; a chunk stored in another layout breaks the map there.")]
 
 TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent, openai-batch, "
                       "gateway, lines.")

@@ -8,6 +8,12 @@ inferred and no ``server`` state was passed): O(chunks) commands, payload bytes 
 hit / prefill split in tokens, by the rule replay and route use (:func:`kvcli.store.hashing.reusable_tokens`: a
 prompt whose every chunk hits still computes its last token).
 
+Each chunk is judged by the one judge (:func:`kvcli.store.judge.judge`) as replay's store judges it, its payload's
+bytes read (so a checksum failure shows): against the payload layout the store of the model writes
+(``expect``, :meth:`kvcli.store.judge.Expected.of_store`), or, where the caller knows no model spec, against the
+layout of the prompt's chunk 0 (:meth:`~kvcli.store.judge.Expected.of`): a chunk stored in another layout
+(another ``--kv-dtype``) is "other-layout", where replay's lookup stops too.
+
 The read helpers it shares with inspect live in :mod:`kvcli.live.reading`.
 """
 from __future__ import annotations
@@ -20,8 +26,8 @@ from redis.cluster import RedisCluster
 from kvcli.errors import RedisFailure
 from kvcli.live.reading import execute_read, reader
 from kvcli.store.hashing import PromptChunker, prompt_length, reusable_tokens
-from kvcli.store.judge import HITS, MISSING, WRONG_TYPE, judge
-from kvcli.store.layout import key_prefix
+from kvcli.store.judge import HITS, MISSING, WRONG_TYPE, Expected, judge
+from kvcli.store.layout import key_prefix, parse_or_none
 from kvcli.store.preflight import ServerMemory, server_memory
 
 
@@ -30,7 +36,8 @@ class MapRow:
     """One full chunk of a prompt: index, hash hex, tokens ``[start, end)``, status, remaining TTL (s, None: none).
 
     ``status``: "hit"; for the chunk that breaks the hit run, its state (:mod:`kvcli.store.judge`: "missing",
-    "no-payload", "bad-payload", "no-metadata", "checksum", "token-mismatch", "bad-metadata"), or "expired" /
+    "no-payload", "bad-payload", "no-metadata", "checksum", "token-mismatch", "bad-metadata", "other-layout"), or
+    "expired" /
     "evicted" for a missing chunk whose cause is inferred; after the break, "unreachable" for a chunk that could
     be used but can never be reached, else its own state.
     """
@@ -64,7 +71,8 @@ class ChunkMap:
 
 
 def chunk_map(client: redis.Redis | RedisCluster, token_ids, namespace: str, chunk_size: int, model_id: str,
-              tokenizer: str, cache_salt: str = "", server: ServerMemory | None = None) -> ChunkMap:
+              tokenizer: str, cache_salt: str = "", server: ServerMemory | None = None,
+              expect: Expected | None = None) -> ChunkMap:
     """Where a prompt's hit run would break, and why (``token_ids``: token ids ``[tokens]``, or a hash-id prompt's block
     keys, :class:`kvcli.store.hashing.BlockPrompt`, hashed from its keys as replay and warm hash it); read-only (two
     pipelined round trips, payloads included), over one connection in ``CLIENT NO-TOUCH`` mode where the server has
@@ -74,18 +82,20 @@ def chunk_map(client: redis.Redis | RedisCluster, token_ids, namespace: str, chu
     "bad-payload". A chunk with no key at all is "missing"; it is called "expired" or "evicted" when a later chunk of
     the prompt
     is still present (so this one was stored) and the server's counters show only expiries or only evictions (Redis
-    keeps no record of a removed key, so this is inferred).
+    keeps no record of a removed key, so this is inferred). ``expect``: the payload layout of the store replay would
+    read with (:meth:`kvcli.store.judge.Expected.of_store` of its config: model, dtype, ``--kv-dtype``); None:
+    judged against the prompt's chunk 0 (module docstring).
 
     Raises:
         RedisFailure: the server refused a read.
     """
 
     with reader(client) as conn:
-        return _chunk_map(conn, token_ids, namespace, chunk_size, model_id, tokenizer, cache_salt, server)
+        return _chunk_map(conn, token_ids, namespace, chunk_size, model_id, tokenizer, cache_salt, server, expect)
 
 
 def _chunk_map(client: redis.Redis | RedisCluster, token_ids, namespace: str, chunk_size: int, model_id: str,
-               tokenizer: str, cache_salt: str, server: ServerMemory | None) -> ChunkMap:
+               tokenizer: str, cache_salt: str, server: ServerMemory | None, expect: Expected | None) -> ChunkMap:
 
     prompt = PromptChunker(model_id, tokenizer, chunk_size).chunk(token_ids, cache_salt)
     prefix = key_prefix(namespace, chunk_size)
@@ -98,7 +108,10 @@ def _chunk_map(client: redis.Redis | RedisCluster, token_ids, namespace: str, ch
     for r in replies[2::3]:
         if isinstance(r, Exception):
             raise RedisFailure(f"Redis read failed: {r}")
-    states = [_state(prompt, k, *replies[3 * k:3 * k + 2]) for k in range(len(prompt.hashes))]
+    if expect is None and replies and isinstance(replies[0], bytes):  # the layout of the store that wrote chunk 0
+        first = parse_or_none(replies[0])
+        expect = Expected.of(first) if first is not None else None
+    states = [_state(prompt, k, replies[3 * k], replies[3 * k + 1], expect) for k in range(len(prompt.hashes))]
     hits = next((k for k, s in enumerate(states) if s not in HITS), len(states))
     reason = "" if hits == len(states) else states[hits]
     if reason == MISSING and any(s != MISSING for s in states[hits:]):
@@ -117,21 +130,23 @@ def _chunk_map(client: redis.Redis | RedisCluster, token_ids, namespace: str, ch
                     None if hits == len(states) else hits, reason)
 
 
-def _state(prompt, k: int, meta, payload) -> str:
-    """Chunk ``k`` on its own (:func:`kvcli.store.judge.judge`, its payload's bytes read). A read error
-    (WRONGTYPE: not a string) is a key of another type; any other error is raised."""
+def _state(prompt, k: int, meta, payload, expect: Expected | None) -> str:
+    """Chunk ``k`` (:func:`kvcli.store.judge.judge`, its payload's bytes read, against ``expect``'s layout when
+    given). A read error (WRONGTYPE: not a string) is a key of another type; any other error is raised."""
     for reply in (meta, payload):
         if isinstance(reply, Exception) and "WRONGTYPE" not in str(reply):
             raise RedisFailure(f"Redis read failed: {reply}")
     meta, payload = (WRONG_TYPE if isinstance(x, Exception) else x for x in (meta, payload))
-    return judge(meta, payload, prompt.token_digest(k))
+    return judge(meta, payload, prompt.token_digest(k), expect=expect)
 
 
-def absent_warnings(client: redis.Redis | RedisCluster, maps: list[ChunkMap]) -> list[ChunkMap]:
+def absent_warnings(client: redis.Redis | RedisCluster, maps: list[ChunkMap], cause: str = "") -> list[ChunkMap]:
     """``maps`` with a warning on each map whose first chunk is missing (nothing at either of its keys), naming
     what its namespace does hold (models, chunk sizes, key counts): a silent miss is often another seed, model or
-    chunk size, or a typo. A first chunk that is there but damaged gets no such warning: its status says what is
-    wrong. One SCAN of the namespace, only when some map needs it. Read-only."""
+    chunk size, or a typo. ``cause``: what the caller found wrong with the prompt itself (a double BOS:
+    :func:`kvcli.traces.bos.prompt_bos_note`), said in place of a guess (:func:`kvcli.store.namespace.absent_note`).
+    A first chunk that is there but damaged gets no such warning: its status says what is wrong. One SCAN of the
+    namespace, only when some map needs it. Read-only."""
     import dataclasses
 
     from kvcli.store.namespace import absent_note, contents
@@ -146,6 +161,6 @@ def absent_warnings(client: redis.Redis | RedisCluster, maps: list[ChunkMap]) ->
             if m.namespace not in found:
                 found[m.namespace] = contents(client, m.namespace)
             m = dataclasses.replace(m, warning=absent_note(found[m.namespace], m.namespace, m.model_id,
-                                                           m.chunk_size))
+                                                           m.chunk_size, cause))
         out.append(m)
     return out

@@ -29,8 +29,12 @@ Integrity, per namespace and chunk size, by the one chunk judge (:mod:`kvcli.sto
     ``verify``; by default when the payloads total at most 256 MiB);
   * bad payloads: payloads of another length than their metadata's header + tensor bytes (truncated, overwritten),
     or a payload-named key of another type than a string;
+  * other layout: chunks stored "real" in another payload layout (dtype, shape, payload or header bytes:
+    :meth:`kvcli.store.judge.Expected.same_layout`) than chunk 0 of their chain (a chunk rewritten by a store of
+    another ``--kv-dtype``): a store reads one layout, so its lookups stop there, as replay's do;
   * unreachable: chunks stored "real" whose chain back to chunk 0 is broken (an ancestor is missing, orphaned or
-    corrupted, or the parent links loop), so no lookup can ever reach them. Metadata-only ("accounted") entries,
+    corrupted, or the parent links loop) or changes layout on the way (the chunk itself or an ancestor is of
+    another layout than the one before it), so no lookup can ever reach them. Metadata-only ("accounted") entries,
     written by replay, are not judged: they have no payload to reach, and their prefix may live in the namespace
     that replay read. The walk over parent links (read from the server, so possibly damaged) keeps a visited set
     and is bounded by the number of metadata entries: a chunk naming itself or a descendant as its parent ends the
@@ -52,7 +56,7 @@ from redis.cluster import RedisCluster
 
 from kvcli.live.reading import execute_read, read_key_facts, reader
 from kvcli.store import cluster
-from kvcli.store.judge import BAD_METADATA, BAD_PAYLOAD, CHECKSUM, HITS, NO_PAYLOAD, WRONG_TYPE, judge
+from kvcli.store.judge import BAD_METADATA, BAD_PAYLOAD, CHECKSUM, HITS, NO_PAYLOAD, WRONG_TYPE, Expected, judge
 from kvcli.store.layout import ChunkMeta, is_chunk_key, is_route_index_key, key_prefix, parse_key, parse_or_none
 from kvcli.store.preflight import ServerMemory, server_memory
 
@@ -403,7 +407,7 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
 
     lone = _lone_model(space)
     states = {h: _state(space, h) for h in space.meta}
-    reachable = _reachable(space, lambda h: states.get(h) in HITS)
+    chains = _chains(space, lambda h: states.get(h) in HITS)
     g = None
     for h, (meta, size, pttl) in space.meta.items():
         model = meta.model if meta else "?"
@@ -421,7 +425,10 @@ def _groups(ns: str, cs: int, space: _Space, sample: int | None) -> list[Group]:
             g.ages.append(max(0.0, now - meta.created))
         if state in _ISSUES:
             g.issues[_ISSUES[state]].append(h)
-        if meta.stored == "real" and not reachable[h]:
+        reachable, root = chains[h]
+        if meta.stored == "real" and root is not None and not root.same_layout(meta):
+            g.issues["other_layout"].append(h)
+        if meta.stored == "real" and not reachable:
             g.issues["unreachable"].append(h)
     for h, (size, pttl) in space.payload.items():
         g = group(_payload_model(space, h, lone))
@@ -456,32 +463,40 @@ def _ttl(g: Group, pttl: int) -> None:
         g.ttls.append(pttl / 1000)
 
 
-def _reachable(space: _Space, intact) -> dict[str, bool]:
-    """For each metadata entry: is every ancestor intact, so a lookup from chunk 0 can reach it? Iterative, with a
-    visited set (the links come from the server: a chunk may name itself or a descendant as its parent) and a depth
-    bound (no chain is longer than the number of entries): a loop makes every chunk on it unreachable."""
-    memo: dict[str, bool] = {}
+def _chains(space: _Space, intact) -> dict[str, tuple[bool, Expected | None]]:
+    """For each metadata entry: ``(reachable, root)``. ``root``: the payload layout of chunk 0 of its chain
+    (:meth:`kvcli.store.judge.Expected.of`), or None where the chain is broken before chunk 0 (a missing, orphaned
+    or corrupted ancestor: ``intact`` says which are whole) or loops. ``reachable``: every ancestor is intact and
+    each chunk from chunk 0 down to this one is of the layout of the one before it, so a lookup by the store that
+    wrote chunk 0 can reach it. Iterative, with a visited set (the links come from the server: a chunk may name
+    itself or a descendant as its parent) and a depth bound (no chain is longer than the number of entries): a loop
+    makes every chunk on it unreachable."""
+    memo: dict[str, tuple[bool, Expected | None]] = {}
     bound = len(space.meta)
     for start in space.meta:
-        path: list[str] = []
+        path: list[str] = []  # from ``start`` up, each the child of the next; the last one's parent is in memo
         on_path: set[str] = set()
         h = start
-        verdict = None
         while h not in memo:
-            if h in on_path or len(path) > bound:
-                verdict = False  # the parent links loop: no chain from chunk 0 leads here
+            if h in on_path or len(path) > bound:  # the parent links loop: no chain from chunk 0 leads here
+                memo.update((p, (False, None)) for p in path)
                 break
             meta = space.meta[h][0]
+            if meta is None or not meta.parent or not intact(meta.parent):
+                root = Expected.of(meta) if meta is not None and not meta.parent else None  # chunk 0 of a chain
+                memo[h] = (root is not None, root)
+                break
             path.append(h)
             on_path.add(h)
-            if meta is None or not meta.parent or not intact(meta.parent):
-                verdict = meta is not None and not meta.parent
-                break
             h = meta.parent
-        if verdict is None:
-            verdict = memo[h]
-        for p in path:
-            memo[p] = verdict
+        for p in reversed(path):
+            if p in memo:  # a loop, settled above
+                continue
+            meta = space.meta[p][0]
+            assert meta is not None  # a path holds parsed entries only
+            parent = space.meta[meta.parent][0]
+            reached, root = memo[meta.parent]
+            memo[p] = (reached and parent is not None and Expected.of(parent).same_layout(meta), root)
     return memo
 
 

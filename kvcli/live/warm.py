@@ -15,19 +15,23 @@ Same key layout, namespaces and values as replay's store (store.py), so a warmed
 * **Prefill only what is missing.** The longest stored prefix (under any chunk size being warmed) is retrieved,
   checksum-verified, and passed as ``past_kv``; only the tokens after it, up to the end of the last full chunk that
   needs writing, run through the model. Prompts that share a prefix (a fleet's system prompt) compute it once.
-* **No self-made gaps.** A prompt's chunks are written in order in ``MULTI``/``EXEC`` batches (all of a batch or
-  none of it), each sent after the one before it was stored. An out-of-memory reply (or any Redis error) stops the
-  run there; :attr:`WarmResult.stopped` says why and the totals say what was written.
+* **No self-made gaps, no half chunk.** A prompt's chunks are written in order in batches, each sent after the one
+  before it was stored (:func:`kvcli.store.cluster.write_prefix`): on a single server whose user may run MULTI, a
+  batch is one ``MULTI``/``EXEC`` (all of it or none, also when its reply never comes); on a cluster, or for a
+  user without MULTI, its payloads first, then their metadata, and on a refused SET both halves of every chunk
+  from the first refused one on are deleted again. Either way what is stored is a prefix of the chain, no metadata
+  is without its payload, and the counts are what the server ran. An out-of-memory reply (or any Redis error)
+  stops the run there; :attr:`WarmResult.stopped` says why and the totals say what was written.
 * **Dry run**: the same plan, read-only; chunks, objects, payload, header and metadata bytes a real run would
   write now (a chunk planned for an earlier prompt counts as present for later ones). A real run computes this
   plan first too, for the preflight: its Redis-memory estimate against ``maxmemory - used_memory``.
 
-``ttl`` expires each chunk's metadata and payload together (``SET ... EX`` on both, in one transaction). A chain's
-head never expires before its tail: when a prompt's later chunks are written, the present chunks before them whose
-TTL is shorter than ``ttl`` get ``EXPIRE ttl`` (both keys, in the first batch's transaction); chunks with no TTL,
-or a longer one, keep it (:attr:`SizeTotals.ttl_refreshed`). The server's ``evicted_keys`` counter is read before and
-after a real run:
-:attr:`WarmResult.evicted_keys` is the difference (evictions by the server during the run, whoever caused them).
+``ttl`` expires each chunk's metadata and payload together (``SET ... EX`` on both). A chain's head never expires
+before its tail: when a prompt's later chunks are written, the present chunks before them whose TTL is shorter than
+``ttl`` get ``EXPIRE ttl`` (both keys, in the first batch's transaction, or acknowledged before it is sent);
+chunks with no TTL, or a longer one, keep it (:attr:`SizeTotals.ttl_refreshed`). The server's ``evicted_keys``
+counter is read before and after a real run: :attr:`WarmResult.evicted_keys` is the difference (evictions by the
+server during the run, whoever caused them).
 """
 from __future__ import annotations
 
@@ -45,7 +49,6 @@ from kvcli.model.presets import ModelSpec
 from kvcli.model.threads import torch_threads
 from kvcli.prefixkv import StatefulKV, resumable_tokens
 from kvcli.store import cluster
-from kvcli.store.calls import execute_pipeline
 from kvcli.store.chunkstore import ChunkStore, chunk_metadata, chunk_payload
 from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.judge import ACCOUNTED, MISSING, USABLE, WRONG_TYPE, judge
@@ -58,8 +61,9 @@ from kvcli.traces.request import Request
 # -- config and results ---------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WarmConfig:
-    """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; batch limits per EXEC;
-    ``verify``: read present payloads and check their checksums (else their presence and length only).
+    """Options of one warm run (frozen; built at the CLI edge). ``ttl`` in seconds; ``batch_bytes`` and
+    ``batch_chunks``: the most value bytes and chunks one write batch holds; ``verify``: read present payloads and
+    check their checksums (else their presence and length only).
 
     ``chunk_sizes`` is deduplicated (first occurrence kept): ``(16, 16)`` is one store, counted once.
     ``tokenizer`` is the tokenizer's identity (``Tokenizer.name``) that goes into the chunk hashes.
@@ -133,7 +137,7 @@ class WarmResult:
     tokens_reused: int = 0
     seconds: float = 0.0
     compute_seconds: float = 0.0  # retrieving stored prefixes + prefill
-    write_seconds: float = 0.0  # serializing + writing chunks (MULTI/EXEC round trips)
+    write_seconds: float = 0.0  # serializing + writing chunks (a round trip per batch; two without MULTI)
     stopped: str = ""
     estimate: list[SizeTotals] = field(default_factory=list)
     evicted_keys: int | None = None
@@ -294,7 +298,7 @@ def warm(client: redis.Redis | RedisCluster, requests: Sequence[Request], model,
     if config.strict and check.fits is False and not config.dry_run:
         raise RedisFailure(f"warm refused (--strict): {check.message}")
     if not config.dry_run:
-        _run(stores, requests, model, config, result, progress)
+        _run(stores, requests, model, config, result, progress, _transactions(client))
         result.evicted_keys = evicted_since(client, before)  # None when unreadable; the totals still say what
     result.seconds = time.perf_counter() - t0
     return result
@@ -308,7 +312,17 @@ def _check_vocab(requests: Sequence[Request], vocab: int) -> None:
                                 path or r.source, int(line) if line.isdigit() else None)
 
 
-def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progress: Progress | None) -> None:
+def _transactions(client) -> bool:
+    """Whether warm's batches go as MULTI/EXEC transactions (:func:`kvcli.store.cluster.transactions`); False when
+    the probe got no answer (the first batch then meets the same fault, and says so)."""
+    try:
+        return cluster.transactions(client)
+    except cluster.REDIS_ERRORS:
+        return False
+
+
+def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progress: Progress | None,
+         atomic: bool) -> None:
     done = [0, 0, sum(t.chunks_written for t in result.estimate), sum(t.bytes for t in result.estimate)]
     if progress:
         progress(*done)
@@ -331,7 +345,7 @@ def _run(stores, requests, model, config: WarmConfig, result: WarmResult, progre
         result.compute_seconds += t1 - t0
         with torch_threads(1):  # chunk copies are small and memory-bound: other threads only add wake-ups
             for tot, store, p in zip(result.per_size, stores, plans):
-                result.stopped = _write(store, p, kv, tot, config, done, progress, request)
+                result.stopped = _write(store, p, kv, tot, config, done, progress, request, atomic)
                 if result.stopped:
                     break
         result.write_seconds += time.perf_counter() - t1
@@ -370,8 +384,8 @@ def _resume_limit(kv, stores, plans, end: int) -> int:
 
 
 def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, config: WarmConfig,
-           done: list[int], progress: Progress | None, request: Request) -> str:
-    """Write the plan's chunks in order, one MULTI/EXEC batch at a time; returns "" or why it stopped.
+           done: list[int], progress: Progress | None, request: Request, atomic: bool) -> str:
+    """Write the plan's chunks in order, one batch at a time (:func:`_write_batch`); returns "" or why it stopped.
 
     Each chunk is written whole with plain SETs (payload, then metadata; ``EX ttl`` on both): a chunk that was
     half there, or had "accounted" metadata, gets metadata that matches the payload written and one TTL for both.
@@ -389,10 +403,10 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
             metas.append(chunk_metadata(store, p.prompt, k, checksum, created))
             chunks.append(((store.payload_key(p.prompt.hashes[k]), value),
                            (store.meta_key(p.prompt.hashes[k]), metas[-1])))
-        stored, exc = _write_batch(store.client, heads, chunks, cfg.ttl)
+        stored, exc, left = _write_batch(store.client, heads, chunks, cfg.ttl, atomic)
         before = (tot.chunks_written, tot.bytes)
         tot.ttl_refreshed += len(refresh) if start == 0 and (stored or exc is None) else 0
-        for meta in metas[:stored]:  # all of them, or a refused batch's stored prefix (0 on a single server)
+        for meta in metas[:stored]:  # all of them, or a refused batch's stored prefix
             tot.add(store, len(meta))
         done[0] += tot.chunks_written - before[0]
         done[1] += tot.bytes - before[1]
@@ -404,45 +418,37 @@ def _write(store: ChunkStore, p: _Plan, kv: torch.Tensor, tot: SizeTotals, confi
             if isinstance(exc, (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError)):
                 why = ("got no reply within the timeout" if isinstance(exc, redis.exceptions.TimeoutError)
                        else "lost its connection (after retries)")
-                return (f"{what} at chunk size {cs} {why}: {_reason(exc)}; stopped there: that batch is stored "
-                        f"whole or not at all (MULTI/EXEC; on a cluster a prefix of it), everything before it is "
-                        f"stored")
+                stored_as = ("that batch is stored whole or not at all (MULTI/EXEC)" if atomic else
+                             "a prefix of that batch may be stored (payloads go before their metadata, so no chunk "
+                             "has metadata without its payload)")
+                return f"{what} at chunk size {cs} {why}: {_reason(exc)}; stopped there: {stored_as}, everything " \
+                       f"before it is stored"
+            kept = (f"; {len(left):,} keys it wrote after that could not be deleted again (UNLINK refused; "
+                    f"no lookup reaches them): {', '.join(left[:2])}{', ...' if len(left) > 2 else ''}"
+                    if left else "")
             return (f"the server refused {what} at chunk size {cs}: {_reason(exc)}; stopped there, everything "
-                    f"before it is stored")
+                    f"before it is stored{kept}")
         if progress:
             progress(*done)
     return ""
 
 
-def _write_batch(client, heads: list[str], chunks: list[tuple[tuple, tuple]], ttl: int | None
-                 ) -> tuple[int, Exception | None]:
+def _write_batch(client, heads: list[str], chunks: list[tuple[tuple, tuple]], ttl: int | None, atomic: bool
+                 ) -> cluster.PrefixWrite:
     """Store one batch ``[((payload key, value), (metadata key, value))]`` after giving ``heads`` (keys of the
-    chain's present head) ``ttl``; returns ``(chunks stored, error)``.
+    chain's present head) ``ttl`` seconds; returns what was stored (:class:`~kvcli.store.cluster.PrefixWrite`).
 
-    A single server: one MULTI/EXEC, all or nothing. A Redis Cluster: a chunk's two keys and the batch's chunks
-    hash to different slots, so no transaction can hold them; the EXPIREs go first (one round trip per shard),
-    then :func:`kvcli.store.cluster.write_prefix` writes the payloads, then the metadata, and on a refusal deletes
-    everything from the first refused chunk on, so what is stored is still a prefix of the chain (no gap) and no
-    metadata is without its payload.
+    :func:`kvcli.store.cluster.write_prefix`: one MULTI/EXEC where the server and user allow it (``atomic``), else
+    the payloads, then the metadata, and on a refusal both halves of every chunk from the first refused one on
+    deleted again: what is stored is a prefix of the chain (no gap), no metadata is without its payload, and the
+    count is what the server ran (a user without MULTI, or allowed to write some keys only, is told the truth). The
+    batch is sent and acknowledged whole before a Ctrl-C or SIGTERM acts (:func:`kvcli.store.cluster.uninterrupted`).
     """
-    if cluster.is_cluster(client):
-        try:
-            if heads:
-                cluster.by_shard(client, [("EXPIRE", key, ttl) for key in heads])
-            return cluster.write_prefix(client, chunks, ttl)
-        except cluster.REDIS_ERRORS as exc:  # a shard went away (the deletes after a refusal failed too)
-            return 0, exc
-    pipe = client.pipeline(transaction=True)
-    for key in heads:  # the chain's head first, in the same transaction as its tail
-        pipe.expire(key, ttl)
-    for (pkey, pvalue), (mkey, mvalue) in chunks:
-        pipe.set(pkey, pvalue, ex=ttl)
-        pipe.set(mkey, mvalue, ex=ttl)
     try:
-        execute_pipeline(pipe)
-    except redis.RedisError as exc:
-        return 0, exc
-    return len(chunks), None
+        with cluster.uninterrupted():
+            return cluster.write_prefix(client, chunks, ttl, heads, atomic)
+    except cluster.REDIS_ERRORS as exc:  # a round trip failed: no reply, or the connection is gone
+        return cluster.PrefixWrite(0, exc)
 
 
 def _to_refresh(p: _Plan, ttl: int | None) -> list[int]:

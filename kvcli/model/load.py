@@ -39,13 +39,20 @@ def check_model(model: str) -> None:
         get_preset(model)
 
 
+def spec_of(model: str, dtype: str | None = None, seed: int = 0) -> ModelSpec | None:
+    """The spec ``--model`` stands for (:func:`resolve_spec`), or None when ``model`` already is a model id as
+    ``kvcli inspect`` lists them (``kvcli/cpu@seed0:bf16``, ``hf:llama@<digest>:fp32``: not a preset, not a folder,
+    with an ``@``), which names no shapes. Raises BadInputError."""
+    if model not in PRESETS and "@" in model and not Path(model).expanduser().is_dir():
+        return None
+    return resolve_spec(model, dtype, seed)
+
+
 def model_id_of(model: str, dtype: str | None = None, seed: int = 0) -> str:
     """The model id ``--model`` stands for: a preset's or a checkpoint folder's (:func:`resolve_spec`), or
-    ``model`` itself when it already is a model id as ``kvcli inspect`` lists them (``kvcli/cpu@seed0:bf16``,
-    ``hf:llama@<digest>:fp32``: not a preset, not a folder, with an ``@``). Raises BadInputError."""
-    if model not in PRESETS and "@" in model and not Path(model).expanduser().is_dir():
-        return model
-    return resolve_spec(model, dtype, seed).model_id
+    ``model`` itself when it already is a model id (:func:`spec_of`). Raises BadInputError."""
+    spec = spec_of(model, dtype, seed)
+    return model if spec is None else spec.model_id
 
 
 def load_model(model: str, dtype: str | None = None, device: str = "auto", seed: int = 0):

@@ -332,6 +332,7 @@ class Lane:
                      "redis_retries", "redis_errors", "redis_timeouts", "redis_busy_retries", "lookups_pipelined",
                      "lookups_sampled"):
             setattr(res, name, getattr(st, name))
+        res.vanished_chunks = store.vanished_chunks()
         if st.lookup_seconds:
             res.lookup_p50_seconds, res.lookup_p99_seconds = (
                 float(x) for x in np.percentile(np.asarray(st.lookup_seconds), [50, 99]))

@@ -29,8 +29,10 @@ def replay_notes(config: ReplayConfig, results: Sequence[ChunkSizeResult], span_
                  namespace_contents: dict[int, SizeContents] | None = None) -> list[str]:
     """Warnings a reader of the report needs, one line each, in this order: a network priced by assumption; no
     curve with a read namespace; per chunk size, pipelined lookups, prompts shorter than one chunk, chunks that
-    failed their checksum; a read namespace that gave nothing; measured prefills far from the cost curve; savings
-    beyond the calibrated range; truncated measurements; background stores a trace's span cannot absorb.
+    failed their checksum, hit figures that are a lower bound (the run's own chunks vanished from the server, or
+    Redis calls failed: :attr:`~kvcli.replay.results.ChunkSizeResult.understated`); a read namespace that gave
+    nothing; measured prefills far from the cost curve; savings beyond the calibrated range; truncated
+    measurements; background stores a trace's span cannot absorb.
 
     Args:
         config: the replay's options.
@@ -86,7 +88,8 @@ def _option_notes(config: ReplayConfig) -> list[str]:
 
 
 def _size_notes(config: ReplayConfig, res: ChunkSizeResult) -> list[str]:
-    """One chunk size's: lookups pipelined, prompts shorter than one chunk, chunks that failed their checksum."""
+    """One chunk size's: lookups pipelined, prompts shorter than one chunk, chunks that failed their checksum, hit
+    figures that are a lower bound (own chunks vanished, Redis calls failed)."""
     notes = []
     if res.lookups_sampled:
         notes.append(f"chunk size {res.chunk_size}: {res.lookups_pipelined:,} lookups pipelined, up to "
@@ -100,4 +103,7 @@ def _size_notes(config: ReplayConfig, res: ChunkSizeResult) -> list[str]:
     if res.checksum_failures:
         notes.append(f"chunk size {res.chunk_size}: {res.checksum_failures:,} chunks failed their checksum "
                      f"({res.checksum_verified_chunks:,} verified): counted as misses")
+    if res.understated:
+        notes.append(f"chunk size {res.chunk_size}: its hit figures, and the savings built on them, are a lower "
+                     f"bound: {res.understated}")
     return notes

@@ -92,8 +92,8 @@ def _policy(p: dict) -> str:
 
 
 def plan_notes(results: list[ChunkSizeResult]) -> list[str]:
-    """Lines under the table: the chosen capacity, tiers whose loads cost more than recomputing, the bill's inputs
-    and formulas."""
+    """Lines under the table: the chosen capacity, tiers whose loads cost more than recomputing, policies that were
+    not run (and why), the bill's inputs and formulas."""
     plans = [(r, r.plan) for r in results if r.plan is not None]
     if not plans:
         return []
@@ -109,6 +109,8 @@ def plan_notes(results: list[ChunkSizeResult]) -> list[str]:
         if p.slow_tiers:
             out.append(f"chunk size {r.chunk_size}: loading from {', '.join(p.slow_tiers)} costs more than "
                        f"recomputing its hits")
+        out += [f"chunk size {r.chunk_size}: policy {pol['policy']} at {pol['capacity_chunks']:,} chunks "
+                f"{pol['skipped']}" for pol in p.policies if pol["skipped"]]
     if p0.bill is not None:
         inputs = p0.bill["inputs"]
         prices = ", ".join(f"{k} ${v:g}/GB-month" for k, v in inputs["usd_per_gb_month"].items()) or "no tier prices"

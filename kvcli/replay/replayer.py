@@ -435,7 +435,8 @@ class Replayer:
         modes = {r.store_mode for r, _ in rows} or {cfg.store_mode}
         result.verdict = recommend({r.chunk_size: s.net(r.store_mode) for r, s in rows},
                                    modes.pop() if len(modes) == 1 else "mixed",
-                                   {r.chunk_size: s.net_draws(r.store_mode) for r, s in rows})
+                                   {r.chunk_size: s.net_draws(r.store_mode) for r, s in rows}
+                                   ).understated([r.chunk_size for r, _ in rows if r.understated])
 
     def _used_memory(self) -> int | None:
         """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""

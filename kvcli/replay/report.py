@@ -435,7 +435,8 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "used_memory_delta_bytes": t.used_memory_delta_bytes, "notes": t.notes,
             "recommended_chunk_size": t.recommended_chunk_size,
             "verdict": ({"kind": t.verdict.kind, "tied_chunk_sizes": list(t.verdict.tied), "text": t.verdict.text,
-                         "focus_chunk_size": t.verdict.focus} if t.verdict else None),
+                         "focus_chunk_size": t.verdict.focus,
+                         "lower_bound_chunk_sizes": list(t.verdict.lower_bound)} if t.verdict else None),
             "store_mode": t.store_mode, "measure_tokens": t.measure_tokens, "measured": t.measured,
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
@@ -450,8 +451,21 @@ def to_json(results: list[TraceResult], context: dict) -> str:
 def summary_line(result: TraceResult) -> str:
     """One line per trace for stderr, never wrapped: the trace's answer whole (:func:`kvcli.replay.answer.
     answer_line`: the verdict, the figures at its chunk size, the cache it assumes, the assumption that moves it
-    most) and how many requests were measured."""
-    return answer_line(result.trace, answer(result), result.measured_requests)
+    most) and how many requests were measured; then each chunk size whose hit figures are a lower bound, and why
+    (:attr:`~kvcli.replay.results.ChunkSizeResult.understated`)."""
+    line = answer_line(result.trace, answer(result), result.measured_requests)
+    low = [r for r in result.per_chunk_size if r.requests and r.understated]
+    return line + "".join(f"; hit figures at chunk size {r.chunk_size} are a lower bound ({_short_why(r)})"
+                          for r in low)
+
+
+def _short_why(r: ChunkSizeResult) -> str:
+    """Why a chunk size's hits are a lower bound, in a few words: "2 of its chunks vanished, 12 Redis calls
+    failed" (the notes give :attr:`~kvcli.replay.results.ChunkSizeResult.understated` in full)."""
+    why = [f"{r.vanished_chunks:,} of its chunks vanished"] if r.vanished_chunks else []
+    if r.redis_errors:
+        why.append(f"{r.redis_errors:,} Redis call{'s' if r.redis_errors != 1 else ''} failed")
+    return ", ".join(why)
 
 
 __all__ = ["print_report", "to_json", "trace_table", "compact_table", "layout_table", "summary_line", "answer",

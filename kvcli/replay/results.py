@@ -239,7 +239,10 @@ class ChunkSizeResult:
     counted (payloads missing, truncated or failing their checksum included). ``upper_bound_tokens`` is None when
     not computed; figures without a denominator or never measured are None (null in JSON, "–" in tables).
     ``short_requests`` / ``short_prompt_tokens``: prompts shorter than one chunk (they can never hit).
-    ``namespace_hit_chunks``: hit chunks the read namespace (``--namespace``) supplied.
+    ``namespace_hit_chunks``: hit chunks the read namespace (``--namespace``) supplied. ``vanished_chunks``: chunks
+    of the run a lookup missed after they had gone from the server, not evicted by the store's capacity
+    (:meth:`kvcli.store.chunkstore.ChunkStore.vanished_chunks`; None: not known); above 0, or with
+    ``redis_errors``, the hit figures are a lower bound (:attr:`understated`).
     """
 
     chunk_size: int
@@ -274,6 +277,7 @@ class ChunkSizeResult:
     checksum_failures: int = 0
     redis_retries: int = 0  # commands re-sent after a dropped connection (redis-py Retry)
     redis_errors: int = 0  # lookups/retrieves/stores that failed after retries: misses, nothing stored
+    vanished_chunks: int | None = 0  # own chunks written again after they had gone (None: not known)
     redis_timeouts: int = 0  # replies that did not come within --redis-timeout
     redis_busy_retries: int = 0  # calls sent again after a BUSY reply (another client's long script)
     checksum_verified_chunks: int = 0
@@ -307,6 +311,21 @@ class ChunkSizeResult:
     def hit_token_ratio(self) -> float | None:
         """hit tokens / prompt tokens (None without prompt tokens)."""
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    @property
+    def understated(self) -> str:
+        """Why this chunk size's hit figures, and the savings built on them, are a lower bound, in words ("" when
+        nothing says so): chunks of the run that vanished from the server and were written again
+        (``vanished_chunks``), and Redis calls that failed after retries (``redis_errors``: a failed lookup is a
+        miss whose request stores nothing)."""
+        why = []
+        if self.vanished_chunks:
+            why.append(f"{self.vanished_chunks:,} of the run's chunks vanished from the server and were written again "
+                       f"(deleted by another client, or evicted or expired by the server)")
+        if self.redis_errors:
+            why.append(f"{self.redis_errors:,} Redis call{'s' if self.redis_errors != 1 else ''} failed "
+                       f"(a failed lookup is a miss that stores nothing)")
+        return "; ".join(why)
 
     @property
     def saved_prefill_seconds(self) -> float:

@@ -38,6 +38,8 @@ Saved FLOPs are exact (:func:`kvcli.model.flops.saved_prefill_flops` on the mode
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -253,7 +255,8 @@ class Verdict:
     best net benefit's own interval reaches 0: not distinguishable from not caching), "none" (no chunk size has a
     positive net benefit). ``text``: one line, starting with :attr:`headline`. ``focus``: the chunk size the
     verdict points at: the recommended one, the tied one it names (the fewest objects), the most hopeful, or the
-    best net benefit when none pays (None when nothing was replayed).
+    best net benefit when none pays (None when nothing was replayed). ``lower_bound``: the chunk sizes whose hit
+    figures are a lower bound (:meth:`understated`), so the savings compared may be short of the truth.
     """
 
     chunk_size: int | None
@@ -261,6 +264,18 @@ class Verdict:
     tied: tuple[int, ...]
     text: str
     focus: int | None = None
+    lower_bound: tuple[int, ...] = ()
+
+    def understated(self, sizes: Sequence[int]) -> Verdict:
+        """This verdict, its :attr:`text` ending with a clause that the hit figures at chunk ``sizes`` are a lower
+        bound (the run's own chunks vanished from the server, or Redis calls failed: the notes say which); itself
+        when ``sizes`` is empty."""
+        if not sizes:
+            return self
+        at = f"chunk size {sizes[0]}" if len(sizes) == 1 else f"chunk sizes {', '.join(map(str, sizes))}"
+        return dataclasses.replace(self, lower_bound=tuple(sizes), text=(
+            f"{self.text}; the hit figures at {at} are a lower bound (the run's chunks vanished from the server, or "
+            f"Redis calls failed: see the notes), so their savings may be understated"))
 
     @property
     def headline(self) -> str:

@@ -113,8 +113,7 @@ class ChunkStore:
         self._cluster = is_cluster(client)
         self._metadata = MetadataWriter(config.chunk_size, dtype_name(config.stored_dtype), config.chunk_shape,
                                         config.model_id, config.payload_bytes, config.header_bytes)
-        self.expected = Expected(config.model_id, dtype_name(config.stored_dtype), config.chunk_shape,
-                                 config.chunk_size, config.payload_bytes, config.header_bytes)
+        self.expected = Expected.of_store(config)
         self._spaces = [self.prefix] + ([self._read_prefix] if self._read_prefix else [])
         self._scripts = scripts  # False once the server refused the lookup script: pipelined lookups from then on
         capacity = config.capacity_chunks
@@ -549,6 +548,24 @@ class ChunkStore:
         deletes = [key for h in victims for key in (self.meta_key(h), self.payload_key(h))]
         self.stats.count_evictions(len(victims))
         return len(victims), frozenset(k for k in held if prompt.hashes[k] in gone), deletes
+
+    def vanished_chunks(self) -> int | None:
+        """Chunks this store wrote again because their keys had gone although its own capacity had not evicted
+        them (another client deleted them, or the server evicted or expired them): a lookup missed them, so the
+        hits counted are short of what the run's own writes would have given. Counted from the run's record, no
+        Redis call: new metadata entries (a chunk is written only where its lookup found it missing) less the
+        distinct chunks recorded (:mod:`kvcli.store.written`) less the chunks the capacity evicted, at least 0; at
+        a capacity a chunk evicted and never written again hides one vanished chunk (a lower bound). A chunk that
+        vanished and was never asked for again is not counted: it cost no hit.
+
+        Returns:
+            The count, or None when the record keeps nothing (the command's own embedded server, which no other
+            client reaches).
+        """
+        if not self.written.keep:
+            return None
+        st = self.stats
+        return max(0, st.metadata_entries - self.written.distinct_chunks(METADATA) - st.evicted_chunks)
 
     # -- what the replay compares across layouts (kvcli.store.kvstore.KVStore) ---------------------------------------
     @property

@@ -19,7 +19,9 @@ slot by hand.
   leaves payloads without metadata (orphans no lookup can see: ``kvcli inspect`` lists them) or metadata of later
   chunks without that of an earlier one (unreachable: a lookup stops at the first missing chunk), never metadata
   without its payload. Index-only writes (metadata, no payload) need no order: one round trip. On a single server
-  the caller's atomic MSET / MULTI/EXEC stays. :func:`write_prefix` (warm) keeps a batch a prefix of its chain.
+  the caller's atomic MSET stays. :func:`write_prefix` (warm's batches) keeps a batch a prefix of its chain: one
+  MULTI/EXEC on a single server whose user may run it (:func:`transactions`), else payloads, then metadata, with
+  the refused part deleted again; either way what it reports stored is what the server ran.
 * **Deletes** (:func:`unlink`): one UNLINK per key, one round trip per shard.
 * **Scans** (:func:`scan`): SCAN runs on EVERY primary, after :func:`check_whole` made sure the cluster serves
   all 16,384 slots; a shard that fails fails the command (exit 3): a partial view is never presented as the
@@ -36,6 +38,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
@@ -245,26 +248,119 @@ def set_in_order(client, deletes: list, first: list[tuple], then: list[tuple], n
     return replies, _raised(by_shard(client, [_set(k, v, nx, ex) for k, v in then], trips))
 
 
-def write_prefix(client, chunks: list[tuple[tuple, tuple]], ex: int | None = None
-                 ) -> tuple[int, Exception | None]:
-    """Write ``chunks`` (``((payload key, value), (metadata key, value))`` in chain order) on a cluster so that what
-    is stored is a PREFIX of them, as a MULTI/EXEC batch is on a single server: payloads first, then the metadata of
-    the chunks before the first refused payload; when a write is refused, both halves of every chunk from the first
-    refused one on are deleted again (UNLINK, which an out-of-memory server still runs).
+class PrefixWrite(NamedTuple):
+    """What :func:`write_prefix` stored: ``stored`` chunks (a prefix of those asked), ``error`` (the first refusal
+    or None), and ``left``: keys this write created beyond that prefix that stay because an UNLINK was refused
+    (payloads without metadata, or whole chunks past a gap; never metadata without its payload), sorted."""
 
-    Returns ``(chunks stored, the first error or None)``.
+    stored: int
+    error: Exception | None
+    left: tuple[str, ...] = ()
+
+
+def each(client, commands: list[tuple]) -> list:
+    """Run single-key ``commands`` (``(name, key, *args)``) in one round trip (a cluster: one per shard,
+    :func:`by_shard`), not as a transaction: each runs or is refused on its own. Replies in the commands' order, an
+    error reply as its exception object (not raised).
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError and other connection-level errors.
     """
-    replies = by_shard(client, [_set(key, value, False, ex) for (key, value), _ in chunks])
+    if is_cluster(client):
+        return by_shard(client, commands)
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)
+    return pipe.execute(raise_on_error=False)
+
+
+def transactions(client) -> bool:
+    """Whether ``client`` may run a MULTI/EXEC transaction: a single server whose user may run MULTI and EXEC
+    (probed with a PING inside one, which changes nothing). A Redis Cluster: False (a batch's keys span slots).
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError: the probe got no answer.
+    """
+    if is_cluster(client):
+        return False
+    pipe = client.pipeline(transaction=True)
+    pipe.ping()
+    try:
+        pipe.execute()
+    except redis.ResponseError:  # MULTI or EXEC refused (an ACL): the PING ran on its own
+        return False
+    return True
+
+
+def write_prefix(client, chunks: list[tuple[tuple, tuple]], ex: int | None = None, heads: list[str] | tuple = (),
+                 atomic: bool = False) -> PrefixWrite:
+    """Write ``chunks`` (``((payload key, value), (metadata key, value))`` in chain order), after giving ``heads``
+    (keys already there) ``ex`` too, so that what is stored is a PREFIX of them with no chunk half-written, and say
+    exactly what the server ran. ``ex``: seconds to live for every key (None: none).
+
+    ``atomic`` (a single server that runs transactions, :func:`transactions`): one MULTI/EXEC of the EXPIREs, the
+    payloads, then the metadata, all of it or none (a refused command aborts it whole; a reply that never comes
+    leaves it whole or absent). Otherwise (a cluster, or a user without MULTI) no transaction: the EXPIREs (one
+    round trip, :func:`each`), every payload (one more), then the metadata of the chunks before the first refused
+    payload (one more); when any SET is refused, both halves of every chunk from the first refused one on are
+    deleted again, one UNLINK per key (which an out-of-memory server still runs), the metadata first, and a payload
+    only once its metadata is gone (a metadata key the user may not delete, and that is there, keeps its payload
+    beside it).
+
+    Returns:
+        A :class:`PrefixWrite`: chunks stored, the first refusal, and the keys this write created past the stored
+        prefix that stay because an UNLINK was refused (two or three more round trips, only after a refusal).
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError: a round trip failed (atomic: the batch is stored whole or not
+            at all; else a prefix of the payloads, and of the metadata of the chunks whose payload was sent before
+            it, may be stored).
+    """
+    if atomic:
+        pipe = client.pipeline(transaction=True)
+        for key in heads:
+            pipe.expire(key, ex)
+        for (key, value), _ in chunks:
+            pipe.set(key, value, ex=ex)
+        for _, (key, value) in chunks:
+            pipe.set(key, value, ex=ex)
+        try:
+            pipe.execute()
+        except redis.ResponseError as exc:  # the transaction was aborted whole (EXECABORT)
+            return PrefixWrite(0, exc)
+        return PrefixWrite(len(chunks), None)
+    if heads:
+        expired = each(client, [("EXPIRE", key, ex) for key in heads])
+        failed = next((r for r in expired if isinstance(r, Exception)), None)
+        if failed is not None:
+            return PrefixWrite(0, failed)
+    replies = each(client, [_set(key, value, False, ex) for (key, value), _ in chunks])
+    created = {key for ((key, _), _), reply in zip(chunks, replies) if not isinstance(reply, Exception)}
     good = next((i for i, r in enumerate(replies) if isinstance(r, Exception)), len(chunks))
     error = replies[good] if good < len(chunks) else None
     if good:
-        metas = by_shard(client, [_set(key, value, False, ex) for _, (key, value) in chunks[:good]])
+        metas = each(client, [_set(key, value, False, ex) for _, (key, value) in chunks[:good]])
+        created.update(key for (_, (key, _)), reply in zip(chunks, metas) if not isinstance(reply, Exception))
         bad = next((i for i, r in enumerate(metas) if isinstance(r, Exception)), good)
         if bad < good:
             good, error = bad, metas[bad]
-    if error is not None:
-        unlink(client, [key for chunk in chunks[good:] for key, _ in chunk])
-    return good, error
+    if error is None:
+        return PrefixWrite(good, None)
+    tail = chunks[good:]  # metadata first: a payload goes only once its metadata is gone
+    metas = [key for _, (key, _) in tail]
+    refused = {key for key, reply in zip(metas, each(client, [("UNLINK", key) for key in metas]))
+               if isinstance(reply, Exception)}
+    if refused:  # a metadata key the user may not delete: is it there at all?
+        asked = sorted(refused)
+        stays = {key for key, n in zip(asked, each(client, [("EXISTS", key) for key in asked]))
+                 if isinstance(n, Exception) or int(n)}
+    else:
+        stays = set()
+    payloads = [key for ((key, _), (meta, _)) in tail if meta not in stays]
+    refused.update(key for key, reply in zip(payloads, each(client, [("UNLINK", key) for key in payloads]))
+                   if isinstance(reply, Exception))
+    kept = {key for (key, _), _ in tail} - set(payloads)  # a payload whose metadata stays, kept beside it
+    return PrefixWrite(good, error, tuple(sorted((refused | kept) & created)))
 
 
 class ShardTrips:

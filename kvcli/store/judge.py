@@ -5,6 +5,12 @@ kvcli.store.batch), warm's plan (is it present as this store writes it?), inspec
 map. The lookup scripts ask :data:`JUDGE_LUA`, the same rule inside the server; ``tests/store/test_judge.py`` runs
 both on a live server over one table of cases.
 
+A store reads one payload layout (:class:`Expected`: dtype, shape, payload and header bytes, as its
+``--kv-dtype`` and model make them): a chunk another store wrote in another layout is no hit for it, and a chain
+whose chunks change layout breaks where they do. The lookup sees that as a payload of another length
+("bad-payload"); a caller that knows the store's layout (warm, the chunk map with a model) or the layout of a
+chain's chunk 0 (:meth:`Expected.of`: inspect, the chunk map without one) names it "other-layout".
+
 States (:data:`STATES`; a Lua script returns a state's index there, its code):
 
 ========================  ==========================================================================================
@@ -16,13 +22,15 @@ States (:data:`STATES`; a Lua script returns a state's index there, its code):
 ``missing``               no metadata key (and no payload key, where the payload was read)
 ``no-metadata``           a payload key without metadata (an orphan payload)
 ``bad-metadata``          a metadata key of another type than a string, a value that is neither real nor accounted,
-                          or (parsed) not kvcli's JSON or not this store's fields
+                          or (parsed) not kvcli's JSON, or another model or parent than the caller expects
 ``token-mismatch``        metadata with another token digest: a prefix-hash collision, never a hit
 ``no-payload``            real metadata, no payload key (evicted, expired, deleted)
 ``bad-payload``           real metadata and a payload of another length or type (truncated, overwritten), or whose
                           length was not read (an index-only lookup cannot vouch for a real payload)
 ``checksum``              the payload's bytes do not decode to the chunk's shape and dtype, or do not match its
                           checksum
+``other-layout``          (parsed, with ``expect``) metadata of another payload layout than the expected one: dtype,
+                          shape, tokens, payload or header bytes (another ``--kv-dtype``, a hybrid model's state)
 ========================  ==========================================================================================
 
 How much is checked depends on what the caller read: a lookup reads the metadata value and the payload's STRLEN
@@ -38,18 +46,21 @@ from typing import TYPE_CHECKING
 import xxhash
 
 from kvcli.store.layout import ChunkMeta, is_accounted, is_real, parse_or_none
-from kvcli.store.serde import PayloadError, PayloadLayout, decode_kv, payload_layout
+from kvcli.store.serde import PayloadError, PayloadLayout, decode_kv, dtype_name, payload_layout
 
 if TYPE_CHECKING:
     import torch
 
     from kvcli.prefixkv import StatefulKV
+    from kvcli.store.records import StoreConfig
 
 USABLE, ACCOUNTED, MISSING, TOKEN_MISMATCH = "usable", "accounted", "missing", "token-mismatch"
-NO_PAYLOAD, BAD_PAYLOAD, BAD_METADATA, NO_METADATA, CHECKSUM = (
-    "no-payload", "bad-payload", "bad-metadata", "no-metadata", "checksum")
-#: Every state, by code (a Lua script's answer is an index here).
-STATES = (USABLE, ACCOUNTED, MISSING, TOKEN_MISMATCH, NO_PAYLOAD, BAD_PAYLOAD, BAD_METADATA, NO_METADATA, CHECKSUM)
+NO_PAYLOAD, BAD_PAYLOAD, BAD_METADATA, NO_METADATA, CHECKSUM, OTHER_LAYOUT = (
+    "no-payload", "bad-payload", "bad-metadata", "no-metadata", "checksum", "other-layout")
+#: Every state, by code (a Lua script's answer is an index here; the scripts never parse the metadata, so they
+#: never answer :data:`OTHER_LAYOUT`, the last).
+STATES = (USABLE, ACCOUNTED, MISSING, TOKEN_MISMATCH, NO_PAYLOAD, BAD_PAYLOAD, BAD_METADATA, NO_METADATA, CHECKSUM,
+          OTHER_LAYOUT)
 CODES = {state: code for code, state in enumerate(STATES)}
 #: States a lookup counts as hits.
 HITS = frozenset({USABLE, ACCOUNTED})
@@ -64,22 +75,41 @@ WRONG_TYPE = -2  # ``meta`` or ``payload``: the key holds another type than a st
 class Expected:
     """The metadata fields a store writes for each chunk (warm's "present as this store would write it"):
     ``model`` id, safetensors ``dtype`` name, ``shape`` ``[layers, 2, kv_heads, chunk_size, head_dim]``, ``tokens``
-    per chunk, ``payload`` tensor bytes and ``header`` serialization bytes of a real payload."""
+    per chunk, ``payload`` tensor bytes and ``header`` serialization bytes of a real payload (None: not known, not
+    compared)."""
 
     model: str
     dtype: str
     shape: tuple[int, ...]
     tokens: int
     payload: int
-    header: int
+    header: int | None
+
+    @classmethod
+    def of_store(cls, config: StoreConfig) -> Expected:
+        """The fields the store of ``config`` writes for each chunk (its payload layout: the model's KV shape, the
+        stored dtype, ``--kv-dtype`` and a hybrid model's state included)."""
+        return cls(config.model_id, dtype_name(config.stored_dtype), config.chunk_shape, config.chunk_size,
+                   config.payload_bytes, config.header_bytes)
+
+    @classmethod
+    def of(cls, meta: ChunkMeta) -> Expected:
+        """The fields of the store that wrote ``meta`` (a chain's chunk 0, say): its header bytes only when its
+        payload is real (an accounted entry records none)."""
+        return cls(meta.model, meta.dtype, meta.shape, meta.tokens, meta.payload,
+                   meta.header if meta.stored == "real" else None)
 
     def matches(self, meta: ChunkMeta, parent: str | None) -> bool:
-        """Whether parsed metadata has these fields (``header`` only for a real payload) and, unless ``parent`` is
-        None, that parent hash hex ("" for chunk 0)."""
-        return (meta.model == self.model and meta.dtype == self.dtype and meta.shape == self.shape
-                and meta.tokens == self.tokens and meta.payload == self.payload
-                and (meta.stored != "real" or meta.header == self.header)
-                and (parent is None or meta.parent == parent))
+        """Whether parsed metadata has this model, this payload layout (:meth:`same_layout`) and, unless ``parent``
+        is None, that parent hash hex ("" for chunk 0)."""
+        return meta.model == self.model and (parent is None or meta.parent == parent) and self.same_layout(meta)
+
+    def same_layout(self, meta: ChunkMeta) -> bool:
+        """Whether parsed metadata records this payload layout: dtype, shape, tokens, payload bytes and, for a real
+        payload where ``header`` is known, header bytes."""
+        return (meta.dtype == self.dtype and meta.shape == self.shape and meta.tokens == self.tokens
+                and meta.payload == self.payload
+                and (meta.stored != "real" or self.header is None or meta.header == self.header))
 
 
 def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int | None = None,
@@ -94,7 +124,8 @@ def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int 
         digest: the prompt's 8-byte token digest of this chunk (None: not known, as when scanning keys).
         value_bytes: the exact length of a payload value this store writes (None: the metadata's header +
             payload bytes, which parses it).
-        expect: the fields this store writes (parses the metadata and compares them), or None.
+        expect: the fields this store writes (parses the metadata and compares them: another model or parent is
+            "bad-metadata", another payload layout "other-layout"), or None.
         parent: with ``expect``, the previous chunk's hash hex the metadata must name ("" for chunk 0).
 
     Returns:
@@ -112,8 +143,10 @@ def judge(meta, payload=NOT_READ, digest: bytes | None = None, value_bytes: int 
     if digest is not None and (parsed.token_digest if parsed is not None else meta[:8]) != digest:
         return TOKEN_MISMATCH
     if parsed is not None:
-        if expect is not None and not expect.matches(parsed, parent):
+        if expect is not None and (parsed.model != expect.model or (parent is not None and parsed.parent != parent)):
             return BAD_METADATA
+        if expect is not None and not expect.same_layout(parsed):
+            return OTHER_LAYOUT
         real, accounted = parsed.stored == "real", parsed.stored == "accounted"
     else:
         real = is_real(meta)

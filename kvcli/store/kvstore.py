@@ -66,6 +66,9 @@ class KVStore(Protocol):
     def written_keys(self) -> Iterator[list[str]]:
         """Every key the store may have written (its ``written`` record), in batches for UNLINK."""
 
+    def vanished_chunks(self) -> int | None:
+        """Chunks it wrote again because their keys had gone, not evicted by its capacity (None: not known)."""
+
     @property
     def resident_chunks(self) -> int | None:
         """Chunks held under a client-side capacity (None: no capacity)."""

@@ -279,6 +279,11 @@ class LMCacheStore:
         """Refuse KV values over the server's ``proto-max-bulk-len`` before any write (ChunkTooLargeError)."""
         return check_value_size(self.client, self.config, self.value_bytes)
 
+    def vanished_chunks(self) -> int | None:
+        """None: not known (LMCache's store writes every chunk after the hit run again, present or not, so a
+        chunk written twice says nothing of a chunk gone)."""
+        return None
+
     @property
     def resident_chunks(self) -> int | None:
         """None: no client-side capacity."""

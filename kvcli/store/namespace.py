@@ -393,12 +393,16 @@ def describe(found: dict[int, SizeContents]) -> str:
     return "; ".join(parts)
 
 
-def absent_note(found: dict[int, SizeContents], namespace: str, model_id: str, chunk_size: int) -> str:
-    """Why a namespace read for ``model_id`` at ``chunk_size`` gave no hit, naming what it does hold."""
+def absent_note(found: dict[int, SizeContents], namespace: str, model_id: str, chunk_size: int,
+                cause: str = "") -> str:
+    """Why a namespace read for ``model_id`` at ``chunk_size`` gave no hit, naming what it does hold. ``cause``: a
+    cause the caller found in the prompt itself (a double BOS: :func:`kvcli.traces.bos.prompt_bos_note`), said in
+    place of the guess at another tokenizer or cache salt (and after the guess at another model)."""
     here = found.get(chunk_size)
     if here is not None and model_id in here.models:
+        why = cause or "no prompt starts with a stored chunk (another tokenizer or cache salt?)"
         return (f"namespace {namespace!r} gave no hit at chunk size {chunk_size} although it holds model {model_id} "
-                f"there: no prompt starts with a stored chunk (another tokenizer or cache salt?); it holds: "
-                f"{describe(found)}")
+                f"there: {why}; it holds: {describe(found)}")
+    also = f"; {cause}" if cause else ""
     return (f"namespace {namespace!r} holds nothing for model {model_id} at chunk size {chunk_size} (another "
-            f"--seed, --model, --dtype or chunk size, or a typo?); it holds: {describe(found)}")
+            f"--seed, --model, --dtype or chunk size, or a typo?); it holds: {describe(found)}{also}")

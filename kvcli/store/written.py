@@ -67,6 +67,11 @@ class WrittenChunks:
         """Bytes the record holds (both kinds, not counting over-allocation)."""
         return sum(len(buf) for buf in self._hashes.values())
 
+    def distinct_chunks(self, kind: str) -> int:
+        """How many distinct hashes of ``kind`` are recorded; compacts the record."""
+        self._compact(kind)
+        return len(self._hashes[kind]) // HASH_BYTES
+
     def distinct(self, kind: str) -> bytes:
         """Every distinct hash of ``kind``, sorted, concatenated (16 bytes each); compacts the record."""
         self._compact(kind)

@@ -21,22 +21,38 @@ def prompt_bos(tokenizer: TokenizerArg) -> int | None:
     return get_tokenizer(tokenizer).prompt_bos_id
 
 
+#: What a double BOS means and what to do, after the line's count of prompts.
+_WHY = ("the text already holds the rendered chat template's BOS and the tokenizer added another, as vLLM's "
+        "/v1/completions does, so it shares at most that BOS with the same conversation sent as messages; "
+        "--no-special-tokens (or \"add_special_tokens\": false in the record) reads it as an engine called with "
+        "add_special_tokens=false")
+
+
+def _doubled(ids, bos: int) -> bool:
+    return len(ids) >= 2 and ids[0] == bos and ids[1] == bos
+
+
 def double_bos_note(requests: Iterable[Request], bos: int, bos_text: str) -> str | None:
     """One line naming the requests whose token ids start with two ``bos`` (``bos_text``, its text), or None."""
     count, first = 0, ""
     for request in requests:
-        ids = request.token_ids
-        if len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        if _doubled(request.token_ids, bos):
             count += 1
             first = first or request.source or request.id
     if not count:
         return None
     starts = "prompts start" if count != 1 else "prompt starts"
-    return (f"double BOS: {count:,} {starts} with two {bos_text!r} (id {bos}; first {first}): the text already "
-            f"holds the rendered chat template's BOS and the tokenizer added another, as vLLM's /v1/completions "
-            f"does, so it shares at most that BOS with the same conversation sent as messages; "
-            f"--no-special-tokens (or \"add_special_tokens\": false in the record) reads it as an engine "
-            f"called with add_special_tokens=false")
+    return f"double BOS: {count:,} {starts} with two {bos_text!r} (id {bos}; first {first}): {_WHY}"
+
+
+def prompt_bos_note(token_ids, tokenizer: TokenizerArg) -> str | None:
+    """One line naming a double BOS at the start of one prompt's ``token_ids`` (``[tokens]``) under ``tokenizer``
+    (its BOS: :func:`prompt_bos`), or None: no double BOS, or a tokenizer that adds none (a tiktoken name: nothing
+    is loaded)."""
+    bos = prompt_bos(tokenizer)
+    if bos is None or not _doubled(token_ids, bos):
+        return None
+    return f"double BOS: the prompt starts with two {get_tokenizer(tokenizer).decode([bos])!r} (id {bos}): {_WHY}"
 
 
 def trace_bos_note(path: str | Path, fmt: str | TraceFormat, tokenizer: TokenizerArg) -> str | None:

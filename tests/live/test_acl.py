@@ -12,6 +12,8 @@ import redis
 from test_warm import cli_app
 from typer.testing import CliRunner
 
+from kvcli.live.inspect import inspect_cache
+
 TOKENS = list(range(1, 11))
 NO_INFO = ["~kvcli:*", "+@all", "-@dangerous", "-@admin"]
 
@@ -118,3 +120,67 @@ def test_replay_without_unlink_names_what_it_left_and_the_permission_it_needs(ac
     # the calibration's 16 probes and the run's sentinel
     assert "the keys this run wrote are left" in out.stderr and len(left) == 17
     assert "; run it as a user allowed SCAN and UNLINK" in out.stderr
+
+
+def _warm(tmp_path, url: str):
+    """warm TOKENS (two chunks of 4: one batch) into namespace "fleet" as the restricted user, --json."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"token_ids": TOKENS}) + "\n")
+    return _invoke("warm", str(prompts), "--model", "tiny", "--chunk-size", "4", "--namespace", "fleet",
+                   "--redis-url", url, "--json"), prompts
+
+
+def _kvcli_keys(admin) -> dict[str, int]:
+    """The server's kvcli keys by kind: ``{"m": metadata keys, "p": payload keys}``."""
+    keys = [k.decode() for k in admin.scan_iter("kvcli:*")]
+    return {kind: sum(1 for k in keys if k.split(":")[-2] == kind) for kind in ("m", "p")}
+
+
+def test_warm_as_a_user_without_multi_writes_and_counts_its_chunks(acl_server, tmp_path):
+    """MULTI refused by the ACL: warm's batches go without a transaction (payloads, then metadata), so both chunks
+    are written and counted (2 chunks, 4 objects), each whole: nothing orphaned."""
+    admin, url = acl_server(NO_INFO + ["-multi"])
+    out, _ = _warm(tmp_path, url)
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert (doc["totals"]["chunks_written"], doc["totals"]["objects_written"], doc["stopped"]) == (2, 4, "")
+    assert _kvcli_keys(admin) == {"m": 2, "p": 2}
+    group, = inspect_cache(admin, sample=0, verify=True).groups
+    assert (group.chunks, dict(group.issues)) == (2, {})
+
+
+# the user may read every kvcli key and write only one kind: the other kind's SET is refused
+ONLY_METADATA = ["resetkeys", "%R~kvcli:*", "%W~kvcli:*:m:*"]
+ONLY_PAYLOADS = ["resetkeys", "%R~kvcli:*", "%W~kvcli:*:p:*"]
+
+
+@pytest.mark.parametrize("multi", [[], ["-multi"]], ids=["multi", "no-multi"])
+@pytest.mark.parametrize("writable", [ONLY_METADATA, ONLY_PAYLOADS], ids=["metadata", "payloads"])
+def test_warm_as_a_user_allowed_one_kind_of_key_writes_nothing_and_says_so(acl_server, tmp_path, multi, writable):
+    """With MULTI, the batch is one transaction, aborted whole by its refused SET. Without MULTI, only metadata keys
+    writable: the payloads are refused, so no metadata is written; only payload keys: the payloads are written,
+    their metadata refused, and the payloads deleted again. Either way the server holds no kvcli key, the run says
+    it wrote 0 objects, and the error names the refused batch, chunks 0-1."""
+    admin, url = acl_server(NO_INFO + multi + writable)
+    out, prompts = _warm(tmp_path, url)
+    assert out.exit_code == 3, out.output
+    assert json.loads(out.stdout)["totals"]["objects_written"] == 0
+    assert (f"kvcli: error: the server refused the batch of chunks 0-1 (tokens 0-8) of {prompts}:1 at chunk size 4: "
+            f"No permissions to access a key") in out.stderr
+    assert "stopped there, everything before it is stored\n" in out.stderr
+    assert _kvcli_keys(admin) == {"m": 0, "p": 0}
+    assert sorted(admin.scan_iter("*")) == [b"foreign"]
+
+
+def test_warm_names_the_keys_it_wrote_and_may_not_delete(acl_server, tmp_path):
+    """No MULTI, only payload keys writable, and no UNLINK: the two payloads are written, their metadata refused,
+    and they cannot be deleted again. warm reports 0 objects written (no chunk is stored) and names the 2 payload
+    keys it leaves (no lookup reads a payload without metadata)."""
+    admin, url = acl_server(NO_INFO + ["-multi"] + ONLY_PAYLOADS + ["-unlink"])
+    out, _ = _warm(tmp_path, url)
+    assert out.exit_code == 3, out.output
+    assert json.loads(out.stdout)["totals"]["objects_written"] == 0
+    assert _kvcli_keys(admin) == {"m": 0, "p": 2}
+    payloads = sorted(k.decode() for k in admin.scan_iter("kvcli:*"))
+    assert (f"stopped there, everything before it is stored; 2 keys it wrote after that could not be deleted again "
+            f"(UNLINK refused; no lookup reaches them): {payloads[0]}, {payloads[1]}\n") in out.stderr

@@ -380,3 +380,93 @@ def test_a_damaged_first_chunk_gets_its_state_not_a_warning_about_the_namespace(
     assert ([r.status for r in m.rows], m.warning) == (["no-metadata", "unreachable"], "")
     (gone,) = absent_warnings(redis_client, [chunk_map(redis_client, [9] * 8, "dmg", 4, "m", "raw")])
     assert [r.status for r in gone.rows] == ["missing", "missing"] and "holds" in gone.warning
+
+
+def test_a_chunk_stored_in_another_layout_breaks_replay_inspect_and_the_map_alike(redis_url, redis_client, tmp_path):
+    """A prompt of 53 tokens at chunk size 4: 13 full chunks. warm (fp32) stores all 13; warm --kv-dtype fp8 of its
+    first 20 tokens rewrites chunks 0-4 in fp8 (another layout: 4 x 64 one-byte values + 4 scales of 4 bytes = 272
+    payload bytes, not fp32's 1,024); warm (fp32) of its first 16 tokens rewrites chunks 0-3 in fp32 again. Chunk 4
+    is fp8 among fp32 chunks. By hand: replay (fp32) hits chunks 0-3 and stops at 4 (its payload is another length):
+    16 hit tokens. inspect --verify names chunk 4 "other_layout" and chunks 4-12 unreachable (9); the chunk map
+    breaks at chunk 4 ("other-layout"), chunks 5-12 unreachable, 16 tokens reused; with --kv-dtype fp8 it breaks at
+    chunk 0; by a bare model id (no shapes) it judges against chunk 0's layout: chunk 4 again."""
+    tokens = list(range(1, 54))
+    files = {}
+    for n in (53, 20, 16):
+        files[n] = tmp_path / f"p{n}.jsonl"
+        files[n].write_text(json.dumps({"token_ids": tokens[:n]}) + "\n")
+    run = CliRunner()
+    base = ["--model", "tiny", "--chunk-size", "4", "--namespace", "lay", "--redis-url", redis_url]
+    for n, extra in ((53, []), (20, ["--kv-dtype", "fp8"]), (16, [])):
+        out = run.invoke(cli_app(), ["warm", str(files[n]), *base, *extra])
+        assert out.exit_code == 0, out.output
+    store = make_stores(redis_client, TINY, WarmConfig("lay", (4,)))[0]
+    hexes = [h.hex() for h in store.chunk(np.asarray(tokens, dtype=np.uint32)).hashes]
+    assert len(hexes) == 13
+    assert [b'"dtype":"F8_E4M3"' in redis_client.get(store.meta_key(bytes.fromhex(x))) for x in hexes] == \
+        [False] * 4 + [True] + [False] * 8
+
+    out = run.invoke(cli_app(), ["replay", str(files[53]), "--model", "tiny", "--chunk-sizes", "4", "--namespace",
+                                 "lay", "--measure", "0", "--prefill-tps", "1000", "--payload", "accounted",
+                                 "--redis-url", redis_url, "--json"])
+    assert out.exit_code == 0, out.output
+    row = json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]
+    assert (row["hit_tokens"], row["namespace_hit_chunks"]) == (16, 4)
+
+    out = run.invoke(cli_app(), ["inspect", "--namespace", "lay", "--verify", "--redis-url", redis_url, "--json"])
+    assert out.exit_code == 0, out.output
+    group, = json.loads(out.stdout)["groups"]
+    assert group["integrity"] == {"other_layout": [hexes[4]], "unreachable": sorted(hexes[4:])}
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(map(str, tokens)))
+    mapped = ["inspect", "--tokens", str(ids), *base, "--json"]
+    for extra, hit, where in (([], 16, 4), (["--kv-dtype", "fp8"], 0, 0), (["--model", TINY.model_id], 16, 4)):
+        out = run.invoke(cli_app(), mapped + extra)
+        assert out.exit_code == 0, out.output
+        m, = json.loads(out.stdout)["chunk_maps"]
+        assert (m["hit_tokens"], m["break_index"], m["break_reason"]) == (hit, where, "other-layout"), extra
+        if where == 4:
+            assert [r["status"] for r in m["rows"]] == ["hit"] * 4 + ["other-layout"] + ["unreachable"] * 8
+
+
+def test_an_fp8_chunk_whose_scale_was_overwritten_is_never_reused(redis_url, redis_client, tmp_path):
+    """warm --kv-dtype fp8 stores a 133-token prompt at chunk size 4: 33 full chunks, each payload its fp8 KV then
+    its 2 x 2 float32 scales, the checksum over both. SETRANGE overwrites chunk 20's first scale (K of layer 0)
+    with 1.0 on the server. By hand: replay --measure all retrieves chunks 0-19 and stops at 20 (its bytes no
+    longer match the checksum): 80 hit tokens, 1 checksum failure, and the cached prefill on 80 fp8 tokens stays
+    within fp8's bound (0.05); the chunk map breaks at chunk 20 ("checksum"); inspect --verify names it."""
+    from test_fp8_kv import FP8_ATOL
+
+    from kvcli.store.serde import payload_layout
+
+    tokens = list(range(1, 134))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"token_ids": tokens}) + "\n")
+    run = CliRunner()
+    base = ["--model", "tiny", "--namespace", "f8", "--kv-dtype", "fp8", "--redis-url", redis_url]
+    out = run.invoke(cli_app(), ["warm", str(prompts), "--chunk-size", "4", *base])
+    assert out.exit_code == 0, out.output
+    store = make_stores(redis_client, TINY, WarmConfig("f8", (4,), kv_dtype="fp8"))[0]
+    hashes = store.chunk(np.asarray(tokens, dtype=np.uint32)).hashes
+    key = store.payload_key(hashes[20])
+    value = redis_client.get(key)
+    scales = payload_layout(value).end  # the kv_scale tensor starts where the fp8 KV ends
+    assert np.frombuffer(value[scales:scales + 4], dtype="<f4")[0] != 1.0
+    redis_client.setrange(key, scales, np.float32(1.0).tobytes())
+
+    out = run.invoke(cli_app(), ["replay", str(prompts), "--chunk-sizes", "4", *base, "--measure", "all", "--json"])
+    assert out.exit_code == 0, out.output
+    row = json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]
+    assert (row["hit_tokens"], row["checksum_failures"], row["namespace_hit_chunks"]) == (80, 1, 20)
+    assert 0 < row["max_logit_diff"] <= FP8_ATOL
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(map(str, tokens)))
+    out = run.invoke(cli_app(), ["inspect", "--tokens", str(ids), "--chunk-size", "4", *base, "--json"])
+    assert out.exit_code == 0, out.output
+    m, = json.loads(out.stdout)["chunk_maps"]
+    assert (m["hit_tokens"], m["break_index"], m["break_reason"]) == (80, 20, "checksum")
+    out = run.invoke(cli_app(), ["inspect", "--namespace", "f8", "--verify", "--redis-url", redis_url, "--json"])
+    group, = json.loads(out.stdout)["groups"]
+    assert group["integrity"]["checksum_failures"] == [hashes[20].hex()]

@@ -129,6 +129,46 @@ BATCH_READ = (b"MGET", b":4:m:")  # a pipelined batch's read of every metadata k
 BATCH_WRITE = (b"MSET", b":4:m:")  # a pipelined batch's writes
 TWO_TRIPS = ("--capacity-tokens", "1000")  # a capacity (never reached here): the LRU is the client's, so batches
 # take two round trips (MGET, then MSET) instead of the batch script
+def test_the_runs_keys_deleted_mid_run_make_its_hits_a_lower_bound_and_say_so(tmp_path, fault_proxy, redis_client):
+    """R1 = R2 = R3 = tok(1..10) at chunk size 4, and another client deletes the run's two chunks (their metadata
+    keys; the server stays up, the run's sentinel stays) as R3's lookup arrives. R1 misses and stores 2 chunks, R2
+    hits 8 tokens, R3 misses and stores the 2 chunks again: 8 hit tokens of 30 (16 without the deletion), 2
+    vanished chunks, 4 metadata entries. The note, the summary line and the verdict say the hits are a lower
+    bound."""
+    deleted = []
+
+    def delete_the_runs_chunks() -> None:
+        keys = list(redis_client.scan_iter("kvcli:v1:replay-*:4:m:*"))
+        deleted.append(redis_client.delete(*keys))
+
+    fault_proxy.on(*LOOKUP_R2, skip=2, call=delete_the_runs_chunks)
+    trace = _trace(tmp_path, 3)
+    out = _replay(trace, fault_proxy.url())
+    row = _row(out)
+    assert deleted == [2]
+    assert (row["hit_tokens"], row["prompt_tokens"], row["metadata_entries"]) == (8, 30, 4)
+    assert (row["vanished_chunks"], row["redis_errors"]) == (2, 0)
+    doc = json.loads(out.stdout)["traces"][0]
+    assert ("chunk size 4: its hit figures, and the savings built on them, are a lower bound: 2 of the run's chunks "
+            "vanished from the server and were written again (deleted by another client, or evicted or expired by "
+            "the server)") in doc["notes"]
+    assert doc["verdict"]["lower_bound_chunk_sizes"] == [4]
+    assert doc["verdict"]["text"].endswith("; the hit figures at chunk size 4 are a lower bound (the run's chunks "
+                                           "vanished from the server, or Redis calls failed: see the notes), so "
+                                           "their savings may be understated")
+    assert f"{trace}: " in out.stderr and "(at 4: hit 26.7% (a lower bound: 2 of its chunks vanished), " in out.stderr
+    assert list(redis_client.scan_iter("*")) == []  # the run's namespace was deleted
+
+
+def test_a_replay_whose_keys_stay_says_nothing_of_a_lower_bound(tmp_path, redis_url):
+    """The same three requests with nothing deleted: 16 hit tokens, no vanished chunk, no lower bound anywhere."""
+    out = _replay(_trace(tmp_path, 3), redis_url)
+    row = _row(out)
+    assert (row["hit_tokens"], row["vanished_chunks"], row["redis_errors"]) == (16, 0, 0)
+    doc = json.loads(out.stdout)["traces"][0]
+    assert doc["verdict"]["lower_bound_chunk_sizes"] == [] and "lower bound" not in out.output
+
+
 BATCH_SCRIPT = (b"meta_hit", b":4:m:")  # a batch script (its body names meta_hit; a sampled lookup's does not)
 
 
@@ -389,7 +429,12 @@ def test_a_script_kill_of_a_batch_script_fails_that_batch_only(tmp_path, make_se
     assert kills == [True], "no script was killed"
     row = _row(out)
     assert (row["hit_tokens"], row["prompt_tokens"], row["lookups"]) == (500_000, 800_008, 8)
-    assert (row["redis_errors"], row["redis_timeouts"]) == (1, 0)
+    assert (row["redis_errors"], row["redis_timeouts"], row["vanished_chunks"]) == (1, 0, 0)
+    doc = json.loads(out.stdout)["traces"][0]
+    assert ("chunk size 4: its hit figures, and the savings built on them, are a lower bound: 1 Redis call failed "
+            "(a failed lookup is a miss that stores nothing)") in doc["notes"]
+    assert doc["verdict"]["lower_bound_chunk_sizes"] == [4] and "are a lower bound" in doc["verdict"]["text"]
+    assert "(at 4: hit 62.5% (a lower bound: 1 Redis call failed), " in out.stderr
     assert admin.dbsize() == 0
 
 

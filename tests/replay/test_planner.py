@@ -129,3 +129,26 @@ def test_a_tier_smaller_than_one_chunk_is_refused_as_route_refuses_it(tmp_path, 
     with pytest.raises(BadInputError) as route:
         SimConfig(chunk_size=4, capacity_tokens=8, first_tier="gpu", lower_tiers=(RouteTier("host", 3, False),))
     assert str(route.value) == "--tier host must be at least one chunk (>= --chunk-size, 4 tokens), got 3"
+
+
+@pytest.mark.parametrize("capacity, s3fifo", [(10, None), (20, 15)])
+def test_cli_s3fifo_below_its_smallest_useful_capacity_is_not_run_and_said(tmp_path, redis_url, capacity, s3fifo):
+    """SMALLEST with one tier of ``capacity`` chunks, which holds every chunk: r3 = r1 hits its 4 chunks, 15 tokens
+    reused (its last one computed again), by LRU and LFU alike. At 10 chunks libCacheSim's S3-FIFO holds nothing:
+    it is not run, and one line under the table says so; at 20 it holds everything, as LRU does."""
+    args = ["--redis-url", redis_url, "--tier", f"gpu={4 * capacity}", "--policy", "lfu,s3fifo"]
+    out = _cli(tmp_path, *args, "--json")
+    assert out.exit_code == 0, out.output
+    policies = {p["policy"]: p for p in json.loads(out.stdout)["traces"][0]["per_chunk_size"][0]["plan"]["policies"]}
+    assert (policies["lru"]["hit_tokens"], policies["lfu"]["hit_tokens"]) == (15, 15)
+    why = ("not run: S3-FIFO holds nothing below 20 chunks (libCacheSim's small FIFO, 10% of the cache, keeps "
+           "nothing under 2)")
+    table = _cli(tmp_path, *args)
+    assert table.exit_code == 0, table.output
+    text = " ".join(table.stdout.split())  # the table's lines wrap
+    if s3fifo is None:
+        assert (policies["s3fifo"]["hit_tokens"], policies["s3fifo"]["skipped"]) == (0, why)
+        assert f"chunk size 4: policy s3fifo at {capacity} chunks {why}" in text
+    else:
+        assert (policies["s3fifo"]["hit_tokens"], policies["s3fifo"]["skipped"]) == (s3fifo, "")
+        assert "policy s3fifo at" not in text

@@ -41,14 +41,45 @@ def test_prefix_rule_on_top_a_chunk_behind_a_miss_is_no_hit():
     for p in ("lru", "lfu"):
         counts = simulate_policy(s, p, 10)
         assert (counts.hit_chunks, counts.written_chunks) == (2, 4), p  # [d,b]'s b is held, d is not: no hit
-    # S3-FIFO's small FIFO is 1 chunk of 10: a, then b, then c pass through it once and out (to its ghost), so r3
-    # finds neither: no hit; r3 moves a and b to the main FIFO (seen in the ghost)
-    assert simulate_policy(s, "s3fifo", 10).hit_chunks == 0
+    # S3-FIFO at 20 chunks (its smallest that holds anything): a small FIFO of 2 holds a and b through r2's c,
+    # as the others do
+    assert (simulate_policy(s, "s3fifo", 20).hit_chunks, simulate_policy(s, "s3fifo", 20).written_chunks) == (2, 4)
 
 
-def test_s3fifo_below_ten_chunks_is_said_not_run():
-    s = stream_of(4, [([A], 5)])
-    assert simulate_policy(s, "s3fifo", 9).skipped and not simulate_policy(s, "s3fifo", 10).skipped
+@pytest.mark.parametrize("capacity, held", [(9, 0), (10, 0), (19, 0), (20, 1), (21, 1)])
+def test_s3fifo_runs_from_the_smallest_capacity_that_holds_anything(capacity, held):
+    """[a], [a]: LRU and LFU hit a at every capacity from 1. libCacheSim's S3-FIFO keeps nothing below 20 chunks
+    (its small FIFO, 10% of the cache, is 1 chunk from 10 to 19, and aborts the process below 10): there it is not
+    run and says so in one line; from 20 it hits a."""
+    s = stream_of(4, [([A], 5), ([A], 5)])
+    for policy in ("lru", "lfu"):
+        assert simulate_policy(s, policy, capacity).hit_chunks == 1, policy
+    got = simulate_policy(s, "s3fifo", capacity)
+    assert got.hit_chunks == held
+    if held:
+        assert got.skipped == ""
+    else:
+        assert got.skipped == ("not run: S3-FIFO holds nothing below 20 chunks (libCacheSim's small FIFO, 10% of "
+                               "the cache, keeps nothing under 2)")
+
+
+def test_libcachesim_s3fifo_holds_nothing_at_19_chunks_and_something_at_20():
+    """The threshold itself, on libCacheSim directly: 40 distinct objects in, how many are held after."""
+    import libcachesim as lcs
+
+    def held(capacity: int) -> int:
+        cache, req = lcs.S3FIFO(cache_size=capacity, hashpower=10), lcs.Request()
+        req.obj_size = 1
+        for x in range(1, 41):
+            req.obj_id = x
+            cache.get(req)
+        found = 0
+        for x in range(1, 41):
+            req.obj_id = x
+            found += cache.find(req, False) is not None
+        return found
+
+    assert (held(10), held(19), held(20)) == (0, 0, 20)
 
 
 def test_parse_policies():

@@ -20,7 +20,7 @@ PORT = {name for name in vars(BatchPort) if not name.startswith("_")}
 PUBLIC = {"layout", "client", "config", "stats", "prefix", "written", "chunker", "expected", "meta_key",
           "payload_key", "written_keys", "chunk", "shard_trips", "check_value_size", "lookup", "retrieve", "verify",
           "store", "capacity_chunks", "key_pattern", "value_bytes", "key_bytes_per_chunk", "accounted",
-          "resident_chunks", "batch_port"}
+          "resident_chunks", "vanished_chunks", "batch_port"}
 
 
 def _annotation(arg: ast.arg) -> str:

@@ -27,6 +27,7 @@ from kvcli.store.judge import (
     NO_METADATA,
     NO_PAYLOAD,
     NOT_READ,
+    OTHER_LAYOUT,
     TOKEN_MISMATCH,
     USABLE,
     WRONG_TYPE,
@@ -222,7 +223,8 @@ def test_an_fp8_chunk_is_usable_as_fp8_and_nowhere_else(redis_client):
     """An fp8 store's chunk: 2 x 2 x 2 x 4 x 3 = 96 one-byte values + 2 x 2 float32 scales = 112 payload bytes (the
     fp32 store's 384), ``"dtype":"F8_E4M3"`` in its metadata. It is usable by the store that wrote it (retrieve
     dequantizes to the model's fp32); to an fp32 store of the same chunk it is another length (a lookup's
-    bad-payload) and another dtype (its bytes' checksum state); a header relabelled U8 is refused by the judge."""
+    bad-payload), another dtype (its bytes' checksum state) and, judged with the fp32 store's fields, another
+    layout; a header relabelled U8 is refused by the judge."""
     store, plain = _fp8_store(redis_client), _store(redis_client)
     assert (store.config.payload_bytes, plain.config.payload_bytes) == (112, 384)
     prompt = store.chunk(TOKENS)
@@ -239,7 +241,7 @@ def test_an_fp8_chunk_is_usable_as_fp8_and_nowhere_else(redis_client):
     assert 0 < float((got.kv - kv).abs().max()) <= float(kv.abs().max()) / 16  # e4m3: 3 mantissa bits
     assert judge(meta, len(payload), digest, plain.value_bytes) == BAD_PAYLOAD
     assert not payload_ok(payload, meta[8:16], plain.config.chunk_shape, plain.expected.dtype)
-    assert judge(meta, payload, digest, store.value_bytes, plain.expected, "") == BAD_METADATA
+    assert judge(meta, payload, digest, store.value_bytes, plain.expected, "") == OTHER_LAYOUT
     lie = payload.replace(b'"dtype":"F8_E4M3"', b'"dtype":"U8"     ', 1)  # same length, same bytes
     redis_client.set(store.payload_key(prompt.hashes[0]), lie)
     assert judge(meta, lie, digest) == CHECKSUM

@@ -132,3 +132,34 @@ def test_explain_notes_a_double_bos(tmp_path, tiny_checkpoint, rendered, flag):
             f"double BOS: 1 prompt starts with two '<|begin_of_text|>' (id {bos}; first {path}:2)")
     else:
         assert double == []
+
+
+@pytest.mark.parametrize("flag", ["--add-special-tokens", "--no-special-tokens"])
+def test_the_chunk_map_of_a_double_bos_prompt_names_the_double_bos(tmp_path, redis_url, tiny_checkpoint, rendered,
+                                                                  flag):
+    """warm stores M as messages (n tokens, one BOS) at chunk size 4; the map of the text prompt (line 2) by default
+    reads [BOS] + M's tokens: its chunk 0 is not stored, 0 tokens reused, and the warning says why, the double BOS,
+    where it guessed at another tokenizer or cache salt. Without special tokens it reads M's own tokens: every full
+    chunk hits (4 * (n // 4) tokens, n - 1 at most) and there is no warning."""
+    text, chat, bos = rendered
+    n = len(chat)
+    path = _trace(tmp_path, [{"messages": M}, {"prompt": text}])
+    stored = tmp_path / "m.jsonl"
+    stored.write_text(json.dumps({"messages": M}) + "\n")
+    base = ["--model", tiny_checkpoint, "--chunk-size", "4", "--namespace", "bos", "--redis-url", redis_url]
+    out = CliRunner().invoke(app, ["warm", str(stored), *base])
+    assert out.exit_code == 0, out.output
+    out = CliRunner().invoke(app, ["inspect", "--request", f"{path}:2", *base, "--json", flag])
+    assert out.exit_code == 0, out.output
+    (m,) = json.loads(out.stdout)["chunk_maps"]
+    if flag == "--no-special-tokens":
+        assert (m["hit_tokens"], m["warning"]) == (min(4 * (n // 4), n - 1), "")
+        assert "warning" not in out.stderr
+        return
+    assert (m["hit_tokens"], m["break_index"], m["break_reason"]) == (0, 0, "missing")
+    assert m["warning"].startswith(f"namespace 'bos' gave no hit at chunk size 4 although it holds model "
+                                   f"{m['model_id']} there: double BOS: the prompt starts with two "
+                                   f"'<|begin_of_text|>' (id {bos}): the text already holds the rendered chat "
+                                   f"template's BOS and the tokenizer added another")
+    assert "another tokenizer or cache salt" not in m["warning"] and "--no-special-tokens" in m["warning"]
+    assert "warning: namespace 'bos' gave no hit" in out.stderr
