@@ -143,7 +143,7 @@ def test_cli_s3fifo_below_its_smallest_useful_capacity_is_not_run_and_said(tmp_p
     assert (policies["lru"]["hit_tokens"], policies["lfu"]["hit_tokens"]) == (15, 15)
     why = ("not run: S3-FIFO holds nothing below 20 chunks (libCacheSim's small FIFO, 10% of the cache, keeps "
            "nothing under 2)")
-    table = _cli(tmp_path, *args)
+    table = _cli(tmp_path, *args, "--full")  # the planner's rows and notes
     assert table.exit_code == 0, table.output
     text = " ".join(table.stdout.split())  # the table's lines wrap
     if s3fifo is None:
