@@ -14,6 +14,11 @@ chunk size ``cs``:
   touches it); ``F``, the run that is also unexpired at the TTL (expiry as :mod:`kvcli.sim.ttlcurve` rules it:
   a chunk lives ``ttl`` seconds from the write that stored it, or from its last request with ``refresh``; an absent
   chunk, evicted or expired, is written again). ``F <= C <= U <= B <= B_any <= n``.
+* With a vLLM engine instead (``--gpu-blocks``: :mod:`kvcli.sim.scheduler` on :mod:`kvcli.sim.blockpool`),
+  ``U = floor(reusable(B) / cs) * cs`` (the engine's hit ends on a block boundary at most ``n - 1`` tokens in) and
+  ``F = C`` is the run the engine finds cached when it admits the request (its ``num_cached_tokens``). Every
+  earlier prompt's blocks were cached by then (the scheduler admits a request only once the requests ahead of it
+  have scheduled all of their prompt), so ``U - C`` is eviction, with requests in flight too.
 * A request reuses ``reused = reusable(F)`` tokens, ``reusable(h) = min(h, n - 1)``
   (:func:`kvcli.store.hashing.reusable_tokens`: a fully cached prompt still computes its last token), and the rest
   is lost, each span to one cause:
@@ -37,9 +42,9 @@ chunk size ``cs``:
 Where a prompt diverges, :mod:`kvcli.analysis.divergence` names the place: the message, its role and field (chat
 traces), or the token position, with an excerpt of both prompts around the first difference.
 
-Cost: one pass over the trace; the radix (4 bytes per distinct token); with a capacity or TTL, each request's chunk
-hashes (:mod:`kvcli.store.hashing`) and the LRU's and expiry's 16-byte keys; for text traces, every request's token
-ids and messages are kept to show excerpts (4 bytes per token).
+Cost: one pass over the trace; the radix (4 bytes per distinct token); with a capacity, TTL or engine, each
+request's chunk hashes (:mod:`kvcli.store.hashing`) and the LRU's, expiry's or engine's 16-byte keys; for text
+traces, every request's token ids and messages are kept to show excerpts (4 bytes per token).
 """
 from __future__ import annotations
 
@@ -52,6 +57,7 @@ import numpy as np
 from kvcli.analysis.divergence import Site, locate
 from kvcli.errors import BadInputError
 from kvcli.sim.lru import ChunkLru
+from kvcli.sim.scheduler import EngineConfig, EngineRequest, EngineSim
 from kvcli.sim.ttlcurve import RESOLUTION_SECONDS
 from kvcli.sim.upper_bound import PrefixMatch, RadixUpperBound
 from kvcli.store.hashing import PromptChunker, reusable_tokens
@@ -70,9 +76,14 @@ class ExplainConfig:
         capacity_chunks: the LRU's capacity in chunks (None: unlimited).
         ttl: seconds a chunk lives (None: no expiry). ttl_refresh: from its last request, not its last write.
         model_id, tokenizer: the chunk hashes' root (:func:`kvcli.store.hashing.namespace_root`), as replay's.
+        engine: a vLLM engine instead of an LRU (:class:`kvcli.sim.scheduler.EngineConfig`, block size = chunk
+            size): its block pool holds the chunks, and a request reuses what the engine finds cached when it
+            admits it. output_tokens: with an engine, the tokens every request generates (None: the trace's
+            ``output_length``, 1 where it has none).
 
     Raises:
-        BadInputError: a chunk size < 1, a capacity < 0, a TTL <= 0, or ``ttl_refresh`` without a TTL.
+        BadInputError: a chunk size < 1, a capacity < 0, a TTL <= 0, ``ttl_refresh`` without a TTL, an engine with
+            a capacity or a TTL or another block size, or ``output_tokens`` < 1.
     """
 
     chunk_size: int
@@ -81,6 +92,8 @@ class ExplainConfig:
     ttl_refresh: bool = False
     model_id: str = ""
     tokenizer: str = ""
+    engine: EngineConfig | None = None
+    output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -91,6 +104,14 @@ class ExplainConfig:
             raise BadInputError(f"--ttl must be > 0 seconds, got {self.ttl}")
         if self.ttl_refresh and self.ttl is None:
             raise BadInputError("--ttl-refresh says when a chunk's life starts: it needs --ttl")
+        if self.engine is not None and (self.capacity_chunks is not None or self.ttl is not None):
+            raise BadInputError("--gpu-blocks is the engine's own capacity and vLLM expires nothing: give it without "
+                                "--capacity-tokens, --capacity-bytes and --ttl")
+        if self.engine is not None and self.engine.block_size != self.chunk_size:
+            raise BadInputError(f"the engine's block size {self.engine.block_size} is not the chunk size "
+                                f"{self.chunk_size}")
+        if self.output_tokens is not None and self.output_tokens < 1:
+            raise BadInputError(f"--output-length must be >= 1 token (vLLM's max_tokens), got {self.output_tokens}")
 
 
 @dataclass(frozen=True)
@@ -159,8 +180,10 @@ class TraceExplanation:
         reordered: requests out of timestamp order (0: taken in file order). skipped_empty: empty prompts (not
             requests: replay skips them too).
         chunk_states: for the requests :attr:`Explainer.watch` names (by index), per full chunk whether the
-            cache held it (LRU, or stored before when unlimited) and whether it was unexpired, when the request
-            came (only with a capacity or TTL).
+            cache held it (LRU, engine, or stored before when unlimited) and whether it was unexpired, when the
+            request came (only with a capacity, TTL or engine).
+        preemptions: with an engine, the requests it preempted until the last request was admitted.
+            pinned_tokens: of ``reused_tokens``, those of blocks a running request held when the request came.
     """
 
     config: ExplainConfig
@@ -175,6 +198,8 @@ class TraceExplanation:
     reordered: int = 0
     skipped_empty: int = 0
     chunk_states: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)
+    preemptions: int = 0
+    pinned_tokens: int = 0
 
     def top_sites(self, top: int) -> list[SiteTotal]:
         """The ``top`` divergence sites by lost tokens (ties: more requests, then the label)."""
@@ -284,8 +309,9 @@ class Explainer:
         self._radix = RadixUpperBound()  # per cache salt: replay's upper bound
         self._blind: RadixUpperBound | None = None  # every salt as one, once a second salt appears
         self._first_salt: str | None = None
-        needs_hashes = config.capacity_chunks is not None or config.ttl is not None
+        needs_hashes = config.capacity_chunks is not None or config.ttl is not None or config.engine is not None
         self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size) if needs_hashes else None
+        self._engine = EngineSim(config.engine) if config.engine is not None else None
         self._lru = ChunkLru(config.capacity_chunks) if config.capacity_chunks is not None else None
         self._expiry = _Expiry(config.ttl, config.ttl_refresh) if config.ttl is not None else None
         self._clock = 0.0
@@ -317,7 +343,10 @@ class Explainer:
         b, b_any = match.tokens, blind.tokens
         unlimited = b // cs * cs
         held = expired_run = unlimited
-        if self._chunker is not None:
+        if self._engine is not None:
+            unlimited = reusable_tokens(b, n) // cs * cs
+            held = expired_run = self._admitted(request, index, n)
+        elif self._chunker is not None:
             held, expired_run = self._cached(request, index, unlimited // cs)
         reuse = {h: reusable_tokens(h, n) for h in (b, unlimited, held, expired_run)}
         beyond = n - b_any
@@ -354,6 +383,28 @@ class Explainer:
             self._chats.append(request.chat)
         return e
 
+    def _admitted(self, request: Request, index: int, n: int) -> int:
+        """``C`` in tokens: the run the engine found cached when it admitted the request (``n`` prompt tokens), and
+        the request given to the engine (:meth:`kvcli.sim.scheduler.EngineSim.admit`)."""
+        assert self._chunker is not None and self._engine is not None
+        cfg = self.config
+        hashes = self._chunker.chunk(request.prompt, request.cache_salt).hashes
+        out = cfg.output_tokens if cfg.output_tokens is not None else max(request.output_length or 1, 1)
+        try:
+            admission = self._engine.admit(EngineRequest(index, hashes, n, out, request.timestamp or 0.0))
+        except BadInputError as err:
+            raise BadInputError(f"{request.source or request.id}: {err}") from None
+        self.result.preemptions = self._engine.preemptions
+        self.result.pinned_tokens += admission.pinned_tokens
+        if self.watch and self._watched(request):
+            cs = cfg.chunk_size
+            self.result.chunk_states[index] = [(k < admission.cached_tokens // cs, True) for k in range(len(hashes))]
+        return admission.cached_tokens
+
+    def _watched(self, request: Request) -> bool:
+        return (request.id in self.watch or request.source in self.watch
+                or request.source.rsplit("/", 1)[-1] in self.watch)
+
     def _cached(self, request: Request, index: int, unlimited: int) -> tuple[int, int]:
         """``(C, F)``: the run of chunks the LRU holds, and the run also unexpired, in tokens; then the request's
         chunks are touched (the LRU's and the expiry's). ``unlimited``: the unlimited store's run, chunks."""
@@ -371,8 +422,7 @@ class Explainer:
             present = [a and b for a, b in zip(in_lru, fresh)]
         else:
             fresh, present = [True] * len(hashes), in_lru
-        if self.watch and (request.id in self.watch or request.source in self.watch
-                           or request.source.rsplit("/", 1)[-1] in self.watch):
+        if self.watch and self._watched(request):
             self.result.chunk_states[index] = list(zip(in_lru, fresh))
         if expiry is not None:
             expiry.update(hashes, present, self._clock)

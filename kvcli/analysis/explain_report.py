@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvcli.analysis.explain import CAUSES, BlockHashes, Explanation, TraceExplanation
+from kvcli.analysis.explain import CAUSES, TOKEN_ORDER, BlockHashes, Explanation, TraceExplanation
 from kvcli.analysis.workload import ExplainedTrace
 from kvcli.tables import print_table
 
@@ -14,7 +14,7 @@ from kvcli.tables import print_table
 CAUSE_HELP = {
     "reused": "tokens the chunk-hash cache reused",
     "chunk_boundary": "shared with an earlier prompt, but inside the partial chunk where the shared prefix ends",
-    "eviction": "held by an unlimited cache, evicted by the capacity (LRU)",
+    "eviction": "held by an unlimited cache, evicted by the capacity (the LRU, or the engine's block pool)",
     "expiry": "held at the capacity, expired by the TTL",
     "last_token": "the whole prompt was cached: the engine computes its last token again",
     "cache_salt": "shared only with requests of another cache salt",
@@ -39,6 +39,7 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
     body = {
         "trace": t.name, "format": t.fmt, "notes": t.notes, "chunk_size": cfg.chunk_size,
         "capacity_chunks": cfg.capacity_chunks, "ttl_seconds": cfg.ttl, "ttl_refresh": cfg.ttl_refresh,
+        "engine": _engine_json(x),
         "requests": x.requests, "prompt_tokens": x.prompt_tokens, "reused_tokens": x.reused_tokens,
         "upper_bound_tokens": x.upper_bound_tokens, "reused_from_namespace_tokens": x.reused_from_namespace_tokens,
         "lost_tokens_by_cause": x.lost_tokens_by_cause,
@@ -57,6 +58,36 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
         e = x.request(request_id)
         body["request"] = {**_request_json(e, ids), "chunks": chunk_map(t, e, block_hashes)}
     return body
+
+
+def _engine_json(x: TraceExplanation) -> dict | None:
+    """The engine of ``--gpu-blocks`` (None without one): its settings, the output length, its preemptions and the
+    reused tokens that came from blocks a running request held."""
+    engine = x.config.engine
+    if engine is None:
+        return None
+    out = x.config.output_tokens
+    return {"num_gpu_blocks": engine.num_gpu_blocks, "block_size": engine.block_size,
+            "max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "step_seconds": engine.step_seconds, "prefill_tokens_per_second": engine.prefill_tokens_per_second,
+            "at_once": engine.at_once, "output_tokens": "trace" if out is None else out,
+            "preemptions": x.preemptions, "pinned_hit_tokens": x.pinned_tokens}
+
+
+def _cache_label(x: TraceExplanation) -> str:
+    """The cache a trace was explained at, in words: chunk size and capacity (or TTL), or the engine."""
+    cfg, engine = x.config, x.config.engine
+    if engine is not None:
+        out = cfg.output_tokens
+        flight = ("one request at a time" if engine.max_num_seqs == 1 else
+                  f"{engine.max_num_seqs} requests at once, {engine.max_num_batched_tokens:,} tokens a step, "
+                  + ("arriving together" if engine.at_once else "at their timestamps"))
+        return (f"vLLM engine of {engine.num_gpu_blocks:,} GPU blocks of {engine.block_size} tokens, {flight}, "
+                + ("output lengths of the trace" if out is None else f"{out} output token{'s' * (out != 1)} each"))
+    return (f"chunk {cfg.chunk_size}, " + (f"capacity {cfg.capacity_chunks:,} chunks" if cfg.capacity_chunks
+                                             is not None else "unlimited capacity")
+            + (f", TTL {cfg.ttl:g} s {'from last access' if cfg.ttl_refresh else 'from write'}"
+               if cfg.ttl is not None else ""))
 
 
 def _request_json(e: Explanation, ids: list[str]) -> dict:
@@ -108,7 +139,7 @@ def spans(e: Explanation) -> list[tuple[str, int, int]]:
     position order: reused, then expiry, eviction, chunk_boundary, last_token, cache_salt, then divergence or new
     (the counts of :class:`~kvcli.analysis.explain.Explanation`, laid where they fall)."""
     lost, n = e.lost_tokens_by_cause, e.prompt_tokens
-    order = ["reused", "expiry", "eviction", "chunk_boundary", "last_token", "cache_salt", "divergence", "new"]
+    order = ["reused", *TOKEN_ORDER]
     sizes = {"reused": e.reused_tokens, **lost}
     out, at = [], 0
     for cause in order:
@@ -153,11 +184,7 @@ def print_explained(traces: list[ExplainedTrace], console: Console, top: int, re
     that lost most, then what each cause means (once); with ``request_id``, that request's chunk map instead."""
     for t in traces:
         x = t.explanation
-        cfg = x.config
-        cache = (f"chunk {cfg.chunk_size}, " + (f"capacity {cfg.capacity_chunks:,} chunks" if cfg.capacity_chunks
-                                                is not None else "unlimited capacity")
-                 + (f", TTL {cfg.ttl:g} s {'from last access' if cfg.ttl_refresh else 'from write'}"
-                    if cfg.ttl is not None else ""))
+        cache = _cache_label(x)
         if request_id is not None:
             if t.tokens:
                 _print_request(t, x.request(request_id), console, block_hashes, cache)
@@ -203,6 +230,9 @@ def _causes_table(t: ExplainedTrace, cache: str) -> Table:
                       _share(n, x.prompt_tokens))
     table.caption = (f"upper bound (unlimited, token-granular): {x.upper_bound_tokens:,} tokens "
                      f"({_share(x.upper_bound_tokens, x.prompt_tokens)}) = reused + chunk boundary + eviction + expiry")
+    if x.config.engine is not None and x.config.engine.max_num_seqs > 1:
+        table.caption += (f"; engine preemptions: {x.preemptions:,}; reused tokens in blocks a running request "
+                          f"held: {x.pinned_tokens:,}")
     table.caption_justify = "left"
     return table
 

@@ -16,6 +16,7 @@ from kvcli.errors import BadInputError, RedisFailure
 from kvcli.model.load import resolve_spec, resolve_tokenizer
 from kvcli.model.tokenize import get_tokenizer, lazy_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
+from kvcli.sim.scheduler import EngineConfig
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.enginehash import block_hashes
 from kvcli.store.hashing import PromptChunker, is_block_prompt
@@ -175,14 +176,17 @@ def is_text_trace(path: Path, fmt: str) -> bool:
 
 def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None, tokenizer: str | None = None,
                    capacity_tokens: int | None = None, capacity_bytes: int | None = None, ttl: float | None = None,
-                   ttl_refresh: bool = False, kv_dtype: str | None = None) -> ExplainConfig:
+                   ttl_refresh: bool = False, kv_dtype: str | None = None, engine: EngineConfig | None = None,
+                   output_tokens: int | None = None) -> ExplainConfig:
     """The :class:`~kvcli.analysis.explain.ExplainConfig` of replay's options: the hash root of ``model`` (a preset
     or a checkpoint folder, no weights loaded) and ``tokenizer`` as replay's, and the capacity in chunks as replay's
     store counts it (:attr:`kvcli.store.records.StoreConfig.capacity_chunks`: the smaller of the two, bytes of the
-    model's KV payload per chunk, stored as ``kv_dtype``: None or "auto" for the model's dtype, "fp8").
+    model's KV payload per chunk, stored as ``kv_dtype``: None or "auto" for the model's dtype, "fp8"); ``engine``
+    and ``output_tokens`` as :class:`~kvcli.analysis.explain.ExplainConfig` takes them.
 
     Raises:
-        BadInputError: an unknown model or dtype, a capacity or TTL that is not > 0, a chunk size < 1.
+        BadInputError: an unknown model or dtype, a capacity or TTL that is not > 0, a chunk size < 1, and
+            :class:`~kvcli.analysis.explain.ExplainConfig`'s checks.
     """
     spec = resolve_spec(model, dtype)
     tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))[1]
@@ -192,7 +196,7 @@ def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None
                              tokenizer=tok_name, kv_shape=spec.kv_shape, dtype=spec.dtype, payload="accounted",
                              capacity_tokens=capacity_tokens, capacity_bytes=capacity_bytes,
                              state_shape=spec.state_shape, kv_dtype=kv_dtype).capacity_chunks
-    return ExplainConfig(chunk_size, chunks, ttl, ttl_refresh, spec.model_id, tok_name)
+    return ExplainConfig(chunk_size, chunks, ttl, ttl_refresh, spec.model_id, tok_name, engine, output_tokens)
 
 
 def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None) -> BlockHashes:

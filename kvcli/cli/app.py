@@ -25,6 +25,7 @@ from kvcli.cli.options import (
     DEFAULT_CHUNK_SIZES,
     DEFAULT_REDIS_TIMEOUT,
     LIMIT_HELP,
+    REPLAY_GPU_BLOCKS_HELP,
     TRACE_FORMATS_HELP,
     TRACES_HELP,
     AddSpecialTokens,
@@ -45,6 +46,7 @@ from kvcli.cli.options import (
     chunk_sizes_option,
     help_panels,
     parse_chunk_sizes,
+    replay_capacity_tokens,
     seed_option,
     timeout_seconds,
     trace_format,
@@ -141,7 +143,7 @@ REPLAY_PANELS = {
                                           "measure_seconds", "calibrate_seconds", "dtype", "kv_dtype", "device",
                                           "threads", "seed"),
     "Store, server and network": ("redis_url", "redis_timeout", "payload", "store_mode", "link_gbps", "rtt_ms",
-                                  "layout", "pipeline", "namespace", "keep", "allow_evictions"),
+                                  "layout", "pipeline", "namespace", "keep", "allow_evictions", "gpu_blocks"),
     "Curves and the capacity planner": ("upper_bound", "curve", "ttl_refresh", "tier", "price", "optimal",
                                         "admit_after", "policy"),
     "Traces and the run": ("fmt", "tokenizer", "add_special_tokens", "limit", "hash_block_tokens", "timestamp_unit",
@@ -186,6 +188,8 @@ def replay(
                                               "accounted: index and metadata only, payload bytes counted.")] = "real",
     capacity_tokens: Annotated[Optional[int], typer.Option(help=CAPACITY_TOKENS_HELP)] = None,
     capacity_bytes: Annotated[Optional[str], typer.Option(help=CAPACITY_BYTES_HELP)] = None,
+    gpu_blocks: Annotated[Optional[int], typer.Option(metavar="N", show_default=False,
+                                                      help=REPLAY_GPU_BLOCKS_HELP)] = None,
     prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
                                                              "calibrating the model.")] = None,
     hardware: Annotated[Optional[str], typer.Option(
@@ -279,9 +283,11 @@ def replay(
 
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads, hardware, mfu,
                            None if prefill_profile is None else str(prefill_profile))
+    sizes = parse_chunk_sizes(chunk_sizes)
     config = ReplayConfig(
-        chunk_sizes=parse_chunk_sizes(chunk_sizes), payload=payload, measure=parse_measure(measure, options.priced),
-        capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens, capacity_bytes=parse_size(
+        chunk_sizes=sizes, payload=payload, measure=parse_measure(measure, options.priced),
+        capacity_tokens=replay_capacity_tokens(gpu_blocks, sizes, capacity_tokens, capacity_bytes),
+        measure_max_tokens=measure_max_tokens, capacity_bytes=parse_size(
             capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed, upper_bound=upper_bound,
         measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,

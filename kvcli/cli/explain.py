@@ -13,18 +13,27 @@ from kvcli.cli.options import (
     TRACE_FORMATS_HELP,
     TRACES_HELP,
     AddSpecialTokens,
+    AtOnce,
     DropTailBlock,
     Dtype,
+    GpuBlocks,
     HashBlockTokens,
     HtmlOut,
     JsonOut,
+    MaxNumBatchedTokens,
+    MaxNumSeqs,
     Model,
+    OutputLength,
+    PrefillRate,
     RedisTimeout,
     RedisUrl,
     SkipBadRecords,
+    StepSeconds,
     TimestampUnit,
     Tokenizer,
+    engine_config,
     one_chunk_size,
+    output_length,
     timeout_seconds,
     trace_format,
 )
@@ -44,6 +53,9 @@ def explain(
     ttl: Annotated[Optional[float], typer.Option(help="Chunks expire SECONDS after the write that stored them "
                                                       "(trace timestamps).")] = None,
     ttl_refresh: Annotated[bool, typer.Option(help="With --ttl: from a chunk's last request instead.")] = False,
+    gpu_blocks: GpuBlocks = None, max_num_seqs: MaxNumSeqs = None, max_num_batched_tokens: MaxNumBatchedTokens = None,
+    output_tokens: OutputLength = None, step_seconds: StepSeconds = None, prefill_rate: PrefillRate = None,
+    at_once: AtOnce = False,
     request: Annotated[Optional[str], typer.Option("--request", help="Map one request (its id) chunk by chunk "
                                                                      "beside its best predecessor.")] = None,
     hash_scheme: Annotated[str, typer.Option("--hash", help=HASH_HELP)] = "kvcli",
@@ -68,6 +80,8 @@ def explain(
     salt, divergence from its best predecessor), and where the prompt first differs from that predecessor (the
     message, role and field of a chat prompt, with both sides' text; the token position otherwise). Replay's own
     rules, no Redis (unless --namespace reads a live cache beside): the totals are replay's hit tokens and upper bound.
+    With --gpu-blocks, a vLLM engine's block pool holds the chunks instead of an LRU: each request reuses what the
+    engine would report as its num_cached_tokens, one request at a time or --max-num-seqs at once.
 
     Examples:
 
@@ -78,6 +92,8 @@ def explain(
       kvcli explain chats.jsonl --request r42 --hash vllm --hash-seed 0
 
       kvcli explain mooncake.jsonl --chunk-size 512 --html explain.html   # the per-request timeline, drawn
+
+      kvcli explain chats.jsonl --chunk-size 16 --gpu-blocks 5001 --max-num-seqs 64 --output-length trace
     """
     from kvcli.analysis.explain_report import explain_notes, print_explained, to_body
     from kvcli.analysis.workload import block_hash_scheme, explain_config, explain_traces
@@ -92,8 +108,11 @@ def explain(
 
         check_report_path(html)
     cs = one_chunk_size(chunk_size)
+    engine = engine_config(cs, gpu_blocks, max_num_seqs, max_num_batched_tokens, step_seconds, prefill_rate, at_once)
+    if engine is not None and namespace is not None:
+        raise BadInputError("--gpu-blocks predicts one engine's own cache: it reads no --namespace beside")
     config = explain_config(cs, model, dtype, tokenizer, capacity_tokens, parse_size(capacity_bytes), ttl,
-                            ttl_refresh)
+                            ttl_refresh, engine=engine, output_tokens=output_length(output_tokens, gpu_blocks))
     hashes = block_hash_scheme(hash_scheme, config, hash_seed)
     spec = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,
                         add_special_tokens)

@@ -126,6 +126,108 @@ SkipBadRecords = Annotated[bool, typer.Option(
     "--skip-bad-records", rich_help_panel=HASH_IDS_PANEL,
     help="Skip (and count, in the report's notes) a hash-id record that fails its checks, instead of stopping "
          "with its file and line.")]
+ENGINE_PANEL = "A vLLM engine's own prefix cache (--gpu-blocks; docs/explain.md)"
+GpuBlocks = Annotated[Optional[int], typer.Option(
+    "--gpu-blocks", metavar="N", show_default=False, rich_help_panel=ENGINE_PANEL,
+    help="The engine's num_gpu_blocks (the num_gpu_blocks label of vLLM's vllm:cache_config_info metric, or its "
+         "num_gpu_blocks_override), its null block included, at --chunk-size = its --block-size: predict what "
+         "vLLM's block pool reuses (its num_cached_tokens), with the blocks running requests hold and its free "
+         "queue's eviction order.")]
+REPLAY_GPU_BLOCKS_HELP = (
+    "A vLLM engine's block count (its num_gpu_blocks) at --chunk-size = its block size: the store's LRU holds "
+    "N - 2 chunks (the null block, and the partial last block of the request that "
+    "runs). An approximation: exact one request at a time with one output token when every prompt ends inside a "
+    "block; a Redis LRU cannot hold the blocks running requests pin, output blocks or duplicate blocks. kvcli "
+    "explain --gpu-blocks gives the engine's own figure (docs/explain.md).")
+
+
+def replay_capacity_tokens(gpu_blocks: int | None, chunk_sizes: tuple[int, ...], capacity_tokens: int | None,
+                           capacity_bytes: str | None) -> int | None:
+    """replay's ``--capacity-tokens`` for ``--gpu-blocks N``: ``(N - 2) * chunk size`` (:data:`REPLAY_GPU_BLOCKS_HELP`);
+    ``capacity_tokens`` itself without ``--gpu-blocks``.
+
+    Raises:
+        BadInputError: ``--gpu-blocks`` < 3, with a capacity of its own, or with more than one chunk size.
+    """
+    if gpu_blocks is None:
+        return capacity_tokens
+    if capacity_tokens is not None or capacity_bytes is not None:
+        raise BadInputError("--gpu-blocks sets the store's capacity: give it without --capacity-tokens and "
+                            "--capacity-bytes")
+    if len(chunk_sizes) != 1:
+        raise BadInputError("--gpu-blocks is one engine's pool: give one --chunk-size, its block size")
+    if gpu_blocks < 3:
+        raise BadInputError(f"--gpu-blocks must be >= 3 here (the null block and a running request's partial block "
+                            f"hold no chunk), got {gpu_blocks}")
+    return (gpu_blocks - 2) * chunk_sizes[0]
+
+
+MaxNumSeqs = Annotated[Optional[int], typer.Option(
+    "--max-num-seqs", metavar="N", show_default=False, rich_help_panel=ENGINE_PANEL,
+    help="With --gpu-blocks: the engine's max_num_seqs, requests running at once (default 1: one at a time).")]
+MaxNumBatchedTokens = Annotated[Optional[int], typer.Option(
+    "--max-num-batched-tokens", metavar="N", show_default=False, rich_help_panel=ENGINE_PANEL,
+    help="With --gpu-blocks: tokens per engine step (chunked prefill; default 2048, vLLM's).")]
+OutputLength = Annotated[Optional[str], typer.Option(
+    "--output-length", metavar="N|trace", show_default=False, rich_help_panel=ENGINE_PANEL,
+    help="With --gpu-blocks: tokens each request generates (vLLM's max_tokens), or trace: the trace's "
+         "output_length, 1 where it has none (the default). Output tokens take blocks too.")]
+StepSeconds = Annotated[Optional[float], typer.Option(
+    "--step-seconds", metavar="S", show_default=False, rich_help_panel=ENGINE_PANEL,
+    help="With --gpu-blocks and --max-num-seqs > 1: an engine step's fixed time, seconds (a decode step; default "
+         "0.02). A step takes it plus its tokens at --prefill-tokens-per-second.")]
+PrefillRate = Annotated[Optional[float], typer.Option(
+    "--prefill-tokens-per-second", metavar="R", show_default=False, rich_help_panel=ENGINE_PANEL,
+    help="With --gpu-blocks and --max-num-seqs > 1: tokens a step computes per second (default 10000).")]
+AtOnce = Annotated[bool, typer.Option(
+    "--at-once", rich_help_panel=ENGINE_PANEL,
+    help="With --gpu-blocks: every request arrives at time 0 (an offline batch, vLLM's LLM.generate on a list), "
+         "not at its timestamp.")]
+
+
+def engine_config(block_size: int, gpu_blocks: int | None, max_num_seqs: int | None = None,
+                  max_num_batched_tokens: int | None = None, step_seconds: float | None = None,
+                  prefill_tokens_per_second: float | None = None, at_once: bool = False):
+    """The :class:`kvcli.sim.scheduler.EngineConfig` of ``--gpu-blocks`` and the options that shape the engine,
+    unset ones at their defaults; None without ``--gpu-blocks``.
+
+    Raises:
+        BadInputError: an engine option without ``--gpu-blocks``, and the config's own checks.
+    """
+    from kvcli.sim import scheduler
+
+    given = {"--max-num-seqs": max_num_seqs, "--max-num-batched-tokens": max_num_batched_tokens,
+             "--step-seconds": step_seconds, "--prefill-tokens-per-second": prefill_tokens_per_second,
+             "--at-once": at_once or None}
+    if gpu_blocks is None:
+        stray = [name for name, value in given.items() if value is not None]
+        if stray:
+            raise BadInputError(f"{', '.join(stray)} shape the engine of --gpu-blocks: give --gpu-blocks too")
+        return None
+    return scheduler.EngineConfig(
+        gpu_blocks, block_size, max_num_seqs or 1, max_num_batched_tokens or scheduler.DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        scheduler.DEFAULT_STEP_SECONDS if step_seconds is None else step_seconds,
+        prefill_tokens_per_second or scheduler.DEFAULT_PREFILL_TOKENS_PER_SECOND, at_once)
+
+
+def output_length(text: str | None, gpu_blocks: int | None) -> int | None:
+    """``--output-length``: tokens every request generates, or None for ``trace`` (the default: each request's
+    ``output_length``, 1 where it has none).
+
+    Raises:
+        BadInputError: not ``trace`` or an integer >= 1, or given without ``--gpu-blocks``.
+    """
+    if text is None or text == "trace":
+        return None
+    if gpu_blocks is None:
+        raise BadInputError("--output-length says what the engine of --gpu-blocks generates: give --gpu-blocks too")
+    try:
+        tokens = int(text)
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise BadInputError(f"--output-length must be trace or an integer >= 1, got {text!r}")
+    return tokens
 
 
 def parse_chunk_sizes(text: str) -> tuple[int, ...]:
