@@ -1,0 +1,316 @@
+"""kvcli explain --gpu-blocks against a real vLLM engine: per trace, the requests whose predicted reused tokens equal
+vLLM's ``RequestOutput.num_cached_tokens`` exactly, and the tokens predicted against the engine's.
+
+Run it with vLLM's Python; kvcli's part runs in kvcli's own environment as a subprocess (``--kvcli-python``, with
+this tree on its PYTHONPATH):
+
+    /work/vllm-venv/bin/python bench/engine_truth.py [--only chat_shared_system] [--engine 32/120]
+        [--record tests/engine_sim/fixtures]
+
+What it does, all on the CPU:
+
+1. kvcli's Python writes a tiny random Llama (hidden 256, 4 query heads, 2 KV heads of head_dim 64, 2 layers,
+   bfloat16, MLP 512, vocabulary 100,352 so the synthesized ids of hash-id traces fit, max_position_embeddings
+   32,768) with kvcli's tiny tokenizer (:mod:`kvcli.model.hf_tiny`), and reads each trace of :data:`TRACES` as
+   ``kvcli explain --model`` reads it (same tokenizer, arrival order, empty prompts skipped), to token ids.
+2. For each engine of :data:`ENGINES` (block size, ``num_gpu_blocks_override``, ``max_num_seqs``,
+   ``max_num_batched_tokens``), a child process starts one offline ``LLM`` (prefix caching on, eager, in-process
+   engine core so a batch is queued whole before the first step) and runs each pass: the trace's token ids one
+   request at a time (one ``generate`` call each) or all at once (one ``generate`` call, the engine's scheduler
+   interleaves them), ``max_tokens`` = the pass's output length with ``ignore_eos``; the prefix cache is reset
+   between passes (a reset pool caches nothing, as a new one).
+3. kvcli's Python runs ``kvcli explain TRACE --chunk-size B --gpu-blocks N --output-length L [--max-num-seqs K
+   --max-num-batched-tokens T --at-once] --json`` for the same pass and the two are compared request by request.
+
+With ``--record DIR``, each trace's engine figures go to ``DIR/<trace>.json`` (the fixtures
+tests/engine_sim/test_engine_truth.py checks kvcli against without vLLM), replacing the runs of the same settings.
+It prints one table row per run: requests exact / total, kvcli's tokens against vLLM's, and how many requests an
+LRU of the pool's ``N - 1`` KV blocks gets exact. It takes about an hour on 2 shared cores (most of it the engine
+starts and the long outputs); ``--only`` and ``--engine`` run a part.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KVCLI_PYTHON = "/work/main/.venv/bin/python"
+MODEL_SHAPE = {"architecture": "LlamaForCausalLM", "hidden_size": 256, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "intermediate_size": 512,
+               "vocab_size": 100352, "dtype": "bfloat16", "max_position_embeddings": 32768}
+TOKENIZER = "kvcli.model.hf_tiny.build_tokenizer(512): byte-level BPE with a Llama-3-style chat template"
+
+#: trace name -> file under sample_traces/ (small ones: the CPU computes every uncached token).
+TRACES = {
+    "chat_shared_system": "chat_shared_system.jsonl",  # 24 chats, three cache salts
+    "openai_batch_handmade": "openai_batch_handmade.jsonl",
+    "tokens_small": "tokens_small.jsonl",  # token ids, two salts
+    "bailian_handmade": "bailian_handmade.jsonl",  # a hash-id trace (16-token blocks, synthesized ids)
+    "sharegpt_multiturn": "sharegpt_multiturn.json",
+    "glaive_toolcall_head30": "glaive_toolcall_head30.json",  # 101 requests
+    "swe_agent_1c2844": "swe-agent_6e44b9__sweagenttestrepo-1c2844.traj",
+}
+
+#: (block size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens, passes); a pass is (trace, mode, output
+#: tokens), mode "one" (one request at a time: max_num_seqs does not matter) or "batch" (all at once). The bounded
+#: sizes: each trace's smallest pool (its longest prompt's blocks + the null block), sizes where eviction costs
+#: reuse, the pair N - 1, N around the smallest N at which one request at a time loses nothing to eviction, and
+#: pools where long outputs make the engine preempt.
+ALL = list(TRACES)
+ENGINES: list[tuple[int, int, int, int, list[tuple[str, str, int]]]] = [
+    (32, 4096, 8, 2048, [(t, "one", 1) for t in ALL] + [(t, "batch", 16) for t in ALL]),
+    (32, 55, 4, 512, [("chat_shared_system", "one", 1), ("chat_shared_system", "batch", 8)]),
+    (32, 120, 8, 512, [("chat_shared_system", "one", 1), ("chat_shared_system", "one", 40),
+                       ("chat_shared_system", "batch", 8)]),
+    (32, 192, 8, 2048, [("chat_shared_system", "one", 1)]),
+    (32, 193, 8, 2048, [("chat_shared_system", "one", 1)]),
+    (32, 11, 2, 256, [("bailian_handmade", "one", 1), ("bailian_handmade", "batch", 4)]),
+    (32, 16, 4, 512, [("bailian_handmade", "one", 1), ("bailian_handmade", "one", 16),
+                      ("bailian_handmade", "batch", 8)]),
+    (32, 23, 4, 2048, [("bailian_handmade", "one", 1)]),
+    (32, 24, 4, 2048, [("bailian_handmade", "one", 1)]),
+    (32, 6, 2, 2048, [("openai_batch_handmade", "one", 1), ("openai_batch_handmade", "batch", 2),
+                      ("tokens_small", "one", 1)]),
+    (32, 99, 8, 2048, [("glaive_toolcall_head30", "one", 1)]),
+    (32, 400, 8, 1024, [("glaive_toolcall_head30", "one", 1), ("glaive_toolcall_head30", "one", 32),
+                        ("glaive_toolcall_head30", "batch", 32)]),
+    (32, 836, 8, 2048, [("glaive_toolcall_head30", "one", 1)]),
+    (32, 837, 8, 2048, [("glaive_toolcall_head30", "one", 1)]),
+    (32, 147, 4, 2048, [("sharegpt_multiturn", "one", 1), ("swe_agent_1c2844", "one", 1),
+                        ("sharegpt_multiturn", "batch", 8)]),
+    (64, 2048, 8, 2048, [(t, "one", 1) for t in ("chat_shared_system", "bailian_handmade", "glaive_toolcall_head30",
+                                                  "sharegpt_multiturn")]
+     + [("chat_shared_system", "batch", 16), ("glaive_toolcall_head30", "batch", 16)]),
+    (64, 28, 2, 1024, [("chat_shared_system", "one", 1), ("chat_shared_system", "batch", 8)]),
+    (64, 95, 4, 2048, [("chat_shared_system", "one", 1)]),
+    (64, 96, 4, 2048, [("chat_shared_system", "one", 1), ("chat_shared_system", "batch", 16)]),
+    (64, 10, 4, 2048, [("bailian_handmade", "one", 1)]),
+    (64, 11, 4, 2048, [("bailian_handmade", "one", 1)]),
+    (64, 200, 8, 2048, [("glaive_toolcall_head30", "one", 1), ("glaive_toolcall_head30", "batch", 32)]),
+    # long outputs on a tight pool: running requests' decode blocks preempt others
+    (32, 18, 4, 2048, [("bailian_handmade", "one", 128), ("bailian_handmade", "batch", 128)]),
+    (32, 21, 8, 2048, [("bailian_handmade", "batch", 128)]),
+    (32, 13, 8, 2048, [("openai_batch_handmade", "one", 128), ("openai_batch_handmade", "batch", 128)]),
+    (32, 112, 8, 2048, [("glaive_toolcall_head30", "batch", 128)]),
+]
+
+
+# -- kvcli's side (kvcli's Python) ---------------------------------------------------------------------------------
+
+def kvcli_build(model_dir: str) -> None:
+    """Write the tiny checkpoint (module docstring) into ``model_dir``."""
+    from kvcli.model.hf_tiny import write_tiny_checkpoint
+
+    shape = MODEL_SHAPE
+    write_tiny_checkpoint(model_dir, vocab=shape["vocab_size"], dtype=shape["dtype"], hidden_size=shape["hidden_size"],
+                          head_dim=shape["head_dim"], intermediate_size=shape["intermediate_size"],
+                          max_position_embeddings=shape["max_position_embeddings"])
+
+
+def kvcli_tokens(trace: str, model_dir: str) -> None:
+    """Print the trace's requests as ``kvcli explain --model model_dir`` takes them: one JSON line each (id, cache
+    salt, token ids), in arrival order, empty prompts skipped."""
+    from kvcli.analysis.workload import each_trace, ordered_requests
+
+    for path, name, tok in each_trace([Path(trace)], "auto", None, model_dir):
+        requests, _ = ordered_requests(path, "auto", tok, name)
+        for r in requests:
+            if len(r.token_ids):
+                print(json.dumps({"id": r.id, "cache_salt": r.cache_salt, "token_ids": r.token_ids.tolist()}))
+
+
+def kvcli_predict(kvcli_python: str, trace: Path, model_dir: Path, block_size: int, blocks: int, max_num_seqs: int,
+                  batched: int, mode: str, output: int) -> list[int]:
+    """kvcli explain's reused tokens per request for one pass (module docstring, step 3)."""
+    options = ["--gpu-blocks", str(blocks), "--output-length", str(output)]
+    if mode == "batch":
+        options += ["--max-num-seqs", str(max_num_seqs), "--max-num-batched-tokens", str(batched), "--at-once"]
+    return kvcli_explain(kvcli_python, trace, model_dir, block_size, options)
+
+
+def kvcli_explain(kvcli_python: str, trace: Path, model_dir: Path, block_size: int, options: list[str]) -> list[int]:
+    """``kvcli explain TRACE --chunk-size B --model DIR OPTIONS --json``: the reused tokens per request. With
+    ``--capacity-tokens (N - 1) * B`` instead of the engine's options it is the LRU of the pool's KV blocks, the
+    prediction before ``--gpu-blocks``, for comparison."""
+    cmd = [kvcli_python, "-m", "kvcli", "explain", str(trace), "--chunk-size", str(block_size), "--model",
+           str(model_dir), *options, "--json"]
+    out = subprocess.run(cmd, env=_kvcli_env(), capture_output=True, text=True, check=True)
+    (body,) = json.loads(out.stdout)["traces"]
+    return [r["reused_tokens"] for r in body["per_request"]]
+
+
+def _kvcli_env() -> dict[str, str]:
+    return os.environ | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+# -- the engine's side (vLLM's Python) -----------------------------------------------------------------------------
+
+def engine_child(spec_path: str) -> None:
+    """One engine (a child process of its own): run every pass of the spec, write ``{pass: [cached tokens]}``."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.loads(Path(spec_path).read_text())
+    llm = LLM(model=spec["model"], dtype="bfloat16", block_size=spec["block_size"], enable_prefix_caching=True,
+              enforce_eager=True, num_gpu_blocks_override=spec["blocks"], max_model_len=spec["max_model_len"],
+              max_num_seqs=spec["max_num_seqs"], max_num_batched_tokens=spec["batched"], seed=0)
+    results = {}
+    for key, (tokens_file, mode, output) in spec["passes"].items():
+        llm.reset_prefix_cache()
+        requests = [json.loads(line) for line in Path(tokens_file).read_text().splitlines()]
+        prompts = []
+        for r in requests:
+            prompt = TokensPrompt(prompt_token_ids=r["token_ids"])
+            if r["cache_salt"]:
+                prompt["cache_salt"] = r["cache_salt"]
+            prompts.append(prompt)
+        params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
+        started = time.perf_counter()
+        if mode == "one":
+            outputs = [llm.generate([p], params, use_tqdm=False)[0] for p in prompts]
+        else:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        results[key] = [o.num_cached_tokens for o in outputs]
+        print(f"  {key}: {len(prompts)} requests in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    Path(spec["out"]).write_text(json.dumps(results))
+
+
+def run_engine(work: Path, model_dir: Path, tokens: dict[str, Path], lengths: dict[str, int], engine) -> dict:
+    """Start one engine in a child process and run its passes; ``{(trace, mode, output): [cached tokens]}``."""
+    block_size, blocks, seqs, batched, passes = engine
+    longest = max(lengths[t] + out for t, _, out in passes)
+    max_model_len = -(-longest // block_size) * block_size
+    if max_model_len > (blocks - 1) * block_size:
+        raise SystemExit(f"{blocks} blocks of {block_size} cannot hold a request of {longest} tokens")
+    name = f"b{block_size}-n{blocks}-s{seqs}-t{batched}"
+    spec = {"model": str(model_dir), "block_size": block_size, "blocks": blocks, "max_num_seqs": seqs,
+            "batched": batched, "max_model_len": max_model_len, "out": str(work / f"{name}.out.json"),
+            "passes": {f"{t}|{m}|{o}": (str(tokens[t]), m, o) for t, m, o in passes}}
+    spec_path = work / f"{name}.spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                        "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+    print(f"== engine {name}", file=sys.stderr, flush=True)
+    subprocess.run([sys.executable, __file__, "engine", str(spec_path)], env=env, check=True)
+    raw = json.loads(Path(spec["out"]).read_text())
+    return {tuple(k.split("|")[:2]) + (int(k.split("|")[2]),): v for k, v in raw.items()}
+
+
+# -- the comparison --------------------------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kvcli-python", default=KVCLI_PYTHON, help="kvcli's Python (default: %(default)s)")
+    parser.add_argument("--only", action="append", help="run only these traces (repeatable)")
+    parser.add_argument("--engine", action="append", metavar="B/N",
+                        help="run only the engines of block size B and N blocks (repeatable), e.g. 32/18")
+    parser.add_argument("--record", type=Path, help="write each trace's engine figures here (the test fixtures)")
+    parser.add_argument("--work", type=Path, help="keep the model and token files here (default: a temporary folder)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kvcli-engine-truth-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        return compare(args, work)
+
+
+def compare(args, work: Path) -> int:
+    model_dir = work / "tiny-llama"
+    if not (model_dir / "config.json").exists():
+        subprocess.run([args.kvcli_python, __file__, "kvcli-build", str(model_dir)], env=_kvcli_env(), check=True)
+    traces = [t for t in TRACES if not args.only or t in args.only]
+    tokens, lengths, meta = {}, {}, {}
+    for t in traces:
+        path = work / f"{t}.tokens.jsonl"
+        if not path.exists():
+            out = subprocess.run([args.kvcli_python, __file__, "kvcli-tokens", str(ROOT / "sample_traces" / TRACES[t]),
+                                  str(model_dir)], env=_kvcli_env(), capture_output=True, text=True, check=True)
+            path.write_text(out.stdout)
+        requests = [json.loads(line) for line in path.read_text().splitlines()]
+        tokens[t], lengths[t] = path, max(len(r["token_ids"]) for r in requests)
+        meta[t] = {"ids": [r["id"] for r in requests], "prompt_tokens": [len(r["token_ids"]) for r in requests],
+                   "token_digest": token_digest([r["token_ids"] for r in requests])}
+    rows, fixtures = [], {t: [] for t in traces}
+    for engine in ENGINES:
+        block_size, blocks, seqs, batched, passes = engine
+        passes = [p for p in passes if p[0] in traces]
+        if not passes or args.engine and f"{block_size}/{blocks}" not in args.engine:
+            continue
+        truth = run_engine(work, model_dir, tokens, lengths, (block_size, blocks, seqs, batched, passes))
+        for (t, mode, output), cached in truth.items():
+            predicted = kvcli_predict(args.kvcli_python, ROOT / "sample_traces" / TRACES[t], model_dir, block_size,
+                                      blocks, seqs, batched, mode, output)
+            exact = sum(a == b for a, b in zip(predicted, cached))
+            lru = "–"
+            if mode == "one" and output == 1:
+                lru_reused = kvcli_explain(args.kvcli_python, ROOT / "sample_traces" / TRACES[t], model_dir,
+                                           block_size, ["--capacity-tokens", str((blocks - 1) * block_size)])
+                lru = f"{sum(a == b for a, b in zip(lru_reused, cached))} / {len(cached)}"
+            rows.append((t, block_size, blocks, seqs if mode == "batch" else 1, batched, mode, output, exact,
+                         len(cached), sum(predicted), sum(cached), lru))
+            fixtures[t].append({"block_size": block_size, "gpu_blocks": blocks,
+                                "max_num_seqs": seqs if mode == "batch" else 1, "max_num_batched_tokens": batched,
+                                "arrivals": "at once" if mode == "batch" else "one at a time",
+                                "output_tokens": output, "cached_tokens": cached})
+    print("| trace | block | gpu blocks | seqs | batched | output | exact / requests | kvcli tokens | vLLM tokens | "
+          "LRU of N - 1 blocks: exact |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for t, bs, n, seqs, batched, mode, out, exact, total, pred, real, lru in rows:
+        print(f"| {t} | {bs} | {n:,} | {seqs if mode == 'batch' else 'one at a time'} | {batched:,} | {out} | "
+              f"{exact} / {total} | {pred:,} | {real:,} | {lru} |", flush=True)
+    if args.record:
+        record(args.record, traces, meta, fixtures)
+    return 0 if all(r[7] == r[8] for r in rows) else 1
+
+
+def token_digest(prompts: list[list[int]]) -> str:
+    """sha256 over every request's token ids (uint32 little-endian) and a length ahead of each."""
+    h = hashlib.sha256()
+    for ids in prompts:
+        h.update(len(ids).to_bytes(4, "little"))
+        h.update(b"".join(i.to_bytes(4, "little") for i in ids))
+    return h.hexdigest()
+
+
+def record(folder: Path, traces: list[str], meta: dict, fixtures: dict) -> None:
+    """One fixture per trace (module docstring): this run's runs replace those of the same settings in the file,
+    the others stay."""
+    import vllm
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for t in traces:
+        if not fixtures[t]:
+            continue
+        path = folder / f"{t}.json"
+        runs = {_run_key(r): r for r in (json.loads(path.read_text())["runs"] if path.exists() else [])}
+        runs.update({_run_key(r): r for r in fixtures[t]})
+        doc = {"trace": f"sample_traces/{TRACES[t]}", "vllm_version": vllm.__version__,
+               "command": "/work/vllm-venv/bin/python bench/engine_truth.py --record tests/engine_sim/fixtures",
+               "engine": "vllm.LLM(enable_prefix_caching=True, enforce_eager=True, num_gpu_blocks_override=N, "
+                         "block_size=B, max_num_seqs=S, max_num_batched_tokens=T, seed=0) on the CPU, "
+                         "VLLM_ENABLE_V1_MULTIPROCESSING=0; SamplingParams(max_tokens=output_tokens, "
+                         "temperature=0, ignore_eos=True); prefix cache reset before each run",
+               "model": MODEL_SHAPE, "tokenizer": TOKENIZER, **meta[t], "runs": [runs[k] for k in sorted(runs)]}
+        path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
+
+
+def _run_key(run: dict) -> tuple:
+    return (run["block_size"], run["gpu_blocks"], run["max_num_seqs"], run["max_num_batched_tokens"],
+            run["output_tokens"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "engine":
+        engine_child(sys.argv[2])
+    elif len(sys.argv) > 1 and sys.argv[1] == "kvcli-build":
+        kvcli_build(sys.argv[2])
+    elif len(sys.argv) > 1 and sys.argv[1] == "kvcli-tokens":
+        kvcli_tokens(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(main())
