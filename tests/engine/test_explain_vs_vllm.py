@@ -1,26 +1,25 @@
 """``kvcli explain`` against a real engine: vLLM 0.32.0's ``num_cached_tokens`` for each request of the recorded
 runs (tests/engine/fixtures/, one request at a time, block size 32; README there).
 
-What agrees and why the rest does not:
+What agrees and why:
 
-* Unbounded, explain's ``reused_tokens`` at ``--chunk-size 32`` is vLLM's count for every request but a prompt of
-  whole blocks that the cache holds whole (synthetic s04: 64 tokens, s13: 160): vLLM's hit stops at the last
+* ``--gpu-blocks N`` (vLLM's own pool and scheduler, :mod:`kvcli.sim.scheduler`) gives every request's count of
+  all four runs, and its pool (:mod:`kvcli.sim.blockpool`) every batch's blocks stored and removed.
+* Unbounded, explain's LRU ``reused_tokens`` at ``--chunk-size 32`` is vLLM's count for every request but a prompt
+  of whole blocks that the cache holds whole (synthetic s04: 64 tokens, s13: 160): vLLM's hit stops at the last
   full block within ``n - 1`` tokens, so it recomputes the whole last block (``n - 32``); explain's
   ``reusable(h) = min(h, n - 1)`` recomputes one token (``n - 1``).
-* Bounded at ``num_gpu_blocks_override = N``, explain agrees (the same exception aside) at ``--capacity-tokens
+* Bounded at ``num_gpu_blocks_override = N``, the LRU agrees (the same exception aside) at ``--capacity-tokens
   (N - 2) * 32``, not ``(N - 1) * 32``: block 0 is vLLM's null block, and the previous request's partial last block
   (no hash) is freed to the front of the free queue and taken first by the next request, so one more block holds
   no cached tokens whenever the previous prompt did not end on a block boundary. (N - 2) matched every request of
   both traces; after a prompt that ends on a boundary (synthetic s03, s04, s08, s13) the pool has one block more
-  than that, which changed no count here. :func:`vllm_pool`, a model of the pool itself, is exact on all four
-  runs, events included.
+  than that, which changed no count here.
 """
 from __future__ import annotations
 
 import gzip
 import json
-import math
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from typer.testing import CliRunner
 from kvcli.cli.app import app
 from kvcli.engine.events import BlockRemoved, BlockStored
 from kvcli.engine.recording import read_batches
+from kvcli.sim.scheduler import EngineConfig, EngineRequest, EngineSim
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BLOCK = 32
@@ -59,44 +59,19 @@ def explain(folder: str, *capacity: str) -> dict[str, dict]:
 
 
 def vllm_pool(trace: list[dict], blocks: int) -> tuple[dict[str, int], list[tuple[int, int]]]:
-    """vLLM 0.32.0's block pool (vllm/v1/core/block_pool.py, kv_cache_manager.py) serving ``trace`` one request at
-    a time: each request's cached tokens, and the (blocks stored, blocks removed) of each request that changed the
-    cache. Block 0 is the null block. A request hits its longest run of cached full blocks within ``n - 1``
-    tokens, takes the blocks it lacks from the front of the free queue (evicting their hashes), hashes its full
-    blocks (a block recomputed while its hash is cached is stored again), and when it ends frees its blocks last
-    to first: those with a hash to the back of the queue (LRU), the one without (its partial last block) to the
-    front (reused first)."""
-    queue: OrderedDict[int, tuple | None] = OrderedDict((b, None) for b in range(1, blocks))
-    holders: dict[tuple, set[int]] = {}
+    """``trace`` served one request at a time by vLLM's pool of ``blocks`` blocks (:class:`kvcli.sim.scheduler.
+    EngineSim`, keyed here by each block's salted token prefix): each request's cached tokens, and the (blocks
+    stored, blocks removed) of each request that changed the cache."""
+    engine = EngineSim(EngineConfig(blocks, BLOCK))
     cached, changes = {}, []
-    for r in trace:
-        ids, salt, n = r["token_ids"], r.get("cache_salt", ""), len(r["token_ids"])
-        keys = [(salt, tuple(ids[:BLOCK * (i + 1)])) for i in range(n // BLOCK)]
-        hits: list[int] = []
-        for key in keys[:(n - 1) // BLOCK]:
-            if not holders.get(key):
-                break
-            hits.append(min(holders[key]))
-        for b in hits:
-            del queue[b]
-        taken = [queue.popitem(last=False) for _ in range(math.ceil(n / BLOCK) - len(hits))]
-        removed = 0
-        for b, key in taken:
-            if key is not None:
-                holders[key].discard(b)
-                removed += 1
-        new = [(b, keys[i] if i < len(keys) else None) for i, (b, _) in enumerate(taken, start=len(hits))]
-        for b, key in new:
-            if key is not None:
-                holders.setdefault(key, set()).add(b)
-        stored = sum(key is not None for _, key in new)
-        for b, key in reversed([(b, keys[i]) for i, b in enumerate(hits)] + new):
-            queue[b] = key
-            if key is None:
-                queue.move_to_end(b, last=False)
-        cached[r["id"]] = len(hits) * BLOCK
-        if stored or removed:
-            changes.append((stored, removed))
+    for i, r in enumerate(trace):
+        ids, salt = r["token_ids"], r.get("cache_salt", "")
+        keys = [(salt, tuple(ids[:BLOCK * (k + 1)])) for k in range(len(ids) // BLOCK)]
+        before = engine.pool.stored, engine.pool.evicted
+        cached[r["id"]] = engine.admit(EngineRequest(i, keys, len(ids))).cached_tokens
+        change = (engine.pool.stored - before[0], engine.pool.evicted - before[1])
+        if any(change):
+            changes.append(change)
     return cached, changes
 
 
@@ -122,6 +97,15 @@ def test_explain_predicts_vllms_cached_tokens(folder, run, blocks, exceptions):
         assert whole_prompt_held(rows[rid]) and vllm[rid] == rows[rid]["prompt_tokens"] - BLOCK
 
 
+@pytest.mark.parametrize("folder, run, blocks", [
+    ("synthetic", "unbounded", 2048), ("synthetic", "bounded-10", 10),
+    ("chat", "unbounded", 2048), ("chat", "bounded-100", 100),
+])
+def test_gpu_blocks_predicts_vllms_cached_tokens_for_every_request(folder, run, blocks):
+    rows = explain(folder, "--gpu-blocks", str(blocks), "--output-length", "1")
+    assert {rid: row["reused_tokens"] for rid, row in rows.items()} == engine_cached(folder, run)
+
+
 @pytest.mark.parametrize("folder, blocks, differ", [
     ("synthetic", 10, {"s04", "s10", "s11"}),
     ("chat", 100, {"globex-1-t2", "acme-1-t3", "public-1-t2", "public-1-t4"}),
@@ -140,7 +124,7 @@ def test_capacity_of_n_minus_1_blocks_overestimates(folder, blocks, differ):
     ("chat", "unbounded", 2048), ("chat", "bounded-100", 100),
 ])
 def test_the_pool_model_matches_requests_and_events(folder, run, blocks):
-    """:func:`vllm_pool` gives every request's cached tokens, and each batch's blocks stored and removed."""
+    """kvcli's model of the pool gives every request's cached tokens, and each batch's blocks stored and removed."""
     cached, changes = vllm_pool(load_trace(folder), blocks)
     assert cached == engine_cached(folder, run)
     recorded = []
