@@ -31,7 +31,7 @@ ALLOWED = {
     "replay": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model", "prefixkv"},
     "live": {"errors", "units", "tables", "traces", "store", "model", "prefixkv"},
     "route": {"errors", "units", "tables", "figures", "sim", "traces", "store", "model"},
-    "analysis": {"errors", "units", "tables", "sim", "traces", "model", "store"},
+    "analysis": {"errors", "units", "tables", "sim", "traces", "model", "store", "engine"},
     "engine": {"errors", "units", "traces"},
     "html": {"errors", "units", "outfile"},  # the report page: a pure function of the JSON documents
     "cli": {"errors", "units", "redact", "provenance", "figures", "outfile", "tables", "sim", "traces", "store",

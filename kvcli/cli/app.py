@@ -424,6 +424,7 @@ class _ReplayConsole(ReplayEvents):
 
 
 def _register() -> None:
+    from kvcli.cli.audit import audit
     from kvcli.cli.cache import INSPECT_PANELS, WARM_PANELS, inspect, purge, warm
     from kvcli.cli.events import events_app
     from kvcli.cli.events import record as record_events
@@ -437,7 +438,7 @@ def _register() -> None:
 
     for name, fn in (("warm", warm), ("inspect", inspect), ("purge", purge), ("route", route),
                      ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats),
-                     ("explain", explain), ("report", report)):
+                     ("explain", explain), ("report", report), ("audit", audit)):
         panels = {"warm": WARM_PANELS, "inspect": INSPECT_PANELS, "export": EXPORT_PANELS}.get(name)
         app.command(name, cls=help_panels(panels) if panels else None)(handle_errors(fn))
     events_app.command("record")(handle_errors(record_events))

@@ -48,8 +48,10 @@ _U64 = 1 << 64
 class BlockStored:
     """Blocks the engine put in its cache: ``block_hashes`` (bytes each, module docstring), in prompt order, the
     first one's parent ``parent_block_hash`` (None: the chain starts at block 0), their ``token_ids`` (``block_size``
-    per block, so ``len(block_hashes) * block_size`` ids for vLLM and SGLang), the LoRA adapter id and the storage
-    medium (vLLM: ``"GPU"``, ``"CPU"``, ...; None when not sent)."""
+    per block, so ``len(block_hashes) * block_size`` ids for vLLM and SGLang), the LoRA adapter id, the storage
+    medium (vLLM: ``"GPU"``, ``"CPU"``, ...; None when not sent) and each block's extra hash keys (vLLM: the cache
+    salt on block 0, LoRA names, multimodal hashes; None per block without, None when not sent), JSON values as
+    tuples."""
 
     block_hashes: tuple[bytes, ...]
     parent_block_hash: bytes | None
@@ -57,6 +59,7 @@ class BlockStored:
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    extra_keys: tuple[tuple[Any, ...] | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +191,8 @@ def _array_event(tag: str, values: Sequence[Any], text_hashes: bool) -> KvEvent 
 
 #: Each record's fields in vLLM's declaration order (the array encoding's positions), and how many are required.
 _FIELDS = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
+                    "extra_keys"),
     "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
@@ -200,10 +204,26 @@ def _build(tag: str, values: list[Any], text_hashes: bool) -> KvEvent:
         return AllBlocksCleared()
     if tag == "BlockRemoved":
         return BlockRemoved(_hashes(values[0], text_hashes), _optional_str(values[1], "medium"))
-    hashes, parent, tokens, block_size, lora_id, medium = values
+    hashes, parent, tokens, block_size, lora_id, medium, _, extra = values
     return BlockStored(_hashes(hashes, text_hashes), _optional_hash(parent, text_hashes), _token_ids(tokens),
                        _count(block_size, "block_size"), _optional_int(lora_id, "lora_id"),
-                       _optional_str(medium, "medium"))
+                       _optional_str(medium, "medium"), _extra_keys(extra))
+
+
+def _extra_keys(value: Any) -> tuple[tuple[Any, ...] | None, ...] | None:
+    """vLLM's per-block extra keys (a list, one entry per block: None or a list of values), as hashable tuples."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise _Bad(f"extra_keys is a list, one entry per block, got {_kind(value)}")
+    return tuple(_frozen(v) if v is not None else None for v in value)
+
+
+def _frozen(value: Any) -> Any:
+    """A JSON value made hashable: every list a tuple, every map its sorted ``(key, value)`` pairs."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _mooncake_store(event: Sequence[Any], text_hashes: bool) -> BlockStored:

@@ -31,7 +31,7 @@ def _command(path):
 
 def test_every_command_is_checked():
     assert {p[0] for p in COMMANDS if p} == {"replay", "warm", "inspect", "purge", "route", "profile", "hardware",
-                                             "export", "stats", "explain", "events", "report"}
+                                             "export", "stats", "explain", "events", "report", "audit"}
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "kvcli")

@@ -227,7 +227,10 @@ HASH = st.one_of(st.binary(min_size=8, max_size=8), st.binary(min_size=32, max_s
 TOKENS = st.lists(st.integers(0, 2**32 - 1), max_size=40).map(tuple)
 MEDIUM = st.one_of(st.none(), st.sampled_from(["GPU", "CPU", "STORAGE"]))
 STORED = st.builds(BlockStored, st.lists(HASH, max_size=4).map(tuple), st.one_of(st.none(), HASH), TOKENS,
-                   st.integers(0, 4096), st.one_of(st.none(), st.integers(-(2**31), 2**31)), MEDIUM)
+                   st.integers(0, 4096), st.one_of(st.none(), st.integers(-(2**31), 2**31)), MEDIUM,
+                   st.one_of(st.none(), st.lists(st.one_of(st.none(), st.lists(st.text(max_size=4), min_size=1,
+                                                                               max_size=2).map(tuple)),
+                                                 max_size=3).map(tuple)))
 REMOVED = st.builds(BlockRemoved, st.lists(HASH, max_size=4).map(tuple), MEDIUM)
 EVENT = st.one_of(STORED, REMOVED, st.just(AllBlocksCleared()))
 BATCH = st.builds(EventBatch, st.floats(0, 2e9), st.lists(EVENT, max_size=5).map(tuple),
@@ -258,7 +261,7 @@ def encode(batch: EventBatch, draw, style: str, text: bool = False) -> list:
         parent = None if e.parent_block_hash is None else wire_hash(e.parent_block_hash, draw, text)
         fields = {"block_hashes": hashes(e.block_hashes), "parent_block_hash": parent, "token_ids": list(e.token_ids),
                   "block_size": e.block_size, "lora_id": e.lora_id, "medium": e.medium, "lora_name": None,
-                  "extra_keys": [None] * len(e.block_hashes)}
+                  "extra_keys": None if e.extra_keys is None else [k and list(k) for k in e.extra_keys]}
         return {"type": "BlockStored", **fields} if style == "map" else ["BlockStored", *fields.values()]
 
     return [batch.ts, [event(e) for e in batch.events], batch.dp_rank]
