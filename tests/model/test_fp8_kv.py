@@ -80,7 +80,7 @@ def test_replay_kv_dtype_fp8_on_a_checkpoint(tmp_path, redis_url, tiny_checkpoin
         "float8_e4m3fn", 128, 16)
     assert row["chunks_written"] > 0 and row["payload_bytes_written"] == row["chunks_written"] * (8 * 128 + 16)
     assert FP8_FLOOR < row["max_logit_diff"] <= FP8_ATOL
-    text_out = CliRunner().invoke(app, args)
-    assert "KV float8_e4m3fn (+ 16 scale bytes per chunk) 128 bytes/token" in text_out.stdout
+    text_out = CliRunner().invoke(app, args)  # the notes wrap: compared with their spaces joined
+    assert "KV float8_e4m3fn (+ 16 scale bytes per chunk) 128 bytes/token" in " ".join(text_out.stdout.split())
     bad = CliRunner().invoke(app, args[:-1] + ["fp4"])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1 and "--kv-dtype must be auto or fp8" in bad.output
