@@ -63,7 +63,7 @@ def test_replay_at_80_columns(redis_url):
     full = CliRunner().invoke(app, base + ["--full"], input=trace, env=NARROW)
     assert full.exit_code == 0, full.output
     _check_width(full.stdout)
-    assert full.stdout.startswith(lines[0])
+    assert full.stdout.startswith("answer: ")  # its verdict may differ: overheads are timed in each run
     assert sum(line.startswith("┃ chunk size") for line in full.stdout.splitlines()) >= 2
     for row in doc["traces"][0]["per_chunk_size"]:
         for text in (f"{row['prompt_tokens']:,}", f"{row['hit_tokens']:,}", fmt_bytes(row["payload_bytes_accounted"]),
