@@ -127,7 +127,8 @@ class LMCacheStore:
                 yield [self.base_key(blob[i:i + HASH_BYTES]) + suffix for i in range(0, len(blob), HASH_BYTES)]
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
-        """Cut and hash a prompt exactly as :meth:`kvcli.store.chunkstore.ChunkStore.chunk` does (same root and chain)."""
+        """Cut and hash a prompt exactly as :meth:`kvcli.store.chunkstore.ChunkStore.chunk` does (same root and
+        chain)."""
         return self.chunker.chunk(tokens, cache_salt)
 
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:

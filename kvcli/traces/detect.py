@@ -45,8 +45,8 @@ def read_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: Tok
             ``bailian``, ``hash-ids``, ``claude-code``, ``openai-batch``, ``gateway``, ``lines``), or a
             :class:`~kvcli.traces.hashids.TraceFormat` that also declares hash-id semantics (tokens per id, timestamp
             unit, the tail block, skipping bad records).
-        tokenizer: tokenizer name (or a loaded :class:`~kvcli.model.tokenizer_base.Tokenizer`) for text prompts; loaded only
-            when a record needs it (Mooncake and ``token_ids`` records never do).
+        tokenizer: tokenizer name (or a loaded :class:`~kvcli.model.tokenizer_base.Tokenizer`) for text prompts;
+            loaded only when a record needs it (Mooncake and ``token_ids`` records never do).
 
     Returns:
         An iterator of :class:`Request`; record errors surface as it reaches them.
