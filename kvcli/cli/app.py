@@ -120,6 +120,42 @@ def parse_measure(text: str, priced: bool = False) -> int | None:
     return int(text)
 
 
+def parse_capacity_option(text: str, tokens: int | None, size_bytes: int | None
+                          ) -> tuple[str, int | None, int | None]:
+    """``--capacity`` with ``--capacity-tokens`` / ``--capacity-bytes``: ``(mode, tokens, bytes)`` for
+    :class:`~kvcli.replay.results.ReplayConfig`: "auto" and "unlimited" as they are; a size (tokens, or bytes of
+    the model's KV, :func:`kvcli.sim.tiers.parse_tier`'s reading) becomes the tokens or the bytes.
+
+    Raises:
+        BadInputError: an unreadable or zero size, or a size with --capacity-tokens / --capacity-bytes.
+    """
+    from kvcli.sim.tiers import parse_tier
+
+    mode = text.strip().lower()
+    if mode in ("auto", "unlimited"):
+        return mode, tokens, size_bytes
+    if tokens is not None or size_bytes is not None:
+        raise BadInputError("--capacity SIZE and --capacity-tokens / --capacity-bytes: give one")
+    try:
+        spec = parse_tier(f"cache={text}")
+    except BadInputError as exc:
+        raise BadInputError(f"--capacity must be auto, unlimited or a size: {str(exc).removeprefix('--tier ')}"
+                            ) from None
+    return "auto", spec.tokens, spec.bytes
+
+
+def parse_sizing(text: str) -> tuple[float, ...]:
+    """``--sizing "0.9,0.95,0.99"`` -> shares (each checked by :class:`~kvcli.replay.results.ReplayConfig`); "" or
+    "none": none. Raises BadInputError for a share that is not a number."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise BadInputError(f"--sizing takes shares of the unlimited hits, e.g. 0.9,0.95,0.99, got {text!r}"
+                            ) from None
+
+
 JOBS_HELP = ("Worker processes for each trace's independent units (chunk size x layout), each with its own Redis "
              "connection; the report is identical to --jobs 1. Default: the cores, capped by the units, for a replay "
              "that runs no model (--prefill-tps with --measure 0); else 1, so no worker slows the prefills it times "
@@ -132,12 +168,13 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
 #: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
 REPLAY_PANELS = {
     "Store and network": ("chunk_sizes", "redis_url", "redis_timeout", "payload", "layout", "store_mode",
-                          "capacity_tokens", "capacity_bytes", "pipeline", "link_gbps", "rtt_ms", "namespace"),
+                          "capacity", "capacity_tokens", "capacity_bytes", "pipeline", "link_gbps", "rtt_ms",
+                          "namespace"),
     "Model and prefill pricing": ("model", "dtype", "kv_dtype", "device", "threads", "seed", "measure",
                                   "measure_max_tokens", "measure_seconds", "calibrate_seconds", "prefill_tps",
                                   "hardware", "mfu", "prefill_profile"),
-    "Curves and capacity planner": ("upper_bound", "curve", "ttl_refresh", "plot", "tier", "optimal", "admit_after",
-                                    "policy", "price"),
+    "Curves and capacity planner": ("upper_bound", "curve", "ttl_refresh", "plot", "sizing", "tier", "optimal",
+                                    "admit_after", "policy", "price"),
     "Traces, run and output": ("fmt", "tokenizer", "add_special_tokens", "limit", "keep", "allow_evictions", "jobs",
                                "ray", "json_out"),
 }
@@ -154,8 +191,8 @@ def replay(
     kv_dtype: KvDtype = "auto",
     device: Device = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'. auto: 2, or 0 "
-                                              "with --hardware or --prefill-profile (prefill priced "
-                                              "elsewhere).")] = "auto",
+                                              "with --hardware, --prefill-profile or --prefill-tps (prefill "
+                                              "priced elsewhere).")] = "auto",
     measure_max_tokens: Annotated[Optional[int], typer.Option(
         help="Most tokens of a measured prompt that run the model; longer prompts run their first tokens (default "
              "2,048 with a count, as --measure-seconds allows; with --measure all, whole prompts unless given).",
@@ -170,18 +207,28 @@ def replay(
                                                  "offloading); sync: on it. Picks the net benefit that "
                                                  "recommends; both are shown.")] = "async",
     link_gbps: Annotated[Optional[float], typer.Option(help="Network model: link to Redis in Gbit/s (default: "
-                                                            "measure the given server).")] = None,
+                                                            "100 when prefill is priced, else measure the given "
+                                                            "server).")] = None,
     rtt_ms: Annotated[Optional[float], typer.Option(help="Network model: round trip to Redis in ms (default: "
-                                                         "measure the given server).")] = None,
+                                                         "0.1 when prefill is priced, else measure the given "
+                                                         "server).")] = None,
     allow_evictions: Annotated[bool, typer.Option(help="Run even when the server would evict keys to fit the "
                                                        "replay (maybe other people's).")] = False,
     threads: Threads = 1,
     payload: Annotated[str, typer.Option(help="real: measured requests move real KV through Redis; "
                                               "accounted: index and metadata only, payload bytes counted.")] = "real",
+    capacity: Annotated[str, typer.Option(help="The cache's size per node: auto (with --hardware or a GPU "
+                                               "--prefill-profile, the GPU tier an engine would have: HBM x 0.9 "
+                                               "- weights - 3 GiB; else unlimited), unlimited, or a size (3M "
+                                               "tokens, 64GiB).")] = "auto",
+    sizing: Annotated[str, typer.Option(help="Shares of the unlimited cache's hits whose smallest cache size "
+                                             "the report gives, with its bill.")] = "0.9,0.95,0.99",
     capacity_tokens: Annotated[Optional[int], typer.Option(help="LRU capacity per chunk size, tokens.")] = None,
     capacity_bytes: Annotated[Optional[str], typer.Option(help="LRU capacity, payload bytes (e.g. 2GiB).")] = None,
-    prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
-                                                             "calibrating the model.")] = None,
+    prefill_tps: Annotated[Optional[float], typer.Option(help="Price prefill at this flat tokens/s instead of "
+                                                             "calibrating the model; overheads priced too (the "
+                                                             "network model, a PCIe 5.0 x16 host link). "
+                                                             "Deterministic: nothing is timed here.")] = None,
     hardware: Annotated[Optional[str], typer.Option(
         help="Price prefill, and moving KV to and from the device, on this accelerator (h100-sxm, h200, b200, "
              "a100-80gb, l40s, mi300x, ...: kvcli hardware lists them): a roofline of the model's exact FLOPs and "
@@ -270,10 +317,13 @@ def replay(
 
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads, hardware, mfu,
                            None if prefill_profile is None else str(prefill_profile))
+    mode, capacity_tokens, capacity_bytes_ = parse_capacity_option(capacity, capacity_tokens,
+                                                                   parse_size(capacity_bytes))
     config = ReplayConfig(
         chunk_sizes=parse_chunk_sizes(chunk_sizes), payload=payload, measure=parse_measure(measure, options.priced),
-        capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens, capacity_bytes=parse_size(
-            capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed, upper_bound=upper_bound,
+        capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens, capacity_bytes=capacity_bytes_,
+        capacity=mode, sizing=parse_sizing(sizing), namespace=namespace, keep=keep, limit=limit, seed=seed,
+        upper_bound=upper_bound,
         measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
         layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kvcli.replay.curvereport import Row, curve_rows
-from kvcli.replay.planreport import plan_notes, plan_rows
+from kvcli.replay.planreport import capacity_text, plan_notes, plan_rows, sizing_text
 from kvcli.replay.results import ChunkSizeResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.tables import print_table, stdout_console
@@ -68,6 +68,9 @@ def _per_shard(counts: dict[str, int]) -> str:
     return f"{min(counts.values()):,} / {max(counts.values()):,} ({len(counts)} shards)"
 
 
+TIMED_LOOKUP, TIMED_TRANSFER = "lookup p50 / p99, timed here", "  of it timed on this server"
+"""The rows of figures timed on this machine: a priced replay's table leaves them out (its JSON nulls them)."""
+
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
 ROWS: list[Row] = [
     ("requests", lambda r: f"{r.requests:,}"),
@@ -91,10 +94,10 @@ ROWS: list[Row] = [
     ("  per shard, min / max", lambda r: _per_shard(r.round_trips_by_shard)),
     ("Redis retries / BUSY retries / errors / timeouts",
      lambda r: f"{r.redis_retries:,} / {r.redis_busy_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
-    ("lookup p50 / p99", lambda r: _lookup_ms(r.lookup_p50_seconds, r.lookup_p99_seconds)),
+    (TIMED_LOOKUP, lambda r: _lookup_ms(r.lookup_p50_seconds, r.lookup_p99_seconds)),
     ("lookup time", lambda r: _over(r, "lookup")),
     ("transfer time", lambda r: _over(r, "transfer")),
-    ("  measured on this server", lambda r: _secs(r.transfer_seconds_measured)),
+    (TIMED_TRANSFER, lambda r: _secs(r.transfer_seconds_measured)),
     ("deserialize time", lambda r: _over(r, "deserialize")),
     ("critical path (lookup+transfer+deser.)", lambda r: _over(r, "critical")),
     ("background (serialize + store)", lambda r: _over(r, "background")),
@@ -112,8 +115,14 @@ ROWS: list[Row] = [
 ]
 
 
+def _priced(result: TraceResult) -> bool:
+    """Whether the trace's figures were priced (nothing timed here decides them)."""
+    return result.pricing is not None and result.pricing["mode"] == "priced"
+
+
 def trace_table(result: TraceResult, curve_source: str = "measured in this run") -> Table:
-    """A table for one trace: one column per chunk size, the recommended one marked (tied ones marked "=")."""
+    """A table for one trace: one column per chunk size, the recommended one marked (tied ones marked "="); a
+    priced replay's leaves out the rows timed on this machine (:data:`TIMED_LOOKUP`, :data:`TIMED_TRANSFER`)."""
     best = result.recommended_chunk_size
     tied = set(result.verdict.tied) if result.verdict and result.verdict.kind == "tie" else set()
     layout = result.per_chunk_size[0].layout if result.per_chunk_size else "kvcli"
@@ -124,23 +133,27 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
     for r in result.per_chunk_size:
         mark = " *" if r.chunk_size == best else (" =" if r.chunk_size in tied else "")
         table.add_column(f"{r.chunk_size}{mark}", justify="right", style="green" if r.chunk_size == best else None)
+    priced = _priced(result)
     for label, fn in ROWS + curve_rows(result.per_chunk_size) + plan_rows(result.per_chunk_size):
+        if priced and label in (TIMED_LOOKUP, TIMED_TRANSFER):
+            continue
         if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
                                                       for r in result.per_chunk_size):
             continue  # every hit's payload checked out: the row would repeat the one above
         table.add_row(label, *[fn(r) for r in result.per_chunk_size])
     verdict = _verdict_line(result)
     transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")
-    if curve_source.startswith(("roofline", "profile")):
-        spread = ("the utilization's published range" if curve_source.startswith("roofline")
-                  else "the profile's spread")
+    if priced:
+        spread = ("95%, from the utilization's published range" if curve_source.startswith("roofline")
+                  else "95%, from the profile's spread" if curve_source.startswith("profile")
+                  else "none (a flat rate has no spread)")
         table.caption = (f"{verdict} Priced, not timed: prefill from the {curve_source} (every request), overheads "
-                         f"from counts and rates (transfers from {transfers}, KV to and from the device at its "
-                         f"rates). Intervals: 95%, from {spread} and the rates' repeats.")
+                         f"from counts and rates (transfers from the network model, KV to and from the device at "
+                         f"its rates). Intervals: {spread}.")
     else:
-        table.caption = (f"{verdict} Measured: timed with the model and Redis in this run; estimated: prefill from "
-                         f"the cost curve ({curve_source}), transfers from {transfers}. Intervals: 95%, from the "
-                         f"calibration's spread and this run's timing noise.")
+        table.caption = (f"{verdict} Timed here: measured with the model and Redis in this run; estimated: "
+                         f"prefill from the cost curve ({curve_source}), transfers from {transfers}. Intervals: 95%, "
+                         f"from the calibration's spread and this run's timing noise.")
     table.caption_justify = "left"
     return table
 
@@ -216,6 +229,9 @@ def print_report(results: list[TraceResult], console: Console, context: dict) ->
     """Print every trace's table (and its layout comparison), then the run context (model, server, cost curve)."""
     for result in results:
         print_table(console, trace_table(result, context.get("cost_curve_source", "")))
+        for line in (pricing_text(result), capacity_text(result), sizing_text(result)):
+            if line:
+                console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         console.print(_facts(result), markup=False, highlight=False, soft_wrap=True)
         if result.preflight:
             console.print(f"  preflight: {result.preflight['message']}", markup=False, highlight=False,
@@ -286,11 +302,30 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "store_mode": t.store_mode, "measure_tokens": t.measure_tokens, "measured": t.measured,
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
-            "server_rates_per_chunk": t.server_rates,
+            "server_rates_per_chunk": t.server_rates, "pricing": t.pricing, "capacity": t.capacity,
             "per_chunk_size": [r.to_dict() for r in t.per_chunk_size],
             **({"by_layout": {name: [r.to_dict() for r in rows] for name, rows in t.by_layout.items()}}
                if len(t.by_layout) > 1 else {})})
     return json_document("replay", {"context": context, "traces": traces})
+
+
+def pricing_text(result: TraceResult) -> str | None:
+    """One line: how the trace's figures were found. Priced: what priced the prefill, the rate it came to over
+    the trace's prompts (the ``--prefill-tps`` of a flat-rate run with the same total), and the overheads' model;
+    timed here: the same for this run's timings. None without a pricing record."""
+    p = result.pricing
+    if p is None:
+        return None
+    rate = p.get("prefill_tokens_per_second")
+    if p["mode"] != "priced":
+        return f"timed here: prefill from {p['prefill']}; overheads {p['overheads']}"
+    said = ""
+    if rate is not None and not p["prefill"].startswith("flat rate"):
+        tier = (result.capacity or {}).get("gpu_tier")  # a flat-rate run has no accelerator to size it on
+        size = "" if tier is None else f" --capacity {tier['kv_bytes']}B"
+        said = (f" = {rate:,.0f} tokens/s over this trace's prompts (the same total at a flat rate: --prefill-tps "
+                f"{rate:.0f}{size})")
+    return f"priced: prefill from the {p['prefill']}{said}; overheads {p['overheads']}"
 
 
 def summary_line(result: TraceResult) -> str:
@@ -317,4 +352,4 @@ def summary_line(result: TraceResult) -> str:
             f"{result.measured_requests} measured)")
 
 
-__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line", "stdout_console"]
+__all__ = ["print_report", "to_json", "trace_table", "layout_table", "summary_line", "pricing_text", "stdout_console"]
