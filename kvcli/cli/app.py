@@ -126,6 +126,42 @@ def parse_measure(text: str, priced: bool = False) -> int | None:
     return int(text)
 
 
+def parse_capacity_option(text: str, tokens: int | None, size_bytes: int | None
+                          ) -> tuple[str, int | None, int | None]:
+    """``--capacity`` with ``--capacity-tokens`` / ``--capacity-bytes``: ``(mode, tokens, bytes)`` for
+    :class:`~kvcli.replay.results.ReplayConfig`: "auto" and "unlimited" as they are; a size (tokens, or bytes of
+    the model's KV, :func:`kvcli.sim.tiers.parse_tier`'s reading) becomes the tokens or the bytes.
+
+    Raises:
+        BadInputError: an unreadable or zero size, or a size with --capacity-tokens / --capacity-bytes.
+    """
+    from kvcli.sim.tiers import parse_tier
+
+    mode = text.strip().lower()
+    if mode in ("auto", "unlimited"):
+        return mode, tokens, size_bytes
+    if tokens is not None or size_bytes is not None:
+        raise BadInputError("--capacity SIZE and --capacity-tokens / --capacity-bytes: give one")
+    try:
+        spec = parse_tier(f"cache={text}")
+    except BadInputError as exc:
+        raise BadInputError(f"--capacity must be auto, unlimited or a size: {str(exc).removeprefix('--tier ')}"
+                            ) from None
+    return "auto", spec.tokens, spec.bytes
+
+
+def parse_sizing(text: str) -> tuple[float, ...]:
+    """``--sizing "0.9,0.95,0.99"`` -> shares (each checked by :class:`~kvcli.replay.results.ReplayConfig`); "" or
+    "none": none. Raises BadInputError for a share that is not a number."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise BadInputError(f"--sizing takes shares of the unlimited hits, e.g. 0.9,0.95,0.99, got {text!r}"
+                            ) from None
+
+
 JOBS_HELP = ("Worker processes for each trace's independent units (chunk size x layout), each with its own Redis "
              "connection; the report is identical to --jobs 1. Default: the cores, capped by the units, for a replay "
              "that runs no model (--prefill-tps with --measure 0); else 1, so no worker slows the prefills it times "
@@ -137,15 +173,15 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
 
 #: ``kvcli replay --help``'s panels (:func:`~kvcli.cli.options.help_panels`), the common path first.
 REPLAY_PANELS = {
-    "Common options": ("chunk_sizes", "model", "hardware", "prefill_tps", "capacity_bytes", "capacity_tokens",
-                       "full", "json_out", "plot"),
+    "Common options": ("chunk_sizes", "model", "hardware", "prefill_tps", "capacity", "capacity_bytes",
+                       "capacity_tokens", "full", "json_out", "plot"),
     "The model and its prefill's price": ("prefill_profile", "mfu", "measure", "measure_max_tokens",
                                           "measure_seconds", "calibrate_seconds", "dtype", "kv_dtype", "device",
                                           "threads", "seed"),
     "Store, server and network": ("redis_url", "redis_timeout", "payload", "store_mode", "link_gbps", "rtt_ms",
                                   "layout", "pipeline", "namespace", "keep", "allow_evictions", "gpu_blocks"),
-    "Curves and the capacity planner": ("upper_bound", "curve", "ttl_refresh", "tier", "price", "optimal",
-                                        "admit_after", "policy"),
+    "Curves and the capacity planner": ("upper_bound", "curve", "ttl_refresh", "sizing", "tier", "price",
+                                        "optimal", "admit_after", "policy"),
     "Traces and the run": ("fmt", "tokenizer", "add_special_tokens", "limit", "hash_block_tokens", "timestamp_unit",
                            "drop_tail_block", "skip_bad_records", "jobs", "ray"),
 }
@@ -162,8 +198,8 @@ def replay(
     kv_dtype: KvDtype = "auto",
     device: Device = "auto",
     measure: Annotated[str, typer.Option(help="Requests per trace that run the model, or 'all'. auto: 2, or 0 "
-                                              "with --hardware or --prefill-profile (prefill priced "
-                                              "elsewhere).")] = "auto",
+                                              "with --hardware, --prefill-profile or --prefill-tps (prefill "
+                                              "priced elsewhere).")] = "auto",
     measure_max_tokens: Annotated[Optional[int], typer.Option(
         help="Most tokens of a measured prompt that run the model; longer prompts run their first tokens (default "
              "2,048 with a count, as --measure-seconds allows; with --measure all, whole prompts unless given).",
@@ -178,20 +214,30 @@ def replay(
                                                  "offloading); sync: on it. Picks the net benefit that "
                                                  "recommends; both are shown.")] = "async",
     link_gbps: Annotated[Optional[float], typer.Option(help="Network model: link to Redis in Gbit/s (default: "
-                                                            "measure the given server).")] = None,
+                                                            "100 when prefill is priced, else measure the given "
+                                                            "server).")] = None,
     rtt_ms: Annotated[Optional[float], typer.Option(help="Network model: round trip to Redis in ms (default: "
-                                                         "measure the given server).")] = None,
+                                                         "0.1 when prefill is priced, else measure the given "
+                                                         "server).")] = None,
     allow_evictions: Annotated[bool, typer.Option(help="Run even when the server would evict keys to fit the "
                                                        "replay (maybe other people's).")] = False,
     threads: Threads = 1,
     payload: Annotated[str, typer.Option(help="real: measured requests move real KV through Redis; "
                                               "accounted: index and metadata only, payload bytes counted.")] = "real",
+    capacity: Annotated[str, typer.Option(help="The cache's size per node: auto (with --hardware or a GPU "
+                                               "--prefill-profile, the GPU tier an engine would have: HBM x 0.9 "
+                                               "- weights - 3 GiB; else unlimited), unlimited, or a size (3M "
+                                               "tokens, 64GiB).")] = "auto",
+    sizing: Annotated[str, typer.Option(help="Shares of the unlimited cache's hits whose smallest cache size "
+                                             "the report gives, with its bill.")] = "0.9,0.95,0.99",
     capacity_tokens: Annotated[Optional[int], typer.Option(help=CAPACITY_TOKENS_HELP)] = None,
     capacity_bytes: Annotated[Optional[str], typer.Option(help=CAPACITY_BYTES_HELP)] = None,
     gpu_blocks: Annotated[Optional[int], typer.Option(metavar="N", show_default=False,
                                                       help=REPLAY_GPU_BLOCKS_HELP)] = None,
-    prefill_tps: Annotated[Optional[float], typer.Option(help="Estimate prefill at this tokens/s instead of "
-                                                             "calibrating the model.")] = None,
+    prefill_tps: Annotated[Optional[float], typer.Option(help="Price prefill at this flat tokens/s instead of "
+                                                             "calibrating the model; overheads priced too (the "
+                                                             "network model, a PCIe 5.0 x16 host link). "
+                                                             "Deterministic: nothing is timed here.")] = None,
     hardware: Annotated[Optional[str], typer.Option(
         help="Price prefill, and moving KV to and from the device, on this accelerator (h100-sxm, h200, b200, "
              "a100-80gb, l40s, mi300x, ...: kvcli hardware lists them): a roofline of the model's exact FLOPs and "
@@ -284,11 +330,13 @@ def replay(
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads, hardware, mfu,
                            None if prefill_profile is None else str(prefill_profile))
     sizes = parse_chunk_sizes(chunk_sizes)
+    engine_tokens = replay_capacity_tokens(gpu_blocks, sizes, capacity_tokens, capacity_bytes)
+    mode, capacity_tokens, capacity_bytes_ = parse_capacity_option(capacity, engine_tokens, parse_size(capacity_bytes))
     config = ReplayConfig(
         chunk_sizes=sizes, payload=payload, measure=parse_measure(measure, options.priced),
-        capacity_tokens=replay_capacity_tokens(gpu_blocks, sizes, capacity_tokens, capacity_bytes),
-        measure_max_tokens=measure_max_tokens, capacity_bytes=parse_size(
-            capacity_bytes), namespace=namespace, keep=keep, limit=limit, seed=seed, upper_bound=upper_bound,
+        capacity_tokens=capacity_tokens, measure_max_tokens=measure_max_tokens, capacity_bytes=capacity_bytes_,
+        capacity=mode, sizing=parse_sizing(sizing), namespace=namespace, keep=keep, limit=limit, seed=seed,
+        upper_bound=upper_bound,
         measure_seconds=measure_seconds, calibrate_seconds=calibrate_seconds, store_mode=store_mode,
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
         layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,

@@ -36,12 +36,12 @@ def hardware(
         return
     table = Table(title=Text(f"accelerators for --hardware (dense peaks; prefill at MFU {DEFAULT_MFU} "
                              f"[{MFU_RANGE[0]}, {MFU_RANGE[1]}] by default)"), title_justify="left")
-    for column in ("name", "accelerator", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "memory GB", "host link"):
+    for column in ("name", "accelerator", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "memory GiB", "host link"):
         table.add_column(column, justify="left" if column in ("name", "accelerator", "host link") else "right")
     for a in chosen:
         table.add_row(a.name, a.label, f"{a.bf16_flops / 1e12:,.1f}",
                       "–" if a.fp8_flops is None else f"{a.fp8_flops / 1e12:,.1f}",
-                      f"{a.hbm_bytes_per_second / 1e12:.2f}", f"{a.memory_bytes / 1e9:,.0f}",
+                      f"{a.hbm_bytes_per_second / 1e12:.2f}", f"{a.memory_bytes / 2 ** 30:,.0f}",
                       f"{a.host_link}, {a.host_bytes_per_second / 1e9:.0f} GB/s")
     table.caption = "Vendors' published peaks (sparse figures halved); each figure's source: --json, docs/hardware.md."
     table.caption_justify = "left"

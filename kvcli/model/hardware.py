@@ -1,10 +1,13 @@
 """Named accelerators and their public figures: dense tensor FLOP/s, HBM bandwidth and capacity, the host link.
 
 Every figure is the vendor's published peak, from the source each entry names (docs/hardware.md lists them with
-the derivations). Peaks "with sparsity" are halved to dense: prefill runs dense matrix multiplies. The host link is
-one direction (host to device), the bus's theoretical rate: PCIe 5.0 x16 64 GB/s (the "128 GB/s" vendors quote
-counts both directions), PCIe 4.0 x16 32 GB/s, NVLink-C2C 450 GB/s (of 900 GB/s both ways). What a pageable copy
-reaches is less (about 70-80% on PCIe); a profile (:mod:`kvcli.model.profile`) measures it.
+the derivations). Device memory is the vendor's "80GB" read as memory capacities are written (JEDEC's convention for
+memory: GB = 2**30 bytes): an H100 80GB holds 80 GiB of HBM3, of which CUDA shows 79.22 GiB (vLLM's memory profile
+of Llama-3-8B on one, github.com/vllm-project/vllm/pull/10511). Peaks "with sparsity" are halved to dense: prefill
+runs dense matrix multiplies. The host link is one direction (host to device), the bus's theoretical rate: PCIe 5.0
+x16 64 GB/s (the "128 GB/s" vendors quote counts both directions), PCIe 4.0 x16 32 GB/s, NVLink-C2C 450 GB/s (of
+900 GB/s both ways). What a pageable copy reaches is less (about 70-80% on PCIe); a profile
+(:mod:`kvcli.model.profile`) measures it.
 
 :mod:`kvcli.model.roofline` prices a prefill on one of these from the exact FLOPs and bytes of the model's shapes.
 """
@@ -16,6 +19,7 @@ from kvcli.errors import BadInputError
 
 TERA = 1e12
 GB = 1e9
+GIB = 2 ** 30
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class Accelerator:
         bf16_flops: dense BF16/FP16 tensor FLOP/s.
         fp8_flops: dense FP8 tensor FLOP/s (None: no FP8 tensor cores).
         hbm_bytes_per_second: memory bandwidth, bytes/s.
-        memory_bytes: device memory, bytes.
+        memory_bytes: device memory, bytes (the vendor's figure in GiB: module docstring).
         host_link: the link to the host, named ("PCIe 5.0 x16").
         host_bytes_per_second: that link's rate host to device, one direction, bytes/s.
         sources: where the figures come from (URLs of the vendor's specification pages).
@@ -65,23 +69,26 @@ class Accelerator:
                 "host_bytes_per_second": self.host_bytes_per_second, "sources": list(self.sources)}
 
 
-_PCIE5, _PCIE4 = ("PCIe 5.0 x16", 64 * GB), ("PCIe 4.0 x16", 32 * GB)
+PCIE5_X16 = ("PCIe 5.0 x16", 64 * GB)
+"""The host link of most accelerators listed (one direction, the bus's theoretical rate): the link a priced replay
+assumes when no accelerator is named (``--prefill-tps``)."""
+_PCIE5, _PCIE4 = PCIE5_X16, ("PCIe 4.0 x16", 32 * GB)
 
 ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
-    Accelerator("h100-sxm", "NVIDIA H100 SXM5 80GB", 989.4 * TERA, 1978.9 * TERA, 3.35e12, 80 * GB, *_PCIE5,
+    Accelerator("h100-sxm", "NVIDIA H100 SXM5 80GB", 989.4 * TERA, 1978.9 * TERA, 3.35e12, 80 * GIB, *_PCIE5,
                 ("https://www.nvidia.com/en-us/data-center/h100/",)),
-    Accelerator("h200", "NVIDIA H200 SXM 141GB", 989.4 * TERA, 1978.9 * TERA, 4.8e12, 141 * GB, *_PCIE5,
+    Accelerator("h200", "NVIDIA H200 SXM 141GB", 989.4 * TERA, 1978.9 * TERA, 4.8e12, 141 * GIB, *_PCIE5,
                 ("https://www.nvidia.com/en-us/data-center/h200/",)),
-    Accelerator("gh200", "NVIDIA GH200 Grace Hopper (96GB HBM3)", 989.4 * TERA, 1978.9 * TERA, 4.0e12, 96 * GB,
+    Accelerator("gh200", "NVIDIA GH200 Grace Hopper (96GB HBM3)", 989.4 * TERA, 1978.9 * TERA, 4.0e12, 96 * GIB,
                 "NVLink-C2C", 450 * GB, ("https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",)),
-    Accelerator("b200", "NVIDIA B200 180GB (HGX B200)", 2250 * TERA, 4500 * TERA, 8.0e12, 180 * GB, *_PCIE5,
+    Accelerator("b200", "NVIDIA B200 180GB (HGX B200)", 2250 * TERA, 4500 * TERA, 8.0e12, 180 * GIB, *_PCIE5,
                 ("https://www.nvidia.com/en-us/data-center/hgx/",)),
-    Accelerator("a100-80gb", "NVIDIA A100 SXM4 80GB", 312 * TERA, None, 2.039e12, 80 * GB, *_PCIE4,
+    Accelerator("a100-80gb", "NVIDIA A100 SXM4 80GB", 312 * TERA, None, 2.039e12, 80 * GIB, *_PCIE4,
                 ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                  "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",)),
-    Accelerator("l40s", "NVIDIA L40S 48GB", 362.05 * TERA, 733 * TERA, 864 * GB, 48 * GB, *_PCIE4,
+    Accelerator("l40s", "NVIDIA L40S 48GB", 362.05 * TERA, 733 * TERA, 864 * GB, 48 * GIB, *_PCIE4,
                 ("https://www.nvidia.com/en-us/data-center/l40s/",)),
-    Accelerator("mi300x", "AMD Instinct MI300X 192GB", 1307.4 * TERA, 2614.9 * TERA, 5.3e12, 192 * GB, *_PCIE5,
+    Accelerator("mi300x", "AMD Instinct MI300X 192GB", 1307.4 * TERA, 2614.9 * TERA, 5.3e12, 192 * GIB, *_PCIE5,
                 ("https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",)),
 )}
 

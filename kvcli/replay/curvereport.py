@@ -2,7 +2,9 @@
 
 How to read the figure: the left panel is the hit token ratio an LRU cache of that size would have had on the
 trace (x: payload bytes for the model, log scale; top axis: tokens), one line per chunk size, each ending at its
-unlimited-cache ratio; the dashed line is the token-granular upper bound (an unlimited radix tree); with
+unlimited-cache ratio, its dots the smallest sizes that reach the ``--sizing`` shares of it (90/95/99% by default),
+and a dash-dotted vertical line the replay's own cache (the GPU tier, or the capacity given); the dashed line is the
+token-granular upper bound (an unlimited radix tree); with
 ``--optimal``, a dash-dotted line per chunk size is the optimal eviction's (Belady's MIN, :mod:`kvcli.sim.optimal`)
 at the same capacities, so the space between the two is what a better policy could win. A curve that
 is still rising at the right edge wants more cache; the knee is where more bytes stop paying. The right panel is the
@@ -127,15 +129,20 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
                 opt = 100 * hits[np.minimum(caps, len(hits) - 1)] * c.chunk_size / max(r.prompt_tokens, 1)
                 cap.plot(x, opt, drawstyle="steps-post", color=color, lw=max(lw - 0.4, 1.0), ls="-.",
                          label=f"chunk size {r.chunk_size}: optimal eviction (MIN)")
-            k90 = c.capacity_for(0.9)
-            if k90:
-                cap.plot([k90 * c.payload_bytes_per_chunk], [100 * c.hit_tokens(k90) / r.prompt_tokens], "o",
-                         color=color, ms=4 + 2 * lw, mec="white", zorder=3)
+            for share, k in _marked_sizes(r, c):
+                y = 100 * c.hit_tokens(k) / r.prompt_tokens
+                cap.plot([k * c.payload_bytes_per_chunk], [y], "o", color=color, ms=4 + 2 * lw, mec="white", zorder=3)
+                if i == 0:  # the shares once, beside the first chunk size's dots
+                    cap.annotate(f"{100 * share:g}%", (k * c.payload_bytes_per_chunk, y), textcoords="offset points",
+                                 xytext=(-4, 6), ha="right", fontsize=7, color=color)
         if c.ttl_seconds is not None and c.ttl_hit_chunks is not None:  # both None together
             keep = _ttl_range(c)
             ratio = 100 * c.ttl_hit_chunks[keep] * c.chunk_size / max(r.prompt_tokens, 1)
             ttl.plot(c.ttl_seconds[keep], ratio, marker="o", ms=2 + lw, color=color, lw=lw,
                      label=f"chunk size {r.chunk_size}")
+    held = _capacity_marker(result)
+    if held is not None:
+        cap.axvline(held[0], color="black", ls="-.", lw=1, label=held[1])
     for ax in (cap, ttl) if timed else (cap,):
         if bound > 0:
             ax.axhline(bound, color="grey", ls="--", lw=1, label="token-granular bound")
@@ -157,8 +164,9 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     top.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _tokens(v)))
     top.set_xlabel("cache size (tokens)")
     optimal = any(r.plan is not None and r.plan.optimal is not None for r in rows)
-    cap.set_title(("LRU and optimal eviction" if optimal else "LRU") + ": hit ratio by cache size (dot: 90% of "
-                  "unlimited)", fontsize=10)
+    shares = sorted({s["fraction"] for r in rows for s in (r.sizing or ())}) or [0.9]
+    cap.set_title(("LRU and optimal eviction" if optimal else "LRU") + ": hit ratio by cache size (dots: "
+                  + "/".join(f"{100 * f:g}" for f in shares) + "% of unlimited)", fontsize=10)
     cap.legend(fontsize=8, loc="upper left")
     span = next((c.span_seconds for c in curves if c.span_seconds), None)
     if timed:
@@ -176,6 +184,29 @@ def curve_figure(result: TraceResult, kv_bytes_per_token: int, model_id: str):
     name = Path(result.trace).name
     fig.suptitle(f"{name}: {result.requests:,} requests", fontsize=11)
     return fig
+
+
+def _marked_sizes(r: ChunkSizeResult, curve: CurveResult) -> list[tuple[float, int]]:
+    """``(share, capacity in chunks)`` of the dots on a chunk size's line: its sizing (``--sizing``), else 90% of
+    the unlimited hits; capacities of 0 chunks (a log axis has no room for them) left out."""
+    if r.sizing:
+        points = [(s["fraction"], s["capacity_chunks"]) for s in r.sizing]
+    else:
+        points = [(0.9, curve.capacity_for(0.9))]
+    return [(share, k) for share, k in points if k]
+
+
+def _capacity_marker(result: TraceResult) -> tuple[float, str] | None:
+    """Where the replay's own cache stands on the size axis (payload bytes) and its legend label: the GPU tier or
+    the capacity given; None when unlimited (the lines' right ends)."""
+    cap = result.capacity
+    if cap is None or cap["kind"] == "unlimited":
+        return None
+    sizes = [r["capacity_payload_bytes"] for r in cap["per_chunk_size"] if r["capacity_payload_bytes"]]
+    if not sizes:
+        return None
+    what = "GPU tier per node" if cap["kind"] == "gpu tier" else "the replay's capacity"
+    return max(sizes), f"{what}: {fmt_bytes(max(sizes))}"
 
 
 def _ttl_range(curve) -> np.ndarray:

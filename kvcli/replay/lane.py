@@ -95,7 +95,7 @@ class Lane:
         # chunks an unlimited cache would hold: only where the store's own capacity can evict
         self._seen: set[bytes] | None = set() if store.resident_chunks is not None else None
         # one curve per chunk size: it depends on the hashes, not the layout
-        self._hit_curve = (HitCurve(cs, config.ttl_refresh, record=config.plan.wanted)
+        self._hit_curve = (HitCurve(cs, config.ttl_refresh, record=config.plan.wanted, keep_hits=bool(config.sizing))
                            if config.hit_curve and config.namespace is None and store.layout == config.layouts[0]
                            else None)
         self._plan = config.plan

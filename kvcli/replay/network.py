@@ -21,10 +21,11 @@ Critical path (what delays the first token): lookup, transfer, deserialize. Back
 and the link, not the request, when stores are asynchronous as in LMCache and vLLM's offloading connectors):
 serialize and store.
 
-Priced (a prefill profile or a named accelerator prices the prefill: :func:`priced_overheads`): every overhead
-comes from counts and models, none from this run's wall times, so the figures do not move with this machine's
-load. Moving KV between the host and the serving device is priced at the device's rates (:class:`DeviceRates`: a
-profile's measured load and save rates, or the accelerator's host link), in place of this machine's serialize and
+Priced (a flat rate, a prefill profile or a named accelerator prices the prefill: :func:`priced_overheads`):
+every overhead comes from counts and models, none from this run's wall times, so the figures do not move with this
+machine's load. Moving KV between the host and the serving device is priced at the device's rates
+(:class:`DeviceRates`: a profile's measured load and save rates, the accelerator's host link, or with a flat rate
+an assumed PCIe 5.0 x16 link), in place of this machine's serialize and
 deserialize times; the Redis side is the network model, :data:`PRICED_LINK` for what ``--link-gbps`` / ``--rtt-ms``
 do not give (a loopback Redis on the replaying machine says nothing of a serving fleet's, and its timings move
 with this machine's load).
@@ -86,8 +87,12 @@ class Link:
 
 
 #: The network a priced replay puts between the serving node and Redis unless told (--link-gbps, --rtt-ms): a
-#: 100 Gbit/s datacenter link with a 0.1 ms round trip (a NIC of that speed is common in GPU servers' front-end
-#: networks; the figure is a stated assumption, shown in the report, not a measurement).
+#: 100 Gbit/s datacenter link with a 0.1 ms round trip. A stated assumption, shown in the report, not a
+#: measurement: GPU servers reach their storage and front-end network at 100-400 Gbit/s per port (NVIDIA's DGX
+#: H100 datasheet: two dual-port ConnectX-7, up to 400 Gb/s, for storage and in-band traffic), so 100 Gbit/s is a
+#: share of one port; Redis's own documentation gives about 200 us for a round trip over 1 Gbit/s Ethernet
+#: (redis.io, "Redis benchmark", "Factors impacting Redis performance"), and a faster network with kernel
+#: networking halves that.
 PRICED_LINK = Link(100.0, 1e-4)
 
 
@@ -109,13 +114,16 @@ class DeviceRates:
 
 @dataclass(frozen=True)
 class Overheads:
-    """One chunk size's overhead by part (seconds): critical path and background."""
+    """One chunk size's overhead by part (seconds): critical path and background. ``source`` says how they were
+    found, for the report; ``timed``: summed from this run's timings on this machine (False: priced from counts
+    and rates, :func:`priced_overheads`)."""
 
     lookup: float
     transfer: float
     deserialize: float
     serialize_store: float
     source: str
+    timed: bool = True
 
     @property
     def critical(self) -> float:
@@ -132,7 +140,7 @@ class Overheads:
         return {"lookup_seconds": self.lookup, "transfer_seconds": self.transfer,
                 "deserialize_seconds": self.deserialize, "store_seconds": self.serialize_store,
                 "critical_path_seconds": self.critical, "background_seconds": self.background,
-                "source": self.source}
+                "source": self.source, "timed": self.timed}
 
 
 def overheads(res, value_bytes: int, rates: ServerRates, link: Link | None) -> Overheads:
@@ -147,13 +155,15 @@ def overheads(res, value_bytes: int, rates: ServerRates, link: Link | None) -> O
     deserialize = res.deserialize_seconds + res.deserialize_seconds_estimated
     if link is None:
         return Overheads(res.lookup_seconds, res.transfer_seconds_measured + res.transfer_seconds_estimated,
-                         deserialize, res.store_seconds + res.store_seconds_estimated, "measured on this server")
+                         deserialize, res.store_seconds + res.store_seconds_estimated,
+                         "timed here: lookups, transfers and (de)serialization on the given server")
     transfer = link.seconds(res.chunks_hit * value_bytes, res.hit_requests)
     stored = res.chunks_written * value_bytes + res.metadata_bytes_written
     store = link.seconds(stored, res.store_requests) + res.chunks_written * rates.serialize_seconds
     lookup = res.lookup_seconds + res.lookups * link.rtt_seconds
     return Overheads(lookup, transfer, deserialize, store,
-                     f"network model: {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip")
+                     f"timed here, with a network model: {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round "
+                     f"trip added to this server's lookups; (de)serialization timed on this machine")
 
 
 #: The normal distribution's standard deviation per unit of median absolute deviation (1 / Phi^-1(3/4)).
@@ -191,4 +201,4 @@ def priced_overheads(res, value_bytes: int, link: Link, device: DeviceRates) -> 
     store += written_bytes / device.save_bytes_per_second
     return Overheads(lookup, transfer, deserialize, store,
                      f"priced: network model {link.gbps:g} Gbit/s, {link.rtt_seconds * 1e3:g} ms round trip; KV to "
-                     f"and from the device: {device.source}")
+                     f"and from the device at {device.load_bytes_per_second / 1e9:g} GB/s: {device.source}", False)

@@ -88,10 +88,10 @@ def _option_notes(config: ReplayConfig) -> list[str]:
 
 
 def _size_notes(config: ReplayConfig, res: ChunkSizeResult) -> list[str]:
-    """One chunk size's: lookups pipelined, prompts shorter than one chunk, chunks that failed their checksum, hit
-    figures that are a lower bound (own chunks vanished, Redis calls failed)."""
+    """One chunk size's: lookups pipelined (where their latency was timed), prompts shorter than one chunk, chunks
+    that failed their checksum, hit figures that are a lower bound (own chunks vanished, Redis calls failed)."""
     notes = []
-    if res.lookups_sampled:
+    if res.lookups_sampled and not config.priced:  # a priced replay's lookups are counted, not timed
         notes.append(f"chunk size {res.chunk_size}: {res.lookups_pipelined:,} lookups pipelined, up to "
                      f"{config.pipeline} requests per batch (--pipeline: {res.lookup_round_trips:,} "
                      f"batch{'es' if res.lookup_round_trips != 1 else ''}); lookup p50/p99 and each lookup's "

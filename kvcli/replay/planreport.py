@@ -1,5 +1,7 @@
-"""The capacity planner in the replay report: its table rows (per chunk size) and the lines under the table (the
-model, the bill's inputs and formulas). See docs/planner.md for how to read them."""
+"""The capacity planner in the replay report: its table rows (per chunk size), the lines under the table (the
+model, the bill's inputs and formulas), and the one-line answers to "how big": the cache the figures assume
+(:func:`capacity_text`) and the sizes that reach shares of the unbounded hits (:func:`sizing_text`). See
+docs/planner.md for how to read them."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -8,7 +10,7 @@ from typing import Any
 
 from kvcli.replay.bill import FORMULAS
 from kvcli.replay.curvereport import Row
-from kvcli.replay.results import ChunkSizeResult, PlanResult
+from kvcli.replay.results import ChunkSizeResult, PlanResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.units import fmt_bytes
 
@@ -122,3 +124,71 @@ def plan_notes(results: list[ChunkSizeResult]) -> list[str]:
                    + ", ".join(f"{k} {fmt_bytes(v)}" for k, v in inputs["tier_bytes"].items()))
         out += [f"bill: {f}" for f in FORMULAS]
     return out
+
+
+def _focus_size(result: TraceResult) -> int | None:
+    """The chunk size a trace's one-line answers speak of: the verdict's (:attr:`kvcli.replay.savings.Verdict.
+    focus`), else the first chunk size replayed."""
+    if result.verdict is not None and result.verdict.focus is not None:
+        return result.verdict.focus
+    return next((r.chunk_size for r in result.per_chunk_size if r.requests), None)
+
+
+def _tokens(n: float) -> str:
+    """A token count in a few digits: 442,715 -> "443k", 6,213,632 -> "6.21M"."""
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{sig(n / scale)}{unit}"
+    return f"{n:,.0f}"
+
+
+def capacity_text(result: TraceResult) -> str | None:
+    """One line: the cache the trace's figures assume at its focus chunk size and what set it (the GPU tier and its
+    formula, a size given, or unlimited and why), and what an unbounded cache would need; None without a capacity
+    record. E.g. "cache: GPU tier 54.0 GiB per node (NVIDIA H100 SXM5 80GB: 80.0 GiB x 0.9 - 15.0 GiB weights -
+    3.0 GiB runtime and activations) = 443k tokens; unbounded would need 1.6 TiB (chunk size 256)"."""
+    cap, cs = result.capacity, _focus_size(result)
+    if cap is None or cs is None:
+        return None
+    row = next((r for r in cap["per_chunk_size"] if r["chunk_size"] == cs), None)
+    if row is None:
+        return None
+    need = row["unlimited_payload_bytes"]
+    needs = "" if need is None else f"; unbounded would need {fmt_bytes(need)} (chunk size {cs})"
+    tier = cap.get("gpu_tier")
+    if cap["kind"] == "gpu tier" and tier is not None:
+        return (f"cache: GPU tier {fmt_bytes(tier['kv_bytes'])} per node ({tier['formula']}) = "
+                f"{_tokens(tier['tokens'])} tokens{needs}")
+    if cap["kind"] == "given" and row["capacity_chunks"] is not None:
+        return (f"cache: {fmt_bytes(row['capacity_payload_bytes'])} = {_tokens(row['capacity_tokens'])} tokens at "
+                f"chunk size {cs} (given){needs}")
+    held = "" if need is None else f": {fmt_bytes(need)} at chunk size {cs}"
+    return f"cache: unlimited ({cap['why']}){held}"
+
+
+def sizing_text(result: TraceResult) -> str | None:
+    """One line: the smallest LRU cache reaching each ``--sizing`` share of the unbounded hits at the focus chunk
+    size, and, with ``--price``, what it saves and costs per day; None without sizing (no curve). E.g. "sizes for
+    90/95/99% of unbounded hits (chunk size 256): 759 GiB / 950 GiB / 1.2 TiB; saves $20.7 / $21.9 / $22.8 a day
+    at $2.5/GPU-hour; memory in redis at $3/GB-month: $80.1 / $100 / $127 a day"."""
+    cs = _focus_size(result)
+    row = next((r for r in result.per_chunk_size if r.chunk_size == cs), None)
+    if row is None or not row.sizing:
+        return None
+    shares = "/".join(f"{100 * s['fraction']:g}" for s in row.sizing)
+    if all(s["capacity_chunks"] is None for s in row.sizing):
+        return f"sizes for {shares}% of unbounded hits (chunk size {cs}): no hit to size a cache for"
+    line = (f"sizes for {shares}% of unbounded hits (chunk size {cs}): "
+            + " / ".join(fmt_bytes(s["capacity_payload_bytes"]) for s in row.sizing))
+    bills = [s["bill"] for s in row.sizing]
+    if any(b is None for b in bills):
+        return line
+    inputs = bills[0]["inputs"]
+    if all(b["saved_usd_per_day"] is not None for b in bills):
+        line += ("; saves " + " / ".join(f"${sig(b['saved_usd_per_day']['value'])}" for b in bills)
+                 + f" a day at ${inputs['gpu_hour_usd']:g}/GPU-hour")
+    for name in bills[0]["memory_usd_per_day"]:
+        price = f" at ${inputs['usd_per_gb_month'][name]:g}/GB-month"
+        line += (f"; memory in {name}{price}: "
+                 + " / ".join(f"${sig(b['memory_usd_per_day'][name])}" for b in bills) + " a day")
+    return line

@@ -85,8 +85,9 @@ from kvcli.replay.network import (
 from kvcli.replay.notes import namespace_misses, replay_notes
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.planner import price_plan, tier_load_seconds
-from kvcli.replay.results import ReplayConfig, TraceResult
+from kvcli.replay.results import CapacityBasis, ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, recommend, summarize
+from kvcli.replay.sizing import capacity_record, size_cache
 from kvcli.replay.unit import replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.sim.tiers import check_tier_sizes
@@ -139,6 +140,10 @@ class Replayer:
             overheads priced from counts and rates: :func:`kvcli.replay.network.priced_overheads`).
         own_server: ``client`` is kvcli's embedded server, private to this command: a trace's cleanup empties it
             (:func:`kvcli.store.kvstore.purge_run`) instead of deleting the keys the run recorded.
+        capacity: what set ``config``'s capacity (:func:`kvcli.replay.runner.resolve_capacity`), for each trace's
+            capacity record; None: the capacity given, or none.
+        cost_source: what prices the prefill, in words, for each trace's pricing record ("" : said from
+            ``config.priced``).
     """
 
     def __init__(self, client: redis.Redis | RedisCluster, model, curve: PrefillCost, tokenizer: str,
@@ -146,9 +151,13 @@ class Replayer:
                  model_config: ModelConfig | None = None, *, notify: Callable[[str], None] | None = None,
                  remedy: Callable[[str], str] | None = None, units=None, prefetch: bool | None = None,
                  device: DeviceRates | None = None, phase: Callable[[str], None] | None = None,
-                 own_server: bool = False) -> None:
+                 own_server: bool = False, capacity: CapacityBasis | None = None, cost_source: str = "") -> None:
         self.client, self.model, self.curve, self.tokenizer, self.config = client, model, curve, tokenizer, config
         self.own_server = own_server
+        given = config.capacity_tokens or config.capacity_bytes
+        self.capacity = capacity or CapacityBasis("given" if given else "unlimited",
+                                                  "--capacity-tokens / --capacity-bytes" if given else "none given")
+        self.cost_source = cost_source
         self.calibration = calibration
         self.model_config = model_config or (model.config if model is not None else None)
         spec = model.spec if model is not None else spec
@@ -375,11 +384,16 @@ class Replayer:
                              delta, time.perf_counter() - t0, by_layout=by_layout)
         result.span_seconds = span
         self._savings(result, stores, results, ledgers, rates, link)
+        result.capacity = capacity_record(self.capacity, [
+            (r, s.config.payload_bytes, getattr(s, "capacity_chunks", None))
+            for r, s in zip(results, stores) if r.layout == cfg.layouts[0]])
+        result.pricing = self._pricing(main)
         result.preflight = check.to_dict()
         result.measure_tokens = measure_tokens
         result.measured = measured_log
         result.network = link.to_dict() if link else None
-        result.server_rates = {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)}
+        result.server_rates = ({} if cfg.priced else  # timed on this server: a priced replay reports none of it
+                               {s.config.chunk_size: dataclasses.asdict(r) for s, r in zip(stores, rates)})
         result.cost_curve = self.curve.to_dict()
         result.notes = (notes + self._notes(result, lengths, measured, measure_tokens) + self._degraded
                         + _capacity_notes(stores, cfg))
@@ -420,6 +434,9 @@ class Replayer:
                                     self.curve.residuals, self.model_config, cfg.seed, draws, stream=i,
                                     overhead_spread=spread, overhead_floor=repeat_spread(rate))
             res.saved_prefill_seconds_estimated = res.savings.saved_estimated
+            if res.hit_curve is not None and cfg.sizing:
+                res.sizing = size_cache(res.hit_curve, cfg.sizing, self.curve, draws, result.span_seconds,
+                                        cfg.plan.prices)
             if res.plan is not None:
                 device = self.device if cfg.priced else None
                 price_plan(res.plan, res.savings.saved, res.hit_tokens, functools.partial(
@@ -437,6 +454,20 @@ class Replayer:
                                    modes.pop() if len(modes) == 1 else "mixed",
                                    {r.chunk_size: s.net_draws(r.store_mode) for r, s in rows}
                                    ).understated([r.chunk_size for r, _ in rows if r.understated])
+
+    def _pricing(self, rows: list[ChunkSizeResult]) -> dict:
+        """How a trace's prefill and overheads were found (JSON-ready): ``mode`` "priced" (from counts, rates and a
+        cost given from outside: nothing here timed decides a figure) or "timed here"; ``prefill`` and
+        ``overheads`` in words; ``prefill_tokens_per_second``: the trace's prompt tokens over its whole prefill time
+        as the cost prices it (a priced replay: the flat ``--prefill-tps`` that gives the same total)."""
+        cfg = self.config
+        totals = [(r.prompt_tokens, r.savings.trace_prefill.value) for r in rows
+                  if r.savings is not None and r.savings.trace_prefill.value > 0]
+        rate = totals[0][0] / totals[0][1] if totals else None  # the same in every row
+        prefill = self.cost_source or ("priced from outside" if cfg.priced else "the cost curve calibrated here")
+        overheads = next((r.overheads.source for r in rows if r.overheads is not None), None)
+        return {"mode": "priced" if cfg.priced else "timed here", "prefill": prefill, "overheads": overheads,
+                "prefill_tokens_per_second": rate}
 
     def _used_memory(self) -> int | None:
         """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from kvcli.replay.answer import answer_line, answer_lines, answer_of
 from kvcli.replay.curvereport import Row, curve_rows
-from kvcli.replay.planreport import plan_notes, plan_rows
+from kvcli.replay.planreport import capacity_text, plan_notes, plan_rows, sizing_text
 from kvcli.replay.results import Answer, ChunkSizeResult, TraceResult
 from kvcli.replay.savings import Interval, fmt_interval, sig
 from kvcli.tables import print_table, stdout_console
@@ -77,6 +77,9 @@ def _per_shard(counts: dict[str, int]) -> str:
     return f"{min(counts.values()):,} / {max(counts.values()):,} ({len(counts)} shards)"
 
 
+TIMED_LOOKUP, TIMED_TRANSFER = "lookup p50 / p99, timed here", "  of it timed on this server"
+"""The rows of figures timed on this machine: a priced replay's table leaves them out (its JSON nulls them)."""
+
 # (label, function of a ChunkSizeResult) — the rows of the table, in reading order.
 ROWS: list[Row] = [
     ("requests", lambda r: f"{r.requests:,}"),
@@ -100,10 +103,10 @@ ROWS: list[Row] = [
     ("  per shard, min / max", lambda r: _per_shard(r.round_trips_by_shard)),
     ("Redis retries / BUSY retries / errors / timeouts",
      lambda r: f"{r.redis_retries:,} / {r.redis_busy_retries:,} / {r.redis_errors:,} / {r.redis_timeouts:,}"),
-    ("lookup p50 / p99", lambda r: _lookup_ms(r.lookup_p50_seconds, r.lookup_p99_seconds)),
+    (TIMED_LOOKUP, lambda r: _lookup_ms(r.lookup_p50_seconds, r.lookup_p99_seconds)),
     ("lookup time", lambda r: _over(r, "lookup")),
     ("transfer time", lambda r: _over(r, "transfer")),
-    ("  measured on this server", lambda r: _secs(r.transfer_seconds_measured)),
+    (TIMED_TRANSFER, lambda r: _secs(r.transfer_seconds_measured)),
     ("deserialize time", lambda r: _over(r, "deserialize")),
     ("critical path (lookup+transfer+deser.)", lambda r: _over(r, "critical")),
     ("background (serialize + store)", lambda r: _over(r, "background")),
@@ -121,8 +124,14 @@ ROWS: list[Row] = [
 ]
 
 
+def _priced(result: TraceResult) -> bool:
+    """Whether the trace's figures were priced (nothing timed here decides them)."""
+    return result.pricing is not None and result.pricing["mode"] == "priced"
+
+
 def trace_table(result: TraceResult, curve_source: str = "measured in this run") -> Table:
-    """A table for one trace: one column per chunk size, the recommended one marked (tied ones marked "=")."""
+    """A table for one trace: one column per chunk size, the recommended one marked (tied ones marked "="); a
+    priced replay's leaves out the rows timed on this machine (:data:`TIMED_LOOKUP`, :data:`TIMED_TRANSFER`)."""
     best, marks = result.recommended_chunk_size, _marks(result)
     layout = result.per_chunk_size[0].layout if result.per_chunk_size else "kvcli"
     table = Table(title=f"{result.trace}: {result.requests:,} requests, {result.skipped_empty} empty skipped; "
@@ -132,7 +141,10 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
     for r in result.per_chunk_size:
         table.add_column(f"{r.chunk_size}{marks[r.chunk_size]}", justify="right",
                          style="green" if r.chunk_size == best else None)
+    priced = _priced(result)
     for label, fn in ROWS + curve_rows(result.per_chunk_size) + plan_rows(result.per_chunk_size):
+        if priced and label in (TIMED_LOOKUP, TIMED_TRANSFER):
+            continue
         if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
                                                       for r in result.per_chunk_size):
             continue  # every hit's payload checked out: the row would repeat the one above
@@ -145,13 +157,14 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
 def _sources(result: TraceResult, curve_source: str) -> str:
     """Where the figures come from (priced, or measured and estimated) and what their intervals cover."""
     transfers = ("the network model" if result.network else "chunk SET/GET timings on this server")
-    if curve_source.startswith(("roofline", "profile")):
-        spread = ("the utilization's published range" if curve_source.startswith("roofline")
-                  else "the profile's spread")
+    if _priced(result):
+        spread = ("95%, from the utilization's published range" if curve_source.startswith("roofline")
+                  else "95%, from the profile's spread" if curve_source.startswith("profile")
+                  else "none (a flat rate has no spread)")
         return (f"Priced, not timed: prefill from the {curve_source} (every request), overheads from counts and "
-                f"rates (transfers from {transfers}, KV to and from the device at its rates). Intervals: 95%, from "
-                f"{spread} and the rates' repeats.")
-    return (f"Measured: timed with the model and Redis in this run; estimated: prefill from the cost curve "
+                f"rates (transfers from the network model, KV to and from the device at its rates). Intervals: "
+                f"{spread}.")
+    return (f"Timed here: measured with the model and Redis in this run; estimated: prefill from the cost curve "
             f"({curve_source}), transfers from {transfers}. Intervals: 95%, from the calibration's spread and this "
             f"run's timing noise.")
 
@@ -159,11 +172,11 @@ def _sources(result: TraceResult, curve_source: str) -> str:
 def _compact_caption(result: TraceResult, curve_source: str) -> str:
     """The compact table's caption: its marks, where its figures come from, and where every row is."""
     legend = "* recommended, = tied. " if any(_marks(result).values()) else ""
-    if curve_source.startswith(("roofline", "profile")):
+    if _priced(result):
         sources = f"Priced, not timed: prefill from the {curve_source}, overheads from counts and rates."
     else:
-        sources = ("Measured: timed with the model and Redis in this run; estimated: the rest, from the cost "
-                   "curve.")
+        sources = ("Timed here: measured with the model and Redis in this run; estimated: the rest, from the "
+                   "cost curve.")
     planned = any(r.plan is not None for r in result.per_chunk_size)
     more = "Every row, the capacity planner's too: --full." if planned else "Every row: --full."
     return f"{legend}{sources} {more}"
@@ -364,6 +377,9 @@ def print_report(results: list[TraceResult], console: Console, context: dict, fu
             table.caption = _compact_caption(result, source)
             table.caption_justify = "left"
             print_table(console, table)
+        for extra in (pricing_text(result), capacity_text(result), sizing_text(result)):
+            if extra:
+                say(console, f"  {extra}")
         say(console, _facts(result))
         if result.preflight:
             say(console, f"  preflight: {result.preflight['message']}")
@@ -440,12 +456,31 @@ def to_json(results: list[TraceResult], context: dict) -> str:
             "store_mode": t.store_mode, "measure_tokens": t.measure_tokens, "measured": t.measured,
             "calibration": t.calibration, "cost_curve": t.cost_curve, "preflight": t.preflight,
             "server_evicted_keys": t.server_evicted_keys, "span_seconds": t.span_seconds, "network": t.network,
-            "server_rates_per_chunk": t.server_rates,
+            "server_rates_per_chunk": t.server_rates, "pricing": t.pricing, "capacity": t.capacity,
             "answer": {**answer(t).to_dict(), "lines": answer_lines(answer(t)), "line": summary_line(t)},
             "per_chunk_size": [r.to_dict() for r in t.per_chunk_size],
             **({"by_layout": {name: [r.to_dict() for r in rows] for name, rows in t.by_layout.items()}}
                if len(t.by_layout) > 1 else {})})
     return json_document("replay", {"context": context, "traces": traces})
+
+
+def pricing_text(result: TraceResult) -> str | None:
+    """One line: how the trace's figures were found. Priced: what priced the prefill, the rate it came to over
+    the trace's prompts (the ``--prefill-tps`` of a flat-rate run with the same total), and the overheads' model;
+    timed here: the same for this run's timings. None without a pricing record."""
+    p = result.pricing
+    if p is None:
+        return None
+    rate = p.get("prefill_tokens_per_second")
+    if p["mode"] != "priced":
+        return f"timed here: prefill from {p['prefill']}; overheads {p['overheads']}"
+    said = ""
+    if rate is not None and not p["prefill"].startswith("flat rate"):
+        tier = (result.capacity or {}).get("gpu_tier")  # a flat-rate run has no accelerator to size it on
+        size = "" if tier is None else f" --capacity {tier['kv_bytes']}B"
+        said = (f" = {rate:,.0f} tokens/s over this trace's prompts (the same total at a flat rate: --prefill-tps "
+                f"{rate:.0f}{size})")
+    return f"priced: prefill from the {p['prefill']}{said}; overheads {p['overheads']}"
 
 
 def summary_line(result: TraceResult) -> str:
@@ -469,4 +504,4 @@ def _short_why(r: ChunkSizeResult) -> str:
 
 
 __all__ = ["print_report", "to_json", "trace_table", "compact_table", "layout_table", "summary_line", "answer",
-           "stdout_console"]
+           "pricing_text", "stdout_console"]

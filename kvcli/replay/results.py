@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from kvcli.model.kvmemory import GpuTier
     from kvcli.sim.curve import CurveResult
 
 from kvcli.errors import BadInputError
@@ -92,6 +93,22 @@ class PlanResult:
 
 
 @dataclass(frozen=True)
+class CapacityBasis:
+    """What set a replay's cache capacity (:func:`kvcli.replay.runner.resolve_capacity`): ``kind`` "gpu tier" (the
+    per-node GPU tier ``gpu_tier`` of the accelerator that prices the replay), "given" (``--capacity-tokens`` /
+    ``--capacity-bytes`` / ``--capacity SIZE``) or "unlimited"; ``why``: in words, for the report."""
+
+    kind: str
+    why: str
+    gpu_tier: GpuTier | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-ready."""
+        return {"kind": self.kind, "why": self.why,
+                "gpu_tier": self.gpu_tier.to_dict() if self.gpu_tier is not None else None}
+
+
+@dataclass(frozen=True)
 class ReplayConfig:
     """Options of one replay (frozen; built at the CLI edge).
 
@@ -109,6 +126,11 @@ class ReplayConfig:
         link_gbps / rtt_seconds: the network model (None for both: what was measured on the given server).
         allow_evictions: run even when the preflight says the server will evict keys (maybe other people's).
         capacity_tokens / capacity_bytes: LRU capacity per chunk size (None: unlimited).
+        capacity: "auto" (without ``capacity_tokens`` / ``capacity_bytes``: :func:`kvcli.replay.runner.run_replay`
+            gives the replay the per-node GPU tier of the accelerator that prices it, :mod:`kvcli.model.kvmemory`,
+            and unlimited where no accelerator is named) or "unlimited" (no capacity, asked for).
+        sizing: shares of the unlimited cache's hit tokens whose smallest LRU size the report gives per chunk size,
+            with its bill (:func:`kvcli.replay.sizing.size_cache`), each in (0, 1]; empty: none.
         namespace: an existing namespace (e.g. one ``kvcli warm`` filled) whose chunks count as hits; it is only
             read, never written. None: a cold cache. Either way the run writes into a fresh namespace of its own.
         keep: keep the run's own namespace (its keys) on the server after the report; deleted by default.
@@ -149,6 +171,8 @@ class ReplayConfig:
     allow_evictions: bool = False
     capacity_tokens: int | None = None
     capacity_bytes: int | None = None
+    capacity: str = "auto"
+    sizing: tuple[float, ...] = (0.9, 0.95, 0.99)
     namespace: str | None = None
     keep: bool = False
     limit: int | None = None
@@ -172,7 +196,8 @@ class ReplayConfig:
                 measured-token cap, token capacity or pipeline below 1; a link speed that is not a positive number;
                 a round trip or time budget that is not a number >= 0; ``ttl_refresh`` without ``hit_curve``; a
                 ``--tier`` in tokens smaller than one chunk of a chunk size; the lmcache layout with a read namespace
-                or a capacity.
+                or a capacity; ``capacity`` neither "auto" nor "unlimited", or "unlimited" with a capacity; a sizing
+                share outside (0, 1].
         """
         sizes = self.chunk_sizes
         if (not isinstance(sizes, (tuple, list)) or not sizes
@@ -197,6 +222,14 @@ class ReplayConfig:
         for flag, seconds in (("--rtt-ms", rtt_ms), ("--measure-seconds", self.measure_seconds),
                               ("--calibrate-seconds", self.calibrate_seconds)):
             check_non_negative(flag, seconds)
+        if self.capacity not in ("auto", "unlimited"):
+            raise BadInputError(f"--capacity must be auto, unlimited or a size, got {self.capacity!r}")
+        if self.capacity == "unlimited" and (self.capacity_tokens or self.capacity_bytes):
+            raise BadInputError("--capacity unlimited and a capacity (--capacity-tokens, --capacity-bytes): give one")
+        if not all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f <= 1 for f in self.sizing):
+            raise BadInputError(f"--sizing takes shares of the unlimited hits in (0, 1], got "
+                                f"{','.join(map(str, self.sizing))}")
+        object.__setattr__(self, "sizing", tuple(sorted(set(self.sizing))))
         if self.store_mode not in ("async", "sync"):
             raise BadInputError(f"--store-mode must be async or sync, got {self.store_mode!r}")
         if self.ttl_refresh and not self.hit_curve:
@@ -228,6 +261,12 @@ def check_non_negative(flag: str, value: float | None) -> None:
     """Raise BadInputError naming ``flag`` unless ``value`` is None or a finite number >= 0."""
     if value is not None and not 0 <= value < float("inf"):
         raise BadInputError(f"{flag} must be a number >= 0, got {value}")
+
+
+TIMED_FIELDS = ("lookup_p50_seconds", "lookup_p99_seconds", "lookup_seconds", "transfer_seconds_measured",
+                "transfer_seconds_estimated", "deserialize_seconds", "deserialize_seconds_estimated", "store_seconds",
+                "store_seconds_estimated")
+"""The :class:`ChunkSizeResult` fields timed on this machine's server: null in a priced replay's JSON."""
 
 
 @dataclass
@@ -306,6 +345,7 @@ class ChunkSizeResult:
     store_mode: str = "async"
     hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
     plan: PlanResult | None = None  # tiers, optimal bound, admission, policies, bill (None: not asked for)
+    sizing: list[dict] | None = None  # the smallest LRU per --sizing share, and its bill (None: no curve)
 
     @property
     def hit_token_ratio(self) -> float | None:
@@ -352,8 +392,11 @@ class ChunkSizeResult:
 
     def to_dict(self) -> dict:
         """All fields plus the derived ratios and totals, JSON-ready; None where a figure was not computed or has
-        no denominator."""
+        no denominator, and for the figures timed on this machine (:data:`TIMED_FIELDS`) when the overheads are
+        priced: then ``overheads`` holds what was priced, and nothing of this machine's timings is reported."""
         out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
+        if self.overheads is not None and not self.overheads.timed:
+            out.update(dict.fromkeys(TIMED_FIELDS))
         optimal = self.plan.optimal_hit_tokens if self.plan is not None and self.plan.optimal is not None else None
         out["hit_curve"] = self.hit_curve.to_dict(optimal) if self.hit_curve is not None else None
         out["plan"] = self.plan.to_dict() if self.plan is not None else None
@@ -475,6 +518,8 @@ class TraceResult:
     server_rates: dict = field(default_factory=dict)
     left_behind: str = ""  # the run's namespace could not be deleted: what was left and how to remove it
     answer: Answer | None = None  # the first lines of the report (kvcli.replay.answer); None: not made yet
+    capacity: dict | None = None  # the cache the figures assume, what set it, and what unlimited would need
+    pricing: dict | None = None  # how prefill and the overheads were found: priced (and at what) or timed here
 
     @property
     def recommended_chunk_size(self) -> int | None:

@@ -5,6 +5,7 @@ Kept apart from the CLI so the library can run a whole replay (``run_replay``) w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
@@ -19,7 +20,8 @@ from redis.cluster import RedisCluster
 from kvcli.errors import BadInputError
 from kvcli.model.checkpoint import is_checkpoint_name
 from kvcli.model.costcurve import CostCurve, PrefillCost
-from kvcli.model.hardware import get_accelerator
+from kvcli.model.hardware import PCIE5_X16, get_accelerator
+from kvcli.model.kvmemory import gpu_tier
 from kvcli.model.load import describe, load_model, model_shapes, resolve_spec, resolve_tokenizer
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.model.profile import Profile
@@ -32,7 +34,7 @@ from kvcli.replay.measure import curve_check
 from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
 from kvcli.replay.replayer import Replayer, check_prompts
-from kvcli.replay.results import Pricing, ReplayConfig, TraceResult, check_count, check_positive
+from kvcli.replay.results import CapacityBasis, Pricing, ReplayConfig, TraceResult, check_count, check_positive
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
@@ -55,7 +57,8 @@ class ModelOptions:
     Attributes:
         model: a preset name (see model.PRESETS) or a Hugging Face checkpoint folder.
         dtype: dtype name, or None for the model's own. device: where it runs. seed: a preset's weights.
-        prefill_tps: price prefill at this constant tokens/s instead of calibrating here.
+        prefill_tps: price prefill at this constant tokens/s instead of calibrating here (KV to and from the
+            device over an assumed PCIe 5.0 x16 link: :func:`flat_rate_device`).
         threads: torch threads while the replay runs on a CPU (1 by default: on a small machine shared with other
             work, one thread's timings repeat within a few percent; two threads' swing several-fold with the load).
         hardware: price prefill on this named accelerator (:mod:`kvcli.model.hardware`, a roofline of the model's
@@ -99,14 +102,15 @@ class ModelOptions:
 
     @property
     def priced(self) -> bool:
-        """Whether something other than this machine prices prefill (a named accelerator, a profile)."""
-        return self.hardware is not None or self.profile is not None
+        """Whether something other than this machine prices prefill (a flat rate, a named accelerator, a profile):
+        then every overhead is priced too (:func:`kvcli.replay.network.priced_overheads`), none timed here."""
+        return self.prefill_tps is not None or self.hardware is not None or self.profile is not None
 
 
 class Prepared(NamedTuple):
     """What :func:`prepare_model` built: the model (None when nothing runs it), the prefill cost, the calibration
     that extends it per trace (None: the cost is fixed), the model's spec, and the serving device's host <-> device
-    rates (None unless prefill is priced elsewhere)."""
+    rates (None unless prefill is priced: :attr:`ModelOptions.priced`)."""
 
     model: Any  # a LocalModel or an HFModel: prefill, synchronize, device, spec
     cost: PrefillCost
@@ -132,7 +136,7 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     fixed: PrefillCost | None = None
     device = None
     if options.prefill_tps is not None:
-        fixed = CostCurve.from_tokens_per_second(options.prefill_tps)
+        fixed, device = CostCurve.from_tokens_per_second(options.prefill_tps), flat_rate_device()
     elif options.hardware is not None:
         fixed, device = roofline_cost(options, spec, kv_dtype)
     elif options.profile is not None:
@@ -149,6 +153,14 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     calibration = Calibration(model, seed=options.seed)
     calibration.cover(1, 0.0)  # the base points
     return Prepared(model, calibration.curve(), calibration, spec, None)
+
+
+def flat_rate_device() -> DeviceRates:
+    """The host <-> device rates a flat ``--prefill-tps`` replay assumes, no accelerator being named: PCIe 5.0 x16
+    at its peak rate, one direction (:data:`kvcli.model.hardware.PCIE5_X16`: the host link of the H100, H200, B200
+    and MI300X, so the same overheads as ``--hardware`` on one of them)."""
+    name, rate = PCIE5_X16
+    return DeviceRates(rate, rate, f"{name} at its peak rate (assumed: no accelerator named)")
 
 
 def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec,
@@ -216,8 +228,9 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
     files = expand_paths([Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths])
     tokenizer = resolve_tokenizer(tokenizer, model_options.model)
     tok_name = lazy_tokenizer(tokenizer)[1]  # tiktoken loads only when a record holds text
-    fixed_cost = model_options.prefill_tps is not None or model_options.priced
-    runs_model = not (fixed_cost and config.measure == 0)
+    if config.priced != model_options.priced:  # one pricing for everything: what prices prefill prices overheads
+        config = dataclasses.replace(config, priced=model_options.priced)
+    runs_model = not (model_options.priced and config.measure == 0)
     events = events or ReplayEvents()
     # a bad trace is refused before the model loads and calibrates (tens of seconds on a CPU), and before any
     # trace's report is done (a replay that fails prints none)
@@ -236,6 +249,7 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
         model, curve, calibration, spec, device = prepare_model(model_options, config.measure, events.phase,
                                                                 config.kv_dtype)
         shapes = model_shapes(model_options.model)
+        config, capacity = resolve_capacity(config, model_options, shapes, spec)
         units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
                                             config, f"kvcli-replay-{os.getpid()}-worker"), target.embedded, runs_model)
         if units is not None:  # on an error or an interrupt at once (no unit is running then: nothing to wait
@@ -244,7 +258,8 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
         replayer = Replayer(client, model, curve, tok_name, config, spec=spec, calibration=calibration,
                             model_config=shapes, notify=events.note, remedy=functools.partial(purge_remedy, target),
                             units=units, prefetch=False if jobs == 1 else None,  # --jobs 1: this process alone
-                            device=device, phase=events.phase, own_server=target.embedded)
+                            device=device, phase=events.phase, own_server=target.embedded, capacity=capacity,
+                            cost_source=_cost_source(model_options))
         results = []
         pricing = answer_pricing(model_options, config, model)
         for i, path in enumerate(files, 1):
@@ -256,11 +271,11 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
             results[-1].notes += [note for note in notes if note]
             results[-1].answer = answer_of(results[-1], pricing, capacity_words(config))
             events.trace_done(results[-1])
-    layers, two, heads, dim = spec.kv_shape
+    layers, two = spec.kv_shape[:2]
     context = {
         "model_id": spec.model_id, **describe(model_options.model), "dtype": str(spec.dtype).removeprefix("torch."),
         "kv_dtype": config.kv_dtype or dtype_key(spec.dtype),
-        "kv_bytes_per_token": layers * two * heads * dim * _itemsize(config.kv_dtype or spec.dtype),
+        "kv_bytes_per_token": kv_bytes_per_token(spec, config.kv_dtype),
         "kv_scale_bytes_per_chunk": layers * two * SCALE_BYTES if config.kv_dtype else 0,
         "state_bytes_per_chunk": state_bytes(spec.state_shape, spec.dtype), "tokenizer": tok_name,
         "tokenizer_source": tokenizer,
@@ -275,6 +290,7 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
         "metadata_placement": "beside the payload (its own key)",
         "layouts": {name: LAYOUT_NOTES[name] for name in config.layouts},
+        "capacity": capacity.to_dict(),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
@@ -311,10 +327,63 @@ def capacity_words(config: ReplayConfig) -> str | None:
     return " or ".join(p for p in parts if p) or None
 
 
+def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str | None = None) -> int:
+    """KV bytes per token of ``spec``'s attention layers, at ``kv_dtype`` (torch's name; None: the model's dtype):
+    what a stored chunk holds per token, linear layers' state aside."""
+    layers, two, heads, dim = spec.kv_shape
+    return layers * two * heads * dim * dtype_bytes(kv_dtype or spec.dtype)
+
+
+def resolve_capacity(config: ReplayConfig, options: ModelOptions, shapes: ModelConfig, spec: ModelSpec
+                     ) -> tuple[ReplayConfig, CapacityBasis]:
+    """The replay's cache capacity and what set it. A capacity given (``capacity_tokens`` / ``capacity_bytes``)
+    stands; ``config.capacity`` "unlimited" keeps none; "auto" gives the per-node GPU tier of the accelerator that
+    prices the replay (``--hardware``, or a GPU profile's device: :func:`kvcli.model.kvmemory.gpu_tier` on the
+    model's weights at its dtype and its KV per token at the cache's), as ``capacity_bytes``, and none where no
+    accelerator is named, where the weights fit no node, or with LMCache's layout (it replays without a
+    capacity); the basis says which.
+
+    Raises:
+        BadInputError: ``options.profile`` is not a readable profile.
+    """
+    if config.capacity_tokens or config.capacity_bytes:
+        return config, CapacityBasis("given", "--capacity-tokens / --capacity-bytes")
+    if config.capacity == "unlimited":
+        return config, CapacityBasis("unlimited", "asked for with --capacity unlimited")
+    device = _serving_device(options)
+    if device is None:
+        return config, CapacityBasis("unlimited", "no accelerator named to size a GPU tier on; --hardware NAME "
+                                                  "or --capacity SIZE sets one")
+    if "lmcache" in config.layouts:
+        return config, CapacityBasis("unlimited", "--layout lmcache replays without a capacity")
+    label, memory, max_devices, source = device
+    weights = shapes.params() * dtype_bytes(spec.dtype)
+    tier = gpu_tier(label, memory, weights, kv_bytes_per_token(spec, config.kv_dtype), shapes.context, source,
+                    max_devices=max_devices)
+    if tier is None:
+        return config, CapacityBasis("unlimited", f"the weights, {weights / 2 ** 30:,.1f} GiB, and one context of "
+                                                  f"KV fit no node of up to {max_devices} x {label}")
+    return dataclasses.replace(config, capacity_bytes=tier.kv_bytes), CapacityBasis(
+        "gpu tier", f"the per-node GPU tier of {source}", tier)
+
+
+def _serving_device(options: ModelOptions) -> tuple[str, float, int, str] | None:
+    """The accelerator that prices the replay: its name, memory (bytes), devices a node may have, and where the
+    memory figure comes from; None without one (a flat rate, or a profile measured on a CPU)."""
+    if options.hardware is not None:
+        acc = get_accelerator(options.hardware)
+        return acc.label, acc.memory_bytes, 8, f"--hardware {acc.name}"
+    if options.profile is not None:
+        facts = Profile.load(options.profile).device
+        if facts.get("type") == "cuda" and facts.get("memory_bytes"):  # one device, as the profile measured it
+            return str(facts.get("name") or facts["device"]), float(facts["memory_bytes"]), 1, "the profile's device"
+    return None
+
+
 def _cost_source(options: ModelOptions) -> str:
     """What priced the prefill, for the report's context."""
     if options.prefill_tps is not None:
-        return "prefill_tps"
+        return f"flat rate: --prefill-tps {options.prefill_tps:g}"
     if options.hardware is not None:
         return f"roofline: {get_accelerator(options.hardware).label}"
     if options.profile is not None:

@@ -176,6 +176,20 @@ def _priced(cost: PrefillCost, n, r, m, mr, draws: np.ndarray | None = None):
     return cost.totals(draws, saved), cost.totals(draws, full)
 
 
+def priced_saving(cost: PrefillCost, prompt_tokens: np.ndarray, reused_tokens: np.ndarray,
+                  draws: np.ndarray) -> Interval:
+    """What ``cost`` prices the saving of requests of ``prompt_tokens`` reusing ``reused_tokens`` at (seconds, its
+    95% interval over the cost's ``draws``: :meth:`~kvcli.model.costcurve.PrefillCost.draws`), every request
+    estimated (module docstring)."""
+    n = np.asarray(prompt_tokens, dtype=np.int64)
+    r = np.asarray(reused_tokens, dtype=np.int64)
+    if not len(n):
+        return Interval(0.0, 0.0, 0.0)
+    zero = np.zeros(len(n), dtype=np.int64)
+    point = _priced(cost, n, r, zero, zero)[0]
+    return _interval(point, _priced(cost, n, r, zero, zero, draws)[0])
+
+
 def summarize(ledger: Ledger, curve: PrefillCost, critical: float, background: float, noise,
               model: ModelConfig | None, seed: int = 0, coef_draws: np.ndarray | None = None,
               stream: int = 0, overhead_spread: float | None = None, overhead_floor: float = 0.0) -> Savings:

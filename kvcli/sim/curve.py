@@ -39,9 +39,13 @@ class HitCurve:
         ttl_refresh: TTL counted from a chunk's last access (True) or its last write (False).
         record: also keep the requests' chunk ids (:meth:`stream`) for the capacity planner's offline
             simulations (:mod:`kvcli.replay.planner`): 4 bytes per chunk of every request, 16 per request.
+        keep_hits: also keep every request's chain distances, so the result gives each request's reused tokens
+            at any capacity (:meth:`CurveResult.reused_tokens`, for pricing a size's saving request by request):
+            4 bytes per chunk of every request, 12 per request.
     """
 
-    def __init__(self, chunk_size: int, ttl_refresh: bool = False, record: bool = False) -> None:
+    def __init__(self, chunk_size: int, ttl_refresh: bool = False, record: bool = False,
+                 keep_hits: bool = False) -> None:
         self.chunk_size = chunk_size
         self._ids = ChunkIds()
         self._stack = StackDistances()
@@ -55,6 +59,8 @@ class HitCurve:
         self.seconds = 0.0
         self._pending: list[tuple[Sequence[bytes], float | None, int | None]] = []  # deferred requests, in order
         self._recorder = StreamRecorder(chunk_size) if record else None
+        # per batch: chain distances (int32, a miss at every capacity as HIT_NEVER), chunks and tokens per request
+        self._hits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = [] if keep_hits else None
 
     def observe(self, hashes: Sequence[bytes], timestamp: float | None, prompt_tokens: int | None = None
                 ) -> np.ndarray:
@@ -106,6 +112,10 @@ class HitCurve:
             self._recorder.add(ids, lengths, np.fromiter((-1 if n is None else n for _, _, n in requests), np.int64,
                                                          len(requests)))
         chain = chain_max(self._stack.access_many(ids, bounds, first_new, links), links.req)
+        if self._hits is not None:
+            tokens_of = np.fromiter((-1 if n is None else n for _, _, n in requests), np.int64, len(requests))
+            self._hits.append((np.minimum(chain, HIT_NEVER).astype(np.int32), lengths.astype(np.int32),
+                               np.where(tokens_of < 0, lengths * self.chunk_size, tokens_of)))
         hit = chain < NEVER
         if hit.any():
             top = int(chain[hit].max())
@@ -148,7 +158,8 @@ class HitCurve:
         double as they grow; TTLs after write add 84 per chunk seen twice)."""
         self.flush()
         ttl = self._ttl.nbytes if self._ttl is not None else 0
-        return self._ids.nbytes + self._stack.nbytes + self._by_distance.nbytes + ttl
+        kept = sum(a.nbytes + b.nbytes + c.nbytes for a, b, c in self._hits or ())
+        return self._ids.nbytes + self._stack.nbytes + self._by_distance.nbytes + ttl + kept
 
     def result(self, prompt_tokens: int, payload_bytes_per_chunk: int) -> CurveResult:
         """The curve so far, for a replay of ``prompt_tokens`` prompt tokens (hit token ratios' denominator)."""
@@ -162,13 +173,34 @@ class HitCurve:
         kept_full = min(len(self._full), distinct + 1)
         full[:kept_full] = self._full[:kept_full]
         ttl, first, last = self._ttl, self._first, self._last  # first and last are set together
+        per_request = None
+        if self._hits is not None:
+            parts = self._hits or [(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0, np.int64))]
+            per_request = RequestHits(*(np.concatenate(column) for column in zip(*parts)))
         return CurveResult(
             chunk_size=self.chunk_size, payload_bytes_per_chunk=payload_bytes_per_chunk, prompt_tokens=prompt_tokens,
             hit_chunks_by_capacity=hits, whole_hits_by_capacity=np.cumsum(full), distinct_chunks=distinct,
             ttl_seconds=None if ttl is None else ttl.grid, ttl_hit_chunks=None if ttl is None else ttl.hits(),
             ttl_rule="after access" if self.ttl_refresh else "after write", untimed_requests=self.untimed_requests,
             span_seconds=None if ttl is None or first is None or last is None else last - first,
-            memory_bytes=self.nbytes, seconds=self.seconds)
+            memory_bytes=self.nbytes, seconds=self.seconds, request_hits=per_request)
+
+
+HIT_NEVER = np.int32(np.iinfo(np.int32).max)
+"""A chunk that misses at every capacity, in :class:`RequestHits` (distances never reach it: they count distinct
+chunks, at most one per 16-byte hash seen)."""
+
+
+@dataclass(frozen=True)
+class RequestHits:
+    """Every request's chain distances, in replay order: ``chains`` int32 ``[chunks of all requests]`` (chunk ``k``
+    of a request hits at capacity ``C`` iff its entry is ``<= C``; non-decreasing within a request, being a running
+    maximum; :data:`HIT_NEVER` for a miss at every capacity), ``chunks`` int32 ``[requests]`` (each request's
+    entries, in order), ``prompt_tokens`` int64 ``[requests]``."""
+
+    chains: np.ndarray
+    chunks: np.ndarray
+    prompt_tokens: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -187,6 +219,8 @@ class CurveResult:
         untimed_requests: requests without a timestamp (any one turns the TTL curve off).
         span_seconds: last minus first timestamp (TTLs from about here on are the unlimited cache).
         memory_bytes: bytes the curve held; seconds: time spent computing it.
+        request_hits: every request's chain distances (:class:`RequestHits`; None unless the curve kept them):
+            :meth:`reused_tokens` at any capacity.
     """
 
     chunk_size: int
@@ -202,6 +236,7 @@ class CurveResult:
     span_seconds: float | None
     memory_bytes: int
     seconds: float
+    request_hits: RequestHits | None = None
 
     @property
     def unlimited_hit_tokens(self) -> int:
@@ -212,6 +247,24 @@ class CurveResult:
         """Hit tokens at a capacity of ``capacity_chunks`` chunks (exact: equals the replay at that capacity)."""
         c = min(max(int(capacity_chunks), 0), self.distinct_chunks)
         return int(self.hit_chunks_by_capacity[c]) * self.chunk_size - int(self.whole_hits_by_capacity[c])
+
+    def reused_tokens(self, capacity_chunks: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each request's prompt tokens and reused tokens at a capacity of ``capacity_chunks`` chunks, int64
+        ``[requests]`` each, in replay order: its leading chunks whose chain distance is at most the capacity, less
+        the last token of a prompt hit whole (the engine computes it); they sum to :meth:`hit_tokens`.
+
+        Raises:
+            ValueError: the curve kept no per-request distances (``HitCurve(keep_hits=False)``).
+        """
+        if self.request_hits is None:
+            raise ValueError("the curve kept no per-request hits: build it with HitCurve(keep_hits=True)")
+        h = self.request_hits
+        below = np.zeros(len(h.chains) + 1, np.int64)
+        np.cumsum(h.chains <= min(max(int(capacity_chunks), 0), int(HIT_NEVER) - 1), out=below[1:])
+        ends = np.cumsum(h.chunks, dtype=np.int64)
+        hit = below[ends] - below[ends - h.chunks]  # a request's hits are its leading chunks: the chain only rises
+        reused = np.maximum(np.minimum(hit * self.chunk_size, h.prompt_tokens - 1), 0)
+        return h.prompt_tokens.astype(np.int64), reused
 
     def capacity_for(self, fraction: float) -> int | None:
         """Smallest capacity (chunks) whose hit tokens reach ``fraction`` of the unlimited cache's; None when the

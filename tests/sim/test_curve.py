@@ -1,8 +1,9 @@
 """The capacity/TTL curve without a server: the TTL rules against a direct simulation (one request at a time and in
-batches), and batches of requests equal to one request at a time."""
+batches), batches of requests equal to one request at a time, and each request's reused tokens at any capacity."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_stackdist import cut
@@ -178,3 +179,28 @@ def test_a_hot_chunk_s_rounds_after_every_other_chunk_s_equal_a_simulation_per_t
     grid = [0.2, 0.25, 0.5, 1, 2, 3, 5, 8, 13, 1e9]  # times are sums of exact binary fractions
     assert batched_ttl_hits(prompts, times, refresh, grid, sizes) == [_reference(prompts, times, t, refresh)
                                                                       for t in grid]
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch_trace, st.lists(st.integers(1, 12), min_size=1, max_size=4))
+def test_reused_tokens_per_request_add_up_to_the_curve_at_every_capacity(trace, sizes):
+    """keep_hits: each request's reused tokens at a capacity (its leading chunks within it, less the last token of a
+    prompt hit whole) sum to the curve's hit tokens at every capacity, and match a request's own chain."""
+    requests = [(chunk_prompt(p, 4, b"r" * 16).hashes, None, len(p) + max(extra, 0))
+                for p, _, extra in trace]
+    curve = HitCurve(4, keep_hits=True)
+    chains = [c for group in cut(requests, sizes) for c in curve.observe_many(group)]
+    result = curve.result(1000, 64)
+    for capacity in range(result.distinct_chunks + 2):
+        prompt, reused = result.reused_tokens(capacity)
+        assert int(reused.sum()) == result.hit_tokens(capacity)
+        assert prompt.tolist() == [n for _, _, n in requests]
+        for chain, (_, _, n), r in zip(chains, requests, reused.tolist()):
+            assert r == max(0, min(4 * int((chain <= capacity).sum()), n - 1))
+
+
+def test_reused_tokens_need_the_kept_hits():
+    curve = HitCurve(4)
+    curve.observe(chunk_prompt(tok(1, 8), 4, b"r" * 16).hashes, None, 8)
+    with pytest.raises(ValueError, match="keep_hits"):
+        curve.result(8, 64).reused_tokens(1)
