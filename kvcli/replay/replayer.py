@@ -86,7 +86,7 @@ from kvcli.replay.notes import namespace_misses, replay_notes
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.planner import price_plan, tier_load_seconds
 from kvcli.replay.results import CapacityBasis, ChunkSizeResult, ReplayConfig, TraceResult
-from kvcli.replay.savings import DRAWS, recommend, summarize
+from kvcli.replay.savings import DRAWS, TimedSavings, recommend, summarize
 from kvcli.replay.sizing import capacity_record, size_cache
 from kvcli.replay.unit import replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
@@ -452,8 +452,10 @@ class Replayer:
         modes = {r.store_mode for r, _ in rows} or {cfg.store_mode}
         result.verdict = recommend({r.chunk_size: s.net(r.store_mode) for r, s in rows},
                                    modes.pop() if len(modes) == 1 else "mixed",
-                                   {r.chunk_size: s.net_draws(r.store_mode) for r, s in rows}
-                                   ).understated([r.chunk_size for r, _ in rows if r.understated])
+                                   {r.chunk_size: s.net_draws(r.store_mode) for r, s in rows},
+                                   None if cfg.priced else {r.chunk_size: TimedSavings(
+                                       s.saved, s.draws_saved, s.beyond_share or 0.0, _typical(s, r.store_mode))
+                                       for r, s in rows}).understated([r.chunk_size for r, _ in rows if r.understated])
 
     def _pricing(self, rows: list[ChunkSizeResult]) -> dict:
         """How a trace's prefill and overheads were found (JSON-ready): ``mode`` "priced" (from counts, rates and a
@@ -541,6 +543,12 @@ def check_prompts(lengths: Iterable[int], name: str) -> None:
     if count and not prompts:
         raise BadInputError(f"no prompt to replay: every request{'' if count == 1 else f' of {count:,}'} is empty",
                             path=name)
+
+
+def _typical(savings, store_mode: str) -> float:
+    """The overheads timed in a net benefit of ``store_mode``, without the blocks of requests a stall inflated."""
+    critical, background = savings.typical_overheads or (savings.critical, savings.background)
+    return critical + (background if store_mode == "sync" else 0.0)
 
 
 def _purge_remedy(namespace: str) -> str:

@@ -24,7 +24,8 @@ Intervals (95 %, percentiles of ``DRAWS`` bootstrap draws, seeded: the same inpu
   consecutive blocks of the trace's requests, and the repeat spread of the transfer calibration (how far one
   timing of the server strays: a robust standard deviation, :func:`kvcli.replay.network.repeat_spread`) (normal
   draws with that relative standard deviation, clipped at 0). A priced
-  overhead (a profile or a named accelerator: counts through the network model) is not timed and has none.
+  overhead (a flat rate, a profile or a named accelerator: counts through the network model) is not timed and has
+  none.
 
 Recommendation (:func:`recommend`): chunk sizes are compared in pairs with the same coefficient draws (the curve's
 uncertainty is common to every size of a trace and cancels in a comparison); a size beats another when the 95 %
@@ -32,7 +33,10 @@ interval of their difference is above 0 and the difference is at least ``TIE_TOL
 That tolerance is the run-to-run drift of such differences, which one run's intervals do not see: Redis timings
 (wall time) swing with the machine's load between runs, and the curve's shape with the points calibrated; across
 repeats of the README's main job the relative difference between two sizes moved by up to 3 percentage points
-(bench/bench_recommendation.py, docs/measurements.md).
+(bench/bench_recommendation.py, docs/measurements.md). Where the overheads are timed here, they move further
+between runs than one run's interval says (up to 11x beside a CPU hog, :data:`TIMED_OVERHEAD_DRIFT`) while the
+savings, timed in CPU time, move a point or two: the sizes are then compared on their savings, with the tolerance
+widened where they are extrapolated (:data:`EXTRAPOLATION_DRIFT`), and the nets say whether caching pays.
 
 Saved FLOPs are exact (:func:`kvcli.model.flops.saved_prefill_flops` on the model's shapes): no interval.
 """
@@ -52,6 +56,24 @@ DRAWS = 400
 LEVEL = 95.0
 BLOCKS = 10
 TIE_TOLERANCE = 0.05
+TIMED_OVERHEAD_DRIFT = 11.0
+"""How far a chunk size's overhead timed on this machine's Redis moved between runs: beside a one-core CPU hog on a
+2-vCPU machine its critical path moved up to 11x between 5 runs of the main job where it was above 50 ms, 28x for
+a 6 ms one (bench/bench_verdicts.py, docs/measurements.md): why a timed run compares savings (:func:`recommend`)."""
+PAYS_OVER_TIMED = 2.0
+"""A timed run's caching pays "beyond noise" only where the saving is more than this many times the overheads timed
+here, without the blocks of requests a stall inflated (:func:`recommend`): another run may time them twice over
+(5 runs of the main job beside a CPU hog: a trace's overheads moved 2.5x and more between runs)."""
+STALL_SECONDS = 0.18
+"""A timed run's caching pays "beyond noise" only where the saving is more than this, in seconds: the most one
+stall of this machine added to a small trace's timed overheads between runs of the main job beside a CPU hog
+(openai_batch_handmade: 15 -> 191 ms, tokens_small: 6 -> 165 ms; bench/bench_verdicts.py, docs/measurements.md):
+a saving below it is decided by the run-to-run spread."""
+EXTRAPOLATION_DRIFT = 0.15
+"""How far the relative difference of two chunk sizes' savings moves between runs, per unit of the share of them
+extrapolated beyond the calibrated range: by up to 10.5 points between 5 runs of the main job beside a CPU hog on
+the Mooncake sample, 99.8% extrapolated (the calibration's long points move the curve's attention terms), where
+calibrated savings moved under a point (bench/bench_verdicts.py, docs/measurements.md)."""
 
 
 @dataclass
@@ -82,6 +104,19 @@ class Ledger:
         self.background_seconds.append(background)
         if timing is not None:
             self.timings.append(timing)
+
+    def typical_overhead(self, part: str) -> float:
+        """The ``part`` ("critical" or "background") overhead of the whole trace at its median rate per prompt token
+        across up to :data:`BLOCKS` consecutive blocks of requests (seconds): the total without the blocks a stall
+        of this machine inflated (a lookup that waited 150 ms for the CPU), which the plain sum keeps."""
+        x = np.asarray(getattr(self, f"{part}_seconds"), dtype=np.float64)
+        w = np.asarray(self.prompt_tokens, dtype=np.float64)
+        blocks = min(BLOCKS, x.size)
+        if blocks < 2:
+            return float(x.sum())
+        edges = np.arange(blocks + 1) * x.size // blocks
+        rates = [x[a:b].sum() / max(w[a:b].sum(), 1.0) for a, b in zip(edges[:-1], edges[1:])]
+        return float(np.median(rates) * w.sum())
 
     def overhead_spread(self, part: str) -> float:
         """Relative standard deviation of the ``part`` ("critical" or "background") overhead per prompt token across
@@ -119,7 +154,8 @@ class Savings:
     than the longest calibrated full prefill (None when nothing is saved); ``critical`` (lookup, transfer,
     deserialize) delays the first token, ``background``
     (serialize, store) occupies the server and the link; ``net_sync`` = saved - critical - background,
-    ``net_async`` = saved - critical. FLOPs exact.
+    ``net_async`` = saved - critical. FLOPs exact. ``typical_overheads``: the critical and background overheads
+    timed here without the blocks of requests a stall inflated (:meth:`Ledger.typical_overhead`; None: priced).
     """
 
     saved: Interval
@@ -136,6 +172,8 @@ class Savings:
     net_async: Interval
     draws_sync: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
     draws_async: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    draws_saved: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False, compare=False)
+    typical_overheads: tuple[float, float] | None = None  # critical, background without stalled blocks (timed)
 
     def net(self, mode: str) -> Interval:
         """The net benefit for ``mode`` "async" or "sync"."""
@@ -257,7 +295,10 @@ def summarize(ledger: Ledger, curve: PrefillCost, critical: float, background: f
         saved_flops=flops_saved, trace_flops=flops_total, critical=critical, background=background,
         net_sync=_interval(saved - critical - background, saved_draws - crit_draws - back_draws),
         net_async=_interval(saved - critical, saved_draws - crit_draws),
-        draws_sync=saved_draws - crit_draws - back_draws, draws_async=saved_draws - crit_draws)
+        draws_sync=saved_draws - crit_draws - back_draws, draws_async=saved_draws - crit_draws,
+        draws_saved=saved_draws,
+        typical_overheads=(ledger.typical_overhead("critical"), ledger.typical_overhead("background"))
+        if overhead_spread is None else None)
 
 
 @dataclass(frozen=True)
@@ -302,57 +343,105 @@ class Verdict:
         return "no chunk size pays off beyond noise" if self.kind == "noise" else "no chunk size pays off"
 
 
-def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, np.ndarray] | None = None
-              ) -> Verdict:
+@dataclass(frozen=True)
+class TimedSavings:
+    """What :func:`recommend` decides on where the overheads were timed here: each chunk size's saved prefill
+    (``saved``), its bootstrap draws (``draws``, paired with the other sizes'), the share of it from prompts beyond
+    the calibrated range (``beyond``, 0 to 1) and the overheads timed in its net benefit (``overhead``, seconds)."""
+
+    saved: Interval
+    draws: np.ndarray
+    beyond: float = 0.0
+    overhead: float = 0.0
+
+
+def recommend(nets: dict[int, Interval], mode: str = "async", draws: dict[int, np.ndarray] | None = None,
+              timed: dict[int, TimedSavings] | None = None) -> Verdict:
     """Pick a chunk size from net benefits with intervals (``{chunk size: Interval}``, seconds). ``mode`` names
     the stores the nets assume, for the message: "async", "sync", or "mixed" (async, but sync at the sizes whose
     background work the trace's span cannot absorb).
 
-    Not caching is a candidate too, with a net benefit of exactly 0: "none" when no size's interval reaches above
-    0, "noise" when the best size's interval reaches 0 (or its value is not above 0). Otherwise the best size
-    (largest point value) is recommended when it beats each
-    other size by more than their intervals: with ``draws`` (each size's bootstrap draws of its net benefit, drawn
-    with the same cost-curve coefficients), when the 95 % interval of the paired difference is above 0 (the curve's
-    common uncertainty, the same for every size of a trace, cancels in a comparison); without draws, when the best
-    one's interval lies above the other's. Either way the difference must also be at least :data:`TIE_TOLERANCE`
-    of the best net benefit (module docstring). Sizes it does not beat tie with it. A single chunk size, with no
-    other to beat, is recommended when its interval lies above 0 (its text says it was the only one).
+    Priced (``timed`` None: nothing timed here). Not caching is a candidate too, with a net benefit of exactly 0:
+    "none" when no size's interval reaches above 0, "noise" when the best size's interval reaches 0 (or its value
+    is not above 0). Otherwise the best size (largest point value) is recommended when it beats each other size by
+    more than their intervals: with ``draws`` (each size's bootstrap draws of its net benefit, drawn with the same
+    cost-curve coefficients), when the 95 % interval of the paired difference is above 0 (the curve's common
+    uncertainty, the same for every size of a trace, cancels in a comparison); without draws, when the best one's
+    interval lies above the other's. Either way the difference must also be at least :data:`TIE_TOLERANCE` of the
+    best net benefit (module docstring). Sizes it does not beat tie with it.
+
+    Timed here (``timed``: each size's saving and timed overhead). The overheads timed on this machine's Redis move
+    up to 11x between runs (:data:`TIMED_OVERHEAD_DRIFT`), enough to reorder sizes whose savings differ by 20%,
+    while the savings, timed in CPU time, move a point or two: so the sizes are compared the same way on their
+    saved prefill, the best being the one that saves most, with the tolerance grown by
+    :data:`EXTRAPOLATION_DRIFT` times the share of the savings extrapolated beyond the calibrated range; "none"
+    when nothing is saved, "noise" when the best one's saving (its interval's low end) is not above
+    :data:`PAYS_OVER_TIMED` times its timed overheads (``overhead``: their typical total, without stalled blocks)
+    and :data:`STALL_SECONDS`. A single chunk size, with no other to beat,
+    is recommended when its interval lies above 0 (its text says it was the only one).
     """
     how = {"async": "stores in the background", "sync": "stores on the request's path",
            "mixed": "stores in the background, on the request's path where the background cannot keep up"}[mode]
     if not nets:
         return Verdict(None, "none", (), "no chunk size was replayed")
-    order = sorted(nets, key=lambda cs: (-nets[cs].value, cs))
+    if timed is None:
+        compared, paired, tolerance = nets, draws, dict.fromkeys(nets, TIE_TOLERANCE)
+    else:
+        compared = {cs: timed[cs].saved for cs in nets}
+        paired = {cs: timed[cs].draws for cs in nets}
+    order = sorted(nets, key=lambda cs: (-compared[cs].value, cs))
     best = order[0]
-    top = nets[best]
-    if all(iv.high <= 0 for iv in nets.values()):
-        return Verdict(None, "none", (), f"no chunk size pays off ({how}): every net benefit is <= 0", best)
-    if top.low <= 0:
-        hope = max(order, key=lambda cs: (nets[cs].high, -cs))
-        return Verdict(None, "noise", (hope,), f"no chunk size pays off beyond noise ({how}): the most hopeful, "
-                                               f"{hope}, nets {fmt_interval(nets[hope])} s, an interval that "
-                                               f"reaches 0", hope)
+    lead = compared[best]
+    if timed is None:
+        if all(iv.high <= 0 for iv in nets.values()):
+            return Verdict(None, "none", (), f"no chunk size pays off ({how}): every net benefit is <= 0", best)
+        if lead.low <= 0:
+            hope = max(order, key=lambda cs: (nets[cs].high, -cs))
+            return Verdict(None, "noise", (hope,), f"no chunk size pays off beyond noise ({how}): the most "
+                                                   f"hopeful, {hope}, nets {fmt_interval(nets[hope])} s, an "
+                                                   f"interval that reaches 0", hope)
+    else:
+        if all(t.saved.high <= 0 for t in timed.values()):
+            return Verdict(None, "none", (), f"no chunk size pays off ({how}): none saves any prefill", best)
+        if lead.low <= max(PAYS_OVER_TIMED * timed[best].overhead, STALL_SECONDS):
+            return Verdict(None, "noise", (best,), f"no chunk size pays off beyond noise ({how}): the one that "
+                                                   f"saves most, {best}, saves {fmt_interval(lead)} s, not "
+                                                   f"{PAYS_OVER_TIMED:g}x the {sig(timed[best].overhead)} s of "
+                                                   f"overheads timed here and {STALL_SECONDS:g} s (one stall of "
+                                                   f"this machine's timings: the run-to-run spread decides it)",
+                           best)
+        tolerance = {cs: TIE_TOLERANCE + EXTRAPOLATION_DRIFT * max(timed[cs].beyond, timed[best].beyond)
+                     for cs in nets}
+
+    def near(cs: int) -> bool:
+        return lead.value - compared[cs].value < tolerance[cs] * lead.value
 
     def beaten(cs: int) -> bool:
-        if top.value - nets[cs].value < TIE_TOLERANCE * top.value:
+        if near(cs):
             return False
-        if draws is not None and cs in draws and best in draws and len(draws[cs]) and len(draws[best]):
-            return float(np.percentile(draws[best] - draws[cs], (100 - LEVEL) / 2)) > 0
-        return top.low > nets[cs].high
+        if paired is not None and cs in paired and best in paired and len(paired[cs]) and len(paired[best]):
+            return float(np.percentile(paired[best] - paired[cs], (100 - LEVEL) / 2)) > 0
+        return lead.low > compared[cs].high
 
     tied = tuple(sorted([best] + [cs for cs in order[1:] if not beaten(cs)]))
+    what = "net benefit" if timed is None else "saved prefill (overheads timed here move too much between runs)"
     if len(nets) == 1:
-        return Verdict(best, "clear", tied, f"chunk size {best} ({how}): the only size compared, and its net "
-                                            f"benefit's interval lies above 0", best)
+        return Verdict(best, "clear", tied, f"chunk size {best} ({how}): the only size compared, and its {what}'s "
+                                            f"interval lies above 0", best)
     if len(tied) == 1:
-        return Verdict(best, "clear", tied, f"chunk size {best} ({how}): its net benefit beats every other size's "
-                                            f"by more than their intervals and {TIE_TOLERANCE:.0%}", best)
-    near = [cs for cs in tied if cs != best and top.value - nets[cs].value < TIE_TOLERANCE * top.value]
-    why = ("within their intervals" if not near else f"within {TIE_TOLERANCE:.0%} of the best's"
-           if len(near) == len(tied) - 1 else f"within {TIE_TOLERANCE:.0%} of the best's or within their intervals")
+        return Verdict(best, "clear", tied, f"chunk size {best} ({how}): its {what} beats every other size's by "
+                                            f"more than their intervals and {TIE_TOLERANCE:.0%}", best)
+    close = [cs for cs in tied if cs != best and near(cs)]
+    widened = [cs for cs in close if lead.value - compared[cs].value >= TIE_TOLERANCE * lead.value]
+    rest = [cs for cs in tied if cs != best and cs not in close]
+    reasons = [text for text, sizes in (
+        (f"within {TIE_TOLERANCE:.0%} of the best's", [cs for cs in close if cs not in widened]),
+        ("within the run-to-run drift of savings extrapolated beyond the calibrated range", widened),
+        ("within their intervals", rest)) if sizes]
     return Verdict(None, "tie", tied, f"chunk sizes {', '.join(map(str, tied))} tie ({how}): the differences "
-                                      f"between their net benefits are {why}; of them, "
-                                      f"{max(tied)} writes the fewest objects", max(tied))
+                                      f"between their {'net benefits' if timed is None else 'savings'} are "
+                                      f"{' or '.join(reasons)}; of them, {max(tied)} writes the fewest objects",
+                   max(tied))
 
 
 def sig(x: float, digits: int = 3) -> str:

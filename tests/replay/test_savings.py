@@ -8,7 +8,21 @@ from kvcli.model.costcurve import CostCurve, PrefillSample
 from kvcli.model.presets import PRESETS
 from kvcli.replay.network import Link, ServerRates, overheads, repeat_spread
 from kvcli.replay.results import ChunkSizeResult
-from kvcli.replay.savings import TIE_TOLERANCE, Interval, Ledger, fmt_interval, recommend, sig, summarize
+from kvcli.replay.savings import (
+    DRAWS,
+    EXTRAPOLATION_DRIFT,
+    PAYS_OVER_TIMED,
+    STALL_SECONDS,
+    TIE_TOLERANCE,
+    TIMED_OVERHEAD_DRIFT,
+    Interval,
+    Ledger,
+    TimedSavings,
+    fmt_interval,
+    recommend,
+    sig,
+    summarize,
+)
 
 TINY = PRESETS["tiny"]  # 2 layers, hidden 64, 4 heads, 2 KV heads, head_dim 32, ffn 128
 FLAT = CostCurve.from_tokens_per_second(1000.0)  # 1 ms per token, nothing else
@@ -114,6 +128,17 @@ def test_overhead_spread_across_blocks():
     assert led.overhead_spread("background") == 0.0
 
 
+def test_the_typical_overhead_leaves_out_a_stalled_block():
+    led = Ledger()
+    for i in range(10):  # 100 tokens each, 1 ms of critical path each, but one lookup that waited 150 ms
+        led.add(100, 0, critical=0.151 if i == 3 else 0.001)
+    assert sum(led.critical_seconds) == pytest.approx(0.16)
+    assert led.typical_overhead("critical") == pytest.approx(0.01)
+    one = Ledger()
+    one.add(100, 0, critical=0.2)
+    assert one.typical_overhead("critical") == pytest.approx(0.2)  # one request: nothing to compare it with
+
+
 def test_recommend_clear_tie_noise_none():
     iv = lambda v, lo, hi: Interval(v, lo, hi)  # noqa: E731
     clear = recommend({16: iv(10, 9, 11), 64: iv(7, 6.5, 7.5), 256: iv(3, 2, 4)})
@@ -146,6 +171,40 @@ def test_recommend_paired_draws_cancel_common_uncertainty():
     verdict = recommend(nets, draws=draws)  # ... but 16 saves 25 % more in every draw
     assert (verdict.kind, verdict.chunk_size) == ("clear", 16)
     assert recommend(nets).kind == "tie"  # without the draws: the overlap decides
+
+
+def test_a_timed_run_compares_the_savings_and_asks_the_nets_whether_caching_pays():
+    """Overheads timed here move up to 11x between runs: a timed run ranks and compares chunk sizes on their saved
+    prefill (paired draws), with the tolerance widened where the savings are extrapolated; the nets still decide
+    "none" and "noise". A priced run (no timed savings) decides on the nets as before."""
+    iv = lambda v, lo, hi: Interval(v, lo, hi)  # noqa: E731
+    one = np.ones(DRAWS)
+    # 16 saves 10 s but a stall timed 1.7 s on it: by net 64 leads by 7%; by saving 16 does, by 10%
+    nets = {16: iv(8.3, 8.2, 8.4), 64: iv(8.9, 8.8, 9.0), 256: iv(5, 4.9, 5.1)}
+    saved = {16: TimedSavings(iv(10, 9.9, 10.1), 10 * one), 64: TimedSavings(iv(9, 8.9, 9.1), 9 * one),
+             256: TimedSavings(iv(5.1, 5, 5.2), 5.1 * one)}
+    assert (recommend(nets).kind, recommend(nets).chunk_size) == ("clear", 64)  # priced: the nets decide
+    timed = recommend(nets, timed=saved)
+    assert (timed.kind, timed.chunk_size) == ("clear", 16) and "its saved prefill (overheads timed here" in timed.text
+    # 90% of the saving beyond the calibrated range: 10% apart is within 5% + 0.15 x 0.9
+    far = {cs: TimedSavings(t.saved, t.draws, 0.9) for cs, t in saved.items()}
+    tie = recommend(nets, timed=far)
+    assert (tie.kind, tie.tied) == ("tie", (16, 64))
+    assert "within the run-to-run drift of savings extrapolated beyond the calibrated range" in tie.text
+    assert EXTRAPOLATION_DRIFT == 0.15 and TIMED_OVERHEAD_DRIFT == 11.0
+    # caching pays beyond noise where the saving is more than twice the overheads timed here; "none" only when
+    # nothing was saved (another run may time the overheads lower)
+    small = {16: iv(-0.02, -0.03, -0.01)}
+    assert recommend(small).kind == "none"
+    assert recommend(small, timed={16: TimedSavings(iv(0.01, 0.008, 0.012), 0.01 * one, 0, 0.03)}).kind == "noise"
+    assert recommend(small, timed={16: TimedSavings(iv(0, 0, 0), 0 * one, 0, 0.02)}).kind == "none"
+    assert (PAYS_OVER_TIMED, STALL_SECONDS) == (2.0, 0.18)
+    paid = {16: TimedSavings(iv(1, 0.9, 1.1), one, 0, 0.44)}  # 0.9 s is more than twice 0.44 s
+    assert recommend({16: iv(0.56, 0.4, 0.7)}, timed=paid).kind == "clear"
+    assert recommend({16: iv(0.56, 0.4, 0.7)}, timed={16: TimedSavings(iv(1, 0.9, 1.1), one, 0, 0.46)}
+                     ).kind == "noise"
+    stall = recommend({16: iv(0.1, 0.09, 0.11)}, timed={16: TimedSavings(iv(0.11, 0.1, 0.12), 0.11 * one, 0, 0.01)})
+    assert stall.kind == "noise" and "the run-to-run spread decides it" in stall.text  # below one stall: 0.18 s
 
 
 def test_sig_and_interval_format():
