@@ -104,8 +104,8 @@ def _capacity_text(r: ChunkSizeResult, cache: int | None, capacity: str | None) 
     if capacity is None:
         return f"cache: unbounded{fills}"
     unlimited = r.hit_tokens_unlimited / r.prompt_tokens if r.prompt_tokens else None
-    return (f"cache: LRU of {capacity} per chunk size; unbounded it would hit {_pct(unlimited)}"
-            + ("" if cache is None else f" holding {fmt_bytes(cache)}"))
+    return (f"cache: LRU {capacity} per chunk size (unbounded: hit {_pct(unlimited)}"
+            + ("" if cache is None else f", {fmt_bytes(cache)}") + ")")
 
 
 def _pct(x: float | None) -> str:

@@ -159,7 +159,7 @@ def test_the_cache_the_answer_assumes():
     assert (a.cache_bytes, a.capacity_text) == (3 * 2 ** 20, "cache: unbounded (this trace fills 3.0 MiB at 64)")
     row.hit_tokens = 400
     bounded = answer_of(result, capacity="2.0 MiB")
-    assert bounded.capacity_text == "cache: LRU of 2.0 MiB per chunk size; unbounded it would hit 50.0% holding 3.0 MiB"
+    assert bounded.capacity_text == "cache: LRU 2.0 MiB per chunk size (unbounded: hit 50.0%, 3.0 MiB)"
 
 
 def test_the_json_answer():
