@@ -204,10 +204,14 @@ def engine_config(block_size: int, gpu_blocks: int | None, max_num_seqs: int | N
         if stray:
             raise BadInputError(f"{', '.join(stray)} shape the engine of --gpu-blocks: give --gpu-blocks too")
         return None
+    def unset(value, default):  # 0 is a value the config refuses, not "unset"
+        return default if value is None else value
+
     return scheduler.EngineConfig(
-        gpu_blocks, block_size, max_num_seqs or 1, max_num_batched_tokens or scheduler.DEFAULT_MAX_NUM_BATCHED_TOKENS,
-        scheduler.DEFAULT_STEP_SECONDS if step_seconds is None else step_seconds,
-        prefill_tokens_per_second or scheduler.DEFAULT_PREFILL_TOKENS_PER_SECOND, at_once)
+        gpu_blocks, block_size, unset(max_num_seqs, 1),
+        unset(max_num_batched_tokens, scheduler.DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        unset(step_seconds, scheduler.DEFAULT_STEP_SECONDS),
+        unset(prefill_tokens_per_second, scheduler.DEFAULT_PREFILL_TOKENS_PER_SECOND), at_once)
 
 
 def output_length(text: str | None, gpu_blocks: int | None) -> int | None:

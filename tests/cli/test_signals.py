@@ -60,6 +60,13 @@ def test_a_reader_that_stops_early_ends_the_command_quietly_with_141():
     assert (proc.returncode, err) == (141, b"")
 
 
+def _default_sigint() -> None:
+    """In the child before it runs Python: SIGINT as a terminal's Ctrl-C leaves it. A shell without job control
+    starts a command run in the background (``cmd &``, as a CI runner may) with SIGINT ignored, which the child
+    inherits, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _entry_point() -> str:
     """The ``kvcli`` console script's entry point as pyproject.toml declares it (``module:function``)."""
     import tomllib
@@ -95,7 +102,7 @@ sys.exit(entry())
 @pytest.mark.parametrize("module", ["typer", "rich.console", "kvcli.cli.options", "kvcli.replay.events"])
 def test_ctrl_c_while_kvcli_imports_itself_exits_130_in_one_line(module):
     proc = subprocess.run([sys.executable, "-c", _SCRIPT_CTRL_C_AT_IMPORT, module, _entry_point()], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, preexec_fn=_default_sigint)
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "kvcli: interrupted\n", "")
 
 
@@ -118,7 +125,7 @@ def test_ctrl_c_at_any_moment_of_start_up_is_never_a_traceback(delay):
     exit 130, or ended by the SIGINT itself (-2 here, 130 in a shell): CPython ends a process that way once a
     KeyboardInterrupt went through an ``eval`` (typer evaluates kvcli's annotations), whatever its exit code."""
     proc = subprocess.Popen([sys.executable, "-c", _SCRIPT_AFTER_START_UP, _entry_point()], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
     assert proc.stdout.readline() == "ready\n"
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
