@@ -14,6 +14,7 @@ TORCH=${TORCH:-torch==2.13.0}
 OUT=${OUT:-/tmp/kvcli-latest-freeze.txt}
 venv=$(mktemp -d)/venv
 trap 'rm -rf "$(dirname "$venv")"' EXIT
+chmod 755 "$(dirname "$venv")"  # tests run kvcli as another user too (tests/test_outfile.py): the venv must be readable
 python3 -m venv "$venv"
 . "$venv/bin/activate"
 pip install -q "$TORCH"
