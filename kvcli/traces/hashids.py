@@ -8,6 +8,8 @@ Formats (``HASH_ID_FORMATS``; each record has ``input_length`` and ``hash_ids``)
 * ``bailian`` -- Alibaba's Qwen-Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon, Apache-2.0; the
   KVCache-in-the-wild ATC'25 traces): 16 tokens per id, ``timestamp`` in seconds, ``chat_id``, ``parent_chat_id``
   (-1 for a session's first turn), ``turn``, ``type``; the session is the root of the ``parent_chat_id`` chain.
+* ``ragpulse`` -- RAGPulse's component hash ids, each id its own number of tokens (:mod:`kvcli.traces.ragpulse`
+  reads it; listed here for its timestamps' unit and sessions).
 * ``hash-ids`` -- any other hash-id trace whose records carry ``block_size`` (the kvcache-simulator shape
   ``{"block_size", "hash_ids", "input_length"}``), or any hash-id trace read with ``--hash-block-tokens``;
   ``timestamp`` in ms (Mooncake's convention) unless ``--timestamp-unit`` says otherwise; optional ``session_id``.
@@ -113,6 +115,7 @@ HASH_ID_FORMATS = {
     "bailian": HashIdSchema("bailian", 16, "s", "the root of each parent_chat_id chain"),
     "hash-ids": HashIdSchema("hash-ids", None, "ms", "session_id when present"),
     "claude-code": HashIdSchema("claude-code", 64, "s", "one per session row; hash ids scoped to it"),
+    "ragpulse": HashIdSchema("ragpulse", None, "s", "session_id when present"),
 }
 
 
