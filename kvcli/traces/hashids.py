@@ -36,8 +36,7 @@ import numpy as np
 from kvcli.errors import BadInputError
 from kvcli.traces.records import (
     cache_salt,
-    iter_jsonl,
-    located,
+    checked_jsonl,
     optional_count,
     optional_id,
     optional_seconds,
@@ -266,17 +265,8 @@ def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
         BadInputError: at ``path:line``, a record that fails its checks (unless skipped).
     """
     blocks, sessions = BlockIds(fmt), _Sessions()
-    invalid = (skipped if skipped is not None else []) if fmt.skip_bad_records else None  # lines that are not JSON
-    for line_no, record in iter_jsonl(path, invalid):
-        try:
-            fields = _fields(record, schema, blocks, sessions)
-        except BadInputError as err:
-            if not fmt.skip_bad_records:
-                raise located(err, path, line_no) from None
-            if skipped is not None:
-                skipped.append(located(err, path, line_no))
-            continue
-        yield line_no, fields
+    yield from checked_jsonl(path, lambda record: _fields(record, schema, blocks, sessions), fmt.skip_bad_records,
+                             skipped)
 
 
 def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema, fmt: TraceFormat

@@ -49,6 +49,7 @@ from kvcli.errors import BadInputError
 from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, time_divisor
 from kvcli.traces.records import (
     cache_salt,
+    checked_jsonl,
     iter_jsonl,
     json_type,
     located,
@@ -235,17 +236,7 @@ def iter_ragpulse_records(path: Path, fmt: TraceFormat, skipped: list[BadInputEr
     """
     lengths = component_lengths(path.parent)
     divisor = time_divisor(fmt, SCHEMA)
-    invalid = (skipped if skipped is not None else []) if fmt.skip_bad_records else None
-    for line_no, record in iter_jsonl(path, invalid):
-        try:
-            fields = _fields(record, lengths, divisor)
-        except BadInputError as err:
-            if not fmt.skip_bad_records:
-                raise located(err, path, line_no) from None
-            if skipped is not None:
-                skipped.append(located(err, path, line_no))
-            continue
-        yield line_no, fields
+    yield from checked_jsonl(path, lambda record: _fields(record, lengths, divisor), fmt.skip_bad_records, skipped)
 
 
 def synth_keys(ids: list[int]) -> np.ndarray:

@@ -9,14 +9,15 @@ import itertools
 import json
 import math
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 from kvcli.errors import BadInputError
 from kvcli.units import fmt_bytes
 
 _GZIP_MAGIC = b"\x1f\x8b"
+T = TypeVar("T")
 
 
 def require_object(record: Any) -> dict:
@@ -194,6 +195,29 @@ def iter_jsonl(path: Path, invalid: list[BadInputError] | None = None) -> Iterat
             invalid.append(err)
             continue
         yield line_no, value
+
+
+def checked_jsonl(path: Path, check: Callable[[Any], T], skip: bool, skipped: list[BadInputError] | None = None
+                  ) -> Iterator[tuple[int, T]]:
+    """``(line_no, check(value))`` of each line of a JSONL file, in file order: the one loop of the readers whose
+    records may be skipped (``--skip-bad-records``). ``check`` raises BadInputError (without a location) for a bad
+    record; with ``skip``, that error, or a line that is not JSON, is appended to ``skipped`` (located at
+    ``path:line``) and the line skipped; without, it is raised located.
+
+    Raises:
+        BadInputError: at ``path:line``, a record ``check`` refuses or a line that is not JSON (unless ``skip``).
+    """
+    invalid = (skipped if skipped is not None else []) if skip else None  # lines that are not JSON
+    for line_no, record in iter_jsonl(path, invalid):
+        try:
+            fields = check(record)
+        except BadInputError as err:
+            if not skip:
+                raise located(err, path, line_no) from None
+            if skipped is not None:
+                skipped.append(located(err, path, line_no))
+            continue
+        yield line_no, fields
 
 
 def load_json(path: Path) -> Any:
