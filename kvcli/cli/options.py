@@ -126,14 +126,15 @@ SkipBadRecords = Annotated[bool, typer.Option(
     "--skip-bad-records", rich_help_panel=HASH_IDS_PANEL,
     help="Skip (and count, in the report's notes) a hash-id record that fails its checks, instead of stopping "
          "with its file and line.")]
+REUSE_PANEL = "Reuse beyond a prefix (CacheBlend)"
 Reuse = Annotated[str, typer.Option(
-    "--reuse", metavar="prefix|blend",
+    "--reuse", metavar="prefix|blend", rich_help_panel=REUSE_PANEL,
     help="prefix: the prefix figures; blend: beside them, the tokens reusable at any position as CacheBlend reuses "
          "them (a segment of the trace, such as a RAGPulse hash id, or else a full chunk, seen in an earlier "
          "request, beyond the prefix), with a share recomputed (--blend-recompute). An analysis of the trace, no "
          "store lookup (docs/replay.md, 'Reuse beyond a prefix').")]
 BlendRecompute = Annotated[Optional[float], typer.Option(
-    "--blend-recompute", metavar="SHARE", show_default=False,
+    "--blend-recompute", metavar="SHARE", show_default=False, rich_help_panel=REUSE_PANEL,
     help="With --reuse blend: the share of blended tokens recomputed, 0 to 1 (default 0.15: LMCache's CacheBlend, "
          "LMCACHE_BLEND_RECOMPUTE_RATIOS).")]
 ENGINE_PANEL = "A vLLM engine's own prefix cache (--gpu-blocks; docs/explain.md)"
