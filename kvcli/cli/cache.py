@@ -44,6 +44,7 @@ from kvcli.cli.options import (
     trace_format,
 )
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.store.lmcache import LMCACHE_LAYOUTS
 from kvcli.live.report import (
     inspect_view,
     lmcache_view,
@@ -164,7 +165,9 @@ def inspect(
         show_default=False)] = None,
     fmt: Format = "auto",
     layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: an LMCache Redis backend's "
-                                             "keys (LMCache 0.5.6 layout), by model.")] = "kvcli",
+                                             "keys in each of LMCache 0.5.6's layouts (redis://, resp://, "
+                                             "multiprocess; lmcache-resp and lmcache-mp say the same), by model.")
+                      ] = "kvcli",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
@@ -173,7 +176,8 @@ def inspect(
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
     integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map; or, with
-    --layout lmcache, what an LMCache Redis backend holds (chunks, bytes, orphans, memory by model).
+    --layout lmcache, what an LMCache Redis backend holds: which of LMCache's layouts (redis://, resp://,
+    multiprocess, or unknown) and per layout chunks, bytes, orphans, memory by model.
 
     Examples:
 
@@ -191,10 +195,11 @@ def inspect(
 
     check_seed(seed)
     stored = check_kv_dtype(kv_dtype)
-    if layout not in ("kvcli", "lmcache"):
-        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    if layout not in ("kvcli", *LMCACHE_LAYOUTS):
+        raise BadInputError(f"--layout must be kvcli or lmcache (or {', '.join(LMCACHE_LAYOUTS[1:])}), got "
+                            f"{layout!r}")
     timeout = timeout_seconds(redis_timeout)
-    if layout == "lmcache":
+    if layout in LMCACHE_LAYOUTS:
         return _inspect_lmcache(redis_url, timeout, sample, json_out, namespace=namespace, verify=verify,
                                 prompt=prompt, tokens=tokens, request=request)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
@@ -253,7 +258,7 @@ def _inspect_lmcache(redis_url: str | None, timeout: float, sample: int | None, 
 
     given = [f"--{k}" for k, v in kvcli_only.items() if v is not None]
     if given:
-        raise BadInputError(f"{', '.join(given)}: not with --layout lmcache (they read kvcli's own layout)")
+        raise BadInputError(f"{', '.join(given)}: not with an LMCache --layout (they read kvcli's own layout)")
     with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
@@ -268,9 +273,9 @@ def purge(
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
-    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: the LMCache-layout keys a replay "
-                                             "with --layout lmcache --keep left (model names NAMESPACE/...).")
-                      ] = "kvcli",
+    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache, lmcache-resp, lmcache-mp: the keys "
+                                             "in that LMCache layout a replay --keep or a warm left (model names "
+                                             "NAMESPACE/...).")] = "kvcli",
 ) -> None:
     """Delete kvcli's keys of ONE namespace (and optionally one chunk size): shows the count first, deletes only
     with --yes; SCAN + UNLINK, never FLUSHDB/FLUSHALL; foreign keys and other namespaces are never touched.
@@ -289,7 +294,8 @@ def purge(
 
     size = None if chunk_size is None else one_chunk_size(chunk_size)
     check_purge_layout(layout, size)
-    scope = purge_scope(namespace, size) + (" (LMCache layout)" if layout == "lmcache" else "")
+    scope = purge_scope(namespace, size) + {"lmcache": " (LMCache layout)", "lmcache-resp": " (LMCache resp:// layout)",
+                                            "lmcache-mp": " (LMCache multiprocess layout)"}.get(layout, "")
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: purging a fresh embedded server (empty)")
