@@ -44,7 +44,6 @@ from kvcli.cli.options import (
     trace_format,
 )
 from kvcli.errors import BadInputError, RedisFailure
-from kvcli.store.lmcache import LMCACHE_LAYOUTS
 from kvcli.live.report import (
     inspect_view,
     lmcache_view,
@@ -56,6 +55,7 @@ from kvcli.live.report import (
     to_json,
     warm_view,
 )
+from kvcli.store.lmcache import LMCACHE_LAYOUTS
 from kvcli.tables import stdout_console
 from kvcli.units import check_seed
 
@@ -68,7 +68,7 @@ Format = Annotated[str, typer.Option("--format", help="auto, lines, native, moon
 
 #: ``kvcli warm --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
 WARM_PANELS = {
-    "Store": ("namespace", "chunk_size", "redis_url", "redis_timeout"),
+    "Store": ("namespace", "chunk_size", "layout", "redis_url", "redis_timeout"),
     "Model": ("model", "dtype", "kv_dtype", "device", "threads", "seed"),
     "Prompts": ("fmt", "tokenizer", "add_special_tokens"),
     "Writes and output": ("ttl", "dry_run", "verify", "strict", "json_out"),
@@ -92,10 +92,15 @@ def warm(
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,
+    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or one of LMCache's layouts: lmcache "
+                                             "(redis://), lmcache-resp (resp://), lmcache-mp (multiprocess mode); "
+                                             "their keys are named NAMESPACE/CHUNK_SIZE/MODEL@...")] = "kvcli",
 ) -> None:
     """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
 
     Idempotent (chunks already there are neither recomputed nor rewritten); prompts sharing a prefix compute it once.
+    With --layout lmcache, lmcache-resp or lmcache-mp, the chunks are written as LMCache's connector writes them
+    (LMCache's rule: everything after the hit run is written; no --ttl, --verify or --kv-dtype fp8).
 
     Examples:
 
@@ -105,6 +110,7 @@ def warm(
     """
     from kvcli.live.warm import WarmConfig
     from kvcli.live.warm import warm as run_warm
+    from kvcli.live.warm_lmcache import warm_lmcache
     from kvcli.model.load import load_model, resolve_spec, resolve_tokenizer
     from kvcli.model.threads import torch_threads
     from kvcli.model.tokenize import lazy_tokenizer
@@ -114,6 +120,8 @@ def warm(
 
     check_seed(seed)
     check_count("--threads", threads)
+    if layout not in ("kvcli", *LMCACHE_LAYOUTS):
+        raise BadInputError(f"--layout must be kvcli or one of {', '.join(LMCACHE_LAYOUTS)}, got {layout!r}")
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
     config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify,
                         kv_dtype=kv_dtype)
@@ -127,7 +135,8 @@ def warm(
         with open_redis(redis_url, timeout) as (client, target), _WarmBar() as bar:
             if target.embedded and not dry_run:
                 err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
-            result = run_warm(client, requests, local, config, bar.update, spec, say)
+            result = (run_warm(client, requests, local, config, bar.update, spec, say) if layout == "kvcli" else
+                      warm_lmcache(client, requests, local, config, layout, bar.update, spec))
     _show("warm", result, json_out, warm_view)
     if result.evicted_keys:
         err.print(f"warning: the server evicted {result.evicted_keys:,} keys during this warm; what was written may "

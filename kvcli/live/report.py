@@ -83,7 +83,8 @@ def warm_view(r: WarmResult) -> Group:
             + ("" if not r.evicted_keys else f"\nevicted: the server evicted {r.evicted_keys:,} keys during this "
                f"warm; what was written may already be gone")
             + (f"\nstopped: {r.stopped}" if r.stopped else ""))
-    table = plain_table(f"warm {r.namespace} ({r.model_id}){' — dry run' if r.dry_run else ''}",
+    where = "" if r.layout == "kvcli" else f" in LMCache's {r.layout} layout"
+    table = plain_table(f"warm {r.namespace} ({r.model_id}){where}{' — dry run' if r.dry_run else ''}",
                         ["chunk size", "prompts", "full chunks", "written", "present", "objects", "payload",
                          "metadata"], rows)
     return Group(table, Text(note))

@@ -343,6 +343,16 @@ class LMCacheStore:
         return self.config.payload_bytes
 
     @property
+    def metadata_bytes_per_chunk(self) -> int:
+        """Bytes of one chunk's metadata value (the 28-byte record; 0 in a one-key layout)."""
+        return len(self._record)
+
+    @property
+    def objects_per_chunk(self) -> int:
+        """Keys one chunk with its payload takes: 2 (``<key>metadata``, ``<key>kv_bytes``), 1 in a one-key layout."""
+        return 2 if self._record else 1
+
+    @property
     def key_bytes_per_chunk(self) -> float:
         """Bytes of one chunk's two key names, averaged over the chunks written (16 hex digits before any)."""
         base = self._base_bytes / self._bases if self._bases else len((self._head + "0" * 16 + self._tail).encode())
@@ -540,3 +550,7 @@ def purge_namespace(client: redis.Redis | RedisCluster, namespace: str, layouts:
         RedisFailure: the server refused a command.
     """
     return count_namespace(client, namespace, delete=True, layouts=layouts).deleted
+
+
+#: the store of each LMCache layout (:data:`kvcli.store.lmcache.LMCACHE_LAYOUTS`)
+LMCACHE_STORES: dict[str, type[LMCacheStore]] = {REDIS: LMCacheStore, RESP: LMCacheRespStore, MP: LMCacheMPStore}

@@ -317,3 +317,61 @@ def test_replay_every_layout_side_by_side(tmp_path, redis_url, redis_client):
     # accounted payloads: one key per chunk in each LMCache layout (redis://: its metadata key alone)
     kinds = Counter(classify_key(k)[0] for k in redis_client.keys(f"{namespace}/*"))
     assert kinds[REDIS] == kinds[RESP] == kinds[MP] > 0 and set(kinds) == {REDIS, RESP, MP}
+
+
+# -- warm ----------------------------------------------------------------------------------------------------------
+WARM_PROMPTS = "You are a helpful assistant. Answer briefly and cite sources when you can.\n"
+
+
+@pytest.mark.parametrize("layout", ["lmcache", "lmcache-resp", "lmcache-mp"])
+def test_warm_in_each_layout_writes_what_kvcli_warm_computes(layout, redis_url, redis_client, tmp_path):
+    from kvcli.model.load import resolve_spec
+    from kvcli.store.chunkstore import ChunkStore
+    from kvcli.store.lmcache_store import LMCACHE_STORES
+    from kvcli.traces.prompts import read_prompts
+
+    prompts = tmp_path / "system.txt"
+    prompts.write_text(WARM_PROMPTS)
+    args = ["warm", str(prompts), "--model", "tiny", "--chunk-size", "4,8", "--namespace", "wl", "--redis-url",
+            redis_url, "--json"]
+    runner = CliRunner()
+    dry = runner.invoke(cli_app(), args + ["--layout", layout, "--dry-run"])
+    real = runner.invoke(cli_app(), args + ["--layout", layout])
+    assert dry.exit_code == 0 and real.exit_code == 0, real.output
+    dry_doc, doc = json.loads(dry.stdout), json.loads(real.stdout)
+    assert doc["layout"] == layout and dry_doc["totals"] == doc["totals"]
+    # the prompt is 15 tokens (cl100k_base): 3 full chunks of 4, 1 of 8, each written once; objects: 2 per chunk
+    # in redis:// (metadata, kv_bytes), else 1
+    full = [t["full_chunks"] for t in doc["per_size"]]
+    assert [t["chunks_written"] for t in doc["per_size"]] == full == [3, 1]
+    assert doc["totals"]["objects_written"] == sum(full) * (2 if layout == "lmcache" else 1)
+    assert doc["totals"]["metadata_bytes"] == (28 * sum(full) if layout == "lmcache" else 0)
+    again = json.loads(runner.invoke(cli_app(), args + ["--layout", layout]).stdout)
+    assert again["totals"]["chunks_written"] == 0 and again["totals"]["chunks_present"] == sum(full)
+    # the KV read back in LMCache's layout is the KV kvcli's own warm stores for the same prompt
+    kvcli_run = runner.invoke(cli_app(), args)
+    assert kvcli_run.exit_code == 0, kvcli_run.output
+    spec = resolve_spec("tiny", None, 0)
+    ids = read_prompts([str(prompts)])[0].token_ids
+    assert len(ids) == 15
+    for cs in (4, 8):
+        config = StoreConfig("wl", cs, spec.model_id, "cl100k_base", spec.kv_shape, spec.dtype)
+        ours, theirs = ChunkStore(redis_client, config), LMCACHE_STORES[layout](redis_client, config)
+        keys = redis_client.keys(f"wl/{cs}/*")
+        assert keys and all(classify_key(k)[0] == layout for k in keys)
+        a, b = ours.retrieve(ids), theirs.retrieve(ids)
+        assert a.hit_tokens == b.hit_tokens == 12 // cs * cs and torch.equal(a.kv, b.kv)
+    purge = runner.invoke(cli_app(), ["purge", "--namespace", "wl", "--layout", layout, "--yes", "--redis-url",
+                                      redis_url])
+    assert purge.exit_code == 0 and not redis_client.keys("wl/*")
+
+
+@pytest.mark.parametrize("extra", [["--ttl", "60"], ["--verify"], ["--kv-dtype", "fp8"], ["--layout", "lmcache-x"]])
+def test_warm_in_lmcache_layouts_refuses_what_they_have_no_counterpart_for(extra, redis_url, redis_client, tmp_path):
+    prompts = tmp_path / "system.txt"
+    prompts.write_text(WARM_PROMPTS)
+    layout = [] if "--layout" in extra else ["--layout", "lmcache-resp"]
+    out = CliRunner().invoke(cli_app(), ["warm", str(prompts), "--model", "tiny", "--chunk-size", "4",
+                                         "--redis-url", redis_url, *layout, *extra])
+    assert out.exit_code == 2, out.output
+    assert redis_client.dbsize() == 0
