@@ -39,6 +39,7 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import redis
@@ -330,9 +331,11 @@ def _read_batch(client, mine: list[tuple[bytes, str, object]], chunks: dict[byte
     key in a layout kvcli reads. Returns the keys counted per layout: a ``kv_bytes`` key or a one-key layout's key
     that holds no string is not (the caller counts it as another key); one gone since the SCAN is."""
     keys = [key for key, _, _ in mine]
-    metas = [key for key, layout, parsed in mine if layout == REDIS and parsed[1] == METADATA_SUFFIX]  # type: ignore
+    metas = [key for key, layout, parsed in mine
+             if layout == REDIS and cast("tuple[LMCacheKey, str]", parsed)[1] == METADATA_SUFFIX]
     meta_values, facts = read_key_facts(client, keys, metas, with_memory, script)
-    metas_read, width, counted = iter(meta_values), 2 + with_memory, Counter()
+    metas_read, width = iter(meta_values), 2 + with_memory
+    counted: Counter[str] = Counter()
     for i, (key, layout, parsed) in enumerate(mine):
         pttl, size = int(facts[width * i]), facts[width * i + 1]
         wrong_type = isinstance(size, Exception) or int(size) < 0
@@ -342,10 +345,10 @@ def _read_batch(client, mine: list[tuple[bytes, str, object]], chunks: dict[byte
             if not wrong_type:
                 counted[layout] += 1
                 if pttl != -2:  # else gone since SCAN saw it
-                    values[key] = _Value(layout, parsed, int(size), pttl >= 0)  # type: ignore[arg-type]
+                    values[key] = _Value(layout, cast("LMCacheKey | MPKey", parsed), int(size), pttl >= 0)
                     values[key].memory = usage
             continue
-        parsed, kind = parsed  # type: ignore[misc]
+        chunk_key, kind = cast("tuple[LMCacheKey, str]", parsed)
         raw = next(metas_read) if kind == METADATA_SUFFIX else None
         if kind == KV_SUFFIX and wrong_type:
             continue
@@ -354,7 +357,7 @@ def _read_batch(client, mine: list[tuple[bytes, str, object]], chunks: dict[byte
             continue  # gone since SCAN saw it
         chunk = chunks.get(base := key[:-len(kind)])
         if chunk is None:
-            chunk = chunks[base] = _Chunk(parsed)
+            chunk = chunks[base] = _Chunk(chunk_key)
         if kind == KV_SUFFIX:
             chunk.kv_bytes = int(size)
         else:

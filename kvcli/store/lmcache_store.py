@@ -48,6 +48,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterator
+from typing import cast
 
 import redis
 import torch
@@ -65,6 +66,7 @@ from kvcli.store.lmcache import (
     MP,
     REDIS,
     RESP,
+    LMCacheKey,
     classify_key,
     fold_hash,
     from_kv_2ltd,
@@ -73,7 +75,7 @@ from kvcli.store.lmcache import (
     pack_record,
     to_kv_2ltd,
 )
-from kvcli.store.lmcache_mp import kv_rank
+from kvcli.store.lmcache_mp import MPKey, kv_rank
 from kvcli.store.namespace import PurgeCount, glob_escape
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.serde import flat_bytes, tensor_bytes
@@ -508,10 +510,11 @@ def _namespace_keys(client: redis.Redis | RedisCluster, namespace: str,
             if got is None or got[0] not in layouts:
                 continue
             layout, parsed = got
+            suffix = ""
             if layout == REDIS:
-                parsed, suffix = parsed  # type: ignore[misc]
-            if parsed.model_name.startswith(prefix):  # type: ignore[attr-defined]
-                yield key, layout == REDIS and suffix == METADATA_SUFFIX
+                parsed, suffix = cast("tuple[LMCacheKey, str]", parsed)
+            if cast("LMCacheKey | MPKey", parsed).model_name.startswith(prefix):
+                yield key, suffix == METADATA_SUFFIX
 
 
 def count_namespace(client: redis.Redis | RedisCluster, namespace: str, delete: bool = False,
