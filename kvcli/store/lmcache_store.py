@@ -107,7 +107,7 @@ class LMCacheStore:
     def __init__(self, client: redis.Redis | RedisCluster, config: StoreConfig, world_size: int = 1,
                  worker_id: int = 0) -> None:
         if config.read_namespace:
-            raise BadInputError("--namespace reads kvcli's own layout; it cannot be read with --layout lmcache")
+            raise BadInputError(f"--namespace reads kvcli's own layout; it cannot be read with --layout {self.layout}")
         if config.capacity_tokens or config.capacity_bytes or config.ttl:
             raise BadInputError(f"a capacity or TTL is not supported with --layout {self.layout} (LMCache's Redis "
                                 f"backend leaves eviction to the server)")
