@@ -276,8 +276,10 @@ def replay(
     plot: Annotated[Optional[Path], typer.Option(help="Write the curve (hit ratio vs cache bytes and vs TTL) to "
                                                       "FILE.png or FILE.svg; one file per trace.")] = None,
     seed: Annotated[int, seed_option("Seed for model weights and measured-request sampling.")] = 0,
-    layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's Redis keys and "
-                                             "lookup), or kvcli,lmcache side by side.")] = "kvcli",
+    layout: Annotated[str, typer.Option(help="Key layout(s): kvcli, lmcache (LMCache 0.5.6's redis:// keys and "
+                                             "lookup), lmcache-resp (its resp:// connector), lmcache-mp (its "
+                                             "multiprocess mode), or several side by side: kvcli,lmcache.")
+                      ] = "kvcli",
     pipeline: Annotated[int, typer.Option(help="Index-only lookups and stores (--payload accounted, no "
                                                "--namespace) batched this many requests per round trip (one "
                                                "script; two round trips on a cluster or with a capacity), with the "

@@ -55,6 +55,7 @@ from kvcli.live.report import (
     to_json,
     warm_view,
 )
+from kvcli.store.lmcache import LMCACHE_LAYOUTS
 from kvcli.tables import stdout_console
 from kvcli.units import check_seed
 
@@ -67,7 +68,7 @@ Format = Annotated[str, typer.Option("--format", help="auto, lines, native, moon
 
 #: ``kvcli warm --help``'s panels (:func:`~kvcli.cli.options.help_panels`).
 WARM_PANELS = {
-    "Store": ("namespace", "chunk_size", "redis_url", "redis_timeout"),
+    "Store": ("namespace", "chunk_size", "layout", "redis_url", "redis_timeout"),
     "Model": ("model", "dtype", "kv_dtype", "device", "threads", "seed"),
     "Prompts": ("fmt", "tokenizer", "add_special_tokens"),
     "Writes and output": ("ttl", "dry_run", "verify", "strict", "json_out"),
@@ -91,10 +92,15 @@ def warm(
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,
+    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or one of LMCache's layouts: lmcache "
+                                             "(redis://), lmcache-resp (resp://), lmcache-mp (multiprocess mode); "
+                                             "their keys are named NAMESPACE/CHUNK_SIZE/MODEL@...")] = "kvcli",
 ) -> None:
     """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
 
     Idempotent (chunks already there are neither recomputed nor rewritten); prompts sharing a prefix compute it once.
+    With --layout lmcache, lmcache-resp or lmcache-mp, the chunks are written as LMCache's connector writes them
+    (LMCache's rule: everything after the hit run is written; no --ttl, --verify or --kv-dtype fp8).
 
     Examples:
 
@@ -104,6 +110,7 @@ def warm(
     """
     from kvcli.live.warm import WarmConfig
     from kvcli.live.warm import warm as run_warm
+    from kvcli.live.warm_lmcache import warm_lmcache
     from kvcli.model.load import load_model, resolve_spec, resolve_tokenizer
     from kvcli.model.threads import torch_threads
     from kvcli.model.tokenize import lazy_tokenizer
@@ -113,6 +120,8 @@ def warm(
 
     check_seed(seed)
     check_count("--threads", threads)
+    if layout not in ("kvcli", *LMCACHE_LAYOUTS):
+        raise BadInputError(f"--layout must be kvcli or one of {', '.join(LMCACHE_LAYOUTS)}, got {layout!r}")
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
     config = WarmConfig(namespace, parse_chunk_sizes(chunk_size), tok_name, ttl, dry_run, strict, verify=verify,
                         kv_dtype=kv_dtype)
@@ -126,7 +135,8 @@ def warm(
         with open_redis(redis_url, timeout) as (client, target), _WarmBar() as bar:
             if target.embedded and not dry_run:
                 err.print("note: no --redis-url: warming an embedded server that stops when this command ends")
-            result = run_warm(client, requests, local, config, bar.update, spec, say)
+            result = (run_warm(client, requests, local, config, bar.update, spec, say) if layout == "kvcli" else
+                      warm_lmcache(client, requests, local, config, layout, bar.update, spec))
     _show("warm", result, json_out, warm_view)
     if result.evicted_keys:
         err.print(f"warning: the server evicted {result.evicted_keys:,} keys during this warm; what was written may "
@@ -164,7 +174,9 @@ def inspect(
         show_default=False)] = None,
     fmt: Format = "auto",
     layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: an LMCache Redis backend's "
-                                             "keys (LMCache 0.5.6 layout), by model.")] = "kvcli",
+                                             "keys in each of LMCache 0.5.6's layouts (redis://, resp://, "
+                                             "multiprocess; lmcache-resp and lmcache-mp say the same), by model.")
+                      ] = "kvcli",
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
     hash_block_tokens: HashBlockTokens = None, timestamp_unit: TimestampUnit = None,
@@ -173,7 +185,8 @@ def inspect(
 ) -> None:
     """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
     integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map; or, with
-    --layout lmcache, what an LMCache Redis backend holds (chunks, bytes, orphans, memory by model).
+    --layout lmcache, what an LMCache Redis backend holds: which of LMCache's layouts (redis://, resp://,
+    multiprocess, or unknown) and per layout chunks, bytes, orphans, memory by model.
 
     Examples:
 
@@ -191,10 +204,11 @@ def inspect(
 
     check_seed(seed)
     stored = check_kv_dtype(kv_dtype)
-    if layout not in ("kvcli", "lmcache"):
-        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
+    if layout not in ("kvcli", *LMCACHE_LAYOUTS):
+        raise BadInputError(f"--layout must be kvcli or lmcache (or {', '.join(LMCACHE_LAYOUTS[1:])}), got "
+                            f"{layout!r}")
     timeout = timeout_seconds(redis_timeout)
-    if layout == "lmcache":
+    if layout in LMCACHE_LAYOUTS:
         return _inspect_lmcache(redis_url, timeout, sample, json_out, namespace=namespace, verify=verify,
                                 prompt=prompt, tokens=tokens, request=request)
     tok, tok_name = lazy_tokenizer(resolve_tokenizer(tokenizer, model))
@@ -253,7 +267,7 @@ def _inspect_lmcache(redis_url: str | None, timeout: float, sample: int | None, 
 
     given = [f"--{k}" for k, v in kvcli_only.items() if v is not None]
     if given:
-        raise BadInputError(f"{', '.join(given)}: not with --layout lmcache (they read kvcli's own layout)")
+        raise BadInputError(f"{', '.join(given)}: not with an LMCache --layout (they read kvcli's own layout)")
     with open_redis(redis_url, timeout) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: inspecting a fresh embedded server (empty)")
@@ -268,9 +282,9 @@ def purge(
     yes: Annotated[bool, typer.Option("--yes", help="Really delete (without it: count only).")] = False,
     redis_url: RedisUrl = None, json_out: JsonOut = False,
     redis_timeout: RedisTimeout = DEFAULT_REDIS_TIMEOUT,
-    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache: the LMCache-layout keys a replay "
-                                             "with --layout lmcache --keep left (model names NAMESPACE/...).")
-                      ] = "kvcli",
+    layout: Annotated[str, typer.Option(help="kvcli (its own keys), or lmcache, lmcache-resp, lmcache-mp: the keys "
+                                             "in that LMCache layout a replay --keep or a warm left (model names "
+                                             "NAMESPACE/...).")] = "kvcli",
 ) -> None:
     """Delete kvcli's keys of ONE namespace (and optionally one chunk size): shows the count first, deletes only
     with --yes; SCAN + UNLINK, never FLUSHDB/FLUSHALL; foreign keys and other namespaces are never touched.
@@ -289,7 +303,8 @@ def purge(
 
     size = None if chunk_size is None else one_chunk_size(chunk_size)
     check_purge_layout(layout, size)
-    scope = purge_scope(namespace, size) + (" (LMCache layout)" if layout == "lmcache" else "")
+    scope = purge_scope(namespace, size) + {"lmcache": " (LMCache layout)", "lmcache-resp": " (LMCache resp:// layout)",
+                                            "lmcache-mp": " (LMCache multiprocess layout)"}.get(layout, "")
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: purging a fresh embedded server (empty)")

@@ -83,7 +83,8 @@ def warm_view(r: WarmResult) -> Group:
             + ("" if not r.evicted_keys else f"\nevicted: the server evicted {r.evicted_keys:,} keys during this "
                f"warm; what was written may already be gone")
             + (f"\nstopped: {r.stopped}" if r.stopped else ""))
-    table = plain_table(f"warm {r.namespace} ({r.model_id}){' — dry run' if r.dry_run else ''}",
+    where = "" if r.layout == "kvcli" else f" in LMCache's {r.layout} layout"
+    table = plain_table(f"warm {r.namespace} ({r.model_id}){where}{' — dry run' if r.dry_run else ''}",
                         ["chunk size", "prompts", "full chunks", "written", "present", "objects", "payload",
                          "metadata"], rows)
     return Group(table, Text(note))
@@ -171,11 +172,13 @@ def _times(value: float | None) -> str:
 
 
 def lmcache_view(r: LMCacheInspection) -> Group:
-    """``kvcli inspect --layout lmcache``: one row per model (chunks, keys, bytes, memory, the commonest chunk
-    lengths, formats, dtypes, world sizes, integrity), a cluster's primaries, then the layout and server facts."""
-    from kvcli.store.lmcache import KEY_FORMAT, LEGACY_KEY_FORMAT, LEGACY_VERSIONS, LMCACHE_VERSION
+    """``kvcli inspect --layout lmcache``: the LMCache layouts found, named; then per layout one row per model
+    (``redis://``: chunks, keys, bytes, memory, the commonest chunk lengths, formats, dtypes, world sizes,
+    integrity; the one-key layouts: keys, value bytes and sizes, memory, what the keys say, empty values); the
+    unknown and older layouts' keys; a cluster's primaries; then the server facts."""
+    from kvcli.store.lmcache import KEY_FORMAT, LEGACY_KEY_FORMAT, LEGACY_VERSIONS, LMCACHE_VERSION, MP, RESP
 
-    def top(counter) -> str:  # the 3 commonest values, with their chunk counts when there is more than one
+    def top(counter) -> str:  # the 3 commonest values, with their counts when there is more than one
         common = counter.most_common(3)
         return ", ".join(f"{k}" if len(counter) == 1 else f"{k} ({n:,})" for k, n in common) or "-"
 
@@ -186,21 +189,46 @@ def lmcache_view(r: LMCacheInspection) -> Group:
              top(g.by_chunk_tokens), top(g.by_format), top(g.by_dtype),
              f"{top(g.by_world_size)} / {len(g.by_worker_id):,}",
              ", ".join(f"{short[k]} {len(v):,}" for k, v in sorted(g.issues.items())) or "ok"] for g in r.groups]
+    names = {"lmcache": "redis:// (lmcache)", RESP: "resp:// (lmcache-resp)", MP: "multiprocess (lmcache-mp)",
+             "legacy": f"LMCache {LEGACY_VERSIONS} older layout", "unknown": "UNKNOWN LMCache layout"}
+    found = ", ".join(f"{names[x['name']]} {x['keys']:,} keys" for x in r.layouts()) or "none"
     legacy = f"; LMCache {LEGACY_VERSIONS} keys (older layout): {r.legacy_keys:,}" if r.legacy_keys else ""
-    table = plain_table(f"LMCache keys: {r.lmcache_keys:,}{legacy}; other keys: {r.other_keys:,}",
-                        ["model", "chunks", "keys meta / kv", "kv bytes", "meta bytes", "redis memory",
-                         "tokens/chunk", "format", "dtype", "world size / workers", "integrity"], rows)
-    s = r.server
-    memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
-              else f"sampled {r.memory_sampled:,} keys across the models, scaled")
-    parts: list[RenderableType] = [table, shards_table(r.shards, "lmcache", r.lmcache_keys, r.skew)] if r.cluster \
-        else [table]
+    parts: list[RenderableType] = [Text(f"LMCache layouts: {found}")]
+    if r.groups or not (r.resp_groups or r.mp_groups):
+        parts.append(plain_table(f"LMCache keys: {r.lmcache_keys:,}{legacy}; other keys: {r.other_keys:,}",
+                                 ["model", "chunks", "keys meta / kv", "kv bytes", "meta bytes", "redis memory",
+                                  "tokens/chunk", "format", "dtype", "world size / workers", "integrity"], rows))
+    for layout, groups, title in ((RESP, r.resp_groups, "resp://"), (MP, r.mp_groups, "multiprocess")):
+        if not groups:
+            continue
+        keyed = (lambda g: top(g.by_dtype)) if layout == RESP else (
+            lambda g: f"{top(g.by_object_group)} / {top(g.by_hash_bytes)} B / {g.salted_keys:,} ({g.salts:,})")
+        parts.append(plain_table(
+            f"LMCache {title} keys ({layout}): {sum(g.keys for g in groups):,}; one key per chunk, no metadata",
+            ["model", "keys", "value bytes", "value sizes", "redis memory", "world size / workers",
+             "dtype" if layout == RESP else "object groups / hash / salted (salts)", "integrity"],
+            [[g.model_name, g.keys, fmt_bytes(g.value_bytes), top(g.by_value_bytes),
+              "-" if g.memory_bytes is None else fmt_bytes(g.memory_bytes),
+              f"{top(g.by_world_size)} / {len(g.by_worker_id):,}", keyed(g),
+              f"empty values {g.empty_values:,}" if g.empty_values else "ok"] for g in groups]))
+    if r.cluster:
+        parts.append(shards_table(r.shards, "lmcache", r.known_keys, r.skew))
+    if r.unknown.keys:
+        firsts = ", ".join(f"{m} ({n:,})" for m, n in r.unknown.by_first_field.most_common(5))
+        parts.append(Text(f"unknown LMCache layout: {r.unknown.keys:,} keys look like LMCache's (@ fields, a hex "
+                          f"hash) but match none of the layouts kvcli reads; by first field: {firsts}; e.g. "
+                          f"{r.unknown.examples[0]}; counted, not read as any layout"))
     if r.legacy_keys:
         models = ", ".join(f"{m} ({n:,})" for m, n in r.legacy_models.most_common())
         parts.append(Text(f"older layout: {r.legacy_keys:,} keys in LMCache {LEGACY_VERSIONS}'s layout "
                           f"{LEGACY_KEY_FORMAT}, by model: {models}; counted, not read (kvcli reads LMCache "
                           f"{LMCACHE_VERSION}'s layout; an LMCache that writes the older layout is a 0.3.x release)"))
-    return Group(*parts, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector)\n"
+    s = r.server
+    memory = ("every key" if r.memory_sampled is None else "not read" if r.memory_sampled == 0
+              else f"sampled {r.memory_sampled:,} keys across the models, scaled")
+    return Group(*parts, Text(f"layout: {KEY_FORMAT} (LMCache {LMCACHE_VERSION}, redis:// connector); resp:// "
+                             f"the same key without the suffix; multiprocess {{model}}@{{kv_rank}}@{{object_group}}@"
+                             f"{{hash}}[@{{salt}}]\n"
                              f"{'cluster totals, ' if r.cluster else ''}server {s.version}: used_memory "
                              f"{fmt_bytes(s.used_memory)}, evicted_keys {s.evicted_keys:,}; MEMORY USAGE: {memory}; "
                              f"{'CLIENT NO-TOUCH' if r.no_touch else 'reads touched keys (no CLIENT NO-TOUCH)'}; "

@@ -142,6 +142,7 @@ class WarmResult:
     estimate: list[SizeTotals] = field(default_factory=list)
     evicted_keys: int | None = None
     verify: bool = False  # present payloads were read and their checksums checked
+    layout: str = "kvcli"  # the key layout written (kvcli.live.warm_lmcache for LMCache's)
 
     def total(self, name: str) -> int:
         """Sum of one :class:`SizeTotals` field (or ``"bytes"``) over chunk sizes."""

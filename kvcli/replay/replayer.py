@@ -94,6 +94,7 @@ from kvcli.sim.blend import BlendCounter
 from kvcli.sim.tiers import check_tier_sizes
 from kvcli.store.cluster import drop_connections
 from kvcli.store.kvstore import KVStore, make_store, purge_run
+from kvcli.store.lmcache import lmcache_layouts
 from kvcli.store.namespace import contents
 from kvcli.store.preflight import Preflight, evicted_since, server_memory
 from kvcli.store.records import StoreConfig
@@ -234,9 +235,9 @@ class Replayer:
             kept = f"namespace {namespace} kept (--keep)"
             if "kvcli" in cfg.layouts:
                 kept += f": its kvcli-layout keys: {self.remedy(namespace)}"
-            if "lmcache" in cfg.layouts:
-                kept += (f"; its LMCache-layout keys (model names {namespace}/<chunk size>/...): remove them with "
-                         f"kvcli purge --namespace {namespace} --layout lmcache --yes (and this run's --redis-url)")
+            for layout in lmcache_layouts(cfg.layouts):
+                kept += (f"; its {layout}-layout keys (model names {namespace}/<chunk size>/...): remove them with "
+                         f"kvcli purge --namespace {namespace} --layout {layout} --yes (and this run's --redis-url)")
             result.notes.append(kept)
         result.calibration = coverage
         # read after the cleanup: a server over maxmemory evicts on any command, reads included

@@ -380,7 +380,9 @@ def layout_table(result: TraceResult) -> Table:
     same = all(len({r.hit_tokens for r in cols if r.chunk_size == c.chunk_size}) == 1 for c in cols)
     table.caption = ("Hit tokens " + ("are equal in every layout" if same else "DIFFER between layouts (a payload "
                      "could not be retrieved)") + ": same chunk hashes, same prefix rule. kvcli: one MGET per "
-                     "lookup; lmcache: one EXISTS per chunk until the first miss (LMCache 0.5.6, redis://).")
+                     "lookup; lmcache: one EXISTS per chunk until the first miss (LMCache 0.5.6, redis://); "
+                     "lmcache-resp and lmcache-mp: one EXISTS per chunk, all in one round trip (resp://, "
+                     "multiprocess mode).")
     table.caption_justify = "left"
     return table
 

@@ -22,6 +22,7 @@ from kvcli.replay.savings import Interval, Savings, Verdict
 from kvcli.sim.blend import BlendReuse, check_recompute_fraction
 from kvcli.sim.eviction import libcachesim
 from kvcli.sim.tiers import TierSpec, check_tier_sizes, check_tiers
+from kvcli.store.lmcache import lmcache_layouts
 from kvcli.store.serde import check_kv_dtype
 from kvcli.units import check_seed
 
@@ -246,8 +247,9 @@ class ReplayConfig:
                                 "need the curve (no --no-curve, no --namespace)")
         for cs in self.chunk_sizes:  # a tier in bytes is checked with the payload's size (Replayer.replay)
             check_tier_sizes(self.plan.tiers, cs)
-        if "lmcache" in self.layouts and (self.namespace or self.capacity_tokens or self.capacity_bytes):
-            raise BadInputError("--layout lmcache replays a cold cache without a capacity: drop --namespace, "
+        lmc = lmcache_layouts(self.layouts)
+        if lmc and (self.namespace or self.capacity_tokens or self.capacity_bytes):
+            raise BadInputError(f"--layout {lmc[0]} replays a cold cache without a capacity: drop --namespace, "
                                 "--capacity-tokens and --capacity-bytes (LMCache's Redis backend leaves eviction "
                                 "to the server)")
 

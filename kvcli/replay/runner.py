@@ -35,7 +35,8 @@ from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
 from kvcli.replay.replayer import Replayer, check_prompts
 from kvcli.replay.results import CapacityBasis, Pricing, ReplayConfig, TraceResult, check_count, check_positive
-from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
+from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION, RESP_KEY_FORMAT, lmcache_layouts
+from kvcli.store.lmcache_mp import MP_KEY_FORMAT
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.serde import SCALE_BYTES, state_bytes
@@ -302,6 +303,13 @@ LAYOUT_NOTES = {
     "lmcache": {"keys": KEY_FORMAT, "lookup": "one EXISTS per chunk, in order, until the first miss",
                 "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
                 "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
+    "lmcache-resp": {"keys": RESP_KEY_FORMAT, "lookup": "one EXISTS per chunk, all in one round trip",
+                     "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), resp:// connector",
+                     "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
+    "lmcache-mp": {"keys": MP_KEY_FORMAT, "lookup": "one EXISTS per chunk, all in one round trip",
+                   "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), multiprocess mode's RESP L2 adapter",
+                   "model_name": "{namespace}/{chunk_size}/{model id} in this replay; kv_rank 01000100 (world size "
+                                 "1, rank 0); object group 0; no cache_salt field (the salt is in the hash)"},
 }
 
 
@@ -354,8 +362,8 @@ def resolve_capacity(config: ReplayConfig, options: ModelOptions, shapes: ModelC
     if device is None:
         return config, CapacityBasis("unlimited", "no accelerator named to size a GPU tier on; --hardware NAME "
                                                   "or --capacity SIZE sets one")
-    if "lmcache" in config.layouts:
-        return config, CapacityBasis("unlimited", "--layout lmcache replays without a capacity")
+    if lmc := lmcache_layouts(config.layouts):
+        return config, CapacityBasis("unlimited", f"--layout {lmc[0]} replays without a capacity")
     label, memory, max_devices, source = device
     weights = shapes.params() * dtype_bytes(spec.dtype)
     tier = gpu_tier(label, memory, weights, kv_bytes_per_token(spec, config.kv_dtype), shapes.context, source,

@@ -1,9 +1,12 @@
 """The chunk-store interface the replay drives, and the registry of key layouts that implement it.
 
-Two layouts: ``kvcli`` (:class:`kvcli.store.chunkstore.ChunkStore`: one MGET per lookup, metadata with a token
-digest and checksum) and ``lmcache`` (:class:`kvcli.store.lmcache_store.LMCacheStore`: LMCache 0.5.6's Redis keys
-and its one-EXISTS-per-chunk lookup). Both cut and hash prompts the same way, so on the same trace they hit the
-same chunks; what differs is what goes over the wire and what sits in Redis.
+Four layouts: ``kvcli`` (:class:`kvcli.store.chunkstore.ChunkStore`: one MGET per lookup, metadata with a token
+digest and checksum), ``lmcache`` (:class:`kvcli.store.lmcache_store.LMCacheStore`: LMCache 0.5.6's ``redis://``
+keys and its one-EXISTS-per-chunk lookup), ``lmcache-resp`` (:class:`kvcli.store.lmcache_store.LMCacheRespStore`:
+its ``resp://`` connector, one key per chunk) and ``lmcache-mp``
+(:class:`kvcli.store.lmcache_store.LMCacheMPStore`: its multiprocess mode's keys). All cut and hash prompts the same
+way, so on the same trace they hit the same chunks; what differs is what goes over the wire and what sits in
+Redis.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from redis.cluster import RedisCluster
 from kvcli.errors import BadInputError
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker
+from kvcli.store.lmcache import lmcache_layouts
 from kvcli.store.namespace import PurgeCount, count, purge, purge_own
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.runmark import RunMark
@@ -92,10 +96,25 @@ def _lmcache_store(client: redis.Redis | RedisCluster, config: StoreConfig) -> K
     return LMCacheStore(client, config)
 
 
+def _lmcache_resp_store(client: redis.Redis | RedisCluster, config: StoreConfig) -> KVStore:
+    from kvcli.store.lmcache_store import LMCacheRespStore
+
+    return LMCacheRespStore(client, config)
+
+
+def _lmcache_mp_store(client: redis.Redis | RedisCluster, config: StoreConfig) -> KVStore:
+    from kvcli.store.lmcache_store import LMCacheMPStore
+
+    return LMCacheMPStore(client, config)
+
+
 LAYOUTS: dict[str, Callable[[redis.Redis | RedisCluster, StoreConfig], KVStore]] = {
     "kvcli": ChunkStore,
     "lmcache": _lmcache_store,
+    "lmcache-resp": _lmcache_resp_store,
+    "lmcache-mp": _lmcache_mp_store,
 }
+
 
 
 def parse_layouts(text: str) -> tuple[str, ...]:
@@ -155,20 +174,21 @@ def purge_run(client: redis.Redis | RedisCluster, namespace: str, layouts: tuple
     if stores is not None:
         return delete_keys(client, itertools.chain([list(keys)], *(store.written_keys() for store in stores)))
     deleted = purge_own(client, namespace)
-    if "lmcache" in layouts:
+    if lmcache_layouts(layouts):
         from kvcli.store.lmcache_store import purge_namespace
 
-        deleted += purge_namespace(client, namespace)
+        deleted += purge_namespace(client, namespace, lmcache_layouts(layouts))
     return deleted
 
 
 def check_purge_layout(layout: str, chunk_size: int | None) -> None:
     """Raise BadInputError unless ``kvcli purge`` can delete ``layout``'s keys at ``chunk_size``: kvcli's by
-    namespace and chunk size, LMCache's (what a ``replay --layout lmcache --keep`` left) by namespace only."""
-    if layout not in ("kvcli", "lmcache"):
-        raise BadInputError(f"--layout must be kvcli or lmcache, got {layout!r}")
-    if layout == "lmcache" and chunk_size is not None:
-        raise BadInputError("--chunk-size: not with --layout lmcache (its keys are deleted by namespace)")
+    namespace and chunk size, LMCache's (what a ``replay --layout lmcache... --keep`` or a ``warm --layout
+    lmcache...`` left) by namespace only."""
+    if layout not in LAYOUTS:
+        raise BadInputError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout != "kvcli" and chunk_size is not None:
+        raise BadInputError(f"--chunk-size: not with --layout {layout} (its keys are deleted by namespace)")
 
 
 def count_layout(client: redis.Redis | RedisCluster, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
@@ -179,7 +199,7 @@ def count_layout(client: redis.Redis | RedisCluster, namespace: str, chunk_size:
         return count(client, namespace, chunk_size)
     from kvcli.store.lmcache_store import count_namespace
 
-    return count_namespace(client, namespace)
+    return count_namespace(client, namespace, layouts=(layout,))
 
 
 def purge_layout(client: redis.Redis | RedisCluster, namespace: str, chunk_size: int | None, layout: str) -> PurgeCount:
@@ -191,4 +211,4 @@ def purge_layout(client: redis.Redis | RedisCluster, namespace: str, chunk_size:
         return purge(client, namespace, chunk_size)
     from kvcli.store.lmcache_store import count_namespace
 
-    return count_namespace(client, namespace, delete=True)
+    return count_namespace(client, namespace, delete=True, layouts=(layout,))

@@ -1,10 +1,19 @@
-"""LMCache's Redis layout (its ``redis://`` remote connector): key names, the metadata record, the KV bytes.
+"""LMCache's Redis layouts: key names, the metadata record, the KV bytes, and which layout a key is in.
 
-Matched against LMCache **0.5.6** (PyPI wheel, git ``3e11e108``): ``lmcache/utils.py`` (``CacheEngineKey``,
-``LayerCacheEngineKey``, ``parse_cache_key``), ``lmcache/v1/protocol.py`` (``RemoteMetadata``),
-``lmcache/v1/memory_management.py`` (``MemoryFormat``) and
-``lmcache/v1/storage_backend/connector/redis_connector.py`` (``RedisConnector``). Names and parsing only; no Redis
-calls (the store is :mod:`kvcli.store.lmcache_store`, the inspection :mod:`kvcli.live.inspect_lmcache`).
+Matched against LMCache **0.5.6** (PyPI wheel, git ``3e11e108``, the newest release) and its main
+(``lmcache-cli 0.5.7rc3.dev0``, git ``bf85b41fa``), which agree on all of it: ``lmcache/utils.py``
+(``CacheEngineKey``, ``LayerCacheEngineKey``, ``parse_cache_key``), ``lmcache/v1/protocol.py`` (``RemoteMetadata``;
+``lmcache/inprocess/v1/protocol.py`` on main), ``lmcache/v1/memory_management.py`` (``MemoryFormat``) and
+``lmcache/v1/storage_backend/connector/redis_connector.py`` (``RedisConnector``, ``RESPConnector``). Golden vectors
+made by that code: ``tests/store/fixtures/lmcache/``. Names and parsing only; no Redis calls (the stores are
+:mod:`kvcli.store.lmcache_store`, the inspection :mod:`kvcli.live.inspect_lmcache`). Three layouts share a server:
+
+* ``redis://`` (``RedisConnector``): two keys per chunk, below;
+* ``resp://`` (``RESPConnector``, LMCache's native client): one key per chunk, the bare key string below with no
+  suffix, whose value is the chunk's raw bytes (what ``kv_bytes`` holds), no metadata record (the reader allocates
+  the full chunk from its own config; the connector refuses ``save_unfull_chunk``, so every chunk is full);
+* multiprocess mode's L2 adapters (``{model}@{kv_rank}@{object_group_id}@{hash}[@{salt}]``, raw bytes):
+  :mod:`kvcli.store.lmcache_mp`.
 
 **Keys.** One chunk is two plain string keys, the chunk's key string followed directly (no separator) by a
 suffix::
@@ -46,15 +55,26 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvcli.store.lmcache_mp import MPKey, parse_mp_key
+
 if TYPE_CHECKING:
     import torch
 
 LMCACHE_VERSION = "0.5.6"
 LMCACHE_COMMIT = "3e11e108"
+LMCACHE_MAIN = "lmcache-cli 0.5.7rc3.dev0 (git bf85b41fa)"
 METADATA_SUFFIX = "metadata"
 KV_SUFFIX = "kv_bytes"
-KEY_FORMAT = ("{model_name}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}[@{layer_id}][@{tag}%{value}...]"
-              "{metadata|kv_bytes}")
+RESP_KEY_FORMAT = "{model_name}@{world_size}@{worker_id}@{chunk_hash:x}@{dtype}[@{layer_id}][@{tag}%{value}...]"
+KEY_FORMAT = RESP_KEY_FORMAT + "{metadata|kv_bytes}"
+# the layouts' names (classify_key), as kvcli's --layout names them
+REDIS, RESP, MP, LEGACY, UNKNOWN = "lmcache", "lmcache-resp", "lmcache-mp", "legacy", "unknown"
+LMCACHE_LAYOUTS = (REDIS, RESP, MP)  # the ones kvcli writes (replay, warm) and purges by namespace
+
+
+def lmcache_layouts(layouts) -> tuple[str, ...]:
+    """The LMCache layouts among ``layouts`` (an iterable of layout names), in order."""
+    return tuple(x for x in layouts if x in LMCACHE_LAYOUTS)
 
 # KEY_DTYPES, DTYPE_CODES and CODE_DTYPES are keyed by torch dtypes: built on first use (module __getattr__), so
 # importing this module (its key format, for a report) does not load torch.
@@ -104,7 +124,8 @@ LEGACY_KEY_FORMAT = ("{fmt}@{model_name}@{world_size}@{worker_id}@{chunk_hash}[@
 _LEGACY_DTYPE_NAMES = _KEY_DTYPE_NAMES | {"fp8", "fp8_e4m3"}  # 0.3.x's names beside today's
 _ENGINE_FORMAT = re.compile(r"[a-z][a-z0-9_]*")
 
-_INT = re.compile(r"-?[0-9]+")
+_INT = re.compile(r"-?(?:0|[1-9][0-9]*)")  # an int as f"{n}" writes it (no leading zero)
+_HASH_LIKE = re.compile(r"-?[0-9a-f]{8,}")
 _HEX = re.compile(r"-?[0-9a-f]+")
 
 
@@ -203,6 +224,58 @@ def legacy_model(key: bytes) -> str | None:
     if rest and rest[0].isdigit():
         rest = rest[1:]
     return parts[1] if all("%" in tag for tag in rest) else None
+
+
+def parse_resp_key(key: bytes) -> LMCacheKey | None:
+    """The parsed key of a ``resp://`` key (the bare key string, no suffix), else None."""
+    try:
+        return parse_key(key.decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _parse_mp(key: bytes) -> MPKey | None:
+    try:
+        return parse_mp_key(key.decode())
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def unknown_model(key: bytes) -> str | None:
+    """The first ``@`` field of a key that looks like an LMCache key but is in none of its known layouts (module
+    docstring: 3 or more ``@`` fields, the first not empty, one after it a hex hash of 8 or more digits, not a
+    kvcli key), else None. Call it on a key :func:`classify_key` found in no known layout."""
+    if key.startswith(b"kvcli:"):
+        return None
+    try:
+        text = key.decode()
+    except UnicodeDecodeError:
+        return None
+    for suffix in (METADATA_SUFFIX, KV_SUFFIX):
+        text = text.removesuffix(suffix)
+    parts = text.split("@")
+    if len(parts) < 3 or not parts[0] or not any(_HASH_LIKE.fullmatch(p) for p in parts[1:]):
+        return None
+    return parts[0]
+
+
+def classify_key(key: bytes) -> tuple[str, object] | None:
+    """Which LMCache layout a Redis key is in (module docstring), with what it parses to, or None (not LMCache's):
+
+    * ``(REDIS, (LMCacheKey, "metadata" | "kv_bytes"))``, ``(RESP, LMCacheKey)``, ``(MP, MPKey)``;
+    * ``(LEGACY, model name)`` (LMCache 0.3.x), ``(UNKNOWN, first field)`` (:func:`unknown_model`).
+    """
+    if (redis_key := split_redis_key(key)) is not None:
+        return REDIS, redis_key
+    if (model := legacy_model(key)) is not None:
+        return LEGACY, model
+    if (mp := _parse_mp(key)) is not None:
+        return MP, mp
+    if (resp := parse_resp_key(key)) is not None:
+        return RESP, resp
+    if (model := unknown_model(key)) is not None:
+        return UNKNOWN, model
+    return None
 
 
 def fold_hash(digest: bytes) -> int:

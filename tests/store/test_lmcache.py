@@ -235,7 +235,9 @@ def test_inspect_counts_and_names_the_older_layout(redis_url, redis_client):
     assert [g.model_name for g in result.groups] == [LLAMA, "tiny"]  # their chunks are not read as today's
     out = CliRunner().invoke(cli_app(), ["inspect", "--layout", "lmcache", "--json", "--redis-url", redis_url])
     doc = json.loads(out.stdout)
-    assert doc["keys"] == {"scanned": 27, "lmcache": 14, "lmcache_legacy": 10, "other": 3}
+    assert doc["keys"] == {"scanned": 27, "lmcache": 14, "lmcache_resp": 0, "lmcache_mp": 0, "lmcache_legacy": 10,
+                           "lmcache_unknown": 0, "other": 3}
+    assert [(x["name"], x["keys"]) for x in doc["layouts"]] == [("lmcache", 14), ("legacy", 10)]
     assert doc["legacy_layout"]["matched"] == "LMCache 0.3.1-0.3.12"
     assert doc["legacy_layout"]["keys_by_model"] == {LLAMA: 8, "tiny": 2}
     table = CliRunner().invoke(cli_app(), ["inspect", "--layout", "lmcache", "--redis-url", redis_url]).stdout
