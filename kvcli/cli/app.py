@@ -33,6 +33,7 @@ from kvcli.cli.options import (
     DropTailBlock,
     Dtype,
     HashBlockTokens,
+    HelpCommand,
     HtmlOut,
     JsonOut,
     KvDtype,
@@ -309,7 +310,9 @@ def replay(
     ray: Annotated[Optional[str], typer.Option(help=RAY_HELP, show_default=False)] = None,
     html: HtmlOut = None,
 ) -> None:
-    """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
+    """Replay traces through a KV cache: what each chunk size saves.
+
+    Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
     ratio, objects, bytes, round trips, measured prefill savings and the net benefit that picks the chunk size.
 
     Examples:
@@ -495,8 +498,8 @@ def _register() -> None:
                      ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats),
                      ("explain", explain), ("report", report), ("audit", audit)):
         panels = {"warm": WARM_PANELS, "inspect": INSPECT_PANELS, "export": EXPORT_PANELS}.get(name)
-        app.command(name, cls=help_panels(panels) if panels else None)(handle_errors(fn))
-    events_app.command("record")(handle_errors(record_events))
+        app.command(name, cls=help_panels(panels) if panels else HelpCommand)(handle_errors(fn))
+    events_app.command("record", cls=HelpCommand)(handle_errors(record_events))
     app.add_typer(events_app, name="events")
 
 

@@ -13,12 +13,13 @@ def hardware(
     name: Annotated[str, typer.Argument(help="Show one accelerator (default: all).", show_default=False)] = "",
     json_out: JsonOut = False,
 ) -> None:
-    """List the accelerators `kvcli replay --hardware NAME` prices prefill on, with their published figures.
+    """The accelerators --hardware prices on: peaks, MFU, sources.
 
-    Dense BF16 and FP8 tensor FLOP/s, HBM bandwidth and capacity, the host link, the share of the dense peak a
-    prefill reaches (MFU) at bf16 and at fp8 with its interval, and where each figure comes from (docs/hardware.md
-    derives them). --json gives each accelerator's mfu_bf16 and mfu_fp8 as {value, low, high} (null: no tensor
-    cores at that precision) and mfu_basis (each one's rule and figures, with their sources).
+    The accelerators `kvcli replay --hardware NAME` prices prefill on, with their published figures: dense BF16
+    and FP8 tensor FLOP/s, HBM bandwidth and capacity, the host link, the share of the dense peak a prefill reaches
+    (MFU) at bf16 and at fp8 with its interval, and where each figure comes from (docs/hardware.md derives them).
+    --json gives each accelerator's mfu_bf16 and mfu_fp8 as {value, low, high} (null: no tensor cores at that
+    precision) and mfu_basis (each one's rule and figures, with their sources).
 
     Examples:
 

@@ -33,7 +33,9 @@ def stats(
     add_special_tokens: AddSpecialTokens = True,
     json_out: JsonOut = False,
 ) -> None:
-    """The workload at a glance, without Redis: requests, sessions, prompt-length percentiles, the share of prompt
+    """The workload at a glance, without Redis.
+
+    Requests, sessions, prompt-length percentiles, the share of prompt
     tokens inside a prefix shared with an earlier request (exact to the token), and the shared prefixes that would
     save the most tokens, with their first words for text traces.
 
