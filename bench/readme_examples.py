@@ -1,14 +1,14 @@
-"""README.md's worked examples, run and written back, so that they show what kvcli prints today.
+"""The worked examples of README.md and docs/replay.md, run and written back, so that they show what kvcli prints today.
 
-    python bench/readme_examples.py            # run every example and rewrite its block in README.md
+    python bench/readme_examples.py            # run every example and rewrite its block in its page
     python bench/readme_examples.py --check    # run them; exit 1, naming the block, where a fixed part differs
 
-A block in README.md is a fenced block between ``<!-- example: NAME -->`` and ``<!-- /example -->``; :data:`EXAMPLES`
-says which command prints it (run as ``python -m kvcli ...`` from the repository's root, at 80 columns, on an
-embedded server: ``REDIS_URL`` is cleared), which stream it shows and which of its lines are fixed: the parts that
-do not depend on timing (a timed report's chunk sizes, hit ratios and answer lines, the stderr's phases; a priced
-report whole, its objects and bytes included). tests/test_readme_examples.py runs the same commands and compares the
-fixed parts with README.md's.
+A block is a fenced block between ``<!-- example: NAME -->`` and ``<!-- /example -->`` in one of :data:`PAGES`;
+:data:`EXAMPLES` says which page holds it, which command prints it (run as ``python -m kvcli ...`` from the
+repository's root, at 80 columns, on an embedded server: ``REDIS_URL`` is cleared), which stream it shows and which
+of its lines are fixed: the parts that do not depend on timing (a timed report's chunk sizes, hit ratios and answer
+lines, the stderr's phases; a priced report whole, its objects and bytes included). tests/test_readme_examples.py
+runs the same commands and compares the fixed parts with the pages'.
 """
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+REPLAY_DOC = ROOT / "docs" / "replay.md"
+PAGES = (README, REPLAY_DOC)
+"""The pages that hold example blocks."""
 BLOCK = re.compile(r"(<!-- example: (?P<name>[\w-]+) -->\n```\n)(?P<body>.*?)(```\n<!-- /example -->)", re.DOTALL)
 COUNTED = ("hit token ratio", "token-granular bound")
 """The compact table's rows that every timed run of a trace prints alike. Objects and bytes are not among them
@@ -69,19 +72,21 @@ def whole(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Example:
-    """One README block: ``args`` after ``kvcli``; ``shown``: what of (stdout, stderr) the block holds; ``fixed``:
-    the block's lines that every run prints alike."""
+    """One example block: ``args`` after ``kvcli``; ``shown``: what of (stdout, stderr) the block holds; ``fixed``:
+    the block's lines that every run prints alike; ``page``: the page that holds it (one of :data:`PAGES`)."""
 
     args: tuple[str, ...]
     shown: Callable[[str, str], str]
     fixed: Callable[[str], list[str]]
+    page: Path = README
 
 
 CHAT = ("replay", "sample_traces/chat_shared_system.jsonl")
 EXAMPLES = {
     "replay-chat": Example(CHAT, report, counted),
-    "replay-chat-stderr": Example(CHAT, progress, phases),
-    "replay-chat-h100": Example((*CHAT, "--model", "llama-3-8b", "--hardware", "h100-sxm"), report, whole),
+    "replay-chat-stderr": Example(CHAT, progress, phases, REPLAY_DOC),
+    "replay-chat-h100": Example((*CHAT, "--model", "llama-3-8b", "--hardware", "h100-sxm"), report, whole,
+                                REPLAY_DOC),
 }
 
 
@@ -101,8 +106,13 @@ def run(args: tuple[str, ...]) -> tuple[str, str]:
 
 
 def blocks(text: str) -> dict[str, str]:
-    """README.md's example blocks: name -> the text between its fences."""
+    """A page's example blocks: name -> the text between its fences."""
     return {m["name"]: m["body"] for m in BLOCK.finditer(text)}
+
+
+def page_blocks() -> dict[str, tuple[Path, str]]:
+    """Every page's example blocks: name -> (the page, the text between its fences)."""
+    return {name: (page, body) for page in PAGES for name, body in blocks(page.read_text()).items()}
 
 
 def printed(names: list[str]) -> dict[str, str]:
@@ -115,15 +125,16 @@ def printed(names: list[str]) -> dict[str, str]:
     return {name: EXAMPLES[name].shown(*outputs[EXAMPLES[name].args]) for name in names}
 
 
-def differences(readme: dict[str, str], fresh: dict[str, str]) -> list[str]:
-    """The examples whose fixed parts differ between README.md's block and what the command prints, and the
-    README's blocks that name no example."""
-    out = [f"{name}: README.md has no such example" for name in sorted(readme) if name not in EXAMPLES]
+def differences(shown: dict[str, str], fresh: dict[str, str]) -> list[str]:
+    """The examples whose fixed parts differ between the block its page shows (``shown``: name -> block) and what
+    the command prints, and the blocks that name no example."""
+    out = [f"{name}: no such example" for name in sorted(shown) if name not in EXAMPLES]
     for name, text in fresh.items():
-        if name not in readme:
-            out.append(f"{name}: no block in README.md")
-        elif EXAMPLES[name].fixed(readme[name]) != EXAMPLES[name].fixed(text):
-            out.append(f"{name}: README.md shows {EXAMPLES[name].fixed(readme[name])}, kvcli prints "
+        page = EXAMPLES[name].page.relative_to(ROOT)
+        if name not in shown:
+            out.append(f"{name}: no block in {page}")
+        elif EXAMPLES[name].fixed(shown[name]) != EXAMPLES[name].fixed(text):
+            out.append(f"{name}: {page} shows {EXAMPLES[name].fixed(shown[name])}, kvcli prints "
                        f"{EXAMPLES[name].fixed(text)}")
     return out
 
@@ -138,14 +149,16 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare, write nothing; exit 1 on a difference")
     parser.add_argument("names", nargs="*", help=f"examples to run (default: all: {', '.join(EXAMPLES)})")
     opts = parser.parse_args()
-    text = README.read_text()
     fresh = printed(opts.names or list(EXAMPLES))
     if opts.check:
-        diff = differences(blocks(text), fresh)
-        print("\n".join(diff) or "README.md's examples are what kvcli prints")
+        diff = differences({name: body for name, (_, body) in page_blocks().items()}, fresh)
+        print("\n".join(diff) or "the pages' examples are what kvcli prints")
         return 1 if diff else 0
-    README.write_text(rewrite(text, fresh))
-    print(f"README.md: rewrote {', '.join(fresh)}")
+    for page in PAGES:
+        mine = {name: text for name, text in fresh.items() if EXAMPLES[name].page == page}
+        if mine:
+            page.write_text(rewrite(page.read_text(), mine))
+            print(f"{page.relative_to(ROOT)}: rewrote {', '.join(mine)}")
     return 0
 
 

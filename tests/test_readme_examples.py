@@ -1,7 +1,7 @@
-"""README.md's worked examples are what kvcli prints: each example block's fixed parts (bench/readme_examples.py:
-a timed report's chunk sizes, hit ratios and answer lines, the phases; a priced report whole) against a fresh run of
-its command, from the repository's root at 80 columns on an embedded server. A block that differs is rewritten by
-``python bench/readme_examples.py``."""
+"""README.md's and docs/replay.md's worked examples are what kvcli prints: each example block's fixed parts
+(bench/readme_examples.py: a timed report's chunk sizes, hit ratios and answer lines, the phases; a priced report
+whole) against a fresh run of its command, from the repository's root at 80 columns on an embedded server. A block
+that differs is rewritten by ``python bench/readme_examples.py``."""
 from __future__ import annotations
 
 import pytest
@@ -13,16 +13,21 @@ def fresh() -> dict[str, str]:
     return examples.printed(list(examples.EXAMPLES))
 
 
-def test_every_example_has_its_block_and_every_block_its_example():
-    assert sorted(examples.blocks(examples.README.read_text())) == sorted(examples.EXAMPLES)
+def test_every_example_has_its_block_on_its_page_and_every_block_its_example():
+    found = examples.page_blocks()
+    assert sorted(found) == sorted(examples.EXAMPLES)
+    assert {name: page for name, (page, _) in found.items()} == {n: e.page for n, e in examples.EXAMPLES.items()}
+    # the README's one example is within its first 80 lines, with the question and the set-up commands
+    head = "\n".join(examples.README.read_text().splitlines()[:80])
+    assert "<!-- example: replay-chat -->" in head and "<!-- /example -->" in head
 
 
 @pytest.mark.parametrize("name", list(examples.EXAMPLES))
-def test_the_readme_block_is_what_kvcli_prints(fresh, name):
-    readme = examples.blocks(examples.README.read_text())[name]
+def test_the_pages_block_is_what_kvcli_prints(fresh, name):
+    page, shown = examples.page_blocks()[name]
     example = examples.EXAMPLES[name]
-    assert example.fixed(readme) == example.fixed(fresh[name]), f"run: python bench/readme_examples.py {name}"
-    assert example.fixed(readme)  # something is compared
+    assert example.fixed(shown) == example.fixed(fresh[name]), f"run: python bench/readme_examples.py {name}"
+    assert example.fixed(shown)  # something is compared
 
 
 def test_a_block_that_differs_is_named_and_rewritten():
@@ -35,4 +40,6 @@ def test_a_block_that_differs_is_named_and_rewritten():
     assert examples.differences(readme, examples.blocks(timed)) == []
     (diff,) = examples.differences(readme, examples.blocks(counted))
     assert diff.startswith("replay-chat: README.md shows ") and "hit token ratio 77.6% 74.5%" in diff
+    assert examples.differences({"nonesuch": ""}, {}) == ["nonesuch: no such example"]
+    assert examples.differences({}, {"replay-chat-h100": block}) == ["replay-chat-h100: no block in docs/replay.md"]
     assert examples.rewrite(block, examples.blocks(counted)) == counted

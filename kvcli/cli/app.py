@@ -34,6 +34,7 @@ from kvcli.cli.options import (
     DropTailBlock,
     Dtype,
     HashBlockTokens,
+    HelpCommand,
     HtmlOut,
     JsonOut,
     KvDtype,
@@ -177,7 +178,7 @@ RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a loc
 REPLAY_PANELS = {
     "Common options": ("chunk_sizes", "model", "hardware", "prefill_tps", "capacity", "capacity_bytes",
                        "capacity_tokens", "full", "json_out", "plot"),
-    "The model and its prefill's price": ("prefill_profile", "mfu", "measure", "measure_max_tokens",
+    "The model and its prefill's price": ("prefill_profile", "mfu", "precision", "measure", "measure_max_tokens",
                                           "measure_seconds", "calibrate_seconds", "dtype", "kv_dtype", "device",
                                           "threads", "seed"),
     "Store, server and network": ("redis_url", "redis_timeout", "payload", "store_mode", "link_gbps", "rtt_ms",
@@ -245,12 +246,19 @@ def replay(
              "a100-80gb, l40s, mi300x, ...: kvcli hardware lists them): a roofline of the model's exact FLOPs and "
              "bytes. Deterministic: nothing is timed here.", show_default=False)] = None,
     mfu: Annotated[Optional[float], typer.Option(
-        help="With --hardware: the share of the dense peak a prefill reaches, 0.01 to 1 (default 0.52, interval "
-             "0.39-0.67: TensorRT-LLM's published first-token latencies).", show_default=False)] = None,
+        help="With --hardware: the share of the dense peak a prefill reaches, 0.01 to 1 (default: the "
+             "accelerator's published MFU at the precision, with its interval: kvcli hardware).",
+        show_default=False)] = None,
+    precision: Annotated[str, typer.Option(
+        metavar="auto|fp8",
+        help="With --hardware: the precision of the engine's matrix multiplies: auto (the model's bf16 or fp16) or "
+             "fp8 (an FP8 checkpoint served W8A8, as vLLM --quantization fp8: the FP8 peak at the accelerator's "
+             "fp8 MFU, 1-byte weights).")] = "auto",
     prefill_profile: Annotated[Optional[Path], typer.Option(
         help="Price prefill, and moving KV to and from the device, with a profile `kvcli profile` measured (on "
-             "a GPU elsewhere, typically) for this --model and --dtype. Deterministic: nothing is timed here.",
-        show_default=False)] = None,
+             "a GPU elsewhere, typically, or through an engine with --engine) for this --model and --dtype; "
+             "preferred over any MFU (with --hardware, that accelerator only sizes the GPU tier). Deterministic: "
+             "nothing is timed here.", show_default=False)] = None,
     tokenizer: Tokenizer = None,
     fmt: Annotated[str, typer.Option("--format", help=TRACE_FORMATS_HELP)] = "auto",
     hash_block_tokens: HashBlockTokens = None,
@@ -308,7 +316,9 @@ def replay(
     ray: Annotated[Optional[str], typer.Option(help=RAY_HELP, show_default=False)] = None,
     html: HtmlOut = None,
 ) -> None:
-    """Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
+    """Replay traces through a KV cache: what each chunk size saves.
+
+    Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per chunk size, hit token
     ratio, objects, bytes, round trips, measured prefill savings and the net benefit that picks the chunk size.
 
     Examples:
@@ -337,7 +347,7 @@ def replay(
     from kvcli.traces.paths import stdin_paths
 
     options = ModelOptions(model, dtype, device, seed, prefill_tps, threads, hardware, mfu,
-                           None if prefill_profile is None else str(prefill_profile))
+                           None if prefill_profile is None else str(prefill_profile), precision)
     sizes = parse_chunk_sizes(chunk_sizes)
     engine_tokens = replay_capacity_tokens(gpu_blocks, sizes, capacity_tokens, capacity_bytes)
     mode, capacity_tokens, capacity_bytes_ = parse_capacity_option(capacity, engine_tokens, parse_size(capacity_bytes))
@@ -497,8 +507,8 @@ def _register() -> None:
                      ("profile", profile), ("hardware", hardware), ("export", export), ("stats", stats),
                      ("explain", explain), ("report", report), ("audit", audit)):
         panels = {"warm": WARM_PANELS, "inspect": INSPECT_PANELS, "export": EXPORT_PANELS}.get(name)
-        app.command(name, cls=help_panels(panels) if panels else None)(handle_errors(fn))
-    events_app.command("record")(handle_errors(record_events))
+        app.command(name, cls=help_panels(panels) if panels else HelpCommand)(handle_errors(fn))
+    events_app.command("record", cls=HelpCommand)(handle_errors(record_events))
     app.add_typer(events_app, name="events")
 
 

@@ -24,7 +24,9 @@ def audit(
     top: Annotated[int, typer.Option(help="Causes listed.")] = 5,
     json_out: JsonOut = False,
 ) -> None:
-    """Per request, the prompt tokens the engine reported cached beside explain's prediction at the engine's block
+    """An engine's cached tokens per request, beside explain's.
+
+    Per request, the prompt tokens the engine reported cached beside explain's prediction at the engine's block
     size and capacity, and a cause for every token of difference: the whole last block vLLM recomputes, a prompt
     the engine counted differently, and with --events blocks evicted by the engine (by which requests), never
     stored, not yet stored, or held under another salt. What no cause covers is unexplained.

@@ -96,7 +96,9 @@ def warm(
                                              "(redis://), lmcache-resp (resp://), lmcache-mp (multiprocess mode); "
                                              "their keys are named NAMESPACE/CHUNK_SIZE/MODEL@...")] = "kvcli",
 ) -> None:
-    """Fill a live cache ahead of traffic: compute each prompt's KV with the local model and store its full chunks.
+    """Fill a live cache ahead of traffic.
+
+    Compute each prompt's KV with the local model and store its full chunks.
 
     Idempotent (chunks already there are neither recomputed nor rewritten); prompts sharing a prefix compute it once.
     With --layout lmcache, lmcache-resp or lmcache-mp, the chunks are written as LMCache's connector writes them
@@ -183,7 +185,9 @@ def inspect(
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,
 ) -> None:
-    """Read a live cache without changing it: kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
+    """Read a live cache without changing it.
+
+    kvcli's keys by namespace, model and chunk size, memory, TTLs, ages,
     integrity (orphans, checksum failures, unreachable chunks); or one prompt's chunk-by-chunk hit map; or, with
     --layout lmcache, what an LMCache Redis backend holds: which of LMCache's layouts (redis://, resp://,
     multiprocess, or unknown) and per layout chunks, bytes, orphans, memory by model.
@@ -286,7 +290,9 @@ def purge(
                                              "in that LMCache layout a replay --keep or a warm left (model names "
                                              "NAMESPACE/...).")] = "kvcli",
 ) -> None:
-    """Delete kvcli's keys of ONE namespace (and optionally one chunk size): shows the count first, deletes only
+    """Delete kvcli's keys of ONE namespace, nothing else.
+
+    Only that namespace (and optionally one chunk size): shows the count first, deletes only
     with --yes; SCAN + UNLINK, never FLUSHDB/FLUSHALL; foreign keys and other namespaces are never touched.
 
     Examples:

@@ -27,8 +27,10 @@ def record(
     duration: Annotated[Optional[str], typer.Option(help="Stop after this long (e.g. 30s, 10m, 2h).")] = None,
     json_out: JsonOut = False,
 ) -> None:
-    """Record a serving engine's KV events (BlockStored, BlockRemoved, AllBlocksCleared) as it publishes them over
-    ZMQ, one batch per line: its sequence number, the time it arrived and the batch as the engine sent it (vLLM's
+    """Record a serving engine's KV events over ZMQ.
+
+    The events (BlockStored, BlockRemoved, AllBlocksCleared) as the engine publishes them over ZMQ, one batch per
+    line: its sequence number, the time it arrived and the batch as the engine sent it (vLLM's
     maps or arrays, SGLang's, Mooncake Store's; bytes as hex). A gap in the sequence numbers is filled from
     --replay when given, else noted as missed. Ctrl-C or SIGTERM ends the recording with the file whole (its last
     line complete, fsynced); the summary goes to stdout, progress and gaps to stderr.

@@ -75,7 +75,9 @@ def explain(
     json_out: JsonOut = False,
     html: HtmlOut = None,
 ) -> None:
-    """Why each request reused what it did at one chunk size: its prompt tokens split into reused and lost, by
+    """Why each request reused what it did, token by token.
+
+    At one chunk size, each request's prompt tokens split into reused and lost, by
     cause (the chunk boundary, eviction by the capacity, expiry by the TTL, the last-token rule, another cache
     salt, divergence from its best predecessor), and where the prompt first differs from that predecessor (the
     message, role and field of a chat prompt, with both sides' text; the token position otherwise). Replay's own

@@ -47,7 +47,9 @@ def export(
     drop_tail_block: DropTailBlock = False, skip_bad_records: SkipBadRecords = False,
     add_special_tokens: AddSpecialTokens = True,
 ) -> None:
-    """Write an anonymized hash-id trace of TRACE...: chained HMAC-SHA256 block digests (under --key-file) numbered
+    """Write an anonymized hash-id trace of TRACE...
+
+    Chained HMAC-SHA256 block digests (under --key-file) numbered
     0, 1, 2, ...; no text and no token ids; lengths, timestamps and sessions kept. Replaying it gives the original's
     hit tokens at every chunk size that is a multiple of --block-size.
 

@@ -4,8 +4,10 @@
 traces accepts about hash-id traces (``--hash-block-tokens``, ``--timestamp-unit``, ``--drop-tail-block``,
 ``--skip-bad-records``: :func:`trace_format`).
 
-A command with many options groups them in help panels with :func:`help_panels` (one table per panel, each
-narrow enough that ``--help`` at 80 columns shows every option name whole).
+Every command's help reflows (:class:`HelpCommand`: its docstring's first line is the one-line summary ``kvcli
+--help`` lists; every prose paragraph after it is joined into one line for the terminal to wrap). A command with
+many options groups them in help panels with :func:`help_panels` (one table per panel, each narrow enough that
+``--help`` at 80 columns shows every option name whole).
 
 Each is an ``Annotated`` type for a command's signature (``redis_url: RedisUrl = None``). Where a command says
 more in its help (route's ``--redis-url`` is for its cache-manager policy, in its own help panel), it builds the
@@ -13,6 +15,7 @@ option with the same factory and its own help: the flag names, environment varia
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -312,6 +315,31 @@ def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str 
     return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens)
 
 
+def reflow(text: str) -> str:
+    """``text`` (a command's docstring) with each prose paragraph's lines joined into one, for typer's help: in its
+    rich markup mode a docstring's own line breaks show as they are, so a paragraph wrapped by hand in the source
+    shows broken at any other width. A paragraph with an indented line (an example, a command line) keeps every
+    line as written; ``\b`` (click's "do not rewrap") and what follows ``\f`` (click's "not for the help") are
+    left alone."""
+    help_text, cut, hidden = inspect.cleandoc(text).partition("\f")
+    paragraphs = []
+    for paragraph in help_text.split("\n\n"):
+        lines = paragraph.split("\n")
+        literal = paragraph.startswith("\b") or any(line[:1].isspace() for line in lines)
+        paragraphs.append(paragraph if literal else " ".join(line.strip() for line in lines))
+    return "\n\n".join(paragraphs) + cut + hidden
+
+
+class HelpCommand(TyperCommand):
+    """A typer command whose help reflows (:func:`reflow`): the first paragraph of its docstring, one line, is what
+    ``kvcli --help`` lists for it; the paragraphs after it wrap at the terminal's width in its own ``--help``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = reflow(self.help)
+
+
 def help_panels(panels: Mapping[str, tuple[str, ...]]) -> type[TyperCommand]:
     """A command class (``app.command(name, cls=help_panels({...}))``) whose ``--help`` shows its options in these
     rich help panels: panel title -> the options' parameter names (``"chunk_sizes"``), the panels and the options
@@ -327,7 +355,7 @@ def help_panels(panels: Mapping[str, tuple[str, ...]]) -> type[TyperCommand]:
     order = {name: i for i, name in enumerate(name for names in panels.values() for name in names)}
     first = next(iter(panels), None)
 
-    class PanelledCommand(TyperCommand):
+    class PanelledCommand(HelpCommand):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             unknown = set(where) - {p.name for p in self.params}

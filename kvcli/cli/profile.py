@@ -50,8 +50,10 @@ def profile(
     warmup: Annotated[int, typer.Option(help="With --engine: untimed warm-up rounds, each a prefix and a hit on it "
                                              "(they also check that the engine confirms hits).")] = 2,
 ) -> None:
-    """Measure a model's prefill cost surface t(new, cached tokens) and its KV load/save rates on a device, or a
-    running engine's through its API (--engine URL), and write them to a portable JSON profile that
+    """Measure prefill cost on a device, or through an engine's API.
+
+    Times a model's prefill cost surface t(new, cached tokens) and its KV load/save rates on a device, or a
+    running engine's through its API (--engine URL), and writes them to a portable JSON profile that
     `kvcli replay --prefill-profile FILE` prices savings with.
 
     Examples:

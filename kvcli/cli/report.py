@@ -24,7 +24,9 @@ def report(
     html: Annotated[Path, typer.Option("--html", metavar="FILE", help="Write the page here: one self-contained "
                                                                       "HTML file.", show_default=False)],
 ) -> None:
-    """Draw saved --json results as one HTML page that opens offline: each replay's answer, curves and (where the
+    """Draw saved --json results as one HTML page.
+
+    The page opens offline: each replay's answer, curves and (where the
     document has it) per-request timeline, each explain's timeline and causes, each route's policies against load
     and per-node balance; every figure with its numbers. A run on a big machine is drawn anywhere.
 

@@ -116,7 +116,9 @@ def route(
                                         rich_help_panel=IO)] = None,
     html: Annotated[Optional[Path], html_option(rich_help_panel=IO)] = None,
 ) -> None:
-    """Simulate KV-cache-aware routing across serving nodes and its conflict with load balance: per policy (and
+    """Simulate KV-cache-aware routing against load balance.
+
+    Routing across serving nodes and its conflict with load balance: per policy (and
     sweep point) hit token ratio, per-node load spread, queue wait, TTFT and end-to-end percentiles, lookups.
 
     Examples:

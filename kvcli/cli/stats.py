@@ -36,7 +36,9 @@ def stats(
     reuse: Reuse = "prefix", blend_recompute: BlendRecompute = None,
     json_out: JsonOut = False,
 ) -> None:
-    """The workload at a glance, without Redis: requests, sessions, prompt-length percentiles, the share of prompt
+    """The workload at a glance, without Redis.
+
+    Requests, sessions, prompt-length percentiles, the share of prompt
     tokens inside a prefix shared with an earlier request (exact to the token), and the shared prefixes that would
     save the most tokens, with their first words for text traces; with --reuse blend, beside the shared prefix, the
     tokens reusable at any position (CacheBlend).

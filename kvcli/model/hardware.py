@@ -7,8 +7,11 @@ of Llama-3-8B on one, github.com/vllm-project/vllm/pull/10511). Peaks "with spar
 runs dense matrix multiplies. The host link is one direction (host to device), the bus's theoretical rate: PCIe 5.0
 x16 64 GB/s (the "128 GB/s" vendors quote counts both directions), PCIe 4.0 x16 32 GB/s, NVLink-C2C 450 GB/s (of
 900 GB/s both ways). What a pageable copy reaches is less (about 70-80% on PCIe); a profile
-(:mod:`kvcli.model.profile`) measures it.
+(:mod:`kvcli.model.profile`) measures it. The B200's HBM bandwidth is NVIDIA's HGX B200 per-GPU figure, 7.7 TB/s (the
+8 TB/s NVIDIA gives is a GB200's GPU's): a B200's driver reports a 7,680-bit bus at 3,996 MHz, 7.67 TB/s
+(github.com/pytorch/ao/pull/4002).
 
+What share of the dense peak a prefill reaches, per accelerator and precision, is :mod:`kvcli.model.utilization`'s;
 :mod:`kvcli.model.roofline` prices a prefill on one of these from the exact FLOPs and bytes of the model's shapes.
 """
 from __future__ import annotations
@@ -58,8 +61,9 @@ class Accelerator:
             return self.bf16_flops
         if dtype == "float8" and self.fp8_flops is not None:
             return self.fp8_flops
+        remedy = "--precision auto" if dtype == "float8" else "--dtype bfloat16"
         raise BadInputError(f"--hardware {self.name} has no dense tensor FLOP/s for {dtype}: price a bfloat16 or "
-                            f"float16 model (--dtype bfloat16)")
+                            f"float16 model ({remedy})")
 
     def to_dict(self) -> dict:
         """JSON-ready, unit-suffixed."""
@@ -81,8 +85,8 @@ ACCELERATORS: dict[str, Accelerator] = {a.name: a for a in (
                 ("https://www.nvidia.com/en-us/data-center/h200/",)),
     Accelerator("gh200", "NVIDIA GH200 Grace Hopper (96GB HBM3)", 989.4 * TERA, 1978.9 * TERA, 4.0e12, 96 * GIB,
                 "NVLink-C2C", 450 * GB, ("https://www.nvidia.com/en-us/data-center/grace-hopper-superchip/",)),
-    Accelerator("b200", "NVIDIA B200 180GB (HGX B200)", 2250 * TERA, 4500 * TERA, 8.0e12, 180 * GIB, *_PCIE5,
-                ("https://www.nvidia.com/en-us/data-center/hgx/",)),
+    Accelerator("b200", "NVIDIA B200 180GB (HGX B200)", 2250 * TERA, 4500 * TERA, 7.7e12, 180 * GIB, *_PCIE5,
+                ("https://www.nvidia.com/en-us/data-center/hgx/", "https://github.com/pytorch/ao/pull/4002")),
     Accelerator("a100-80gb", "NVIDIA A100 SXM4 80GB", 312 * TERA, None, 2.039e12, 80 * GIB, *_PCIE4,
                 ("https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
                  "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",)),

@@ -18,36 +18,29 @@ weights. Layers of one kind cost alike, so the sum runs over :meth:`~kvcli.model
 layer_classes`. ``peak`` is the accelerator's dense tensor FLOP/s for the compute dtype
 (:mod:`kvcli.model.hardware`).
 
-``mfu`` (model FLOPs utilization) is what a real engine reaches of that peak in prefill. Default
-:data:`DEFAULT_MFU`, with the interval :data:`MFU_RANGE`: the median and the span of the utilizations implied by
-TensorRT-LLM's published first-token latencies at batch 1, LLaMA 7B, 2,048 input tokens (36 ms on H100 FP8, 73 ms
-on L40S FP8, 133 ms on A100 FP16: 0.39, 0.52 and 0.67 of the dense peaks with these FLOPs; docs/hardware.md,
-tests/model/test_roofline.py). A fixed per-call cost (kernel launches, scheduling: the same 2,048-token tables show
-7-16 ms at 128 tokens, where the roofline says 1-3 ms) is left out: it is paid with or without a cache hit, so it
-cancels in what a hit saves, and only makes the share of prefill saved look larger.
+``mfu`` (model FLOPs utilization) is what a real engine reaches of that peak in prefill: by default the published
+utilization of the accelerator at the compute dtype's precision, with its interval
+(:func:`kvcli.model.utilization.utilization`: per accelerator, bf16 and fp8, each from its published figures;
+docs/hardware.md). A fixed per-call cost (kernel launches, scheduling: TensorRT-LLM's first-token latencies show 7-16
+ms at 128 tokens, where the roofline says 1-3 ms) is left out: it is paid with or without a cache hit, so it cancels
+in what a hit saves, and only makes the share of prefill saved look larger.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvcli.model.flops import layer_flops, lm_head_flops, prefill_flops_breakdown
+from kvcli.errors import BadInputError
+from kvcli.model.flops import layer_flops, lm_head_flops
 from kvcli.model.hardware import Accelerator
 from kvcli.model.presets import ModelConfig
 from kvcli.model.traffic import head_bytes, layer_bytes
+from kvcli.model.utilization import Utilization, precision_of, utilization
 
-DEFAULT_MFU = 0.52
-MFU_RANGE = (0.39, 0.67)
 #: The lowest ``--mfu`` taken: a prefill at 1% of the dense peak is already far below any served model's; smaller
 #: values only make every figure huge (1e-300 priced a saving at 2.6e300 s).
 MIN_MFU = 0.01
-#: The published first-token latencies the default comes from: (model, input tokens, GPU, dtype, seconds).
-PUBLISHED_TTFT = (("llama-2-7b", 2048, "h100-sxm", "float8", 0.036), ("llama-2-7b", 2048, "l40s", "float8", 0.073),
-                  ("llama-2-7b", 2048, "a100-80gb", "bfloat16", 0.133))
-PUBLISHED_SOURCE = "https://github.com/NVIDIA/TensorRT-LLM/blob/release/0.5.0/docs/source/performance.md"
-LLAMA_2_7B = ModelConfig("llama-2-7b", layers=32, hidden=4096, heads=32, kv_heads=32, head_dim=128, ffn=11008,
-                         vocab=32000, rope_theta=10000.0, dtype="float16")
 
 
 @dataclass(frozen=True)
@@ -58,29 +51,44 @@ class Roofline:
     Attributes:
         config: the model's shapes.
         accelerator: where it runs.
-        element_bytes: bytes per weight and activation element (2 for bfloat16), and per KV element unless
-            ``kv_element_bytes`` says otherwise.
-        compute_dtype: the tensor-core dtype of its matrix multiplies ("bfloat16", "float8").
-        mfu: the share of the dense peak a prefill reaches; ``mfu_range`` (low, high) gives its interval.
+        element_bytes: bytes per weight and activation element (2 for bfloat16, 1 for fp8), and per KV element
+            unless ``kv_element_bytes`` says otherwise.
+        compute_dtype: the tensor-core dtype of its matrix multiplies ("bfloat16", "float16", "float8").
+        mfu: the share of the dense peak a prefill reaches; ``mfu_range`` (low, high) gives its interval. None: the
+            accelerator's published utilization at the compute dtype's precision (:attr:`published`) and its
+            interval; ``mfu`` given without ``mfu_range``: the published interval's relative spread around it.
         kv_element_bytes: bytes per element of the KV cache read and written (1 for fp8 KV; None: ``element_bytes``).
+        published: the accelerator's published utilization at that precision (None: none is published, and
+            ``mfu`` and ``mfu_range`` were both given). Set at construction.
+
+    Raises:
+        BadInputError: a compute dtype the accelerator has no tensor-core figure for; no published utilization
+            and no ``mfu``; ``mfu`` or its interval outside ``[MIN_MFU, 1]``.
     """
 
     config: ModelConfig
     accelerator: Accelerator
     element_bytes: int = 2
     compute_dtype: str = "bfloat16"
-    mfu: float = DEFAULT_MFU
-    mfu_range: tuple[float, float] = MFU_RANGE
+    mfu: float | None = None
+    mfu_range: tuple[float, float] | None = None
     kv_element_bytes: int | None = None
+    published: Utilization | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        from kvcli.errors import BadInputError
-
+        self.accelerator.peak_flops(self.compute_dtype)  # the dtype has a tensor-core figure here
+        if self.mfu is None or self.mfu_range is None:
+            published = utilization(self.accelerator.name, precision_of(self.compute_dtype))
+            object.__setattr__(self, "published", published)
+            mfu = published.value if self.mfu is None else self.mfu
+            scale = mfu / published.value
+            object.__setattr__(self, "mfu", mfu)
+            object.__setattr__(self, "mfu_range", (published.low * scale, min(1.0, published.high * scale)))
+        assert self.mfu is not None and self.mfu_range is not None
         low, high = self.mfu_range
         if not (MIN_MFU <= low <= self.mfu <= high <= 1):
             raise BadInputError(f"--mfu must be in [{MIN_MFU}, 1] and within its interval, got {self.mfu} in "
                                 f"[{low}, {high}]")
-        self.accelerator.peak_flops(self.compute_dtype)  # the dtype has a tensor-core figure here
 
     # -- the cost interface (kvcli.model.costcurve.PrefillCost) -----------------------------------------------
     @property
@@ -104,7 +112,7 @@ class Roofline:
         n = np.asarray(new_tokens, dtype=np.float64)
         c = np.asarray(cached_tokens, dtype=np.float64)
         g, acc, b = self.config, self.accelerator, self.element_bytes
-        rate = acc.peak_flops(self.compute_dtype) * (self.mfu if mfu is None else mfu)
+        rate = acc.peak_flops(self.compute_dtype) * (self.share if mfu is None else mfu)
         bandwidth = acc.hbm_bytes_per_second
         layers = 0.0 * (n + c)
         for kind, moe, count in g.layer_classes():
@@ -126,7 +134,7 @@ class Roofline:
 
     def draws(self, reps: int, seed: int = 0) -> np.ndarray:
         """``reps`` utilizations, uniform over :attr:`mfu_range`, seeded: the interval of what the figures give."""
-        low, high = self.mfu_range
+        low, high = self.interval
         return np.random.default_rng([seed, 7]).uniform(low, high, reps)
 
     def totals(self, draws: np.ndarray, terms) -> np.ndarray:
@@ -137,17 +145,36 @@ class Roofline:
         """Prefill throughput, new tokens per second."""
         return new_tokens / self.seconds(new_tokens, cached_tokens)
 
+    @property
+    def share(self) -> float:
+        """:attr:`mfu` as set at construction (never None)."""
+        assert self.mfu is not None
+        return self.mfu
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """:attr:`mfu_range` as set at construction (never None)."""
+        assert self.mfu_range is not None
+        return self.mfu_range
+
+    @property
+    def mfu_source(self) -> str:
+        """Where the utilization comes from, in words: "h100-sxm bf16, published", "--mfu, h100-sxm bf16's spread"
+        (a given one, the published interval's relative spread around it), or "given"."""
+        if self.published is None:
+            return "given"
+        entry = f"{self.published.accelerator} {self.published.precision}"
+        return f"{entry}, published" if self.share == self.published.value else f"--mfu, {entry}'s spread"
+
     def to_dict(self) -> dict:
-        """JSON-ready: what the figure rests on."""
+        """JSON-ready: what the figure rests on; ``mfu_basis``: the published utilization, its rule and sources
+        (:mod:`kvcli.model.utilization`), null where none is."""
+        p = self.published
+        basis = None if p is None else {"accelerator": p.accelerator, "precision": p.precision,
+                                        "published": p.to_dict(), "rule": p.rule, "carried_from": p.carried_from,
+                                        "sources": list(p.sources)}
         return {"kind": "roofline", "accelerator": self.accelerator.to_dict(), "compute_dtype": self.compute_dtype,
                 "element_bytes": self.element_bytes,
                 "kv_element_bytes": self.element_bytes if self.kv_element_bytes is None else self.kv_element_bytes,
-                "mfu": self.mfu, "mfu_interval": list(self.mfu_range),
-                "mfu_source": PUBLISHED_SOURCE}
-
-
-def implied_mfu(config: ModelConfig, tokens: int, accelerator: Accelerator, dtype: str, seconds: float) -> float:
-    """The utilization a measured full prefill of ``tokens`` tokens in ``seconds`` implies: its FLOPs
-    (:func:`kvcli.model.flops.prefill_flops_breakdown`) over ``seconds x`` the dense peak for ``dtype``."""
-    flops = float(sum(prefill_flops_breakdown(config, tokens, 0).values()))
-    return flops / seconds / accelerator.peak_flops(dtype)
+                "mfu": self.share, "mfu_interval": list(self.interval), "mfu_source": self.mfu_source,
+                "mfu_basis": basis}

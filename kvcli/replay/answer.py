@@ -129,8 +129,7 @@ def _assumption(result: TraceResult, r: ChunkSizeResult, pricing: Pricing, capac
     elif s is not None:
         spread = _half_width(s.saved)
         curve = result.cost_curve
-        what = (f"MFU {curve['mfu']:.2f} (published {curve['mfu_interval'][0]:.2f}-{curve['mfu_interval'][1]:.2f})"
-                if curve.get("kind") == "roofline" else f"{pricing.label}'s prefill")
+        what = _mfu_words(curve) if curve.get("kind") == "roofline" else f"{pricing.label}'s prefill"
         candidates.append((spread, f"{what}: the saving spans {sig(s.saved.low)}-{sig(s.saved.high)} s"))
     cache = _capacity_effect(r, capacity)
     if cache is not None:
@@ -144,6 +143,19 @@ def _assumption(result: TraceResult, r: ChunkSizeResult, pricing: Pricing, capac
             text = f"sync stores (on the request's path); async, it would net {sig(s.net_async.value)} s"
         candidates.append((s.background, text))
     return max(candidates, key=lambda c: c[0])[1] if candidates else "nothing else: the figures are counts"
+
+
+def _mfu_words(curve: dict) -> str:
+    """A roofline's utilization and interval, named by where it comes from
+    (:meth:`kvcli.model.roofline.Roofline.to_dict`): "h100-sxm bf16 MFU 0.45 (0.34-0.58)" (published), "--mfu 0.50
+    (0.38-0.64)", or "MFU 0.52 (0.39-0.67)" without a published entry."""
+    basis = curve.get("mfu_basis") or {}
+    if str(curve.get("mfu_source", "")).startswith("--mfu"):
+        name = "--mfu"
+    else:
+        name = f"{basis['accelerator']} {basis['precision']} MFU" if basis else "MFU"
+    low, high = curve["mfu_interval"]
+    return f"{name} {curve['mfu']:.2f} ({low:.2f}-{high:.2f})"
 
 
 def _half_width(iv: Interval) -> float:

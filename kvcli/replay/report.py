@@ -444,10 +444,13 @@ def print_report(results: list[TraceResult], console: Console, context: dict, fu
                  f"{'; units in ' + context['units'] if context.get('units') else ''}")
     if curve.get("kind") == "roofline":
         acc, rates = curve["accelerator"], context.get("device_rates") or {}
+        fp8 = curve.get("compute_dtype") == "float8"
+        peak = acc["fp8_flops_per_second" if fp8 else "bf16_flops_per_second"] / 1e12
         say(console, f"prefill priced on {acc['label']}: a roofline of the model's FLOPs and bytes "
-                     f"({acc['bf16_flops_per_second'] / 1e12:,.0f} TFLOP/s dense BF16, "
+                     f"({peak:,.0f} TFLOP/s dense {'FP8' if fp8 else 'BF16'}, "
                      f"{acc['hbm_bytes_per_second'] / 1e12:.2f} TB/s HBM) at MFU {curve['mfu']:.2f} "
-                     f"[{curve['mfu_interval'][0]:.2f}, {curve['mfu_interval'][1]:.2f}]; KV to and from the "
+                     f"[{curve['mfu_interval'][0]:.2f}, {curve['mfu_interval'][1]:.2f}] "
+                     f"({curve.get('mfu_source', 'published')}: kvcli hardware); KV to and from the "
                      f"device at {rates.get('load_bytes_per_second', 0) / 1e9:.0f} GB/s ({acc['host_link']}); "
                      f"overheads priced from counts and rates, not timed")
     elif curve:

@@ -25,7 +25,7 @@ from kvcli.model.kvmemory import gpu_tier
 from kvcli.model.load import describe, load_model, model_shapes, resolve_spec, resolve_tokenizer
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.model.profile import Profile
-from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, MIN_MFU, Roofline
+from kvcli.model.roofline import MIN_MFU, Roofline
 from kvcli.model.threads import torch_threads
 from kvcli.model.tokenize import lazy_tokenizer
 from kvcli.replay.answer import answer_of
@@ -63,16 +63,24 @@ class ModelOptions:
         threads: torch threads while the replay runs on a CPU (1 by default: on a small machine shared with other
             work, one thread's timings repeat within a few percent; two threads' swing several-fold with the load).
         hardware: price prefill on this named accelerator (:mod:`kvcli.model.hardware`, a roofline of the model's
-            exact FLOPs and bytes: :mod:`kvcli.model.roofline`) instead of calibrating here.
-        mfu: the roofline's utilization (None: :data:`kvcli.model.roofline.DEFAULT_MFU`); its interval keeps the
-            published points' relative spread around it.
+            exact FLOPs and bytes: :mod:`kvcli.model.roofline`) instead of calibrating here; with ``profile``, only
+            the accelerator the GPU tier is sized on (the profile prices prefill: measured, it is preferred over any
+            utilization).
+        mfu: the roofline's utilization (None: the accelerator's published one at the precision,
+            :func:`kvcli.model.utilization.utilization`); its interval keeps the published interval's relative
+            spread around it.
         profile: price prefill, and moving KV to and from the device, with a profile ``kvcli profile`` measured
-            (a JSON file: :class:`kvcli.model.profile.Profile`) for this model's shapes and dtype.
+            (a JSON file: :class:`kvcli.model.profile.Profile`; an engine's with ``--engine``) for this model's
+            shapes and dtype.
+        precision: the roofline's matrix-multiply precision: None (or "auto") for the model's dtype (bf16 or
+            fp16), "fp8" for W8A8 FP8 as engines serve an FP8 checkpoint (vLLM ``--quantization fp8``, TensorRT-LLM
+            FP8): the FP8 dense peak at the accelerator's fp8 utilization, weights and activations 1 byte each.
 
     Raises:
         BadInputError: ``seed`` outside ``[0, 2**63 - 1]``; ``threads`` < 1; ``prefill_tps`` not a positive
-            number; two ways to price prefill at once; ``mfu`` without ``hardware`` or outside ``[MIN_MFU, 1]``; an
-            unknown accelerator.
+            number; ``prefill_tps`` with ``hardware`` or ``profile``; ``mfu`` without ``hardware`` or outside
+            ``[MIN_MFU, 1]``; ``mfu`` or ``precision`` fp8 with ``profile`` (its measured times price prefill, no
+            utilization) or without ``hardware``; an unknown precision or accelerator.
     """
 
     model: str = "cpu"
@@ -84,22 +92,37 @@ class ModelOptions:
     hardware: str | None = None
     mfu: float | None = None
     profile: str | None = None
+    precision: str | None = None
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
         check_count("--threads", self.threads)
         check_positive("--prefill-tps", self.prefill_tps)
-        given = [flag for flag, value in (("--prefill-tps", self.prefill_tps), ("--hardware", self.hardware),
-                                          ("--prefill-profile", self.profile)) if value is not None]
-        if len(given) > 1:
-            raise BadInputError(f"{' and '.join(given)} both price prefill: give one")
+        if self.prefill_tps is not None:
+            given = [flag for flag, value in (("--hardware", self.hardware), ("--prefill-profile", self.profile))
+                     if value is not None]
+            if given:
+                raise BadInputError(f"--prefill-tps and {given[0]} both price prefill: give one")
+        if self.precision not in (None, "auto", "fp8"):
+            raise BadInputError(f"--precision must be auto or fp8, got {self.precision!r}")
+        roofline = [flag for flag, used in (("--mfu", self.mfu is not None), ("--precision fp8", self.fp8)) if used]
+        if roofline and self.profile is not None:
+            raise BadInputError(f"{roofline[0]} sets the roofline's utilization or precision, but --prefill-profile "
+                                f"prices prefill from its measured times (preferred over any MFU): give one")
         if self.mfu is not None and self.hardware is None:
             raise BadInputError("--mfu sets the roofline's utilization: it needs --hardware")
+        if self.fp8 and self.hardware is None:
+            raise BadInputError("--precision fp8 sets the roofline's precision: it needs --hardware")
         if self.mfu is not None and not MIN_MFU <= self.mfu <= 1:
             raise BadInputError(f"--mfu must be in [{MIN_MFU}, 1] (the share of the dense peak a prefill reaches), "
                                 f"got {self.mfu}")
         if self.hardware is not None:
             get_accelerator(self.hardware)
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the roofline prices W8A8 FP8 (``--precision fp8``)."""
+        return self.precision == "fp8"
 
     @property
     def priced(self) -> bool:
@@ -138,10 +161,10 @@ def prepare_model(options: ModelOptions, measure: int | None, phase: Callable[[s
     device = None
     if options.prefill_tps is not None:
         fixed, device = CostCurve.from_tokens_per_second(options.prefill_tps), flat_rate_device()
+    elif options.profile is not None:  # measured: preferred over the roofline's utilization
+        fixed, device = profile_cost(options.profile, model_shapes(options.model), spec, kv_dtype)
     elif options.hardware is not None:
         fixed, device = roofline_cost(options, spec, kv_dtype)
-    elif options.profile is not None:
-        fixed, device = profile_cost(options.profile, model_shapes(options.model), spec, kv_dtype)
     if fixed is not None and measure == 0:
         return Prepared(None, fixed, None, spec, device)
     model = load_model(options.model, options.dtype, options.device, options.seed)
@@ -186,23 +209,30 @@ def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec,
 
 def roofline_cost(options: ModelOptions, spec: ModelSpec,
                   kv_dtype: str | None = None) -> tuple[Roofline, DeviceRates]:
-    """The roofline of ``options.model``'s shapes on ``options.hardware`` (its utilization ``options.mfu``, the
-    published points' relative spread kept around it; its KV read and written at ``kv_dtype``'s element size,
-    torch's name as :func:`kvcli.store.serde.check_kv_dtype` gives it, None: ``spec.dtype``'s), and the device's
-    host link as its KV load and save rates.
+    """The roofline of ``options.model``'s shapes on ``options.hardware`` at the precision priced
+    (:func:`compute_precision`), at its published utilization there or ``options.mfu`` (the published interval's
+    relative spread kept around it; :class:`kvcli.model.roofline.Roofline`), its KV read and written at
+    ``kv_dtype``'s element size (torch's name as :func:`kvcli.store.serde.check_kv_dtype` gives it, None:
+    ``spec.dtype``'s), and the device's host link as its KV load and save rates.
 
     Raises:
-        BadInputError: an unknown accelerator; a dtype it has no tensor-core figure for.
+        BadInputError: an unknown accelerator; a dtype it has no tensor-core figure or published utilization for.
     """
     assert options.hardware is not None
     accelerator = get_accelerator(options.hardware)
-    dtype = dtype_key(spec.dtype)
-    mfu = DEFAULT_MFU if options.mfu is None else options.mfu
-    low, high = (x * mfu / DEFAULT_MFU for x in MFU_RANGE)
-    cost = Roofline(model_shapes(options.model), accelerator, dtype_bytes(spec.dtype), dtype, mfu,
-                    (low, min(1.0, high)), dtype_bytes(kv_dtype or spec.dtype))
+    dtype, element_bytes = compute_precision(options, spec)
+    cost = Roofline(model_shapes(options.model), accelerator, element_bytes, dtype, options.mfu, None,
+                    dtype_bytes(kv_dtype or spec.dtype))
     link = accelerator.host_bytes_per_second
     return cost, DeviceRates(link, link, f"{accelerator.label}'s {accelerator.host_link} at its peak rate")
+
+
+def compute_precision(options: ModelOptions, spec: ModelSpec) -> tuple[str, int]:
+    """The compute dtype a roofline prices at and the bytes of a weight in it: ``("float8", 1)`` with
+    ``--precision fp8`` (W8A8 FP8: weights stored in 1 byte), else the model's dtype and its element size."""
+    if options.fp8:
+        return "float8", 1
+    return dtype_key(spec.dtype), dtype_bytes(spec.dtype)
 
 
 def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: str | Path | list, config: ReplayConfig,
@@ -260,7 +290,7 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
                             model_config=shapes, notify=events.note, remedy=functools.partial(purge_remedy, target),
                             units=units, prefetch=False if jobs == 1 else None,  # --jobs 1: this process alone
                             device=device, phase=events.phase, own_server=target.embedded, capacity=capacity,
-                            cost_source=_cost_source(model_options))
+                            cost_source=_cost_source(model_options, curve))
         results = []
         pricing = answer_pricing(model_options, config, model)
         for i, path in enumerate(files, 1):
@@ -284,7 +314,7 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
         "redis": target.display + (" (embedded)" if target.embedded else ""),
         "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
-        "cost_curve_source": _cost_source(model_options),
+        "cost_curve_source": _cost_source(model_options, replayer.curve),
         "device_rates": device.to_dict() if device is not None else None,
         "calibration_seconds": calibration.spent_seconds if calibration else 0.0,
         "torch_threads": model_options.threads, "store_mode": config.store_mode, "units": describe_units(units),
@@ -320,10 +350,10 @@ def answer_pricing(options: ModelOptions, config: ReplayConfig, model: Any = Non
     gpu_hour = config.plan.prices.gpu_hour if config.plan.prices is not None else None
     if options.prefill_tps is not None:
         return Pricing("rate", f"{options.prefill_tps:,g} tokens/s", gpu_hour)
+    if options.profile is not None:  # measured: preferred over the roofline of an accelerator also named
+        return Pricing("profile", f"the profile {Path(options.profile).name}", gpu_hour)
     if options.hardware is not None:
         return Pricing("roofline", get_accelerator(options.hardware).label, gpu_hour)
-    if options.profile is not None:
-        return Pricing("profile", f"the profile {Path(options.profile).name}", gpu_hour)
     return Pricing("timed", str(model.device) if model is not None else "cpu", gpu_hour)
 
 
@@ -345,9 +375,10 @@ def kv_bytes_per_token(spec: ModelSpec, kv_dtype: str | None = None) -> int:
 def resolve_capacity(config: ReplayConfig, options: ModelOptions, shapes: ModelConfig, spec: ModelSpec
                      ) -> tuple[ReplayConfig, CapacityBasis]:
     """The replay's cache capacity and what set it. A capacity given (``capacity_tokens`` / ``capacity_bytes``)
-    stands; ``config.capacity`` "unlimited" keeps none; "auto" gives the per-node GPU tier of the accelerator that
-    prices the replay (``--hardware``, or a GPU profile's device: :func:`kvcli.model.kvmemory.gpu_tier` on the
-    model's weights at its dtype and its KV per token at the cache's), as ``capacity_bytes``, and none where no
+    stands; ``config.capacity`` "unlimited" keeps none; "auto" gives the per-node GPU tier of the accelerator named
+    (``--hardware``, else a GPU profile's device: :func:`kvcli.model.kvmemory.gpu_tier` on the model's weights at
+    the precision priced, :func:`compute_precision`, and its KV per token at the cache's), as ``capacity_bytes``,
+    and none where no
     accelerator is named, where the weights fit no node, or with LMCache's layout (it replays without a
     capacity); the basis says which.
 
@@ -365,7 +396,7 @@ def resolve_capacity(config: ReplayConfig, options: ModelOptions, shapes: ModelC
     if lmc := lmcache_layouts(config.layouts):
         return config, CapacityBasis("unlimited", f"--layout {lmc[0]} replays without a capacity")
     label, memory, max_devices, source = device
-    weights = shapes.params() * dtype_bytes(spec.dtype)
+    weights = shapes.params() * compute_precision(options, spec)[1]  # FP8 weights: 1 byte each
     tier = gpu_tier(label, memory, weights, kv_bytes_per_token(spec, config.kv_dtype), shapes.context, source,
                     max_devices=max_devices)
     if tier is None:
@@ -376,8 +407,9 @@ def resolve_capacity(config: ReplayConfig, options: ModelOptions, shapes: ModelC
 
 
 def _serving_device(options: ModelOptions) -> tuple[str, float, int, str] | None:
-    """The accelerator that prices the replay: its name, memory (bytes), devices a node may have, and where the
-    memory figure comes from; None without one (a flat rate, or a profile measured on a CPU)."""
+    """The accelerator the GPU tier is sized on: ``--hardware`` (also beside a profile, which then prices prefill
+    only), else a GPU profile's device: its name, memory (bytes), devices a node may have, and where the memory
+    figure comes from; None without one (a flat rate, or a profile measured on a CPU)."""
     if options.hardware is not None:
         acc = get_accelerator(options.hardware)
         return acc.label, acc.memory_bytes, 8, f"--hardware {acc.name}"
@@ -388,14 +420,24 @@ def _serving_device(options: ModelOptions) -> tuple[str, float, int, str] | None
     return None
 
 
-def _cost_source(options: ModelOptions) -> str:
-    """What priced the prefill, for the report's context."""
+def _cost_source(options: ModelOptions, curve: PrefillCost) -> str:
+    """What priced the prefill, for the report: a flat rate; a profile (an engine's: its name, version and URL),
+    measured and so preferred over the utilization of an accelerator also named; a roofline, with the precision
+    and utilization it used; or this run's measurements."""
     if options.prefill_tps is not None:
         return f"flat rate: --prefill-tps {options.prefill_tps:g}"
-    if options.hardware is not None:
-        return f"roofline: {get_accelerator(options.hardware).label}"
     if options.profile is not None:
-        return f"profile: {options.profile}"
+        engine = Profile.load(options.profile).engine
+        what = "measured"
+        if engine:
+            name = " ".join(str(engine[k]) for k in ("name", "version") if engine.get(k)) or "an engine"
+            what = f"times to first token of {name} at {engine.get('url')}, measured"
+        beside = (f"; preferred over --hardware {options.hardware}'s MFU (that accelerator sizes the GPU tier "
+                  f"only)" if options.hardware is not None else "")
+        return f"profile: {options.profile} ({what}){beside}"
+    if isinstance(curve, Roofline):
+        precision = "fp8" if options.fp8 else curve.compute_dtype.replace("bfloat", "bf").replace("float", "fp")
+        return f"roofline: {curve.accelerator.label}, {precision} at MFU {curve.share:.2f}"
     return "measured in this run"
 
 

@@ -6,10 +6,11 @@ import re
 
 import pytest
 import typer
+from typer.core import TyperCommand
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
-from kvcli.cli.options import help_panels
+from kvcli.cli.options import HelpCommand, help_panels, reflow
 
 
 def _commands(command, path=()):
@@ -53,3 +54,78 @@ def test_help_panels_refuse_a_name_that_is_no_parameter():
     broken.command(cls=help_panels({"Store": ("chunk_size", "redis_urll")}))(lambda chunk_size: None)
     with pytest.raises(ValueError, match="help panels name no parameter of .*: redis_urll"):
         typer.main.get_command(broken)
+
+
+def test_reflow_joins_each_prose_paragraph_and_keeps_literal_ones():
+    """A paragraph wrapped by hand becomes one line; one with an indented line (examples), one marked ``\\b`` and
+    what follows ``\\f`` stay as written."""
+    text = "First line.\n\nA paragraph\nwrapped by hand.\n\nExamples:\n\n  kvcli x\n  kvcli y\n\f\nhidden\nlines"
+    assert reflow(text) == ("First line.\n\nA paragraph wrapped by hand.\n\nExamples:\n\n  kvcli x\n  kvcli y\n"
+                            "\f\nhidden\nlines")
+    assert reflow("\b\nkept\nas is\n\nand\nthis") == "\b\nkept\nas is\n\nand this"
+
+
+def test_kvcli_help_lists_each_command_on_one_line():
+    """Each command's short help (its docstring's first line) fits one line of the listing at 80 columns: every row
+    of the Commands panel starts with a command's name, none is a continuation."""
+    res = CliRunner().invoke(app, ["--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    panel = res.stdout[res.stdout.index("Commands"):].splitlines()[1:]
+    names = [line.split()[1] for line in panel[:next(i for i, line in enumerate(panel) if line.startswith("╰"))]]
+    assert names == ["replay", "warm", "inspect", "purge", "route", "profile", "hardware", "export", "stats",
+                     "explain", "report", "audit", "events"]
+
+
+def _help_lines(command_class, columns: str) -> list[str]:
+    """The lines of a one-command app's --help, between its first line and "Examples:", stripped; the command's
+    docstring has a one-line summary, then a paragraph wrapped by hand."""
+    one = typer.Typer()
+
+    @one.command(cls=command_class)
+    def run(flag: bool = False) -> None:
+        """Do one thing.
+
+        A paragraph wrapped by hand in the source, as every command's
+        docstring is, so that its lines stay inside the source's width, which
+        is not the terminal's.
+
+        Examples:
+
+          run --flag
+        """
+
+    res = CliRunner().invoke(one, ["--help"], env={"COLUMNS": columns})
+    assert res.exit_code == 0, res.output
+    text = res.stdout[res.stdout.index("Do one thing."):res.stdout.index("Examples:")]
+    return [line.strip() for line in text.strip().splitlines()[1:] if line.strip()]
+
+
+PARAGRAPH = ("A paragraph wrapped by hand in the source, as every command's docstring is, so that its lines stay "
+             "inside the source's width, which is not the terminal's.")
+
+
+@pytest.mark.parametrize("columns", ["80", "120", "240"])
+def test_a_commands_long_help_wraps_at_the_terminals_width(columns):
+    """With HelpCommand the terminal wraps the paragraph: at 240 columns on one line, at 80 and 120 on lines that
+    each end where the next word would not fit; typer's own command keeps the source's line breaks."""
+    lines = _help_lines(HelpCommand, columns)
+    assert " ".join(lines) == PARAGRAPH
+    width = int(columns) - 2  # the help's margin on each side
+    assert all(len(line) + 1 + len(following.split()[0]) > width for line, following in zip(lines, lines[1:]))
+    assert (len(lines) == 1) == (columns == "240")
+    assert _help_lines(TyperCommand, "240") == [
+        "A paragraph wrapped by hand in the source, as every command's", "docstring is, so that its lines stay "
+        "inside the source's width, which", "is not the terminal's."]
+
+
+@pytest.mark.parametrize("columns", ["80", "120"])
+def test_replays_long_help_reflows(columns):
+    res = CliRunner().invoke(app, ["replay", "--help"], env={"COLUMNS": columns})
+    assert res.exit_code == 0, res.output
+    text = res.stdout[res.stdout.index(" Replay prompt traces"):res.stdout.index("Examples:")]
+    lines = [line.strip() for line in text.strip().splitlines()]
+    assert " ".join(lines) == ("Replay prompt traces through a chunk-hash KV-cache store on Redis and report, per "
+                               "chunk size, hit token ratio, objects, bytes, round trips, measured prefill savings "
+                               "and the net benefit that picks the chunk size.")
+    assert all(len(line) + 1 + len(following.split()[0]) > int(columns) - 2
+               for line, following in zip(lines, lines[1:]))

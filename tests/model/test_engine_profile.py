@@ -148,20 +148,43 @@ def test_each_hit_is_the_prefix_just_sent_and_every_prompt_is_new(measured):
         assert first[:size] == second[:size] and first[size:] != second[size:]
 
 
-def test_a_replay_prices_with_the_engine_profile(measured, tmp_path, redis_url):
-    _, out, doc = measured
+def _replay_priced_with(profile: Path, redis_url: str, *args: str) -> dict:
+    """The chat sample replayed at chunk size 64 with ``--prefill-profile profile``: its JSON report."""
     trace = ROOT / "sample_traces" / "chat_shared_system.jsonl"
-    result = CliRunner().invoke(app, ["replay", str(trace), "--model", MODEL, "--prefill-profile", str(out),
-                                      "--measure", "0", "--payload", "accounted", "--chunk-sizes", "64",
-                                      "--redis-url", redis_url, "--json", "--jobs", "1"])
+    result = CliRunner().invoke(app, ["replay", str(trace), "--model", MODEL, "--prefill-profile", str(profile),
+                                      "--payload", "accounted", "--chunk-sizes", "64", "--redis-url", redis_url,
+                                      "--json", "--jobs", "1", *args])
     assert result.exit_code == 0, result.output
-    report = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_a_replay_prices_with_the_engine_profile(measured, tmp_path, redis_url):
+    engine, out, doc = measured
+    report = _replay_priced_with(out, redis_url, "--measure", "0")
     context = report["context"]
-    assert context["cost_curve_source"] == f"profile: {out}" and context["cost_curve"] == doc["fit"]
+    assert context["cost_curve_source"] == (f"profile: {out} (times to first token of vllm 0.32.0 at {engine.url}, "
+                                            f"measured)")
+    assert context["cost_curve"] == doc["fit"]
     assert context["device_rates"]["load_bytes_per_second"] == doc["kv_rates"]["load_bytes_per_second"]
     assert report["traces"][0]["measured_requests"] == 0
     (chunk,) = report["traces"][0]["per_chunk_size"]
     assert chunk["hit_tokens"] > 0  # priced with the fit of the recorded engine's loopback replays: any sign
+
+
+def test_the_engine_profile_is_preferred_over_the_mfu_of_an_accelerator_also_named(measured, tmp_path, redis_url):
+    """--prefill-profile with --hardware: the profile's measured fit prices every prefill (no roofline, no MFU),
+    its KV rates move KV, the accelerator sizes only the GPU tier; the report says which priced what."""
+    engine, out, doc = measured
+    report = _replay_priced_with(out, redis_url, "--hardware", "h100-sxm")
+    context, (trace_doc,) = report["context"], report["traces"]
+    source = (f"profile: {out} (times to first token of vllm 0.32.0 at {engine.url}, measured); preferred over "
+              f"--hardware h100-sxm's MFU (that accelerator sizes the GPU tier only)")
+    assert context["cost_curve_source"] == source == trace_doc["pricing"]["prefill"]
+    assert context["cost_curve"] == doc["fit"] and "mfu" not in context["cost_curve"]
+    assert context["device_rates"]["load_bytes_per_second"] == doc["kv_rates"]["load_bytes_per_second"]
+    assert trace_doc["measured_requests"] == 0  # --measure auto: 0, prefill priced
+    assert trace_doc["capacity"]["why"] == "the per-node GPU tier of --hardware h100-sxm"
+    assert trace_doc["answer"]["pricing"]["kind"] == "profile"
 
 
 @pytest.mark.parametrize("engine, message", [

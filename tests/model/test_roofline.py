@@ -1,5 +1,6 @@
-"""The roofline of named accelerators: exact seconds by hand, the default utilization from the published points it
-cites, and a replay priced with it (deterministic: the same savings and verdict every run)."""
+"""The roofline of named accelerators: exact seconds by hand, the accelerator's published utilization at the
+precision priced (or --mfu with its spread), and a replay priced with it (deterministic: the same savings and
+verdict every run)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from kvcli.cli.app import app
 from kvcli.errors import BadInputError
 from kvcli.model.hardware import ACCELERATORS, Accelerator, get_accelerator
 from kvcli.model.presets import ModelConfig
-from kvcli.model.roofline import DEFAULT_MFU, LLAMA_2_7B, MFU_RANGE, MIN_MFU, PUBLISHED_TTFT, Roofline, implied_mfu
+from kvcli.model.roofline import MIN_MFU, Roofline
 from kvcli.replay.runner import ModelOptions
 
 SMALL = ModelConfig("small", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=1000)
@@ -57,14 +58,41 @@ def test_draws_span_the_utilization_interval_and_price_each():
     assert totals[0] == pytest.approx(float(np.sum(r.predict(n, 0, mfu=float(draws[0])))))
 
 
-def test_the_default_utilization_is_what_the_published_first_token_latencies_imply():
-    """TensorRT-LLM's batch-1 first-token latencies for LLaMA 7B at 2,048 input tokens, with kvcli's exact FLOPs:
-    0.39 (H100, FP8), 0.52 (L40S, FP8), 0.67 (A100, FP16) of the dense peaks; the default is their median and the
-    interval their span."""
-    implied = sorted(implied_mfu(LLAMA_2_7B, tokens, ACCELERATORS[gpu], dtype, seconds)
-                     for _, tokens, gpu, dtype, seconds in PUBLISHED_TTFT)
-    assert [round(x, 2) for x in implied] == [0.39, 0.52, 0.67]
-    assert (DEFAULT_MFU, MFU_RANGE) == (round(implied[1], 2), (round(implied[0], 2), round(implied[2], 2)))
+def test_the_utilization_is_the_accelerators_published_one_at_the_precision():
+    """No mfu: kvcli.model.utilization's entry for the accelerator and the compute dtype's precision (float16
+    prices as bf16: the same tensor-core rate); an mfu alone keeps that entry's relative spread around it."""
+    h100 = ACCELERATORS["h100-sxm"]
+    bf16 = Roofline(SMALL, h100)
+    assert (bf16.mfu, bf16.mfu_range, bf16.mfu_source) == (0.45, (0.34, 0.58), "h100-sxm bf16, published")
+    assert Roofline(SMALL, h100, compute_dtype="float16").mfu_range == (0.34, 0.58)
+    fp8 = Roofline(SMALL, h100, element_bytes=1, compute_dtype="float8")
+    assert (fp8.mfu, fp8.mfu_range, fp8.mfu_source) == (0.39, (0.33, 0.43), "h100-sxm fp8, published")
+    given = Roofline(SMALL, h100, mfu=0.5)
+    # 0.34 x 0.5 / 0.45 and 0.58 x 0.5 / 0.45
+    assert given.mfu_range == pytest.approx((0.377778, 0.644444), abs=1e-6)
+    assert given.mfu_source == "--mfu, h100-sxm bf16's spread"
+    assert Roofline(SMALL, h100, mfu=0.9).mfu_range[1] == 1.0  # 0.58 x 2: capped at the peak
+    doc = fp8.to_dict()
+    assert (doc["mfu"], doc["mfu_interval"], doc["compute_dtype"], doc["element_bytes"]) == (
+        0.39, [0.33, 0.43], "float8", 1)
+    assert doc["mfu_basis"]["rule"] == "the median of 5 figures; the interval their span"
+    assert Roofline(SMALL, FAKE, mfu=0.5, mfu_range=(0.5, 0.5)).to_dict()["mfu_basis"] is None
+    # FP8: matmuls at the FP8 peak x 0.39, every element 1 byte. 100 new tokens of SMALL on an H100: per layer
+    # 8,665,600 FLOPs (test_seconds_by_hand_compute_and_memory_bound's count) = 11.2 ns, under its bytes: 36,992
+    # weights + 12,800 activations + 6,400 KV = 56,192 at 3.35 TB/s = 16.8 ns; the head's 64,000 weights, 19.1 ns
+    per_layer = 8_665_600 / (1978.9e12 * 0.39)
+    head = max(128_000 / (1978.9e12 * 0.39), 64_000 / 3.35e12)
+    layer_bytes = (36_992 + 12_800 + 100 * 64) / 3.35e12
+    assert layer_bytes > per_layer
+    assert fp8.seconds(100, 0) == pytest.approx(2 * max(per_layer, layer_bytes) + head, rel=1e-12)
+
+
+def test_a_utilization_outside_its_bounds_or_missing_is_refused():
+    with pytest.raises(BadInputError, match="--hardware fake has no bf16 tensor cores or no published prefill "
+                                            "utilization at bf16: give --mfu"):
+        Roofline(SMALL, FAKE, compute_dtype="bfloat16")  # no published figure for a part built here
+    with pytest.raises(BadInputError, match=r"--mfu must be in \[0.01, 1\] and within its interval"):
+        Roofline(SMALL, FAKE, mfu=0.5, mfu_range=(0.6, 0.7))
 
 
 def test_unknown_accelerator_and_a_dtype_without_tensor_cores_are_refused():
@@ -120,6 +148,32 @@ def test_a_replay_priced_on_named_hardware_is_deterministic(tmp_path, redis_url,
     assert [r["hit_tokens"] for r in t["per_chunk_size"]] == [592 + 688 + 896, 512 + 512 + 768]
 
 
+def test_the_priced_report_names_the_utilization_it_used(tmp_path, redis_url, server_kind):
+    """The published bf16 utilization of an H100 by default; --precision fp8 prices FP8 matmuls at the FP8 peak
+    and the fp8 utilization with 1-byte weights (the GPU tier holds the 8.03 G weights in 1 byte each); --mfu keeps
+    the published interval's relative spread; each says so."""
+    auto = _PRICED.get(server_kind) or _priced_on_the_link(tmp_path, redis_url, server_kind)
+    link = ["--link-gbps", "100", "--rtt-ms", "0.1", "--redis-url", redis_url]
+    fp8 = _priced(tmp_path, *link, "--precision", "fp8")
+    given = _priced(tmp_path, *link, "--mfu", "0.5")
+    curves = [d["context"]["cost_curve"] for d in (auto, fp8, given)]
+    assert [(c["compute_dtype"], c["element_bytes"], c["mfu"], c["mfu_source"]) for c in curves] == [
+        ("bfloat16", 2, 0.45, "h100-sxm bf16, published"), ("float8", 1, 0.39, "h100-sxm fp8, published"),
+        ("bfloat16", 2, 0.5, "--mfu, h100-sxm bf16's spread")]
+    assert (curves[0]["mfu_interval"], curves[1]["mfu_interval"]) == ([0.34, 0.58], [0.33, 0.43])
+    assert curves[2]["mfu_interval"] == pytest.approx([0.34 * 0.5 / 0.45, 0.58 * 0.5 / 0.45], rel=1e-12)
+    assert [d["context"]["cost_curve_source"] for d in (auto, fp8)] == [
+        "roofline: NVIDIA H100 SXM5 80GB, bf16 at MFU 0.45", "roofline: NVIDIA H100 SXM5 80GB, fp8 at MFU 0.39"]
+    assert fp8["traces"][0]["pricing"]["prefill"] == "roofline: NVIDIA H100 SXM5 80GB, fp8 at MFU 0.39"
+    # weights in the GPU tier: 8,030,261,248 x 2 bytes in bf16, x 1 in fp8: the fp8 tier is 7.48 GiB larger
+    tiers = [d["traces"][0]["capacity"]["gpu_tier"]["kv_bytes"] for d in (auto, fp8)]
+    assert tiers[1] - tiers[0] == 8_030_261_248
+    # the same trace: fp8's prefill is faster (it saves less) and its interval is fp8's
+    saved = [d["traces"][0]["per_chunk_size"][1]["savings"]["saved_prefill_seconds"]["value_seconds"]
+             for d in (auto, fp8)]
+    assert saved[1] < saved[0]
+
+
 def test_replay_kv_dtype_fp8_prices_one_byte_kv_on_named_hardware(tmp_path, redis_url, server_kind):
     """The CLI's --kv-dtype reaches the roofline: its KV element is 1 byte (llama-3-8b's weights stay bf16)."""
     link = ["--link-gbps", "100", "--rtt-ms", "0.1", "--redis-url", redis_url]
@@ -140,6 +194,16 @@ def test_replay_kv_dtype_fp8_prices_one_byte_kv_on_named_hardware(tmp_path, redi
     (["--hardware", "h100-sxm", "--mfu", "1e-300"], "--mfu must be in [0.01, 1] (the share of the dense peak a "
                                                     "prefill reaches), got 1e-300"),
     (["--hardware", "h100-sxm", "--mfu", "nan"], "--mfu must be in [0.01, 1]"),
+    (["--precision", "fp8"], "--precision fp8 sets the roofline's precision: it needs --hardware"),
+    (["--hardware", "h100-sxm", "--precision", "int4"], "--precision must be auto or fp8, got 'int4'"),
+    (["--hardware", "a100-80gb", "--precision", "fp8", "--model", "llama-3-8b"],
+     "--hardware a100-80gb has no dense tensor FLOP/s for float8"),
+    (["--prefill-profile", "p.json", "--prefill-tps", "1000"], "--prefill-tps and --prefill-profile both price"),
+    (["--prefill-profile", "p.json", "--hardware", "h100-sxm", "--mfu", "0.5"],
+     "--mfu sets the roofline's utilization or precision, but --prefill-profile prices prefill from its measured "
+     "times (preferred over any MFU): give one"),
+    (["--prefill-profile", "p.json", "--hardware", "h100-sxm", "--precision", "fp8"],
+     "--precision fp8 sets the roofline's utilization or precision, but --prefill-profile prices prefill"),
 ])
 def test_bad_pricing_options_are_one_line_errors(tmp_path, args, message):
     trace = tmp_path / "t.jsonl"
@@ -175,6 +239,14 @@ def test_kvcli_hardware_lists_every_accelerator_with_its_source():
     assert all(a["sources"] and a["bf16_flops_per_second"] > 0 for a in doc["accelerators"])
     table = CliRunner().invoke(app, ["hardware"], env={"COLUMNS": "200"})
     assert table.exit_code == 0 and all(name in table.stdout for name in ACCELERATORS)
+
+
+def test_the_b200s_hbm_is_the_hgx_b200_figure():
+    """NVIDIA's HGX B200 table: 7.7 TB/s per GPU (a 7,680-bit bus at 3,996 MHz, double data rate: 7.672 TB/s)."""
+    b200 = ACCELERATORS["b200"]
+    assert b200.hbm_bytes_per_second == 7.7e12
+    assert 7680 / 8 * 3996e6 * 2 == pytest.approx(7.672e12, rel=1e-4)
+    assert "https://www.nvidia.com/en-us/data-center/hgx/" in b200.sources
 
 
 def test_the_mooncake_sample_priced_on_an_h100_extrapolates_nothing(redis_url):

@@ -86,8 +86,10 @@ def test_five_lines_at_80_columns_with_every_part():
     rows = [_row(cs, Interval(8900.0, 4960.0, 13300.0), hit_curve=_curve(cs, [0, 100, 300, 500], 2 ** 30))
             for cs in nets]
     result = TraceResult("sample_traces/mooncake_conversation_head1000.jsonl.gz", 10, 0, 0, "accounted", rows,
-                         verdict=recommend(nets), span_seconds=330.0, cost_curve={"kind": "roofline", "mfu": 0.52,
-                                                                                  "mfu_interval": [0.39, 0.67]})
+                         verdict=recommend(nets), span_seconds=330.0, cost_curve={
+                             "kind": "roofline", "mfu": 0.45, "mfu_interval": [0.34, 0.58],
+                             "mfu_source": "h100-sxm bf16, published",
+                             "mfu_basis": {"accelerator": "h100-sxm", "precision": "bf16"}})
     a = answer_of(result, Pricing("roofline", "NVIDIA H100 SXM5 80GB", 2.5))
     a = dataclasses.replace(a, capacity_text="cache: GPU tier 54.0 GiB per node = 443k tokens",
                             sizing_text="sizes for 90/95/99% of unbounded hits: 759 GiB / 950 GiB / 1.2 TiB")
@@ -96,7 +98,7 @@ def test_five_lines_at_80_columns_with_every_part():
         "answer: chunk size 1024 (16, 64, 256, 1024 tie; 1024 writes the fewest objects)",
         "  hit 50.0%; saves 8,900 s = 25.0% of prefill; net 8,900 s; $1,620/day",
         "  " + a.capacity_text, "  " + a.sizing_text,
-        "  assumes MFU 0.52 (published 0.39-0.67): the saving spans 4,960-13,300 s"]
+        "  assumes h100-sxm bf16 MFU 0.45 (0.34-0.58): the saving spans 4,960-13,300 s"]
     assert len(lines) == 5 and max(map(len, lines)) <= 80
     unpriced = dataclasses.replace(a, usd_per_day=None)  # no price: the accelerator-seconds, "of prefill" left out
     assert answer_lines(unpriced)[1] == "  hit 50.0%; saves 8,900 s = 25.0%; net 8,900 s; 2.33M accelerator-s/day"
@@ -129,8 +131,13 @@ def test_the_assumption_that_moves_the_answer_most():
     assert answer_of(result, roofline).assumption == ("an unbounded cache; half of it (2.0 MiB) hits 12.8%, not "
                                                       "32.0%")
     # a bounded cache: what no bound would add (here nothing: the hits are the unbounded ones)
-    assert answer_of(result, roofline, capacity="64.0 GiB").assumption == ("MFU 0.52 (published 0.39-0.67): the "
-                                                                           "saving spans 9.00-11.0 s")
+    assert answer_of(result, roofline, capacity="64.0 GiB").assumption == ("MFU 0.52 (0.39-0.67): the saving "
+                                                                           "spans 9.00-11.0 s")
+    given = dataclasses.replace(result, cost_curve={**result.cost_curve, "mfu_source": "--mfu, h100-sxm bf16's "
+                                                    "spread", "mfu_basis": {"accelerator": "h100-sxm",
+                                                                            "precision": "bf16"}})
+    assert answer_of(given, roofline, capacity="64.0 GiB").assumption == ("--mfu 0.52 (0.39-0.67): the saving "
+                                                                          "spans 9.00-11.0 s")
     # stores on the request's path would cost 8 s: the largest
     heavy = dataclasses.replace(row, savings=_savings(saved, background=8.0))
     result.per_chunk_size = [heavy]

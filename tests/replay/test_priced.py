@@ -43,7 +43,7 @@ def test_a_profile_prices_the_same_savings_every_run(tmp_path, redis_url, profil
     assert savings[0] == savings[1]
     (t,) = docs[0]["traces"]
     assert t["measured_requests"] == 0 and docs[0]["context"]["device"] == "no device (model not run)"
-    assert docs[0]["context"]["cost_curve_source"] == f"profile: {profile}"
+    assert docs[0]["context"]["cost_curve_source"] == f"profile: {profile} (measured)"
     assert docs[0]["context"]["device_rates"]["load_bytes_per_second"] > 0
     # the profile's longest full prefill is 512 tokens: R2 (499 tokens) is inside, R4 (899) beyond it
     beyond = [r["savings"]["saved_beyond_calibration_share"] for r in t["per_chunk_size"]]
