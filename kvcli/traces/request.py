@@ -48,6 +48,19 @@ class ChatPrompt(NamedTuple):
     tools: list | None = None
 
 
+class TurnLink(NamedTuple):
+    """Where a trace itself places a request in its conversation, by naming the request it continues (Alibaba's
+    Bailian traces: ``parent_chat_id``), for a writer that keeps the link (:func:`kvcli.traces.export.export_records`).
+
+    Attributes:
+        parent: the trace's id of the request this one continues; None for a first turn.
+        turn: the trace's own 1-based turn number, or None when it gives none.
+    """
+
+    parent: str | None
+    turn: int | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One request of a trace, tokenized.
@@ -64,6 +77,8 @@ class Request:
             prompt).
         blocks: the block keys of a hash-id request's synthesized token ids (None for any other request; a
             :class:`HashIdRequest` synthesizes its ``token_ids`` from them on first use).
+        link: the request this one continues, where the trace names it (:class:`TurnLink`); None where the trace
+            links no turns that way (a session's requests then follow one another in arrival order).
     """
 
     id: str
@@ -75,6 +90,7 @@ class Request:
     source: str = ""
     chat: ChatPrompt | None = None
     blocks: BlockKeys | None = None
+    link: TurnLink | None = None
 
     @property
     def prompt_tokens(self) -> int:

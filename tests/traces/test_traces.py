@@ -161,7 +161,8 @@ def test_mooncake_token_ids_follow_the_documented_function():
     ({"input_length": 512, "hash_ids": [0, 1]}, "expected ceil(512/512) = 1"),
     ({"input_length": -1, "hash_ids": [0]}, "input_length must be an integer >= 0"),
     ({"hash_ids": [0]}, "needs input_length"),
-    ({"input_length": 10}, "needs hash_ids"),
+    ({"input_length": 10, "text_input": "a", "payload": {}}, "by one of messages, text_input, payload (found: "
+                                                             "text_input, payload)"),
     ({"input_length": 10, "hash_ids": [0.5]}, "hash_ids[0] = 0.5"),
     ({"input_length": 10, "hash_ids": [0], "timestamp": -5}, "timestamp must be a finite number >= 0"),
 ])
