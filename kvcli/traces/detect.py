@@ -27,6 +27,7 @@ from kvcli.traces.records import (
     check_file,
     is_parquet,
     json_type,
+    parquet_columns,
     read_first_char,
     read_first_line,
     read_first_record,
@@ -175,13 +176,15 @@ PARQUET_FORMATS = (*MOONCAKE_ROWS, "native")
 
 
 def parquet_format(path: Path) -> str:
-    """The format of a Parquet file's rows, from its first row (:func:`record_format`): Mooncake rows or native
-    records, the formats read a row at a time.
+    """The format of a Parquet file's rows, from its columns and first row (:func:`record_format`: a column is a
+    field of every row, null or not, so a ``delay`` column makes Mooncake rows though the first turn's delay is
+    null): Mooncake rows or native records, the formats read a row at a time.
 
     Raises:
         BadInputError: at ``path:1``, a first row that fits no format, several, or another format.
     """
-    name = record_format(read_first_record(path)[1], path, 1)
+    record = {**dict.fromkeys(parquet_columns(path)), **read_first_record(path)[1]}
+    name = record_format(record, path, 1)
     if name not in PARQUET_FORMATS:
         raise BadInputError(f"a Parquet file's rows are read as {', '.join(PARQUET_FORMATS)} records; its first row "
                             f"fits {name}", path=str(path), line=1)

@@ -353,7 +353,8 @@ def is_parquet(path: Path) -> bool:
 def iter_parquet(path: Path) -> Generator[tuple[int, dict[str, Any]], None, None]:
     """``(row_no, row)`` of each row of a Parquet file (1-based), read through pyarrow a record batch at a time
     (``pyarrow.parquet.ParquetFile.iter_batches``): each row as a dict of its columns' Python values (lists, nested
-    dicts), the columns whose value is null left out, as a JSON record leaves out a field it does not have.
+    dicts). A null column, or a null field of a struct (Parquet gives every value of a struct column the union of
+    the fields its values have), is left out, as a JSON record leaves out a field it does not have.
 
     Raises:
         BadInputError: at ``path:row``, a file pyarrow cannot read there (not Parquet, corrupt, cut short).
@@ -367,11 +368,35 @@ def iter_parquet(path: Path) -> Generator[tuple[int, dict[str, Any]], None, None
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
             for row in batch.to_pylist():
                 row_no += 1
-                yield row_no, {k: v for k, v in row.items() if v is not None}
+                yield row_no, _without_nulls(row)
     except (pa.ArrowException, OSError) as exc:
         raise BadInputError(f"cannot read Parquet past row {row_no} ({type(exc).__name__}: {exc})" if row_no else
                             f"cannot read Parquet ({type(exc).__name__}: {exc})", path=str(path),
                             line=row_no + 1) from None
+
+
+def _without_nulls(value: Any) -> Any:
+    """``value`` with every dict's null entries left out, at every depth (list elements kept as they are)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def parquet_columns(path: Path) -> list[str]:
+    """The column names of a Parquet file's schema (its footer; no row is read).
+
+    Raises:
+        BadInputError: a file pyarrow cannot read as Parquet.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    except (pa.ArrowException, OSError) as exc:
+        raise BadInputError(f"cannot read Parquet ({type(exc).__name__}: {exc})", path=str(path), line=1) from None
 
 
 def iter_rows(path: Path, invalid: list[BadInputError] | None = None) -> Iterator[tuple[int, Any]]:
