@@ -1,9 +1,10 @@
 """Writes the three agent/session samples (SOURCES.md says what each is): deterministic, ``python
 sample_traces/make_agent_samples.py`` (pyarrow for the Parquet file).
 
-* aiperf_agentic_code_head3.jsonl -- the first 32 rows (3 sessions) of aiperf's agentic-code dataset
-  ``docs/traces/inference-day-2026/dataset.jsonl`` (ai-dynamo/aiperf at 988d33bc, Apache-2.0), transcribed below
-  as id ranges: each row's ids are ``ceil(input_length / 512)`` consecutive integers after the shared prefix.
+* aiperf_agentic_code_3x5.jsonl -- the first five turns of each of the first three sessions (the file's first 32
+  rows) of aiperf's agentic-code dataset ``docs/traces/inference-day-2026/dataset.jsonl`` (ai-dynamo/aiperf at
+  988d33bc, Apache-2.0), transcribed below as id ranges: each row's ids are ``ceil(input_length / 512)``
+  consecutive integers after the shared prefix.
 * dynamo_exgentic_handmade.jsonl -- hand-made LLM spans of three agent sessions turned into Mooncake rows by the
   rules of Dynamo's ``benchmarks/exgentic_trace/convert_to_mooncake.py`` (ai-dynamo/dynamo at e13ed053): 512-token
   blocks, ids growing with the prompt and new after a prompt that shrank, the first span's start as ``timestamp``
@@ -60,9 +61,14 @@ AIPERF_ROWS = [
 ]
 
 
-def aiperf_rows() -> list[dict]:
-    rows = []
+def aiperf_rows(turns: int = 5) -> list[dict]:
+    """The transcribed rows, the first ``turns`` of each session (a session's prompt grows by every turn: the cut
+    keeps the samples' replay short)."""
+    rows, seen = [], {}
     for session, length, output, ranges, timestamp, delay, group in AIPERF_ROWS:
+        seen[session] = seen.get(session, 0) + 1
+        if seen[session] > turns:
+            continue
         ids = [i for first, last in ranges for i in range(first, last + 1)]
         assert len(ids) == math.ceil(length / 512), (session, length)
         row = {"session_id": session, "input_length": length, "output_length": output, "hash_ids": ids}
@@ -164,7 +170,7 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    (HERE / "aiperf_agentic_code_head3.jsonl").write_text(
+    (HERE / "aiperf_agentic_code_3x5.jsonl").write_text(
         "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in aiperf_rows()))
     (HERE / "dynamo_exgentic_handmade.jsonl").write_text(
         "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in exgentic_rows()))

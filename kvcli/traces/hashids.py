@@ -114,10 +114,14 @@ class HashIdSchema:
     sessions: str
 
 
+_MOONCAKE_SESSIONS = ("session_id when present (a delay row: its session's previous turn's time + delay, the earliest "
+                      "it can come; a group_id or context_mode session: delta rows, each turn's prompt the previous "
+                      "one's, its response and the new tokens)")
+
 HASH_ID_FORMATS = {
-    "mooncake": HashIdSchema("mooncake", 512, "ms", "session_id when present"),
+    "mooncake": HashIdSchema("mooncake", 512, "ms", _MOONCAKE_SESSIONS),
     "bailian": HashIdSchema("bailian", 16, "s", "the root of each parent_chat_id chain"),
-    "hash-ids": HashIdSchema("hash-ids", None, "ms", "session_id when present"),
+    "hash-ids": HashIdSchema("hash-ids", None, "ms", _MOONCAKE_SESSIONS),
     "claude-code": HashIdSchema("claude-code", 64, "s", "one per session row; hash ids scoped to it"),
 }
 

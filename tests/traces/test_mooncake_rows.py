@@ -320,16 +320,16 @@ SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 def test_the_aiperf_agentic_sample_s_prompts_are_its_cumulative_inputs():
     """Each session's turn k reads turn k - 1's prompt + its output + turn k's input_length, as aiperf's generator
     defines the cumulative input (computed here from the rows themselves, not by the reader)."""
-    rows = [json.loads(line) for line in (SAMPLES / "aiperf_agentic_code_head3.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (SAMPLES / "aiperf_agentic_code_3x5.jsonl").read_text().splitlines()]
     expected, last = [], {}
     for row in rows:
         before = last.get(row["session_id"])
         length = row["input_length"] + (0 if before is None else before[0] + before[1])
         last[row["session_id"]] = (length, row["output_length"])
         expected.append(length)
-    requests = list(read_trace(SAMPLES / "aiperf_agentic_code_head3.jsonl"))
+    requests = list(read_trace(SAMPLES / "aiperf_agentic_code_3x5.jsonl"))
     assert [len(r.token_ids) for r in requests] == expected
-    assert sum(expected) == 2_337_655 and max(expected) == 119_280
+    assert sum(expected) == 804_933 and max(expected) == 74_136
     # the three sessions share aiperf's L1 layer: hash ids 0..62, 63 blocks of 512 tokens
     firsts = [r for r in requests if r.timestamp == 0.0]
     assert len(firsts) == 3 and all(np.array_equal(f.token_ids[:63 * 512], firsts[0].token_ids[:63 * 512])

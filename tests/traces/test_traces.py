@@ -382,7 +382,7 @@ SAMPLE_FILES = [
     ("tokens_small.jsonl", "native", 6, 78),
     ("bailian_handmade.jsonl", "bailian", 12, 2_920),
     ("openai_batch_handmade.jsonl", "openai-batch", 6, 1_296),
-    ("aiperf_agentic_code_head3.jsonl", "mooncake", 32, 2_337_655),
+    ("aiperf_agentic_code_3x5.jsonl", "mooncake", 15, 804_933),
     ("dynamo_exgentic_handmade.jsonl", "mooncake", 9, 46_350),
     ("customer_service_handmade.parquet", "mooncake", 5, 1_273),
 ]
