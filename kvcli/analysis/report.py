@@ -52,7 +52,7 @@ def _trace_json(report: TraceReport) -> dict:
         **{f"prompt_tokens_p{p}": s.percentiles.get(p) for p in PERCENTILES},
         "prompt_tokens_max": s.max_prompt_tokens, "prompt_tokens_mean": s.mean_prompt_tokens,
         "shared_prefix_tokens": s.shared_tokens, "shared_prefix_token_ratio": s.shared_token_ratio,
-        "reordered_requests": s.reordered,
+        "reordered_requests": s.reordered, "blend": None if s.blend is None else s.blend.to_dict(),
         "top_shared_prefixes": [{"start_tokens": p.start, "run_tokens": p.tokens, "prefix_tokens": p.end,
                                  "requests": p.requests, "saved_tokens": p.saved_tokens, "cache_salt": p.cache_salt,
                                  "first_words": report.first_words(p.head)} for p in s.top],
@@ -63,8 +63,9 @@ def print_stats(reports: list[TraceReport], console: Console) -> None:
     """The summary table (one row per trace), then each trace's top shared prefixes."""
     table = Table(title=Text("workload (prompt tokens; shared: inside a prefix shared with an earlier request)"),
                   title_justify="left")
+    blended = any(r.stats.blend is not None for r in reports)
     columns = ["trace", "format", "requests", "sessions", "prompt tokens",
-               *(f"p{p}" for p in PERCENTILES), "max", "shared tokens", "shared"]
+               *(f"p{p}" for p in PERCENTILES), "max", "shared tokens", "shared", *(["+ blend"] * blended)]
     for column in columns:
         table.add_column(column, justify="left" if column in ("trace", "format") else "right")
     for r in reports:
@@ -73,15 +74,25 @@ def print_stats(reports: list[TraceReport], console: Console) -> None:
                       f"{s.prompt_tokens:,}", *(f"{s.percentiles[p]:,.0f}" if s.percentiles else "–"
                                                 for p in PERCENTILES),
                       f"{s.max_prompt_tokens:,}", f"{s.shared_tokens:,}",
-                      "–" if s.shared_token_ratio is None else f"{s.shared_token_ratio:.1%}")
+                      "–" if s.shared_token_ratio is None else f"{s.shared_token_ratio:.1%}",
+                      *([_blend_cell(s)] * blended))
     table.caption = f"granularity: {GRANULARITY}"
     table.caption_justify = "left"
     print_table(console, table, keep=1)
     for r in reports:
         if r.note:
             console.print(Text(f"{r.name}: {r.note}"))
+        if r.stats.blend is not None:
+            console.print(Text(f"{r.name}: reuse at any position (CacheBlend; units: {r.stats.blend.unit}; an "
+                               f"unlimited cache): {r.stats.blend.line('shared prefix')}"))
         if r.stats.top:
             print_table(console, _top_table(r), keep=1)
+
+
+def _blend_cell(s: TraceStats) -> str:
+    """The blend column: tokens reusable beyond the shared prefix, as a share of the prompt tokens."""
+    share = None if s.blend is None else s.blend.ratio(s.blend.blend_tokens)
+    return "–" if share is None else f"{share:.1%}"
 
 
 def _top_table(report: TraceReport) -> Table:

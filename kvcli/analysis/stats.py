@@ -16,6 +16,9 @@ Rules:
   sum to the trace's shared tokens), so a system prompt every request repeats is one run, saved once per
   request, and each conversation's history after it another.
 * Percentiles: numpy's linear interpolation over the prompt lengths.
+* **Blend** (with ``blend_recompute``): beside the shared prefix, the tokens reusable at any position, as
+  CacheBlend reuses them, each request's shared tokens its prefix figure (:mod:`kvcli.sim.blend`: its segments, or
+  its full 256-token chunks, seen in an earlier request, beyond the shared prefix; a share recomputed).
 
 Cost: one pass over the trace; memory, the radix (4 bytes per distinct token) plus the requests as read (a text or
 token-id trace's token ids; a hash-id trace's block keys, 8 bytes a block: its token ids are synthesized one request
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvcli.errors import BadInputError
+from kvcli.sim.blend import BlendCounter, BlendReuse
 from kvcli.sim.upper_bound import RadixUpperBound
 from kvcli.traces.order import arrival_order
 from kvcli.traces.request import Request
@@ -88,6 +92,7 @@ class TraceStats:
         no request); max_prompt_tokens, mean_prompt_tokens: tokens.
         shared_tokens: prompt tokens inside a prefix shared with an earlier request. reordered: requests out of
         timestamp order (0: taken as in the file). top: the shared prefixes with the most saved tokens, most first.
+        blend: the reuse beyond the shared prefix (:class:`kvcli.sim.blend.BlendReuse`), None when not asked for.
     """
 
     requests: int
@@ -99,6 +104,7 @@ class TraceStats:
     shared_tokens: int
     reordered: int
     top: list[SharedPrefix]
+    blend: BlendReuse | None = None
 
     @property
     def shared_token_ratio(self) -> float | None:
@@ -107,10 +113,12 @@ class TraceStats:
         return self.shared_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
-def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MAX_TOKENS) -> TraceStats:
+def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MAX_TOKENS,
+                blend_recompute: float | None = None) -> TraceStats:
     """The statistics of ``requests`` (one trace, in file order; taken in arrival order), with the ``top`` shared
     prefix runs by saved tokens (ties: the earlier start first, then depth-first order), holding at most
-    ``max_tokens`` distinct prompt tokens (module docstring).
+    ``max_tokens`` distinct prompt tokens (module docstring); with ``blend_recompute`` (a share in [0, 1]), the
+    reuse beyond the shared prefix, that share of its tokens recomputed.
 
     Raises:
         BadInputError: as the trace's reader, when iteration reaches a bad record; a request that could take the
@@ -121,6 +129,7 @@ def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MA
     order = arrival_order([r.timestamp for r in requests])
     ordered = requests if order is None else [requests[i] for i in order.tolist()]
     radix = RadixUpperBound()
+    blend = None if blend_recompute is None else BlendCounter(blend_recompute)
     lengths = np.fromiter((r.prompt_tokens for r in ordered), dtype=np.int64, count=len(ordered))
     shared_total = held = 0
     for request, length in zip(ordered, lengths.tolist()):
@@ -131,6 +140,8 @@ def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MA
         # a hash-id request's tokens are made here and dropped after (its own token_ids would keep them)
         tokens = request.token_ids if request.blocks is None else request.blocks.token_ids()
         shared = radix.match_and_insert(tokens, request.cache_salt)
+        if blend is not None:
+            blend.add(request, shared, tokens)
         shared_total += shared
         held += length - shared
     ranked = heapq.nsmallest(top, enumerate(radix.shared_segments()),
@@ -143,4 +154,5 @@ def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MA
         mean_prompt_tokens=float(lengths.mean()) if len(lengths) else 0.0, shared_tokens=shared_total,
         reordered=0 if order is None else int(np.count_nonzero(order != np.arange(len(order)))),
         top=[SharedPrefix(s.start, len(s.tokens), s.reused, len(s.tokens) * s.reused, s.tokens[:HEAD_TOKENS].copy(),
-                          s.cache_salt) for _, s in ranked])
+                          s.cache_salt) for _, s in ranked],
+        blend=None if blend is None else blend.result)

@@ -31,10 +31,11 @@ from kvcli.traces.request import ChatPrompt, Request
 
 
 def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int,
-                  max_tokens: int = MAX_TOKENS) -> list[TraceReport]:
+                  max_tokens: int = MAX_TOKENS, blend_recompute: float | None = None) -> list[TraceReport]:
     """One report per trace file of ``paths`` (directories expanded, ``-`` for stdin), read with ``fmt`` and
     ``tokenizer`` (None: ``cl100k_base``) as every command reads them, each holding at most ``max_tokens``
-    distinct prompt tokens (:func:`kvcli.analysis.stats.trace_stats`).
+    distinct prompt tokens (:func:`kvcli.analysis.stats.trace_stats`); with ``blend_recompute``, each with its
+    reuse beyond the shared prefix.
 
     Raises:
         BadInputError: a missing path, an undetectable or ambiguous format, a bad record (``file:line``), a trace
@@ -44,7 +45,7 @@ def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | No
     reports = []
     with stdin_paths(paths) as given:  # around the reads: an error in stdin's copy names <stdin>
         for path, name, tok in each_trace(given, fmt, tokenizer):
-            stats = trace_stats(read_trace(path, fmt, tok), top, max_tokens)
+            stats = trace_stats(read_trace(path, fmt, tok), top, max_tokens, blend_recompute)
             note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok)) if n) or None
             reports.append(TraceReport(display_name(path), name, stats, note,
                                        get_tokenizer(tok).decode if is_text_trace(path, name) else None))

@@ -29,6 +29,7 @@ from kvcli.cli.options import (
     TRACE_FORMATS_HELP,
     TRACES_HELP,
     AddSpecialTokens,
+    BlendRecompute,
     Device,
     DropTailBlock,
     Dtype,
@@ -39,6 +40,7 @@ from kvcli.cli.options import (
     Model,
     RedisTimeout,
     RedisUrl,
+    Reuse,
     SkipBadRecords,
     Threads,
     TimestampUnit,
@@ -264,6 +266,8 @@ def replay(
                                             "deleted after the report by default.")] = False,
     upper_bound: Annotated[bool, typer.Option(help="Compute the token-granular upper bound (memory grows "
                                                    "4 bytes per distinct token).")] = True,
+    reuse: Reuse = "prefix",
+    blend_recompute: BlendRecompute = None,
     curve: Annotated[bool, typer.Option(help="Compute the hit-token curve over every cache capacity and a grid "
                                              "of TTLs (memory: ~55-95 bytes per distinct chunk per chunk "
                                              "size).")] = True,
@@ -315,6 +319,8 @@ def replay(
 
       kvcli replay trace.jsonl --link-gbps 25 --rtt-ms 0.2     # a Redis across a 25 Gbit/s network
       kvcli replay trace.jsonl --layout kvcli,lmcache --chunk-sizes 256
+      kvcli replay sample_traces/ragpulse_head60/0_trace.jsonl --reuse blend --payload accounted --measure 0 \\
+          --prefill-tps 3000
       kvcli replay chat.jsonl --model ~/models/Qwen2.5-0.5B-Instruct --chunk-sizes 16,64
       kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 --plot curve.png
 
@@ -323,6 +329,7 @@ def replay(
     """
     from kvcli.replay.results import ReplayConfig
     from kvcli.replay.runner import ModelOptions, run_replay
+    from kvcli.sim.blend import blend_fraction
     from kvcli.store.kvstore import parse_layouts
     from kvcli.store.server import open_redis
     from kvcli.traces.paths import stdin_paths
@@ -341,7 +348,7 @@ def replay(
         link_gbps=link_gbps, rtt_seconds=None if rtt_ms is None else rtt_ms / 1e3, allow_evictions=allow_evictions,
         layouts=parse_layouts(layout), hit_curve=curve, ttl_refresh=ttl_refresh, pipeline=pipeline,
         priced=options.priced, plan=plan_options(tier, optimal, admit_after, policy, price),
-        kv_dtype=kv_dtype)
+        kv_dtype=kv_dtype, blend_recompute=blend_fraction(reuse, blend_recompute))
     _check_run(config, jobs, plot, html)
     timeout = timeout_seconds(redis_timeout)
     read_as = trace_format(fmt, hash_block_tokens, timestamp_unit, drop_tail_block, skip_bad_records,

@@ -62,7 +62,7 @@ err = Console(stderr=True, soft_wrap=True)  # never hard-wrapped: a grep must fi
 Namespace = Annotated[str, typer.Option(help="Key namespace.")]
 Seed = Annotated[int, seed_option("Model weight seed of a preset (part of its model id).")]
 Format = Annotated[str, typer.Option("--format", help="auto, lines, native, mooncake, bailian, hash-ids, "
-                                                     "claude-code, sharegpt, swe-agent.")]
+                                                     "claude-code, ragpulse, sharegpt, swe-agent.")]
 
 
 #: ``kvcli warm --help``'s panels (:func:`~kvcli.cli.options.help_panels`).

@@ -96,11 +96,11 @@ MapKvDtype = Annotated[str, typer.Option(
     help="Chunk map: the dtype of the KV payloads replay would read, as warm and replay store them with --kv-dtype: "
          "auto (the model's --dtype) or fp8; a chunk stored in another layout breaks the map there.")]
 
-TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, sharegpt, swe-agent, openai-batch, "
-                      "gateway, lines.")
+TRACE_FORMATS_HELP = ("auto, native, mooncake, bailian, hash-ids, claude-code, ragpulse, sharegpt, swe-agent, "
+                      "openai-batch, gateway, lines.")
 TRACES_HELP = ("Trace files or directories in any --format (native JSONL with prompt/messages/token_ids, OpenAI "
-               "Batch, gateway logs, prompt lines, Mooncake, Bailian and other hash-id traces, ShareGPT, SWE-agent "
-               ".traj; detected; .gz accepted), or - for stdin")
+               "Batch, gateway logs, prompt lines, Mooncake, Bailian, RAGPulse and other hash-id traces, ShareGPT, "
+               "SWE-agent .traj; detected; .gz accepted), or - for stdin")
 LIMIT_HELP = "Read only the first N requests of each trace (N >= 1)."
 CAPACITY_TOKENS_HELP = "LRU capacity per chunk size, tokens (e.g. 3000000)."
 CAPACITY_BYTES_HELP = "LRU capacity per chunk size, bytes of --model's KV (e.g. 64GiB)."
@@ -126,6 +126,17 @@ SkipBadRecords = Annotated[bool, typer.Option(
     "--skip-bad-records", rich_help_panel=HASH_IDS_PANEL,
     help="Skip (and count, in the report's notes) a hash-id record that fails its checks, instead of stopping "
          "with its file and line.")]
+REUSE_PANEL = "Reuse beyond a prefix (CacheBlend)"
+Reuse = Annotated[str, typer.Option(
+    "--reuse", metavar="prefix|blend", rich_help_panel=REUSE_PANEL,
+    help="prefix: the prefix figures; blend: beside them, the tokens reusable at any position as CacheBlend reuses "
+         "them (a segment of the trace, such as a RAGPulse hash id, or else a full chunk, seen in an earlier "
+         "request, beyond the prefix), with a share recomputed (--blend-recompute). An analysis of the trace, no "
+         "store lookup (docs/replay.md, 'Reuse beyond a prefix').")]
+BlendRecompute = Annotated[Optional[float], typer.Option(
+    "--blend-recompute", metavar="SHARE", show_default=False, rich_help_panel=REUSE_PANEL,
+    help="With --reuse blend: the share of blended tokens recomputed, 0 to 1 (default 0.15: LMCache's CacheBlend, "
+         "LMCACHE_BLEND_RECOMPUTE_RATIOS).")]
 ENGINE_PANEL = "A vLLM engine's own prefix cache (--gpu-blocks; docs/explain.md)"
 GpuBlocks = Annotated[Optional[int], typer.Option(
     "--gpu-blocks", metavar="N", show_default=False, rich_help_panel=ENGINE_PANEL,

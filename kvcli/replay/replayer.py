@@ -90,6 +90,7 @@ from kvcli.replay.savings import DRAWS, TimedSavings, recommend, summarize
 from kvcli.replay.sizing import capacity_record, size_cache
 from kvcli.replay.unit import replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
+from kvcli.sim.blend import BlendCounter
 from kvcli.sim.tiers import check_tier_sizes
 from kvcli.store.cluster import drop_connections
 from kvcli.store.kvstore import KVStore, make_store, purge_run
@@ -371,6 +372,8 @@ class Replayer:
                     stores[i].written.merge(written)
         self._recorded = True
         results, ledgers, skipped, span = merge_parts(parts, len(stores), cfg.upper_bound)
+        if cfg.blend_recompute is not None:
+            self._blend(name, results, parts, reader, len(lengths), cfg.blend_recompute)
         self.measured_samples += merged_samples(parts)
         self._degraded += [note for part in parts for note in part.degraded]
         measured_log = merge_logs(parts)
@@ -398,6 +401,25 @@ class Replayer:
         result.notes = (notes + self._notes(result, lengths, measured, measure_tokens) + self._degraded
                         + _capacity_notes(stores, cfg))
         return result
+
+    def _blend(self, name: str, results: list[ChunkSizeResult], parts: list[Part], reader, requests: int,
+               fraction: float) -> None:
+        """``--reuse blend``: each store's reuse at any position beside its prefix figure, the tokens it reuses with
+        unlimited capacity request by request (:class:`kvcli.sim.blend.BlendCounter` at its chunk size, ``fraction``
+        of the blended tokens recomputed), in one more pass over the trace in the replay's order."""
+        self.phase(f"{name}: reuse at any position (CacheBlend), one more pass over the trace")
+        reach: dict[int, np.ndarray] = {}
+        for part in parts:
+            reach.update(zip(part.indices, part.reach))
+        counters = [BlendCounter(fraction, r.chunk_size) for r in results]
+        for index, request in enumerate(itertools.islice(reader(), requests)):
+            if not request.prompt_tokens:
+                continue  # an empty prompt: skipped, as the replay skips it
+            tokens = request.token_ids if request.blocks is None else request.blocks.token_ids()
+            for i, counter in enumerate(counters):
+                counter.add(request, int(reach[i][index]), tokens)
+        for result, counter in zip(results, counters):
+            result.blend = counter.result
 
     def replay_unit(self, work: Work, indices: tuple[int, ...], upper_bound: bool,
                     stores: list[KVStore] | None = None, progress: Callable[[int, int], None] | None = None) -> Part:

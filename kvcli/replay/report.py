@@ -124,6 +124,37 @@ ROWS: list[Row] = [
 ]
 
 
+def _blend_pct(r: ChunkSizeResult, tokens) -> str:
+    """A share of the prompt tokens from ``r``'s blend record (``tokens(blend)``), or NA without one."""
+    return NA if r.blend is None else _pct(r.blend.ratio(tokens(r.blend)))
+
+
+def _blend_rows(rs: list[ChunkSizeResult]) -> list[Row]:
+    """``--reuse blend``'s rows (none without it): the tokens reusable at any position beyond the unbounded prefix
+    figure, and what both save with the blended share recomputed (:mod:`kvcli.sim.blend`)."""
+    if all(r.blend is None for r in rs):
+        return []
+    share = next(r.blend.recompute_fraction for r in rs if r.blend is not None)
+    return [("+ blend (any position, unbounded)", lambda r: _blend_pct(r, lambda b: b.blend_tokens)),
+            (f"  prefix + blend, {100 * share:g}% recomputed", lambda r: _blend_pct(r, lambda b: b.saved_tokens))]
+
+
+def blend_text(result: TraceResult) -> str | None:
+    """One line on ``--reuse blend``'s figures at the answer's chunk size (else the first): the prefix figure
+    (unbounded cache), the blend beside it and what they save, by kind; None without them."""
+    rows = [r for r in result.per_chunk_size if r.blend is not None]
+    if not rows:
+        return None
+    focus = answer(result).focus
+    r = next((r for r in rows if r.chunk_size == focus), rows[0])
+    assert r.blend is not None
+    return (f"reuse at any position (CacheBlend; units: {r.blend.unit}; an unbounded cache) at chunk size "
+            f"{r.chunk_size}: {r.blend.line('prefix')}")
+
+
+_AFTER_BOUND = next(i for i, (label, _) in enumerate(ROWS) if label.startswith("  loss to chunking")) + 1
+
+
 def _priced(result: TraceResult) -> bool:
     """Whether the trace's figures were priced (nothing timed here decides them)."""
     return result.pricing is not None and result.pricing["mode"] == "priced"
@@ -142,7 +173,8 @@ def trace_table(result: TraceResult, curve_source: str = "measured in this run")
         table.add_column(f"{r.chunk_size}{marks[r.chunk_size]}", justify="right",
                          style="green" if r.chunk_size == best else None)
     priced = _priced(result)
-    for label, fn in ROWS + curve_rows(result.per_chunk_size) + plan_rows(result.per_chunk_size):
+    rs = result.per_chunk_size
+    for label, fn in ROWS[:_AFTER_BOUND] + _blend_rows(rs) + ROWS[_AFTER_BOUND:] + curve_rows(rs) + plan_rows(rs):
         if priced and label in (TIMED_LOOKUP, TIMED_TRANSFER):
             continue
         if label.startswith("  by metadata") and all(r.hit_tokens_metadata_only == r.hit_tokens
@@ -245,6 +277,7 @@ def compact_rows(result: TraceResult) -> list[tuple[str, list[str]]]:
         rows.append(("  unbounded cache", [_pct(_ratio(r.hit_tokens_unlimited, r)) for r in rs]))
     if any(r.upper_bound_tokens is not None for r in rs):
         rows.append(("  token-granular bound", [_pct(_ratio(r.upper_bound_tokens, r)) for r in rs]))
+    rows += [(label, [fn(r) for r in rs]) for label, fn in _blend_rows(rs)]
     rows.append(("objects created", [fmt_count(r.objects_created) for r in rs]))
     if any(r.evicted_chunks for r in rs):
         rows.append(("  evicted chunks", [fmt_count(r.evicted_chunks) for r in rs]))
@@ -377,7 +410,7 @@ def print_report(results: list[TraceResult], console: Console, context: dict, fu
             table.caption = _compact_caption(result, source)
             table.caption_justify = "left"
             print_table(console, table)
-        for extra in (pricing_text(result), capacity_text(result), sizing_text(result)):
+        for extra in (blend_text(result), pricing_text(result), capacity_text(result), sizing_text(result)):
             if extra:
                 say(console, f"  {extra}")
         say(console, _facts(result))
@@ -504,4 +537,4 @@ def _short_why(r: ChunkSizeResult) -> str:
 
 
 __all__ = ["print_report", "to_json", "trace_table", "compact_table", "layout_table", "summary_line", "answer",
-           "pricing_text", "stdout_console"]
+           "pricing_text", "blend_text", "stdout_console"]

@@ -19,6 +19,7 @@ from kvcli.errors import BadInputError
 from kvcli.replay.bill import Prices, check_prices
 from kvcli.replay.network import Overheads
 from kvcli.replay.savings import Interval, Savings, Verdict
+from kvcli.sim.blend import BlendReuse, check_recompute_fraction
 from kvcli.sim.eviction import libcachesim
 from kvcli.sim.tiers import TierSpec, check_tier_sizes, check_tiers
 from kvcli.store.serde import check_kv_dtype
@@ -157,6 +158,9 @@ class ReplayConfig:
             cached prefills run on the dequantized KV (``max_logit_diff``). None (or "auto"): the model's dtype.
         plan: the capacity planner's options (:mod:`kvcli.replay.planner`: tiers, optimal bound, admission,
             policies, prices); it runs on the curve's chunk ids after the replay.
+        blend_recompute: ``--reuse blend``: beside each chunk size's prefix figure, the tokens reusable at any
+            position (:mod:`kvcli.sim.blend`, one more pass over the trace after the replay), this share of them
+            recomputed, in [0, 1]; None (``--reuse prefix``): not computed.
     """
 
     chunk_sizes: tuple[int, ...] = (16, 64, 256, 1024)
@@ -187,6 +191,7 @@ class ReplayConfig:
     priced: bool = False
     kv_dtype: str | None = None
     plan: PlanOptions = PlanOptions()
+    blend_recompute: float | None = None
 
     def __post_init__(self) -> None:
         """Check the options, alone and together; each message names the ``kvcli replay`` flag that sets them.
@@ -197,7 +202,7 @@ class ReplayConfig:
                 a round trip or time budget that is not a number >= 0; ``ttl_refresh`` without ``hit_curve``; a
                 ``--tier`` in tokens smaller than one chunk of a chunk size; the lmcache layout with a read namespace
                 or a capacity; ``capacity`` neither "auto" nor "unlimited", or "unlimited" with a capacity; a sizing
-                share outside (0, 1].
+                share outside (0, 1]; a ``blend_recompute`` outside [0, 1].
         """
         sizes = self.chunk_sizes
         if (not isinstance(sizes, (tuple, list)) or not sizes
@@ -230,6 +235,8 @@ class ReplayConfig:
             raise BadInputError(f"--sizing takes shares of the unlimited hits in (0, 1], got "
                                 f"{','.join(map(str, self.sizing))}")
         object.__setattr__(self, "sizing", tuple(sorted(set(self.sizing))))
+        if self.blend_recompute is not None:
+            object.__setattr__(self, "blend_recompute", check_recompute_fraction(self.blend_recompute))
         if self.store_mode not in ("async", "sync"):
             raise BadInputError(f"--store-mode must be async or sync, got {self.store_mode!r}")
         if self.ttl_refresh and not self.hit_curve:
@@ -278,6 +285,8 @@ class ChunkSizeResult:
     counted (payloads missing, truncated or failing their checksum included). ``upper_bound_tokens`` is None when
     not computed; figures without a denominator or never measured are None (null in JSON, "–" in tables).
     ``short_requests`` / ``short_prompt_tokens``: prompts shorter than one chunk (they can never hit).
+    ``blend``: with ``--reuse blend``, the tokens reusable at any position beside ``hit_tokens_unlimited`` (its
+    prefix figure: :class:`kvcli.sim.blend.BlendReuse`; None otherwise).
     ``namespace_hit_chunks``: hit chunks the read namespace (``--namespace``) supplied. ``vanished_chunks``: chunks
     of the run a lookup missed after they had gone from the server, not evicted by the store's capacity
     (:meth:`kvcli.store.chunkstore.ChunkStore.vanished_chunks`; None: not known); above 0, or with
@@ -346,6 +355,7 @@ class ChunkSizeResult:
     hit_curve: CurveResult | None = None  # hit tokens at every capacity and grid TTL (None: --no-curve)
     plan: PlanResult | None = None  # tiers, optimal bound, admission, policies, bill (None: not asked for)
     sizing: list[dict] | None = None  # the smallest LRU per --sizing share, and its bill (None: no curve)
+    blend: BlendReuse | None = None  # reuse at any position beside the unlimited prefix figure (--reuse blend)
 
     @property
     def hit_token_ratio(self) -> float | None:
@@ -394,7 +404,8 @@ class ChunkSizeResult:
         """All fields plus the derived ratios and totals, JSON-ready; None where a figure was not computed or has
         no denominator, and for the figures timed on this machine (:data:`TIMED_FIELDS`) when the overheads are
         priced: then ``overheads`` holds what was priced, and nothing of this machine's timings is reported."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("overheads", "savings", "blend")}
+        out["blend"] = None if self.blend is None else self.blend.to_dict()
         if self.overheads is not None and not self.overheads.timed:
             out.update(dict.fromkeys(TIMED_FIELDS))
         optimal = self.plan.optimal_hit_tokens if self.plan is not None and self.plan.optimal is not None else None

@@ -23,6 +23,7 @@ from kvcli.traces.lines import read_lines
 from kvcli.traces.mooncake import MOONCAKE_KEYS, outline_mooncake, read_mooncake
 from kvcli.traces.native import NATIVE_PROMPT_KEYS, read_native
 from kvcli.traces.openai import BATCH_KEYS, read_openai_batch
+from kvcli.traces.ragpulse import is_component_record, outline_ragpulse, ragpulse_note, read_ragpulse
 from kvcli.traces.records import (
     check_file,
     is_parquet,
@@ -45,7 +46,7 @@ def read_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: Tok
     Args:
         path: the trace file (optionally gzip-compressed).
         fmt: ``"auto"`` or one of :data:`FORMATS` (``native``, ``mooncake``, ``sharegpt``, ``swe-agent``,
-            ``bailian``, ``hash-ids``, ``claude-code``, ``openai-batch``, ``gateway``, ``lines``), or a
+            ``bailian``, ``hash-ids``, ``claude-code``, ``ragpulse``, ``openai-batch``, ``gateway``, ``lines``), or a
             :class:`~kvcli.traces.hashids.TraceFormat` that also declares hash-id semantics (tokens per id, timestamp
             unit, the tail block, skipping bad records).
         tokenizer: tokenizer name (or a loaded :class:`~kvcli.model.tokenizer_base.Tokenizer`) for text prompts;
@@ -70,6 +71,8 @@ def _reader(name: str, spec: TraceFormat) -> Reader:
         return functools.partial(read_gateway, fmt=spec)
     if name in MOONCAKE_ROWS:
         return functools.partial(read_mooncake, schema=HASH_ID_FORMATS[name], fmt=spec)
+    if name == "ragpulse":
+        return functools.partial(read_ragpulse, fmt=spec)
     if name in HASH_ID_FORMATS:
         return functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS[name], fmt=spec)
     return _PLAIN_READERS[name]
@@ -89,6 +92,8 @@ def outline_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: 
         return outline_claude_code(path, spec)
     if name in MOONCAKE_ROWS:
         return outline_mooncake(path, HASH_ID_FORMATS[name], spec, tokenizer)
+    if name == "ragpulse":
+        return outline_ragpulse(path, spec)
     if name in HASH_ID_FORMATS:
         return outline_hash_id_trace(path, HASH_ID_FORMATS[name], spec)
     return (Outline(len(r.token_ids), r.timestamp)
@@ -113,6 +118,8 @@ def trace_note(path: str | Path, fmt: str | TraceFormat = "auto") -> str | None:
             verb = "applies" if len(given) == 1 else "apply"
             return f"{' and '.join(given)} {verb} to hash-id traces only: this {name} trace is read without them"
         return None
+    if name == "ragpulse":
+        return ragpulse_note(path, spec)
     first = read_first_record(path)[1]
     first_block = first.get("block_size") if isinstance(first, dict) else None
     skipped: list[BadInputError] = []
@@ -193,17 +200,17 @@ def parquet_format(path: Path) -> str:
 
 def record_format(record: dict, path: Path, line_no: int) -> str:
     """The one format whose signature a first record fits: a hash-id format (``hash_ids``, or a field only a
-    Mooncake row has, :data:`kvcli.traces.mooncake.MOONCAKE_KEYS`; :func:`hash_id_format` tells them apart),
-    ``claude-code`` (a ``requests`` list with ``block_size`` or ``hash_id_scope``), ``sharegpt``
-    (``conversations``), ``swe-agent`` (``history``), ``openai-batch`` (``custom_id`` and ``body``), ``gateway``
-    (:func:`kvcli.traces.gateway.is_gateway_record`) or ``native`` (``prompt``, ``messages`` or ``token_ids``). No
-    signature wins over another: a record that fits two is refused. The exceptions are ``messages`` beside a
-    gateway row's fields (the gateway's copy of the request's) or beside a Mooncake row's (aiperf's chat rows),
-    which alone do not make the record native.
+    Mooncake row has, :data:`kvcli.traces.mooncake.MOONCAKE_KEYS`; :func:`hash_id_format` tells them apart,
+    RAGPulse's object of components among them), ``claude-code`` (a ``requests`` list with ``block_size`` or
+    ``hash_id_scope``), ``sharegpt`` (``conversations``), ``swe-agent`` (``history``), ``openai-batch``
+    (``custom_id`` and ``body``), ``gateway`` (:func:`kvcli.traces.gateway.is_gateway_record`) or ``native``
+    (``prompt``, ``messages`` or ``token_ids``). No signature wins over another: a record that fits two is refused.
+    The exceptions are ``messages`` beside a gateway row's fields (the gateway's copy of the request's) or beside a
+    Mooncake row's (aiperf's chat rows), which alone do not make the record native.
 
     Raises:
         BadInputError: at ``path:line_no``, no format fits, or more than one does (the error names them and says to
-            pass one).
+            pass one); a line of a RAGPulse component file (named as such: it is read beside its trace).
     """
     requests = isinstance(record.get("requests"), list)
     mooncake_only = any(k in record for k in MOONCAKE_KEYS)
@@ -219,15 +226,19 @@ def record_format(record: dict, path: Path, line_no: int) -> str:
     if len(found) == 1:
         return found[0]
     keys = ", ".join(sorted(record)[:10]) or "none"
+    if not found and is_component_record(record):
+        raise BadInputError(f"a RAGPulse component file (its keys: {keys}), not a trace: it gives the tokens of "
+                            "each hash id to the trace beside it; name the trace (RAGPulse's 0_trace.jsonl)",
+                            path=str(path), line=line_no)
     if found:
         raise BadInputError(f"ambiguous trace format: the first record's keys ({keys}) fit {' and '.join(found)}; "
                             f"pass the format by name (--format {' or --format '.join(found)}; kvcli export: "
                             "--input-format)", path=str(path), line=line_no)
     raise BadInputError(f"cannot detect the trace format from the first record's keys ({keys}); expected "
-                        "hash_ids (mooncake, bailian, hash-ids), a Mooncake row's input_length or delay "
-                        "(mooncake), conversations (sharegpt), history (swe-agent), "
-                        "requests with block_size (claude-code), custom_id and body (openai-batch), a request and "
-                        f"a time field (gateway: {', '.join(REQUEST_FIELDS)} or messages, and "
+                        "hash_ids (mooncake, bailian, hash-ids, ragpulse), a Mooncake row's input_length or delay "
+                        "(mooncake), conversations (sharegpt), history (swe-agent), requests with block_size "
+                        "(claude-code), custom_id and body (openai-batch), a request and a time field (gateway: "
+                        f"{', '.join(REQUEST_FIELDS)} or messages, and "
                         f"{', '.join(TIME_FIELDS)}) or prompt/messages/token_ids (native)",
                         path=str(path), line=line_no)
 
@@ -290,8 +301,11 @@ BAILIAN_FIELDS = ("chat_id", "parent_chat_id", "turn", "type")
 
 
 def hash_id_format(record: dict) -> str:
-    """The format of a record with ``hash_ids``: ``bailian`` by its own fields (:data:`BAILIAN_FIELDS`), else
-    ``hash-ids`` when it carries ``block_size``, else ``mooncake``."""
+    """The format of a record with ``hash_ids``: ``ragpulse`` when they are an object (RAGPulse's components, each
+    a list of ids: no other hash-id format could read it), else ``bailian`` by its own fields
+    (:data:`BAILIAN_FIELDS`), else ``hash-ids`` when it carries ``block_size``, else ``mooncake``."""
+    if isinstance(record.get("hash_ids"), dict):
+        return "ragpulse"
     if any(k in record for k in BAILIAN_FIELDS):
         return "bailian"
     return "hash-ids" if "block_size" in record else "mooncake"
@@ -329,5 +343,5 @@ def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None)
 _PLAIN_READERS: dict[str, Reader] = {"native": read_native, "sharegpt": read_sharegpt, "swe-agent": read_swe_agent,
                                      "openai-batch": read_openai_batch, "lines": read_lines}
 FORMATS: dict[str, Reader] = {name: _reader(name, TraceFormat(name)) for name in (
-    "native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code", "openai-batch", "gateway",
-    "lines")}
+    "native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code", "ragpulse", "openai-batch",
+    "gateway", "lines")}

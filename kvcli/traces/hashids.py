@@ -10,6 +10,8 @@ Formats (``HASH_ID_FORMATS``; each record has ``input_length`` and ``hash_ids``)
   KVCache-in-the-wild ATC'25 traces): 16 tokens per id, ``timestamp`` in seconds, ``chat_id``, ``parent_chat_id``
   (-1 for a session's first turn), ``turn``, ``type``; the session is the root of the ``parent_chat_id`` chain over
   the whole file, whatever its order (read by this module).
+* ``ragpulse`` -- RAGPulse's component hash ids, each id its own number of tokens (:mod:`kvcli.traces.ragpulse`
+  reads it; listed here for its timestamps' unit and sessions).
 * ``hash-ids`` -- any other hash-id trace whose records carry ``block_size`` (the kvcache-simulator shape
   ``{"block_size", "hash_ids", "input_length"}``), or any hash-id trace read with ``--hash-block-tokens``;
   ``timestamp`` in ms (Mooncake's convention) unless ``--timestamp-unit`` says otherwise; otherwise a Mooncake row
@@ -39,9 +41,8 @@ import numpy as np
 from kvcli.errors import BadInputError
 from kvcli.traces.records import (
     cache_salt,
-    iter_jsonl,
+    checked_rows,
     iter_raw_lines,
-    located,
     optional_count,
     optional_id,
     optional_seconds,
@@ -123,6 +124,7 @@ HASH_ID_FORMATS = {
     "bailian": HashIdSchema("bailian", 16, "s", "the root of each parent_chat_id chain"),
     "hash-ids": HashIdSchema("hash-ids", None, "ms", _MOONCAKE_SESSIONS),
     "claude-code": HashIdSchema("claude-code", 64, "s", "one per session row; hash ids scoped to it"),
+    "ragpulse": HashIdSchema("ragpulse", None, "s", "session_id when present"),
 }
 
 
@@ -357,17 +359,8 @@ def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
     """
     blocks = BlockIds(fmt)
     chains = _Sessions(chain_parents(path)) if sessions else None
-    invalid = (skipped if skipped is not None else []) if fmt.skip_bad_records else None  # lines that are not JSON
-    for line_no, record in iter_jsonl(path, invalid):
-        try:
-            fields = _fields(record, schema, blocks, chains)
-        except BadInputError as err:
-            if not fmt.skip_bad_records:
-                raise located(err, path, line_no) from None
-            if skipped is not None:
-                skipped.append(located(err, path, line_no))
-            continue
-        yield line_no, fields
+    yield from checked_rows(path, lambda _, record: _fields(record, schema, blocks, chains), fmt.skip_bad_records,
+                             skipped)
 
 
 def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema, fmt: TraceFormat

@@ -56,9 +56,8 @@ from kvcli.traces.hashids import BlockIds, HashIdSchema, TraceFormat, time_divis
 from kvcli.traces.openai import body_request
 from kvcli.traces.records import (
     cache_salt,
-    iter_rows,
+    checked_rows,
     json_type,
-    located,
     optional_count,
     optional_id,
     optional_seconds,
@@ -286,16 +285,7 @@ def _extend(session: _Session, parts: list[np.ndarray], total: int) -> np.ndarra
 def _iter(path: Path, schema: HashIdSchema, fmt: TraceFormat, tokenizer: TokenizerArg, synthesize: bool,
           skipped: list[BadInputError] | None = None) -> Iterator[Request | Outline]:
     reader = _Reader(path, schema, fmt, tokenizer, synthesize)
-    invalid = (skipped if skipped is not None else []) if fmt.skip_bad_records else None  # lines that are not JSON
-    for number, record in iter_rows(path, invalid):
-        try:
-            out = reader.row(record, number)
-        except BadInputError as err:
-            if not fmt.skip_bad_records:
-                raise located(err, path, number) from None
-            if skipped is not None:
-                skipped.append(located(err, path, number))
-            continue
+    for _, out in checked_rows(path, lambda number, record: reader.row(record, number), fmt.skip_bad_records, skipped):
         yield out
 
 

@@ -10,16 +10,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kvcli.errors import BadInputError
+from kvcli.traces.ragpulse import COMPONENT_FILES
 
 NOT_TRACES = (".md", ".py", ".sh", ".png", ".svg")
 TABLES = (".csv", ".tsv", ".csv.gz", ".tsv.gz")  # read only as a gateway log, and only when named
 STDIN_NAME = "<stdin>"
 _SPOOLED: set[str] = set()
+_COMPONENT_NAMES = frozenset(name for name, _ in COMPONENT_FILES)
 
 
 def expand_paths(paths: list[Path]) -> list[Path]:
     """Files as given; a directory contributes its trace files and ``.txt`` prompt files (sorted; hidden files,
-    notes, scripts, CSV and plots skipped): every command reads the same files of a directory.
+    notes, scripts, CSV, plots and RAGPulse's component files, :data:`kvcli.traces.ragpulse.COMPONENT_FILES`,
+    skipped: they are read beside their trace): every command reads the same files of a directory.
 
     Raises:
         BadInputError: a path does not exist, or a directory holds no prompt or trace file (the message says what
@@ -29,7 +32,8 @@ def expand_paths(paths: list[Path]) -> list[Path]:
     for path in paths:
         if path.is_dir():
             found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
-                           and p.suffix.lower() not in NOT_TRACES and not _is_table(p))
+                           and p.suffix.lower() not in NOT_TRACES and not _is_table(p)
+                           and p.name not in _COMPONENT_NAMES)
             if not found:
                 raise BadInputError(f"directory holds no prompt (.txt) or trace files: {skipped_note(path)}",
                                     path=str(path))

@@ -9,14 +9,15 @@ import itertools
 import json
 import math
 import zlib
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, TypeVar, cast
 
 from kvcli.errors import BadInputError
 from kvcli.units import fmt_bytes
 
 _GZIP_MAGIC = b"\x1f\x8b"
+T = TypeVar("T")
 
 
 def require_object(record: Any) -> dict:
@@ -204,6 +205,30 @@ def iter_jsonl(path: Path, invalid: list[BadInputError] | None = None) -> Iterat
             invalid.append(err)
             continue
         yield line_no, value
+
+
+def checked_rows(path: Path, check: Callable[[int, Any], T], skip: bool,
+                 skipped: list[BadInputError] | None = None) -> Iterator[tuple[int, T]]:
+    """``(number, check(number, value))`` of each record of a row-per-request file (:func:`iter_rows`: a JSONL
+    file's lines, a Parquet file's rows), in file order: the one loop of the readers whose records may be skipped
+    (``--skip-bad-records``). ``check`` raises BadInputError (without a location) for a bad record; with ``skip``,
+    that error, or a line that is not JSON, is appended to ``skipped`` (located at ``path:number``) and the record
+    skipped; without, it is raised located.
+
+    Raises:
+        BadInputError: at ``path:number``, a record ``check`` refuses or a line that is not JSON (unless ``skip``).
+    """
+    invalid = (skipped if skipped is not None else []) if skip else None  # lines that are not JSON
+    for number, record in iter_rows(path, invalid):
+        try:
+            fields = check(number, record)
+        except BadInputError as err:
+            if not skip:
+                raise located(err, path, number) from None
+            if skipped is not None:
+                skipped.append(located(err, path, number))
+            continue
+        yield number, fields
 
 
 def load_json(path: Path) -> Any:

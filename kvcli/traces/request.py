@@ -61,6 +61,28 @@ class TurnLink(NamedTuple):
     turn: int | None = None
 
 
+class Segment(NamedTuple):
+    """One labelled token range of a prompt: which part of the request the tokens ``[start, end)`` came from, for
+    an analysis that reuses a part wherever it recurs (:mod:`kvcli.sim.blend`) or names it. A reader fills them
+    where its format says what the parts are: RAGPulse's components, one segment per hash id
+    (:mod:`kvcli.traces.ragpulse`); a chat reader could give one per message. Segments are in prompt order and do
+    not overlap; they need not cover the prompt (tokens between or after them belong to no part).
+
+    Attributes:
+        start: the first token's index, >= 0.
+        end: one past the last token's, ``start < end <= len(token_ids)``.
+        kind: what the part is: a RAGPulse component (``"sys_prompt"``, ``"passages_ids"``, ``"history"``,
+            ``"web_search"``, ``"user_input"``), or a reader's own word (a chat message's role).
+        key: what the trace names the part by (a RAGPulse hash id, as text): equal keys of one trace stand for the
+            same content; an analysis that matches parts compares their tokens, not their keys.
+    """
+
+    start: int
+    end: int
+    kind: str
+    key: str
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One request of a trace, tokenized.
@@ -79,6 +101,8 @@ class Request:
             :class:`HashIdRequest` synthesizes its ``token_ids`` from them on first use).
         link: the request this one continues, where the trace names it (:class:`TurnLink`); None where the trace
             links no turns that way (a session's requests then follow one another in arrival order).
+        segments: the prompt's labelled parts (:class:`Segment`, in prompt order), where the format names them
+            (None: it does not).
     """
 
     id: str
@@ -91,6 +115,7 @@ class Request:
     chat: ChatPrompt | None = None
     blocks: BlockKeys | None = None
     link: TurnLink | None = None
+    segments: tuple[Segment, ...] | None = None
 
     @property
     def prompt_tokens(self) -> int:

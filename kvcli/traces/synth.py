@@ -47,6 +47,34 @@ def block_token_ids(keys: np.ndarray, block_tokens: int, input_length: int) -> n
     return out
 
 
+def run_token_ids(keys: np.ndarray, lengths: np.ndarray, block_tokens: int) -> np.ndarray:
+    """Token ids of a prompt made of runs of varying lengths: run ``b`` is the first ``lengths[b]`` tokens of the
+    block :func:`block_token_ids` makes for key ``keys[b]`` at ``block_tokens`` tokens per key (token ``j`` of run
+    ``b`` is ``synth(keys[b] * block_tokens + j)``), the runs concatenated. The same function of (key, position),
+    so equal keys give equal runs wherever they stand, and a run of ``block_tokens`` tokens is
+    :func:`block_token_ids`'s whole block. Vectorized, :data:`PIECE_TOKENS` at a time.
+
+    Args:
+        keys: ``[runs]`` uint64 keys, each < ``2**64 // block_tokens``.
+        lengths: ``[runs]`` tokens of each run, each in ``[0, block_tokens]``.
+        block_tokens: the key stride, >= 1.
+
+    Returns:
+        ``[lengths.sum()]`` ``'<u4'`` token ids, each < 100,256.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    out = np.empty(total, dtype=TOKEN_DTYPE)
+    k, b = keys.astype(np.uint64), np.uint64(block_tokens)
+    starts = (ends - lengths).astype(np.uint64)
+    for start in range(0, total, PIECE_TOKENS):
+        i = np.arange(start, min(start + PIECE_TOKENS, total), dtype=np.int64)
+        run = np.searchsorted(ends, i, side="right")
+        out[start:start + len(i)] = synth_tokens_(k[run] * b + (i.astype(np.uint64) - starts[run]))
+    return out
+
+
 #: Tokens :func:`block_token_ids` synthesizes at once (its temporary arrays: about 32 bytes a token of one piece).
 PIECE_TOKENS = 1 << 20
 

@@ -344,9 +344,9 @@ def test_unknown_format_name(tmp_path):
     with pytest.raises(BadInputError) as info:
         read_trace(path, "vllm")
     assert str(info.value) == ("unknown trace format 'vllm'; valid formats: auto, native, mooncake, sharegpt, "
-                               "swe-agent, bailian, hash-ids, claude-code, openai-batch, gateway, lines")
+                               "swe-agent, bailian, hash-ids, claude-code, ragpulse, openai-batch, gateway, lines")
     assert set(FORMATS) == {"native", "mooncake", "sharegpt", "swe-agent", "bailian", "hash-ids", "claude-code",
-                            "openai-batch", "gateway", "lines"}
+                            "ragpulse", "openai-batch", "gateway", "lines"}
 
 
 def test_missing_file(tmp_path):
@@ -382,6 +382,7 @@ SAMPLE_FILES = [
     ("tokens_small.jsonl", "native", 6, 78),
     ("bailian_handmade.jsonl", "bailian", 12, 2_920),
     ("openai_batch_handmade.jsonl", "openai-batch", 6, 1_296),
+    ("ragpulse_head60/0_trace.jsonl", "ragpulse", 60, 183_037),  # its component files beside it
     ("aiperf_agentic_code_3x5.jsonl", "mooncake", 15, 804_933),
     ("dynamo_exgentic_handmade.jsonl", "mooncake", 9, 46_350),
     ("customer_service_handmade.parquet", "mooncake", 5, 1_273),
@@ -390,7 +391,7 @@ SAMPLE_FILES = [
 
 def test_every_sample_file_is_listed():
     on_disk = {p.name for p in SAMPLES.iterdir() if p.suffix not in (".md", ".py")}
-    assert on_disk == {name for name, *_ in SAMPLE_FILES}
+    assert on_disk == {name.split("/")[0] for name, *_ in SAMPLE_FILES}
 
 
 @pytest.mark.parametrize("name, fmt, count, tokens", SAMPLE_FILES)
