@@ -6,7 +6,8 @@ A prompt trace file in, :class:`Request` objects (prompt token ids) out, lazily,
 folder or a loaded :class:`~kvcli.model.tokenizer_base.Tokenizer`. ``FORMATS`` maps each format name (native,
 openai-batch, gateway, lines, mooncake, bailian, hash-ids, claude-code, ragpulse, sharegpt, swe-agent) to its
 reader; any file may be gzip-compressed; JSONL is streamed, a line over
-:data:`kvcli.traces.records.MAX_LINE_BYTES` refused.
+:data:`kvcli.traces.records.MAX_LINE_BYTES` refused; a Parquet file (Mooncake rows, native records) is read a row
+batch at a time through pyarrow.
 The formats, the auto-detection rule and what each reader makes of a record are specified in docs/traces.md
 ("Trace formats", "Reader rules in full").
 

@@ -20,12 +20,15 @@ from kvcli.traces.hashids import (
     semantics_note,
 )
 from kvcli.traces.lines import read_lines
+from kvcli.traces.mooncake import MOONCAKE_KEYS, outline_mooncake, read_mooncake
 from kvcli.traces.native import NATIVE_PROMPT_KEYS, read_native
 from kvcli.traces.openai import BATCH_KEYS, read_openai_batch
 from kvcli.traces.ragpulse import is_component_record, outline_ragpulse, ragpulse_note, read_ragpulse
 from kvcli.traces.records import (
     check_file,
+    is_parquet,
     json_type,
+    parquet_columns,
     read_first_char,
     read_first_line,
     read_first_record,
@@ -66,6 +69,8 @@ def _reader(name: str, spec: TraceFormat) -> Reader:
         return functools.partial(read_claude_code, fmt=spec)
     if name == "gateway":
         return functools.partial(read_gateway, fmt=spec)
+    if name in MOONCAKE_ROWS:
+        return functools.partial(read_mooncake, schema=HASH_ID_FORMATS[name], fmt=spec)
     if name == "ragpulse":
         return functools.partial(read_ragpulse, fmt=spec)
     if name in HASH_ID_FORMATS:
@@ -85,6 +90,8 @@ def outline_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: 
     path, name, spec = _resolved(path, fmt)
     if name == "claude-code":
         return outline_claude_code(path, spec)
+    if name in MOONCAKE_ROWS:
+        return outline_mooncake(path, HASH_ID_FORMATS[name], spec, tokenizer)
     if name == "ragpulse":
         return outline_ragpulse(path, spec)
     if name in HASH_ID_FORMATS:
@@ -119,6 +126,9 @@ def trace_note(path: str | Path, fmt: str | TraceFormat = "auto") -> str | None:
     if spec.skip_bad_records and name == "claude-code":
         for _ in outline_claude_code(path, spec, skipped):
             pass
+    elif spec.skip_bad_records and name in MOONCAKE_ROWS:
+        for _ in outline_mooncake(path, HASH_ID_FORMATS[name], spec, DEFAULT_TOKENIZER, skipped):
+            pass
     elif spec.skip_bad_records:
         for _ in iter_hash_id_records(path, HASH_ID_FORMATS[name], spec, skipped):
             pass
@@ -145,6 +155,8 @@ def detect_format(path: str | Path) -> str:
     """
     path = Path(path)
     check_file(path)
+    if is_parquet(path):
+        return parquet_format(path)
     suffix = stem_and_suffix(path)[1].lower()
     if suffix == ".traj":
         return "swe-agent"
@@ -165,26 +177,50 @@ def detect_format(path: str | Path) -> str:
     return record_format(record, path, line_no)
 
 
+#: the formats whose rows are read through :func:`kvcli.traces.records.iter_rows`, Parquet rows among them
+MOONCAKE_ROWS = ("mooncake", "hash-ids")
+PARQUET_FORMATS = (*MOONCAKE_ROWS, "native")
+
+
+def parquet_format(path: Path) -> str:
+    """The format of a Parquet file's rows, from its columns and first row (:func:`record_format`: a column is a
+    field of every row, null or not, so a ``delay`` column makes Mooncake rows though the first turn's delay is
+    null): Mooncake rows or native records, the formats read a row at a time.
+
+    Raises:
+        BadInputError: at ``path:1``, a first row that fits no format, several, or another format.
+    """
+    record = {**dict.fromkeys(parquet_columns(path)), **read_first_record(path)[1]}
+    name = record_format(record, path, 1)
+    if name not in PARQUET_FORMATS:
+        raise BadInputError(f"a Parquet file's rows are read as {', '.join(PARQUET_FORMATS)} records; its first row "
+                            f"fits {name}", path=str(path), line=1)
+    return name
+
+
 def record_format(record: dict, path: Path, line_no: int) -> str:
-    """The one format whose signature a first record fits: a hash-id format (``hash_ids``;
-    :func:`hash_id_format` tells them apart, RAGPulse's object of components among them), ``claude-code`` (a
-    ``requests`` list with ``block_size`` or ``hash_id_scope``), ``sharegpt`` (``conversations``), ``swe-agent``
-    (``history``), ``openai-batch`` (``custom_id`` and ``body``), ``gateway``
-    (:func:`kvcli.traces.gateway.is_gateway_record`) or ``native`` (``prompt``, ``messages`` or ``token_ids``). No
-    signature wins over another: a record that fits two is refused. The one exception is a gateway row's
-    ``messages``, the gateway's copy of the request's, which alone does not make the row native.
+    """The one format whose signature a first record fits: a hash-id format (``hash_ids``, or a field only a
+    Mooncake row has, :data:`kvcli.traces.mooncake.MOONCAKE_KEYS`; :func:`hash_id_format` tells them apart,
+    RAGPulse's object of components among them), ``claude-code`` (a ``requests`` list with ``block_size`` or
+    ``hash_id_scope``), ``sharegpt`` (``conversations``), ``swe-agent`` (``history``), ``openai-batch``
+    (``custom_id`` and ``body``), ``gateway`` (:func:`kvcli.traces.gateway.is_gateway_record`) or ``native``
+    (``prompt``, ``messages`` or ``token_ids``). No signature wins over another: a record that fits two is refused.
+    The exceptions are ``messages`` beside a gateway row's fields (the gateway's copy of the request's) or beside a
+    Mooncake row's (aiperf's chat rows), which alone do not make the record native.
 
     Raises:
         BadInputError: at ``path:line_no``, no format fits, or more than one does (the error names them and says to
             pass one); a line of a RAGPulse component file (named as such: it is read beside its trace).
     """
     requests = isinstance(record.get("requests"), list)
-    fits = {hash_id_format(record): "hash_ids" in record,
+    mooncake_only = any(k in record for k in MOONCAKE_KEYS)
+    fits = {hash_id_format(record): "hash_ids" in record or mooncake_only,
             "claude-code": requests and ("hash_id_scope" in record or "block_size" in record),
             "sharegpt": "conversations" in record, "swe-agent": "history" in record,
             "openai-batch": all(k in record for k in BATCH_KEYS), "gateway": is_gateway_record(record),
             "native": any(k in record for k in NATIVE_PROMPT_KEYS)}
-    if fits["gateway"] and not any(k in record for k in ("prompt", "token_ids")):
+    if (fits["gateway"] or mooncake_only or "hash_ids" in record) and not any(k in record for k in ("prompt",
+                                                                                                     "token_ids")):
         fits["native"] = False
     found = [name for name, fit in fits.items() if fit]
     if len(found) == 1:
@@ -199,9 +235,10 @@ def record_format(record: dict, path: Path, line_no: int) -> str:
                             f"pass the format by name (--format {' or --format '.join(found)}; kvcli export: "
                             "--input-format)", path=str(path), line=line_no)
     raise BadInputError(f"cannot detect the trace format from the first record's keys ({keys}); expected "
-                        "hash_ids (mooncake, bailian, hash-ids, ragpulse), conversations (sharegpt), history "
-                        "(swe-agent), requests with block_size (claude-code), custom_id and body (openai-batch), a "
-                        f"request and a time field (gateway: {', '.join(REQUEST_FIELDS)} or messages, and "
+                        "hash_ids (mooncake, bailian, hash-ids, ragpulse), a Mooncake row's input_length or delay "
+                        "(mooncake), conversations (sharegpt), history (swe-agent), requests with block_size "
+                        "(claude-code), custom_id and body (openai-batch), a request and a time field (gateway: "
+                        f"{', '.join(REQUEST_FIELDS)} or messages, and "
                         f"{', '.join(TIME_FIELDS)}) or prompt/messages/token_ids (native)",
                         path=str(path), line=line_no)
 

@@ -328,21 +328,39 @@ def export_records(requests: Iterable[Request], fmt: str, numbering: BlockNumber
     "hash_ids", "session_id"}`` or Bailian ``{"chat_id", "parent_chat_id", "timestamp" (s), "input_length",
     "output_length", "turn", "hash_ids"}``, each with ``"block_size"`` when it is not the format's own.
 
+    Bailian's links: a request whose trace names the request it continues (:class:`~kvcli.traces.request.TurnLink`,
+    a Bailian input's ``parent_chat_id``) keeps that link, renumbered, whatever the order of the two in the input:
+    each chat id of a session gets its number where it is first named, as a request or as a parent (a parent the
+    input does not hold keeps a number no record has, so its children stay one session). Its ``turn`` is its own,
+    else one more than its parent's where the parent came first, else 2. Any other request of a session continues
+    the session's previous one in input order (turn = its place in the session); a request without a session is a
+    first turn.
+
     Raises:
         BadInputError: as :func:`check_export_options`.
     """
     check_export_options(fmt, numbering.block_tokens, round_seconds)
     own_block, per_second = EXPORT_FORMATS[fmt]
     sessions: dict[str, int] = {}
-    last_chat: dict[int, tuple[int, int]] = {}  # session -> (its last chat_id, its turns so far)
-    for n, r in enumerate(requests):
+    chats = _ChatNumbers()
+    last_chat: dict[int, int] = {}  # session -> its last chat_id, for requests without a link
+    turns: dict[int, int] = {}  # chat_id -> its turn
+    for r in requests:
         record: dict[str, Any] = {}
         session = None if r.session_id is None else sessions.setdefault(r.session_id, len(sessions))
         if fmt == "bailian":
-            parent, turns = last_chat.get(session, (-1, 0)) if session is not None else (-1, 0)
-            record.update(chat_id=n, parent_chat_id=parent, turn=turns + 1)
+            if r.link is not None:
+                chat = chats.named((r.session_id, r.id))
+                parent = -1 if r.link.parent is None else chats.named((r.session_id, r.link.parent))
+                turn = r.link.turn or (1 if parent == -1 else turns.get(parent, 1) + 1)
+            else:
+                chat = chats.fresh()
+                parent = -1 if session is None else last_chat.get(session, -1)
+                turn = 1 if parent == -1 else turns[parent] + 1
             if session is not None:
-                last_chat[session] = (n, turns + 1)
+                last_chat[session] = chat
+            turns[chat] = turn
+            record.update(chat_id=chat, parent_chat_id=parent, turn=turn)
         if r.timestamp is not None:
             t = r.timestamp if round_seconds is None else round(r.timestamp / round_seconds) * round_seconds
             record["timestamp"] = _number(t * per_second)
@@ -355,6 +373,26 @@ def export_records(requests: Iterable[Request], fmt: str, numbering: BlockNumber
             record["block_size"] = numbering.block_tokens
         record["hash_ids"] = numbering.ids_of(r.token_ids, r.cache_salt)
         yield record
+
+
+class _ChatNumbers:
+    """Bailian chat ids of an export: 0, 1, 2, ... in order of first use, a chat the input names (by its session and
+    its own id) keeping one number wherever it is named again."""
+
+    def __init__(self) -> None:
+        self._named: dict[tuple[str | None, str], int] = {}
+        self._next = 0
+
+    def fresh(self) -> int:
+        """A number no chat has had."""
+        self._next += 1
+        return self._next - 1
+
+    def named(self, key: tuple[str | None, str]) -> int:
+        """The number of the chat ``key`` names, given it the first time."""
+        if key not in self._named:
+            self._named[key] = self.fresh()
+        return self._named[key]
 
 
 def _number(x: float) -> int | float:

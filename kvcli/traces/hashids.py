@@ -4,15 +4,18 @@ tokens, read with explicit semantics.
 Formats (``HASH_ID_FORMATS``; each record has ``input_length`` and ``hash_ids``):
 
 * ``mooncake`` -- Mooncake FAST'25 (kvcache-ai/Mooncake ``FAST25-release/traces``): 512 tokens per id, ``timestamp``
-  in ms, optional ``session_id`` (:mod:`kvcli.traces.mooncake` names its constants and token synthesis).
+  in ms, optional ``session_id``, and the rows aiperf and Dynamo write (``delay``, ``messages``, ``tools``,
+  ``extra``, Parquet): read by :mod:`kvcli.traces.mooncake`.
 * ``bailian`` -- Alibaba's Qwen-Bailian usage traces (alibaba-edu/qwen-bailian-usagetraces-anon, Apache-2.0; the
   KVCache-in-the-wild ATC'25 traces): 16 tokens per id, ``timestamp`` in seconds, ``chat_id``, ``parent_chat_id``
-  (-1 for a session's first turn), ``turn``, ``type``; the session is the root of the ``parent_chat_id`` chain.
+  (-1 for a session's first turn), ``turn``, ``type``; the session is the root of the ``parent_chat_id`` chain over
+  the whole file, whatever its order (read by this module).
 * ``ragpulse`` -- RAGPulse's component hash ids, each id its own number of tokens (:mod:`kvcli.traces.ragpulse`
   reads it; listed here for its timestamps' unit and sessions).
 * ``hash-ids`` -- any other hash-id trace whose records carry ``block_size`` (the kvcache-simulator shape
   ``{"block_size", "hash_ids", "input_length"}``), or any hash-id trace read with ``--hash-block-tokens``;
-  ``timestamp`` in ms (Mooncake's convention) unless ``--timestamp-unit`` says otherwise; optional ``session_id``.
+  ``timestamp`` in ms (Mooncake's convention) unless ``--timestamp-unit`` says otherwise; otherwise a Mooncake row
+  (:mod:`kvcli.traces.mooncake` reads it).
 
 Every record is checked: ``len(hash_ids) == ceil(input_length / B)``. The block size ``B`` is never guessed: a
 record's ``block_size``, else ``--hash-block-tokens``, else the format's own; a record whose ``block_size``
@@ -26,6 +29,8 @@ never share a block.
 """
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,14 +41,15 @@ import numpy as np
 from kvcli.errors import BadInputError
 from kvcli.traces.records import (
     cache_salt,
-    checked_jsonl,
+    checked_rows,
+    iter_raw_lines,
     optional_count,
     optional_id,
     optional_seconds,
     require_object,
     shorten,
 )
-from kvcli.traces.request import BlockKeys, HashIdRequest, Outline, Request, TokenizerArg
+from kvcli.traces.request import BlockKeys, HashIdRequest, Outline, Request, TokenizerArg, TurnLink
 from kvcli.traces.synth import splitmix64_
 
 #: ``--timestamp-unit`` names -> units per second.
@@ -109,10 +115,14 @@ class HashIdSchema:
     sessions: str
 
 
+_MOONCAKE_SESSIONS = ("session_id when present (a delay row: its session's previous turn's time + delay, the earliest "
+                      "it can come; a group_id or context_mode session: delta rows, each turn's prompt the previous "
+                      "one's, its response and the new tokens)")
+
 HASH_ID_FORMATS = {
-    "mooncake": HashIdSchema("mooncake", 512, "ms", "session_id when present"),
+    "mooncake": HashIdSchema("mooncake", 512, "ms", _MOONCAKE_SESSIONS),
     "bailian": HashIdSchema("bailian", 16, "s", "the root of each parent_chat_id chain"),
-    "hash-ids": HashIdSchema("hash-ids", None, "ms", "session_id when present"),
+    "hash-ids": HashIdSchema("hash-ids", None, "ms", _MOONCAKE_SESSIONS),
     "claude-code": HashIdSchema("claude-code", 64, "s", "one per session row; hash ids scoped to it"),
     "ragpulse": HashIdSchema("ragpulse", None, "s", "session_id when present"),
 }
@@ -208,19 +218,97 @@ def time_divisor(fmt: TraceFormat, schema: HashIdSchema) -> int:
 
 
 class _Sessions:
-    """Bailian sessions: each ``chat_id``'s root along its ``parent_chat_id`` chain (a parent not seen yet is its
-    own root)."""
+    """Bailian sessions: the root of each record's ``parent_chat_id`` chain over the whole file, whatever the order of
+    its records (a turn may come before the turn it continues). ``parents`` maps each ``chat_id`` that names a parent
+    to that parent (:func:`chain_parents`, a pass over the file before its records are read); a parent the file does
+    not hold (a cut trace), or holds as a first turn, is the root."""
 
-    def __init__(self) -> None:
+    def __init__(self, parents: dict[str, str]) -> None:
+        self._parents = parents
         self._root: dict[str, str] = {}
 
     def of(self, record: dict) -> str | None:
+        """The session of one record (its root's ``chat_id``; None for a record with neither id).
+
+        Raises:
+            BadInputError: its chain of parents comes back to a chat it has passed (a loop, a self-parent included).
+        """
         chat = optional_id(record, "chat_id")
         parent = optional_id(record, "parent_chat_id")
-        root = chat if parent in (None, "-1") else self._root.get(parent, parent)
-        if chat is not None and root is not None:
-            self._root[chat] = root
+        return chat if parent in (None, "-1") else self.root(parent)
+
+    def root(self, chat: str) -> str:
+        """The root of ``chat``'s chain (memoized along the path walked).
+
+        Raises:
+            BadInputError: the chain loops.
+        """
+        path: list[str] = []
+        seen: set[str] = set()
+        node = chat
+        while node not in self._root and node in self._parents:
+            if node in seen:
+                raise BadInputError(f"the parent_chat_id chain from {chat} loops back to chat_id {node}")
+            seen.add(node)
+            path.append(node)
+            node = self._parents[node]
+        root = self._root.get(node, node)
+        for step in path:
+            self._root[step] = root
         return root
+
+
+_CHAT_ID = re.compile(rb'"chat_id"\s*:\s*(-?\d+|"[^"]*")\s*[,}]')
+_PARENT_ID = re.compile(rb'"parent_chat_id"\s*:\s*(-?\d+|"[^"]*")\s*[,}]')
+
+
+def chain_link(line: bytes) -> tuple[str | None, str | None] | None:
+    """``(chat_id, parent_chat_id)`` of one Bailian JSONL line as :func:`~kvcli.traces.records.optional_id` reads
+    them (a string, an integer as its decimal text; None when absent, and the parent None for ``-1``), or None for a
+    line that is not a JSON object or holds another type there (its record's own check names the problem).
+
+    A line that starts with ``{`` and holds one ``"chat_id"``, at most one ``"parent_chat_id"``, no other ``{`` and
+    no backslash is one object with no nested object and no quote inside a string, so those two keys are its own
+    and their values are read off the bytes where they stand; any other line is parsed whole (``json.loads``),
+    which gives the same pair (``tests/traces/test_hashids.py`` checks the two agree).
+    """
+    if (line.count(b'"chat_id"') == 1 and line.count(b'"parent_chat_id"') <= 1 and b"\\" not in line
+            and line.count(b"{") == 1 and line.lstrip().startswith(b"{")):
+        chat = _CHAT_ID.search(line)
+        parent = _PARENT_ID.search(line)
+        if chat is not None and (parent is not None or b'"parent_chat_id"' not in line):
+            return _id_text(chat.group(1)), (None if parent is None else _parent_text(_id_text(parent.group(1))))
+    try:
+        record = json.loads(line)
+        if not isinstance(record, dict):
+            return None
+        return optional_id(record, "chat_id"), _parent_text(optional_id(record, "parent_chat_id"))
+    except (ValueError, RecursionError, BadInputError):
+        return None
+
+
+def _id_text(token: bytes) -> str:
+    """A JSON integer or plain string token as :func:`~kvcli.traces.records.optional_id` makes it a string."""
+    return token[1:-1].decode("utf-8", "surrogateescape") if token.startswith(b'"') else str(int(token))
+
+
+def _parent_text(parent: str | None) -> str | None:
+    return None if parent == "-1" else parent
+
+
+def chain_parents(path: Path) -> dict[str, str]:
+    """``chat_id -> parent_chat_id`` of every record of a Bailian file that names a parent (``-1`` and absent
+    aside), from one pass over its lines (:func:`chain_link`); a ``chat_id`` given twice keeps its first parent.
+
+    Raises:
+        BadInputError: the file cannot be read (located at the line reached), a line too long.
+    """
+    parents: dict[str, str] = {}
+    for _, line in iter_raw_lines(path):
+        link = chain_link(line)
+        if link is not None and link[0] is not None and link[1] is not None:
+            parents.setdefault(link[0], link[1])
+    return parents
 
 
 @dataclass(frozen=True)
@@ -233,10 +321,12 @@ class _Fields:
     output_length: int | None
     request_id: str | None
     cache_salt: str
+    link: TurnLink
 
 
-def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sessions) -> _Fields:
-    """One line record of ``schema``'s format, checked (errors without the file and line: the caller adds them)."""
+def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sessions | None) -> _Fields:
+    """One Bailian line record, checked (errors without the file and line: the caller adds them); its session from
+    ``sessions`` (None: not wanted, left None)."""
     record = require_object(record)
     input_length = optional_count(record.get("input_length"), "input_length")
     if input_length is None:
@@ -246,17 +336,20 @@ def _fields(record: Any, schema: HashIdSchema, blocks: BlockIds, sessions: _Sess
     block_tokens = blocks.block_tokens(record.get("block_size"), schema)
     keys = blocks.keys(record["hash_ids"], input_length, block_tokens)
     timestamp = optional_seconds(record.get("timestamp"), "timestamp", divisor=time_divisor(blocks.fmt, schema))
-    if schema.name == "bailian":
-        session, request_id = sessions.of(record), optional_id(record, "chat_id")
-    else:
-        session, request_id = optional_id(record, "session_id"), None
+    parent = optional_id(record, "parent_chat_id")
+    turn = optional_count(record.get("turn"), "turn")
+    session = None if sessions is None else sessions.of(record)
     return _Fields(input_length, keys, block_tokens, timestamp, session,
-                   optional_count(record.get("output_length"), "output_length"), request_id, cache_salt(record))
+                   optional_count(record.get("output_length"), "output_length"), optional_id(record, "chat_id"),
+                   cache_salt(record), TurnLink(None if parent == "-1" else parent, turn or None))
 
 
 def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
-                         skipped: list[BadInputError] | None = None) -> Iterator[tuple[int, _Fields]]:
-    """``(line, fields)`` of each record of a line-per-request hash-id trace, checked, in file order.
+                         skipped: list[BadInputError] | None = None, sessions: bool = False
+                         ) -> Iterator[tuple[int, _Fields]]:
+    """``(line, fields)`` of each record of a Bailian trace, checked, in file order; with ``sessions``, each
+    record's session (the root of its ``parent_chat_id`` chain over the whole file: :func:`chain_parents` reads the
+    file once more first).
 
     ``skipped``: with ``fmt.skip_bad_records``, each record that failed its checks, or a line that is not JSON, is
     appended here (located errors) instead of raised.
@@ -264,26 +357,28 @@ def iter_hash_id_records(path: Path, schema: HashIdSchema, fmt: TraceFormat,
     Raises:
         BadInputError: at ``path:line``, a record that fails its checks (unless skipped).
     """
-    blocks, sessions = BlockIds(fmt), _Sessions()
-    yield from checked_jsonl(path, lambda record: _fields(record, schema, blocks, sessions), fmt.skip_bad_records,
+    blocks = BlockIds(fmt)
+    chains = _Sessions(chain_parents(path)) if sessions else None
+    yield from checked_rows(path, lambda _, record: _fields(record, schema, blocks, chains), fmt.skip_bad_records,
                              skipped)
 
 
 def read_hash_id_trace(path: Path, tokenizer: TokenizerArg, schema: HashIdSchema, fmt: TraceFormat
                        ) -> Iterator[Request]:
-    """Requests of a line-per-request hash-id trace (``mooncake``, ``bailian``, ``hash-ids``),
-    token ids synthesized per id (module docstring) when first read (:class:`~kvcli.traces.request.HashIdRequest`).
-    ``tokenizer`` is not used (there is no text).
+    """Requests of a Bailian trace, token ids synthesized per id (module docstring) when first read
+    (:class:`~kvcli.traces.request.HashIdRequest`), each with its session and :class:`TurnLink` (its
+    ``parent_chat_id`` and ``turn``). ``tokenizer`` is not used (there is no text). The other hash-id formats:
+    :mod:`kvcli.traces.mooncake`.
 
     Raises:
         BadInputError: at ``path:line``, while iterating, a record that fails its checks (unless skipped).
     """
     del tokenizer
-    for line_no, f in iter_hash_id_records(path, schema, fmt):
+    for line_no, f in iter_hash_id_records(path, schema, fmt, sessions=True):
         yield HashIdRequest(id=f.request_id or f"{path.name}:{line_no}",
                             blocks=BlockKeys(f.keys, f.block_tokens, f.input_length), timestamp=f.timestamp,
                             session_id=f.session_id, output_length=f.output_length, cache_salt=f.cache_salt,
-                            source=f"{path}:{line_no}")
+                            source=f"{path}:{line_no}", link=f.link)
 
 
 def outline_hash_id_trace(path: Path, schema: HashIdSchema, fmt: TraceFormat) -> Iterator[Outline]:

@@ -14,7 +14,7 @@ from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import TOKEN_DTYPE, check_tools
 from kvcli.traces.records import (
     cache_salt,
-    iter_jsonl,
+    iter_rows,
     located,
     optional_count,
     optional_id,
@@ -28,8 +28,9 @@ NATIVE_PROMPT_KEYS = ("prompt", "messages", "token_ids")
 
 
 def read_native(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
-    """Requests of a native JSONL trace (format in the module docstring)."""
-    for line_no, record in iter_jsonl(path):
+    """Requests of a native trace, JSONL or Parquet (:func:`kvcli.traces.records.iter_rows`; format in the module
+    docstring)."""
+    for line_no, record in iter_rows(path):
         try:
             request = _native_request(record, tokenizer, path, line_no)
         except BadInputError as err:

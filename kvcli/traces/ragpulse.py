@@ -49,7 +49,7 @@ from kvcli.errors import BadInputError
 from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, time_divisor
 from kvcli.traces.records import (
     cache_salt,
-    checked_jsonl,
+    checked_rows,
     iter_jsonl,
     json_type,
     located,
@@ -236,7 +236,7 @@ def iter_ragpulse_records(path: Path, fmt: TraceFormat, skipped: list[BadInputEr
     """
     lengths = component_lengths(path.parent)
     divisor = time_divisor(fmt, SCHEMA)
-    yield from checked_jsonl(path, lambda record: _fields(record, lengths, divisor), fmt.skip_bad_records, skipped)
+    yield from checked_rows(path, lambda _, record: _fields(record, lengths, divisor), fmt.skip_bad_records, skipped)
 
 
 def synth_keys(ids: list[int]) -> np.ndarray:

@@ -153,6 +153,16 @@ def _iter_lines(path: Path) -> Generator[tuple[int, bytes], None, None]:
         raise _read_error(exc, path, line_no) from None
 
 
+def iter_raw_lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """``(line_no, line)`` of each non-blank line as bytes, unparsed, streamed (gunzipped): for a pass that looks at a
+    few fields of every record before the records are parsed (:mod:`kvcli.traces.hashids`'s Bailian chains).
+
+    Raises:
+        BadInputError: as :func:`iter_jsonl`, a line too long or a file that cannot be read.
+    """
+    return _iter_lines(path)
+
+
 def read_first_line(path: Path) -> tuple[int, bytes] | None:
     """``(line_no, line)`` of the first non-blank line, or None for a blank file."""
     with contextlib.closing(_iter_lines(path)) as lines:
@@ -197,27 +207,28 @@ def iter_jsonl(path: Path, invalid: list[BadInputError] | None = None) -> Iterat
         yield line_no, value
 
 
-def checked_jsonl(path: Path, check: Callable[[Any], T], skip: bool, skipped: list[BadInputError] | None = None
-                  ) -> Iterator[tuple[int, T]]:
-    """``(line_no, check(value))`` of each line of a JSONL file, in file order: the one loop of the readers whose
-    records may be skipped (``--skip-bad-records``). ``check`` raises BadInputError (without a location) for a bad
-    record; with ``skip``, that error, or a line that is not JSON, is appended to ``skipped`` (located at
-    ``path:line``) and the line skipped; without, it is raised located.
+def checked_rows(path: Path, check: Callable[[int, Any], T], skip: bool,
+                 skipped: list[BadInputError] | None = None) -> Iterator[tuple[int, T]]:
+    """``(number, check(number, value))`` of each record of a row-per-request file (:func:`iter_rows`: a JSONL
+    file's lines, a Parquet file's rows), in file order: the one loop of the readers whose records may be skipped
+    (``--skip-bad-records``). ``check`` raises BadInputError (without a location) for a bad record; with ``skip``,
+    that error, or a line that is not JSON, is appended to ``skipped`` (located at ``path:number``) and the record
+    skipped; without, it is raised located.
 
     Raises:
-        BadInputError: at ``path:line``, a record ``check`` refuses or a line that is not JSON (unless ``skip``).
+        BadInputError: at ``path:number``, a record ``check`` refuses or a line that is not JSON (unless ``skip``).
     """
     invalid = (skipped if skipped is not None else []) if skip else None  # lines that are not JSON
-    for line_no, record in iter_jsonl(path, invalid):
+    for number, record in iter_rows(path, invalid):
         try:
-            fields = check(record)
+            fields = check(number, record)
         except BadInputError as err:
             if not skip:
-                raise located(err, path, line_no) from None
+                raise located(err, path, number) from None
             if skipped is not None:
-                skipped.append(located(err, path, line_no))
+                skipped.append(located(err, path, number))
             continue
-        yield line_no, fields
+        yield number, fields
 
 
 def load_json(path: Path) -> Any:
@@ -284,7 +295,14 @@ def _is_json_document(path: Path) -> bool:
 
 
 def read_first_record(path: Path) -> tuple[int, Any]:
-    """``(line_no, value)`` of the first record: the first non-blank JSONL line, or the whole JSON document."""
+    """``(line_no, value)`` of the first record: the first non-blank JSONL line, the whole JSON document, or a
+    Parquet file's first row (:func:`iter_parquet`)."""
+    if is_parquet(path):
+        with contextlib.closing(iter_parquet(path)) as rows:
+            row = next(rows, None)
+        if row is None:
+            raise BadInputError("empty Parquet file: no rows, so no format to detect", path=str(path))
+        return row
     if _is_json_document(path):
         return 1, load_json(path)
     first = read_first_line(path)
@@ -339,4 +357,81 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
         yield 1, document
 
 
-#: format name -> reader ``(path, tokenizer) -> Iterator[Request]``.
+# --------------------------------------------------------------------------------------------- Parquet
+
+_PARQUET_MAGIC = b"PAR1"
+#: rows a Parquet file is read in at a time (Arrow record batches): a Mooncake row with ``messages`` can hold a long
+#: chat, so a batch is kept small.
+PARQUET_BATCH_ROWS = 256
+
+
+def is_parquet(path: Path) -> bool:
+    """Whether ``path`` is an Apache Parquet file: it starts with the format's magic bytes ``PAR1`` (Parquet's
+    file layout: ``PAR1``, the column chunks, the footer, ``PAR1``)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _PARQUET_MAGIC
+    except OSError:
+        return False
+
+
+def iter_parquet(path: Path) -> Generator[tuple[int, dict[str, Any]], None, None]:
+    """``(row_no, row)`` of each row of a Parquet file (1-based), read through pyarrow a record batch at a time
+    (``pyarrow.parquet.ParquetFile.iter_batches``): each row as a dict of its columns' Python values (lists, nested
+    dicts). A null column, or a null field of a struct (Parquet gives every value of a struct column the union of
+    the fields its values have), is left out, as a JSON record leaves out a field it does not have.
+
+    Raises:
+        BadInputError: at ``path:row``, a file pyarrow cannot read there (not Parquet, corrupt, cut short).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    row_no = 0
+    try:
+        parquet = pq.ParquetFile(path)
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                row_no += 1
+                yield row_no, _without_nulls(row)
+    except (pa.ArrowException, OSError) as exc:
+        raise BadInputError(f"cannot read Parquet past row {row_no} ({type(exc).__name__}: {exc})" if row_no else
+                            f"cannot read Parquet ({type(exc).__name__}: {exc})", path=str(path),
+                            line=row_no + 1) from None
+
+
+def _without_nulls(value: Any) -> Any:
+    """``value`` with every dict's null entries left out, at every depth (list elements kept as they are)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def parquet_columns(path: Path) -> list[str]:
+    """The column names of a Parquet file's schema (its footer; no row is read).
+
+    Raises:
+        BadInputError: a file pyarrow cannot read as Parquet.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    except (pa.ArrowException, OSError) as exc:
+        raise BadInputError(f"cannot read Parquet ({type(exc).__name__}: {exc})", path=str(path), line=1) from None
+
+
+def iter_rows(path: Path, invalid: list[BadInputError] | None = None) -> Iterator[tuple[int, Any]]:
+    """``(number, record)`` of each record of a row-per-request file: a Parquet file's rows (:func:`iter_parquet`,
+    numbered from 1) or a JSONL file's lines (:func:`iter_jsonl`, ``invalid`` as there).
+
+    Raises:
+        BadInputError: as :func:`iter_parquet` or :func:`iter_jsonl`.
+    """
+    if is_parquet(path):
+        yield from iter_parquet(path)
+    else:
+        yield from iter_jsonl(path, invalid)

@@ -48,6 +48,19 @@ class ChatPrompt(NamedTuple):
     tools: list | None = None
 
 
+class TurnLink(NamedTuple):
+    """Where a trace itself places a request in its conversation, by naming the request it continues (Alibaba's
+    Bailian traces: ``parent_chat_id``), for a writer that keeps the link (:func:`kvcli.traces.export.export_records`).
+
+    Attributes:
+        parent: the trace's id of the request this one continues; None for a first turn.
+        turn: the trace's own 1-based turn number, or None when it gives none.
+    """
+
+    parent: str | None
+    turn: int | None = None
+
+
 class Segment(NamedTuple):
     """One labelled token range of a prompt: which part of the request the tokens ``[start, end)`` came from, for
     an analysis that reuses a part wherever it recurs (:mod:`kvcli.sim.blend`) or names it. A reader fills them
@@ -86,6 +99,8 @@ class Request:
             prompt).
         blocks: the block keys of a hash-id request's synthesized token ids (None for any other request; a
             :class:`HashIdRequest` synthesizes its ``token_ids`` from them on first use).
+        link: the request this one continues, where the trace names it (:class:`TurnLink`); None where the trace
+            links no turns that way (a session's requests then follow one another in arrival order).
         segments: the prompt's labelled parts (:class:`Segment`, in prompt order), where the format names them
             (None: it does not).
     """
@@ -99,6 +114,7 @@ class Request:
     source: str = ""
     chat: ChatPrompt | None = None
     blocks: BlockKeys | None = None
+    link: TurnLink | None = None
     segments: tuple[Segment, ...] | None = None
 
     @property

@@ -177,7 +177,7 @@ def test_the_totals_are_replays_hit_tokens_and_upper_bound_on_every_sample(redis
     out = run("replay", samples, "--chunk-sizes", "16,256", "--measure", "0", "--prefill-tps", 1000, "--payload",
               "accounted", "--no-curve", "--json", "--jobs", 1, "--redis-url", redis_url)
     rows = {(t["trace"], r["chunk_size"]): r for t in json.loads(out.stdout)["traces"] for r in t["per_chunk_size"]}
-    assert len({trace for trace, _ in rows}) == 12
+    assert len({trace for trace, _ in rows}) == 15
     for cs in (16, 256):
         for t in explain_traces([samples], "auto", None, ExplainConfig(cs)):
             x, row = t.explanation, rows[(t.name, cs)]

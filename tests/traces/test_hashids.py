@@ -126,7 +126,10 @@ def test_declared_block_size_and_unit_apply_to_a_mooncake_shaped_trace(tmp_path)
     assert "16 tokens per hash id (--hash-block-tokens), timestamps in s (--timestamp-unit)" in trace_note(
         path, TraceFormat(block_tokens=16, timestamp_unit="s"))
     assert trace_note(path) == ("read as a mooncake hash-id trace: 512 tokens per hash id (the format's), "
-                                "timestamps in ms (the format's), sessions: session_id when present")
+                                "timestamps in ms (the format's), sessions: session_id when present (a delay row: "
+                                "its session's previous turn's time + delay, the earliest it can come; a group_id "
+                                "or context_mode session: delta rows, each turn's prompt the previous one's, its "
+                                "response and the new tokens)")
 
 
 def test_one_synthesis_for_every_block_size_mooncake_included(tmp_path):

@@ -161,7 +161,8 @@ def test_mooncake_token_ids_follow_the_documented_function():
     ({"input_length": 512, "hash_ids": [0, 1]}, "expected ceil(512/512) = 1"),
     ({"input_length": -1, "hash_ids": [0]}, "input_length must be an integer >= 0"),
     ({"hash_ids": [0]}, "needs input_length"),
-    ({"input_length": 10}, "needs hash_ids"),
+    ({"input_length": 10, "text_input": "a", "payload": {}}, "by one of messages, text_input, payload (found: "
+                                                             "text_input, payload)"),
     ({"input_length": 10, "hash_ids": [0.5]}, "hash_ids[0] = 0.5"),
     ({"input_length": 10, "hash_ids": [0], "timestamp": -5}, "timestamp must be a finite number >= 0"),
 ])
@@ -382,6 +383,9 @@ SAMPLE_FILES = [
     ("bailian_handmade.jsonl", "bailian", 12, 2_920),
     ("openai_batch_handmade.jsonl", "openai-batch", 6, 1_296),
     ("ragpulse_head60/0_trace.jsonl", "ragpulse", 60, 183_037),  # its component files beside it
+    ("aiperf_agentic_code_3x5.jsonl", "mooncake", 15, 804_933),
+    ("dynamo_exgentic_handmade.jsonl", "mooncake", 9, 46_350),
+    ("customer_service_handmade.parquet", "mooncake", 5, 1_273),
 ]
 
 

@@ -1,0 +1,348 @@
+"""Mooncake rows as aiperf and Dynamo write them (kvcli/traces/mooncake.py): session_id, delay, messages, tools,
+text_input, payload, extra, context_mode, aiperf's agentic-code delta sessions, Parquet. Every expected value is
+computed by hand (the comment beside it says how) or is another reader's output for the same request."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from kvcli.cli.app import app
+from kvcli.errors import BadInputError
+from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
+from kvcli.traces.hashids import TraceFormat
+from kvcli.traces.request import ChatPrompt
+from kvcli.traces.synth import block_token_ids
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def write_parquet(path, records):
+    """The records as a Parquet table: one column per key of any record, null where a record has no such field."""
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    pq.write_table(pa.Table.from_pylist([{k: r.get(k) for k in keys} for r in records]), path)
+    return path
+
+
+def bad(path, fmt="auto") -> str:
+    with pytest.raises(BadInputError) as info:
+        list(read_trace(path, fmt))
+    return str(info.value)
+
+
+MESSAGES = [{"role": "system", "content": "You are a support agent."}, {"role": "user", "content": "My order?"}]
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Find an order",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"order": {"type": "string"}}}}}]
+
+
+# ---------------------------------------------------------------------------------------------- time and sessions
+
+def test_delay_rows_arrive_their_delay_after_the_previous_turn_of_their_session(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [
+        {"session_id": "a", "timestamp": 1000, "input_length": 10, "hash_ids": [1]},
+        {"session_id": "b", "timestamp": 1200, "input_length": 10, "hash_ids": [2]},
+        {"session_id": "a", "delay": 500, "input_length": 20, "hash_ids": [1]},
+        {"session_id": "a", "delay": 250.5, "input_length": 30, "hash_ids": [1]},
+        {"session_id": "c", "delay": 100, "input_length": 5, "hash_ids": [3]},       # no previous turn: no time
+        {"session_id": "b", "timestamp": 3000, "delay": 10, "input_length": 5, "hash_ids": [2]},  # timestamp wins
+        {"delay": 100, "input_length": 5, "hash_ids": [4]},                           # no session: no previous turn
+    ])
+    requests = list(read_trace(path))
+    # a: 1000 ms = 1.0 s, then 1.0 + 0.5, then 1.5 + 0.2505; b: 1.2 s, then its own timestamp 3.0 s
+    assert [r.timestamp for r in requests] == [1.0, 1.2, 1.5, 1.7505, None, 3.0, None]
+    assert [r.session_id for r in requests] == ["a", "b", "a", "a", "c", "b", None]
+    assert [o.timestamp for o in outline_trace(path)] == [r.timestamp for r in requests]
+    declared = list(read_trace(path, TraceFormat("mooncake", timestamp_unit="s")))  # delay in the same unit
+    assert [r.timestamp for r in declared][:4] == [1000.0, 1200.0, 1500.0, 1750.5]
+
+
+def test_dynamo_whole_rows_repeat_their_session_s_blocks_as_a_prefix(tmp_path):
+    # Dynamo's exporters: a session's first row has timestamp, later rows delay; each row's hash_ids the whole prompt
+    path = write_jsonl(tmp_path / "dyn.jsonl", [
+        {"session_id": "s", "input_length": 700, "output_length": 9, "hash_ids": [1, 2], "timestamp": 0},
+        {"session_id": "s", "input_length": 1100, "output_length": 8, "hash_ids": [1, 2, 3], "delay": 1500.0},
+    ])
+    first, second = read_trace(path)
+    assert (len(first.token_ids), len(second.token_ids)) == (700, 1100)
+    assert np.array_equal(second.token_ids[:512], first.token_ids[:512])  # block 1 shared whole
+    assert second.timestamp == 1.5 and second.session_id == "s" and second.output_length == 8
+    assert second.blocks is not None  # a whole row stays block keys (no token ids made to hash it)
+
+
+def test_input_length_without_hash_ids_is_a_prompt_of_its_own(tmp_path):
+    path = write_jsonl(tmp_path / "r.jsonl", [{"input_length": 600, "timestamp": 0},
+                                              {"input_length": 600, "timestamp": 1},
+                                              {"input_length": 10, "hash_ids": [0]}])
+    a, b, c = read_trace(path)
+    assert (len(a.token_ids), len(b.token_ids), len(c.token_ids)) == (600, 600, 10)
+    # synthesized tokens are ~uniform over 100,256 ids: two private blocks agree on almost no position
+    assert np.mean(a.token_ids != b.token_ids) > 0.99
+    assert not np.array_equal(a.token_ids[:10], c.token_ids)
+
+
+# ---------------------------------------------------------------------------------------------- text rows
+
+def test_messages_rows_are_the_native_record_s_tokens(tmp_path):
+    rows = [{"session_id": "x", "messages": MESSAGES, "tools": TOOLS, "output_length": 12, "delay": 40},
+            {"session_id": "x", "messages": MESSAGES[:1], "output_length": 3, "hash_ids": [5], "input_length": 3}]
+    path = write_jsonl(tmp_path / "m.jsonl", rows)
+    assert detect_format(path) == "mooncake"
+    native = write_jsonl(tmp_path / "n.jsonl", [{"messages": MESSAGES, "tools": TOOLS}, {"messages": MESSAGES[:1]}])
+    got, want = list(read_trace(path)), list(read_trace(native))
+    assert [r.token_ids.tolist() for r in got] == [r.token_ids.tolist() for r in want]
+    assert got[0].chat == ChatPrompt(MESSAGES, TOOLS) and got[0].session_id == "x" and got[0].output_length == 12
+    assert got[0].timestamp is None  # a delay with no previous turn
+    assert [o.prompt_tokens for o in outline_trace(path)] == [len(r.token_ids) for r in want]
+
+
+def test_text_input_is_one_user_message_and_payload_the_request_body(tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", [
+        {"text_input": "What is the capital of France?", "output_length": 20},
+        {"payload": {"messages": MESSAGES, "max_tokens": 50}, "timestamp": 1000},
+        {"payload": {"prompt": "Once upon a time"}, "extra": {"cache_salt": "acme", "temperature": 0}},
+    ])
+    native = write_jsonl(tmp_path / "n.jsonl", [
+        {"messages": [{"role": "user", "content": "What is the capital of France?"}]},
+        {"messages": MESSAGES}, {"prompt": "Once upon a time"}])
+    got, want = list(read_trace(path)), list(read_trace(native))
+    assert [r.token_ids.tolist() for r in got] == [r.token_ids.tolist() for r in want]
+    assert [r.cache_salt for r in got] == ["", "", "acme"]
+    assert got[1].timestamp == 1.0
+
+
+def test_extra_cache_salt_is_the_tenant_of_a_block_row_and_may_not_contradict_the_row_s(tmp_path):
+    path = write_jsonl(tmp_path / "s.jsonl", [{"input_length": 4, "hash_ids": [1], "extra": {"cache_salt": "t1"}},
+                                              {"input_length": 4, "hash_ids": [1], "cache_salt": "t1"}])
+    assert [r.cache_salt for r in read_trace(path)] == ["t1", "t1"]
+    clash = write_jsonl(tmp_path / "c.jsonl", [{"input_length": 4, "hash_ids": [1], "cache_salt": "a",
+                                                "extra": {"cache_salt": "b"}}])
+    assert bad(clash) == f"{clash}:1: cache_salt 'a' and extra.cache_salt 'b' differ: a request has one tenant salt"
+
+
+# ---------------------------------------------------------------------------------------------- delta sessions
+
+def _agentic(group: bool = True, mode: str | None = None) -> list[dict]:
+    """aiperf's agentic-code rows (writer.py): turn 0 with timestamp and group_id, later turns delay and new ids."""
+    first = {"session_id": "s1", "input_length": 600, "output_length": 10, "hash_ids": [0, 1], "timestamp": 0.0}
+    if group:
+        first["group_id"] = 4
+    rows = [first, {"session_id": "s1", "input_length": 100, "output_length": 20, "hash_ids": [1000], "delay": 2450.3},
+            {"session_id": "s1", "input_length": 50, "output_length": 7, "hash_ids": [1001], "delay": 100.0},
+            {"session_id": "s2", "input_length": 520, "output_length": 5, "hash_ids": [0, 2], "timestamp": 10.0,
+             **({"group_id": 5} if group else {})}]
+    if mode is not None:
+        for row in rows:
+            row["context_mode"] = mode
+    return rows
+
+
+def test_agentic_code_sessions_accumulate_deltas_and_responses(tmp_path):
+    path = write_jsonl(tmp_path / "a.jsonl", _agentic())
+    t0, t1, t2, other = read_trace(path)
+    # turn 1: 600 + turn 0's 10 response tokens + 100 new = 710; turn 2: 710 + 20 + 50 = 780
+    assert [len(r.token_ids) for r in (t0, t1, t2, other)] == [600, 710, 780, 520]
+    assert [o.prompt_tokens for o in outline_trace(path)] == [600, 710, 780, 520]
+    assert np.array_equal(t1.token_ids[:600], t0.token_ids) and np.array_equal(t2.token_ids[:710], t1.token_ids)
+    assert np.array_equal(t1.token_ids[610:], block_token_ids(np.array([1000], np.uint64), 512, 100))
+    assert np.array_equal(t0.token_ids[:512], other.token_ids[:512])  # the shared first block (id 0)
+    response = t1.token_ids[600:610]
+    assert not np.array_equal(response, block_token_ids(np.array([1000], np.uint64), 512, 10))
+    # 0 ms; + 2450.3 ms; + 100 ms; session 2 at 10 ms
+    assert [r.timestamp for r in (t0, t1, t2, other)] == pytest.approx([0.0, 2.4503, 2.5503, 0.01])
+    assert not t2.token_ids.flags.writeable
+
+
+def test_context_mode_declares_delta_rows_with_or_without_responses(tmp_path):
+    live = list(read_trace(write_jsonl(tmp_path / "l.jsonl", _agentic(False, "deltas_without_responses"))))
+    assert [len(r.token_ids) for r in live] == [600, 710, 780, 520]
+    canned = list(read_trace(write_jsonl(tmp_path / "c.jsonl", _agentic(False, "deltas_with_responses"))))
+    assert [len(r.token_ids) for r in canned] == [600, 700, 750, 520]  # 600 + 100, then + 50: no response tokens
+    whole = list(read_trace(write_jsonl(tmp_path / "w.jsonl", _agentic(False))))
+    assert [len(r.token_ids) for r in whole] == [600, 100, 50, 520]  # whole rows: each its own input_length
+
+
+@pytest.mark.parametrize("rows, words", [
+    ([{"input_length": 1, "hash_ids": [0], "context_mode": "deltas"}],
+     "1: context_mode must be one of message_array_with_responses, deltas_without_responses, deltas_with_responses, "
+     "got 'deltas'"),
+    ([{"session_id": "s", "input_length": 1, "hash_ids": [0], "group_id": 1},
+      {"session_id": "s", "input_length": 1, "hash_ids": [1], "context_mode": "message_array_with_responses"}],
+     "2: context_mode message_array_with_responses is not its session's (session 's': deltas_without_responses, "
+     "from its first row)"),
+    ([{"session_id": "s", "input_length": 1, "hash_ids": [0], "group_id": 1},
+      {"session_id": "s", "messages": [{"role": "user", "content": "hi"}]}],
+     "2: a messages row is a whole prompt, but session 's' holds delta rows (deltas_without_responses): a delta "
+     "session holds input_length rows only"),
+    ([{"input_length": 1, "hash_ids": [0], "tools": []}], "1: tools go with messages (a chat request)"),
+    ([{"input_length": 1, "hash_ids": [0], "extra": [1]}],
+     "1: extra must be an object (fields merged into the request body), not an array"),
+    ([{"input_length": 1, "hash_ids": [0], "delay": "soon"}], "1: delay must be a finite number >= 0, got 'soon'"),
+    ([{"text_input": 5}], "1: text_input must be a string, not a number"),
+    ([{"payload": "POST"}], "1: payload must be a request object, not a string"),
+])
+def test_bad_rows_are_one_error_naming_file_and_line(tmp_path, rows, words):
+    path = write_jsonl(tmp_path / "b.jsonl", rows)
+    assert bad(path, "mooncake") == f"{path}:{words}"
+
+
+def test_a_bad_row_is_exit_2_one_line_no_traceback_and_skipped_on_request(tmp_path):
+    path = write_jsonl(tmp_path / "b.jsonl", [{"session_id": "s", "input_length": 10, "hash_ids": [0], "delay": 0},
+                                              {"session_id": "s", "input_length": 10, "hash_ids": [0], "delay": -1},
+                                              {"session_id": "s", "input_length": 10, "hash_ids": [0], "delay": 5}])
+    out = CliRunner().invoke(app, ["stats", str(path)])
+    assert out.exit_code == 2
+    assert out.stderr == f"kvcli: error: {path}:2: delay must be a finite number >= 0, got -1\n"
+    skipped = CliRunner().invoke(app, ["stats", str(path), "--skip-bad-records", "--json"])
+    assert skipped.exit_code == 0, skipped.output
+    assert json.loads(skipped.stdout)["traces"][0]["requests"] == 2
+    note = trace_note(path, TraceFormat("mooncake", skip_bad_records=True))
+    assert note is not None and f"1 records failed their checks and were skipped (--skip-bad-records), the first: " \
+                                 f"{path}:2: delay must be" in note
+
+
+# ---------------------------------------------------------------------------------------------- detection, Parquet
+
+@pytest.mark.parametrize("record, fmt", [
+    ({"session_id": "s", "messages": MESSAGES, "tools": TOOLS, "output_length": 3, "delay": 12.5}, "mooncake"),
+    ({"messages": MESSAGES, "extra": {"temperature": 0}}, "mooncake"),
+    ({"text_input": "hi"}, "mooncake"),
+    ({"input_length": 3}, "mooncake"),
+    ({"messages": MESSAGES, "hash_ids": [0]}, "mooncake"),
+    ({"messages": MESSAGES, "timestamp": 5}, "native"),       # nothing only Mooncake has: kvcli's native record
+    ({"prompt": "a", "delay": 5}, None),                      # a native prompt beside a Mooncake field: refused
+])
+def test_detection_of_mooncake_rows(tmp_path, record, fmt):
+    path = write_jsonl(tmp_path / "r.jsonl", [record])
+    if fmt is None:
+        with pytest.raises(BadInputError, match="fit mooncake and native"):
+            detect_format(path)
+    else:
+        assert detect_format(path) == fmt
+
+
+def test_parquet_rows_read_as_their_jsonl_and_null_columns_are_absent_fields(tmp_path):
+    rows = [{"session_id": "c1", "messages": MESSAGES, "output_length": 158, "tools": None, "delay": None},
+            {"session_id": "c1", "messages": MESSAGES[:1], "output_length": 103, "tools": None, "delay": 4503.332},
+            {"session_id": "c2", "messages": MESSAGES, "output_length": 5, "tools": TOOLS, "delay": None}]
+    parquet = write_parquet(tmp_path / "t.parquet", rows)
+    jsonl = write_jsonl(tmp_path / "t.jsonl", [{k: v for k, v in r.items() if v is not None} for r in rows])
+    assert detect_format(parquet) == "mooncake"
+    got, want = list(read_trace(parquet)), list(read_trace(jsonl))
+    assert [(r.token_ids.tolist(), r.session_id, r.output_length, r.timestamp) for r in got] == \
+           [(r.token_ids.tolist(), r.session_id, r.output_length, r.timestamp) for r in want]
+    assert [r.source for r in got] == [f"{parquet}:{n}" for n in (1, 2, 3)]
+
+
+def test_a_parquet_file_of_native_records_and_one_of_another_format(tmp_path):
+    native = write_parquet(tmp_path / "n.parquet", [{"prompt": "hello", "timestamp": 1.5}])
+    assert detect_format(native) == "native"
+    assert [r.timestamp for r in read_trace(native)] == [1.5]
+    other = write_parquet(tmp_path / "o.parquet", [{"conversations": [{"from": "human", "value": "hi"}]}])
+    with pytest.raises(BadInputError) as info:
+        detect_format(other)
+    assert str(info.value) == (f"{other}:1: a Parquet file's rows are read as mooncake, hash-ids, native records; "
+                               "its first row fits sharegpt")
+
+
+def test_a_bad_parquet_row_names_its_row_and_a_cut_file_is_one_error(tmp_path):
+    path = write_parquet(tmp_path / "b.parquet", [{"input_length": 10, "hash_ids": [0]},
+                                                  {"input_length": 10, "hash_ids": [0, 1]}])
+    assert bad(path) == f"{path}:2: 2 hash_ids for input_length 10 at 512 tokens per id: expected ceil(10/512) = 1"
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(path.read_bytes()[:40])
+    out = CliRunner().invoke(app, ["stats", str(cut), "--format", "mooncake"])
+    assert out.exit_code == 2
+    assert out.stderr.startswith(f"kvcli: error: {cut}:1: cannot read Parquet (") and out.stderr.count("\n") == 1
+    assert "Traceback" not in out.output
+
+
+# ---------------------------------------------------------------------------------------------- properties
+
+turns = st.lists(st.tuples(st.integers(0, 1200), st.integers(0, 40), st.floats(0, 1e5, allow_nan=False)),
+                 min_size=1, max_size=5)
+
+
+@SETTINGS
+@given(sessions=st.lists(turns, min_size=1, max_size=3), live=st.booleans(), parquet=st.booleans())
+def test_delta_sessions_grow_by_response_and_delta_and_keep_their_prefix(tmp_path, sessions, live, parquet):
+    """Turn k's prompt is turn k-1's, its response (live), then turn k's delta; arrival times add the delays; JSONL
+    and Parquet give the same; the outline gives the same lengths without the token ids."""
+    rows, expected_lengths, expected_times, next_id = [], [], [], 0
+    for s, session in enumerate(sessions):
+        length, time, previous_output = 0, 0.0, 0
+        for k, (new, output, delay) in enumerate(session):
+            ids = list(range(next_id, next_id + -(-new // 512)))
+            next_id += len(ids)
+            row = {"session_id": f"s{s}", "input_length": new, "output_length": output, "hash_ids": ids,
+                   "context_mode": "deltas_without_responses" if live else "deltas_with_responses"}
+            if k == 0:
+                row["timestamp"] = 1000.0 * s
+                time = float(s)
+            else:
+                row["delay"] = delay
+                time += delay / 1000
+            length += (previous_output if live and k else 0) + new
+            previous_output = output
+            rows.append(row)
+            expected_lengths.append(length)
+            expected_times.append(time)
+    path = (write_parquet if parquet else write_jsonl)(tmp_path / ("t.parquet" if parquet else "t.jsonl"), rows)
+    requests = list(read_trace(path))
+    assert [len(r.token_ids) for r in requests] == expected_lengths
+    assert [o.prompt_tokens for o in outline_trace(path)] == expected_lengths
+    assert [r.timestamp for r in requests] == pytest.approx(expected_times)
+    by_session: dict[str, list] = {}
+    for r in requests:
+        by_session.setdefault(r.session_id, []).append(r.token_ids)
+    for prompts in by_session.values():
+        for before, after in zip(prompts, prompts[1:]):
+            assert np.array_equal(after[:len(before)], before)
+
+
+# ---------------------------------------------------------------------------------------------- the samples
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
+
+
+def test_the_aiperf_agentic_sample_s_prompts_are_its_cumulative_inputs():
+    """Each session's turn k reads turn k - 1's prompt + its output + turn k's input_length, as aiperf's generator
+    defines the cumulative input (computed here from the rows themselves, not by the reader)."""
+    rows = [json.loads(line) for line in (SAMPLES / "aiperf_agentic_code_3x5.jsonl").read_text().splitlines()]
+    expected, last = [], {}
+    for row in rows:
+        before = last.get(row["session_id"])
+        length = row["input_length"] + (0 if before is None else before[0] + before[1])
+        last[row["session_id"]] = (length, row["output_length"])
+        expected.append(length)
+    requests = list(read_trace(SAMPLES / "aiperf_agentic_code_3x5.jsonl"))
+    assert [len(r.token_ids) for r in requests] == expected
+    assert sum(expected) == 804_933 and max(expected) == 74_136
+    # the three sessions share aiperf's L1 layer: hash ids 0..62, 63 blocks of 512 tokens
+    firsts = [r for r in requests if r.timestamp == 0.0]
+    assert len(firsts) == 3 and all(np.array_equal(f.token_ids[:63 * 512], firsts[0].token_ids[:63 * 512])
+                                    for f in firsts)
+    assert not np.array_equal(firsts[0].token_ids[:64 * 512], firsts[1].token_ids[:64 * 512])
+
+
+def test_the_customer_service_sample_s_turns_extend_each_other():
+    requests = list(read_trace(SAMPLES / "customer_service_handmade.parquet"))
+    assert [(r.session_id, r.output_length) for r in requests] == [
+        ("cs-7f3a91_01", 41), ("cs-7f3a91_01", 58), ("cs-7f3a91_01", 36), ("cs-b20c4e_02", 22), ("cs-b20c4e_02", 30)]
+    assert all(r.timestamp is None for r in requests)  # delays, but no session has a timestamp to count from
+    for before, after in ((0, 1), (1, 2), (3, 4)):
+        head = requests[before].token_ids
+        # the generation prompt ends the earlier prompt; the later one has the assistant's turn there instead
+        assert np.array_equal(requests[after].token_ids[:len(head) - 3], head[:-3])
