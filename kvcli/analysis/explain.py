@@ -227,10 +227,13 @@ class TraceExplanation:
 @dataclass(frozen=True)
 class BlockHashes:
     """How the chunk map names blocks: ``hashes(prompt, cache_salt)`` -> one id per full chunk (``prompt``: token ids
-    or a hash-id request's block keys, ``Request.prompt``), and the scheme's name (``kvcli``, ``vllm``, ...)."""
+    or a hash-id request's block keys, ``Request.prompt``); the scheme as reports name it, with the engine version
+    it follows (``scheme``, e.g. ``"vllm-sha256@0.33.0 (vLLM 0.31.0 to 0.34.0 hash alike)"``), and as JSON
+    (``described``: :meth:`kvcli.store.enginehash.HashScheme.as_json`)."""
 
     scheme: str
     hashes: Callable[[Any, str], list[str]]
+    described: dict = field(default_factory=dict)
 
 
 class _Expiry:

@@ -57,6 +57,8 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
     if request_id is not None and t.tokens:
         e = x.request(request_id)
         body["request"] = {**_request_json(e, ids), "chunks": chunk_map(t, e, block_hashes)}
+        if block_hashes is not None:
+            body["request"]["block_hashes"] = block_hashes.described
     return body
 
 

@@ -18,7 +18,7 @@ from kvcli.model.tokenize import get_tokenizer, lazy_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
 from kvcli.sim.scheduler import EngineConfig
 from kvcli.store.chunkstore import ChunkStore
-from kvcli.store.enginehash import block_hashes
+from kvcli.store.enginehash import block_hashes, hash_scheme
 from kvcli.store.hashing import PromptChunker, is_block_prompt
 from kvcli.store.records import StoreConfig
 from kvcli.traces.bos import trace_bos_note
@@ -204,9 +204,14 @@ def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None)
     size (kvcli's own under the config's hash root), checked now on an empty prompt's first block.
 
     Raises:
-        BadInputError: an unknown scheme, or one that needs ``hash_seed`` without it.
+        BadInputError: an unknown scheme or version (:func:`kvcli.store.enginehash.hash_scheme`), or one that needs
+            ``hash_seed`` without it.
     """
     chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
+    try:
+        resolved = hash_scheme(scheme)
+    except ValueError as err:
+        raise BadInputError(f"--hash {scheme}: {err}") from None
 
     def hashes(prompt, cache_salt: str) -> list[str]:
         if scheme == "kvcli":  # the store's own keys: a hash-id prompt's from its block keys, as replay and warm
@@ -220,7 +225,7 @@ def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None)
         hashes(np.zeros(config.chunk_size, np.uint32), "")
     except ValueError as err:
         raise BadInputError(f"--hash {scheme}: {err}") from None
-    return BlockHashes(scheme, hashes)
+    return BlockHashes(resolved.label, hashes, resolved.as_json())
 
 
 def namespace_lookup(client, namespace: str, config: ExplainConfig, model: str = "cpu", dtype: str | None = None
