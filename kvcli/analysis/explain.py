@@ -4,9 +4,10 @@ tokens it lost, by cause, beside the request its best prefix came from.
 Per request of ``n`` prompt tokens, in the order every command takes a trace (:mod:`kvcli.traces.order`), at one
 chunk size ``cs``:
 
-* ``B``, the **best prefix**: its longest common token prefix with any earlier request of the same cache salt (the
-  token radix of replay's upper bound, :class:`kvcli.sim.upper_bound.RadixUpperBound`); ``B_any``, the same over
-  earlier requests of *any* salt (only traces with two salts or more differ); the **predecessor**: the latest earlier
+* ``B``, the **best prefix**: its longest common token prefix with any earlier request of the same cache salt and
+  served model (:attr:`kvcli.traces.request.Request.hash_salt`; the token radix of replay's upper bound,
+  :class:`kvcli.sim.upper_bound.RadixUpperBound`); ``B_any``, the same over earlier requests of *any* salt and model
+  (only traces with two salts or models or more differ); the **predecessor**: the latest earlier
   request that shares ``B_any`` tokens.
 * ``U = floor(B / cs) * cs``, the chunks an unlimited chunk-hash store holds for it (its run of chunk hits: every
   earlier request stored each of its full chunks, so a chunk is held iff an earlier prompt holds its whole prefix);
@@ -30,7 +31,7 @@ chunk size ``cs``:
   eviction       ``reusable(U) - reusable(C)``: held by an unlimited store, evicted by the capacity
   chunk_boundary ``reusable(B) - reusable(U)``: the shared prefix ends inside a chunk (its partial chunk)
   last_token     ``B - reusable(B)``: 1 when the whole prompt was seen before (the engine computes it again)
-  cache_salt     ``B_any - B``: shared with an earlier request of another cache salt only
+  cache_salt     ``B_any - B``: shared with an earlier request of another cache salt or model only
   divergence     ``n - B_any`` when the predecessor goes on past ``B_any``: the prompt differs from it there
   new            ``n - B_any`` otherwise: the prompt goes past the end of every earlier prompt it shares a prefix
                  with (a conversation's new turn; all of a first request), which no cache could have held
@@ -127,6 +128,7 @@ class Explanation:
         cache_salt: the request's salt. site: where it diverges (None: no divergence, or not located).
         reused_from_namespace_tokens: of ``reused_tokens``, those only the live namespace held (``--namespace``).
         timestamp: its arrival time, seconds from the trace's start (None: the trace gives none).
+        model: the served model it names ("" for none; :attr:`kvcli.traces.request.Request.model`).
     """
 
     index: int
@@ -143,6 +145,7 @@ class Explanation:
     site: Site | None = None
     reused_from_namespace_tokens: int = 0
     timestamp: float | None = None
+    model: str = ""
 
     @property
     def upper_bound_tokens(self) -> int:
@@ -184,6 +187,8 @@ class TraceExplanation:
             request came (only with a capacity, TTL or engine).
         preemptions: with an engine, the requests it preempted until the last request was admitted.
             pinned_tokens: of ``reused_tokens``, those of blocks a running request held when the request came.
+        models: requests per served model name the trace names (:attr:`kvcli.traces.request.Request.model`; none
+            named: empty).
     """
 
     config: ExplainConfig
@@ -200,6 +205,7 @@ class TraceExplanation:
     chunk_states: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)
     preemptions: int = 0
     pinned_tokens: int = 0
+    models: dict[str, int] = field(default_factory=dict)
 
     def top_sites(self, top: int) -> list[SiteTotal]:
         """The ``top`` divergence sites by lost tokens (ties: more requests, then the label)."""
@@ -333,7 +339,7 @@ class Explainer:
         if not len(request.token_ids):  # as replay: an empty prompt is skipped, never a request
             res.skipped_empty += 1
             return None
-        index, tokens, salt = res.requests, request.token_ids, request.cache_salt
+        index, tokens, salt = res.requests, request.token_ids, request.hash_salt
         n, cs = len(tokens), cfg.chunk_size
         if self._first_salt is None:
             self._first_salt = salt
@@ -366,9 +372,12 @@ class Explainer:
                 reused += from_namespace
                 take_front(lost, from_namespace, whole=live >= n > 0)
         e = Explanation(index, request.id, request.source, n, reused, b, b_any, blind.predecessor,
-                        b_any if diverges else None, lost, salt, site, from_namespace, request.timestamp)
+                        b_any if diverges else None, lost, request.cache_salt, site, from_namespace, request.timestamp,
+                        request.model)
         res.requests += 1
         res.prompt_tokens += n
+        if request.model:
+            res.models[request.model] = res.models.get(request.model, 0) + 1
         res.reused_tokens += e.reused_tokens
         res.reused_from_namespace_tokens += from_namespace
         res.upper_bound_tokens += e.upper_bound_tokens
@@ -391,7 +400,7 @@ class Explainer:
         the request given to the engine (:meth:`kvcli.sim.scheduler.EngineSim.admit`)."""
         assert self._chunker is not None and self._engine is not None
         cfg = self.config
-        hashes = self._chunker.chunk(request.prompt, request.cache_salt).hashes
+        hashes = self._chunker.chunk(request.prompt, request.hash_salt).hashes
         out = cfg.output_tokens if cfg.output_tokens is not None else max(request.output_length or 1, 1)
         try:
             admission = self._engine.admit(EngineRequest(index, hashes, n, out, request.timestamp or 0.0))
@@ -413,7 +422,7 @@ class Explainer:
         chunks are touched (the LRU's and the expiry's). ``unlimited``: the unlimited store's run, chunks."""
         assert self._chunker is not None
         cs = self.config.chunk_size
-        hashes = self._chunker.chunk(request.prompt, request.cache_salt).hashes
+        hashes = self._chunker.chunk(request.prompt, request.hash_salt).hashes
         lru, expiry = self._lru, self._expiry
         # held: in the LRU; an unlimited store holds a chunk iff an earlier request stored it (the unlimited run)
         in_lru = [h in lru for h in hashes] if lru is not None else [k < unlimited for k in range(len(hashes))]

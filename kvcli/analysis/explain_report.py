@@ -17,7 +17,7 @@ CAUSE_HELP = {
     "eviction": "held by an unlimited cache, evicted by the capacity (the LRU, or the engine's block pool)",
     "expiry": "held at the capacity, expired by the TTL",
     "last_token": "the whole prompt was cached: the engine computes its last token again",
-    "cache_salt": "shared only with requests of another cache salt",
+    "cache_salt": "shared only with requests of another cache salt or served model (a LoRA adapter or the base)",
     "divergence": "after the first token where the prompt differs from its best predecessor",
     "new": "past the end of every earlier prompt it shares a prefix with (no cache could hold them)",
 }
@@ -43,7 +43,7 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
         "requests": x.requests, "prompt_tokens": x.prompt_tokens, "reused_tokens": x.reused_tokens,
         "upper_bound_tokens": x.upper_bound_tokens, "reused_from_namespace_tokens": x.reused_from_namespace_tokens,
         "lost_tokens_by_cause": x.lost_tokens_by_cause,
-        "reordered_requests": x.reordered,
+        "reordered_requests": x.reordered, "models": x.models,
         "top_divergence_sites": [{"site": s.label, "requests": s.requests, "divergence_tokens": s.tokens,
                                   "message_index": s.example.message_index if s.example else None,
                                   "role": s.example.role if s.example else None,
@@ -56,9 +56,8 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
     }
     if request_id is not None and t.tokens:
         e = x.request(request_id)
-        body["request"] = {**_request_json(e, ids), "chunks": chunk_map(t, e, block_hashes)}
-        if block_hashes is not None:
-            body["request"]["block_hashes"] = block_hashes.described
+        body["request"] = {**_request_json(e, ids), "chunks": chunk_map(t, e, block_hashes),
+                           **({"block_hashes": block_hashes.described} if block_hashes is not None else {})}
     return body
 
 
@@ -94,7 +93,8 @@ def _cache_label(x: TraceExplanation) -> str:
 
 def _request_json(e: Explanation, ids: list[str]) -> dict:
     site = e.site
-    return {"id": e.id, "source": e.source, "cache_salt": e.cache_salt, "prompt_tokens": e.prompt_tokens,
+    return {"id": e.id, "source": e.source, "cache_salt": e.cache_salt, "model": e.model,
+            "prompt_tokens": e.prompt_tokens,
             "reused_tokens": e.reused_tokens, "reused_from_namespace_tokens": e.reused_from_namespace_tokens,
             "upper_bound_tokens": e.upper_bound_tokens,
             "best_prefix_tokens": e.best_prefix_tokens,
@@ -290,7 +290,10 @@ def _print_request(t: ExplainedTrace, e: Explanation, console: Console, block_ha
             f"({cache}); best prefix {e.best_prefix_tokens_any_salt:,} tokens"
             + (f" from {pred.id} ({pred.source})" if pred else " (no earlier prompt shares a token)"))
     console.print(Text(head))
-    if e.best_prefix_tokens != e.best_prefix_tokens_any_salt:
+    if e.best_prefix_tokens != e.best_prefix_tokens_any_salt and pred is not None and pred.model != e.model:
+        console.print(Text(f"  its model {e.model!r} shares only {e.best_prefix_tokens:,} of them (the "
+                           f"predecessor's model: {pred.model!r}; requests of two models never share blocks)"))
+    elif e.best_prefix_tokens != e.best_prefix_tokens_any_salt:
         console.print(Text(f"  its cache salt {e.cache_salt!r} shares only {e.best_prefix_tokens:,} of them "
                            f"(the predecessor's salt: {pred.cache_salt if pred else ''!r})"))
     if e.site is not None:

@@ -27,6 +27,7 @@ stats hold more than ``4 * max_tokens`` bytes of tokens, plus one request's.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ import numpy as np
 from kvcli.errors import BadInputError
 from kvcli.sim.upper_bound import RadixUpperBound
 from kvcli.traces.order import arrival_order
-from kvcli.traces.request import Request
+from kvcli.traces.request import Request, split_hash_salt
 
 #: the prompt-length percentiles reported.
 PERCENTILES = (50, 90, 99)
@@ -58,7 +59,7 @@ class SharedPrefix:
         start: tokens before the run (0: the run starts the prompt). tokens: its length, tokens.
         requests: later requests that reuse it. saved_tokens: ``tokens * requests``.
         head: its first token ids (at most :data:`HEAD_TOKENS`), for the report to show as words.
-        cache_salt: the tenant it belongs to.
+        cache_salt: the tenant it belongs to. model: the served model its requests name ("" for none).
     """
 
     start: int
@@ -67,6 +68,7 @@ class SharedPrefix:
     saved_tokens: int
     head: np.ndarray = field(repr=False)
     cache_salt: str = ""
+    model: str = ""
 
     @property
     def end(self) -> int:
@@ -88,6 +90,8 @@ class TraceStats:
         no request); max_prompt_tokens, mean_prompt_tokens: tokens.
         shared_tokens: prompt tokens inside a prefix shared with an earlier request. reordered: requests out of
         timestamp order (0: taken as in the file). top: the shared prefixes with the most saved tokens, most first.
+        models: requests per served model name the trace names (none named: empty); requests of two models share
+        no prefix (:attr:`kvcli.traces.request.Request.hash_salt`).
     """
 
     requests: int
@@ -99,6 +103,7 @@ class TraceStats:
     shared_tokens: int
     reordered: int
     top: list[SharedPrefix]
+    models: dict[str, int] = field(default_factory=dict)
 
     @property
     def shared_token_ratio(self) -> float | None:
@@ -130,7 +135,7 @@ def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MA
                                 "once, 4 bytes); raise --max-tokens to read this trace")
         # a hash-id request's tokens are made here and dropped after (its own token_ids would keep them)
         tokens = request.token_ids if request.blocks is None else request.blocks.token_ids()
-        shared = radix.match_and_insert(tokens, request.cache_salt)
+        shared = radix.match_and_insert(tokens, request.hash_salt)
         shared_total += shared
         held += length - shared
     ranked = heapq.nsmallest(top, enumerate(radix.shared_segments()),
@@ -143,4 +148,5 @@ def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MA
         mean_prompt_tokens=float(lengths.mean()) if len(lengths) else 0.0, shared_tokens=shared_total,
         reordered=0 if order is None else int(np.count_nonzero(order != np.arange(len(order)))),
         top=[SharedPrefix(s.start, len(s.tokens), s.reused, len(s.tokens) * s.reused, s.tokens[:HEAD_TOKENS].copy(),
-                          s.cache_salt) for _, s in ranked])
+                          *split_hash_salt(s.cache_salt)) for _, s in ranked],
+        models=dict(Counter(r.model for r in requests if r.model)))

@@ -27,7 +27,7 @@ from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, as_trace_format
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import as_given, display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
-from kvcli.traces.request import ChatPrompt, Request
+from kvcli.traces.request import ChatPrompt, Request, models_note
 
 
 def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int,
@@ -45,7 +45,8 @@ def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | No
     with stdin_paths(paths) as given:  # around the reads: an error in stdin's copy names <stdin>
         for path, name, tok in each_trace(given, fmt, tokenizer):
             stats = trace_stats(read_trace(path, fmt, tok), top, max_tokens)
-            note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok)) if n) or None
+            note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok),
+                                         models_note(stats.models, display_name(path))) if n) or None
             reports.append(TraceReport(display_name(path), name, stats, note,
                                        get_tokenizer(tok).decode if is_text_trace(path, name) else None))
     return reports
@@ -121,7 +122,8 @@ def _explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | 
         explanation = explainer.result
         explanation.reordered = 0 if order is None else int(np.count_nonzero(order != np.arange(len(order))))
         notes = [n for n in (trace_note(path, fmt), order_note(order, display_name(path)),
-                             trace_bos_note(path, fmt, tok)) if n]
+                             trace_bos_note(path, fmt, tok), models_note(explanation.models, display_name(path)))
+                 if n]
         tokens: dict[int, np.ndarray] = {}
         if request_id is not None and explanation.matching(request_id):
             e = explanation.request(request_id)
@@ -246,7 +248,7 @@ def namespace_lookup(client, namespace: str, config: ExplainConfig, model: str =
                                            state_shape=spec.state_shape))
 
     def run(request: Request) -> int:
-        look = store.lookup(request.prompt, request.cache_salt, record=False)
+        look = store.lookup(request.prompt, request.hash_salt, record=False)
         if look.break_reason == "redis-error":
             raise RedisFailure(f"a lookup in namespace {namespace!r} failed ({request.source}): the explanation "
                                "stops rather than count it a miss")

@@ -100,7 +100,7 @@ from kvcli.store.runmark import RunMark, delete_sentinel, mark_run, write_sentin
 from kvcli.store.server import INFO_REFUSED
 from kvcli.store.written import WrittenChunks
 from kvcli.traces.order import arrival_order, order_note
-from kvcli.traces.request import Request
+from kvcli.traces.request import Request, models_note
 
 if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
@@ -199,8 +199,8 @@ class Replayer:
             raise BadInputError("a priced replay needs the serving device's rates (a profile or --hardware)")
         reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
         self.phase(f"reading {name}")
-        lengths, order = self._validate(reader, name)
-        notes = [order_note(order, name)] if order is not None else []
+        lengths, order, models = self._validate(reader, name)
+        notes = [n for n in (order_note(order, name) if order is not None else None, models_note(models, name)) if n]
         if order is not None:  # not in arrival order: held in memory and taken in timestamp order
             reader, lengths = _reordered(reader, order), lengths[order]
         coverage = self._cover(lengths)
@@ -491,11 +491,13 @@ class Replayer:
                             self.curve.longest_full_tokens, self.model_id, found)
 
     # -- passes ---------------------------------------------------------------------------------------------------
-    def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-        """Prompt lengths ``[requests]`` (tokens, file order) and the arrival order (None: file order). Without a
+    def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None, dict[str, int]]:
+        """Prompt lengths ``[requests]`` (tokens, file order), the arrival order (None: file order) and the requests
+        per served model the trace names (:attr:`kvcli.traces.request.Request.model`). Without a
         model (no vocabulary to check the ids against), from the reader's ``outline()`` where it has one (lengths
         and times, the same checks, no token ids: :func:`kvcli.traces.detect.outline_trace`)."""
         lengths, stamps = [], []
+        models: dict[str, int] = {}
         vocab = self.model.config.vocab if self.model is not None else None
         outline = getattr(reader, "outline", None) if vocab is None else None
         limit = self.config.limit
@@ -503,6 +505,8 @@ class Replayer:
             for request in itertools.islice(outline(), limit):
                 lengths.append(request.prompt_tokens)
                 stamps.append(request.timestamp)
+                if request.model:
+                    models[request.model] = models.get(request.model, 0) + 1
         else:
             for request in itertools.islice(reader(), limit):
                 tokens = request.token_ids
@@ -511,10 +515,12 @@ class Replayer:
                                         f"{vocab}", *_where(request))
                 lengths.append(len(tokens))
                 stamps.append(request.timestamp)
+                if request.model:
+                    models[request.model] = models.get(request.model, 0) + 1
         if not lengths:
             raise BadInputError("the trace holds no requests", path=name)
         check_prompts(lengths, name)
-        return np.asarray(lengths, dtype=np.int64), arrival_order(stamps)
+        return np.asarray(lengths, dtype=np.int64), arrival_order(stamps), models
 
     def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli", mark: RunMark | None = None
                     ) -> KVStore:
