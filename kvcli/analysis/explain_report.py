@@ -14,6 +14,8 @@ from kvcli.tables import print_table
 CAUSE_HELP = {
     "reused": "tokens the chunk-hash cache reused",
     "chunk_boundary": "shared with an earlier prompt, but inside the partial chunk where the shared prefix ends",
+    "hybrid_block": ("held at the chunk size, but a vLLM engine serving the hybrid model resumes only at its "
+                     "enlarged attention block's boundaries where an earlier request left a Mamba state"),
     "eviction": "held by an unlimited cache, evicted by the capacity (the LRU, or the engine's block pool)",
     "expiry": "held at the capacity, expired by the TTL",
     "last_token": "the whole prompt was cached: the engine computes its last token again",
@@ -138,7 +140,8 @@ def explain_notes(traces: list[ExplainedTrace], request_id: str | None, scheme: 
 
 def spans(e: Explanation) -> list[tuple[str, int, int]]:
     """The request's tokens on the token axis, ``(cause, start, end)`` (end exclusive; empty spans left out), in
-    position order: reused, then expiry, eviction, chunk_boundary, last_token, cache_salt, then divergence or new
+    position order: reused, then expiry, eviction, hybrid_block, chunk_boundary, last_token, cache_salt, then
+    divergence or new
     (the counts of :class:`~kvcli.analysis.explain.Explanation`, laid where they fall)."""
     lost, n = e.lost_tokens_by_cause, e.prompt_tokens
     order = ["reused", *TOKEN_ORDER]
@@ -228,10 +231,13 @@ def _causes_table(t: ExplainedTrace, cache: str) -> Table:
                       _share(x.reused_from_namespace_tokens, x.prompt_tokens))
     for cause in CAUSES:
         n = x.lost_tokens_by_cause[cause]
+        if cause == "hybrid_block" and x.config.hybrid_block is None:
+            continue  # not a hybrid model: no such limit
         table.add_row(f"lost: {cause.replace('_', ' ')}" if cause != "new" else "new", f"{n:,}",
                       _share(n, x.prompt_tokens))
     table.caption = (f"upper bound (unlimited, token-granular): {x.upper_bound_tokens:,} tokens "
-                     f"({_share(x.upper_bound_tokens, x.prompt_tokens)}) = reused + chunk boundary + eviction + expiry")
+                     f"({_share(x.upper_bound_tokens, x.prompt_tokens)}) = reused + chunk boundary + "
+                     + ("hybrid block + " if x.config.hybrid_block is not None else "") + "eviction + expiry")
     if x.config.engine is not None and x.config.engine.max_num_seqs > 1:
         table.caption += (f"; engine preemptions: {x.preemptions:,}; reused tokens in blocks a running request "
                           f"held: {x.pinned_tokens:,}")

@@ -65,6 +65,7 @@ from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.model.costcurve import PrefillCost, PrefillSample
+from kvcli.model.hybridblock import vllm_attention_block
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.measure import (
     calibrate_transfer,
@@ -82,7 +83,7 @@ from kvcli.replay.network import (
     priced_overheads,
     repeat_spread,
 )
-from kvcli.replay.notes import namespace_misses, replay_notes
+from kvcli.replay.notes import hybrid_note, namespace_misses, replay_notes
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.planner import price_plan, tier_load_seconds
 from kvcli.replay.results import CapacityBasis, ChunkSizeResult, ReplayConfig, TraceResult
@@ -200,7 +201,7 @@ class Replayer:
         reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
         self.phase(f"reading {name}")
         lengths, order, models = self._validate(reader, name)
-        notes = [n for n in (order_note(order, name) if order is not None else None, models_note(models, name)) if n]
+        notes = [n for n in (order_note(order, name) if order is not None else None, models_note(models)) if n]
         if order is not None:  # not in arrival order: held in memory and taken in timestamp order
             reader, lengths = _reordered(reader, order), lengths[order]
         coverage = self._cover(lengths)
@@ -487,8 +488,12 @@ class Replayer:
             found = contents(self.client, cfg.namespace)
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
-        return replay_notes(cfg, result.per_chunk_size, result.span_seconds, lengths, measured, measure_tokens, check,
-                            self.curve.longest_full_tokens, self.model_id, found)
+        notes = replay_notes(cfg, result.per_chunk_size, result.span_seconds, lengths, measured, measure_tokens,
+                             check, self.curve.longest_full_tokens, self.model_id, found)
+        spec = ModelSpec(self.model_id, self.kv_shape, self.dtype, self.state_shape)
+        blocks = {cs: block for cs in cfg.chunk_sizes if (block := vllm_attention_block(spec, cs)) is not None}
+        hybrid = hybrid_note(blocks, lengths)
+        return notes + ([hybrid] if hybrid else [])
 
     # -- passes ---------------------------------------------------------------------------------------------------
     def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None, dict[str, int]]:

@@ -67,7 +67,7 @@ def split_hash_salt(salt: str) -> tuple[str, str]:
     return cache, model if sep else ""
 
 
-def models_note(models: Mapping[str, int], name: str) -> str | None:
+def models_note(models: Mapping[str, int]) -> str | None:
     """The note a report gives a trace that names two served models or more (``models``: requests per model name,
     "" left out), else None: their requests never share cached blocks (:func:`hash_salt`)."""
     named = sorted(((n, m) for m, n in models.items() if m), key=lambda x: (-x[0], x[1]))
@@ -75,7 +75,7 @@ def models_note(models: Mapping[str, int], name: str) -> str | None:
         return None
     listed = ", ".join(f"{m!r} ({n:,} request{'s' if n != 1 else ''})" for n, m in named[:4])
     more = f" and {len(named) - 4:,} more" if len(named) > 4 else ""
-    return (f"{name}: the trace names {len(named):,} models, {listed}{more}: requests of different models (a base "
+    return (f"the trace names {len(named):,} models, {listed}{more}: requests of different models (a base "
             "model and its LoRA adapters) never share cached blocks, as vLLM keys an adapter's blocks by it")
 
 

@@ -74,7 +74,7 @@ def test_a_trace_naming_one_model_hashes_as_one_naming_none(tmp_path):
     one = tmp_path / "one.jsonl"
     one.write_text(json.dumps({"model": "m", "token_ids": T[:20]}) + "\n")
     (r,) = read_trace(one)
-    assert r.model == "m" and r.hash_salt == "\0model=m" and models_note({"m": 1}, "one.jsonl") is None
+    assert r.model == "m" and r.hash_salt == "\0model=m" and models_note({"m": 1}) is None
     none = tmp_path / "none.jsonl"
     none.write_text(json.dumps({"token_ids": T[:20], "cache_salt": "s"}) + "\n")
     (r,) = read_trace(none)
