@@ -128,6 +128,10 @@ def explain_notes(traces: list[ExplainedTrace], request_id: str | None, scheme: 
                 notes.append(f"{t.name}: id {request_id!r} names {len(found):,} requests ({found[0].source}, "
                              f"{found[1].source}{', ...' if len(found) > 2 else ''}): mapped the first; "
                              f"--request {found[1].source} maps another")
+            if found and scheme.startswith("vllm") and found[0].model:
+                notes.append(f"{t.name}: request {found[0].id} names model {found[0].model!r}: if that is a LoRA "
+                             f"adapter, vLLM puts the adapter (its name, id or path, by version) in every block's "
+                             f"hash, which a trace does not give; --hash {scheme} hashes it as the base model's")
             if scheme != "kvcli" and t.fmt in HASH_ID_FORMATS:
                 notes.append(f"{t.name}: a hash-id trace's token ids are synthesized, so --hash {scheme} hashes "
                              "tokens no engine saw: its hashes join no engine's logs")

@@ -48,6 +48,9 @@ def test_explain_reuses_only_the_adapters_own_blocks(tmp_path):
     text = CliRunner().invoke(app, ["explain", str(tmp_path / "lora.jsonl"), "--chunk-size", "16", "--request",
                                     "r2"])
     assert "its model 'sql-lora' shares only 0 of them" in " ".join(text.stdout.split())
+    hashed = CliRunner().invoke(app, ["explain", str(tmp_path / "lora.jsonl"), "--chunk-size", "16", "--request",
+                                      "r2", "--hash", "vllm"])
+    assert "request r2 names model 'sql-lora': if that is a LoRA adapter" in " ".join(hashed.output.split())
 
 
 def test_stats_count_the_models_and_share_within_each(tmp_path):
