@@ -4,9 +4,10 @@ tokens it lost, by cause, beside the request its best prefix came from.
 Per request of ``n`` prompt tokens, in the order every command takes a trace (:mod:`kvcli.traces.order`), at one
 chunk size ``cs``:
 
-* ``B``, the **best prefix**: its longest common token prefix with any earlier request of the same cache salt (the
-  token radix of replay's upper bound, :class:`kvcli.sim.upper_bound.RadixUpperBound`); ``B_any``, the same over
-  earlier requests of *any* salt (only traces with two salts or more differ); the **predecessor**: the latest earlier
+* ``B``, the **best prefix**: its longest common token prefix with any earlier request of the same cache salt and
+  served model (:attr:`kvcli.traces.request.Request.hash_salt`; the token radix of replay's upper bound,
+  :class:`kvcli.sim.upper_bound.RadixUpperBound`); ``B_any``, the same over earlier requests of *any* salt and model
+  (only traces with two salts or models or more differ); the **predecessor**: the latest earlier
   request that shares ``B_any`` tokens.
 * ``U = floor(B / cs) * cs``, the chunks an unlimited chunk-hash store holds for it (its run of chunk hits: every
   earlier request stored each of its full chunks, so a chunk is held iff an earlier prompt holds its whole prefix);
@@ -27,17 +28,23 @@ chunk size ``cs``:
   cause          tokens
   ============== =========================================================================================
   expiry         ``reusable(C) - reusable(F)``: held at the capacity, expired at the TTL
-  eviction       ``reusable(U) - reusable(C)``: held by an unlimited store, evicted by the capacity
+  eviction       ``reusable(A) - reusable(C)``: held by an unlimited store, evicted by the capacity (``A = U``
+                 but with a hybrid model)
   chunk_boundary ``reusable(B) - reusable(U)``: the shared prefix ends inside a chunk (its partial chunk)
+  hybrid_block   ``reusable(U) - reusable(A)``, with a hybrid model (``hybrid_block``): vLLM's attention block of
+                 ``H`` tokens and its align mode resume a request only at ``A``, the longest multiple of ``H``
+                 within ``B`` (at most ``n - 1`` tokens) where an earlier request of its salt and model left a Mamba
+                 state (:mod:`kvcli.model.hybridblock`); ``C`` and ``F`` are then at most ``A``
   last_token     ``B - reusable(B)``: 1 when the whole prompt was seen before (the engine computes it again)
-  cache_salt     ``B_any - B``: shared with an earlier request of another cache salt only
+  cache_salt     ``B_any - B``: shared with an earlier request of another cache salt or model only
   divergence     ``n - B_any`` when the predecessor goes on past ``B_any``: the prompt differs from it there
   new            ``n - B_any`` otherwise: the prompt goes past the end of every earlier prompt it shares a prefix
                  with (a conversation's new turn; all of a first request), which no cache could have held
   ============== =========================================================================================
 
   so ``reused`` plus the causes is ``n`` for every request. Summed over a trace, ``reused`` is replay's hit tokens
-  and ``reused + expiry + eviction + chunk_boundary`` its token-granular upper bound (reusable(B)).
+  (less ``hybrid_block``, which replay's store, keeping a state at every chunk, does not lose) and ``reused +
+  expiry + eviction + hybrid_block + chunk_boundary`` its token-granular upper bound (reusable(B)).
 
 Where a prompt diverges, :mod:`kvcli.analysis.divergence` names the place: the message, its role and field (chat
 traces), or the token position, with an excerpt of both prompts around the first difference.
@@ -56,6 +63,7 @@ import numpy as np
 
 from kvcli.analysis.divergence import Site, locate
 from kvcli.errors import BadInputError
+from kvcli.model.hybridblock import DEFAULT_STEP_TOKENS, align_checkpoints
 from kvcli.sim.lru import ChunkLru
 from kvcli.sim.scheduler import EngineConfig, EngineRequest, EngineSim
 from kvcli.sim.ttlcurve import RESOLUTION_SECONDS
@@ -64,7 +72,7 @@ from kvcli.store.hashing import PromptChunker, reusable_tokens
 from kvcli.traces.request import ChatPrompt, Request
 
 #: the causes of lost tokens, in the order reports list them (module docstring).
-CAUSES = ("chunk_boundary", "eviction", "expiry", "last_token", "cache_salt", "divergence", "new")
+CAUSES = ("chunk_boundary", "hybrid_block", "eviction", "expiry", "last_token", "cache_salt", "divergence", "new")
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,11 @@ class ExplainConfig:
             size): its block pool holds the chunks, and a request reuses what the engine finds cached when it
             admits it. output_tokens: with an engine, the tokens every request generates (None: the trace's
             ``output_length``, 1 where it has none).
+        hybrid_block: the attention block vLLM gives a hybrid model (:func:`kvcli.model.hybridblock.
+            vllm_attention_block`, tokens), whose align mode resumes a request only where an earlier one left a
+            Mamba state (:func:`kvcli.model.hybridblock.align_checkpoints`); None: no such limit (not a hybrid
+            model, or an engine simulated with ``engine``). step_tokens: the tokens of one scheduler step, where
+            a long prefill leaves its intermediate states.
 
     Raises:
         BadInputError: a chunk size < 1, a capacity < 0, a TTL <= 0, ``ttl_refresh`` without a TTL, an engine with
@@ -94,6 +107,8 @@ class ExplainConfig:
     tokenizer: str = ""
     engine: EngineConfig | None = None
     output_tokens: int | None = None
+    hybrid_block: int | None = None
+    step_tokens: int = DEFAULT_STEP_TOKENS
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -110,6 +125,9 @@ class ExplainConfig:
         if self.engine is not None and self.engine.block_size != self.chunk_size:
             raise BadInputError(f"the engine's block size {self.engine.block_size} is not the chunk size "
                                 f"{self.chunk_size}")
+        if self.hybrid_block is not None and (self.hybrid_block < 1 or self.engine is not None):
+            raise BadInputError(f"a hybrid block of {self.hybrid_block} tokens: it must be >= 1, and an engine "
+                                "simulated with --gpu-blocks has its own block size")
         if self.output_tokens is not None and self.output_tokens < 1:
             raise BadInputError(f"--output-length must be >= 1 token (vLLM's max_tokens), got {self.output_tokens}")
 
@@ -127,6 +145,7 @@ class Explanation:
         cache_salt: the request's salt. site: where it diverges (None: no divergence, or not located).
         reused_from_namespace_tokens: of ``reused_tokens``, those only the live namespace held (``--namespace``).
         timestamp: its arrival time, seconds from the trace's start (None: the trace gives none).
+        model: the served model it names ("" for none; :attr:`kvcli.traces.request.Request.model`).
     """
 
     index: int
@@ -143,13 +162,15 @@ class Explanation:
     site: Site | None = None
     reused_from_namespace_tokens: int = 0
     timestamp: float | None = None
+    model: str = ""
 
     @property
     def upper_bound_tokens(self) -> int:
-        """What an unlimited token-granular cache reuses: ``reused + chunk_boundary + eviction + expiry``, which is
+        """What an unlimited token-granular cache reuses: ``reused + chunk_boundary + hybrid_block + eviction +
+        expiry``, which is
         ``reusable(B)`` (replay's upper bound, per request), or what a live namespace read beside gave when more."""
         lost = self.lost_tokens_by_cause
-        return self.reused_tokens + lost["chunk_boundary"] + lost["eviction"] + lost["expiry"]
+        return self.reused_tokens + lost["chunk_boundary"] + lost["hybrid_block"] + lost["eviction"] + lost["expiry"]
 
 
 @dataclass
@@ -184,6 +205,8 @@ class TraceExplanation:
             request came (only with a capacity, TTL or engine).
         preemptions: with an engine, the requests it preempted until the last request was admitted.
             pinned_tokens: of ``reused_tokens``, those of blocks a running request held when the request came.
+        models: requests per served model name the trace names (:attr:`kvcli.traces.request.Request.model`; none
+            named: empty).
     """
 
     config: ExplainConfig
@@ -200,6 +223,7 @@ class TraceExplanation:
     chunk_states: dict[int, list[tuple[bool, bool]]] = field(default_factory=dict)
     preemptions: int = 0
     pinned_tokens: int = 0
+    models: dict[str, int] = field(default_factory=dict)
 
     def top_sites(self, top: int) -> list[SiteTotal]:
         """The ``top`` divergence sites by lost tokens (ties: more requests, then the label)."""
@@ -227,10 +251,13 @@ class TraceExplanation:
 @dataclass(frozen=True)
 class BlockHashes:
     """How the chunk map names blocks: ``hashes(prompt, cache_salt)`` -> one id per full chunk (``prompt``: token ids
-    or a hash-id request's block keys, ``Request.prompt``), and the scheme's name (``kvcli``, ``vllm``, ...)."""
+    or a hash-id request's block keys, ``Request.prompt``); the scheme as reports name it, with the engine version
+    it follows (``scheme``, e.g. ``"vllm-sha256@0.33.0 (vLLM 0.31.0 to 0.34.0 hash alike)"``), and as JSON
+    (``described``: :meth:`kvcli.store.enginehash.HashScheme.as_json`)."""
 
     scheme: str
     hashes: Callable[[Any, str], list[str]]
+    described: dict = field(default_factory=dict)
 
 
 class _Expiry:
@@ -256,7 +283,8 @@ class _Expiry:
 
 #: the causes in the order their tokens lie along a prompt, after the reused ones (``new`` and ``divergence``
 #: share the tail: a request has one of them).
-TOKEN_ORDER = ("expiry", "eviction", "chunk_boundary", "last_token", "cache_salt", "divergence", "new")
+TOKEN_ORDER = ("expiry", "eviction", "hybrid_block", "chunk_boundary", "last_token", "cache_salt", "divergence",
+               "new")
 
 
 def take_front(lost: dict[str, int], tokens: int, whole: bool = False) -> None:
@@ -311,6 +339,9 @@ class Explainer:
         self._first_salt: str | None = None
         needs_hashes = config.capacity_chunks is not None or config.ttl is not None or config.engine is not None
         self._chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size) if needs_hashes else None
+        self._hybrid = (PromptChunker(config.model_id, config.tokenizer, config.hybrid_block)
+                        if config.hybrid_block is not None else None)
+        self._states: set[bytes] = set()  # the hybrid engine's kept Mamba states: the hashes of their prefixes
         self._engine = EngineSim(config.engine) if config.engine is not None else None
         self._lru = ChunkLru(config.capacity_chunks) if config.capacity_chunks is not None else None
         self._expiry = _Expiry(config.ttl, config.ttl_refresh) if config.ttl is not None else None
@@ -330,7 +361,7 @@ class Explainer:
         if not len(request.token_ids):  # as replay: an empty prompt is skipped, never a request
             res.skipped_empty += 1
             return None
-        index, tokens, salt = res.requests, request.token_ids, request.cache_salt
+        index, tokens, salt = res.requests, request.token_ids, request.hash_salt
         n, cs = len(tokens), cfg.chunk_size
         if self._first_salt is None:
             self._first_salt = salt
@@ -348,10 +379,15 @@ class Explainer:
             held = expired_run = self._admitted(request, index, n)
         elif self._chunker is not None:
             held, expired_run = self._cached(request, index, unlimited // cs)
-        reuse = {h: reusable_tokens(h, n) for h in (b, unlimited, held, expired_run)}
+        aligned = unlimited
+        if self._hybrid is not None:
+            aligned = min(unlimited, self._resumed(request, b, n))
+            held, expired_run = min(held, aligned), min(expired_run, aligned)
+        reuse = {h: reusable_tokens(h, n) for h in (b, unlimited, aligned, held, expired_run)}
         beyond = n - b_any
         diverges = blind.continues and beyond > 0
-        lost = {"chunk_boundary": reuse[b] - reuse[unlimited], "eviction": reuse[unlimited] - reuse[held],
+        lost = {"chunk_boundary": reuse[b] - reuse[unlimited], "hybrid_block": reuse[unlimited] - reuse[aligned],
+                "eviction": reuse[aligned] - reuse[held],
                 "expiry": reuse[held] - reuse[expired_run], "last_token": b - reuse[b], "cache_salt": b_any - b,
                 "divergence": beyond if diverges else 0, "new": 0 if diverges else beyond}
         site = self._site(request, blind) if diverges else None
@@ -363,9 +399,12 @@ class Explainer:
                 reused += from_namespace
                 take_front(lost, from_namespace, whole=live >= n > 0)
         e = Explanation(index, request.id, request.source, n, reused, b, b_any, blind.predecessor,
-                        b_any if diverges else None, lost, salt, site, from_namespace, request.timestamp)
+                        b_any if diverges else None, lost, request.cache_salt, site, from_namespace, request.timestamp,
+                        request.model)
         res.requests += 1
         res.prompt_tokens += n
+        if request.model:
+            res.models[request.model] = res.models.get(request.model, 0) + 1
         res.reused_tokens += e.reused_tokens
         res.reused_from_namespace_tokens += from_namespace
         res.upper_bound_tokens += e.upper_bound_tokens
@@ -383,12 +422,27 @@ class Explainer:
             self._chats.append(request.chat)
         return e
 
+    def _resumed(self, request: Request, shared: int, n: int) -> int:
+        """The tokens a vLLM engine serving the hybrid model resumes the request from (align mode: the longest
+        block boundary within the ``shared`` prefix where an earlier request of its salt and model left a Mamba
+        state, at most ``n - 1`` tokens in), then the states this request leaves (``n`` prompt tokens)."""
+        assert self._hybrid is not None and self.config.hybrid_block is not None
+        block = self.config.hybrid_block
+        hashes = self._hybrid.hashes(request.prompt, request.hash_salt)[0]
+        resumed = 0
+        for k in range(min(shared, n - 1) // block, 0, -1):
+            if hashes[k - 1] in self._states:
+                resumed = k * block
+                break
+        self._states.update(hashes[at // block - 1] for at in align_checkpoints(n, block, self.config.step_tokens))
+        return resumed
+
     def _admitted(self, request: Request, index: int, n: int) -> int:
         """``C`` in tokens: the run the engine found cached when it admitted the request (``n`` prompt tokens), and
         the request given to the engine (:meth:`kvcli.sim.scheduler.EngineSim.admit`)."""
         assert self._chunker is not None and self._engine is not None
         cfg = self.config
-        hashes = self._chunker.chunk(request.prompt, request.cache_salt).hashes
+        hashes = self._chunker.chunk(request.prompt, request.hash_salt).hashes
         out = cfg.output_tokens if cfg.output_tokens is not None else max(request.output_length or 1, 1)
         try:
             admission = self._engine.admit(EngineRequest(index, hashes, n, out, request.timestamp or 0.0))
@@ -410,7 +464,7 @@ class Explainer:
         chunks are touched (the LRU's and the expiry's). ``unlimited``: the unlimited store's run, chunks."""
         assert self._chunker is not None
         cs = self.config.chunk_size
-        hashes = self._chunker.chunk(request.prompt, request.cache_salt).hashes
+        hashes = self._chunker.chunk(request.prompt, request.hash_salt).hashes
         lru, expiry = self._lru, self._expiry
         # held: in the LRU; an unlimited store holds a chunk iff an earlier request stored it (the unlimited run)
         in_lru = [h in lru for h in hashes] if lru is not None else [k < unlimited for k in range(len(hashes))]

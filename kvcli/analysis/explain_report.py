@@ -14,10 +14,12 @@ from kvcli.tables import print_table
 CAUSE_HELP = {
     "reused": "tokens the chunk-hash cache reused",
     "chunk_boundary": "shared with an earlier prompt, but inside the partial chunk where the shared prefix ends",
+    "hybrid_block": ("held at the chunk size, but a vLLM engine serving the hybrid model resumes only at its "
+                     "enlarged attention block's boundaries where an earlier request left a Mamba state"),
     "eviction": "held by an unlimited cache, evicted by the capacity (the LRU, or the engine's block pool)",
     "expiry": "held at the capacity, expired by the TTL",
     "last_token": "the whole prompt was cached: the engine computes its last token again",
-    "cache_salt": "shared only with requests of another cache salt",
+    "cache_salt": "shared only with requests of another cache salt or served model (a LoRA adapter or the base)",
     "divergence": "after the first token where the prompt differs from its best predecessor",
     "new": "past the end of every earlier prompt it shares a prefix with (no cache could hold them)",
 }
@@ -43,7 +45,7 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
         "requests": x.requests, "prompt_tokens": x.prompt_tokens, "reused_tokens": x.reused_tokens,
         "upper_bound_tokens": x.upper_bound_tokens, "reused_from_namespace_tokens": x.reused_from_namespace_tokens,
         "lost_tokens_by_cause": x.lost_tokens_by_cause,
-        "reordered_requests": x.reordered,
+        "reordered_requests": x.reordered, "models": x.models,
         "top_divergence_sites": [{"site": s.label, "requests": s.requests, "divergence_tokens": s.tokens,
                                   "message_index": s.example.message_index if s.example else None,
                                   "role": s.example.role if s.example else None,
@@ -56,7 +58,8 @@ def _trace_json(t: ExplainedTrace, top: int, request_id: str | None, block_hashe
     }
     if request_id is not None and t.tokens:
         e = x.request(request_id)
-        body["request"] = {**_request_json(e, ids), "chunks": chunk_map(t, e, block_hashes)}
+        body["request"] = {**_request_json(e, ids), "chunks": chunk_map(t, e, block_hashes),
+                           **({"block_hashes": block_hashes.described} if block_hashes is not None else {})}
     return body
 
 
@@ -92,7 +95,8 @@ def _cache_label(x: TraceExplanation) -> str:
 
 def _request_json(e: Explanation, ids: list[str]) -> dict:
     site = e.site
-    return {"id": e.id, "source": e.source, "cache_salt": e.cache_salt, "prompt_tokens": e.prompt_tokens,
+    return {"id": e.id, "source": e.source, "cache_salt": e.cache_salt, "model": e.model,
+            "prompt_tokens": e.prompt_tokens,
             "reused_tokens": e.reused_tokens, "reused_from_namespace_tokens": e.reused_from_namespace_tokens,
             "upper_bound_tokens": e.upper_bound_tokens,
             "best_prefix_tokens": e.best_prefix_tokens,
@@ -124,6 +128,10 @@ def explain_notes(traces: list[ExplainedTrace], request_id: str | None, scheme: 
                 notes.append(f"{t.name}: id {request_id!r} names {len(found):,} requests ({found[0].source}, "
                              f"{found[1].source}{', ...' if len(found) > 2 else ''}): mapped the first; "
                              f"--request {found[1].source} maps another")
+            if found and scheme.startswith("vllm") and found[0].model:
+                notes.append(f"{t.name}: request {found[0].id} names model {found[0].model!r}: if that is a LoRA "
+                             f"adapter, vLLM puts the adapter (its name, id or path, by version) in every block's "
+                             f"hash, which a trace does not give; --hash {scheme} hashes it as the base model's")
             if scheme != "kvcli" and t.fmt in HASH_ID_FORMATS:
                 notes.append(f"{t.name}: a hash-id trace's token ids are synthesized, so --hash {scheme} hashes "
                              "tokens no engine saw: its hashes join no engine's logs")
@@ -136,7 +144,8 @@ def explain_notes(traces: list[ExplainedTrace], request_id: str | None, scheme: 
 
 def spans(e: Explanation) -> list[tuple[str, int, int]]:
     """The request's tokens on the token axis, ``(cause, start, end)`` (end exclusive; empty spans left out), in
-    position order: reused, then expiry, eviction, chunk_boundary, last_token, cache_salt, then divergence or new
+    position order: reused, then expiry, eviction, hybrid_block, chunk_boundary, last_token, cache_salt, then
+    divergence or new
     (the counts of :class:`~kvcli.analysis.explain.Explanation`, laid where they fall)."""
     lost, n = e.lost_tokens_by_cause, e.prompt_tokens
     order = ["reused", *TOKEN_ORDER]
@@ -226,10 +235,13 @@ def _causes_table(t: ExplainedTrace, cache: str) -> Table:
                       _share(x.reused_from_namespace_tokens, x.prompt_tokens))
     for cause in CAUSES:
         n = x.lost_tokens_by_cause[cause]
+        if cause == "hybrid_block" and x.config.hybrid_block is None:
+            continue  # not a hybrid model: no such limit
         table.add_row(f"lost: {cause.replace('_', ' ')}" if cause != "new" else "new", f"{n:,}",
                       _share(n, x.prompt_tokens))
     table.caption = (f"upper bound (unlimited, token-granular): {x.upper_bound_tokens:,} tokens "
-                     f"({_share(x.upper_bound_tokens, x.prompt_tokens)}) = reused + chunk boundary + eviction + expiry")
+                     f"({_share(x.upper_bound_tokens, x.prompt_tokens)}) = reused + chunk boundary + "
+                     + ("hybrid block + " if x.config.hybrid_block is not None else "") + "eviction + expiry")
     if x.config.engine is not None and x.config.engine.max_num_seqs > 1:
         table.caption += (f"; engine preemptions: {x.preemptions:,}; reused tokens in blocks a running request "
                           f"held: {x.pinned_tokens:,}")
@@ -288,7 +300,10 @@ def _print_request(t: ExplainedTrace, e: Explanation, console: Console, block_ha
             f"({cache}); best prefix {e.best_prefix_tokens_any_salt:,} tokens"
             + (f" from {pred.id} ({pred.source})" if pred else " (no earlier prompt shares a token)"))
     console.print(Text(head))
-    if e.best_prefix_tokens != e.best_prefix_tokens_any_salt:
+    if e.best_prefix_tokens != e.best_prefix_tokens_any_salt and pred is not None and pred.model != e.model:
+        console.print(Text(f"  its model {e.model!r} shares only {e.best_prefix_tokens:,} of them (the "
+                           f"predecessor's model: {pred.model!r}; requests of two models never share blocks)"))
+    elif e.best_prefix_tokens != e.best_prefix_tokens_any_salt:
         console.print(Text(f"  its cache salt {e.cache_salt!r} shares only {e.best_prefix_tokens:,} of them "
                            f"(the predecessor's salt: {pred.cache_salt if pred else ''!r})"))
     if e.site is not None:

@@ -53,8 +53,10 @@ def _trace_json(report: TraceReport) -> dict:
         "prompt_tokens_max": s.max_prompt_tokens, "prompt_tokens_mean": s.mean_prompt_tokens,
         "shared_prefix_tokens": s.shared_tokens, "shared_prefix_token_ratio": s.shared_token_ratio,
         "reordered_requests": s.reordered, "blend": None if s.blend is None else s.blend.to_dict(),
+        "models": s.models,
         "top_shared_prefixes": [{"start_tokens": p.start, "run_tokens": p.tokens, "prefix_tokens": p.end,
                                  "requests": p.requests, "saved_tokens": p.saved_tokens, "cache_salt": p.cache_salt,
+                                 "model": p.model,
                                  "first_words": report.first_words(p.head)} for p in s.top],
     }
 

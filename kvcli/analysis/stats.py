@@ -30,6 +30,7 @@ stats hold more than ``4 * max_tokens`` bytes of tokens, plus one request's.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ from kvcli.errors import BadInputError
 from kvcli.sim.blend import BlendCounter, BlendReuse
 from kvcli.sim.upper_bound import RadixUpperBound
 from kvcli.traces.order import arrival_order
-from kvcli.traces.request import Request
+from kvcli.traces.request import Request, split_hash_salt
 
 #: the prompt-length percentiles reported.
 PERCENTILES = (50, 90, 99)
@@ -62,7 +63,7 @@ class SharedPrefix:
         start: tokens before the run (0: the run starts the prompt). tokens: its length, tokens.
         requests: later requests that reuse it. saved_tokens: ``tokens * requests``.
         head: its first token ids (at most :data:`HEAD_TOKENS`), for the report to show as words.
-        cache_salt: the tenant it belongs to.
+        cache_salt: the tenant it belongs to. model: the served model its requests name ("" for none).
     """
 
     start: int
@@ -71,6 +72,7 @@ class SharedPrefix:
     saved_tokens: int
     head: np.ndarray = field(repr=False)
     cache_salt: str = ""
+    model: str = ""
 
     @property
     def end(self) -> int:
@@ -93,6 +95,8 @@ class TraceStats:
         shared_tokens: prompt tokens inside a prefix shared with an earlier request. reordered: requests out of
         timestamp order (0: taken as in the file). top: the shared prefixes with the most saved tokens, most first.
         blend: the reuse beyond the shared prefix (:class:`kvcli.sim.blend.BlendReuse`), None when not asked for.
+        models: requests per served model name the trace names (none named: empty); requests of two models share
+        no prefix (:attr:`kvcli.traces.request.Request.hash_salt`).
     """
 
     requests: int
@@ -105,6 +109,7 @@ class TraceStats:
     reordered: int
     top: list[SharedPrefix]
     blend: BlendReuse | None = None
+    models: dict[str, int] = field(default_factory=dict)
 
     @property
     def shared_token_ratio(self) -> float | None:
@@ -139,7 +144,7 @@ def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MA
                                 "once, 4 bytes); raise --max-tokens to read this trace")
         # a hash-id request's tokens are made here and dropped after (its own token_ids would keep them)
         tokens = request.token_ids if request.blocks is None else request.blocks.token_ids()
-        shared = radix.match_and_insert(tokens, request.cache_salt)
+        shared = radix.match_and_insert(tokens, request.hash_salt)
         if blend is not None:
             blend.add(request, shared, tokens)
         shared_total += shared
@@ -154,5 +159,6 @@ def trace_stats(requests: Iterable[Request], top: int = 10, max_tokens: int = MA
         mean_prompt_tokens=float(lengths.mean()) if len(lengths) else 0.0, shared_tokens=shared_total,
         reordered=0 if order is None else int(np.count_nonzero(order != np.arange(len(order)))),
         top=[SharedPrefix(s.start, len(s.tokens), s.reused, len(s.tokens) * s.reused, s.tokens[:HEAD_TOKENS].copy(),
-                          s.cache_salt) for _, s in ranked],
-        blend=None if blend is None else blend.result)
+                          *split_hash_salt(s.cache_salt)) for _, s in ranked],
+        blend=None if blend is None else blend.result,
+        models=dict(Counter(r.model for r in requests if r.model)))

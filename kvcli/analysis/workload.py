@@ -13,12 +13,14 @@ from kvcli.analysis.explain import BlockHashes, ExplainConfig, Explainer, TraceE
 from kvcli.analysis.report import TraceReport
 from kvcli.analysis.stats import MAX_TOKENS, check_max_tokens, trace_stats
 from kvcli.errors import BadInputError, RedisFailure
+from kvcli.model.hybridblock import VLLM_VERSION as HYBRID_RULE_VERSION
+from kvcli.model.hybridblock import vllm_attention_block
 from kvcli.model.load import resolve_spec, resolve_tokenizer
 from kvcli.model.tokenize import get_tokenizer, lazy_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
 from kvcli.sim.scheduler import EngineConfig
 from kvcli.store.chunkstore import ChunkStore
-from kvcli.store.enginehash import block_hashes
+from kvcli.store.enginehash import block_hashes, hash_scheme
 from kvcli.store.hashing import PromptChunker, is_block_prompt
 from kvcli.store.records import StoreConfig
 from kvcli.traces.bos import trace_bos_note
@@ -27,7 +29,7 @@ from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, as_trace_format
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import as_given, display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
-from kvcli.traces.request import ChatPrompt, Request
+from kvcli.traces.request import ChatPrompt, Request, models_note
 
 
 def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | None, top: int,
@@ -46,7 +48,8 @@ def trace_reports(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | No
     with stdin_paths(paths) as given:  # around the reads: an error in stdin's copy names <stdin>
         for path, name, tok in each_trace(given, fmt, tokenizer):
             stats = trace_stats(read_trace(path, fmt, tok), top, max_tokens, blend_recompute)
-            note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok)) if n) or None
+            note = "; ".join(n for n in (trace_note(path, fmt), trace_bos_note(path, fmt, tok),
+                                         models_note(stats.models)) if n) or None
             reports.append(TraceReport(display_name(path), name, stats, note,
                                        get_tokenizer(tok).decode if is_text_trace(path, name) else None))
     return reports
@@ -122,7 +125,8 @@ def _explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | 
         explanation = explainer.result
         explanation.reordered = 0 if order is None else int(np.count_nonzero(order != np.arange(len(order))))
         notes = [n for n in (trace_note(path, fmt), order_note(order, display_name(path)),
-                             trace_bos_note(path, fmt, tok)) if n]
+                             trace_bos_note(path, fmt, tok), models_note(explanation.models),
+                             hybrid_note(explanation)) if n]
         tokens: dict[int, np.ndarray] = {}
         if request_id is not None and explanation.matching(request_id):
             e = explanation.request(request_id)
@@ -183,7 +187,9 @@ def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None
     or a checkpoint folder, no weights loaded) and ``tokenizer`` as replay's, and the capacity in chunks as replay's
     store counts it (:attr:`kvcli.store.records.StoreConfig.capacity_chunks`: the smaller of the two, bytes of the
     model's KV payload per chunk, stored as ``kv_dtype``: None or "auto" for the model's dtype, "fp8"); ``engine``
-    and ``output_tokens`` as :class:`~kvcli.analysis.explain.ExplainConfig` takes them.
+    and ``output_tokens`` as :class:`~kvcli.analysis.explain.ExplainConfig` takes them. For a hybrid model without
+    ``engine``, the attention block vLLM would give it at block size ``chunk_size``
+    (:func:`kvcli.model.hybridblock.vllm_attention_block`) limits where a request resumes (cause ``hybrid_block``).
 
     Raises:
         BadInputError: an unknown model or dtype, a capacity or TTL that is not > 0, a chunk size < 1, and
@@ -197,7 +203,23 @@ def explain_config(chunk_size: int, model: str = "cpu", dtype: str | None = None
                              tokenizer=tok_name, kv_shape=spec.kv_shape, dtype=spec.dtype, payload="accounted",
                              capacity_tokens=capacity_tokens, capacity_bytes=capacity_bytes,
                              state_shape=spec.state_shape, kv_dtype=kv_dtype).capacity_chunks
-    return ExplainConfig(chunk_size, chunks, ttl, ttl_refresh, spec.model_id, tok_name, engine, output_tokens)
+    hybrid = vllm_attention_block(spec, chunk_size) if engine is None and chunk_size >= 1 else None
+    return ExplainConfig(chunk_size, chunks, ttl, ttl_refresh, spec.model_id, tok_name, engine, output_tokens, hybrid)
+
+
+def hybrid_note(x: TraceExplanation) -> str | None:
+    """The note of a trace explained for a hybrid model (``x.config.hybrid_block`` set), else None: vLLM's block,
+    what it cost (``hybrid_block`` tokens) and the requests too short to ever resume."""
+    block = x.config.hybrid_block
+    if block is None:
+        return None
+    short = sum(1 for e in x.explained if e.prompt_tokens <= block)
+    return (f"a hybrid model: vLLM {HYBRID_RULE_VERSION} enlarges its attention block to {block:,} tokens "
+            f"(an attention page holds a Mamba state) and, in its default align mode, resumes a request only at "
+            f"such a block's boundary where an earlier request left a Mamba state: "
+            f"{x.lost_tokens_by_cause['hybrid_block']:,} tokens the --chunk-size {x.config.chunk_size} cache "
+            f"reuses are lost to that (hybrid_block); {short:,} of {x.requests:,} requests have at most {block:,} "
+            "prompt tokens and can never resume from the cache")
 
 
 def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None) -> BlockHashes:
@@ -205,9 +227,14 @@ def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None)
     size (kvcli's own under the config's hash root), checked now on an empty prompt's first block.
 
     Raises:
-        BadInputError: an unknown scheme, or one that needs ``hash_seed`` without it.
+        BadInputError: an unknown scheme or version (:func:`kvcli.store.enginehash.hash_scheme`), or one that needs
+            ``hash_seed`` without it.
     """
     chunker = PromptChunker(config.model_id, config.tokenizer, config.chunk_size)
+    try:
+        resolved = hash_scheme(scheme)
+    except ValueError as err:
+        raise BadInputError(f"--hash {scheme}: {err}") from None
 
     def hashes(prompt, cache_salt: str) -> list[str]:
         if scheme == "kvcli":  # the store's own keys: a hash-id prompt's from its block keys, as replay and warm
@@ -221,7 +248,7 @@ def block_hash_scheme(scheme: str, config: ExplainConfig, hash_seed: str | None)
         hashes(np.zeros(config.chunk_size, np.uint32), "")
     except ValueError as err:
         raise BadInputError(f"--hash {scheme}: {err}") from None
-    return BlockHashes(scheme, hashes)
+    return BlockHashes(resolved.label, hashes, resolved.as_json())
 
 
 def namespace_lookup(client, namespace: str, config: ExplainConfig, model: str = "cpu", dtype: str | None = None
@@ -242,7 +269,7 @@ def namespace_lookup(client, namespace: str, config: ExplainConfig, model: str =
                                            state_shape=spec.state_shape))
 
     def run(request: Request) -> int:
-        look = store.lookup(request.prompt, request.cache_salt, record=False)
+        look = store.lookup(request.prompt, request.hash_salt, record=False)
         if look.break_reason == "redis-error":
             raise RedisFailure(f"a lookup in namespace {namespace!r} failed ({request.source}): the explanation "
                                "stops rather than count it a miss")

@@ -361,7 +361,7 @@ def _prompt_ids(prompt, tokens, request, tok, fmt, cache_salt: str | None = None
             raise BadInputError(f"--request must be TRACE:LINE, got {request!r}")
         for r in read_trace(path, fmt, tok):
             if r.source.rpartition(":")[2] == line:
-                return r.prompt, r.cache_salt if cache_salt is None else cache_salt
+                return r.prompt, r.hash_salt if cache_salt is None else cache_salt
         raise BadInputError(f"no request at line {line}", path=path)
     return None
 

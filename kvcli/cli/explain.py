@@ -40,8 +40,9 @@ from kvcli.cli.options import (
 
 HASH_HELP = ("Block hashes the chunk map (--request) names chunks by: kvcli (replay's and inspect's keys), or a "
              "serving engine's own chain, so the output joins with its logs and KV events: vllm (its default "
-             "sha256), vllm-sha256_cbor, vllm-xxhash, vllm-xxhash_cbor, sglang (HiCache storage keys), lmcache "
-             "(its builtin hash), lmcache-sha256, ... (docs/explain.md).")
+             "sha256), vllm-sha256_cbor, vllm-xxhash, vllm-xxhash_cbor, each as vLLM 0.33.0 hashes or @VERSION "
+             "another release's (vllm@0.28.0, vllm-sha256@0.9.2: 0.8.3 to 0.34.0), sglang (HiCache storage "
+             "keys), lmcache (its builtin hash), lmcache-sha256, ... (docs/explain.md).")
 
 
 def explain(

@@ -11,6 +11,7 @@ CAUSE_COLORS = {
     "reused": "#2ca02c",
     "expiry": "#ff7f0e",
     "eviction": "#d62728",
+    "hybrid_block": "#e377c2",
     "chunk_boundary": "#bcbd22",
     "last_token": "#8c564b",
     "cache_salt": "#9467bd",

@@ -187,7 +187,7 @@ def plan(store: ChunkStore, request: Request, planned: set[bytes] | None = None,
 
     ``planned`` (dry run) holds hashes an earlier prompt of the run would write; they count as present.
     """
-    prompt = store.chunk(request.prompt, request.cache_salt)
+    prompt = store.chunk(request.prompt, request.hash_salt)
     if not prompt.hashes:
         return _Plan(prompt, (), 0)
     pipe = store.client.pipeline(transaction=False)
@@ -362,7 +362,7 @@ def _compute(stores, plans, request: Request, model, result: WarmResult) -> tupl
     past, cs, bad = None, stores[best].config.chunk_size, None
     if plans[best].intact:  # fetch only the chunks that cover tokens [0, end)
         chunks = min(plans[best].intact, -(-end // cs))
-        got = stores[best].retrieve(plans[best].prompt.head(chunks), request.cache_salt)
+        got = stores[best].retrieve(plans[best].prompt.head(chunks), request.hash_salt)
         past = None if got.kv is None else got.kv[:, :, :, :resumable_tokens(got.kv, _resume_limit(got.kv, stores,
                                                                                                      plans, end))]
         bad = got.hit_tokens // cs if got.break_reason == "checksum" else None

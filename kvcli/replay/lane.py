@@ -205,7 +205,7 @@ class Lane:
         cs = store.config.chunk_size
         n, length = request.prompt_tokens, len(head)
         crit, back = _critical(res), _background(res)
-        prompt = store.chunk(request.prompt, request.cache_salt)
+        prompt = store.chunk(request.prompt, request.hash_salt)
         if self._hit_curve:
             self._hit_curve.observe(prompt.hashes, request.timestamp, n)
         if self._real:

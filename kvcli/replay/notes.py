@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kvcli.model.hybridblock import VLLM_VERSION as HYBRID_RULE_VERSION
 from kvcli.replay.network import PRICED_LINK
 from kvcli.replay.savings import sig
 from kvcli.store.namespace import absent_note
@@ -21,6 +22,28 @@ if TYPE_CHECKING:
 def namespace_misses(results: Sequence[ChunkSizeResult]) -> list[int]:
     """The chunk sizes of ``results`` whose requests took no chunk from the read namespace (``--namespace``)."""
     return [r.chunk_size for r in results if r.requests and not r.namespace_hit_chunks]
+
+
+def hybrid_note(blocks: dict[int, int], lengths: np.ndarray) -> str | None:
+    """The note of a replay of a hybrid model, else None (``blocks`` empty): the attention block vLLM gives it at
+    each chunk size taken as its ``--block-size`` (``blocks``: chunk size -> tokens,
+    :func:`kvcli.model.hybridblock.vllm_attention_block`), that its align mode resumes only at those blocks'
+    boundaries (kvcli's store keeps a state with every chunk, so the hit tokens here do not lose that), and the
+    requests of ``lengths`` (prompt tokens ``[requests]``) no larger than the smallest such block, which never
+    resume on vLLM."""
+    if not blocks:
+        return None
+    sizes = sorted(set(blocks.values()))
+    block = sizes[0]
+    said = (f"{block:,} tokens" if len(sizes) == 1 else
+            ", ".join(f"{b:,} tokens at --block-size {cs}" for cs, b in sorted(blocks.items())))
+    short = int(np.count_nonzero(lengths <= block))
+    return (f"a hybrid model: vLLM {HYBRID_RULE_VERSION} enlarges its attention block to {said} (an attention page "
+            "holds a Mamba state) and, in its default align mode, resumes a request only at such a block's boundary "
+            "where an earlier request left a state; these hit tokens assume a resume at any chunk boundary, as "
+            "kvcli's store keeps a state with every chunk (kvcli explain --model with --chunk-size gives what vLLM "
+            f"loses as hybrid_block); {short:,} of {len(lengths):,} requests have at most {block:,} prompt tokens "
+            "and never resume on vLLM")
 
 
 def replay_notes(config: ReplayConfig, results: Sequence[ChunkSizeResult], span_seconds: float | None,

@@ -32,7 +32,7 @@ def distinct_chunks(stores: Sequence[KVStore], reader: Callable[[], Iterable[Req
         if index >= limit:
             break
         for store, acc in zip(stores, seen):
-            hashes = store.chunk(request.prompt, request.cache_salt).hashes
+            hashes = store.chunk(request.prompt, request.hash_salt).hashes
             if hashes:
                 acc.append(np.frombuffer(b"".join(h[:8] for h in hashes), dtype="<u8"))
     return [int(np.unique(np.concatenate(acc)).size) if acc else 0 for acc in seen]

@@ -132,7 +132,7 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
                     match = reusable_tokens(radix.match_request(request), n)
                 joined = []
                 for chunker in chunkers:
-                    hashes, digests = chunker.hashes(request.prompt, request.cache_salt)
+                    hashes, digests = chunker.hashes(request.prompt, request.hash_salt)
                     joined.append((b"".join(hashes), b"".join(digests)))
             batch.append((index, request.timestamp, n, joined, match))
             if len(batch) >= PREFETCH_BATCH:
@@ -164,6 +164,6 @@ def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measu
         n = request.prompt_tokens
         match = reusable_tokens(radix.match_request(request), n) if (
             radix is not None and n) else 0
-        prompts = [store.chunk(request.prompt, request.cache_salt) for store in stores] if (
+        prompts = [store.chunk(request.prompt, request.hash_salt) for store in stores] if (
             n and index not in measured) else None
         yield index, request.timestamp, n, prompts, match, request

@@ -65,6 +65,7 @@ from redis.cluster import RedisCluster
 
 from kvcli.errors import BadInputError, KvcliError, RedisFailure
 from kvcli.model.costcurve import PrefillCost, PrefillSample
+from kvcli.model.hybridblock import vllm_attention_block
 from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.measure import (
     calibrate_transfer,
@@ -82,7 +83,7 @@ from kvcli.replay.network import (
     priced_overheads,
     repeat_spread,
 )
-from kvcli.replay.notes import namespace_misses, replay_notes
+from kvcli.replay.notes import hybrid_note, namespace_misses, replay_notes
 from kvcli.replay.plan import replay_preflight, room
 from kvcli.replay.planner import price_plan, tier_load_seconds
 from kvcli.replay.results import CapacityBasis, ChunkSizeResult, ReplayConfig, TraceResult
@@ -102,7 +103,7 @@ from kvcli.store.runmark import RunMark, delete_sentinel, mark_run, write_sentin
 from kvcli.store.server import INFO_REFUSED
 from kvcli.store.written import WrittenChunks
 from kvcli.traces.order import arrival_order, order_note
-from kvcli.traces.request import Request
+from kvcli.traces.request import Request, models_note
 
 if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
@@ -201,8 +202,8 @@ class Replayer:
             raise BadInputError("a priced replay needs the serving device's rates (a profile or --hardware)")
         reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
         self.phase(f"reading {name}")
-        lengths, order = self._validate(reader, name)
-        notes = [order_note(order, name)] if order is not None else []
+        lengths, order, models = self._validate(reader, name)
+        notes = [n for n in (order_note(order, name) if order is not None else None, models_note(models)) if n]
         if order is not None:  # not in arrival order: held in memory and taken in timestamp order
             reader, lengths = _reordered(reader, order), lengths[order]
         coverage = self._cover(lengths)
@@ -510,15 +511,21 @@ class Replayer:
             found = contents(self.client, cfg.namespace)
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
-        return replay_notes(cfg, result.per_chunk_size, result.span_seconds, lengths, measured, measure_tokens, check,
-                            self.curve.longest_full_tokens, self.model_id, found)
+        notes = replay_notes(cfg, result.per_chunk_size, result.span_seconds, lengths, measured, measure_tokens,
+                             check, self.curve.longest_full_tokens, self.model_id, found)
+        spec = ModelSpec(self.model_id, self.kv_shape, self.dtype, self.state_shape)
+        blocks = {cs: block for cs in cfg.chunk_sizes if (block := vllm_attention_block(spec, cs)) is not None}
+        hybrid = hybrid_note(blocks, lengths)
+        return notes + ([hybrid] if hybrid else [])
 
     # -- passes ---------------------------------------------------------------------------------------------------
-    def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None]:
-        """Prompt lengths ``[requests]`` (tokens, file order) and the arrival order (None: file order). Without a
+    def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None, dict[str, int]]:
+        """Prompt lengths ``[requests]`` (tokens, file order), the arrival order (None: file order) and the requests
+        per served model the trace names (:attr:`kvcli.traces.request.Request.model`). Without a
         model (no vocabulary to check the ids against), from the reader's ``outline()`` where it has one (lengths
         and times, the same checks, no token ids: :func:`kvcli.traces.detect.outline_trace`)."""
         lengths, stamps = [], []
+        models: dict[str, int] = {}
         vocab = self.model.config.vocab if self.model is not None else None
         outline = getattr(reader, "outline", None) if vocab is None else None
         limit = self.config.limit
@@ -526,6 +533,8 @@ class Replayer:
             for request in itertools.islice(outline(), limit):
                 lengths.append(request.prompt_tokens)
                 stamps.append(request.timestamp)
+                if request.model:
+                    models[request.model] = models.get(request.model, 0) + 1
         else:
             for request in itertools.islice(reader(), limit):
                 tokens = request.token_ids
@@ -534,10 +543,12 @@ class Replayer:
                                         f"{vocab}", *_where(request))
                 lengths.append(len(tokens))
                 stamps.append(request.timestamp)
+                if request.model:
+                    models[request.model] = models.get(request.model, 0) + 1
         if not lengths:
             raise BadInputError("the trace holds no requests", path=name)
         check_prompts(lengths, name)
-        return np.asarray(lengths, dtype=np.int64), arrival_order(stamps)
+        return np.asarray(lengths, dtype=np.int64), arrival_order(stamps), models
 
     def _make_store(self, namespace: str, chunk_size: int, layout: str = "kvcli", mark: RunMark | None = None
                     ) -> KVStore:

@@ -246,7 +246,7 @@ def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> l
     chunker = PromptChunker("kvcli-route", tokenizer, chunk_size)
     numbering, out = ChunkNumbering(), []
     for r in trace:
-        chunk_ids = numbering.number(chunker.hashes(r.prompt, r.cache_salt)[0])
+        chunk_ids = numbering.number(chunker.hashes(r.prompt, r.hash_salt)[0])
         out.append(SimRequest(r.id, chunk_ids, int(r.prompt_tokens), r.output_length, r.timestamp, r.cache_salt,
                               numbering, r.source))
     numbering.close()

@@ -16,8 +16,8 @@ Rules, per request in arrival order (the caller's order), of ``n`` prompt tokens
 * **Units**: the request's segments (:class:`kvcli.traces.request.Segment`: a RAGPulse hash id, where the reader
   gives them), else its full chunks of ``chunk_tokens`` from the prompt's start (replay: the chunk size; stats:
   :data:`CHUNK_TOKENS`, LMCache's default chunk size). A unit is **seen** when an earlier request of the same
-  ``cache_salt`` had a unit of the same tokens, at any position (its tokens compared by a 128-bit BLAKE2b digest:
-  two distinct units collide with probability about 2**-128 a pair).
+  cache salt and served model (``Request.hash_salt``) had a unit of the same tokens, at any position (its tokens
+  compared by a 128-bit BLAKE2b digest: two distinct units collide with probability about 2**-128 a pair).
 * **Prefix tokens** ``P``: the caller's prefix figure for the request (replay: what the store reuses at that chunk
   size with unlimited capacity; stats: the token-granular shared prefix), taken as given.
 * **Blend tokens**: the tokens of its seen units that lie in ``[P, n - 1)``: beyond the prefix, and never the last
@@ -171,7 +171,7 @@ class BlendReuse:
 
 class BlendCounter:
     """The pass that fills a :class:`BlendReuse`: :meth:`add` each request, in arrival order, with its prefix
-    figure. Holds one digest per distinct unit seen (per ``cache_salt``)."""
+    figure. Holds one digest per distinct unit seen (per cache salt and served model)."""
 
     def __init__(self, recompute_fraction: float = RECOMPUTE_FRACTION, chunk_tokens: int = CHUNK_TOKENS) -> None:
         if type(chunk_tokens) is not int or chunk_tokens < 1:
@@ -201,7 +201,7 @@ class BlendCounter:
         else:
             c = out.chunk_tokens
             units = [(k, k + c, CHUNK_KIND) for k in range(0, n - n % c, c)]
-        digests = [(request.cache_salt, hashlib.blake2b(tokens[start:end].tobytes(), digest_size=16).digest())
+        digests = [(request.hash_salt, hashlib.blake2b(tokens[start:end].tobytes(), digest_size=16).digest())
                    for start, end, _ in units]
         low, high = prefix_tokens, max(prefix_tokens, n - 1)  # the blend range: beyond the prefix, not the last
         blend = covered = in_prefix = 0

@@ -325,7 +325,7 @@ class UpperBound:
     def match_request(self, request: Request) -> int:
         """The longest prefix of ``request.token_ids`` that an earlier request of its cache salt held (tokens),
         then the request inserted (:meth:`RadixUpperBound.match_and_insert`)."""
-        blocks, salt = request.blocks, request.cache_salt
+        blocks, salt = request.blocks, request.hash_salt
         if self._radix is None and blocks is not None and blocks.block_tokens >= BlockTrie.MIN_BLOCK_TOKENS:
             if self._trie is None:
                 self._trie = BlockTrie(blocks.block_tokens)

@@ -96,7 +96,7 @@ def outline_trace(path: str | Path, fmt: str | TraceFormat = "auto", tokenizer: 
         return outline_ragpulse(path, spec)
     if name in HASH_ID_FORMATS:
         return outline_hash_id_trace(path, HASH_ID_FORMATS[name], spec)
-    return (Outline(len(r.token_ids), r.timestamp)
+    return (Outline(len(r.token_ids), r.timestamp, r.model)
             for r in _reader(name, spec)(path, prompt_tokenizer(tokenizer, spec.add_special_tokens)))
 
 

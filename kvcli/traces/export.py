@@ -371,7 +371,7 @@ def export_records(requests: Iterable[Request], fmt: str, numbering: BlockNumber
             record["session_id"] = session
         if numbering.block_tokens != own_block:
             record["block_size"] = numbering.block_tokens
-        record["hash_ids"] = numbering.ids_of(r.token_ids, r.cache_salt)
+        record["hash_ids"] = numbering.ids_of(r.token_ids, r.hash_salt)
         yield record
 
 

@@ -20,6 +20,7 @@ from kvcli.traces.records import (
     optional_id,
     optional_seconds,
     require_object,
+    served_model,
     shorten,
 )
 from kvcli.traces.request import ChatPrompt, Request, TokenizerArg
@@ -49,6 +50,7 @@ def _native_request(record: Any, tokenizer: TokenizerArg, path: Path, line_no: i
         output_length=optional_count(record.get("output_length"), "output_length"),
         source=f"{path}:{line_no}",
         chat=prompt_chat(record),
+        model=served_model(record),
     )
 
 

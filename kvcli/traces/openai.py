@@ -5,7 +5,8 @@ A **request body** is what a client POSTs to ``/v1/chat/completions`` (``message
 (:func:`kvcli.traces.native.prompt_tokens`): ``messages`` with the request's ``tools`` under the chat template plus
 the generation prompt, so a Batch line, a gateway log row and the native record ``{"messages": ..., "tools": ...}``
 of the same request give the same token ids. ``cache_salt`` (vLLM's request field) is the tenant salt; ``model``
-and the sampling fields do not change the prompt. A file of bodies, one per line, is a native trace.
+(:attr:`kvcli.traces.request.Request.model`: requests naming different models never share cache) and the sampling
+fields do not change the prompt. A file of bodies, one per line, is a native trace.
 
 **OpenAI Batch input** (JSONL; ``fmt="openai-batch"``): ``{"custom_id": ..., "method": "POST", "url":
 "/v1/chat/completions", "body": {...}}`` per line. ``id`` is ``custom_id``; there are no timestamps or sessions.
@@ -19,7 +20,15 @@ from typing import Any
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.traces.native import prompt_chat, prompt_tokens
-from kvcli.traces.records import cache_salt, iter_jsonl, json_type, located, optional_id, require_object
+from kvcli.traces.records import (
+    cache_salt,
+    iter_jsonl,
+    json_type,
+    located,
+    optional_id,
+    require_object,
+    served_model,
+)
 from kvcli.traces.request import Request, TokenizerArg
 
 #: the keys that make a record an OpenAI Batch input line.
@@ -47,7 +56,8 @@ def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str,
     except BadInputError as err:
         raise BadInputError(f"{what}: {err.reason}") from None
     return Request(id=request_id, token_ids=tokens, timestamp=timestamp, session_id=session_id,
-                   cache_salt=salt, output_length=output_length, source=source, chat=prompt_chat(body))
+                   cache_salt=salt, output_length=output_length, source=source, chat=prompt_chat(body),
+                   model=served_model(body, f"{what}."))
 
 
 def read_openai_batch(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:

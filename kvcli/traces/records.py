@@ -46,6 +46,15 @@ def cache_salt(record: dict, where: str = "") -> str:
     return salt or ""
 
 
+def served_model(record: dict, where: str = "") -> str:
+    """The record's ``model`` (the served model an OpenAI-style request names: a base model or a LoRA adapter),
+    ``""`` when absent or null. Raises BadInputError when it is not a string (``where`` prefixes the field's name)."""
+    model = record.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadInputError(f"{where}model must be a string, not {json_type(model)}")
+    return model or ""
+
+
 def optional_count(value: Any, key: str) -> int | None:
     """``value`` as a count (an integer >= 0, not a boolean), or None. Raises BadInputError naming ``key``."""
     if value is None:

@@ -2,7 +2,7 @@
 implements."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NamedTuple
@@ -83,6 +83,37 @@ class Segment(NamedTuple):
     key: str
 
 
+#: what :func:`hash_salt` puts between a cache salt and a model name (a NUL, which no salt a trace gives holds)
+MODEL_SEPARATOR = "\0model="
+
+
+def hash_salt(cache_salt: str, model: str) -> str:
+    """The salt a request's chunk hashes are chained under: ``cache_salt`` alone when ``model`` is "", else
+    ``cache_salt + "\0model=" + model``, so that requests naming different served models (a base model and its
+    LoRA adapters) never share blocks, as vLLM keys every block of an adapter's request by the adapter
+    (``vllm/v1/core/kv_cache_utils.py`` ``_gen_lora_extra_hash_keys``), while a trace naming no model hashes as
+    it always has. :func:`split_hash_salt` undoes it."""
+    return cache_salt + MODEL_SEPARATOR + model if model else cache_salt
+
+
+def split_hash_salt(salt: str) -> tuple[str, str]:
+    """``(cache_salt, model)`` of a :func:`hash_salt` value (``model`` "" when it names none)."""
+    cache, sep, model = salt.partition(MODEL_SEPARATOR)
+    return cache, model if sep else ""
+
+
+def models_note(models: Mapping[str, int]) -> str | None:
+    """The note a report gives a trace that names two served models or more (``models``: requests per model name,
+    "" left out), else None: their requests never share cached blocks (:func:`hash_salt`)."""
+    named = sorted(((n, m) for m, n in models.items() if m), key=lambda x: (-x[0], x[1]))
+    if len(named) < 2:
+        return None
+    listed = ", ".join(f"{m!r} ({n:,} request{'s' if n != 1 else ''})" for n, m in named[:4])
+    more = f" and {len(named) - 4:,} more" if len(named) > 4 else ""
+    return (f"the trace names {len(named):,} models, {listed}{more}: requests of different models (a base "
+            "model and its LoRA adapters) never share cached blocks, as vLLM keys an adapter's blocks by it")
+
+
 @dataclass(frozen=True, slots=True)
 class Request:
     """One request of a trace, tokenized.
@@ -103,6 +134,9 @@ class Request:
             links no turns that way (a session's requests then follow one another in arrival order).
         segments: the prompt's labelled parts (:class:`Segment`, in prompt order), where the format names them
             (None: it does not).
+        model: the served model the request names (its ``model`` field: the base model's name or a LoRA
+            adapter's), "" when it names none; requests naming different models never share cache
+            (:attr:`hash_salt`).
     """
 
     id: str
@@ -116,6 +150,13 @@ class Request:
     blocks: BlockKeys | None = None
     link: TurnLink | None = None
     segments: tuple[Segment, ...] | None = None
+    model: str = ""
+
+    @property
+    def hash_salt(self) -> str:
+        """What the request shares cached blocks under (:func:`hash_salt`): its cache salt, and its model when it
+        names one."""
+        return hash_salt(self.cache_salt, self.model)
 
     @property
     def prompt_tokens(self) -> int:
@@ -188,6 +229,8 @@ class Outline(NamedTuple):
     """``len(token_ids)``, tokens."""
     timestamp: float | None
     """Arrival time, seconds from the trace's start, or None."""
+    model: str = ""
+    """The served model it names (:attr:`Request.model`), "" for none."""
 
 
 TokenizerArg = str | Tokenizer

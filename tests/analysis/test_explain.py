@@ -238,6 +238,25 @@ def test_the_request_map_names_chunks_by_the_engines_hashes(tmp_path):
     assert "chunk map of r2" in text and "best prefix 40 tokens from r1" in text and ours[0][:16] in text
 
 
+def test_the_request_map_names_the_engine_version_it_hashes_as(tmp_path):
+    trace = write(tmp_path / "t.jsonl", [{"id": "r1", "token_ids": tok(1, 40)},
+                                         {"id": "r2", "token_ids": tok(1, 40), "cache_salt": "t"}])
+    out = run("explain", trace, "--chunk-size", 16, "--request", "r2", "--hash", "vllm@0.28.0", "--hash-seed", "0",
+              "--json")
+    request = json.loads(out.stdout)["traces"][0]["request"]
+    assert request["block_hashes"] == {"scheme": "vllm-sha256@0.28.0", "engine": "vllm", "algorithm": "sha256",
+                                       "version": "0.28.0", "hashes_as": "0.13.0 to 0.28.0"}
+    ours = block_hashes("vllm-sha256@0.28.0", np.array(tok(1, 40), "<u4"), 16, cache_salt="t", hash_seed="0")
+    assert [c["hash"] for c in request["chunks"]] == ours + [None]
+    assert ours != block_hashes("vllm", np.array(tok(1, 40), "<u4"), 16, cache_salt="t", hash_seed="0")
+    text = " ".join(run("explain", trace, "--chunk-size", 16, "--request", "r2", "--hash", "vllm@0.28.0",
+                        "--hash-seed", "0").stdout.split())
+    assert "block hashes: vllm-sha256@0.28.0 (vLLM 0.13.0 to 0.28.0 hash alike)" in text
+    plain = json.loads(run("explain", trace, "--chunk-size", 16, "--request", "r2", "--hash", "vllm",
+                           "--json").stdout)["traces"][0]["request"]
+    assert plain["block_hashes"]["scheme"] == "vllm-sha256@0.33.0"
+
+
 def test_a_hash_id_request_map_names_chunks_by_the_store_keys(tmp_path):
     """A hash-id request's chunk map gives the hashes replay and warm store it under (from its block keys), and an
     engine scheme hashes its synthesized token ids. Block size 8, chunk size 4: r2 shares r1's first block."""
@@ -260,6 +279,8 @@ def test_a_hash_id_request_map_names_chunks_by_the_store_keys(tmp_path):
     (["--request", "nope"], "no request with id or source 'nope'"),
     (["--hash", "vllm-xxhash"], "--hash vllm-xxhash"),
     (["--hash", "nonsense"], "--hash nonsense"),
+    (["--hash", "vllm@0.9.2"], "builtin hash()"),
+    (["--hash", "vllm@9.0.0"], "newer than the newest version kvcli checked"),
     (["--ttl", "5"], "--ttl needs a timestamp"),
     (["--chunk-size", "0"], "--chunk-size must be a positive integer, got '0'"),
     (["--ttl-refresh"], "it needs --ttl"),

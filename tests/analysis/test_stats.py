@@ -83,7 +83,8 @@ def test_stats_json_on_the_tiny_trace(tmp_path):
         "format": "native", "requests": 3, "sessions": 2, "prompt_tokens": 34, "prompt_tokens_p50": 11.0,
         "prompt_tokens_max": 12, "shared_prefix_tokens": 18}
     assert trace["top_shared_prefixes"][0] == {"start_tokens": 0, "run_tokens": 8, "prefix_tokens": 8, "requests": 2,
-                                               "saved_tokens": 16, "cache_salt": "", "first_words": None}
+                                               "saved_tokens": 16, "cache_salt": "", "model": "",
+                                               "first_words": None}
 
 
 def test_a_trace_of_empty_prompts_has_no_shared_ratio(tmp_path):
@@ -122,7 +123,7 @@ def test_stats_on_the_sample_traces_agree_with_replays_upper_bound():
     assert mooncake["requests"] == 1000 and mooncake["sessions"] is None
     assert mooncake["top_shared_prefixes"][0] == {"start_tokens": 0, "run_tokens": 512, "prefix_tokens": 512,
                                                   "requests": 999, "saved_tokens": 511488, "cache_salt": "",
-                                                  "first_words": None}
+                                                  "model": "", "first_words": None}
 
 
 def test_stats_errors_are_one_line(tmp_path):

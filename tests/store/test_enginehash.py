@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvcli.store.enginehash import ENGINE_HASHES, block_hashes
+from kvcli.store.enginehash import ENGINE_HASHES, VLLM_ERAS, LoraAdapter, block_hashes, hash_scheme, vllm_era
 from kvcli.store.hashing import chunk_hashes, namespace_root
 
 P40 = list(range(1000, 1040))  # 2 full blocks of 16 and 8 tokens over
@@ -238,3 +238,97 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="block size"):
         block_hashes("vllm", np.array(P40, dtype="<u4"), 0)
 
+
+
+def _golden_rows() -> tuple[dict, list[dict]]:
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parent / "data" / "vllm_hashes" / "golden.json").read_text())
+    return data["lora"], data["rows"]
+
+
+_LORA, _ROWS = _golden_rows()
+P40_31 = list(range(1000, 1040))
+BIG_31 = [2**31 - 1 - i for i in range(40)]  # the vectors' BIG: below 2**31 (vLLM 0.34.0's token buffer is int32)
+
+
+@pytest.mark.parametrize("row", _ROWS, ids=[f"{r['version']}-{r['algo']}-{r['tokens']}-{r['cache_salt'] or 'nosalt'}-"
+                                            f"{'lora' if r['lora'] else 'base'}-{r['hash_seed']}" for r in _ROWS])
+def test_each_vllm_version_matches_its_own_code(row):
+    # the vectors of tests/store/data/vllm_hashes (README.md there: each version's own hashing code, run)
+    lora = LoraAdapter(_LORA["lora_name"], _LORA["lora_int_id"], _LORA["lora_path"]) if row["lora"] else None
+    scheme = f"vllm-{row['algo']}@{row['version']}"
+    tokens = np.array(P40_31 if row["tokens"] == "P40" else BIG_31, dtype="<u4")
+    kwargs = {"cache_salt": row["cache_salt"], "hash_seed": row["hash_seed"], "lora": lora}
+    if row["hashes"] == "random":
+        with pytest.raises(ValueError, match="random"):
+            block_hashes(scheme, tokens, row["block_size"], **kwargs)
+    else:
+        assert block_hashes(scheme, tokens, row["block_size"], **kwargs) == row["hashes"]
+
+
+def test_the_vectors_cover_every_era_and_algorithm():
+    covered = {(vllm_era(r["version"]), r["algo"]) for r in _ROWS}
+    assert covered == {(era, algo) for era in VLLM_ERAS for algo in era.algos}
+
+
+def test_a_version_hashes_as_its_era():
+    tokens = np.array(P40, dtype="<u4")
+    assert block_hashes("vllm@0.20.0", tokens, 16, hash_seed="42") == block_hashes("vllm@0.13.0", tokens, 16,
+                                                                                    hash_seed="42")
+    assert block_hashes("vllm", tokens, 16) == block_hashes("vllm-sha256@0.33.0", tokens, 16)
+    # 0.30.0 puts the salt in bare, 0.31.0 as ("cache_salt", salt): the same prompt, other hashes
+    assert block_hashes("vllm@0.30.0", tokens, 16, cache_salt="t") != block_hashes("vllm@0.31.0", tokens, 16,
+                                                                                    cache_salt="t")
+    assert block_hashes("vllm@0.30.0", tokens, 16) == block_hashes("vllm@0.31.0", tokens, 16)
+
+
+def test_the_int_era_hashes_by_hand():
+    import hashlib
+    import pickle
+
+    def sha256_int(value) -> int:  # vLLM 0.9.2's sha256: the pickle's SHA-256 digest as a big-endian int
+        return int.from_bytes(hashlib.sha256(pickle.dumps(value, protocol=5)).digest(), "big")
+
+    root = sha256_int("42")  # NONE_HASH = sha256(PYTHONHASHSEED)
+    first = sha256_int((root, tuple(P40[:16]), ("t",)))  # the salt, bare, in block 0's extra keys
+    second = sha256_int((first, tuple(P40[16:32]), None))
+    got = block_hashes("vllm-sha256@0.9.2", np.array(P40, dtype="<u4"), 16, cache_salt="t", hash_seed="42")
+    assert got == [format(first, "x"), format(second, "x")]
+
+
+@pytest.mark.parametrize("scheme,label,hashes_as", [
+    ("vllm", "vllm-sha256@0.33.0 (vLLM 0.31.0 to 0.34.0 hash alike)", "0.31.0 to 0.34.0"),
+    ("vllm-xxhash@0.20.1", "vllm-xxhash@0.20.1 (vLLM 0.13.0 to 0.28.0 hash alike)", "0.13.0 to 0.28.0"),
+    ("vllm@0.8.5", None, None),
+    ("vllm-sha256@0.8.5", "vllm-sha256@0.8.5", "0.8.5"),
+    ("sglang", "sglang@0.5.23", "0.5.23"),
+    ("lmcache-sha256", "lmcache-sha256@0.5.6 (on vLLM 0.33.0)", "0.5.6"),
+    ("kvcli", "kvcli", ""),
+])
+def test_every_scheme_names_its_version(scheme, label, hashes_as):
+    if label is None:
+        with pytest.raises(ValueError, match="builtin hash"):
+            hash_scheme(scheme)
+        return
+    resolved = hash_scheme(scheme)
+    assert resolved.label == label and resolved.hashes_as == hashes_as
+
+
+@pytest.mark.parametrize("scheme,message", [
+    ("vllm@0.35.0", "newer than the newest version kvcli checked"),
+    ("vllm@0.7.3", "builtin hash"),
+    ("vllm@banana", "X.Y.Z"),
+    ("vllm-xxhash@0.12.0", "has no xxhash hash"),
+    ("sglang@0.5.23", "unknown hash scheme"),
+    ("vllm@", "unknown hash scheme"),
+])
+def test_bad_versions(scheme, message):
+    with pytest.raises(ValueError, match=message):
+        block_hashes(scheme, np.array(P40, dtype="<u4"), 16, hash_seed="1")
+
+
+def test_lora_is_vllms_alone():
+    with pytest.raises(ValueError, match="no LoRA"):
+        block_hashes("sglang", np.array(P40, dtype="<u4"), 16, lora=LoraAdapter("a", 1, "/a"))

@@ -95,7 +95,7 @@ def test_a_trace_outline_is_its_requests_lengths_and_times_with_the_same_error(t
     path = tmp_path / f"trace{suffix}"
     path.write_bytes(data)
     try:
-        full = _outcome((len(r.token_ids), r.timestamp) for r in read_trace(path, fmt, "cl100k_base"))
+        full = _outcome((len(r.token_ids), r.timestamp, r.model) for r in read_trace(path, fmt, "cl100k_base"))
     except BadInputError as err:  # the file itself (missing format, ...): outline_trace refuses it alike
         with pytest.raises(BadInputError) as caught:
             outline_trace(path, fmt, "cl100k_base")
@@ -110,7 +110,7 @@ def test_a_mooncake_outline_gives_input_lengths_and_seconds(tmp_path):
                     '{"input_length": 0, "hash_ids": []}\n'
                     '{"timestamp": 2000, "input_length": 1025, "hash_ids": [1, 2]}\n')
     rows = outline_trace(path)
-    assert next(rows) == (700, 1.5) and next(rows) == (0, None)
+    assert next(rows) == (700, 1.5, "") and next(rows) == (0, None, "")
     with pytest.raises(BadInputError, match=r"t\.jsonl:3: 2 hash_ids for input_length 1025 at 512 tokens per id: "
                                              r"expected ceil\(1025/512\) = 3"):
         next(rows)
