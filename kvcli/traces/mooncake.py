@@ -241,7 +241,7 @@ class _Reader:
                                  cache_salt=row.salt, source=f"{self.path}:{number}")
         assert row.session_id is not None  # a delta mode comes from a session
         session = self.sessions.setdefault(row.session_id, _Session(row.mode))
-        response = session.pending if session.mode == "live" and session.length else 0
+        response = session.pending if session.mode == "live" else 0  # a new session has none pending
         total = session.length + response + length
         tokens = None
         if self.synthesize:

@@ -68,7 +68,7 @@ def test_a_record_reads_as_its_components_in_order_with_its_own_tail(tmp_path):
                                id_tokens(20, 4), id_tokens(30, 1)])
     assert np.array_equal(r.token_ids[:28], expected)
     assert r.token_ids.dtype == np.dtype("<u4") and len(r.token_ids) == 31
-    assert list(outline_trace(path)) == [(31, 82.0)]
+    assert list(outline_trace(path)) == [(31, 82.0, "")]
 
 
 def test_an_id_gives_the_same_tokens_at_any_position_and_tails_are_never_shared(tmp_path):
@@ -218,7 +218,7 @@ def test_any_well_formed_trace_reads_as_its_ids_in_order(tmp_path, rows):
                 "hash_ids": comps} for comps, tail, t in rows]
     path = write_trace(tmp_path, records)
     got = list(read_trace(path))
-    assert [(r.prompt_tokens, r.timestamp) for r in got] == [tuple(o) for o in outline_trace(path)]
+    assert [(r.prompt_tokens, r.timestamp, r.model) for r in got] == [tuple(o) for o in outline_trace(path)]
     pieces = []
     for r, rec in zip(got, records):
         listed = [(kind, i) for kind, v in rec["hash_ids"].items() for i in v]
