@@ -318,7 +318,8 @@ class Explainer:
     Args:
         config: the cache. keep_text: keep each request's token ids and messages, so a divergence can be shown
             in the text (text traces). decode: token ids -> text, for excerpts of text prompts (None: token
-            positions only). block_tokens: a hash-id trace's tokens per hash id (sites are then hash ids).
+            positions only). A hash-id request's site is its hash id, at its own block size (``request.blocks``);
+            a request with token ids alone (text, and a Mooncake trace's text and delta rows) is sited by token.
         namespace_run: a live cache read beside the simulated one (``--namespace``): ``namespace_run(request)`` is
             the run of the request's chunks it holds from chunk 0 (:meth:`kvcli.store.chunkstore.ChunkStore.lookup`,
             read-only). A request then reuses the longer of the two runs; the tokens the live cache adds are
@@ -328,10 +329,10 @@ class Explainer:
     """
 
     def __init__(self, config: ExplainConfig, keep_text: bool = False,
-                 decode: Callable[[np.ndarray], str] | None = None, block_tokens: int | None = None,
+                 decode: Callable[[np.ndarray], str] | None = None,
                  namespace_run: Callable[[Request], int] | None = None,
                  render: Callable[[ChatPrompt], np.ndarray] | None = None) -> None:
-        self.config, self.keep_text, self.decode, self.block_tokens = config, keep_text, decode, block_tokens
+        self.config, self.keep_text, self.decode = config, keep_text, decode
         self.namespace_run, self.render = namespace_run, render
         self.result = TraceExplanation(config)
         self._radix = RadixUpperBound()  # per cache salt: replay's upper bound
@@ -485,8 +486,9 @@ class Explainer:
         return _run(in_lru) * cs, _run(present) * cs
 
     def _site(self, request: Request, blind: PrefixMatch) -> Site | None:
-        # a hash-id request's own block size (a record's block_size can differ from the trace's declared one)
-        block = request.blocks.block_tokens if request.blocks is not None else self.block_tokens
+        # a hash-id request's own block size (a record's block_size can differ from the trace's declared one); a
+        # row of token ids in a hash-id trace (Mooncake text and delta rows) has no hash id to name
+        block = request.blocks.block_tokens if request.blocks is not None else None
         if not self.keep_text or blind.predecessor < 0:
             return locate(None, None, None, None, blind.tokens, None, block)
         return locate(request.chat, self._chats[blind.predecessor], request.token_ids,

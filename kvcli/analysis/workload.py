@@ -113,10 +113,8 @@ def _explain_traces(paths: list[Path], fmt: str | TraceFormat, tokenizer: str | 
     out = []
     for path, name, tok in each_trace(paths, fmt, tokenizer, model):
         text = is_text_trace(path, name)
-        schema = HASH_ID_FORMATS.get(name)
-        block = as_trace_format(fmt).block_tokens or (schema.block_tokens if schema else None)
         explainer = Explainer(config, keep_text=text, decode=get_tokenizer(tok).decode if text else None,
-                              block_tokens=block, namespace_run=namespace_run, render=_renderer(tok))
+                              namespace_run=namespace_run, render=_renderer(tok))
         if request_id is not None:
             explainer.watch.add(request_id)
         requests, order = ordered_requests(path, fmt, tok, name, limit)

@@ -32,7 +32,7 @@ def capacity_figure(rows: list[dict], config: dict) -> Figure:
                               "ratio": p["optimal_hit_tokens"] / prompt[r["chunk_size"]],
                               "hit_tokens": p["optimal_hit_tokens"]})
         for fraction, p in sorted(c.get("capacity_for_fraction", {}).items(), key=lambda kv: float(kv[0])):
-            if float(fraction) < 1 and p[key] > 0:
+            if p is not None and float(fraction) < 1 and p[key] > 0:  # None: no cache reaches it (no hits)
                 marks.append({"chunk_size": cs, "fraction": f"{100 * float(fraction):g}%", "size": p[key] / unit,
                               "tokens": p["capacity_tokens"], "bytes": p["capacity_payload_bytes"],
                               "ratio": p["hit_token_ratio"]})
@@ -79,7 +79,7 @@ def capacity_figure(rows: list[dict], config: dict) -> Figure:
 
 def _fraction_cell(r: dict, fraction: str, by_bytes: bool) -> str:
     for key, p in r["hit_curve"].get("capacity_for_fraction", {}).items():
-        if f"{100 * float(key):g}%" == fraction:
+        if p is not None and f"{100 * float(key):g}%" == fraction:
             tokens = f"{count(p['capacity_tokens'])} tokens"
             return f"{size(p['capacity_payload_bytes'])} ({tokens})" if by_bytes else tokens
     return NA

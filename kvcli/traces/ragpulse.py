@@ -38,6 +38,7 @@ How kvcli reads it:
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,9 @@ ID_STRIDE = 1 << 20
 #: longest JSONL line kvcli reads holds as a native record's ``token_ids``). A record's token ids are made when it
 #: is read, so a short line must not ask for more; the published data's longest prompt is 7,712 tokens.
 MAX_PROMPT_TOKENS = 1 << 24
+#: A number as text, as JSON writes one (RFC 8259 section 6, leading zeros allowed): sign, digits, fraction,
+#: exponent; no blanks, underscores, hex or words.
+NUMBER_TEXT = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 #: Ids below this are their own synthesis keys; the request's own tail tokens take keys from here up.
 _KEY_SPACE = 1 << 43
 
@@ -155,7 +159,8 @@ def _component_line(record: Any, key: str) -> tuple[int, int]:
 
 def parse_seconds(value: Any, divisor: int) -> float | None:
     """A RAGPulse ``timestamp``: a string of a number (``"82"``; RAGPulse writes strings) or a number, finite and
-    >= 0, in units of 1/``divisor`` s, as seconds; None when absent.
+    >= 0, in units of 1/``divisor`` s, as seconds; None when absent. A string must be a number as JSON writes one
+    (:data:`NUMBER_TEXT`): Python's ``float`` alone would also take ``" 82 "`` and ``"8_2"``.
 
     Raises:
         BadInputError: anything else.
@@ -164,10 +169,7 @@ def parse_seconds(value: Any, divisor: int) -> float | None:
         return None
     number: float | None = None
     if isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
+        number = float(value) if NUMBER_TEXT.fullmatch(value) else None
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         number = float(value)
     if number is None or not np.isfinite(number) or number < 0:

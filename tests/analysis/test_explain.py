@@ -82,6 +82,19 @@ def test_a_hash_id_divergence_is_named_by_the_records_own_block_size(tmp_path):
     assert (t["reused_tokens"], t["upper_bound_tokens"]) == (4, 4)
 
 
+def test_a_mooncake_text_row_is_sited_by_token_not_by_a_hash_id_it_does_not_have(tmp_path):
+    # Mooncake rows that give their prompt as text (payload) have no hash_ids: the site is a token position. cl100k
+    # encodes "word", " word" and " other" as one token each: the prompts are 1 + 39 and 1 + 19 + 20 tokens, the
+    # second differs from token 20 on; at chunk 16 one chunk is reused, 4 tokens lost to the boundary, 20 diverge.
+    trace = write(tmp_path / "m.jsonl", [
+        {"timestamp": 0, "payload": {"model": "m", "prompt": "word" + " word" * 39}},
+        {"timestamp": 1, "payload": {"model": "m", "prompt": "word" + " word" * 19 + " other" * 20}}])
+    (t,) = json.loads(run("explain", trace, "--format", "mooncake", "--chunk-size", 16, "--json").stdout)["traces"]
+    r2 = t["per_request"][1]
+    assert (r2["prompt_tokens"], r2["reused_tokens"], r2["divergence_site"]) == (40, 16, "token 20")
+    assert r2["lost_tokens_by_cause"] == causes(chunk_boundary=4, divergence=20)
+
+
 def test_a_changing_date_in_the_system_prompt_is_named_with_both_dates(tmp_path):
     # cl100k ChatML, each piece encoded on its own: "<|im_start|>system\n" is 8 tokens; the two system texts
     # "You are a support agent for Acme. Today is 2026-11-0[12]. Answer briefly." are 22 tokens each and share

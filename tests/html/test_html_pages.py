@@ -191,3 +191,22 @@ def test_every_kind_draws_without_a_browser(pages):
     assert all(any(isinstance(p, Figure) for p in s.parts) for s in sections)
     assert as_document({"schema_version": 2, "command": "route"}, "x") == Document("x", "route", {
         "schema_version": 2, "command": "route"})
+
+
+def test_a_chunk_size_without_hits_draws_a_dash_for_its_cache_sizes(tmp_path):
+    """At chunk size 1024 no prompt of the customer-service sample (at most 413 tokens) fills one chunk: no cache
+    size reaches any share of its (zero) hits, and the document says so with nulls; the page draws a dash there.
+    At 64 the 77-token system prompt's first chunk is hit by the 4 later requests (256 tokens), short of half of
+    the unlimited cache's 704 hit tokens: half needs 2 chunks, 128 tokens x 8,192 bytes/token (the cpu model's
+    KV) = 1.0 MiB."""
+    out = run("replay", SAMPLES / "customer_service_handmade.parquet", "--payload", "accounted", "--measure", 0,
+              "--prefill-tps", 5000, "--chunk-sizes", "64,1024", "--json", "--html", tmp_path / "r.html")
+    assert (tmp_path / "r.html").exists()
+    (tmp_path / "r.json").write_text(out.stdout)
+    (trace,) = json.loads(out.stdout)["traces"]
+    assert set(trace["per_chunk_size"][1]["hit_curve"]["capacity_for_fraction"].values()) == {None}
+    (figure,) = [p for s in sections_of([read_document(tmp_path / "r.json")]) for p in s.parts
+                 if isinstance(p, Figure) and p.anchor == "capacity"]
+    assert figure.table.columns == ("chunk size", "size for 50%", "size for 90%", "size for 99%")
+    assert figure.table.rows[0][:2] == ("64", "1.0 MiB (128 tokens)")
+    assert figure.table.rows[1] == ("1024", "–", "–", "–")

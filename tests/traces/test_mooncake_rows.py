@@ -123,6 +123,20 @@ def test_text_input_is_one_user_message_and_payload_the_request_body(tmp_path):
     assert got[1].timestamp == 1.0
 
 
+def test_the_note_of_a_trace_whose_first_row_is_text_says_it_has_no_hash_ids(tmp_path):
+    """A first row of messages (the customer-service sample) or text_input has no hash ids: the note says so before
+    the rules for rows of hash_ids, which a later row may still be."""
+    rules = ("512 tokens per hash id (the format's), timestamps in ms (the format's), sessions: session_id when "
+             "present")
+    note = trace_note(SAMPLES / "customer_service_handmade.parquet")
+    assert note.startswith("its first row's prompt is text (messages), tokenized as the request it makes, without "
+                           f"hash ids; rows of hash_ids: read as a mooncake hash-id trace: {rules}")
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text_input": "hi"}, {"input_length": 4, "hash_ids": [1]}])
+    assert trace_note(path).startswith("its first row's prompt is text (text_input), tokenized as the request it "
+                                       f"makes, without hash ids; rows of hash_ids: read as a mooncake hash-id "
+                                       f"trace: {rules}")
+
+
 def test_extra_cache_salt_is_the_tenant_of_a_block_row_and_may_not_contradict_the_row_s(tmp_path):
     path = write_jsonl(tmp_path / "s.jsonl", [{"input_length": 4, "hash_ids": [1], "extra": {"cache_salt": "t1"}},
                                               {"input_length": 4, "hash_ids": [1], "cache_salt": "t1"}])

@@ -17,7 +17,7 @@ from kvcli.errors import BadInputError
 from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
 from kvcli.traces.hashids import TraceFormat
 from kvcli.traces.paths import expand_paths
-from kvcli.traces.ragpulse import COMPONENT_FILES, MAX_PROMPT_TOKENS
+from kvcli.traces.ragpulse import COMPONENT_FILES, MAX_PROMPT_TOKENS, parse_seconds
 from kvcli.traces.request import Segment
 from kvcli.traces.synth import block_token_ids
 
@@ -119,6 +119,13 @@ def test_a_record_whose_ids_exceed_input_length_is_refused_and_the_note_says_wha
                                                   "got '-1'"),
     (record([1], [], [], [], 20, timestamp="nan"), "timestamp must be a finite number >= 0 (or a string of one), "
                                                    "got 'nan'"),
+    # Python's float() takes these; none is a number as JSON writes one
+    (record([1], [], [], [], 20, timestamp="1_000"), "timestamp must be a finite number >= 0 (or a string of one), "
+                                                     "got '1_000'"),
+    (record([1], [], [], [], 20, timestamp=" 93 "), "timestamp must be a finite number >= 0 (or a string of one), "
+                                                    "got ' 93 '"),
+    (record([1], [], [], [], 20, timestamp="\u0668\u0662"), "timestamp must be a finite number >= 0 (or a string of "
+                                                            "one), got '\u0668\u0662'"),
     (record([1], [], [], [], MAX_PROMPT_TOKENS + 1), f"input_length {MAX_PROMPT_TOKENS + 1:,} is above "
                                                      f"{MAX_PROMPT_TOKENS:,} tokens, the longest prompt kvcli reads "
                                                      "from a ragpulse record (its token ids are made as it is read)"),
@@ -199,6 +206,15 @@ def test_the_sample_is_a_cut_of_the_real_trace():
                                                               "user_input"}
     tails = [r.prompt_tokens - r.segments[-1].end for r in requests]
     assert (min(tails), max(tails), sum(tails)) == (6, 12, 563)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seconds=st.floats(min_value=0, allow_infinity=False, allow_nan=False))
+def test_a_timestamp_string_reads_as_the_number_it_writes(seconds):
+    """Any finite number >= 0, written as Python (and JSON) write it ("82", "1.5e-07", "3e+20"), reads back as
+    itself, in seconds."""
+    assert parse_seconds(repr(seconds), 1) == seconds
+    assert parse_seconds(seconds, 1000) == seconds / 1000
 
 
 ids = st.sampled_from([*SYS, *PASSAGES, *HISTORY, *QUESTIONS])
