@@ -16,6 +16,7 @@ option with the same factory and its own help: the flag names, environment varia
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -315,19 +316,71 @@ def trace_format(fmt: str, block_tokens: int | None = None, timestamp_unit: str 
     return TraceFormat(fmt, block_tokens, timestamp_unit, drop_tail_block, skip_bad_records, add_special_tokens)
 
 
+#: the longest line an example keeps in a command's help: rich's help pads a line by one column at each side, so
+#: a line this long (its indent included) shows whole in an 80-column terminal
+EXAMPLE_WIDTH = 76
+
+#: a shell word: unquoted characters and quoted strings, a quoted string's spaces kept inside the word
+_SHELL_WORD = re.compile(r"""(?:[^\s"']+|"[^"]*"|'[^']*')+""")
+
+
 def reflow(text: str) -> str:
     """``text`` (a command's docstring) with each prose paragraph's lines joined into one, for typer's help: in its
     rich markup mode a docstring's own line breaks show as they are, so a paragraph wrapped by hand in the source
-    shows broken at any other width. A paragraph with an indented line (an example, a command line) keeps every
-    line as written; ``\b`` (click's "do not rewrap") and what follows ``\f`` (click's "not for the help") are
-    left alone."""
+    shows broken at any other width. A paragraph with an indented line (an example, a command line) keeps its
+    lines, each command cut to :data:`EXAMPLE_WIDTH` columns by :func:`wrap_example` so that a terminal never
+    breaks one inside a word; ``\b`` (click's "do not rewrap") and what follows ``\f`` (click's "not for the
+    help") are left alone."""
     help_text, cut, hidden = inspect.cleandoc(text).partition("\f")
     paragraphs = []
     for paragraph in help_text.split("\n\n"):
         lines = paragraph.split("\n")
-        literal = paragraph.startswith("\b") or any(line[:1].isspace() for line in lines)
-        paragraphs.append(paragraph if literal else " ".join(line.strip() for line in lines))
+        if paragraph.startswith("\b"):
+            paragraphs.append(paragraph)
+        elif any(line[:1].isspace() for line in lines):
+            paragraphs.append("\n".join(wrap_example(line) for line in _joined_continuations(lines)))
+        else:
+            paragraphs.append(" ".join(line.strip() for line in lines))
     return "\n\n".join(paragraphs) + cut + hidden
+
+
+def _joined_continuations(lines: list[str]) -> list[str]:
+    """``lines`` with each line that ends in a shell continuation (`` \\``) joined to the next."""
+    joined: list[str] = []
+    for line in lines:
+        if joined and joined[-1].endswith(" \\"):
+            joined[-1] = joined[-1][:-1] + line.strip()
+        else:
+            joined.append(line)
+    return joined
+
+
+def wrap_example(line: str, width: int = EXAMPLE_WIDTH) -> str:
+    """One example line of a help text within ``width`` columns: a command longer than that is cut between shell
+    words into lines continued with `` \\`` (the next indented 4 columns more), an option never cut from its
+    value nor a quoted string inside, and a trailing comment (``  # ...``) put on a line of its own before the
+    command. Pasting the result into a POSIX shell runs the same words as the line. A single word longer than the
+    width stays whole."""
+    if len(line) <= width:
+        return line
+    indent = line[:len(line) - len(line.lstrip())]
+    command, sep, comment = line.strip().partition("  # ")
+    out = [f"{indent}# {comment.strip()}"] if sep else []
+    words = _SHELL_WORD.findall(command)
+    units: list[str] = []  # an option and its value are cut as one
+    for word in words:
+        if units and units[-1].startswith("-") and " " not in units[-1] and not word.startswith("-"):
+            units[-1] += " " + word
+        else:
+            units.append(word)
+    current = indent
+    for word in units:
+        if current.strip() and len(current) + 1 + len(word) + 2 > width:
+            out.append(current + " \\")
+            current = indent + "    "
+        current += (" " if current.strip() else "") + word
+    out.append(current)
+    return "\n".join(out)
 
 
 class HelpCommand(TyperCommand):

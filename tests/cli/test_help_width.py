@@ -3,14 +3,18 @@ every line inside 80 columns; and the help panels' mechanism refusing a name tha
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 import typer
+import typer.main
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.core import TyperCommand
 from typer.testing import CliRunner
 
 from kvcli.cli.app import app
-from kvcli.cli.options import HelpCommand, help_panels, reflow
+from kvcli.cli.options import EXAMPLE_WIDTH, HelpCommand, help_panels, reflow, wrap_example
 
 
 def _commands(command, path=()):
@@ -129,3 +133,34 @@ def test_replays_long_help_reflows(columns):
                                "and the net benefit that picks the chunk size.")
     assert all(len(line) + 1 + len(following.split()[0]) > int(columns) - 2
                for line, following in zip(lines, lines[1:]))
+
+
+def test_a_long_example_is_cut_between_words_with_its_comment_above():
+    # 8 + 1 + ... columns counted by hand: the cut falls before the word that would pass 76 - 2 (room for " \")
+    line = ("  kvcli replay mooncake.jsonl --payload accounted --measure 0 --prefill-tps 5000 "
+            "--prompt \"a b c d\" --plot curve.png  # a comment")
+    assert wrap_example(line) == (
+        "  # a comment\n"
+        "  kvcli replay mooncake.jsonl --payload accounted --measure 0 \\\n"
+        "      --prefill-tps 5000 --prompt \"a b c d\" --plot curve.png")
+    assert wrap_example("  kvcli stats t.jsonl") == "  kvcli stats t.jsonl"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.from_regex(r"--[a-z]{1,12}", fullmatch=True),
+                          st.from_regex(r"[a-z0-9./=]{1,30}", fullmatch=True),
+                          st.from_regex(r'"[a-z ]{1,40}"', fullmatch=True)), min_size=1, max_size=30))
+def test_a_wrapped_example_is_the_same_shell_words(words):
+    line = "  kvcli " + " ".join(words)
+    wrapped = wrap_example(line).split("\n")
+    assert all(len(x) <= EXAMPLE_WIDTH or len(x.split()) <= 2 for x in wrapped)
+    assert shlex.split(" ".join(x.removesuffix(" \\") for x in wrapped)) == shlex.split(line)
+
+
+def test_every_example_in_every_commands_help_fits_80_columns():
+    def lines(command):
+        for sub in (getattr(command, "commands", None) or {}).values():
+            yield from lines(sub)
+        yield from ((command.name, x) for x in (command.help or "").split("\n") if x[:1].isspace())
+    long = [(name, x) for name, x in lines(typer.main.get_command(app)) if len(x) > EXAMPLE_WIDTH]
+    assert long == []
