@@ -311,12 +311,13 @@ def purge(
     check_purge_layout(layout, size)
     scope = purge_scope(namespace, size) + {"lmcache": " (LMCache layout)", "lmcache-resp": " (LMCache resp:// layout)",
                                             "lmcache-mp": " (LMCache multiprocess layout)"}.get(layout, "")
+    owner = "LMCache" if layout.startswith("lmcache") else "kvcli"
     with open_redis(redis_url, timeout_seconds(redis_timeout)) as (client, target):
         if target.embedded:
             err.print("note: no --redis-url: purging a fresh embedded server (empty)")
         try:
             found = count_layout(client, namespace, size, layout)
-            err.print(purge_count_line(found, scope), markup=False, highlight=False, soft_wrap=True)
+            err.print(purge_count_line(found, scope, owner), markup=False, highlight=False, soft_wrap=True)
             if found.keys and not yes:
                 if json_out:  # the count, for a script that decides (deleted: 0); still exit 2
                     typer.echo(to_json("purge", found))
@@ -326,7 +327,7 @@ def purge(
             again = purge_command(target, namespace, size, layout) if yes else ""
             raise RedisFailure(str(exc).rstrip(".") + (f"; remove what is left with: {again} (again)" if yes else "")
                                ) from None
-    _show("purge", done, json_out, functools.partial(purge_view, scope=scope))
+    _show("purge", done, json_out, functools.partial(purge_view, scope=scope, owner=owner))
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------------

@@ -260,18 +260,19 @@ def purge_scope(namespace: str, chunk_size: int | None) -> str:
     return f"namespace {namespace!r}" + (f", chunk size {chunk_size}" if chunk_size else "")
 
 
-def purge_count_line(found: PurgeCount, scope: str) -> str:
+def purge_count_line(found: PurgeCount, scope: str, owner: str = "kvcli") -> str:
     """``kvcli purge``'s count before deleting (on stderr): keys, metadata, payloads, route index keys (when any),
-    and per shard on a cluster."""
+    and per shard on a cluster; ``owner`` names whose layout the keys are in (``"kvcli"``, ``"LMCache"``)."""
     shards = "" if len(found.by_shard) < 2 else (
         f" on {len(found.by_shard)} shards: " + ", ".join(f"{k} {v:,}" for k, v in found.by_shard.items()))
     route = f", {found.route_index:,} route index keys" if found.route_index else ""
-    return (f"{found.keys:,} kvcli keys in {scope} ({found.metadata:,} metadata, {found.payloads:,} payloads"
+    return (f"{found.keys:,} {owner} keys in {scope} ({found.metadata:,} metadata, {found.payloads:,} payloads"
             f"{route}){shards}")
 
 
-def purge_view(done: PurgeCount, scope: str) -> Text:
-    """``kvcli purge``'s result: the keys deleted, or that there was nothing to delete."""
+def purge_view(done: PurgeCount, scope: str, owner: str = "kvcli") -> Text:
+    """``kvcli purge``'s result: the keys deleted, or that there was nothing to delete (``owner``: as
+    :func:`purge_count_line`)."""
     if not done.keys:
-        return Text(f"nothing to delete: {scope} holds no kvcli keys")
+        return Text(f"nothing to delete: {scope} holds no {owner} keys")
     return Text(f"deleted {done.deleted:,} keys of {scope}")

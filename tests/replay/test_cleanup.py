@@ -202,7 +202,7 @@ def test_purge_deletes_what_a_kept_lmcache_layout_replay_left_and_nothing_else(r
     assert kept > 100
     count = CliRunner().invoke(app, ["purge", "--namespace", namespace, "--layout", "lmcache", "--redis-url",
                                      redis_url])
-    assert count.exit_code == 2 and f"{kept:,} kvcli keys in namespace {namespace!r} (LMCache layout)" in count.stderr
+    assert count.exit_code == 2 and f"{kept:,} LMCache keys in namespace {namespace!r} (LMCache layout)" in count.stderr
     assert len(_left(redis_client)) == len(FOREIGN) + kept
     done = CliRunner().invoke(app, ["purge", "--namespace", namespace, "--layout", "lmcache", "--yes",
                                     "--redis-url", redis_url, "--json"])
