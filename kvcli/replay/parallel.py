@@ -197,22 +197,22 @@ class ProcessUnits:
         return self._pool
 
     def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None,
-            plan: Plan | None = None) -> list[Part]:
+            plan: Plan | None = None, here: Work | None = None) -> list[Part]:
         """The parts of ``work``'s units (``plan``; None: one per store, :func:`store_plan`), in plan order. Raises
-        what a unit raised, after stopping the workers.
+        what a unit raised, after stopping the workers. ``here``: the first unit runs in this process meanwhile, on
+        this work (a split replay's, whose requests this process holds already), the others in the workers.
 
         Raises:
             KvcliError: a worker process died.
         """
         plan = plan or store_plan(work, self.jobs, self.setup.config.upper_bound)
         if len(plan) == 1:
-            return _local(replayer, work, plan, progress)
+            return _local(replayer, here or work, plan, progress)
         pool = self._start()
-        here = plan[0][2] is not None  # a split's first part runs in this process meanwhile
         try:
             pending = [pool.submit(run_unit, self.setup, work, indices, upper, share)
-                       for indices, upper, share in plan[here:]]
-            first = _local(replayer, work, plan[:1], progress) if here else []
+                       for indices, upper, share in plan[here is not None:]]
+            first = _local(replayer, here, plan[:1], progress) if here is not None else []
             while not all(f.done() for f in pending):
                 futures.wait(pending, timeout=POLL_SECONDS, return_when=futures.FIRST_EXCEPTION)
                 if any(f.done() and f.exception() is not None for f in pending):
@@ -281,9 +281,10 @@ class RayUnits:
         self._task = ray.remote(num_cpus=1, max_retries=0)(run_unit)
 
     def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None,
-            plan: Plan | None = None) -> list[Part]:
+            plan: Plan | None = None, here: Work | None = None) -> list[Part]:
         """The parts of ``work``'s units (``plan``; None: one per store, :func:`store_plan`), in plan order. Raises
-        what a unit raised, after cancelling the tasks."""
+        what a unit raised, after cancelling the tasks. ``here`` is not used: every unit is a task (the cluster's
+        CPUs are the tasks')."""
         ray = self.ray
         plan = plan or store_plan(work, self.jobs, self.setup.config.upper_bound)
         setup, shared = ray.put(self.setup), ray.put(work)

@@ -40,10 +40,12 @@ of groups, and only the first request (the shared block's first occurrence) is r
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import heapq
 import itertools
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -52,7 +54,7 @@ from kvcli.replay.results import ChunkSizeResult
 from kvcli.replay.work import Part, Share, Work, head
 from kvcli.store.hashing import PromptChunker
 from kvcli.store.kvstore import KVStore
-from kvcli.traces.request import Request
+from kvcli.traces.request import HashIdRequest, Request
 
 HEAD_TOKENS = 2048
 """Tokens of each prompt the parent hashes to key the split (and matches in its radix tree): the deepest key at
@@ -84,6 +86,8 @@ class Split:
         first_tokens: prompt tokens of the requests replayed first. total_tokens: of the whole trace.
         leads: bool ``[requests]``: the first request of each group, and every request with fewer full chunks than
             the key (whose head is its whole prompt): the heads the other parts' radix trees take.
+        kept: the trace's requests as the parent read them for the split, where holding them costs little (hash-id
+            requests: their block keys, no token ids), for the units it replays itself; else None.
     """
 
     depth: int
@@ -94,6 +98,7 @@ class Split:
     first_tokens: int
     total_tokens: int
     leads: np.ndarray
+    kept: list[Request] | None = field(default=None, repr=False, compare=False)
 
     @property
     def largest_share(self) -> float:
@@ -135,19 +140,28 @@ class Split:
                 "largest_part_ratio": self.largest_share, "bound_speedup": self.bound}
 
 
-def read_heads(requests: Iterable[Request], limit: int, chunker: PromptChunker) -> list[list[bytes]]:
+def read_heads(requests: Iterable[Request], limit: int, chunker: PromptChunker
+               ) -> tuple[list[list[bytes]], list[Request] | None]:
     """The chunk hashes of each request's first :data:`HEAD_TOKENS` tokens (at least one chunk) at ``chunker``'s
-    chunk size, ``[requests][chunks]`` (16 bytes each; arrival order), for the first ``limit`` requests.
+    chunk size, ``[requests][chunks]`` (16 bytes each; arrival order), for the first ``limit`` requests; and the
+    requests themselves where they are all hash-id requests whose token ids were not synthesized (a few keys each:
+    the parent replays its units from them rather than reading the trace again), else None.
 
     Raises:
         BadInputError, ValueError: as the trace's reader and :meth:`PromptChunker.hashes`.
     """
     tokens = max(HEAD_TOKENS, chunker.chunk_size)
     heads: list[list[bytes]] = []
+    kept: list[Request] | None = []
     for request in itertools.islice(requests, limit):
         cut = head(request, tokens)
         heads.append(chunker.hashes(cut.prompt, cut.cache_salt)[0] if cut.prompt_tokens else [])
-    return heads
+        if kept is not None:
+            if isinstance(request, HashIdRequest):
+                kept.append(request)
+            else:
+                kept = None
+    return heads, kept
 
 
 def plan_split(heads: list[list[bytes]], weights: np.ndarray, parts: int) -> Split | None:
@@ -258,8 +272,10 @@ def split_trace(reader: Callable[[], Iterable[Request]], lengths: np.ndarray, ch
                 parts: int) -> Split | None:
     """:func:`plan_split` of the trace ``reader()`` gives (arrival order, ``lengths`` its prompt tokens) at
     ``chunker``'s chunk size into at most ``parts`` parts: the parent's pass over the prompts' heads
-    (:func:`read_heads`). Raises what the reader raises."""
-    return plan_split(read_heads(reader(), len(lengths), chunker), lengths, parts)
+    (:func:`read_heads`), with the requests it kept. Raises what the reader raises."""
+    heads, kept = read_heads(reader(), len(lengths), chunker)
+    split = plan_split(heads, lengths, parts)
+    return None if split is None else dataclasses.replace(split, kept=kept)
 
 
 def replay_split(replayer, units, work: Work, split: Split, stores: list[KVStore],
@@ -271,11 +287,12 @@ def replay_split(replayer, units, work: Work, split: Split, stores: list[KVStore
     count = len(work.lengths)
     config = replayer.config
     record = curve_of(config, stores[0]) is not None
+    here = work if split.kept is None else dataclasses.replace(work, reader=functools.partial(iter, split.kept))
     done: list[Part] = []
     if len(split.first):
         first = np.zeros(count, bool)
         first[split.first] = True
-        done.append(replayer.replay_unit(work, (0,), False, stores, progress,
+        done.append(replayer.replay_unit(here, (0,), False, stores, progress,
                                          Share(first, None, int(split.first[-1]) + 1, record)))
     plan = []
     for k, members in enumerate(split.parts):
@@ -288,7 +305,7 @@ def replay_split(replayer, units, work: Work, split: Split, stores: list[KVStore
             heads = split.leads & ~radix
         plan.append(((0,), config.upper_bound,
                      Share(replay, radix, None, record, heads, split.depth * stores[0].config.chunk_size)))
-    return done + units.run(replayer, work, progress, plan)
+    return done + units.run(replayer, work, progress, plan, here)
 
 
 def finish_split(parts: list[Part], result: ChunkSizeResult, store: KVStore, client, config,
