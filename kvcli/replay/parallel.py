@@ -388,4 +388,7 @@ def describe_units(units) -> str:
         return "this process"
     if isinstance(units, RayUnits):
         return f"Ray ({units.address}), up to {units.jobs} tasks per trace"
+    if units.split:
+        return (f"this process and up to {units.jobs - 1} worker process{'es' if units.jobs > 2 else ''} (one "
+                f"store's requests split by prefix root)")
     return f"up to {units.jobs} worker processes"
