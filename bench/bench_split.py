@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_hashid_chain import CUT, full_trace  # noqa: E402
+from bench_hashid_chain import CUT, full_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("hit_tokens", "upper_bound_tokens", "objects_created", "metadata_bytes_written", "hit_tokens_unlimited")

@@ -89,3 +89,41 @@ def test_forget_drops_chunks_of_an_unlimited_cache_only():
     assert len(cache) == 1 and cache.match(["a0", "a1"]) == 1
     with pytest.raises(ValueError, match="unlimited"):
         ChunkLru(3).forget(["a0"])
+
+
+# requests of kept chunks (shared, asked for again) and a tail of chunks no later request holds (each its own)
+tail_requests = st.lists(st.tuples(st.lists(st.integers(0, 12), max_size=5), st.integers(0, 4)), max_size=40)
+
+
+@pytest.mark.parametrize("factor, slack", [(4, 4096), (0, 0), (1, 2)])
+@settings(max_examples=150, deadline=None)
+@given(capacity=st.integers(0, 10), requests=tail_requests)
+def test_a_tail_is_evicted_as_its_chunks_would_be(factor, slack, capacity, requests):
+    """touch(hashes, keep) against the list LRU holding every chunk: the same chunks named evicted (the kept ones),
+    the tail chunks it evicted counted, the same length and matches, whenever the log is replayed."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lru, "LOG_FACTOR", factor)
+        patch.setattr(lru, "LOG_SLACK", slack)
+        cache, ref = ChunkLru(capacity), ListLru(capacity)
+        for k, (kept, tail) in enumerate(requests):
+            hashes = kept + [("tail", k, j) for j in range(tail)]  # a request's own chunks: never asked for again
+            before = cache.tail_evictions
+            evicted = ref.store(hashes)[1]
+            assert cache.touch(hashes, len(kept)) == [h for h in evicted if type(h) is not tuple]
+            assert cache.tail_evictions - before == sum(type(h) is tuple for h in evicted)
+            assert len(cache) == len(ref.order)
+            probe = list(range(13))
+            assert cache.match(probe) == next((i for i, h in enumerate(probe) if h not in ref.order), len(probe))
+
+
+def test_a_tail_by_hand():
+    """Capacity 4: a0 a1 with a tail of 3 (touched first, least recent: the order is tail a1 a0), 5 chunks: one too
+    many, the tail's least recent goes (counted); then c0 c1: two more, the tail's other two go; then d0: a1, the
+    least recent now, goes (named)."""
+    cache = ChunkLru(4)
+    assert cache.touch(["a0", "a1", "t0", "t1", "t2"], 2) == [] and len(cache) == 5 - 1  # over: the tail gives one
+    assert cache.tail_evictions == 1 and len(cache) == 4
+    assert cache.touch(["c0", "c1"]) == [] and cache.tail_evictions == 3  # the tail's other two
+    assert cache.touch(["d0"]) == ["a1"] and cache.match(["a0", "a1"]) == 1 and len(cache) == 4
+    unlimited = ChunkLru(None)
+    assert unlimited.touch(["a0", "t0"], 1) == [] and len(unlimited) == 1  # an unlimited cache holds no tail
