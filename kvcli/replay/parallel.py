@@ -288,7 +288,9 @@ class RayUnits:
         ray = self.ray
         plan = plan or store_plan(work, self.jobs, self.setup.config.upper_bound)
         setup, shared = ray.put(self.setup), ray.put(work)
-        refs = [self._task.remote(setup, shared, indices, upper, share) for indices, upper, share in plan]
+        # Ray's stubs type a remote function by its required parameters: run_unit's share is optional
+        refs = [self._task.remote(setup, shared, indices, upper, share)  # type: ignore[call-arg]
+                for indices, upper, share in plan]
         try:
             pending = list(refs)
             while pending:

@@ -39,7 +39,8 @@ into units (:mod:`kvcli.replay.work`) that :meth:`Replayer.replay_unit` runs (:m
 per-request loop, with one :class:`~kvcli.replay.lane.Lane` per store holding its accounting), in this process or,
 with ``units`` set, in worker processes or Ray tasks (:mod:`kvcli.replay.parallel`); everything before
 (validation, calibration, measured picks, preflight, transfer rates) and after (merge, savings, verdict, notes,
-cleanup) runs here once.
+cleanup) runs here once. One store with unlimited capacity splits its requests over the units instead, by prefix
+root (:mod:`kvcli.replay.split`), with the same figures.
 
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
 miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. After a

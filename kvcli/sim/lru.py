@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import chain, islice
+from typing import cast
 
 LOG_FACTOR, LOG_SLACK = 4, 4096  # logged chunks before the order is built without an eviction
 
@@ -119,7 +120,8 @@ class ChunkLru:
                     self._tails = {}
                 self._tails[tail] = len(hashes) - keep
                 self._extra += len(hashes) - keep - 1
-                hashes = (*hashes[:keep], tail)  # where the chunks would be: touched first, least recent
+                # where the chunks would be: touched first, least recent (a key among the hashes, never asked for)
+                hashes = cast(Sequence[bytes], (*hashes[:keep], tail))
         order = self._order
         if type(order) is set:  # nothing evicted yet: the order can wait (module docstring)
             order.update(hashes)
