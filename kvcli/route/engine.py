@@ -140,8 +140,6 @@ class EventLoop:
         chunk_size = view.chunk_size
         prompt = list(map(operator.attrgetter("prompt_tokens"), requests))
         chunk_ids = list(map(operator.attrgetter("chunk_ids"), requests))
-        # leading chunks another request holds too: the caches hold the rest as one tail (ChunkLru.touch's keep)
-        kept = [getattr(r, "kept", None) for r in requests]
         # Most tokens a request can reuse (all but the last): reusable_tokens(hit, prompt) == min(hit, limit).
         prompt_array = np.array(prompt, dtype=np.int64)
         limit = reusable_tokens(prompt_array, prompt_array).tolist()
@@ -179,13 +177,13 @@ class EventLoop:
                     node = node_of[i]
                     if key < _DECODE_DONE:
                         if mirror is not None:
-                            stores[node](chunk_ids[i], kept[i])
+                            stores[node](chunk_ids[i])
                             evicted = mirror[node].popleft()[1]
                             if evicted:
                                 evictions += len(evicted)
                                 forgets[node](evicted)
                         elif notify is None:
-                            evictions += len(stores[node](chunk_ids[i], kept[i]))
+                            evictions += len(stores[node](chunk_ids[i]))
                         else:
                             new, evicted = stores[node](chunk_ids[i])
                             evictions += len(evicted)
@@ -271,9 +269,5 @@ class EventLoop:
                     by_tier[tier] += tokens
             seq += 1
             push(heap, (t + prefill_seconds(new_tokens, hit), _PREFILL_DONE + seq, i))
-        # chunks evicted from tails: counted by the caches that held them (the policy's index, when mirrored)
-        evictions += sum(c.tail_evictions for c in caches)
-        if mirror is not None:
-            evictions += getattr(policy, "tail_evictions", lambda: 0)()
         out.evictions, out.peak_imbalance, out.hit_tokens_by_tier = evictions, peak, by_tier
         return out

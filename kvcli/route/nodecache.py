@@ -36,7 +36,6 @@ class ChunkIndex:
         """:meth:`ChunkLru.store` on ``node``. Returns (new, evicted) chunk ids."""
         return self.caches[node].store(chunk_ids)
 
-    def touch(self, node: int, chunk_ids, keep: int | None = None) -> list:
-        """:meth:`ChunkLru.touch` on ``node`` (:meth:`store` without the new ids; ``keep``: the leading chunks held one
-        by one, the rest as a tail). Returns the evicted ids."""
-        return self.touches[node](chunk_ids, keep)
+    def touch(self, node: int, chunk_ids) -> list:
+        """:meth:`ChunkLru.touch` on ``node`` (:meth:`store` without the new ids). Returns the evicted ids."""
+        return self.touches[node](chunk_ids)

@@ -9,9 +9,7 @@ Interface (:class:`Policy`; the simulator in :mod:`kvcli.route.simulator` calls 
 * ``on_cache_change(node, stored, evicted)`` after a node's prefill changed its cache (the cache manager's feed;
   chunk ids, :attr:`~kvcli.route.simulator.SimRequest.chunk_ids`).
 * ``mirror_nodes(capacity_chunks) -> [deque per node] | None`` once, before the first request: a policy whose index
-  predicts the nodes' caches exactly hands over its evictions, so the event loop keeps no second LRU (below);
-  ``tail_evictions()`` then gives the chunks its index evicted from tails (counted, not named:
-  :meth:`kvcli.sim.lru.ChunkLru.touch`'s ``keep``), at the end.
+  predicts the nodes' caches exactly hands over its evictions, so the event loop keeps no second LRU (below).
 * ``close()`` at the end (drops the cache manager's keys).
 
 Load measures and ties: "least loaded" means fewest outstanding prefill tokens, then fewest outstanding requests,
@@ -113,10 +111,6 @@ class Policy:
         ``depth`` (:mod:`kvcli.route.engine`)."""
         return None
 
-    def tail_evictions(self) -> int:
-        """Chunks the mirrored index evicted from tails so far (:meth:`mirror_nodes`; 0 without an index)."""
-        return 0
-
     def close(self) -> None:
         pass
 
@@ -177,7 +171,7 @@ class _RouterIndexed(Policy):
         chunk_ids = request.chunk_ids
         depths = self.depths(chunk_ids)
         node = self.pick(request, view, depths)
-        evicted = self.touches[node](chunk_ids, request.kept)
+        evicted = self.touches[node](chunk_ids)
         if self.evictions is not None:
             self.evictions[node].append((depths[node], evicted))
         return node
@@ -198,10 +192,6 @@ class _RouterIndexed(Policy):
             return None  # another capacity, or the index already holds decisions these nodes have not seen
         self.evictions = [deque() for _ in range(self.config.nodes)]
         return self.evictions
-
-    def tail_evictions(self) -> int:
-        """Chunks the index evicted from tails so far (:meth:`kvcli.sim.lru.ChunkLru.touch`'s ``keep``)."""
-        return sum(cache.tail_evictions for cache in self.index.caches)
 
     def pick(self, request: SimRequest, view: ClusterView, depths: list[int]) -> int:
         raise NotImplementedError

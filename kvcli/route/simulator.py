@@ -28,11 +28,9 @@ docs/measurements.md).
 """
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 import sys
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -219,9 +217,6 @@ class SimRequest:
         source: ``"<file>:<line>"`` of the trace record, for error messages ("" when unknown).
         numbering: the trace's :class:`ChunkNumbering`; requests simulated together must share it, or one id
             could stand for two chunks (:func:`simulate` checks).
-        kept: its leading chunks that another request of the trace holds too (:func:`prepare_requests`); no lookup
-            but its own asks for the others, so the caches hold them as one tail (:meth:`ChunkLru.touch`'s
-            ``keep``). None: all of them.
     """
 
     id: str
@@ -232,7 +227,6 @@ class SimRequest:
     cache_salt: str
     numbering: ChunkNumbering = field(repr=False, compare=False)
     source: str = field(default="", compare=False)
-    kept: int | None = field(default=None, compare=False)
 
     @property
     def hashes(self) -> tuple[bytes, ...]:
@@ -248,25 +242,14 @@ def prepare_requests(trace: Iterable, chunk_size: int, tokenizer: str = "") -> l
 
     The root is the store's, of model ``"kvcli-route"``, ``tokenizer`` and the request's cache salt: only the salt
     varies inside one run, and it is what keeps tenants apart.
-
-    Each request's :attr:`SimRequest.kept` counts its leading chunks that another request holds too: a chunk
-    hash names its whole prefix, so those lead, and the rest are the request's alone.
     """
     chunker = PromptChunker("kvcli-route", tokenizer, chunk_size)
-    numbering, rows = ChunkNumbering(), []
+    numbering, out = ChunkNumbering(), []
     for r in trace:
-        rows.append((r, numbering.number(chunker.hashes(r.prompt, r.cache_salt)[0])))
-    numbering.close()
-    held = Counter(itertools.chain.from_iterable(chunk_ids for _, chunk_ids in rows))
-    out = []
-    for r, chunk_ids in rows:
-        kept = 0
-        for c in chunk_ids:
-            if held[c] < 2:
-                break
-            kept += 1
+        chunk_ids = numbering.number(chunker.hashes(r.prompt, r.cache_salt)[0])
         out.append(SimRequest(r.id, chunk_ids, int(r.prompt_tokens), r.output_length, r.timestamp, r.cache_salt,
-                              numbering, r.source, kept))
+                              numbering, r.source))
+    numbering.close()
     return out
 
 

@@ -20,44 +20,23 @@ appearance in the log read backwards (requests last-to-first, each chunk 0 first
 nothing is ever evicted, so nothing is logged. (The routing simulation on the Mooncake sample, 3M-token caches,
 rarely evicts: its LRU time is then a fraction.)
 
-Chunks no later lookup will ask for (the routing simulation knows them: a chunk that only one request of the trace
-holds) need not be kept one by one: :meth:`ChunkLru.touch` with ``keep`` holds a request's chunks past ``keep`` as
-one *tail*, an entry that weighs their count, where the chunks themselves would be (before its kept chunks, as the
-last-to-first touch puts them). Evictions take a tail's chunks from the front as they would take the chunks, and
-count them (:attr:`ChunkLru.tail_evictions`) rather than naming them; every capacity and every other chunk's fate
-is what it would be with the chunks kept. On the Mooncake conversation trace about half the chunks a request
-touches are its own alone: the caches of the routing simulation hold half the entries once they evict, at half the
-work per request.
-
 Complexity: ``match`` O(c) hash lookups for a request of ``c`` chunks; ``store`` and ``touch`` O(c + e) for ``e``
-evictions, amortized (the replay costs what the logged touches would have cost); with ``keep``, O(keep + e) where a
-tail counts as one.
+evictions, amortized (the replay costs what the logged touches would have cost).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
 from itertools import chain, islice
-from typing import cast
 
 LOG_FACTOR, LOG_SLACK = 4, 4096  # logged chunks before the order is built without an eviction
 
 
-class _Tail:
-    """A request's chunks held as one entry (:meth:`ChunkLru.touch`'s ``keep``): a key equal only to itself."""
-
-    __slots__ = ()
-
-
 class ChunkLru:
     """Chunk hashes (bytes, or ids: see the module docstring) in LRU order, at most ``capacity`` chunks (None:
-    unlimited). Not thread-safe.
+    unlimited). Not thread-safe."""
 
-    Attributes:
-        tail_evictions: chunks evicted from tails (:meth:`touch` with ``keep``), counted, not named.
-    """
-
-    __slots__ = ("capacity", "_order", "_log", "_logged", "_tails", "_extra", "tail_evictions")
+    __slots__ = ("capacity", "_order", "_log", "_logged")
 
     def __init__(self, capacity: int | None) -> None:
         if capacity is not None and capacity < 0:
@@ -67,16 +46,12 @@ class ChunkLru:
         self._order: set[bytes] | OrderedDict[bytes, None] = set()
         self._log: list[Sequence[bytes]] = []  # touches not in _order's order yet (while it is a set)
         self._logged = 0  # chunks in _log
-        self._tails: dict[_Tail, int] | None = None  # each held tail's chunks (None: no tail yet)
-        self._extra = 0  # chunks held beyond one per entry (each tail's chunks less one)
-        self.tail_evictions = 0
 
     def __contains__(self, chunk_hash: bytes) -> bool:
         return chunk_hash in self._order
 
     def __len__(self) -> int:
-        """Chunks held (a tail's all counted)."""
-        return len(self._order) + self._extra
+        return len(self._order)
 
     def match(self, hashes: Sequence[bytes]) -> int:
         """Chunks of the longest run of ``hashes`` held from chunk 0 (read-only: the order is unchanged)."""
@@ -103,25 +78,9 @@ class ChunkLru:
             new = list(dict.fromkeys(new))
         return new, evicted
 
-    def touch(self, hashes: Sequence[bytes], keep: int | None = None) -> list[bytes]:
+    def touch(self, hashes: Sequence[bytes]) -> list[bytes]:
         """:meth:`store` without naming the new chunks (the routing simulation's caches need only the evictions:
-        about a quarter faster on the Mooncake sample). Returns the hashes evicted, least recent first.
-
-        ``keep``: only the first ``keep`` chunks are held one by one; the others, which the caller knows no later
-        lookup will ask for, are held as one tail (module docstring): evicted when they would be, counted in
-        :attr:`tail_evictions` and not in the list returned. An unlimited cache does not hold them at all.
-        """
-        if keep is not None and keep < len(hashes):
-            if self.capacity is None:
-                hashes = hashes[:keep]
-            else:
-                tail = _Tail()
-                if self._tails is None:
-                    self._tails = {}
-                self._tails[tail] = len(hashes) - keep
-                self._extra += len(hashes) - keep - 1
-                # where the chunks would be: touched first, least recent (a key among the hashes, never asked for)
-                hashes = cast(Sequence[bytes], (*hashes[:keep], tail))
+        about a quarter faster on the Mooncake sample). Returns the hashes evicted, least recent first."""
         order = self._order
         if type(order) is set:  # nothing evicted yet: the order can wait (module docstring)
             order.update(hashes)
@@ -129,7 +88,7 @@ class ChunkLru:
                 return []
             self._log.append(hashes if type(hashes) is tuple else tuple(hashes))
             self._logged += len(hashes)
-            if len(order) + self._extra <= self.capacity and self._logged <= LOG_FACTOR * self.capacity + LOG_SLACK:
+            if len(order) <= self.capacity and self._logged <= LOG_FACTOR * self.capacity + LOG_SLACK:
                 return []
             order = self._ordered()
         else:
@@ -139,43 +98,12 @@ class ChunkLru:
                     move_to_end(h)
                 else:
                     order[h] = None  # type: ignore[index]
-        excess = 0 if self.capacity is None else len(order) + self._extra - self.capacity
+        excess = 0 if self.capacity is None else len(order) - self.capacity
         if excess <= 0:
             return []
-        if self._tails is not None:
-            return self._evict_weighed(order, excess)  # type: ignore[arg-type]  # an OrderedDict by now
         evicted = list(islice(order, excess))  # the least recent, oldest first
         for h in evicted:
             del order[h]  # type: ignore[union-attr]  # an OrderedDict: built before anything is evicted
-        return evicted
-
-    def _evict_weighed(self, order: OrderedDict, excess: int) -> list[bytes]:
-        """Evict ``excess`` chunks from the front where tails hold some: a tail goes whole, or gives up its least
-        recent chunks and stays where it is. Returns the chunks evicted by name, least recent first."""
-        tails = self._tails
-        assert tails is not None
-        evicted: list[bytes] = []
-        gone = extra = 0  # tail chunks evicted; and what they held beyond one chunk per entry
-        for h in list(islice(order, excess)):  # enough entries: each holds at least one chunk
-            weight = tails.get(h)
-            if weight is None:
-                evicted.append(h)
-                excess -= 1
-            elif weight <= excess:
-                del tails[h]
-                gone += weight
-                extra += weight - 1
-                excess -= weight
-            else:  # the tail's least recent chunks go, the rest stay where they are
-                tails[h] = weight - excess
-                gone += excess
-                extra += excess
-                break
-            del order[h]
-            if not excess:
-                break
-        self._extra -= extra
-        self.tail_evictions += gone
         return evicted
 
     def _ordered(self) -> OrderedDict:
