@@ -202,7 +202,7 @@ def merge_parts(parts: list[Part], stores: int, upper_bound: bool, match: np.nda
 #: their own way (:func:`merge_results`)
 NOT_SUMMED = {"chunk_size", "namespace", "layout", "key_bytes_per_chunk", "upper_bound_tokens", "lookup_p50_seconds",
               "lookup_p99_seconds", "max_logit_diff", "round_trips_by_shard", "vanished_chunks", "overheads",
-              "savings", "store_mode", "hit_curve", "plan", "sizing", "blend"}
+              "savings", "store_mode", "hit_curve", "plan", "sizing"}
 
 
 def merge_results(rows: list[ChunkSizeResult], lookup_seconds: list[float]) -> ChunkSizeResult:
