@@ -2,17 +2,14 @@
 
 Usage::
 
-    python bench/bench_route.py [TRACE ...] [--ref REV] [--nodes N] [--capacity TOKENS] [--chunk-size C] [--limit L]
+    python bench/bench_route.py [TRACE] [--ref REV] [--nodes N] [--capacity TOKENS] [--chunk-size C] [--limit L]
                                 [--rounds K] [--repeats R] [--policies round-robin,prefix,...]
 
 TRACE defaults to the 1,000-request Mooncake sample in sample_traces/ (``/work/shared/traces/mooncake/
-conversation_trace.first7500.jsonl`` is a 7,500-request cut; ``full`` names the 12,031-request conversation trace
-as bench/bench_hashid_chain.py builds it from that cut). With two traces or more, each is measured in turn, round
-after round, and a last table gives, per policy and side, each trace's ``x floor`` over the first trace's (min over
-runs, CPU): the growth of the cost per request with the trace (1.00: flat). Each policy simulates the trace on
-``N`` nodes with ``TOKENS``-token caches (default 3M), prefill at 10,000 tokens/s, chunk size ``C`` (default 512),
-on the first ``L`` requests (default all). The cache-manager row includes its real Redis round trips (embedded
-server); it is left out unless named in ``--policies``.
+conversation_trace.first7500.jsonl`` is a 7,500-request cut). Each policy simulates the trace on ``N`` nodes with
+``TOKENS``-token caches (default 3M), prefill at 10,000 tokens/s, chunk size ``C`` (default 512), on the first ``L``
+requests (default all). The cache-manager row includes its real Redis
+round trips (embedded server); it is left out unless named in ``--policies``.
 
 Every measurement runs in a fresh process (``--worker``) that reads and hashes the trace (timed apart: the
 ``read + hash`` line, with its ratio to a hash floor: one xxh3 pass over the same token bytes, read again untimed),
@@ -122,7 +119,7 @@ def checkout(rev: str, into: str) -> str:
 
 def measure(tree: str, args) -> dict:
     """One worker process on the ``kvcli`` package under ``tree``."""
-    cmd = [sys.executable, __file__, str(args.trace), "--worker", "--nodes", str(args.nodes), "--capacity",
+    cmd = [sys.executable, __file__, args.trace, "--worker", "--nodes", str(args.nodes), "--capacity",
            str(args.capacity), "--chunk-size", str(args.chunk_size), "--repeats", str(args.repeats), "--policies",
            ",".join(args.policies)] + (["--limit", str(args.limit)] if args.limit else [])
     env = {**os.environ, "PYTHONPATH": tree}
@@ -183,52 +180,17 @@ def main() -> None:
         trees = {"now": str(ROOT)}
         if args.ref:
             trees = {"before": checkout(args.ref, tmp), "after": str(ROOT)}
-        traces = [str(full_trace(Path(tmp))) if t == "full" else str(Path(t).resolve()) for t in args.traces]
-        runs: dict[tuple[str, str], list[dict]] = {(t, side): [] for t in traces for side in trees}
+        runs: dict[str, list[dict]] = {side: [] for side in trees}
         for _ in range(args.rounds):
-            for trace in traces:
-                for side, tree in trees.items():
-                    runs[trace, side].append(measure(tree, argparse.Namespace(**{**vars(args), "trace": trace})))
+            for side, tree in trees.items():
+                runs[side].append(measure(tree, args))
         args.load_after = ", ".join(f"{x:.2f}" for x in os.getloadavg())
-        merged = {key: merge(r) for key, r in runs.items()}
-        for trace in traces:
-            report({side: merged[trace, side] for side in trees}, argparse.Namespace(**{**vars(args), "trace": trace}))
-            print()
-        if len(traces) > 1:
-            growth(merged, traces, list(trees), args.policies)
-
-
-def x_floor(result: dict, policy: str) -> float:
-    """A policy's time over the heap floor's, CPU, min over runs."""
-    return min(run["cpu"] for run in result["policies"][policy]) / min(run["cpu"] for run in result["floor"])
-
-
-def growth(merged: dict, traces: list[str], sides: list[str], policies: list[str]) -> None:
-    """Per policy and side: each later trace's ``x floor`` over the first trace's (CPU, min over runs)."""
-    names = [Path(t).name for t in traces]
-    print(f"x floor (CPU, min) of each trace, and over {names[0]}'s: 1.00 is a cost per request flat in the trace")
-    head = "".join(f"{side + ' ' + name[:18]:>28}" for side in sides for name in names)
-    print(f"{'policy':<15}{head}" + "".join(f"{side + ' ratio':>14}" for side in sides for _ in names[1:]))
-    for p in policies:
-        row = f"{p:<15}"
-        cells = {(side, t): x_floor(merged[t, side], p) for side in sides for t in traces}
-        row += "".join(f"{cells[side, t]:>28.2f}" for side in sides for t in traces)
-        row += "".join(f"{cells[side, t] / cells[side, traces[0]]:>14.2f}" for side in sides for t in traces[1:])
-        print(row)
-
-
-def full_trace(into: Path) -> Path:
-    """The 12,031-request Mooncake conversation trace (bench/bench_hashid_chain.py's extension of the cut)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_hashid_chain import CUT
-    from bench_hashid_chain import full_trace as build
-
-    return build(CUT, into / "conv12031.jsonl")
+        report({side: merge(r) for side, r in runs.items()}, args)
 
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("traces", nargs="*", default=[str(DEFAULT)], help="trace files, or 'full' (module docstring)")
+    ap.add_argument("trace", nargs="?", default=str(DEFAULT))
     ap.add_argument("--ref", help="git revision to compare against (its kvcli/ package)")
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--capacity", type=int, default=3_000_000, help="tokens per node cache")
@@ -239,7 +201,7 @@ def parse_args():
     ap.add_argument("--policies", type=lambda s: s.split(","), default=list(IN_PROCESS))
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.trace = args.traces[0] if args.worker else None  # a worker times one trace
+    args.trace = str(Path(args.trace).resolve())
     return args
 
 

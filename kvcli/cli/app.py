@@ -166,11 +166,10 @@ def parse_sizing(text: str) -> tuple[float, ...]:
 
 
 JOBS_HELP = ("Worker processes for each trace's independent units (chunk size x layout), each with its own Redis "
-             "connection; the report is identical to --jobs 1. One chunk size and layout with unlimited capacity "
-             "splits its requests by prefix root instead (this process replays one part, N-1 workers the others). "
-             "Default: the cores, capped by the units, for a replay that runs no model (--prefill-tps with "
-             "--measure 0); else 1, so no worker slows the prefills it times (docs/replay.md, 'Parallel replay'). "
-             "--jobs 1 also keeps an index-only replay from reading the trace ahead in a child process.")
+             "connection; the report is identical to --jobs 1. Default: the cores, capped by the units, for a replay "
+             "that runs no model (--prefill-tps with --measure 0); else 1, so no worker slows the prefills it times "
+             "(docs/replay.md, 'Parallel replay'). --jobs 1 also keeps an index-only replay from reading the trace "
+             "ahead in a child process.")
 RAY_HELP = ("Run the units as Ray tasks: a cluster address, or 'local' for a local instance (pip install "
             "'kvcli\\[ray]'). A cluster needs --redis-url its machines can reach, and the trace files on each.")
 

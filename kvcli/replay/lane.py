@@ -73,9 +73,6 @@ class Lane:
         batched: estimated requests go to the server in pipelined batches (:class:`~kvcli.store.batch.Batcher`;
             only for a store that :func:`~kvcli.store.batch.batchable` accepts).
         quiet: a context manager factory each of the batcher's latency samples runs inside, or None.
-        whole: the lane sees every request of the trace: it keeps the hit curve and samples the store's Redis memory
-            at :meth:`finish` (False: a part of a split replay, whose parent does both for the merged parts:
-            :func:`curve_of`, :func:`curve_figures`, :func:`store_memory`).
 
     Attributes:
         store: the store.
@@ -84,7 +81,7 @@ class Lane:
     """
 
     def __init__(self, store: KVStore, rate: ServerRates, config: ReplayConfig, client: redis.Redis | RedisCluster,
-                 batched: bool = False, quiet=None, whole: bool = True) -> None:
+                 batched: bool = False, quiet=None) -> None:
         cs = store.config.chunk_size
         self.store = store
         self.result = ChunkSizeResult(cs, store.config.namespace, layout=store.layout,
@@ -93,11 +90,14 @@ class Lane:
         self._rate, self._client = rate, client
         self._real = config.payload == "real"
         self._priced = config.priced  # a profile or a roofline prices every prefill, measured requests' too
-        self._verify_sample, self._config = config.verify_sample, config
+        self._verify_sample, self._memory_sample = config.verify_sample, config.memory_sample
+        self._allow_evictions = config.allow_evictions
         # chunks an unlimited cache would hold: only where the store's own capacity can evict
         self._seen: set[bytes] | None = set() if store.resident_chunks is not None else None
-        self._hit_curve = curve_of(config, store) if whole else None
-        self._whole = whole
+        # one curve per chunk size: it depends on the hashes, not the layout
+        self._hit_curve = (HitCurve(cs, config.ttl_refresh, record=config.plan.wanted, keep_hits=bool(config.sizing))
+                           if config.hit_curve and config.namespace is None and store.layout == config.layouts[0]
+                           else None)
         self._plan = config.plan
         self._checked: dict[bytes, bool] = {}  # chunk hash -> checksum verified good
         self._real_chunks: set[bytes] = set()  # chunks this lane may have written with a real payload (measured)
@@ -341,44 +341,22 @@ class Lane:
         res.key_bytes_per_chunk = store.key_bytes_per_chunk
         trips = getattr(store, "shard_trips", None)
         res.round_trips_by_shard = dict(sorted(trips.counts.items())) if trips is not None else {}
-        degraded = store_memory(self._client, store, res, self._config) if self._whole else []
-        if self._hit_curve is not None:
-            curve_figures(self._hit_curve, res, store, self._plan)
+        degraded = []
+        # the store's key count, where the run knows it: every key it created is still there without a capacity
+        # (nothing deleted; a server that evicts was refused by the preflight unless allowed), so the SCAN stops at
+        # the sample instead of counting every key
+        known = st.objects_created if store.resident_chunks is None and not self._allow_evictions else None
+        try:
+            res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
+                self._client, store.key_pattern, self._memory_sample, known)
+        except KvcliError as exc:
+            degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
+        res.hit_curve = (self._hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if self._hit_curve
+                         else None)
+        stream = self._hit_curve.stream() if self._hit_curve else None
+        if stream is not None and res.hit_curve is not None:
+            res.plan = plan(stream, res.hit_curve, self._plan, getattr(store, "capacity_chunks", None))
         return degraded
-
-
-def curve_of(config: ReplayConfig, store: KVStore) -> HitCurve | None:
-    """The hit curve a replay keeps for ``store``: one per chunk size (it depends on the hashes, not the layout),
-    none with ``--no-curve`` or a read namespace (the curve assumes the run's own cold cache)."""
-    if not (config.hit_curve and config.namespace is None and store.layout == config.layouts[0]):
-        return None
-    return HitCurve(store.config.chunk_size, config.ttl_refresh, record=config.plan.wanted,
-                    keep_hits=bool(config.sizing))
-
-
-def curve_figures(curve: HitCurve, res: ChunkSizeResult, store: KVStore, options) -> None:
-    """``res.hit_curve`` from ``curve`` (fed every request of the store, in trace order) and ``res.plan``, the
-    capacity planner on its recorded stream (``options``: :class:`~kvcli.replay.results.PlanOptions`)."""
-    res.hit_curve = curve.result(res.prompt_tokens, store.config.payload_bytes)
-    stream = curve.stream()
-    if stream is not None:
-        res.plan = plan(stream, res.hit_curve, options, getattr(store, "capacity_chunks", None))
-
-
-def store_memory(client: redis.Redis | RedisCluster, store: KVStore, res: ChunkSizeResult, config: ReplayConfig
-                 ) -> list[str]:
-    """Set ``res.redis_memory_bytes`` and ``res.redis_memory_sampled_keys`` (:func:`kvcli.store.namespace.redis_memory`
-    of the store's keys); returns what could not be read, for the notes."""
-    # the store's key count, where the run knows it: every key it created is still there without a capacity
-    # (nothing deleted; a server that evicts was refused by the preflight unless allowed), so the SCAN stops at
-    # the sample instead of counting every key
-    known = res.objects_created if store.resident_chunks is None and not config.allow_evictions else None
-    try:
-        res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-            client, store.key_pattern, config.memory_sample, known)
-    except KvcliError as exc:
-        return [f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}"]
-    return []
 
 
 def _critical(res: ChunkSizeResult) -> float:

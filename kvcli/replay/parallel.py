@@ -7,8 +7,7 @@ sends each unit with that preparation to a worker, which builds a :class:`~kvcli
 own connection and runs :meth:`~kvcli.replay.replayer.Replayer.replay_unit` (the code the single-process replay
 runs), and merges the parts; savings, verdict, notes and the cleanup of the run's namespace stay in the parent.
 With the same cost curve and rates, hit tokens, objects, bytes, estimates and the verdict are identical to one
-process; timings are each worker's own. A replay of one store (one chunk size and layout) with unlimited capacity
-splits its requests instead (:mod:`kvcli.replay.split`): each worker replays a part of them through that store.
+process; timings are each worker's own.
 
 Workers read the trace themselves (the reader must be picklable: kvcli.replay.runner's ``TraceSource``, or a list),
 so on Ray every node needs the trace files at the same path, kvcli installed, and a Redis it can reach.
@@ -34,8 +33,7 @@ from kvcli.model.presets import ModelConfig, ModelSpec
 from kvcli.replay.lifeline import die_with_parent
 from kvcli.replay.replayer import Replayer
 from kvcli.replay.results import ReplayConfig
-from kvcli.replay.split import splits
-from kvcli.replay.work import Part, Share, Work, plan_units
+from kvcli.replay.work import Part, Work, plan_units
 from kvcli.store.server import reply_timeout  # noqa: F401 - the workers' timeout, for the runner
 
 POLL_SECONDS = 0.05
@@ -75,8 +73,7 @@ class Setup:
     tokenizer's name, the model's spec and shapes, the options, and the name the workers' connections give
     themselves (``CLIENT SETNAME``: the parent waits for them to close before a cleanup that scans, so nothing a dead
     worker sent lands after it). The cost curve never leaves the parent: the estimates are computed there, after
-    the merge. ``own_server``: the server is the command's embedded one (its keys go with it: the workers' stores
-    keep no record of what they wrote, as the parent's do not)."""
+    the merge."""
 
     url: str
     timeout: float | None
@@ -86,18 +83,15 @@ class Setup:
     model_config: ModelConfig | None
     config: ReplayConfig
     client_name: str | None = None
-    own_server: bool = False
 
 
 _clients: dict = {}
 _models: dict = {}
 
 
-def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bool, share: Share | None = None
-             ) -> Part:
+def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bool) -> Part:
     """Replay one unit in this process on its own connection (kept for the next unit of this worker) and model
-    (built once per worker, only when the trace has measured requests); ``share``: the requests of a split
-    replay's part (None: all).
+    (built once per worker, only when the trace has measured requests).
 
     Raises:
         RedisFailure, BadInputError, ModelFailure: as :meth:`Replayer.replay_unit`.
@@ -122,9 +116,8 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
     replayer = Replayer(_clients[key], model,
                         None,  # type: ignore[arg-type]  # no cost curve: a worker's replay_unit never reads it
                         setup.tokenizer, setup.config, spec=setup.spec, model_config=setup.model_config,
-                        # the units share the cores: no child reading the trace ahead
-                        prefetch=False, own_server=setup.own_server)
-    return replayer.replay_unit(work, indices, upper_bound, share=share)
+                        prefetch=False)  # the units share the cores: no child reading the trace ahead
+    return replayer.replay_unit(work, indices, upper_bound)
 
 
 def _worker_start() -> None:
@@ -140,48 +133,27 @@ def _started() -> None:
 
 
 def _local(replayer: Replayer, work: Work, plan, progress) -> list[Part]:
-    (indices, upper, share), = plan
-    return [replayer.replay_unit(work, indices, upper, None, progress, share)]
-
-
-Plan = list[tuple[tuple[int, ...], bool, Share | None]]
-"""A trace's units: per unit, its stores (indices of :attr:`Work.stores`), whether it runs the upper bound's radix
-tree, and its share of the requests (None: all; :mod:`kvcli.replay.split`)."""
-
-
-def store_plan(work: Work, jobs: int, upper_bound: bool) -> Plan:
-    """The units of ``work`` split by store (:func:`~kvcli.replay.work.plan_units`), each over every request."""
-    return [(indices, upper, None) for indices, upper in plan_units(work.stores, jobs, upper_bound)]
-
-
-def units_for(config: ReplayConfig, jobs: int, split: bool) -> int:
-    """How many units a trace of ``config`` can have: one per store, or (``split``) ``jobs`` where its one store can
-    split its requests (:func:`kvcli.replay.split.splits`)."""
-    stores = len(config.chunk_sizes) * len(config.layouts)
-    return jobs if split and splits(config) else min(jobs, stores)
+    (indices, upper), = plan
+    return [replayer.replay_unit(work, indices, upper, None, progress)]
 
 
 class ProcessUnits:
     """Units in up to ``jobs`` spawned worker processes (started at once, so their start overlaps the first trace's
     preparation, and kept for the next traces; :meth:`close` stops them). A trace with one unit runs in this
-    process. A worker that dies (killed, out of memory) fails the run with a one-line error, never a hang.
-    ``split``: a replay of one store may split its requests into ``jobs`` parts (:attr:`split`, where the config
-    allows it: :func:`kvcli.replay.split.splits`); this process replays the first part itself meanwhile, so
-    ``jobs - 1`` workers are started (one process's start-up and read of the trace fewer)."""
+    process. A worker that dies (killed, out of memory) fails the run with a one-line error, never a hang."""
 
-    def __init__(self, jobs: int, setup: Setup, split: bool = False) -> None:
+    def __init__(self, jobs: int, setup: Setup) -> None:
         if jobs < 1:
             raise BadInputError(f"--jobs must be >= 1, got {jobs}")
-        self.split = split and splits(setup.config)
-        self.jobs, self.setup = units_for(setup.config, jobs, split), setup  # a worker per unit at most
-        self._workers = self.jobs - 1 if self.split else self.jobs
+        units = len(setup.config.chunk_sizes) * len(setup.config.layouts)
+        self.jobs, self.setup = min(jobs, units), setup  # a worker per unit at most
         self._pool: ProcessPoolExecutor | None = None
         self._start()  # now: the workers start (spawn, imports) while this process prepares the first trace
 
     def _start(self) -> ProcessPoolExecutor:
         """The worker pool, started now unless it is running."""
         if self._pool is None:
-            workers = self._workers
+            workers = self.jobs
             self._pool = ProcessPoolExecutor(workers, multiprocessing.get_context("spawn"), _worker_start)
             # SIGINT blocked while the workers are spawned: they inherit the mask, so a Ctrl-C at any moment of
             # their start-up (imports) reaches only this process (no traceback from a worker); one that comes now
@@ -196,29 +168,24 @@ class ProcessUnits:
                     mask(signal.SIG_SETMASK, blocked)
         return self._pool
 
-    def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None,
-            plan: Plan | None = None, here: Work | None = None) -> list[Part]:
-        """The parts of ``work``'s units (``plan``; None: one per store, :func:`store_plan`), in plan order. Raises
-        what a unit raised, after stopping the workers. ``here``: the first unit runs in this process meanwhile, on
-        this work (a split replay's, whose requests this process holds already), the others in the workers.
+    def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
+        """The parts of ``work``'s units, in plan order. Raises what a unit raised, after stopping the workers.
 
         Raises:
             KvcliError: a worker process died.
         """
-        plan = plan or store_plan(work, self.jobs, self.setup.config.upper_bound)
+        plan = plan_units(work.stores, self.jobs, self.setup.config.upper_bound)
         if len(plan) == 1:
-            return _local(replayer, here or work, plan, progress)
+            return _local(replayer, work, plan, progress)
         pool = self._start()
         try:
-            pending = [pool.submit(run_unit, self.setup, work, indices, upper, share)
-                       for indices, upper, share in plan[here is not None:]]
-            first = _local(replayer, here, plan[:1], progress) if here is not None else []
+            pending = [pool.submit(run_unit, self.setup, work, indices, upper) for indices, upper in plan]
             while not all(f.done() for f in pending):
                 futures.wait(pending, timeout=POLL_SECONDS, return_when=futures.FIRST_EXCEPTION)
                 if any(f.done() and f.exception() is not None for f in pending):
                     break
                 _tick(progress, sum(f.done() for f in pending), len(pending), len(work.lengths))
-            return first + [f.result() for f in pending]
+            return [f.result() for f in pending]
         except BrokenProcessPool:
             self.close(terminate=True)
             raise KvcliError("a replay worker process died (killed, out of memory, or, from a Python script, one "
@@ -277,20 +244,14 @@ class RayUnits:
                      logging_level="error" if local else "warning")  # type: ignore[arg-type]
             self._started = True
         self.jobs = jobs or max(1, int(ray.cluster_resources().get("CPU", 1)))
-        self.split = splits(setup.config)  # a replay of one store splits its requests over the tasks
         self._task = ray.remote(num_cpus=1, max_retries=0)(run_unit)
 
-    def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None,
-            plan: Plan | None = None, here: Work | None = None) -> list[Part]:
-        """The parts of ``work``'s units (``plan``; None: one per store, :func:`store_plan`), in plan order. Raises
-        what a unit raised, after cancelling the tasks. ``here`` is not used: every unit is a task (the cluster's
-        CPUs are the tasks')."""
+    def run(self, replayer: Replayer, work: Work, progress: Callable[[int, int], None] | None) -> list[Part]:
+        """The parts of ``work``'s units, in plan order. Raises what a unit raised, after cancelling the tasks."""
         ray = self.ray
-        plan = plan or store_plan(work, self.jobs, self.setup.config.upper_bound)
+        plan = plan_units(work.stores, self.jobs, self.setup.config.upper_bound)
         setup, shared = ray.put(self.setup), ray.put(work)
-        # Ray's stubs type a remote function by its required parameters: run_unit's share is optional
-        refs = [self._task.remote(setup, shared, indices, upper, share)  # type: ignore[call-arg]
-                for indices, upper, share in plan]
+        refs = [self._task.remote(setup, shared, indices, upper) for indices, upper in plan]
         try:
             pending = list(refs)
             while pending:
@@ -357,11 +318,9 @@ def make_units(jobs: int | None, ray: str | None, setup: Setup, embedded: bool, 
                                 f"(a unix socket on this machine); give --redis-url (or REDIS_URL) of a server they "
                                 f"can reach")
         return RayUnits(ray, jobs, setup)
-    # a replay of one store splits its requests over the workers when --jobs asks for them (the default keeps one
-    # process and its read-ahead child)
-    split = jobs is not None
     jobs = default_jobs(runs_model) if jobs is None else jobs
-    return ProcessUnits(jobs, setup, split) if units_for(setup.config, jobs, split) > 1 else None
+    stores = len(setup.config.chunk_sizes) * len(setup.config.layouts)
+    return ProcessUnits(jobs, setup) if min(jobs, stores) > 1 else None
 
 
 def default_jobs(runs_model: bool) -> int:
@@ -390,7 +349,4 @@ def describe_units(units) -> str:
         return "this process"
     if isinstance(units, RayUnits):
         return f"Ray ({units.address}), up to {units.jobs} tasks per trace"
-    if units.split:
-        return (f"this process and up to {units.jobs - 1} worker process{'es' if units.jobs > 2 else ''} (one "
-                f"store's requests split by prefix root)")
     return f"up to {units.jobs} worker processes"

@@ -32,7 +32,6 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.replay.lifeline import die_with_parent
-from kvcli.replay.work import head
 from kvcli.store.hashing import PromptChunker, chunked, reusable_tokens
 
 PREFETCH_BATCH = 256  # requests per message from the child
@@ -155,26 +154,16 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
         send.close()
 
 
-def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measured: set[int], share=None
+def hashed_here(reader: Callable[[], Iterable], limit: int, stores, radix, measured: set[int]
                 ) -> Generator[Item, None, None]:
     """The items of :class:`Prefetch`, computed in this process: ``prompts`` None for an empty or a measured
-    request (the replay hashes a measured one as it times it), ``request`` the request itself. With ``share`` (a
-    :class:`~kvcli.replay.work.Share`), only the requests it replays are hashed and only those its radix tree holds
-    are matched (the others' ``prompts`` None and match 0; the heads it names go into the tree)."""
-    replay = radix_of = heads = None
-    cut = 0
-    if share is not None:
-        replay, radix_of, heads, cut = share.replay, share.radix, share.heads, share.head_tokens
+    request (the replay hashes a measured one as it times it), ``request`` the request itself."""
     for index, request in enumerate(reader()):
         if index >= limit:
             return
         n = request.prompt_tokens
-        match = 0
-        if radix is not None and n:
-            if radix_of is None or radix_of[index]:
-                match = reusable_tokens(radix.match_request(request), n)
-            elif heads is not None and heads[index]:  # another part's request: its head, for this part's matches
-                radix.match_request(head(request, cut))
+        match = reusable_tokens(radix.match_request(request), n) if (
+            radix is not None and n) else 0
         prompts = [store.chunk(request.prompt, request.hash_salt) for store in stores] if (
-            n and index not in measured and (replay is None or replay[index])) else None
+            n and index not in measured) else None
         yield index, request.timestamp, n, prompts, match, request

@@ -39,8 +39,7 @@ into units (:mod:`kvcli.replay.work`) that :meth:`Replayer.replay_unit` runs (:m
 per-request loop, with one :class:`~kvcli.replay.lane.Lane` per store holding its accounting), in this process or,
 with ``units`` set, in worker processes or Ray tasks (:mod:`kvcli.replay.parallel`); everything before
 (validation, calibration, measured picks, preflight, transfer rates) and after (merge, savings, verdict, notes,
-cleanup) runs here once. One store with unlimited capacity splits its requests over the units instead, by prefix
-root (:mod:`kvcli.replay.split`), with the same figures.
+cleanup) runs here once.
 
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
 miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. After a
@@ -90,9 +89,8 @@ from kvcli.replay.planner import price_plan, tier_load_seconds
 from kvcli.replay.results import CapacityBasis, ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, TimedSavings, recommend, summarize
 from kvcli.replay.sizing import capacity_record, size_cache
-from kvcli.replay.split import Split, finish_split, replay_split, split_trace
 from kvcli.replay.unit import replay_stores
-from kvcli.replay.work import Part, Share, Work, merge_logs, merge_parts, merged_samples
+from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.sim.blend import BlendCounter
 from kvcli.sim.tiers import check_tier_sizes
 from kvcli.store.cluster import drop_connections
@@ -366,10 +364,7 @@ class Replayer:
         t0 = time.perf_counter()
         work = Work(name, reader, lengths, measured, measure_tokens, stores[0].config.namespace,
                     tuple((s.layout, s.config.chunk_size) for s in stores), rates, check.evicts, mark)
-        split = self._split(name, work, stores, check.evicts)
-        if split is not None:  # one store, its requests in parts at once (kvcli.replay.split)
-            parts = replay_split(self, self.units, work, split, stores, progress)
-        elif self.units is None:  # in this process, one unit holding every store
+        if self.units is None:  # in this process, one unit holding every store
             parts = [self.replay_unit(work, tuple(range(len(stores))), True, stores, progress)]
         else:  # worker processes or Ray tasks (kvcli.replay.parallel), the same replay_unit in each
             parts = self.units.run(self, work, progress)
@@ -378,16 +373,11 @@ class Replayer:
                 if written is not stores[i].written:  # a unit with stores of its own (a worker's)
                     stores[i].written.merge(written)
         self._recorded = True
-        match = (np.max([p.match for p in parts if p.match is not None], axis=0)  # each request in one part's tree
-                 if split is not None and cfg.upper_bound else None)
-        results, ledgers, skipped, span = merge_parts(parts, len(stores), cfg.upper_bound, match)
+        results, ledgers, skipped, span = merge_parts(parts, len(stores), cfg.upper_bound)
         if cfg.blend_recompute is not None:
             self._blend(name, results, parts, reader, len(lengths), cfg.blend_recompute)
         self.measured_samples += merged_samples(parts)
         self._degraded += [note for part in parts for note in part.degraded]
-        if split is not None:
-            self._degraded += finish_split(parts, results[0], stores[0], self.client, cfg, lengths)
-            notes = notes + [split.note(stores[0].config.chunk_size)]
         measured_log = merge_logs(parts)
         used_after = self._used_memory()
         requests = len(lengths) - skipped
@@ -434,12 +424,10 @@ class Replayer:
             result.blend = counter.result
 
     def replay_unit(self, work: Work, indices: tuple[int, ...], upper_bound: bool,
-                    stores: list[KVStore] | None = None, progress: Callable[[int, int], None] | None = None,
-                    share: Share | None = None) -> Part:
-        """Replay the whole trace (or its ``share``, a split replay's part) through the stores ``indices`` of
-        ``work.stores`` (made here on this replayer's client unless given) and return their picklable results
-        (:class:`~kvcli.replay.work.Part`); with ``upper_bound``, this unit also runs the token-granular upper
-        bound's radix tree (exactly one unit does, or each part over its own requests).
+                    stores: list[KVStore] | None = None, progress: Callable[[int, int], None] | None = None) -> Part:
+        """Replay the whole trace through the stores ``indices`` of ``work.stores`` (made here on this replayer's
+        client unless given) and return their picklable results (:class:`~kvcli.replay.work.Part`); with
+        ``upper_bound``, this unit also runs the token-granular upper bound's radix tree (exactly one unit does).
         Used in this process and in each worker (kvcli.replay.parallel): one implementation,
         :func:`kvcli.replay.unit.replay_stores`.
 
@@ -451,17 +439,7 @@ class Replayer:
             stores = [self._make_store(work.namespace, work.stores[i][1], work.stores[i][0], work.mark)
                       for i in indices]
         return replay_stores(work, indices, stores, upper_bound, self.client, self.model, self.config,
-                             self.prefetch, progress, share)
-
-    def _split(self, name: str, work: Work, stores: list[KVStore], evicts: bool) -> Split | None:
-        """The split of a trace's requests over the units (:mod:`kvcli.replay.split`), where the units split one
-        store and the trace allows it (no measured request, a server that will not evict, no ``--reuse blend``, whose
-        pass reads each store's reuse over the whole trace); None: replayed whole."""
-        if (not getattr(self.units, "split", False) or work.measured or evicts or len(stores) != 1
-                or self.config.blend_recompute is not None):
-            return None
-        self.phase(f"splitting {name} by prefix root")
-        return split_trace(work.reader, work.lengths, stores[0].chunker, self.units.jobs)
+                             self.prefetch, progress)
 
     def _savings(self, result: TraceResult, stores, results, ledgers, rates, link) -> None:
         """Overheads and savings with intervals of every store (all layouts), and the verdict on the first

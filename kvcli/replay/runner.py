@@ -282,8 +282,7 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
         shapes = model_shapes(model_options.model)
         config, capacity = resolve_capacity(config, model_options, shapes, spec)
         units = make_units(jobs, ray, Setup(target.url, reply_timeout(client), model_options, tok_name, spec, shapes,
-                                            config, f"kvcli-replay-{os.getpid()}-worker", target.embedded),
-                           target.embedded, runs_model)
+                                            config, f"kvcli-replay-{os.getpid()}-worker"), target.embedded, runs_model)
         if units is not None:  # on an error or an interrupt at once (no unit is running then: nothing to wait
             # for, and workers still starting would make a refused replay wait out their imports); else after them
             stack.push(lambda kind, *_: units.close(terminate=kind is not None))

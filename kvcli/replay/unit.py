@@ -10,9 +10,7 @@ A batch sent is accounted (:meth:`Lane.account`) once the batch after it was sen
 while this process reads and hashes the next; everything sent is accounted before a measured
 request and at the end, so each lane sees its requests in trace order. The trace is read and hashed in this
 process or, for an index-only unit on a machine with cores to spare, in a forked child
-(:mod:`kvcli.replay.prefetch`). A unit of a split replay (:mod:`kvcli.replay.split`) takes a
-:class:`~kvcli.replay.work.Share` of the requests: it reads the trace, skips the others unhashed, and its lanes keep
-no curve and sample no memory (the parent does both once, for the merged parts).
+(:mod:`kvcli.replay.prefetch`).
 """
 from __future__ import annotations
 
@@ -27,7 +25,7 @@ from kvcli.replay.lane import Lane
 from kvcli.replay.measure import SuffixTimings, timed_prefill
 from kvcli.replay.prefetch import Item, Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ReplayConfig
-from kvcli.replay.work import Part, Share, Work
+from kvcli.replay.work import Part, Work
 from kvcli.sim.upper_bound import UpperBound
 from kvcli.store.batch import batchable
 from kvcli.store.kvstore import KVStore
@@ -41,13 +39,12 @@ BATCH_CHUNKS = 1 << 16
 
 def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], upper_bound: bool,
                   client: redis.Redis | RedisCluster, model, config: ReplayConfig, prefetch: bool | None = None,
-                  progress: Callable[[int, int], None] | None = None, share: Share | None = None) -> Part:
+                  progress: Callable[[int, int], None] | None = None) -> Part:
     """Replay the whole trace of ``work`` through ``stores`` (the stores ``indices`` of ``work.stores``, on
     ``client``) and return their picklable results; with ``upper_bound``, this unit also runs the token-granular
-    upper bound's radix tree (exactly one unit does, or with ``share`` each part over its own requests). ``model``
-    runs the measured requests (None: none measured); ``prefetch`` as
-    :func:`~kvcli.replay.prefetch.can_prefetch`'s ``force``; ``progress(done, total)`` after each request;
-    ``share``: only these requests (a split replay's part; None: every request).
+    upper bound's radix tree (exactly one unit does). ``model`` runs the measured requests (None: none measured);
+    ``prefetch`` as :func:`~kvcli.replay.prefetch.can_prefetch`'s ``force``; ``progress(done, total)`` after each
+    request.
 
     Raises:
         RedisFailure: the server failed. BadInputError: the trace changed since it was validated.
@@ -60,16 +57,15 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
     pipeline = 1 if work.evicts or not any(batchable(store) for store in stores) else config.pipeline
     batched = pipeline > 1 and all(batchable(store) for store in stores)
     radix = UpperBound() if config.upper_bound and upper_bound else None
-    ahead = batched and share is None and can_prefetch(requests, bool(work.measured), prefetch)
+    ahead = batched and can_prefetch(requests, bool(work.measured), prefetch)
     ahead_items = Prefetch(work.reader, requests, [store.chunker for store in stores], radix) if ahead else None
     items = (ahead_items if ahead_items is not None
-             else hashed_here(work.reader, requests if share is None or share.stop is None else share.stop, stores,
-                              radix, work.measured, share))
+             else hashed_here(work.reader, requests, stores, radix, work.measured))
     quiet = ahead_items.paused if ahead_items is not None else None  # the child stopped while a lookup is timed
     lanes = [Lane(store, work.rates[i], config, client, batched=pipeline > 1 and batchable(store),
-                  quiet=quiet, whole=share is None) for i, store in zip(indices, stores)]
+                  quiet=quiet) for i, store in zip(indices, stores)]
     unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=radix is not None,
-                      batch_tokens=BATCH_CHUNKS * min(config.chunk_sizes), share=share)
+                      batch_tokens=BATCH_CHUNKS * min(config.chunk_sizes))
     try:
         unit.run(items, progress)
     finally:  # a batch still in flight runs before anything else this process sends (a cleanup)
@@ -91,7 +87,6 @@ class UnitReplay:
         measure_tokens: tokens of each measured prompt that run the model (0: whole).
         radix: whether the items carry the radix tree's match (:attr:`match` kept).
         batch_tokens: prompt tokens at which a batch is sent before it has ``pipeline`` requests (None: no limit).
-        share: the requests the lanes replay (a split replay's part; None: all).
 
     Attributes:
         lanes: the lanes.
@@ -100,12 +95,10 @@ class UnitReplay:
         skipped: empty prompts seen. stamps: the timestamps seen (seconds).
         measured_log: one entry per measured request (``per_chunk_size`` in lane order).
         samples: the prefills timed (each measured request's full prefill, then its suffixes).
-        replayed: the indices of the requests the lanes accounted, in order.
-        stream: with a share that records, per replayed request its joined chunk hashes and timestamp.
     """
 
     def __init__(self, lanes: list[Lane], pipeline: int, requests: int, model=None, measure_tokens: int = 0,
-                 radix: bool = False, batch_tokens: int | None = None, share: Share | None = None) -> None:
+                 radix: bool = False, batch_tokens: int | None = None) -> None:
         self.lanes = lanes
         self.reach = np.zeros((len(lanes), requests), np.int64)
         self.match = np.zeros(requests, np.int64) if radix else None
@@ -113,9 +106,6 @@ class UnitReplay:
         self.stamps: list[float] = []
         self.measured_log: list[dict] = []
         self.samples: list[PrefillSample] = []
-        self.replayed: list[int] = []
-        self.stream: list[tuple[bytes, float | None]] | None = [] if share is not None and share.record else None
-        self._replay = share.replay if share is not None else None
         self._pipeline, self._requests, self._model, self._measure_tokens = pipeline, requests, model, measure_tokens
         self._batch: list[tuple] = []  # (index, prompt tokens, timestamp, [chunked prompt per lane]) waiting
         self._batch_tokens, self._batch_limit = 0, batch_tokens  # prompt tokens of the waiting batch; its limit
@@ -132,9 +122,7 @@ class UnitReplay:
             else:
                 if self.match is not None:
                     self.match[index] = matched
-                if self._replay is not None and not self._replay[index]:  # another unit's
-                    pass
-                elif prompts is None:  # measured
+                if prompts is None:  # measured
                     self._flush()  # the estimated requests before it first: in trace order
                     self._measure(index, request)
                 else:
@@ -152,10 +140,7 @@ class UnitReplay:
         stamps = self.stamps
         return Part(indices, [lane.result for lane in self.lanes], [lane.ledger for lane in self.lanes],
                     self.reach, self.match, self.skipped, max(stamps) - min(stamps) if len(stamps) > 1 else None,
-                    self.measured_log, degraded, self.samples, [lane.store.written for lane in self.lanes],
-                    np.asarray(self.replayed, np.int64),
-                    [list(lane.store.stats.lookup_seconds) for lane in self.lanes] if self._replay is not None else [],
-                    self.stream)
+                    self.measured_log, degraded, self.samples, [lane.store.written for lane in self.lanes])
 
     def _flush(self, drain: bool = True) -> None:
         """Send the waiting batch through every lane and account the batch sent before it; with ``drain``, also
@@ -163,8 +148,6 @@ class UnitReplay:
         if self._batch:
             entries, self._batch, self._batch_tokens = self._batch, [], 0
             shares = [[(prompts[s], n, stamp) for _, n, stamp, prompts in entries] for s in range(len(self.lanes))]
-            if self.stream is not None:
-                self.stream.extend((b"".join(prompts[0].hashes), stamp) for _, _, stamp, prompts in entries)
             sent = [lane.submit(share) for lane, share in zip(self.lanes, shares)]
             previous, self._inflight = self._inflight, ([entry[0] for entry in entries], shares, sent)
             if previous is not None:
@@ -177,7 +160,6 @@ class UnitReplay:
         """Count one sent batch in every lane and set :attr:`reach` of its requests."""
         for row, lane, share, batch in zip(self.reach, self.lanes, shares, sent):
             row[indices] = lane.account(share, batch)
-        self.replayed.extend(indices)
 
     def _measure(self, index: int, request: Request) -> None:
         """Run one request with the model on its first ``measure_tokens`` tokens (all of them when shorter): its
@@ -195,7 +177,6 @@ class UnitReplay:
             reusable.append(got.reusable)
             if got.sample is not None:
                 self.samples.append(got.sample)
-        self.replayed.append(index)
         self.measured_log.append({"index": index, "id": request.id, "prompt_tokens": n, "measured_tokens": length,
                                   "full_prefill_seconds": t_full, "per_chunk_size": rows})
         self.reach[:, index] = reusable

@@ -8,16 +8,11 @@ returns, then computes savings, the verdict and the notes once (kvcli.replay.rep
 stores, the upper bound, is merged per request and store: ``max(radix match, what the store reuses)``, summed
 (more than the match only where a read ``--namespace`` supplies it, at the chunk sizes it holds).
 
-One chunk size on several cores is split the other way, by requests (:mod:`kvcli.replay.split`): each unit then
-replays a :class:`Share` of the trace's requests through the same store, and the parts of one store merge request
-by request (:func:`merge_results`, :func:`merge_ledgers`: sums, and per request records in arrival order).
-
 Everything here is plain picklable data: units run in this process, in worker processes or as Ray tasks
 (kvcli.replay.parallel).
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -27,10 +22,9 @@ from kvcli.model.costcurve import PrefillSample
 from kvcli.replay.network import ServerRates
 from kvcli.replay.results import ChunkSizeResult
 from kvcli.replay.savings import Ledger
-from kvcli.store.hashing import is_block_prompt
 from kvcli.store.runmark import RunMark
 from kvcli.store.written import WrittenChunks
-from kvcli.traces.request import BlockKeys, HashIdRequest, Request
+from kvcli.traces.request import Request
 
 UPPER_BOUND_WEIGHT = 4.0  # the radix tree's cost in units of a 1,024-token store (bench/bench_jobs.py, roughly)
 
@@ -68,45 +62,6 @@ class Work:
     mark: RunMark | None = None
 
 
-@dataclass(frozen=True)
-class Share:
-    """The requests one unit of a split replay takes (:mod:`kvcli.replay.split`); the unit reads the trace and
-    skips the others unhashed.
-
-    Attributes:
-        replay: bool ``[requests]``: the requests its lanes replay.
-        radix: bool ``[requests]``: the requests its radix tree holds (their match is reported; None: none).
-        stop: no request from this index on is read (None: the whole trace, as a part that reports the trace's
-            span and empty prompts must).
-        record: keep each replayed request's chunk hashes and timestamp (:attr:`Part.stream`) for the parent's
-            capacity/TTL curve.
-        heads: bool ``[requests]``: other requests whose first ``head_tokens`` tokens (:func:`head`) the radix tree
-            also holds, in arrival order (None: none), so that its matches are those of one tree of the whole trace
-            wherever two parts' requests share fewer tokens than that (:mod:`kvcli.replay.split`).
-        head_tokens: the tokens of each of ``heads`` the tree holds.
-    """
-
-    replay: np.ndarray
-    radix: np.ndarray | None = None
-    stop: int | None = None
-    record: bool = False
-    heads: np.ndarray | None = None
-    head_tokens: int = 0
-
-
-def head(request: Request, tokens: int) -> Request:
-    """``request`` cut to its first ``tokens`` tokens (a hash-id request to its first keys, no token synthesized):
-    the same chunk hashes as the whole request's for the chunks inside, the same cache salt and model, and a radix tree
-    matches it as the whole request up to ``tokens``."""
-    prompt = request.prompt
-    if is_block_prompt(prompt):
-        length = min(prompt.length, tokens)
-        keys = prompt.keys[:-(-length // prompt.block_tokens)]
-        return HashIdRequest(request.id, None, blocks=BlockKeys(keys, prompt.block_tokens, length),
-                             cache_salt=request.cache_salt, model=request.model)
-    return Request(request.id, request.token_ids[:tokens], cache_salt=request.cache_salt, model=request.model)
-
-
 @dataclass
 class Part:
     """One unit's results, for the stores ``indices`` of :attr:`Work.stores` (in that order).
@@ -116,10 +71,6 @@ class Part:
     ``measured_log``: one entry per measured request, its ``per_chunk_size`` in ``indices`` order. ``samples``:
     the prefills this unit timed (each measured request's full prefill, then its suffixes). ``written``: each
     store's record of the chunks whose keys it may have written (:mod:`kvcli.store.written`), for the cleanup.
-    ``replayed``: the indices of the requests its lanes accounted, in their order (the order of each ledger's
-    entries). ``lookup_samples``: per store, the timed lookups' seconds (the latency percentiles of merged parts).
-    ``stream``: with a :class:`Share` that records, per replayed request its chunk hashes (16 bytes each, joined)
-    and timestamp, in :attr:`replayed` order.
     """
 
     indices: tuple[int, ...]
@@ -133,9 +84,6 @@ class Part:
     degraded: list[str]
     samples: list[PrefillSample]
     written: list[WrittenChunks] = field(default_factory=list)
-    replayed: np.ndarray | None = None
-    lookup_samples: list[list[float]] = field(default_factory=list)
-    stream: list[tuple[bytes, float | None]] | None = None
 
 
 def plan_units(stores: tuple[tuple[str, int], ...], jobs: int, upper_bound: bool) -> list[tuple[tuple[int, ...], bool]]:
@@ -157,91 +105,30 @@ def plan_units(stores: tuple[tuple[str, int], ...], jobs: int, upper_bound: bool
     return [(tuple(sorted(m)), k == radix) for k, m in enumerate(members)]
 
 
-def merge_parts(parts: list[Part], stores: int, upper_bound: bool, match: np.ndarray | None = None
+def merge_parts(parts: list[Part], stores: int, upper_bound: bool
                 ) -> tuple[list[ChunkSizeResult], list[Ledger], int, float | None]:
     """The per-store results and ledgers in the report's order, the skipped (empty) requests and the trace's span
-    (seconds), with the upper bound merged per request (module docstring). A store replayed by several parts (a
-    split replay: each its own requests) merges them (:func:`merge_results`, :func:`merge_ledgers`). ``match``:
-    the radix tree's reusable tokens per request where the caller merged it (a split replay), else the one part's
-    that ran the tree.
+    (seconds), with the upper bound merged per request (module docstring).
 
     Raises:
-        AssertionError: a store not replayed, or replayed twice by whole-trace units.
+        AssertionError: the parts do not cover every store exactly once.
     """
-    rows: list[list[tuple[Part, int]]] = [[] for _ in range(stores)]
+    results: list[ChunkSizeResult | None] = [None] * stores
+    ledgers: list[Ledger | None] = [None] * stores
     for part in parts:
-        for j, i in enumerate(part.indices):
-            rows[i].append((part, j))
-    assert all(rows), "a store was not replayed"
-    results: list[ChunkSizeResult] = []
-    ledgers: list[Ledger] = []
-    for got in rows:
-        if len(got) == 1:
-            part, j = got[0]
-            results.append(part.results[j])
-            ledgers.append(part.ledgers[j])
-            continue
-        assert all(part.replayed is not None for part, _ in got), "a store replayed twice"
-        results.append(merge_results([part.results[j] for part, j in got],
-                                     [s for part, j in got for s in part.lookup_samples[j]]))
-        ledgers.append(merge_ledgers([part.ledgers[j] for part, j in got],
-                                     [part.replayed for part, _ in got]))  # type: ignore[misc]  # asserted
+        for i, res, ledger in zip(part.indices, part.results, part.ledgers):
+            assert results[i] is None, f"store {i} replayed twice"
+            results[i], ledgers[i] = res, ledger
+    assert all(r is not None for r in results), "a store was not replayed"
+    # every slot is filled (asserted above; a ledger comes with each result): the filters only narrow the types
+    done = [r for r in results if r is not None]
+    books = [ledger for ledger in ledgers if ledger is not None]
     if upper_bound:  # per store: the radix tree's match, or what the store reused where that is more (--namespace)
-        if match is None:
-            match = next(p.match for p in parts if p.match is not None)
-        for i, got in enumerate(rows):
-            reach = sum(part.reach[j] for part, j in got)
-            results[i].upper_bound_tokens = int(np.maximum(match, reach).sum())
-    spans = [p.span_seconds for p in parts if p.span_seconds is not None]
-    # a unit that stopped reading early saw fewer empty prompts and a shorter span than the trace's (every other
-    # unit read it whole)
-    return results, ledgers, max(p.skipped for p in parts), max(spans) if spans else None
-
-
-#: ChunkSizeResult fields that are not summed over parts: the same in every part, set after the merge, or merged
-#: their own way (:func:`merge_results`)
-NOT_SUMMED = {"chunk_size", "namespace", "layout", "key_bytes_per_chunk", "upper_bound_tokens", "lookup_p50_seconds",
-              "lookup_p99_seconds", "max_logit_diff", "round_trips_by_shard", "vanished_chunks", "overheads",
-              "savings", "store_mode", "hit_curve", "plan", "sizing"}
-
-
-def merge_results(rows: list[ChunkSizeResult], lookup_seconds: list[float]) -> ChunkSizeResult:
-    """One store's result from the parts that each replayed some of its requests: counts, tokens, bytes and seconds
-    summed; the lookup latency percentiles of all the parts' timed lookups (``lookup_seconds``); the largest logit
-    difference; round trips per shard summed; vanished chunks summed (None where a part could not tell). The
-    curve, plan, sizing, savings and overheads are the caller's (None here, as in each part)."""
-    out = dataclasses.replace(rows[0])
-    for f in dataclasses.fields(ChunkSizeResult):
-        if f.name not in NOT_SUMMED:
-            setattr(out, f.name, sum(getattr(r, f.name) for r in rows))
-    if lookup_seconds:
-        out.lookup_p50_seconds, out.lookup_p99_seconds = (
-            float(x) for x in np.percentile(np.asarray(lookup_seconds), [50, 99]))
-    else:
-        out.lookup_p50_seconds = out.lookup_p99_seconds = None
-    out.max_logit_diff = max(r.max_logit_diff for r in rows)
-    shards: dict[str, int] = {}
-    for r in rows:
-        for shard, trips in r.round_trips_by_shard.items():
-            shards[shard] = shards.get(shard, 0) + trips
-    out.round_trips_by_shard = dict(sorted(shards.items()))
-    vanished = [r.vanished_chunks for r in rows]
-    out.vanished_chunks = None if None in vanished else sum(v for v in vanished if v is not None)
-    return out
-
-
-def merge_ledgers(ledgers: list[Ledger], orders: list[np.ndarray]) -> Ledger:
-    """One ledger of the parts' ledgers (``orders[k]``: the request index of each of ``ledgers[k]``'s entries), its
-    per request entries in request order: what one process accounting every request in turn writes."""
-    order = np.argsort(np.concatenate(orders), kind="stable").tolist()
-    out = Ledger()
-    for f in dataclasses.fields(Ledger):
-        if f.name == "timings":  # one per measured request: a split replay measures none
-            out.timings = [t for ledger in ledgers for t in ledger.timings]
-            continue
-        joined = [x for ledger in ledgers for x in getattr(ledger, f.name)]
-        setattr(out, f.name, [joined[k] for k in order])
-    return out
+        match = next(p.match for p in parts if p.match is not None)
+        for part in parts:
+            for i, reach in zip(part.indices, part.reach):
+                done[i].upper_bound_tokens = int(np.maximum(match, reach).sum())
+    return done, books, parts[0].skipped, parts[0].span_seconds
 
 
 def merge_logs(parts: list[Part]) -> list[dict]:
