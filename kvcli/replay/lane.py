@@ -34,7 +34,7 @@ from kvcli.replay.planner import plan
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.replay.savings import Ledger
 from kvcli.sim.curve import HitCurve
-from kvcli.store.batch import Batcher
+from kvcli.store.batch import SAMPLE_EVERY, Batcher
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, reusable_tokens
 from kvcli.store.kvstore import KVStore
@@ -104,7 +104,8 @@ class Lane:
         self._batcher: Batcher | None = None
         if batched:
             assert isinstance(store, ChunkStore), "batched only where batchable(), which takes only a ChunkStore"
-            self._batcher = Batcher(store, quiet=quiet)
+            # a priced replay prices every lookup (lookups x the link's round trip): no latency samples to take
+            self._batcher = Batcher(store, 0 if config.priced else SAMPLE_EVERY, quiet=quiet)
 
     # -- estimated requests ---------------------------------------------------------------------------------------
     def submit(self, requests: list[Estimated]):
@@ -115,7 +116,7 @@ class Lane:
             RedisFailure, RedisUnavailable: as :meth:`kvcli.store.batch.Batcher.submit`.
         """
         if self._hit_curve:
-            self._hit_curve.defer([(prompt.hashes, stamp, n) for prompt, n, stamp in requests])
+            self._hit_curve.defer([(prompt.hash_bytes, stamp, n) for prompt, n, stamp in requests])
         return self._batcher.submit([prompt for prompt, _, _ in requests]) if self._batcher is not None else None
 
     def account(self, requests: list[Estimated], sent) -> list[int]:
@@ -143,7 +144,7 @@ class Lane:
             res.store_seconds += written.seconds
             res.transfer_seconds_estimated += rate.get(hit_chunks)
             res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
-            res.store_seconds_estimated += rate.put(len(prompt.hashes) - hit_chunks)
+            res.store_seconds_estimated += rate.put(prompt.chunks - hit_chunks)
             res.hit_requests += hit_chunks > 0
             res.store_requests += written.chunks_written > 0
             self.ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,

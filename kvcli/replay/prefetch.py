@@ -32,7 +32,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.replay.lifeline import die_with_parent
-from kvcli.store.hashing import PromptChunker, chunked, reusable_tokens
+from kvcli.store.hashing import ChunkedPrompt, PromptChunker, reusable_tokens
 
 PREFETCH_BATCH = 256  # requests per message from the child
 PREFETCH_MIN_REQUESTS = 512  # fewer: hashed in this process (a fork and a pipe cost more than they save)
@@ -85,8 +85,7 @@ class Prefetch:
                 raise message[1](message[2])
             for index, stamp, n, joined, match in message:
                 prompts = None if joined is None else [
-                    chunked(None, cs, [h[i:i + 16] for i in range(0, len(h), 16)],
-                            [d[i:i + 8] for i in range(0, len(d), 8)]) for cs, (h, d) in zip(self._sizes, joined)]
+                    ChunkedPrompt(None, cs, h, d) for cs, (h, d) in zip(self._sizes, joined)]
                 yield index, stamp, n, prompts, match, None
 
     @contextlib.contextmanager

@@ -275,7 +275,8 @@ class Replayer:
         when it would make the server evict keys, unless allowed."""
         cfg = self.config
         heads = [min(int(lengths[i]), measure_tokens) for i in measured] if cfg.payload == "real" else []
-        check = replay_preflight(self.client, stores, reader, len(lengths), heads)
+        check = replay_preflight(self.client, stores, reader, len(lengths), heads,
+                                 probes=not cfg.priced and cfg.link_gbps is None)  # as _transfer_rates times
         if check.evicts and not cfg.allow_evictions:
             raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
                                f"--allow-evictions to run anyway (evicted chunks then count as misses), a server "
@@ -341,11 +342,17 @@ class Replayer:
 
     def _transfer_rates(self, store: KVStore) -> ServerRates:
         """This server's chunk SET/GET and (de)serialize costs for ``store``'s chunk value, measured once per run
-        (:func:`~kvcli.replay.measure.calibrate_transfer`, ~0.5 s a store) and shared by every trace that has a store of
-        the same layout, chunk size and value size."""
-        key = (type(store).__name__, store.config.chunk_size, store.value_bytes)
+        (:func:`~kvcli.replay.measure.calibrate_transfer`, ~0.5 s a store) and shared by every trace that has a store
+        of the same layout, chunk size and value size; only what the overheads use. A priced replay uses none of
+        it (its overheads come from counts and rates given: :func:`kvcli.replay.network.priced_overheads`): zeros,
+        nothing measured. With ``--link-gbps`` the link prices every transfer: (de)serialization is measured, no
+        SET or GET (:attr:`ServerRates.wire` False)."""
+        if self.config.priced:
+            return ServerRates(0.0, 0.0, wire=False)
+        wire = self.config.link_gbps is None
+        key = (type(store).__name__, store.config.chunk_size, store.value_bytes, wire)
         if key not in self._rates:
-            self._rates[key] = calibrate_transfer(self.client, store, room(server_memory(self.client)))
+            self._rates[key] = calibrate_transfer(self.client, store, room(server_memory(self.client)), wire)
         return self._rates[key]
 
     def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
@@ -354,7 +361,7 @@ class Replayer:
         rates = [self._transfer_rates(store) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
         measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
-                         if rates[big].get_seconds > 0 else 10.0)
+                         if rates[big].get_seconds > 0 else 10.0)  # used only without --link-gbps: then measured
         link = self._link(measured_gbps)
         self._degraded = []
         used_before = self._used_memory()

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+Hashes = Sequence[bytes] | bytes
+"""One request's 16-byte chunk hashes in order: a sequence, or one ``bytes`` of them concatenated."""
+
 _EMPTY = -1
 _LOAD = 2  # table slots per key, at least: probe runs stay short (a few rounds per request)
 _FEW = 32  # keys that a plain loop probes faster than rounds of numpy calls (~2x at 8 keys, even at ~48 here)
@@ -56,13 +59,14 @@ class ChunkIds:
         """
         return self.ids_many([hashes])
 
-    def ids_many(self, groups: Sequence[Sequence[bytes]]) -> tuple[np.ndarray, int]:
-        """:meth:`ids` of the concatenation of ``groups`` (e.g. several requests' hashes), in one lookup."""
-        n = sum(map(len, groups))
+    def ids_many(self, groups: Sequence[Hashes]) -> tuple[np.ndarray, int]:
+        """:meth:`ids` of the concatenation of ``groups`` (e.g. several requests' hashes), in one lookup; a group is
+        a sequence of 16-byte hashes or one ``bytes`` of them concatenated (:func:`count`)."""
+        n = sum(map(count, groups))
         first_new = self._count
         if n == 0:
             return np.empty(0, np.int64), first_new
-        keys = np.frombuffer(b"".join([b"".join(g) for g in groups]), dtype="<u8")
+        keys = np.frombuffer(b"".join([g if isinstance(g, bytes) else b"".join(g) for g in groups]), dtype="<u8")
         if keys.size != 2 * n:
             raise ValueError("chunk hashes must be 16 bytes each")
         keys = keys.reshape(n, 2)
@@ -147,6 +151,11 @@ class ChunkIds:
             busy[free] = False
             slot[todo[busy]] = (s[busy] + 1) & mask
             todo = todo[~placed]
+
+
+def count(hashes: Hashes) -> int:
+    """Hashes in a group: a sequence of 16-byte hashes, or one ``bytes`` of them concatenated (16 bytes each)."""
+    return len(hashes) // 16 if isinstance(hashes, bytes) else len(hashes)
 
 
 def grown(have: int, need: int) -> int:

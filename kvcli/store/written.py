@@ -13,18 +13,19 @@ written_keys`, :meth:`kvcli.store.lmcache_store.LMCacheStore.written_keys`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
+from kvcli.store.resp import HASH_BYTES, bulk, command, unlink_hashes
 
-HASH_BYTES = 16  # one chunk's prefix hash (kvcli.store.hashing)
 METADATA, PAYLOAD = "m", "p"  # the kinds of a chunk's keys (kvcli's m:/p:, LMCache's metadata/kv_bytes)
 KINDS = (METADATA, PAYLOAD)
 COMPACT_BYTES = 16 << 20  # a kind's record is first made distinct once it holds 1 Mi hashes
-DELETE_BATCH = 1000  # keys per UNLINK
-PIPELINE_BATCHES = 16  # UNLINKs per round trip on a single server
+DELETE_BATCH = 4096  # keys per UNLINK: a few ms of the server's time (it blocks other clients while it runs)
+PIPELINE_BATCHES = 8  # UNLINKs per round trip on a single server
 
 
 class WrittenChunks:
@@ -94,37 +95,66 @@ class WrittenChunks:
         self._compacted[kind] = len(buf)
 
 
+class HashKeys(NamedTuple):
+    """Keys named by chunk hashes: ``head + hash.hex()`` for each 16-byte hash of ``hashes`` (concatenated), in
+    order; deleted without a Python string per key on a single server (:func:`delete_keys`)."""
+
+    head: str
+    hashes: bytes
+
+    def keys(self) -> list[str]:
+        """The keys, one string each."""
+        return [self.head + x for x in hexes(self.hashes)]
+
+
 def hexes(blob: bytes) -> list[str]:
     """The 32-digit hex of each 16-byte hash in ``blob`` (``hash.hex()``, one ``hex()`` call for all)."""
     text, step = blob.hex(), 2 * HASH_BYTES
     return [text[i:i + step] for i in range(0, len(text), step)]
 
 
-def delete_keys(client, batches: Iterable[list], pipeline_batches: int = PIPELINE_BATCHES) -> int:
-    """UNLINK each batch of keys (at most :data:`DELETE_BATCH` each, for a server's sake): on a single server
-    ``pipeline_batches`` UNLINKs per round trip; on a cluster one UNLINK per key, one round trip per shard
-    (:func:`kvcli.store.cluster.unlink`). An absent key is skipped by the server. Returns the keys deleted.
+def delete_keys(client, batches: Iterable[list | HashKeys], pipeline_batches: int = PIPELINE_BATCHES) -> int:
+    """UNLINK each batch of keys (a list of keys, or :class:`HashKeys`; at most :data:`DELETE_BATCH` keys each, for
+    the server's sake): on a single server ``pipeline_batches`` UNLINKs per round trip, packed from the hashes
+    without a Python string per key (:func:`kvcli.store.resp.unlink_hashes`); on a cluster one UNLINK per key, one
+    round trip per shard (:func:`kvcli.store.cluster.unlink`). An absent key is skipped by the server. Returns the
+    keys deleted.
 
     Raises:
         RedisFailure: an UNLINK failed (refused, no reply within the timeout, connection gone); keys of earlier
             round trips are deleted, and the message says how many.
     """
     deleted, on_cluster = 0, cluster.is_cluster(client)
-    pipe, queued = (None if on_cluster else client.pipeline(transaction=False)), 0
+    queued: list[bytes] = []
     try:
-        for keys in batches:
-            if not keys:
+        for batch in batches:
+            if not batch:
                 continue
-            if pipe is None:
-                deleted += cluster.unlink(client, keys)
+            if on_cluster:
+                deleted += cluster.unlink(client, batch.keys() if isinstance(batch, HashKeys) else batch)
                 continue
-            pipe.unlink(*keys)
-            queued += 1
-            if queued == pipeline_batches:
-                deleted += sum(int(n) for n in pipe.execute())
-                queued = 0
-        if pipe is not None and queued:
-            deleted += sum(int(n) for n in pipe.execute())
+            queued.append(unlink_hashes(batch.head, batch.hashes) if isinstance(batch, HashKeys)
+                          else command(1 + len(batch), bulk(b"UNLINK"), *map(bulk, batch)))
+            if len(queued) == pipeline_batches:
+                deleted += _unlinked(client, queued, deleted)
+                queued = []
+        if queued:
+            deleted += _unlinked(client, queued, deleted)
     except cluster.REDIS_ERRORS as exc:
         raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
     return deleted
+
+
+def _unlinked(client, commands: list[bytes], before: int) -> int:
+    """Keys the packed UNLINK ``commands`` deleted, sent in one round trip (:func:`kvcli.store.cluster.send_packed`).
+
+    Raises:
+        RedisFailure: an error reply (the keys of the UNLINKs before it and of earlier round trips, ``before``,
+            counted in the message).
+    """
+    done = 0
+    for reply in cluster.send_packed(client, commands):
+        if isinstance(reply, Exception):
+            raise RedisFailure(f"Redis UNLINK failed: {reply}; {before + done:,} keys deleted before it")
+        done += int(reply)
+    return done

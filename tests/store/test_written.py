@@ -14,7 +14,7 @@ from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.kvstore import purge_run
 from kvcli.store.namespace import scan_keys
 from kvcli.store.records import StoreConfig
-from kvcli.store.written import METADATA, PAYLOAD, WrittenChunks, delete_keys, hexes
+from kvcli.store.written import METADATA, PAYLOAD, HashKeys, WrittenChunks, delete_keys, hexes
 
 SHAPE = (2, 2, 2, 32)
 
@@ -67,7 +67,7 @@ def test_the_keys_rebuilt_from_a_record_are_the_store_keys(redis_client):
     assert store.stats.evicted_chunks == 4
     on_server = _keys(redis_client) - {b"kvcli:v1:other:8:m:" + b"ab" * 16}
     assert len(on_server) == 4 * 2 + 4 and all(redis_client.ttl(k) > 0 for k in on_server)
-    rebuilt = {k.encode() for batch in store.written_keys() for k in batch}
+    rebuilt = {k.encode() for batch in store.written_keys() for k in batch.keys()}
     assert (store.written.chunks(METADATA), store.written.chunks(PAYLOAD)) == (12, 8)  # 8 real + 4 accounted
     assert len(rebuilt) == 12 + 8 and on_server <= rebuilt  # the evicted chunks' keys too (absent now)
     assert purge_run(redis_client, "rec", ("kvcli",), stores=[store]) == len(on_server)
@@ -80,6 +80,20 @@ def test_delete_keys_in_batches(redis_client):
     batches = [[f"k:{i}" for i in range(j, min(j + 1000, 2600))] for j in range(0, 2600, 1000)]
     assert delete_keys(redis_client, batches, pipeline_batches=2) == 2500  # 100 absent: skipped
     assert _keys(redis_client) == set()
+
+
+def test_hash_keys_are_deleted_packed_with_lists_between_them(redis_client):
+    """Keys named by hashes (``head + hash.hex()``) go as packed UNLINKs, lists of keys as UNLINKs of their own, in
+    one round trip per ``pipeline_batches``: 3 of the 5 hashed keys exist, 1 of the 2 listed."""
+    hashes = [bytes([i]) * 16 for i in range(5)]
+    for h in hashes[:3]:
+        redis_client.set("kvcli:v1:ns:8:m:" + h.hex(), b"v")
+    redis_client.set("sentinel", b"v")
+    redis_client.set("other", b"v")
+    batches = [HashKeys("kvcli:v1:ns:8:m:", b"".join(hashes[:2])), ["sentinel", "absent"],
+               HashKeys("kvcli:v1:ns:8:m:", b"".join(hashes[2:]))]
+    assert delete_keys(redis_client, batches, pipeline_batches=2) == 4
+    assert _keys(redis_client) == {b"other"}
 
 
 @pytest.mark.single_server("an ACL user of one server")
