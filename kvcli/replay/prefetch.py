@@ -9,7 +9,9 @@ digests for every store (:meth:`kvcli.store.hashing.PromptChunker.hashes`, the c
 token-granular upper bound's radix match when asked, and sends them through a pipe a batch at a time (hashes and
 digests joined: 24 bytes a chunk); the replay rebuilds each :class:`~kvcli.store.hashing.ChunkedPrompt` (without its
 token ids, which stay in the child) and goes on as with prompts it hashed itself: the same hashes, so the same
-results (a test replays sample traces both ways).
+results (a test replays sample traces both ways). The stores' hit curves (:class:`~kvcli.sim.curve.HitCurve`: a
+function of the hashes, times and lengths alone, in trace order) are fed there too, off the replay's path, and come
+back finished (:attr:`Prefetch.curves`) after the last batch.
 
 When (:func:`can_prefetch`): a fork is available (POSIX; macOS's default start method is spawn, and a spawned
 child would import everything again), this process may use two cores or more, the trace has at least
@@ -58,20 +60,27 @@ class Prefetch:
     """Items for the first ``limit`` requests of ``reader()``, in order, hashed in a forked child (started here):
     ``(index, timestamp, tokens, prompts, match, None)``, ``prompts`` None for an empty prompt; ``radix`` (a
     :class:`~kvcli.sim.upper_bound.UpperBound` or None) runs in the child, ``match`` its reusable tokens.
+    ``curves``: per chunker, an empty :class:`~kvcli.sim.curve.HitCurve` the child feeds every non-empty request
+    (None: none), finished there with the payload bytes per chunk of ``payload_bytes`` (per chunker): after the
+    last item :attr:`curves` holds, per chunker, ``(CurveResult, ChunkStream or None)`` or None.
     Iterate once; :meth:`close` always (it stops the child); :meth:`paused` around a timing.
 
     Raises (iterating):
         KvcliError: what the child raised reading or hashing the trace (BadInputError for bad input).
     """
 
-    def __init__(self, reader: Callable[[], Iterable], limit: int, chunkers: list[PromptChunker], radix) -> None:
+    def __init__(self, reader: Callable[[], Iterable], limit: int, chunkers: list[PromptChunker], radix,
+                 curves: list | None = None, payload_bytes: list[int] | None = None) -> None:
         context = multiprocessing.get_context("fork")
         self._receive, send = context.Pipe(duplex=False)
-        self._child = context.Process(target=_produce, args=(send, self._receive, reader, limit, chunkers, radix),
+        curves = curves or [None] * len(chunkers)
+        self._child = context.Process(target=_produce, args=(send, self._receive, reader, limit, chunkers, radix,
+                                                             curves, payload_bytes or [0] * len(chunkers)),
                                       daemon=True, name="kvcli-prefetch")
         self._child.start()
         send.close()
         self._sizes = [c.chunk_size for c in chunkers]
+        self.curves: list = [None] * len(chunkers)
 
     def __iter__(self) -> Iterator[Item]:
         while True:
@@ -81,6 +90,9 @@ class Prefetch:
                 raise KvcliError("the process reading the trace ahead of the replay died") from None
             if message is None:
                 return
+            if isinstance(message, tuple) and message[0] == "curves":
+                self.curves = message[1]
+                continue
             if isinstance(message, tuple):  # ("error", class, message)
                 raise message[1](message[2])
             for index, stamp, n, joined, match in message:
@@ -109,9 +121,13 @@ class Prefetch:
         self._child.join()
 
 
-def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], radix) -> None:
-    """The child: read, hash and send batches of :data:`PREFETCH_BATCH` items, then None; an error as
-    ``("error", class, message)``. It ends with its parent however that ends (even SIGKILL): its copy of the
+def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], radix, curves: list,
+             payload_bytes: list[int]) -> None:
+    """The child: read, hash and send batches of :data:`PREFETCH_BATCH` items, then ``("curves", [(result,
+    stream) or None per chunker])``, then None; an error as ``("error", class, message)``. Each curve is fed every
+    non-empty request in order and finished for the prompt tokens of all of them (what each lane counts: every
+    non-empty request, none measured where the trace is hashed here). It ends with its parent however that ends
+    (even SIGKILL): its copy of the
     pipe's reading end is closed (a write then fails once the parent's is gone) and it is tied to the parent
     (:func:`kvcli.replay.lifeline.die_with_parent`: killed when the parent dies)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -120,6 +136,7 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
     if not die_with_parent():  # the parent died already
         return
     batch: list = []
+    prompt_tokens = 0
     try:
         for index, request in enumerate(reader()):
             if index >= limit:
@@ -130,15 +147,20 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
                 if radix is not None:
                     match = reusable_tokens(radix.match_request(request), n)
                 joined = []
-                for chunker in chunkers:
+                for chunker, curve in zip(chunkers, curves):
                     hashes, digests = chunker.hashes(request.prompt, request.cache_salt)
                     joined.append((b"".join(hashes), b"".join(digests)))
+                    if curve is not None:
+                        curve.defer([(joined[-1][0], request.timestamp, n)])
+                prompt_tokens += n
             batch.append((index, request.timestamp, n, joined, match))
             if len(batch) >= PREFETCH_BATCH:
                 send.send(batch)
                 batch = []
         if batch:
             send.send(batch)
+        send.send(("curves", [None if curve is None else (curve.result(prompt_tokens, size), curve.stream())
+                              for curve, size in zip(curves, payload_bytes)]))
         send.send(None)
     except BrokenPipeError:  # the replay stopped reading: it ended or failed
         pass

@@ -21,7 +21,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from kvcli.model.costcurve import PrefillSample
-from kvcli.replay.lane import Lane
+from kvcli.replay.lane import Lane, hit_curve
 from kvcli.replay.measure import SuffixTimings, timed_prefill
 from kvcli.replay.prefetch import Item, Prefetch, can_prefetch, hashed_here
 from kvcli.replay.results import ReplayConfig
@@ -58,12 +58,14 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
     batched = pipeline > 1 and all(batchable(store) for store in stores)
     radix = UpperBound() if config.upper_bound and upper_bound else None
     ahead = batched and can_prefetch(requests, bool(work.measured), prefetch)
-    ahead_items = Prefetch(work.reader, requests, [store.chunker for store in stores], radix) if ahead else None
+    ahead_items = Prefetch(work.reader, requests, [store.chunker for store in stores], radix,
+                           [hit_curve(store, config) for store in stores],
+                           [store.config.payload_bytes for store in stores]) if ahead else None
     items = (ahead_items if ahead_items is not None
              else hashed_here(work.reader, requests, stores, radix, work.measured))
     quiet = ahead_items.paused if ahead_items is not None else None  # the child stopped while a lookup is timed
     lanes = [Lane(store, work.rates[i], config, client, batched=pipeline > 1 and batchable(store),
-                  quiet=quiet) for i, store in zip(indices, stores)]
+                  quiet=quiet, curve_elsewhere=ahead) for i, store in zip(indices, stores)]
     unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=radix is not None,
                       batch_tokens=BATCH_CHUNKS * min(config.chunk_sizes))
     try:
@@ -72,6 +74,10 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
         items.close()  # the child reading ahead, if any, is stopped
         for lane in lanes:
             lane.close()
+    if ahead_items is not None:  # the curves the child fed, finished after its last batch
+        for lane, curve in zip(lanes, ahead_items.curves):
+            if curve is not None:
+                lane.curve_from(*curve)
     degraded = [note for lane in lanes for note in lane.finish()]
     return unit.part(indices, degraded)
 

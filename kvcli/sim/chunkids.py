@@ -136,21 +136,8 @@ class ChunkIds:
         size = len(self._table)
         while _LOAD * count > size:
             size *= 2
-        self._table = table = np.full(size, _EMPTY, np.int32)
-        mask = size - 1
-        slot = (self._lo[:n] & np.uint64(mask)).astype(np.int64)
-        todo = np.arange(n)
-        while todo.size:  # keys are distinct: each takes the first free slot of its probe run
-            s = slot[todo]
-            free = np.flatnonzero(table[s] == _EMPTY)
-            won = free[_claim(table, s[free])]
-            table[s[won]] = todo[won]
-            placed = np.zeros(todo.size, bool)
-            placed[won] = True
-            busy = np.ones(todo.size, bool)
-            busy[free] = False
-            slot[todo[busy]] = (s[busy] + 1) & mask
-            todo = todo[~placed]
+        self._table = np.full(size, _EMPTY, np.int32)
+        place(self._table, (self._lo[:n] & np.uint64(size - 1)).astype(np.int64), np.arange(n))
 
 
 def count(hashes: Hashes) -> int:
@@ -163,6 +150,28 @@ def grown(have: int, need: int) -> int:
     when ``have`` is one, so lengths depend on the most ever needed, not on the steps that got there (one request at
     a time or a batch)."""
     return max(2 * have, 1 << (need - 1).bit_length())
+
+
+def place(table: np.ndarray, home: np.ndarray, ids: np.ndarray) -> None:
+    """Put distinct ``ids`` (int, ``>= 0``) into an open-addressing ``table`` (int32, a power of two long, empty slots
+    -1, room for all of them) by linear probing from their ``home`` slots (int64, as long as ``ids``), vectorized:
+    each round every id whose slot is free claims it (one per slot), the others move one slot on. An id passes only
+    slots that were taken, so a lookup that probes from its home slot to the first empty one finds it, as with ids
+    placed one at a time (in another order: a table's lookups do not depend on it)."""
+    mask = len(table) - 1
+    slot = np.array(home, np.int64)
+    todo = np.arange(len(ids))
+    while todo.size:
+        s = slot[todo]
+        free = np.flatnonzero(table[s] == _EMPTY)
+        won = free[_claim(table, s[free])]
+        table[s[won]] = ids[todo[won]]
+        placed = np.zeros(todo.size, bool)
+        placed[won] = True
+        busy = np.ones(todo.size, bool)
+        busy[free] = False
+        slot[todo[busy]] = (s[busy] + 1) & mask
+        todo = todo[~placed]
 
 
 def _claim(table: np.ndarray, slots: np.ndarray) -> np.ndarray:
