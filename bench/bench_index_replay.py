@@ -15,8 +15,9 @@ table gives min / median of each, and min / median over rounds of each run's rat
 round.
 
 ``--pss``: instead, tree PSS (MiB: the kvcli process and its children, ``/proc/*/smaps_rollup`` polled every
-50 ms, the peak) at chunk 512 with the defaults, with ``--no-upper-bound --no-curve``, and the sketch's, on the
-trace extended to ``--requests`` (default 48,124: 4x the full conversation trace).
+50 ms, the peak) at chunk 512 with the defaults, with ``--no-upper-bound --no-curve``, the sketch's and (``--base``)
+kvcli at REV with the defaults, on the trace extended to ``--requests`` (default 48,124: 4x the full conversation
+trace).
 
 The trace: ``--trace PATH``, else the Mooncake conversation cut in ``../shared/traces/mooncake/`` (7,500 of the
 12,031 requests) extended to 12,031 (``--pss``: ``--requests``) by :func:`bench._common.extended_trace`.
@@ -133,7 +134,8 @@ def memory(args, trace: str, client, url: str, port: int) -> None:
     runs = variants(args, trace, 512, None, url, port)
     kvcli_cmd, env = runs["kvcli"]
     runs = {"kvcli": runs["kvcli"], "kvcli --no-upper-bound --no-curve": (
-        kvcli_cmd + ["--no-upper-bound", "--no-curve"], env), "sketch": runs["sketch"]}
+        kvcli_cmd + ["--no-upper-bound", "--no-curve"], env), "sketch": runs["sketch"],
+            **{name: run for name, run in runs.items() if name.startswith("kvcli@")}}
     got: dict[str, list[dict]] = {name: [] for name in runs}
     for _ in range(args.rounds):
         for name, (cmd, variant_env) in runs.items():

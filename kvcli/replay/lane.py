@@ -30,7 +30,6 @@ from kvcli.model.costcurve import PrefillSample
 from kvcli.prefixkv import resumable_tokens
 from kvcli.replay.measure import SuffixTimings
 from kvcli.replay.network import ServerRates
-from kvcli.replay.planner import plan
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.replay.savings import Ledger
 from kvcli.sim.curve import CurveResult, HitCurve
@@ -365,7 +364,9 @@ class Lane:
                                      self._hit_curve.stream())
         else:
             res.hit_curve, stream = None, None
-        if stream is not None and res.hit_curve is not None:
+        if stream is not None and res.hit_curve is not None:  # the planner: only where it was asked for
+            from kvcli.replay.planner import plan
+
             res.plan = plan(stream, res.hit_curve, self._plan, getattr(store, "capacity_chunks", None))
         return degraded
 

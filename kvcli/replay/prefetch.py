@@ -34,6 +34,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 
 from kvcli.errors import BadInputError, KvcliError
 from kvcli.replay.lifeline import die_with_parent
+from kvcli.sim.upper_bound import UpperBound
 from kvcli.store.hashing import ChunkedPrompt, PromptChunker, reusable_tokens
 
 PREFETCH_BATCH = 256  # requests per message from the child
@@ -58,23 +59,24 @@ def can_prefetch(requests: int, measured: bool, force: bool | None) -> bool:
 
 class Prefetch:
     """Items for the first ``limit`` requests of ``reader()``, in order, hashed in a forked child (started here):
-    ``(index, timestamp, tokens, prompts, match, None)``, ``prompts`` None for an empty prompt; ``radix`` (a
-    :class:`~kvcli.sim.upper_bound.UpperBound` or None) runs in the child, ``match`` its reusable tokens.
-    ``curves``: per chunker, an empty :class:`~kvcli.sim.curve.HitCurve` the child feeds every non-empty request
-    (None: none), finished there with the payload bytes per chunk of ``payload_bytes`` (per chunker): after the
-    last item :attr:`curves` holds, per chunker, ``(CurveResult, ChunkStream or None)`` or None.
+    ``(index, timestamp, tokens, prompts, match, None)``, ``prompts`` None for an empty prompt; with ``bound`` the
+    token-granular upper bound (:class:`~kvcli.sim.upper_bound.UpperBound`) runs in the child, ``match`` its
+    reusable tokens (else 0). ``curves()``: made in the child, per chunker an empty
+    :class:`~kvcli.sim.curve.HitCurve` it feeds every non-empty request, or None; finished there with the payload
+    bytes per chunk of ``payload_bytes`` (per chunker): after the last item :attr:`curves` holds, per chunker,
+    ``(CurveResult, ChunkStream or None)`` or None. The bound and the curves live in the child alone (made there,
+    their memory freed there before the results are sent).
     Iterate once; :meth:`close` always (it stops the child); :meth:`paused` around a timing.
 
     Raises (iterating):
         KvcliError: what the child raised reading or hashing the trace (BadInputError for bad input).
     """
 
-    def __init__(self, reader: Callable[[], Iterable], limit: int, chunkers: list[PromptChunker], radix,
-                 curves: list | None = None, payload_bytes: list[int] | None = None) -> None:
+    def __init__(self, reader: Callable[[], Iterable], limit: int, chunkers: list[PromptChunker], bound: bool,
+                 curves: Callable[[], list] | None = None, payload_bytes: list[int] | None = None) -> None:
         context = multiprocessing.get_context("fork")
         self._receive, send = context.Pipe(duplex=False)
-        curves = curves or [None] * len(chunkers)
-        self._child = context.Process(target=_produce, args=(send, self._receive, reader, limit, chunkers, radix,
+        self._child = context.Process(target=_produce, args=(send, self._receive, reader, limit, chunkers, bound,
                                                              curves, payload_bytes or [0] * len(chunkers)),
                                       daemon=True, name="kvcli-prefetch")
         self._child.start()
@@ -121,8 +123,8 @@ class Prefetch:
         self._child.join()
 
 
-def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], radix, curves: list,
-             payload_bytes: list[int]) -> None:
+def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], bound: bool,
+             make_curves: Callable[[], list] | None, payload_bytes: list[int]) -> None:
     """The child: read, hash and send batches of :data:`PREFETCH_BATCH` items, then ``("curves", [(result,
     stream) or None per chunker])``, then None; an error as ``("error", class, message)``. Each curve is fed every
     non-empty request in order and finished for the prompt tokens of all of them (what each lane counts: every
@@ -135,6 +137,8 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
     receive.close()
     if not die_with_parent():  # the parent died already
         return
+    radix = UpperBound() if bound else None
+    curves = make_curves() if make_curves is not None else [None] * len(chunkers)
     batch: list = []
     prompt_tokens = 0
     try:
@@ -159,8 +163,13 @@ def _produce(send, receive, reader, limit: int, chunkers: list[PromptChunker], r
                 batch = []
         if batch:
             send.send(batch)
-        send.send(("curves", [None if curve is None else (curve.result(prompt_tokens, size), curve.stream())
-                              for curve, size in zip(curves, payload_bytes)]))
+        radix = None  # done with: its memory goes before the curves are finished
+        finished: list = []
+        for k, size in enumerate(payload_bytes):
+            curve, curves[k] = curves[k], None  # each curve's state goes before the next one's result is made
+            finished.append(None if curve is None else (curve.result(prompt_tokens, size), curve.stream()))
+            del curve
+        send.send(("curves", finished))
         send.send(None)
     except BrokenPipeError:  # the replay stopped reading: it ended or failed
         pass

@@ -84,7 +84,6 @@ from kvcli.replay.network import (
 )
 from kvcli.replay.notes import namespace_misses, replay_notes
 from kvcli.replay.plan import replay_preflight, room
-from kvcli.replay.planner import price_plan, tier_load_seconds
 from kvcli.replay.results import CapacityBasis, ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, TimedSavings, recommend, summarize
 from kvcli.replay.sizing import capacity_record, size_cache
@@ -445,6 +444,8 @@ class Replayer:
                 res.sizing = size_cache(res.hit_curve, cfg.sizing, self.curve, draws, result.span_seconds,
                                         cfg.plan.prices)
             if res.plan is not None:
+                from kvcli.replay.planner import price_plan, tier_load_seconds  # only where a plan was asked for
+
                 device = self.device if cfg.priced else None
                 price_plan(res.plan, res.savings.saved, res.hit_tokens, functools.partial(
                     tier_load_seconds, value_bytes=store.value_bytes, rate=rate, link=link, device=device),

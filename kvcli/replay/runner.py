@@ -24,7 +24,6 @@ from kvcli.model.hardware import PCIE5_X16, get_accelerator
 from kvcli.model.kvmemory import gpu_tier
 from kvcli.model.load import describe, load_model, model_shapes, resolve_spec, resolve_tokenizer
 from kvcli.model.presets import ModelConfig, ModelSpec
-from kvcli.model.profile import Profile
 from kvcli.model.roofline import DEFAULT_MFU, MFU_RANGE, MIN_MFU, Roofline
 from kvcli.model.threads import torch_threads
 from kvcli.model.tokenize import lazy_tokenizer
@@ -35,7 +34,6 @@ from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
 from kvcli.replay.replayer import Replayer, check_prompts
 from kvcli.replay.results import CapacityBasis, Pricing, ReplayConfig, TraceResult, check_count, check_positive
-from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.serde import SCALE_BYTES, state_bytes
@@ -172,6 +170,8 @@ def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec,
         BadInputError: the file is not a profile; it was measured for other shapes, another dtype or another
             ``--kv-dtype`` (the message names the options it was measured with); it holds no KV rates.
     """
+    from kvcli.model.profile import Profile  # only where a profile prices the replay
+
     profile = Profile.load(path)
     why = profile.matches(shapes, spec.dtype, kv_dtype)
     if why:
@@ -289,20 +289,23 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
         "torch_threads": model_options.threads, "store_mode": config.store_mode, "units": describe_units(units),
         "key_layout": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
         "metadata_placement": "beside the payload (its own key)",
-        "layouts": {name: LAYOUT_NOTES[name] for name in config.layouts},
+        "layouts": {name: layout_notes(name) for name in config.layouts},
         "capacity": capacity.to_dict(),
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.__dict__.items()},
     }
     return results, context
 
 
-LAYOUT_NOTES = {
-    "kvcli": {"keys": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
-              "lookup": "one round trip per request (EVAL_RO; on a Redis Cluster one per shard, all at once)"},
-    "lmcache": {"keys": KEY_FORMAT, "lookup": "one EXISTS per chunk, in order, until the first miss",
-                "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
-                "model_name": "{namespace}/{chunk_size}/{model id} in this replay"},
-}
+def layout_notes(layout: str) -> dict:
+    """What a store of ``layout`` writes and how it looks chunks up, for the report's context."""
+    if layout == "kvcli":
+        return {"keys": "kvcli:v1:{namespace}:{chunk_size}:{m|p}:{hash hex}",
+                "lookup": "one round trip per request (EVAL_RO; on a Redis Cluster one per shard, all at once)"}
+    from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION  # only for LMCache's layout
+
+    return {"keys": KEY_FORMAT, "lookup": "one EXISTS per chunk, in order, until the first miss",
+            "matched": f"LMCache {LMCACHE_VERSION} (git {LMCACHE_COMMIT}), redis:// connector",
+            "model_name": "{namespace}/{chunk_size}/{model id} in this replay"}
 
 
 def answer_pricing(options: ModelOptions, config: ReplayConfig, model: Any = None) -> Pricing:
@@ -374,6 +377,8 @@ def _serving_device(options: ModelOptions) -> tuple[str, float, int, str] | None
         acc = get_accelerator(options.hardware)
         return acc.label, acc.memory_bytes, 8, f"--hardware {acc.name}"
     if options.profile is not None:
+        from kvcli.model.profile import Profile
+
         facts = Profile.load(options.profile).device
         if facts.get("type") == "cuda" and facts.get("memory_bytes"):  # one device, as the profile measured it
             return str(facts.get("name") or facts["device"]), float(facts["memory_bytes"]), 1, "the profile's device"

@@ -14,6 +14,7 @@ process or, for an index-only unit on a machine with cores to spare, in a forked
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -56,17 +57,17 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
     # lookup (a batch would see it at the next batch)
     pipeline = 1 if work.evicts or not any(batchable(store) for store in stores) else config.pipeline
     batched = pipeline > 1 and all(batchable(store) for store in stores)
-    radix = UpperBound() if config.upper_bound and upper_bound else None
+    bound = config.upper_bound and upper_bound
     ahead = batched and can_prefetch(requests, bool(work.measured), prefetch)
-    ahead_items = Prefetch(work.reader, requests, [store.chunker for store in stores], radix,
-                           [hit_curve(store, config) for store in stores],
+    ahead_items = Prefetch(work.reader, requests, [store.chunker for store in stores], bound,
+                           functools.partial(_curves, stores, config),
                            [store.config.payload_bytes for store in stores]) if ahead else None
     items = (ahead_items if ahead_items is not None
-             else hashed_here(work.reader, requests, stores, radix, work.measured))
+             else hashed_here(work.reader, requests, stores, UpperBound() if bound else None, work.measured))
     quiet = ahead_items.paused if ahead_items is not None else None  # the child stopped while a lookup is timed
     lanes = [Lane(store, work.rates[i], config, client, batched=pipeline > 1 and batchable(store),
                   quiet=quiet, curve_elsewhere=ahead) for i, store in zip(indices, stores)]
-    unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=radix is not None,
+    unit = UnitReplay(lanes, pipeline, requests, model, work.measure_tokens, radix=bound,
                       batch_tokens=BATCH_CHUNKS * min(config.chunk_sizes))
     try:
         unit.run(items, progress)
@@ -80,6 +81,11 @@ def replay_stores(work: Work, indices: tuple[int, ...], stores: list[KVStore], u
                 lane.curve_from(*curve)
     degraded = [note for lane in lanes for note in lane.finish()]
     return unit.part(indices, degraded)
+
+
+def _curves(stores: list[KVStore], config: ReplayConfig) -> list:
+    """Each store's empty hit curve or None (:func:`kvcli.replay.lane.hit_curve`), made where they are fed."""
+    return [hit_curve(store, config) for store in stores]
 
 
 class UnitReplay:

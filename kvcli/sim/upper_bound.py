@@ -178,6 +178,7 @@ _FIRST_BITS = (SYNTH_VOCAB - 1).bit_length()  # a synthesized token id fits in t
 _FIRSTS = (1 << _FIRST_BITS) - 1
 _ROOT = (1 << 64) - 1  # a root's place (it has no parent): never a child's
 _MIX = 0x9E3779B1  # spreads a first token over the child table (Knuth's multiplicative hashing constant)
+_REPLACE = 1 << 16  # nodes placed at once when the child table grows
 
 
 class BlockTrie:
@@ -250,20 +251,23 @@ class BlockTrie:
         return first_id
 
     def _reserve(self, children: int) -> None:
-        """A table with room for ``children`` at most half full: doubled, every child placed again (vectorized)."""
+        """A table with room for ``children`` at most half full: doubled, every child placed again (vectorized,
+        :data:`_REPLACE` nodes at a time, so the temporary arrays stay small whatever the trie's size)."""
         size = len(self._table)
         if 2 * children <= size:
             return
         while 2 * children > size:
             size *= 2
+        self._table = array("i", [-1]) * size
+        table = np.frombuffer(self._table, np.int32)  # views: the columns can grow again once they are gone
         places = np.frombuffer(self._place, np.uint64) if len(self._place) else np.empty(0, np.uint64)
-        nodes = np.flatnonzero(places != np.uint64(_ROOT))
-        home = ((places[nodes] & np.uint64(_FIRSTS)) * np.uint64(_MIX) ^ (places[nodes] >> np.uint64(_FIRST_BITS))
-                ) & np.uint64(size - 1)
-        del places  # a view of the column: the column can grow again once it is gone
-        table = np.full(size, -1, np.int32)
-        place(table, home.astype(np.int64), nodes)
-        self._table = array("i", table.tobytes())
+        for start in range(0, len(places), _REPLACE):
+            nodes = np.flatnonzero(places[start:start + _REPLACE] != np.uint64(_ROOT)) + start
+            where = places[nodes]
+            home = ((where & np.uint64(_FIRSTS)) * np.uint64(_MIX) ^ (where >> np.uint64(_FIRST_BITS))
+                    ) & np.uint64(size - 1)
+            place(table, home.astype(np.int64), nodes)
+        del table, places
 
     def _tail(self, parent: int, first: int, key: int, keys: np.ndarray, i: int, held: int) -> int:
         """The most leading tokens block ``i`` of ``keys`` (its first ``held`` tokens) shares with the block of a

@@ -7,6 +7,8 @@ import pickle
 import pytest
 import redis
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcli.errors import RedisFailure
 from kvcli.store import written as written_module
@@ -14,7 +16,7 @@ from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.kvstore import purge_run
 from kvcli.store.namespace import scan_keys
 from kvcli.store.records import StoreConfig
-from kvcli.store.written import METADATA, PAYLOAD, HashKeys, WrittenChunks, delete_keys, hexes
+from kvcli.store.written import METADATA, PAYLOAD, HashKeys, WrittenChunks, delete_keys, hexes, sorted_distinct
 
 SHAPE = (2, 2, 2, 32)
 
@@ -49,6 +51,33 @@ def test_a_record_compacts_itself_as_it_grows(monkeypatch):
         rec.add(METADATA, [h(i) for i in range(80)])
     assert rec.chunks(METADATA) <= 2 * 100  # never past twice the larger of 100 and the last compaction
     assert rec.distinct(METADATA) == b"".join(h(i) for i in range(80))
+
+
+def test_a_record_past_its_memory_share_spills_to_a_file_and_reads_the_same(monkeypatch):
+    """With 100 hashes' room in memory, 1,000 recorded (300 twice) keep at most 100 in memory; counts, distinct,
+    slices, a pickle and a merge read file and memory as one record."""
+    monkeypatch.setattr(written_module, "SPILL_BYTES", 16 * 100)
+    rec = WrittenChunks()
+    for start in range(0, 1000, 70):
+        rec.add(METADATA, [h(i) for i in range(start, min(start + 70, 1000))])
+    rec.add(METADATA, [h(i) for i in range(300)])
+    assert rec.chunks(METADATA) == 1300 and rec.nbytes < 16 * 100
+    assert rec.distinct(METADATA) == b"".join(h(i) for i in range(1000))
+    assert rec.distinct_chunks(METADATA) == 1000 and rec.nbytes < 16 * 100
+    assert b"".join(rec.slices(METADATA, 64)) == rec.distinct(METADATA)
+    assert [len(s) for s in rec.slices(METADATA, 300)] == [16 * 300] * 3 + [16 * 100]
+    copy = pickle.loads(pickle.dumps(rec))
+    assert copy.distinct(METADATA) == rec.distinct(METADATA)
+    copy.merge(rec)
+    assert copy.chunks(METADATA) == 2000 and copy.distinct(METADATA) == rec.distinct(METADATA)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=40))
+def test_sorted_distinct_is_sorted_set_of_the_hashes(pairs):
+    """Hashes made of few distinct 8-byte halves (many equal first halves, many repeats): byte order, each once."""
+    hashes = [bytes([a]) * 8 + bytes([b]) * 8 for a, b in pairs]
+    assert sorted_distinct(b"".join(hashes)) == b"".join(sorted(set(hashes)))
 
 
 def _keys(client) -> set[bytes]:
