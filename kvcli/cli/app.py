@@ -441,14 +441,14 @@ class _ReplayConsole(ReplayEvents):
         self._replace(text, None)
         self.counting = None
 
-    def requests(self, trace: str, done: int, total: int) -> None:
+    def requests(self, trace: str, done: int, total: int | None) -> None:
         if self.bar.disable:
             return
         now = time.monotonic()
         if self.counting != trace:
             self._replace(f"replay {trace}", total)
             self.counting = trace
-        elif done < total and now - self.shown < 0.1:
+        elif (total is None or done < total) and now - self.shown < 0.1:
             return
         self.shown = now
         assert self.task is not None
