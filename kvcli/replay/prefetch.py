@@ -26,6 +26,7 @@ was validated, a disk error) comes back through the pipe and is raised in the re
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import signal
@@ -79,7 +80,11 @@ class Prefetch:
         self._child = context.Process(target=_produce, args=(send, self._receive, reader, limit, chunkers, bound,
                                                              curves, payload_bytes or [0] * len(chunkers)),
                                       daemon=True, name="kvcli-prefetch")
-        self._child.start()
+        gc.freeze()  # the objects so far out of the collector's reach in the child: its collections do not write to
+        try:  # (and so copy) every page it shares with this process
+            self._child.start()
+        finally:
+            gc.unfreeze()  # here they are collected as before
         send.close()
         self._sizes = [c.chunk_size for c in chunkers]
         self.curves: list = [None] * len(chunkers)

@@ -23,6 +23,7 @@ Hashes = Sequence[bytes] | bytes
 _EMPTY = -1
 _LOAD = 2  # table slots per key, at least: probe runs stay short (a few rounds per request)
 _FEW = 32  # keys that a plain loop probes faster than rounds of numpy calls (~2x at 8 keys, even at ~48 here)
+_REPLACE = 1 << 16  # keys placed at once when the table grows
 
 
 class ChunkIds:
@@ -128,21 +129,40 @@ class ChunkIds:
         id) when it would be more than ``1/_LOAD`` full."""
         n = self._count
         if count > len(self._lo):
-            grow = grown(len(self._lo), count) - len(self._lo)
-            self._lo = np.concatenate([self._lo, np.empty(grow, np.uint64)])
-            self._hi = np.concatenate([self._hi, np.empty(grow, np.uint64)])
+            size = grown(len(self._lo), count)
+            self._lo, self._hi = enlarged(self._lo, size, None), enlarged(self._hi, size, None)
         if _LOAD * count <= len(self._table):
             return
         size = len(self._table)
         while _LOAD * count > size:
             size *= 2
-        self._table = np.full(size, _EMPTY, np.int32)
-        place(self._table, (self._lo[:n] & np.uint64(size - 1)).astype(np.int64), np.arange(n))
+        del self._table  # the old table goes before the new one is made
+        self._table = table = np.full(size, _EMPTY, np.int32)
+        for start in range(0, n, _REPLACE):  # a slice at a time: the temporaries stay small
+            end = min(n, start + _REPLACE)
+            place(table, (self._lo[start:end] & np.uint64(size - 1)).astype(np.int64), np.arange(start, end))
 
 
 def count(hashes: Hashes) -> int:
     """Hashes in a group: a sequence of 16-byte hashes, or one ``bytes`` of them concatenated (16 bytes each)."""
     return len(hashes) // 16 if isinstance(hashes, bytes) else len(hashes)
+
+
+def enlarged(a: np.ndarray, length: int, fill=0) -> np.ndarray:
+    """``a`` with ``length`` rows (a 1-D array's elements; a 2-D one's rows, appended), the new ones set to ``fill``
+    (None: left as they come). Where ``a`` owns its buffer, the same array grown in place (``ndarray.resize``:
+    ``realloc``, which for a large array remaps its pages instead of copying them: the old and the new array are
+    never both held, as with ``np.concatenate``); else a new one. The caller holds no view of ``a`` (a slice would
+    point into the buffer ``realloc`` may move)."""
+    old = len(a)
+    shape = (length,) + a.shape[1:]
+    try:
+        a.resize(shape, refcheck=False)
+    except ValueError:  # a view, or not contiguous: a copy
+        a = np.concatenate([a, np.empty((length - old,) + a.shape[1:], a.dtype)])
+    if fill is not None:
+        a[old:] = fill
+    return a
 
 
 def grown(have: int, need: int) -> int:

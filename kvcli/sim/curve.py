@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcli.sim.chunkids import ChunkIds, Hashes, count, grown
+from kvcli.sim.chunkids import ChunkIds, Hashes, count, enlarged, grown
 from kvcli.sim.stackdist import NEVER, StackDistances, batch_links, chain_max
 from kvcli.sim.stream import ChunkStream, StreamRecorder
 from kvcli.sim.ttlcurve import TtlCurve
@@ -121,8 +121,7 @@ class HitCurve:
         if hit.any():
             top = int(chain[hit].max())
             if top >= len(self._by_distance):
-                self._by_distance = np.concatenate([self._by_distance, np.zeros(
-                    grown(len(self._by_distance), top + 1) - len(self._by_distance), np.int64)])
+                self._by_distance = enlarged(self._by_distance, grown(len(self._by_distance), top + 1))
             counts = np.bincount(chain[hit])
             self._by_distance[:len(counts)] += counts
             # requests made only of full chunks, all hit from some capacity on: they recompute a token
@@ -131,8 +130,7 @@ class HitCurve:
             whole = ends[(lengths > 0) & (ends < NEVER) & (tokens == lengths * self.chunk_size)]
             if whole.size:
                 if top >= len(self._full):
-                    self._full = np.concatenate([self._full, np.zeros(len(self._by_distance) - len(self._full),
-                                                                      np.int64)])
+                    self._full = enlarged(self._full, len(self._by_distance))
                 np.add.at(self._full, whole, 1)
         stamps = [t for _, t, _ in requests if t is not None]
         untimed = len(requests) - len(stamps)

@@ -194,10 +194,11 @@ class BlockTrie:
     unshared block shares with the block of any earlier request at that point that starts with the same token.
 
     A node is a block at its place in a prefix of blocks. Each node keeps its place (parent node and first token,
-    packed in one int), its key and the most tokens of its block any request held, in ``array`` columns, and the
-    children are found through one open-addressing table of node ids keyed by place (linear probing from a hash
-    of the place; several children of one place, keys that start with the same token, sit in one probe run).
-    Memory: ~30-40 bytes per node (the columns, the table at most half full), no Python object per node.
+    packed in one int), its key, the most tokens of its block any request held and its first child, in ``array``
+    columns; a node's further children (a prompt that diverges from an earlier one there) are found through one
+    open-addressing table of node ids keyed by place (linear probing from a hash of the place; several children of
+    one place, keys that start with the same token, sit in one probe run). A new prompt's fresh blocks are a chain of
+    first children: no table entry. Memory: ~25-35 bytes per node, no Python object per node.
     """
 
     MIN_BLOCK_TOKENS = 8
@@ -210,8 +211,9 @@ class BlockTrie:
         self._place = array("Q")  # node -> parent << _FIRST_BITS | its block's first token (a root: _ROOT)
         self._key = array("Q")  # node -> its block key (a root: 0)
         self._held = array("I")  # node -> the most tokens of its block a request held (a root: B)
-        self._table = array("i", [-1]) * 1024  # slot -> a child node, -1 empty; at most half full
-        self._children = 0  # nodes in the table (every node but the roots)
+        self._first = array("i")  # node -> its first child, -1 for none
+        self._table = array("i", [-1]) * 1024  # slot -> a further child, -1 empty; at most half full
+        self._further = 0  # nodes in the table
         self._roots: dict[str, int] = {}
 
     @property
@@ -222,7 +224,7 @@ class BlockTrie:
     @property
     def nbytes(self) -> int:
         """Bytes of the columns and the table (their items, not the arrays' spare room)."""
-        return sum(a.itemsize * len(a) for a in (self._place, self._key, self._held, self._table))
+        return sum(a.itemsize * len(a) for a in (self._place, self._key, self._held, self._first, self._table))
 
     def _root(self, cache_salt: str) -> int:
         node = self._roots.get(cache_salt, -1)
@@ -231,50 +233,77 @@ class BlockTrie:
             self._place.append(_ROOT)
             self._key.append(0)
             self._held.append(self.block_tokens)
+            self._first.append(-1)
         return node
 
-    def _add(self, parents: list[int], firsts: list[int], keys: list[int], held: list[int]) -> int:
-        """New nodes, the children of ``parents`` at first tokens ``firsts`` with ``keys`` and ``held`` (equal
-        lengths; a parent may be a node added by this call, an earlier one in the lists); returns the first's id."""
-        first_id = len(self._key)
-        self._reserve(self._children + len(keys))
-        table, mask = self._table, len(self._table) - 1
-        for node, (parent, first) in enumerate(zip(parents, firsts), first_id):
-            slot = (first * _MIX ^ parent) & mask
+    def _child(self, parent: int, first: int, key: int) -> int:
+        """The child of ``parent`` with block key ``key`` (first token ``first``), or -1."""
+        child = self._first[parent]
+        if child < 0 or self._key[child] == key:
+            return child
+        table, mask, where = self._table, len(self._table) - 1, parent << _FIRST_BITS | first
+        slot = (first * _MIX ^ parent) & mask
+        while (child := table[slot]) >= 0 and (self._place[child] != where or self._key[child] != key):
+            slot = (slot + 1) & mask
+        return child
+
+    def _add(self, parent: int, firsts: list[int], keys: list[int], held: list[int]) -> None:
+        """A chain of new nodes below ``parent``: the first a child of ``parent``, each next one the first child of
+        the one before, with ``firsts``, ``keys`` and ``held``."""
+        node = len(self._key)
+        if self._first[parent] < 0:
+            self._first[parent] = node
+        else:  # a further child: into the table
+            self._reserve(self._further + 1)
+            table, mask = self._table, len(self._table) - 1
+            slot = (firsts[0] * _MIX ^ parent) & mask
             while table[slot] >= 0:
                 slot = (slot + 1) & mask
             table[slot] = node
-        self._place.extend([parent << _FIRST_BITS | first for parent, first in zip(parents, firsts)])
+            self._further += 1
+        count = len(keys)
+        self._place.extend([p << _FIRST_BITS | f for p, f in zip([parent, *range(node, node + count - 1)], firsts)])
         self._key.extend(keys)
         self._held.extend(held)
-        self._children += len(keys)
-        return first_id
+        self._first.extend(range(node + 1, node + count))
+        self._first.append(-1)
 
-    def _reserve(self, children: int) -> None:
-        """A table with room for ``children`` at most half full: doubled, every child placed again (vectorized,
-        :data:`_REPLACE` nodes at a time, so the temporary arrays stay small whatever the trie's size)."""
+    def _reserve(self, further: int) -> None:
+        """A table with room for ``further`` children at most half full: doubled, every further child placed again
+        (vectorized, :data:`_REPLACE` nodes at a time, so the temporary arrays stay small whatever the trie's
+        size)."""
         size = len(self._table)
-        if 2 * children <= size:
+        if 2 * further <= size:
             return
-        while 2 * children > size:
+        while 2 * further > size:
             size *= 2
         self._table = array("i", [-1]) * size
         table = np.frombuffer(self._table, np.int32)  # views: the columns can grow again once they are gone
         places = np.frombuffer(self._place, np.uint64) if len(self._place) else np.empty(0, np.uint64)
+        firsts = np.frombuffer(self._first, np.int32) if len(self._first) else np.empty(0, np.int32)
         for start in range(0, len(places), _REPLACE):
-            nodes = np.flatnonzero(places[start:start + _REPLACE] != np.uint64(_ROOT)) + start
+            nodes = np.arange(start, min(start + _REPLACE, len(places)))
             where = places[nodes]
+            inner = where != np.uint64(_ROOT)
+            nodes, where = nodes[inner], where[inner]
+            parents = (where >> np.uint64(_FIRST_BITS)).astype(np.int64)
+            keep = firsts[parents] != nodes  # not its parent's first child: a further one
+            nodes, where = nodes[keep], where[keep]
             home = ((where & np.uint64(_FIRSTS)) * np.uint64(_MIX) ^ (where >> np.uint64(_FIRST_BITS))
                     ) & np.uint64(size - 1)
             place(table, home.astype(np.int64), nodes)
-        del table, places
+        del table, places, firsts
 
     def _tail(self, parent: int, first: int, key: int, keys: np.ndarray, i: int, held: int) -> int:
         """The most leading tokens block ``i`` of ``keys`` (its first ``held`` tokens) shares with the block of a
         child of ``parent`` at ``first`` of another key (0 when there is none, almost always: only then are the
         tokens synthesized)."""
-        table, mask, where = self._table, len(self._table) - 1, parent << _FIRST_BITS | first
-        slot, others = (first * _MIX ^ parent) & mask, []
+        where, others = parent << _FIRST_BITS | first, []
+        child = self._first[parent]
+        if child >= 0 and self._place[child] == where and self._key[child] != key:
+            others.append(child)
+        table, mask = self._table, len(self._table) - 1
+        slot = (first * _MIX ^ parent) & mask
         while (child := table[slot]) >= 0:
             if self._place[child] == where and self._key[child] != key:
                 others.append(child)
@@ -307,14 +336,13 @@ class BlockTrie:
             raise ValueError(f"{len(keys)} block keys for {n} tokens at {b} tokens per block")
         node = self._root(cache_salt)
         firsts, ks = first_token_ids(keys, b).tolist(), keys.tolist()
-        table, mask, place_of, key_of, held_of = (self._table, len(self._table) - 1, self._place, self._key,
-                                                  self._held)
+        first_of, key_of, held_of = self._first, self._key, self._held
         last = len(ks) - 1
         for i, (first, key) in enumerate(zip(firsts, ks)):
             held = b if i < last else n - i * b
-            where, slot = node << _FIRST_BITS | first, (first * _MIX ^ node) & mask
-            while (child := table[slot]) >= 0 and (place_of[child] != where or key_of[child] != key):
-                slot = (slot + 1) & mask
+            child = first_of[node]  # the usual case inline: the first child, of this key
+            if child < 0 or key_of[child] != key:
+                child = self._child(node, first, key)
             if child >= 0 and held_of[child] >= held:
                 node = child  # the whole block shared
                 continue
@@ -324,9 +352,7 @@ class BlockTrie:
                 node, i = child, i + 1  # the rest of the prompt is new: a chain of fresh nodes below it
             if i <= last:
                 count = last - i + 1
-                start = len(key_of)
-                self._add([node] + list(range(start, start + count - 1)), firsts[i:], ks[i:],
-                          [b] * (count - 1) + [n - last * b])
+                self._add(node, firsts[i:], ks[i:], [b] * (count - 1) + [n - last * b])
             return (i - (child >= 0)) * b + shared
         return n
 

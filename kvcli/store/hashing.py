@@ -152,24 +152,21 @@ class ChunkedPrompt:
     def hashes(self) -> list[bytes]:
         """16-byte prefix hashes, one per full chunk."""
         if self._hashes is None:
-            b = self.hash_bytes
-            self._hashes = [b[i:i + 16] for i in range(0, len(b), 16)]
+            self._hashes = _pieces(self.hash_bytes, 16)
         return self._hashes
 
     @property
     def digests(self) -> list[bytes]:
         """8-byte token digests, one per full chunk."""
         if self._digests is None:
-            b = self.digest_bytes
-            self._digests = [b[i:i + 8] for i in range(0, len(b), 8)]
+            self._digests = _pieces(self.digest_bytes, 8)
         return self._digests
 
     @property
     def hexes(self) -> list[str]:
         """The hashes as 32-digit hex strings."""
         if self._hexes is None:
-            joined = self.hash_bytes.hex()
-            self._hexes = [joined[i:i + 32] for i in range(0, len(joined), 32)]
+            self._hexes = _pieces(self.hash_bytes.hex(), 32)
         return self._hexes
 
     @property
@@ -190,6 +187,11 @@ class ChunkedPrompt:
     def token_digest(self, k: int) -> bytes:
         """The 8-byte xxh3_64 digest of chunk ``k``'s token bytes (the collision guard)."""
         return self.digest_bytes[8 * k:8 * k + 8]
+
+
+def _pieces(joined, size: int) -> list:
+    """``joined`` (bytes or str) cut into consecutive pieces of ``size``."""
+    return [joined[i:i + size] for i in range(0, len(joined), size)]
 
 
 def reusable_tokens(hit_tokens, prompt_tokens):
