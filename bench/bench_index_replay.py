@@ -1,202 +1,183 @@
-"""Index-only replay (``--payload accounted --measure 0``): the batch script against two references, in one run.
+"""Index-only replay against the shared reference sketch: wall, server CPU and tree memory, interleaved.
 
-Every variant runs as its own process (start-up and imports count, as for a user) against the same server that
-this script starts, on the same Mooncake trace at one chunk size, and reports the hit tokens it found:
+The reference is ``../shared/tools/pipelined_sketch.py`` (read, parse, synthesize, chain-hash, one EVALSHA per
+request that finds the hit run and SET NX's the rest, 256 requests per round trip; its keys left on the server),
+which every helper runs the same way. kvcli runs as users run it: ``kvcli replay TRACE --payload accounted --measure
+0 --prefill-tps 5000 --chunk-sizes CS [--limit L] --json --redis-url URL`` (the upper bound and the curve on, its
+cleanup of the keys it wrote included), with ``--base REV`` also kvcli at REV (``git archive`` of its kvcli/).
+Each is its own process (start-up and imports count) against one server this script starts (Valkey, the embedded
+binary, on a loopback port; ``--url`` a scratch server of yours), emptied between runs outside the timings.
 
-* ``before``: kvcli at ``--base REV`` (default a0f3545: main before the pipelined index-only replay, extracted with
-  ``git archive``), ``python -m kvcli replay``;
-* ``after``: this checkout, the same command (``--pipeline`` default 256); ``after --pipeline 1``: one request at a
-  time; ``after --no-curve``: without the capacity/TTL curve (which the sketch does not compute); ``after --jobs
-  1``: without the child that reads and hashes the trace ahead (kvcli/replay/prefetch.py);
-* ``sketch``: read, synthesize tokens, hash, then one server-side Lua script per request (lookup + store of the
-  missing chunks) with 256 requests per pipelined round trip (no LRU, no accounting, no cleanup).
+Per case (``--cases``: ``512`` the whole trace at chunk 512, ``16:2000`` its first 2,000 requests at chunk 16) and
+round, every variant runs once, in turn (interleaved: a noisy stretch of a shared machine lands on each). Per run:
+wall seconds, the server's CPU seconds (``INFO cpu`` before and after: its whole process) and the hit tokens. The
+table gives min / median of each, and min / median over rounds of each run's ratio to the sketch's run of the same
+round.
 
-Wall seconds (min / median of ``--repeats``), peak RSS (MiB, of that process and of its largest child), and each
-variant's time over ``sketch``'s and ``before``'s in this run, the hit tokens each found. Every kvcli variant runs
-as users run it, the token-granular upper bound on (its tree in the child that reads ahead, whose peak RSS the
-table gives), except ``after --no-upper-bound``.
+``--pss``: instead, tree PSS (MiB: the kvcli process and its children, ``/proc/*/smaps_rollup`` polled every
+50 ms, the peak) at chunk 512 with the defaults, with ``--no-upper-bound --no-curve``, the sketch's and (``--base``)
+kvcli at REV with the defaults, on the trace extended to ``--requests`` (default 48,124: 4x the full conversation
+trace).
 
-Fixed costs (start-up and imports, the transfer calibration, the cleanup's scan of the server) weigh on a trace
-of a few seconds as they would not on one of hours. So ``after``, ``after --no-curve`` and ``sketch`` also run on
-the trace's first half (``--limit``; ``... half``), and the last table gives the cost per 1,000 requests of the
-second half, ``(t(all) - t(half)) / (requests - half)``, from the min and from the median of each, over
-``sketch``'s: what a trace many times longer would cost per request.
+The trace: ``--trace PATH``, else the Mooncake conversation cut in ``../shared/traces/mooncake/`` (7,500 of the
+12,031 requests) extended to 12,031 (``--pss``: ``--requests``) by :func:`bench._common.extended_trace`.
+``uptime`` is printed before and after.
 
-    PYTHONPATH=. python bench/bench_index_replay.py [--trace PATH] [--chunk-size 512] [--repeats 3] [--base REV]
+    PYTHONPATH=. python bench/bench_index_replay.py [--trace PATH] [--rounds 5] [--cases 512 16:2000] [--base REV]
+        [--extra "--jobs 1"]
+    PYTHONPATH=. python bench/bench_index_replay.py --pss [--requests 48124] [--rounds 2]
 """
 from __future__ import annotations
 
 import argparse
-import gzip
-import itertools
+import contextlib
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT.parent.parent / "shared/traces/mooncake/conversation_trace.first7500.jsonl"
-if not DEFAULT.exists():
-    DEFAULT = Path("/work/shared/traces/mooncake/conversation_trace.first7500.jsonl")
+sys.path.insert(0, str(ROOT))
 
-SKETCH_LUA = """
-local n, hit = #KEYS, 0
-for i = 1, n do
-  local v = redis.call('GET', KEYS[i])
-  if not v or string.sub(v, 1, 8) ~= ARGV[i] then break end
-  hit = i
-end
-for i = hit + 1, n do
-  if redis.call('EXISTS', KEYS[i]) == 0 then redis.call('SET', KEYS[i], ARGV[n + i]) end
-end
-return hit
-"""
+from bench._common import extended_trace, shared_file, sketch_command, tree_pss_mib, uptime  # noqa: E402
+
+FULL_REQUESTS = 12_031  # the Mooncake conversation trace's length
+CUT = "traces/mooncake/conversation_trace.first7500.jsonl"
 
 
-def reference(kind: str, trace: str, chunk: int, url: str, limit: int | None = None) -> None:
-    """The floor or the sketch, run in this (child) process; prints hit tokens and the namespace it wrote."""
-    import redis
-
-    from kvcli.store.hashing import chunk_prompt, namespace_root
-    from kvcli.traces.detect import read_trace
-
-    client = redis.Redis.from_url(url)
-    ns = f"bench-{kind}-{os.getpid()}"
-    root = namespace_root("kvcli/cpu@seed0:bf16", "cl100k_base")
-    meta_tail = b'{"tokens":512,"dtype":"BF16","stored":"accounted"}'
-    hits = 0
-    if True:
-        sha = client.script_load(SKETCH_LUA)
-        pipe, queued = client.pipeline(transaction=False), []
-        for req in itertools.islice(read_trace(trace), limit):
-            p = chunk_prompt(req.token_ids, chunk, root)
-            if not p.hashes:
-                continue
-            keys = [f"kvcli:v1:{ns}:{chunk}:m:{h}" for h in p.hexes]
-            pipe.evalsha(sha, len(keys), *keys, *p.digests, *[d + b"\0" * 8 + meta_tail for d in p.digests])
-            queued.append(1)
-            if len(queued) == 256:
-                hits += sum(pipe.execute()) * chunk
-                queued = []
-        if queued:
-            hits += sum(pipe.execute()) * chunk
-    print(json.dumps({"hit_tokens": hits, "namespace": ns}))
+def server_cpu(client) -> float:
+    """The server process's CPU seconds so far (user + system)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def run(cmd: list[str], env: dict) -> tuple[float, float, dict]:
-    """Wall seconds, peak RSS (MiB) of the child, and its stdout's last JSON line."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def run_one(cmd: list[str], env: dict, client, pss: bool = False) -> dict:
+    """One run: wall seconds, server CPU seconds, hit tokens, keys it left, and (``pss``) its peak tree PSS (MiB)."""
+    cpu0, t0 = server_cpu(client), time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tempfile.gettempdir())
+    peak = [0.0]
+    watcher = None
+    if pss:
+        def watch() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], tree_pss_mib(proc.pid))
+                time.sleep(0.05)
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
     out, err = proc.communicate()
-    seconds = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, server_cpu(client) - cpu0
+    if watcher is not None:
+        watcher.join()
     if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed: {err.decode()[-2000:]}")
+        raise SystemExit(f"{shlex.join(cmd)} failed: {err.decode()[-2000:]}")
     text = out.decode().strip()
     try:
         doc = json.loads(text)  # kvcli's --json document
     except json.JSONDecodeError:
-        doc = json.loads(text.splitlines()[-1])  # a reference's one line
-    return seconds, _peak_rss(err), doc
+        doc = json.loads(text.splitlines()[-1])  # the sketch's one line
+    hits = doc["traces"][0]["per_chunk_size"][0]["hit_tokens"] if "traces" in doc else doc["hit_tokens"]
+    left = int(client.dbsize())
+    client.execute_command("FLUSHDB", "SYNC")  # the sketch's keys, freed now (not during the next run)
+    return {"wall": wall, "cpu": cpu, "hits": hits, "left": left, "pss": peak[0]}
 
 
-def _peak_rss(stderr: bytes) -> tuple[float, float]:
-    """Peak RSS (MiB) of the process and of its largest child (the trace read ahead: kvcli/replay/prefetch.py;
-    a forked child's RSS counts the pages it still shares with its parent too)."""
-    for line in stderr.decode().splitlines():
-        if line.startswith("PEAK_RSS_KB "):
-            return int(line.split()[1]) / 1024, int(line.split()[2]) / 1024
-    return float("nan"), float("nan")
+def variants(args, trace: str, chunk: int, limit: int | None, url: str, port: int) -> dict[str, tuple]:
+    """``{name: (command, env)}``: the sketch, kvcli here, ``--extra`` variants, and kvcli at ``--base``."""
+    replay = [sys.executable, "-m", "kvcli", "replay", trace, "--payload", "accounted", "--measure", "0",
+              "--prefill-tps", "5000", "--chunk-sizes", str(chunk), "--json", "--redis-url", url]
+    replay += ["--limit", str(limit)] if limit else []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("REDIS_URL", None)
+    out = {"sketch": (sketch_command(trace, chunk, port, limit), env), "kvcli": (replay, env)}
+    for extra in args.extra:
+        out[f"kvcli {extra}"] = (replay + shlex.split(extra), env)
+    if args.base:
+        out[f"kvcli@{args.base}"] = (replay, {**env, "PYTHONPATH": args.base_dir})
+    return out
+
+
+def timings(args, trace: str, client, url: str, port: int) -> None:
+    """The interleaved rounds of every case, and their table."""
+    for case in args.cases:
+        chunk, _, limit_text = case.partition(":")
+        limit = int(limit_text) if limit_text else None
+        runs = variants(args, trace, int(chunk), limit, url, port)
+        got: dict[str, list[dict]] = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, (cmd, env) in runs.items():
+                got[name].append(run_one(cmd, env, client))
+        what = f"first {limit:,} requests" if limit else "all requests"
+        print(f"\n{Path(trace).name}, {what}, chunk size {chunk}, {args.rounds} interleaved rounds; load after: "
+              f"{uptime()}")
+        print(f"{'variant':26s} {'wall s min/med':>15s} {'CPU s min/med':>15s} {'wall / sketch':>14s} "
+              f"{'CPU / sketch':>13s}  hit tokens  keys left")
+        sketch = got["sketch"]
+        for name, rows in got.items():
+            wall = [r["wall"] for r in rows]
+            cpu = [r["cpu"] for r in rows]
+            rw = [r["wall"] / s["wall"] for r, s in zip(rows, sketch)]
+            rc = [r["cpu"] / s["cpu"] for r, s in zip(rows, sketch)]
+            print(f"{name:26s} {min(wall):7.2f} {statistics.median(wall):7.2f} {min(cpu):7.2f} "
+                  f"{statistics.median(cpu):7.2f} {min(rw):6.2f} {statistics.median(rw):6.2f}x "
+                  f"{min(rc):5.2f} {statistics.median(rc):5.2f}x  {sorted({r['hits'] for r in rows})}  "
+                  f"{sorted({r['left'] for r in rows if not name.startswith('sketch')})}")
+
+
+def memory(args, trace: str, client, url: str, port: int) -> None:
+    """Peak tree PSS of kvcli (defaults; without upper bound and curve) and of the sketch, at chunk 512."""
+    runs = variants(args, trace, 512, None, url, port)
+    kvcli_cmd, env = runs["kvcli"]
+    runs = {"kvcli": runs["kvcli"], "kvcli --no-upper-bound --no-curve": (
+        kvcli_cmd + ["--no-upper-bound", "--no-curve"], env), "sketch": runs["sketch"],
+            **{name: run for name, run in runs.items() if name.startswith("kvcli@")}}
+    got: dict[str, list[dict]] = {name: [] for name in runs}
+    for _ in range(args.rounds):
+        for name, (cmd, variant_env) in runs.items():
+            got[name].append(run_one(cmd, variant_env, client, pss=True))
+    with open(trace) as f:
+        requests = sum(1 for line in f if line.strip())
+    print(f"\n{Path(trace).name}, {requests:,} requests, chunk size 512: peak tree PSS (the process and its "
+          f"children), {args.rounds} rounds; load after: {uptime()}")
+    for name, rows in got.items():
+        print(f"{name:36s} PSS MiB {min(r['pss'] for r in rows):6.0f} - {max(r['pss'] for r in rows):4.0f}   "
+              f"wall s {min(r['wall'] for r in rows):6.2f}  hit tokens {sorted({r['hits'] for r in rows})}")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", default=str(DEFAULT))
-    ap.add_argument("--chunk-size", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--base", default="a0f3545")
-    ap.add_argument("--reference", nargs=2, help=argparse.SUPPRESS)
-    ap.add_argument("--limit", type=int, help=argparse.SUPPRESS)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", help="a Mooncake-format trace (default: the cut extended to 12,031 requests)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", nargs="+", default=["512", "16:2000"], help="CHUNK or CHUNK:LIMIT")
+    ap.add_argument("--base", help="also run kvcli at this git revision")
+    ap.add_argument("--extra", action="append", default=[], help="a kvcli variant with these extra options")
+    ap.add_argument("--url", help="a scratch server of yours on a loopback port (its database is flushed)")
+    ap.add_argument("--pss", action="store_true", help="tree PSS at chunk 512 instead of the timings")
+    ap.add_argument("--requests", type=int, default=4 * FULL_REQUESTS, help="with --pss: the trace's length")
     args = ap.parse_args()
-    if args.reference:
-        return reference(args.reference[0], args.trace, args.chunk_size, args.reference[1], args.limit)
-
-    sys.path.insert(0, str(ROOT))
+    print(f"load before: {uptime()}")
+    folder = Path(tempfile.mkdtemp(prefix="kvcli-bench-"))
+    trace = args.trace or str(extended_trace(shared_file(CUT), folder / "conversation.jsonl",
+                                             args.requests if args.pss else FULL_REQUESTS))
+    if args.base:
+        args.base_dir = str(folder / "base")
+        os.mkdir(args.base_dir)
+        subprocess.run(f"git -C {ROOT} archive {args.base} kvcli | tar -x -C {args.base_dir}", shell=True,
+                       check=True)
     import redis
 
     from kvcli.store.server import embedded_server
 
-    base = tempfile.mkdtemp(prefix="kvcli-base-")
-    subprocess.run(f"git -C {ROOT} archive {args.base} kvcli | tar -x -C {base}", shell=True, check=True)
-    wrap = os.path.join(tempfile.mkdtemp(prefix="kvcli-wrap-"), "peak_rss.py")  # runs a module, reports its RSS
-    Path(wrap).write_text(
-        "import resource, runpy, sys\nsys.argv = sys.argv[1:]\ncode = 0\ntry:\n"
-        "    runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n"
-        "except SystemExit as exc:\n    code = exc.code or 0\n"
-        "sys.stderr.write('PEAK_RSS_KB %d %d\\n' % (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
-        "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss))\n"
-        "sys.exit(code)\n")
-    replay = ["replay", args.trace, "--payload", "accounted", "--measure", "0", "--prefill-tps", "3000",
-              "--chunk-sizes", str(args.chunk_size), "--json"]
-    with (gzip.open if args.trace.endswith(".gz") else open)(args.trace, "rb") as f:
-        requests = sum(1 for line in f if line.strip())
-    half = requests // 2
-    with embedded_server() as url:
+    with (contextlib.nullcontext(args.url) if args.url else embedded_server(tcp=True)) as url:
         client = redis.Redis.from_url(url)
-        env_base = {**os.environ, "PYTHONPATH": base, "REDIS_URL": url}
-        env_after = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": url}
-        variants = {
-            "before": ([sys.executable, wrap, "kvcli", *replay], env_base),
-            "after": ([sys.executable, wrap, "kvcli", *replay], env_after),
-            "after --pipeline 1": ([sys.executable, wrap, "kvcli", *replay, "--pipeline", "1"], env_after),
-            "after --no-curve": ([sys.executable, wrap, "kvcli", *replay, "--no-curve"], env_after),
-            "after --no-upper-bound": ([sys.executable, wrap, "kvcli", *replay, "--no-upper-bound"], env_after),
-            "after --jobs 1": ([sys.executable, wrap, "kvcli", *replay, "--jobs", "1"], env_after),
-            "sketch": ([sys.executable, wrap, "bench.bench_index_replay", "--trace", args.trace,
-                        "--chunk-size", str(args.chunk_size), "--reference", "sketch", url],
-                       {**env_after, "PYTHONPATH": str(ROOT)}),
-            "after half": ([sys.executable, wrap, "kvcli", *replay, "--limit", str(half)], env_after),
-            "after --no-curve half": ([sys.executable, wrap, "kvcli", *replay, "--no-curve", "--limit", str(half)],
-                                      env_after),
-            "sketch half": ([sys.executable, wrap, "bench.bench_index_replay", "--trace", args.trace,
-                             "--chunk-size", str(args.chunk_size), "--reference", "sketch", url, "--limit",
-                             str(half)], {**env_after, "PYTHONPATH": str(ROOT)}),
-        }
-        times: dict[str, list[float]] = {k: [] for k in variants}
-        rss: dict[str, list[float]] = {k: [] for k in variants}
-        hits: dict[str, set] = {k: set() for k in variants}
-        for _ in range(args.repeats):
-            for name, (cmd, env) in variants.items():  # interleaved: a noisy stretch hits every variant
-                seconds, peak, out = run(cmd, env)
-                times[name].append(seconds)
-                rss[name].append(peak)
-                if "traces" in out:
-                    hits[name].add(out["traces"][0]["per_chunk_size"][0]["hit_tokens"])
-                else:
-                    hits[name].add(out["hit_tokens"])
-                    for key in client.scan_iter(f"kvcli:v1:{out['namespace']}:*", count=5000):
-                        client.unlink(key)
-    ref = {k: (min(v), statistics.median(v)) for k, v in times.items()}
-    print(f"index-only replay of {Path(args.trace).name}, chunk size {args.chunk_size}, {args.repeats} runs each, "
-          f"interleaved; wall seconds of the whole process (start-up and imports included)")
-    print(f"{'variant':22s} {'min s':>7s} {'median s':>9s} {'RSS MiB (child)':>15s} {'/ sketch':>9s} {'/ before':>9s}"
-          f"  hit tokens")
-    for name in variants:
-        lo, med = ref[name]
-        own, child = max(r[0] for r in rss[name]), max(r[1] for r in rss[name])
-        print(f"{name:22s} {lo:7.2f} {med:9.2f} {own:7.0f} ({child:5.0f}) "
-              f"{lo / ref['sketch'][0]:5.2f}/{med / ref['sketch'][1]:4.2f} "
-              f"{lo / ref['before'][0]:5.2f}/{med / ref['before'][1]:4.2f}  {sorted(hits[name])}")
-    rest = requests - half
-    per = {k: tuple((ref[k][i] - ref[f"{k} half"][i]) / rest * 1000 for i in (0, 1))
-           for k in ("after", "after --no-curve", "sketch")}
-    print(f"\nper 1,000 requests of the second half ({half:,} -> {requests:,} requests; fixed costs cancel)")
-    print(f"{'variant':22s} {'from min s':>11s} {'from median s':>14s} {'/ sketch':>9s}")
-    for name, (lo, med) in per.items():
-        print(f"{name:22s} {lo:11.3f} {med:14.3f} {lo / per['sketch'][0]:5.2f}/{med / per['sketch'][1]:4.2f}")
+        client.execute_command("FLUSHDB", "SYNC")
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        (memory if args.pss else timings)(args, trace, client, url, port)
 
 
 if __name__ == "__main__":

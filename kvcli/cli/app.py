@@ -397,12 +397,13 @@ def _check_run(config: ReplayConfig, jobs: int | None, plot: Path | None, html: 
     """replay's options that are not the config's, checked against it: ``--jobs`` >= 1; ``--plot`` a .png or
     .svg file, and only with the curve it draws; ``--html`` in a folder that exists."""
     from kvcli.figures import check_plot_path
-    from kvcli.html.page import check_report_path
     from kvcli.replay.results import check_count
 
     check_count("--jobs", jobs)
     check_plot_path(plot)
-    if html is not None:
+    if html is not None:  # the HTML report's modules only where one is asked for
+        from kvcli.html.page import check_report_path
+
         check_report_path(html)
     if plot is not None and (not config.hit_curve or config.namespace is not None):
         raise BadInputError("--plot draws the capacity/TTL curve: it needs the curve (no --no-curve, no --namespace)")
@@ -459,14 +460,14 @@ class _ReplayConsole(ReplayEvents):
         self._replace(text, None)
         self.counting = None
 
-    def requests(self, trace: str, done: int, total: int) -> None:
+    def requests(self, trace: str, done: int, total: int | None) -> None:
         if self.bar.disable:
             return
         now = time.monotonic()
         if self.counting != trace:
             self._replace(f"replay {trace}", total)
             self.counting = trace
-        elif done < total and now - self.shown < 0.1:
+        elif (total is None or done < total) and now - self.shown < 0.1:
             return
         self.shown = now
         assert self.task is not None

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvcli.model.checkpoint import is_checkpoint_name, read_checkpoint
-from kvcli.model.hf_tokenizer import has_tokenizer
 from kvcli.model.presets import PRESETS, ModelConfig, ModelSpec, get_preset, model_spec
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import Tokenizer
@@ -76,8 +75,11 @@ def resolve_tokenizer(tokenizer: str | None, model: str) -> str:
     tokenizer (its own vocabulary and chat template); else ``cl100k_base``."""
     if tokenizer is not None:
         return tokenizer
-    if is_checkpoint_name(model) and has_tokenizer(model):
-        return model
+    if is_checkpoint_name(model):
+        from kvcli.model.hf_tokenizer import has_tokenizer  # a checkpoint's tokenizer: only for a checkpoint
+
+        if has_tokenizer(model):
+            return model
     return DEFAULT_TOKENIZER
 
 

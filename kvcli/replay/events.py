@@ -25,8 +25,9 @@ class ReplayEvents:
     def phase(self, text: str) -> None:
         """A phase begins; ``text`` says what it is (one line, no newline)."""
 
-    def requests(self, trace: str, done: int, total: int) -> None:
-        """``done`` of the trace's ``total`` requests are replayed (called after every request: keep it cheap)."""
+    def requests(self, trace: str, done: int, total: int | None) -> None:
+        """``done`` of the trace's ``total`` requests are replayed (called after every request: keep it cheap);
+        ``total`` None: not known until the trace is read (a trace checked as it is read)."""
 
     def trace_done(self, result: TraceResult) -> None:
         """``result``'s trace is done (its keys deleted unless kept); called before the next trace starts."""

@@ -30,11 +30,11 @@ from kvcli.model.costcurve import PrefillSample
 from kvcli.prefixkv import resumable_tokens
 from kvcli.replay.measure import SuffixTimings
 from kvcli.replay.network import ServerRates
-from kvcli.replay.planner import plan
 from kvcli.replay.results import ChunkSizeResult, ReplayConfig
 from kvcli.replay.savings import Ledger
-from kvcli.sim.curve import HitCurve
-from kvcli.store.batch import Batcher
+from kvcli.sim.curve import CurveResult, HitCurve
+from kvcli.sim.stream import ChunkStream
+from kvcli.store.batch import SAMPLE_EVERY, Batcher
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, reusable_tokens
 from kvcli.store.kvstore import KVStore
@@ -73,6 +73,8 @@ class Lane:
         batched: estimated requests go to the server in pipelined batches (:class:`~kvcli.store.batch.Batcher`;
             only for a store that :func:`~kvcli.store.batch.batchable` accepts).
         quiet: a context manager factory each of the batcher's latency samples runs inside, or None.
+        curve_elsewhere: another process feeds this store's hit curve (:mod:`kvcli.replay.prefetch`) and hands it
+            over finished (:meth:`curve_from`) before :meth:`finish`; the lane feeds none.
 
     Attributes:
         store: the store.
@@ -81,7 +83,7 @@ class Lane:
     """
 
     def __init__(self, store: KVStore, rate: ServerRates, config: ReplayConfig, client: redis.Redis | RedisCluster,
-                 batched: bool = False, quiet=None) -> None:
+                 batched: bool = False, quiet=None, curve_elsewhere: bool = False) -> None:
         cs = store.config.chunk_size
         self.store = store
         self.result = ChunkSizeResult(cs, store.config.namespace, layout=store.layout,
@@ -94,17 +96,16 @@ class Lane:
         self._allow_evictions = config.allow_evictions
         # chunks an unlimited cache would hold: only where the store's own capacity can evict
         self._seen: set[bytes] | None = set() if store.resident_chunks is not None else None
-        # one curve per chunk size: it depends on the hashes, not the layout
-        self._hit_curve = (HitCurve(cs, config.ttl_refresh, record=config.plan.wanted, keep_hits=bool(config.sizing))
-                           if config.hit_curve and config.namespace is None and store.layout == config.layouts[0]
-                           else None)
+        self._hit_curve = None if curve_elsewhere else hit_curve(store, config)
+        self._curve_done: tuple[CurveResult, ChunkStream | None] | None = None  # curve_from's
         self._plan = config.plan
         self._checked: dict[bytes, bool] = {}  # chunk hash -> checksum verified good
         self._real_chunks: set[bytes] = set()  # chunks this lane may have written with a real payload (measured)
         self._batcher: Batcher | None = None
         if batched:
             assert isinstance(store, ChunkStore), "batched only where batchable(), which takes only a ChunkStore"
-            self._batcher = Batcher(store, quiet=quiet)
+            # a priced replay prices every lookup (lookups x the link's round trip): no latency samples to take
+            self._batcher = Batcher(store, 0 if config.priced else SAMPLE_EVERY, quiet=quiet)
 
     # -- estimated requests ---------------------------------------------------------------------------------------
     def submit(self, requests: list[Estimated]):
@@ -115,7 +116,7 @@ class Lane:
             RedisFailure, RedisUnavailable: as :meth:`kvcli.store.batch.Batcher.submit`.
         """
         if self._hit_curve:
-            self._hit_curve.defer([(prompt.hashes, stamp, n) for prompt, n, stamp in requests])
+            self._hit_curve.defer([(prompt.hash_bytes, stamp, n) for prompt, n, stamp in requests])
         return self._batcher.submit([prompt for prompt, _, _ in requests]) if self._batcher is not None else None
 
     def account(self, requests: list[Estimated], sent) -> list[int]:
@@ -143,7 +144,7 @@ class Lane:
             res.store_seconds += written.seconds
             res.transfer_seconds_estimated += rate.get(hit_chunks)
             res.deserialize_seconds_estimated += hit_chunks * rate.deserialize_seconds
-            res.store_seconds_estimated += rate.put(len(prompt.hashes) - hit_chunks)
+            res.store_seconds_estimated += rate.put(prompt.chunks - hit_chunks)
             res.hit_requests += hit_chunks > 0
             res.store_requests += written.chunks_written > 0
             self.ledger.add(n, reusable_tokens(hit_chunks * cs, n), critical=_critical(res) - crit,
@@ -315,6 +316,11 @@ class Lane:
         return unlimited
 
     # -- the end --------------------------------------------------------------------------------------------------
+    def curve_from(self, result: CurveResult, stream: ChunkStream | None) -> None:
+        """The store's hit curve as another process finished it (:meth:`kvcli.sim.curve.HitCurve.result` of every
+        request this lane counts, and its :meth:`~kvcli.sim.curve.HitCurve.stream`), for :meth:`finish`."""
+        self._curve_done = (result, stream)
+
     def close(self) -> None:
         """Read every batch reply still due and close the batcher's connection (nothing this process sent may run
         after it); call it however the replay ends, before :meth:`finish`."""
@@ -351,12 +357,28 @@ class Lane:
                 self._client, store.key_pattern, self._memory_sample, known)
         except KvcliError as exc:
             degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
-        res.hit_curve = (self._hit_curve.result(res.prompt_tokens, store.config.payload_bytes) if self._hit_curve
-                         else None)
-        stream = self._hit_curve.stream() if self._hit_curve else None
-        if stream is not None and res.hit_curve is not None:
+        if self._curve_done is not None:
+            res.hit_curve, stream = self._curve_done
+        elif self._hit_curve is not None:
+            res.hit_curve, stream = (self._hit_curve.result(res.prompt_tokens, store.config.payload_bytes),
+                                     self._hit_curve.stream())
+        else:
+            res.hit_curve, stream = None, None
+        if stream is not None and res.hit_curve is not None:  # the planner: only where it was asked for
+            from kvcli.replay.planner import plan
+
             res.plan = plan(stream, res.hit_curve, self._plan, getattr(store, "capacity_chunks", None))
         return degraded
+
+
+def hit_curve(store: KVStore, config: ReplayConfig) -> HitCurve | None:
+    """The hit curve a store's lane keeps (:class:`~kvcli.sim.curve.HitCurve`, empty), or None: one per chunk size,
+    on the first layout's store (it depends on the hashes, not the layout), unless ``--no-curve`` or a read
+    namespace (the curve assumes the run's own cold cache)."""
+    if not config.hit_curve or config.namespace is not None or store.layout != config.layouts[0]:
+        return None
+    return HitCurve(store.config.chunk_size, config.ttl_refresh, record=config.plan.wanted,
+                    keep_hits=bool(config.sizing))
 
 
 def _critical(res: ChunkSizeResult) -> float:

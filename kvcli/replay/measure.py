@@ -151,9 +151,12 @@ def probe_plan(value_bytes: int, room: int | None = None) -> tuple[int, int]:
     return chunks, size
 
 
-def calibrate_transfer(client: redis.Redis | RedisCluster, store: KVStore, room: int | None = None) -> ServerRates:
+def calibrate_transfer(client: redis.Redis | RedisCluster, store: KVStore, room: int | None = None,
+                       wire: bool = True) -> ServerRates:
     """Chunk SET and GET costs on this server, as one round trip plus a cost per chunk, and serialize and
-    deserialize costs per chunk here, measured now (:class:`~kvcli.replay.network.ServerRates`).
+    deserialize costs per chunk here, measured now (:class:`~kvcli.replay.network.ServerRates`); without ``wire``
+    (a network model prices the transfers) serialize and deserialize only: nothing is written to the server, the
+    SET and GET costs are 0 and ``spread`` is the (de)serializations' own.
 
     A batch of 1 value and a batch of ``k`` (:func:`probe_plan`) are each written in one pipeline and read in one
     MGET, 3 times after one warm-up round; from the fastest of each, the per-chunk cost is
@@ -173,14 +176,14 @@ def calibrate_transfer(client: redis.Redis | RedisCluster, store: KVStore, room:
     tensor = probe_tensor(data, store.config.dtype, kv_dtype) if with_torch else None
     # payload keys of the run's namespace, recorded in the store's ``written`` before they are written, so an
     # interrupted run's cleanup removes them too
-    probes = [b"\xff" * 15 + bytes([i]) for i in range(k)]
+    probes = [b"\xff" * 15 + bytes([i]) for i in range(k)] if wire else []
     store.written.add(PAYLOAD, probes)
     keys = [store.payload_key(h) for h in probes]
     times: dict[tuple[str, int], list[float]] = {}
     sers, desers = [], []
     encoded: memoryview | bytearray
     for repeat in range(4):  # the first round warms up (allocations, connection buffers): not kept
-        for batch in (keys[:1], keys):
+        for batch in (keys[:1], keys) if wire else ():
             t0 = time.perf_counter()
             pipe = client.pipeline(transaction=False)
             for key in batch:
@@ -209,8 +212,11 @@ def calibrate_transfer(client: redis.Redis | RedisCluster, store: KVStore, room:
         if repeat:
             sers.append(t4 - t3)
             desers.append(t5 - t4)
-    cluster.unlink(client, keys)
     scale = size / probe
+    if not wire:
+        spread = tuple(float(t / np.median(ts) - 1) for ts in (sers, desers) for t in ts)
+        return ServerRates(0.0, 0.0, min(sers) * scale, min(desers) * scale, spread, wire=False)
+    cluster.unlink(client, keys)
     rates = {}
     for op in ("set", "get"):
         one, many = min(times[(op, 1)]), min(times[(op, k)])

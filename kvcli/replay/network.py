@@ -50,7 +50,9 @@ class ServerRates:
     ``set_seconds`` / ``get_seconds``: write / read one more chunk's value in a batch (pipelined SETs, one MGET);
     ``set_round_trip_seconds`` / ``get_round_trip_seconds``: the batch's own cost (one round trip), paid once per
     request that stores / retrieves; ``serialize_seconds`` / ``deserialize_seconds``: encode / decode-and-verify
-    one value; ``spread``: relative spread of the repeats (``t / median - 1``), a sample of this run's timing noise.
+    one value; ``spread``: relative spread of the repeats (``t / median - 1``), a sample of this run's timing noise;
+    ``wire``: SET and GET were timed on the server (False: a network model or a price stands for them, and they
+    are 0 here).
     """
 
     set_seconds: float
@@ -60,6 +62,7 @@ class ServerRates:
     spread: tuple[float, ...] = ()
     set_round_trip_seconds: float = 0.0
     get_round_trip_seconds: float = 0.0
+    wire: bool = True
 
     def get(self, chunks: int) -> float:
         """Seconds to retrieve ``chunks`` chunks in one request (0 for none)."""

@@ -74,12 +74,14 @@ def probe_bytes(store: KVStore, mem: ServerMemory) -> int:
 
 
 def replay_preflight(client: redis.Redis | RedisCluster, stores: Sequence[KVStore],
-                     reader: Callable[[], Iterable[Request]], limit: int, measured_heads: Sequence[int]) -> Preflight:
+                     reader: Callable[[], Iterable[Request]], limit: int, measured_heads: Sequence[int],
+                     probes: bool = True) -> Preflight:
     """The server's memory against what replaying the first ``limit`` requests will write (module docstring).
 
     Args:
         measured_heads: tokens of each measured request that run the model and write real payloads (empty when
             payloads are accounted).
+        probes: the transfer calibration writes its probe values (False: it times no SET or GET).
 
     Raises:
         RedisFailure: INFO failed.
@@ -89,5 +91,5 @@ def replay_preflight(client: redis.Redis | RedisCluster, stores: Sequence[KVStor
     if mem.maxmemory or any(sh.maxmemory for sh in mem.shards):
         distinct = distinct_chunks(stores, reader, limit)
         payload = [sum(h // s.config.chunk_size for h in measured_heads) for s in stores]
-        need = plan_bytes(stores, distinct, payload, 0) + sum(probe_bytes(s, mem) for s in stores)
+        need = plan_bytes(stores, distinct, payload, 0) + sum(probe_bytes(s, mem) for s in stores if probes)
     return preflight(client, need, mem)

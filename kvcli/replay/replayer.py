@@ -5,7 +5,10 @@ command uses, kvcli.traces.order), for every chunk size: lookup (one round trip:
 real payload), retrieve the hit run's KV (one more), prefill only the missed suffix with the real model, store the
 new full chunks (one pipelined round trip).
 
-Before anything is written: the trace is validated, the cost curve is extended to cover its prompt lengths
+Before anything is written: the trace is validated (a trace file of :data:`STREAM_BYTES` or more replayed without a
+model is instead checked as the replay reads it, in the one pass that hashes it: a bad record then ends the run and
+its keys are deleted; a file that turns out not to be in arrival order is replayed again, ordered), the cost curve is
+extended to cover its prompt lengths
 (:class:`~kvcli.model.calibration.Calibration`, within ``calibrate_seconds``), and the server's memory is checked
 (:mod:`kvcli.store.preflight`, the same preflight as warm): a run that would make an evicting server go over
 maxmemory is refused unless ``allow_evictions``. The server's ``evicted_keys`` delta is reported; an evicted
@@ -55,6 +58,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
@@ -85,11 +89,10 @@ from kvcli.replay.network import (
 )
 from kvcli.replay.notes import hybrid_note, namespace_misses, replay_notes
 from kvcli.replay.plan import replay_preflight, room
-from kvcli.replay.planner import price_plan, tier_load_seconds
 from kvcli.replay.results import CapacityBasis, ChunkSizeResult, ReplayConfig, TraceResult
 from kvcli.replay.savings import DRAWS, TimedSavings, recommend, summarize
 from kvcli.replay.sizing import capacity_record, size_cache
-from kvcli.replay.unit import replay_stores
+from kvcli.replay.unit import Unordered, replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.sim.blend import BlendCounter
 from kvcli.sim.tiers import check_tier_sizes
@@ -109,6 +112,7 @@ if TYPE_CHECKING:
     from kvcli.model.calibration import Calibration
 
 PRICED_MEASURE_TOKENS = 1024  # tokens a measured request runs in a priced replay, unless --measure-max-tokens
+STREAM_BYTES = 1 << 20  # a trace file this large or larger, replayed without a model, is checked as it is read
 
 
 class Replayer:
@@ -183,10 +187,12 @@ class Replayer:
 
     # -- public ---------------------------------------------------------------------------------------------------
     def replay(self, name: str, requests: list[Request] | Callable[[], Iterable[Request]],
-               progress: Callable[[int, int], None] | None = None) -> TraceResult:
+               progress: Callable[[int, int | None], None] | None = None, *, outline_first: bool = False
+               ) -> TraceResult:
         """Replay one trace. ``requests`` is a list or a zero-argument callable returning a fresh iterator (the
         trace is read twice: once to validate it and choose measured requests, before anything is written, then
-        to replay it). ``progress(done, total)`` is called after each request.
+        to replay it; once where :meth:`_streams`, unless ``outline_first``). ``progress(done, total)`` is called
+        after each request (``total`` None while a trace checked as it is read is read).
 
         Raises:
             BadInputError: a token id is outside the model's vocabulary (before any write); a priced replay
@@ -201,14 +207,18 @@ class Replayer:
         if cfg.priced and self.device is None:
             raise BadInputError("a priced replay needs the serving device's rates (a profile or --hardware)")
         reader = functools.partial(iter, requests) if isinstance(requests, list) else requests
-        self.phase(f"reading {name}")
-        lengths, order, models = self._validate(reader, name)
-        notes = [n for n in (order_note(order, name) if order is not None else None, models_note(models)) if n]
-        if order is not None:  # not in arrival order: held in memory and taken in timestamp order
-            reader, lengths = _reordered(reader, order), lengths[order]
-        coverage = self._cover(lengths)
-        measured = pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.seed)
-        measure_tokens = self._measure_tokens(lengths, measured)
+        lengths: np.ndarray | None = None  # None: checked as the replay reads it (_streams), known after it
+        notes: list[str] = []
+        if outline_first or not self._streams(reader):
+            self.phase(f"reading {name}")
+            lengths, order, models = self._validate(reader, name)
+            notes += [n for n in (order_note(order, name) if order is not None else None, models_note(models)) if n]
+            if order is not None:  # not in arrival order: held in memory and taken in timestamp order
+                reader, lengths = _reordered(reader, order), lengths[order]
+        coverage = self._cover(lengths) if lengths is not None else {}  # a streamed trace: no model to calibrate
+        measured = (pick_measured(lengths, cfg.measure if self.model is not None else 0, cfg.seed)
+                    if lengths is not None else set())
+        measure_tokens = self._measure_tokens(lengths, measured) if lengths is not None else 0
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
         mark = mark_run(self.client, namespace, cfg.chunk_sizes[0])  # the server this run starts on
         stores = [self._make_store(namespace, cs, layout, mark) for layout in cfg.layouts for cs in cfg.chunk_sizes]
@@ -216,13 +226,19 @@ class Replayer:
             store.check_value_size()
             check_tier_sizes(cfg.plan.tiers, store.config.chunk_size, store.config.payload_bytes)
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
-        self.phase(f"replaying {name}: {len(lengths):,} request{'s' if len(lengths) != 1 else ''} x "
-                   f"{len(stores)} store{'s' if len(stores) != 1 else ''}")
+        count = (f"{len(lengths):,} request{'s' if len(lengths) != 1 else ''}" if lengths is not None
+                 else "its requests, checked as they are read,")
+        self.phase(f"replaying {name}: {count} x {len(stores)} store{'s' if len(stores) != 1 else ''}")
         self._recorded = self.units is None  # a worker's record comes back with its part (_run)
         try:
             write_sentinel(self.client, mark)
             result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
                                mark)
+        except Unordered:  # read once, it was not in arrival order: again, with its order read first
+            left = self._cleanup(namespace, stores, interrupted=False, mark=mark) if not cfg.keep else ""
+            result = self.replay(name, requests, progress, outline_first=True)
+            result.notes += [left] if left else []
+            return result
         except BaseException:  # also on Ctrl-C, SIGTERM or an error: the run's namespace is its own
             if not cfg.keep:
                 self._cleanup(namespace, stores, interrupted=True, mark=mark)
@@ -275,10 +291,13 @@ class Replayer:
 
     def _preflight(self, stores, reader, lengths, measured, measure_tokens) -> Preflight:
         """The server's memory against what this trace's replay will write (:mod:`kvcli.replay.plan`); refuse
-        when it would make the server evict keys, unless allowed."""
+        when it would make the server evict keys, unless allowed. ``lengths`` None: the trace's count not known
+        yet (every request, or ``--limit``'s)."""
         cfg = self.config
         heads = [min(int(lengths[i]), measure_tokens) for i in measured] if cfg.payload == "real" else []
-        check = replay_preflight(self.client, stores, reader, len(lengths), heads)
+        limit = len(lengths) if lengths is not None else (cfg.limit if cfg.limit is not None else sys.maxsize)
+        check = replay_preflight(self.client, stores, reader, limit, heads,
+                                 probes=not cfg.priced and cfg.link_gbps is None)  # as _transfer_rates times
         if check.evicts and not cfg.allow_evictions:
             raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
                                f"--allow-evictions to run anyway (evicted chunks then count as misses), a server "
@@ -344,11 +363,17 @@ class Replayer:
 
     def _transfer_rates(self, store: KVStore) -> ServerRates:
         """This server's chunk SET/GET and (de)serialize costs for ``store``'s chunk value, measured once per run
-        (:func:`~kvcli.replay.measure.calibrate_transfer`, ~0.5 s a store) and shared by every trace that has a store of
-        the same layout, chunk size and value size."""
-        key = (type(store).__name__, store.config.chunk_size, store.value_bytes)
+        (:func:`~kvcli.replay.measure.calibrate_transfer`, ~0.5 s a store) and shared by every trace that has a store
+        of the same layout, chunk size and value size; only what the overheads use. A priced replay uses none of
+        it (its overheads come from counts and rates given: :func:`kvcli.replay.network.priced_overheads`): zeros,
+        nothing measured. With ``--link-gbps`` the link prices every transfer: (de)serialization is measured, no
+        SET or GET (:attr:`ServerRates.wire` False)."""
+        if self.config.priced:
+            return ServerRates(0.0, 0.0, wire=False)
+        wire = self.config.link_gbps is None
+        key = (type(store).__name__, store.config.chunk_size, store.value_bytes, wire)
         if key not in self._rates:
-            self._rates[key] = calibrate_transfer(self.client, store, room(server_memory(self.client)))
+            self._rates[key] = calibrate_transfer(self.client, store, room(server_memory(self.client)), wire)
         return self._rates[key]
 
     def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
@@ -357,13 +382,15 @@ class Replayer:
         rates = [self._transfer_rates(store) for store in stores]
         big = max(range(len(stores)), key=lambda i: stores[i].value_bytes)
         measured_gbps = (stores[big].value_bytes * 8 / rates[big].get_seconds / 1e9
-                         if rates[big].get_seconds > 0 else 10.0)
+                         if rates[big].get_seconds > 0 else 10.0)  # used only without --link-gbps: then measured
         link = self._link(measured_gbps)
         self._degraded = []
         used_before = self._used_memory()
         t0 = time.perf_counter()
-        work = Work(name, reader, lengths, measured, measure_tokens, stores[0].config.namespace,
-                    tuple((s.layout, s.config.chunk_size) for s in stores), rates, check.evicts, mark)
+        streamed = lengths is None
+        work = Work(name, reader, np.zeros(0, np.int64) if lengths is None else lengths, measured, measure_tokens,
+                    stores[0].config.namespace, tuple((s.layout, s.config.chunk_size) for s in stores), rates,
+                    check.evicts, mark, streamed=streamed, limit=self.config.limit)
         if self.units is None:  # in this process, one unit holding every store
             parts = [self.replay_unit(work, tuple(range(len(stores))), True, stores, progress)]
         else:  # worker processes or Ray tasks (kvcli.replay.parallel), the same replay_unit in each
@@ -373,6 +400,12 @@ class Replayer:
                 if written is not stores[i].written:  # a unit with stores of its own (a worker's)
                     stores[i].written.merge(written)
         self._recorded = True
+        if streamed:  # checked as it was read: its lengths come back with the one unit
+            lengths = parts[0].lengths
+            assert lengths is not None, "a trace checked as it is read comes back with its lengths"
+            if not len(lengths):
+                raise BadInputError("the trace holds no requests", path=name)
+            check_prompts(lengths, name)
         results, ledgers, skipped, span = merge_parts(parts, len(stores), cfg.upper_bound)
         if cfg.blend_recompute is not None:
             self._blend(name, results, parts, reader, len(lengths), cfg.blend_recompute)
@@ -424,7 +457,8 @@ class Replayer:
             result.blend = counter.result
 
     def replay_unit(self, work: Work, indices: tuple[int, ...], upper_bound: bool,
-                    stores: list[KVStore] | None = None, progress: Callable[[int, int], None] | None = None) -> Part:
+                    stores: list[KVStore] | None = None,
+                    progress: Callable[[int, int | None], None] | None = None) -> Part:
         """Replay the whole trace through the stores ``indices`` of ``work.stores`` (made here on this replayer's
         client unless given) and return their picklable results (:class:`~kvcli.replay.work.Part`); with
         ``upper_bound``, this unit also runs the token-granular upper bound's radix tree (exactly one unit does).
@@ -462,6 +496,8 @@ class Replayer:
                 res.sizing = size_cache(res.hit_curve, cfg.sizing, self.curve, draws, result.span_seconds,
                                         cfg.plan.prices)
             if res.plan is not None:
+                from kvcli.replay.planner import price_plan, tier_load_seconds  # only where a plan was asked for
+
                 device = self.device if cfg.priced else None
                 price_plan(res.plan, res.savings.saved, res.hit_tokens, functools.partial(
                     tier_load_seconds, value_bytes=store.value_bytes, rate=rate, link=link, device=device),
@@ -519,6 +555,20 @@ class Replayer:
         return notes + ([hybrid] if hybrid else [])
 
     # -- passes ---------------------------------------------------------------------------------------------------
+    def _streams(self, reader) -> bool:
+        """Whether the trace is checked as the replay reads it (one pass, the one that hashes it: the read-ahead
+        child's, :mod:`kvcli.replay.prefetch`) rather than outlined first: nothing measured or checked against a
+        vocabulary (no model), every store replayed in this process, and a trace file (``reader.path``, with an
+        ``outline``) of at least :data:`STREAM_BYTES` (a smaller one is outlined in a moment, which gives the
+        progress bar its count)."""
+        path = getattr(reader, "path", None)
+        if self.model is not None or self.units is not None or getattr(reader, "outline", None) is None or not path:
+            return False
+        try:
+            return os.path.getsize(path) >= STREAM_BYTES
+        except OSError:  # the outline says what is wrong with it, naming the file
+            return False
+
     def _validate(self, reader, name: str) -> tuple[np.ndarray, np.ndarray | None, dict[str, int]]:
         """Prompt lengths ``[requests]`` (tokens, file order), the arrival order (None: file order) and the requests
         per served model the trace names (:attr:`kvcli.traces.request.Request.model`). Without a

@@ -196,6 +196,8 @@ def profile_cost(path: str, shapes: ModelConfig, spec: ModelSpec,
         BadInputError: the file is not a profile; it was measured for other shapes, another dtype or another
             ``--kv-dtype`` (the message names the options it was measured with); it holds no KV rates.
     """
+    from kvcli.model.profile import Profile  # only where a profile prices the replay
+
     profile = Profile.load(path)
     why = profile.matches(shapes, spec.dtype, kv_dtype)
     if why:
@@ -414,6 +416,8 @@ def _serving_device(options: ModelOptions) -> tuple[str, float, int, str] | None
         acc = get_accelerator(options.hardware)
         return acc.label, acc.memory_bytes, 8, f"--hardware {acc.name}"
     if options.profile is not None:
+        from kvcli.model.profile import Profile
+
         facts = Profile.load(options.profile).device
         if facts.get("type") == "cuda" and facts.get("memory_bytes"):  # one device, as the profile measured it
             return str(facts.get("name") or facts["device"]), float(facts["memory_bytes"]), 1, "the profile's device"

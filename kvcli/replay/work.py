@@ -37,7 +37,8 @@ class Work:
         name: the trace's display name.
         reader: zero-argument callable returning a fresh iterator over the trace's requests in arrival order
             (picklable for worker processes: a list's ``functools.partial(iter, list)`` or a file reader).
-        lengths: prompt lengths ``[requests]`` (tokens) in arrival order; units replay ``len(lengths)`` requests.
+        lengths: prompt lengths ``[requests]`` (tokens) in arrival order; units replay ``len(lengths)`` requests
+            (with ``streamed``: empty, not known yet).
         measured: indices of the requests that run the model.
         measure_tokens: tokens of each measured prompt that run it (0: whole).
         namespace: the run's own namespace.
@@ -48,6 +49,10 @@ class Work:
             pipelined batches (kvcli.store.batch), so every eviction is a miss at the very next lookup.
         mark: the run's server (:mod:`kvcli.store.runmark`), which every unit's stores check after a dropped
             connection; None: not checked.
+        streamed: the trace is checked as it is read (kvcli.replay.replayer): its lengths are not known before the
+            replay; one unit reads it to its end or ``limit`` (None: every request) and returns them
+            (:attr:`Part.lengths`).
+        limit: with ``streamed``, the most requests read.
     """
 
     name: str
@@ -60,6 +65,8 @@ class Work:
     rates: list[ServerRates]
     evicts: bool = False
     mark: RunMark | None = None
+    streamed: bool = False
+    limit: int | None = None
 
 
 @dataclass
@@ -71,6 +78,7 @@ class Part:
     ``measured_log``: one entry per measured request, its ``per_chunk_size`` in ``indices`` order. ``samples``:
     the prefills this unit timed (each measured request's full prefill, then its suffixes). ``written``: each
     store's record of the chunks whose keys it may have written (:mod:`kvcli.store.written`), for the cleanup.
+    ``lengths``: the prompt lengths ``[requests]`` it read, where :attr:`Work.streamed` (else None).
     """
 
     indices: tuple[int, ...]
@@ -84,6 +92,7 @@ class Part:
     degraded: list[str]
     samples: list[PrefillSample]
     written: list[WrittenChunks] = field(default_factory=list)
+    lengths: np.ndarray | None = None
 
 
 def plan_units(stores: tuple[tuple[str, int], ...], jobs: int, upper_bound: bool) -> list[tuple[tuple[int, ...], bool]]:

@@ -17,9 +17,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+Hashes = Sequence[bytes] | bytes
+"""One request's 16-byte chunk hashes in order: a sequence, or one ``bytes`` of them concatenated."""
+
 _EMPTY = -1
 _LOAD = 2  # table slots per key, at least: probe runs stay short (a few rounds per request)
 _FEW = 32  # keys that a plain loop probes faster than rounds of numpy calls (~2x at 8 keys, even at ~48 here)
+_REPLACE = 1 << 16  # keys placed at once when the table grows
 
 
 class ChunkIds:
@@ -56,13 +60,14 @@ class ChunkIds:
         """
         return self.ids_many([hashes])
 
-    def ids_many(self, groups: Sequence[Sequence[bytes]]) -> tuple[np.ndarray, int]:
-        """:meth:`ids` of the concatenation of ``groups`` (e.g. several requests' hashes), in one lookup."""
-        n = sum(map(len, groups))
+    def ids_many(self, groups: Sequence[Hashes]) -> tuple[np.ndarray, int]:
+        """:meth:`ids` of the concatenation of ``groups`` (e.g. several requests' hashes), in one lookup; a group is
+        a sequence of 16-byte hashes or one ``bytes`` of them concatenated (:func:`count`)."""
+        n = sum(map(count, groups))
         first_new = self._count
         if n == 0:
             return np.empty(0, np.int64), first_new
-        keys = np.frombuffer(b"".join([b"".join(g) for g in groups]), dtype="<u8")
+        keys = np.frombuffer(b"".join([g if isinstance(g, bytes) else b"".join(g) for g in groups]), dtype="<u8")
         if keys.size != 2 * n:
             raise ValueError("chunk hashes must be 16 bytes each")
         keys = keys.reshape(n, 2)
@@ -124,29 +129,40 @@ class ChunkIds:
         id) when it would be more than ``1/_LOAD`` full."""
         n = self._count
         if count > len(self._lo):
-            grow = grown(len(self._lo), count) - len(self._lo)
-            self._lo = np.concatenate([self._lo, np.empty(grow, np.uint64)])
-            self._hi = np.concatenate([self._hi, np.empty(grow, np.uint64)])
+            size = grown(len(self._lo), count)
+            self._lo, self._hi = enlarged(self._lo, size, None), enlarged(self._hi, size, None)
         if _LOAD * count <= len(self._table):
             return
         size = len(self._table)
         while _LOAD * count > size:
             size *= 2
+        del self._table  # the old table goes before the new one is made
         self._table = table = np.full(size, _EMPTY, np.int32)
-        mask = size - 1
-        slot = (self._lo[:n] & np.uint64(mask)).astype(np.int64)
-        todo = np.arange(n)
-        while todo.size:  # keys are distinct: each takes the first free slot of its probe run
-            s = slot[todo]
-            free = np.flatnonzero(table[s] == _EMPTY)
-            won = free[_claim(table, s[free])]
-            table[s[won]] = todo[won]
-            placed = np.zeros(todo.size, bool)
-            placed[won] = True
-            busy = np.ones(todo.size, bool)
-            busy[free] = False
-            slot[todo[busy]] = (s[busy] + 1) & mask
-            todo = todo[~placed]
+        for start in range(0, n, _REPLACE):  # a slice at a time: the temporaries stay small
+            end = min(n, start + _REPLACE)
+            place(table, (self._lo[start:end] & np.uint64(size - 1)).astype(np.int64), np.arange(start, end))
+
+
+def count(hashes: Hashes) -> int:
+    """Hashes in a group: a sequence of 16-byte hashes, or one ``bytes`` of them concatenated (16 bytes each)."""
+    return len(hashes) // 16 if isinstance(hashes, bytes) else len(hashes)
+
+
+def enlarged(a: np.ndarray, length: int, fill=0) -> np.ndarray:
+    """``a`` with ``length`` rows (a 1-D array's elements; a 2-D one's rows, appended), the new ones set to ``fill``
+    (None: left as they come). Where ``a`` owns its buffer, the same array grown in place (``ndarray.resize``:
+    ``realloc``, which for a large array remaps its pages instead of copying them: the old and the new array are
+    never both held, as with ``np.concatenate``); else a new one. The caller holds no view of ``a`` (a slice would
+    point into the buffer ``realloc`` may move)."""
+    old = len(a)
+    shape = (length,) + a.shape[1:]
+    try:
+        a.resize(shape, refcheck=False)
+    except ValueError:  # a view, or not contiguous: a copy
+        a = np.concatenate([a, np.empty((length - old,) + a.shape[1:], a.dtype)])
+    if fill is not None:
+        a[old:] = fill
+    return a
 
 
 def grown(have: int, need: int) -> int:
@@ -154,6 +170,28 @@ def grown(have: int, need: int) -> int:
     when ``have`` is one, so lengths depend on the most ever needed, not on the steps that got there (one request at
     a time or a batch)."""
     return max(2 * have, 1 << (need - 1).bit_length())
+
+
+def place(table: np.ndarray, home: np.ndarray, ids: np.ndarray) -> None:
+    """Put distinct ``ids`` (int, ``>= 0``) into an open-addressing ``table`` (int32, a power of two long, empty slots
+    -1, room for all of them) by linear probing from their ``home`` slots (int64, as long as ``ids``), vectorized:
+    each round every id whose slot is free claims it (one per slot), the others move one slot on. An id passes only
+    slots that were taken, so a lookup that probes from its home slot to the first empty one finds it, as with ids
+    placed one at a time (in another order: a table's lookups do not depend on it)."""
+    mask = len(table) - 1
+    slot = np.array(home, np.int64)
+    todo = np.arange(len(ids))
+    while todo.size:
+        s = slot[todo]
+        free = np.flatnonzero(table[s] == _EMPTY)
+        won = free[_claim(table, s[free])]
+        table[s[won]] = ids[todo[won]]
+        placed = np.zeros(todo.size, bool)
+        placed[won] = True
+        busy = np.ones(todo.size, bool)
+        busy[free] = False
+        slot[todo[busy]] = (s[busy] + 1) & mask
+        todo = todo[~placed]
 
 
 def _claim(table: np.ndarray, slots: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvcli.sim.chunkids import ChunkIds, grown
+from kvcli.sim.chunkids import ChunkIds, Hashes, count, enlarged, grown
 from kvcli.sim.stackdist import NEVER, StackDistances, batch_links, chain_max
 from kvcli.sim.stream import ChunkStream, StreamRecorder
 from kvcli.sim.ttlcurve import TtlCurve
@@ -57,14 +57,15 @@ class HitCurve:
         self._first: float | None = None
         self._last: float | None = None
         self.seconds = 0.0
-        self._pending: list[tuple[Sequence[bytes], float | None, int | None]] = []  # deferred requests, in order
+        self._pending: list[tuple[Hashes, float | None, int | None]] = []  # deferred requests, in order
         self._recorder = StreamRecorder(chunk_size) if record else None
         # per batch: chain distances (int32, a miss at every capacity as HIT_NEVER), chunks and tokens per request
         self._hits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = [] if keep_hits else None
 
-    def observe(self, hashes: Sequence[bytes], timestamp: float | None, prompt_tokens: int | None = None
+    def observe(self, hashes: Hashes, timestamp: float | None, prompt_tokens: int | None = None
                 ) -> np.ndarray:
-        """One request's full chunks (16-byte prefix hashes, prompt order) at ``timestamp`` (seconds or None).
+        """One request's full chunks (16-byte prefix hashes, prompt order: a sequence, or one ``bytes`` of them
+        concatenated) at ``timestamp`` (seconds or None).
         ``prompt_tokens``: its length; a prompt made only of full chunks that hits them all still computes its last
         token (:func:`kvcli.store.hashing.reusable_tokens`), so it reuses one token less at those capacities.
 
@@ -73,7 +74,7 @@ class HitCurve:
         """
         return self.observe_many([(hashes, timestamp, prompt_tokens)])[0]
 
-    def defer(self, requests: Sequence[tuple[Sequence[bytes], float | None, int | None]]) -> None:
+    def defer(self, requests: Sequence[tuple[Hashes, float | None, int | None]]) -> None:
         """Requests ``(hashes, timestamp, prompt_tokens)`` to :meth:`observe_many` later, in order, :data:`BATCH` at
         a time (whatever batches the caller has: one request at a time with ``--pipeline 1``): the same curve, for
         a caller that does not need the chain distances. :meth:`observe`, :attr:`nbytes` and :meth:`result` take
@@ -88,7 +89,7 @@ class HitCurve:
             pending, self._pending = self._pending, []
             self._observe(pending)
 
-    def observe_many(self, requests: Sequence[tuple[Sequence[bytes], float | None, int | None]]
+    def observe_many(self, requests: Sequence[tuple[Hashes, float | None, int | None]]
                      ) -> list[np.ndarray]:
         """Several requests ``(hashes, timestamp, prompt_tokens)`` in trace order, each as :meth:`observe`, in one
         pass of numpy calls over all their chunks (:meth:`StackDistances.access_many
@@ -101,9 +102,9 @@ class HitCurve:
         self.flush()
         return self._observe(requests)
 
-    def _observe(self, requests: Sequence[tuple[Sequence[bytes], float | None, int | None]]) -> list[np.ndarray]:
+    def _observe(self, requests: Sequence[tuple[Hashes, float | None, int | None]]) -> list[np.ndarray]:
         t0 = time.perf_counter()
-        lengths = np.fromiter((len(h) for h, _, _ in requests), np.int64, len(requests))
+        lengths = np.fromiter((count(h) for h, _, _ in requests), np.int64, len(requests))
         bounds = np.zeros(len(requests) + 1, np.int64)
         np.cumsum(lengths, out=bounds[1:])
         ids, first_new = self._ids.ids_many([h for h, _, _ in requests])
@@ -120,8 +121,7 @@ class HitCurve:
         if hit.any():
             top = int(chain[hit].max())
             if top >= len(self._by_distance):
-                self._by_distance = np.concatenate([self._by_distance, np.zeros(
-                    grown(len(self._by_distance), top + 1) - len(self._by_distance), np.int64)])
+                self._by_distance = enlarged(self._by_distance, grown(len(self._by_distance), top + 1))
             counts = np.bincount(chain[hit])
             self._by_distance[:len(counts)] += counts
             # requests made only of full chunks, all hit from some capacity on: they recompute a token
@@ -130,8 +130,7 @@ class HitCurve:
             whole = ends[(lengths > 0) & (ends < NEVER) & (tokens == lengths * self.chunk_size)]
             if whole.size:
                 if top >= len(self._full):
-                    self._full = np.concatenate([self._full, np.zeros(len(self._by_distance) - len(self._full),
-                                                                      np.int64)])
+                    self._full = enlarged(self._full, len(self._by_distance))
                 np.add.at(self._full, whole, 1)
         stamps = [t for _, t, _ in requests if t is not None]
         untimed = len(requests) - len(stamps)

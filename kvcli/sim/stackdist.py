@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvcli.sim.chunkids import grown
+from kvcli.sim.chunkids import enlarged, grown
 
 NEVER = np.int64(1) << np.int64(62)
 """The distance of a chunk never seen before: larger than any capacity (a miss at every capacity)."""
@@ -227,8 +227,7 @@ class StackDistances:
                             np.concatenate([np.full(len(run_start), -1, np.int64), np.ones(len(new_start), np.int64)]))
         top = int(ids.max()) + 1
         if top > len(self._last):
-            self._last = np.concatenate([self._last, np.zeros(grown(len(self._last), top) - len(self._last),
-                                                               np.int32)])
+            self._last = enlarged(self._last, grown(len(self._last), top))
         self._last[ids[last]] = times[last]
         self._clock += t_all
         self.live = max(self.live, top)

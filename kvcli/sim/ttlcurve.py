@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvcli.sim.chunkids import grown
+from kvcli.sim.chunkids import enlarged, grown
 from kvcli.sim.stackdist import BatchLinks, batch_links, chain_max
 
 # TTLs evaluated, seconds: 1, 2, 5 x 10^k from 0.1 s to 500,000 s (5.8 days); a TTL longer than the trace's span
@@ -213,7 +213,7 @@ class TtlCurve:
     def _stamp_many(self, nows: np.ndarray) -> np.ndarray:
         r, k = self._requests, len(nows)
         if r + k > len(self._stamps):
-            self._stamps = np.concatenate([self._stamps, np.zeros(grown(len(self._stamps), r + k) - len(self._stamps))])
+            self._stamps = enlarged(self._stamps, grown(len(self._stamps), r + k))
         self._stamps[r:r + k] = nows
         self._requests += k
         return np.arange(r, r + k, dtype=np.int64)
@@ -221,9 +221,7 @@ class TtlCurve:
     def _add_rows(self, first: np.ndarray) -> np.ndarray:
         k, have = len(first), len(self._writes)
         if self._rows + k > have:
-            grown = np.empty((max(self._rows + k, have + have // 2, 256), len(self.grid)), np.int32)
-            grown[:self._rows] = self._writes[:self._rows]
-            self._writes = grown
+            self._writes = enlarged(self._writes, max(self._rows + k, have + have // 2, 256), None)
         rows = np.arange(self._rows, self._rows + k)
         self._writes[rows] = first[:, None]
         self._rows += k
@@ -232,5 +230,4 @@ class TtlCurve:
     def _grow(self, top: int) -> None:
         if top > len(self._when):
             size = grown(len(self._when), top)
-            self._when = np.concatenate([self._when, np.zeros(size - len(self._when), np.int32)])
-            self._row = np.concatenate([self._row, np.full(size - len(self._row), -1, np.int32)])
+            self._when, self._row = enlarged(self._when, size), enlarged(self._row, size, -1)

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvcli.sim.chunkids import place
 from kvcli.traces.request import Request
 from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids, first_token_ids
 
@@ -174,6 +175,10 @@ class RadixUpperBound:
 
 
 _FIRST_BITS = (SYNTH_VOCAB - 1).bit_length()  # a synthesized token id fits in these bits
+_FIRSTS = (1 << _FIRST_BITS) - 1
+_ROOT = (1 << 64) - 1  # a root's place (it has no parent): never a child's
+_MIX = 0x9E3779B1  # spreads a first token over the child table (Knuth's multiplicative hashing constant)
+_REPLACE = 1 << 16  # nodes placed at once when the child table grows
 
 
 class BlockTrie:
@@ -188,9 +193,12 @@ class BlockTrie:
     blocks it shares key by key with an earlier request of the same cache salt, whole, plus the tokens its first
     unshared block shares with the block of any earlier request at that point that starts with the same token.
 
-    A node is a block at its place in a prefix of blocks. Children are found by ``(node, first token)`` (one dict,
-    a packed int key; the rare second child of a first token in a side list), and each node keeps its key and the
-    most tokens of its block any request held (``array`` columns). Memory: ~100 bytes per node.
+    A node is a block at its place in a prefix of blocks. Each node keeps its place (parent node and first token,
+    packed in one int), its key, the most tokens of its block any request held and its first child, in ``array``
+    columns; a node's further children (a prompt that diverges from an earlier one there) are found through one
+    open-addressing table of node ids keyed by place (linear probing from a hash of the place; several children of
+    one place, keys that start with the same token, sit in one probe run). A new prompt's fresh blocks are a chain of
+    first children: no table entry. Memory: ~25-35 bytes per node, no Python object per node.
     """
 
     MIN_BLOCK_TOKENS = 8
@@ -200,10 +208,12 @@ class BlockTrie:
             raise ValueError(f"a block trie needs blocks of at least {self.MIN_BLOCK_TOKENS} tokens, "
                              f"got {block_tokens}")
         self.block_tokens = block_tokens
-        self._child: dict[int, int] = {}  # node << _FIRST_BITS | first token -> the first such child
-        self._more: dict[int, list[int]] = {}  # the same key -> further children with that first token
+        self._place = array("Q")  # node -> parent << _FIRST_BITS | its block's first token (a root: _ROOT)
         self._key = array("Q")  # node -> its block key (a root: 0)
         self._held = array("I")  # node -> the most tokens of its block a request held (a root: B)
+        self._first = array("i")  # node -> its first child, -1 for none
+        self._table = array("i", [-1]) * 1024  # slot -> a further child, -1 empty; at most half full
+        self._further = 0  # nodes in the table
         self._roots: dict[str, int] = {}
 
     @property
@@ -211,42 +221,107 @@ class BlockTrie:
         """Nodes in the trie (roots included)."""
         return len(self._key)
 
-    def _new(self, key: int, held: int) -> int:
-        self._key.append(key)
-        self._held.append(held)
-        return len(self._key) - 1
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the columns and the table (their items, not the arrays' spare room)."""
+        return sum(a.itemsize * len(a) for a in (self._place, self._key, self._held, self._first, self._table))
 
-    def _find(self, slot: int, key: int) -> int:
-        """The child of ``slot`` with block key ``key``, or -1."""
-        child = self._child.get(slot, -1)
+    def _root(self, cache_salt: str) -> int:
+        node = self._roots.get(cache_salt, -1)
+        if node < 0:
+            node = self._roots[cache_salt] = len(self._key)
+            self._place.append(_ROOT)
+            self._key.append(0)
+            self._held.append(self.block_tokens)
+            self._first.append(-1)
+        return node
+
+    def _child(self, parent: int, first: int, key: int) -> int:
+        """The child of ``parent`` with block key ``key`` (first token ``first``), or -1."""
+        child = self._first[parent]
         if child < 0 or self._key[child] == key:
             return child
-        return next((c for c in self._more.get(slot, ()) if self._key[c] == key), -1)
-
-    def _attach(self, slot: int, key: int, held: int) -> int:
-        child = self._new(key, held)
-        if slot in self._child:
-            self._more.setdefault(slot, []).append(child)
-        else:
-            self._child[slot] = child
+        table, mask, where = self._table, len(self._table) - 1, parent << _FIRST_BITS | first
+        slot = (first * _MIX ^ parent) & mask
+        while (child := table[slot]) >= 0 and (self._place[child] != where or self._key[child] != key):
+            slot = (slot + 1) & mask
         return child
 
-    def _tail(self, slot: int, key: int, block: np.ndarray) -> int:
-        """The most leading tokens ``block`` (``[tokens]`` uint32, one block of a request) shares with the block of
-        a child of ``slot`` of another key (0 when none starts with its first token, almost always)."""
-        first = self._child.get(slot, -1)
+    def _add(self, parent: int, firsts: list[int], keys: list[int], held: list[int]) -> None:
+        """A chain of new nodes below ``parent``: the first a child of ``parent``, each next one the first child of
+        the one before, with ``firsts``, ``keys`` and ``held``."""
+        node = len(self._key)
+        if self._first[parent] < 0:
+            self._first[parent] = node
+        else:  # a further child: into the table
+            self._reserve(self._further + 1)
+            table, mask = self._table, len(self._table) - 1
+            slot = (firsts[0] * _MIX ^ parent) & mask
+            while table[slot] >= 0:
+                slot = (slot + 1) & mask
+            table[slot] = node
+            self._further += 1
+        count = len(keys)
+        self._place.extend([p << _FIRST_BITS | f for p, f in zip([parent, *range(node, node + count - 1)], firsts)])
+        self._key.extend(keys)
+        self._held.extend(held)
+        self._first.extend(range(node + 1, node + count))
+        self._first.append(-1)
+
+    def _reserve(self, further: int) -> None:
+        """A table with room for ``further`` children at most half full: doubled, every further child placed again
+        (vectorized, :data:`_REPLACE` nodes at a time, so the temporary arrays stay small whatever the trie's
+        size)."""
+        size = len(self._table)
+        if 2 * further <= size:
+            return
+        while 2 * further > size:
+            size *= 2
+        self._table = array("i", [-1]) * size
+        table = np.frombuffer(self._table, np.int32)  # views: the columns can grow again once they are gone
+        places = np.frombuffer(self._place, np.uint64) if len(self._place) else np.empty(0, np.uint64)
+        firsts = np.frombuffer(self._first, np.int32) if len(self._first) else np.empty(0, np.int32)
+        for start in range(0, len(places), _REPLACE):
+            nodes = np.arange(start, min(start + _REPLACE, len(places)))
+            where = places[nodes]
+            inner = where != np.uint64(_ROOT)
+            nodes, where = nodes[inner], where[inner]
+            parents = (where >> np.uint64(_FIRST_BITS)).astype(np.int64)
+            keep = firsts[parents] != nodes  # not its parent's first child: a further one
+            nodes, where = nodes[keep], where[keep]
+            home = ((where & np.uint64(_FIRSTS)) * np.uint64(_MIX) ^ (where >> np.uint64(_FIRST_BITS))
+                    ) & np.uint64(size - 1)
+            place(table, home.astype(np.int64), nodes)
+        del table, places, firsts
+
+    def _tail(self, parent: int, first: int, key: int, keys: np.ndarray, i: int, held: int) -> int:
+        """The most leading tokens block ``i`` of ``keys`` (its first ``held`` tokens) shares with the block of a
+        child of ``parent`` at ``first`` of another key (0 when there is none, almost always: only then are the
+        tokens synthesized)."""
+        where, others = parent << _FIRST_BITS | first, []
+        child = self._first[parent]
+        if child >= 0 and self._place[child] == where and self._key[child] != key:
+            others.append(child)
+        table, mask = self._table, len(self._table) - 1
+        slot = (first * _MIX ^ parent) & mask
+        while (child := table[slot]) >= 0:
+            if self._place[child] == where and self._key[child] != key:
+                others.append(child)
+            slot = (slot + 1) & mask
         best = 0
-        for child in ([first] if first >= 0 else []) + self._more.get(slot, []):
-            if self._key[child] != key:
+        if others:
+            block = block_token_ids(keys[i:i + 1], self.block_tokens, held)
+            for child in others:
                 other = block_token_ids(np.array([self._key[child]], np.uint64), self.block_tokens,
-                                        min(self._held[child], len(block)))
+                                        min(self._held[child], held))
                 best = max(best, _common(other, block))
         return best
 
     def match_and_insert(self, keys: np.ndarray, length: int, cache_salt: str = "") -> int:
         """The longest prefix of the prompt ``block_token_ids(keys, B, length)`` seen before under ``cache_salt``,
         in tokens (as :meth:`RadixUpperBound.match_and_insert`), then the prompt inserted. Only the first token of
-        each block and the tokens of the first block not shared whole are synthesized.
+        each block and, where a block of another key starts with the same token at that place, the tokens of the
+        first block not shared whole are synthesized.
 
         Args:
             keys: ``[blocks]`` uint64 block keys, ``blocks == ceil(length / B)``.
@@ -259,34 +334,26 @@ class BlockTrie:
         b, n = self.block_tokens, length
         if len(keys) != -(-n // b):
             raise ValueError(f"{len(keys)} block keys for {n} tokens at {b} tokens per block")
-        node = self._roots.get(cache_salt, -1)
-        if node < 0:
-            node = self._roots[cache_salt] = self._new(0, b)
+        node = self._root(cache_salt)
         firsts, ks = first_token_ids(keys, b).tolist(), keys.tolist()
-        get, key_of, held_of, last = self._child.get, self._key, self._held, len(ks) - 1
+        first_of, key_of, held_of = self._first, self._key, self._held
+        last = len(ks) - 1
         for i, (first, key) in enumerate(zip(firsts, ks)):
             held = b if i < last else n - i * b
-            slot = node << _FIRST_BITS | first
-            child = get(slot, -1)  # the usual case inline: the first child of that first token, of this key
+            child = first_of[node]  # the usual case inline: the first child, of this key
             if child < 0 or key_of[child] != key:
-                child = self._find(slot, key)
+                child = self._child(node, first, key)
             if child >= 0 and held_of[child] >= held:
                 node = child  # the whole block shared
                 continue
-            block = block_token_ids(keys[i:i + 1], b, held)
-            shared = max(self._held[child] if child >= 0 else 0, self._tail(slot, key, block))
+            shared = max(held_of[child] if child >= 0 else 0, self._tail(node, first, key, keys, i, held))
             if child >= 0:
-                self._held[child] = held
-            else:
-                child = self._attach(slot, key, held)
-            if i < last:  # the rest of the prompt is new: a chain of fresh nodes, each the only child of the last
-                start = len(key_of)
-                ids = range(start, start + last - i)
-                key_of.extend(ks[i + 1:])
-                held_of.extend([b] * (last - i - 1) + [n - last * b])
-                parents = [child, *ids[:-1]]
-                self._child.update(zip([p << _FIRST_BITS | f for p, f in zip(parents, firsts[i + 1:])], ids))
-            return i * b + shared
+                held_of[child] = held
+                node, i = child, i + 1  # the rest of the prompt is new: a chain of fresh nodes below it
+            if i <= last:
+                count = last - i + 1
+                self._add(node, firsts[i:], ks[i:], [b] * (count - 1) + [n - last * b])
+            return (i - (child >= 0)) * b + shared
         return n
 
     def prompts(self) -> Iterator[tuple[str, np.ndarray]]:
@@ -294,10 +361,9 @@ class BlockTrie:
         a :class:`RadixUpperBound` in any order, they give it the prefixes this trie holds, so every later match
         is the same. Depth first; each path ``[tokens]`` uint32."""
         below: dict[int, list[int]] = {}
-        for slot, child in self._child.items():
-            below.setdefault(slot >> _FIRST_BITS, []).append(child)
-        for slot, more in self._more.items():
-            below.setdefault(slot >> _FIRST_BITS, []).extend(more)
+        for node, where in enumerate(self._place):
+            if where != _ROOT:
+                below.setdefault(where >> _FIRST_BITS, []).append(node)
         b = self.block_tokens
         for salt, root in self._roots.items():
             stack: list[tuple[int, list[int]]] = [(c, [c]) for c in below.get(root, [])]

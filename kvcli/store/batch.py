@@ -10,7 +10,7 @@ such requests at once, in one of two ways.
 **One script** (a single server, no capacity, scripts allowed: an unlimited index-only replay, the path for huge
 traces): the batch is one ``EVAL`` of :data:`_INDEX_SCRIPT`, which does each request's lookup and then its store,
 in order, inside the server, a whole batch per call (or a few: a script blocks every other client of the server
-while it runs, so one holds at most :data:`MAX_SCRIPT_KEYS` chunks, ~30 ms here; a request is never split). It goes
+while it runs, so one holds at most :data:`MAX_SCRIPT_KEYS` chunks, a few ms here; a request is never split). It goes
 out on a connection of its own and the replay goes on cutting and hashing the next requests while the server runs
 it; the reply is read when the next batch is submitted (replies come back in the order sent), so one batch is in
 flight at a time. The
@@ -42,7 +42,8 @@ keys during a batch (maxmemory evictions): one by one sees such a loss at the ne
 batch. What batching loses is each lookup's own latency: one request in :data:`SAMPLE_EVERY` (the first with a full
 chunk from every :data:`SAMPLE_EVERY`-th on) also gets one unpipelined, timed lookup (read-only, its answer not
 used; taken while no batch is in flight), the store's ``lookup_seconds`` holds those samples (``lookups_sampled``),
-and each pipelined lookup is priced at their mean so far (its ``seconds``).
+and each pipelined lookup is priced at their mean so far (its ``seconds``); a caller that prices its lookups
+otherwise (a priced replay) takes none.
 
 Faults (a tolerant store, :mod:`kvcli.store.calls`): a read that fails after retries makes every lookup of
 the batch a failed one (a miss that stores nothing); a write that fails stores nothing for the batch's requests
@@ -67,11 +68,14 @@ from kvcli.store.hashing import ChunkedPrompt
 from kvcli.store.judge import JUDGE_LUA, NOT_READ, STATES
 from kvcli.store.layout import is_real
 from kvcli.store.records import NOTHING_STORED, LookupResult, StoreResult
+from kvcli.store.resp import HASH_BYTES, bulk, command, hash_keys
 from kvcli.store.server import script_refused
 from kvcli.store.written import METADATA
 
-MAX_SCRIPT_KEYS = 4096  # chunks per batch script at most: ~30 ms of the server's time here (a script blocks every
-# other client; 256 requests at chunk size 16 were 200k keys, 1-2 s, past redis-py's reply timeout at times)
+MAX_SCRIPT_KEYS = 512  # chunks per batch script at most: a script blocks every other client while it runs (256
+# requests at chunk size 16 were 200k keys, 1-2 s, past redis-py's reply timeout at times), and small scripts cost the
+# server less per chunk: 0.95 / 0.85 / 0.82 / 0.82 s of server CPU for the 12,031-request trace at chunk 512 with
+# scripts of at most 4,096 / 1,024 / 512 / 256 keys (the same batches replayed; 0.93 s one request a script)
 SAMPLE_EVERY = 64  # 1 in 64 requests also gets an unpipelined, timed lookup: ~120 latency samples per 7,500
 _MSET_ARGS = 1 << 18  # arguments of one merged MSET at most, far below a server's multibulk limit (1M before 7)
 
@@ -98,7 +102,7 @@ def lookup_and_store(store: ChunkStore, prompts: list[ChunkedPrompt], sample_eve
         store: a store for which :func:`batchable` holds.
         prompts: prompts cut and hashed by ``store`` (:meth:`ChunkStore.chunk`), in request order.
         sample_every: time one unpipelined lookup per N requests (the first one with a full chunk from each N-th
-            on, counted over the store's life).
+            on, counted over the store's life); 0: none (a caller that prices lookups instead).
         quiet: a context manager factory each timed lookup runs inside (:meth:`Batcher.__init__`), or None.
 
     Returns:
@@ -198,11 +202,14 @@ def _real_lengths(port: BatchPort, keys: list[str], values: list) -> dict[str, i
 
 def _sample(port: BatchPort, prompts: list[ChunkedPrompt], sample_every: int, quiet=None) -> None:
     """The latency samples of a batch: one unpipelined, timed lookup (read-only, its answer not used) for the first
-    request with a full chunk from every ``sample_every``-th lookup on (counted over the store's life), each inside
-    ``quiet()`` when given (a context manager that stops other work of this replay for the timing)."""
+    request with a full chunk from every ``sample_every``-th lookup on (counted over the store's life; none when
+    ``sample_every`` is 0), each inside ``quiet()`` when given (a context manager that stops other work of this
+    replay for the timing)."""
     st = port.stats
+    if sample_every <= 0:
+        return
     for i, prompt in enumerate(prompts):
-        if prompt.hexes and st.lookups_sampled * sample_every <= st.lookups_pipelined + i:  # lookups with a chunk
+        if prompt.chunks and st.lookups_sampled * sample_every <= st.lookups_pipelined + i:  # lookups with a chunk
             with quiet() if quiet is not None else contextlib.nullcontext():
                 t0 = time.perf_counter()
                 try:
@@ -293,6 +300,7 @@ t = redis.call('TIME')
 out[#out + 1] = t[1]; out[#out + 1] = t[2]
 return out
 """
+_EVAL, _INDEX_SCRIPT_BULK = bulk(b"EVAL"), bulk(_INDEX_SCRIPT)  # the batch command's first two arguments, packed
 
 
 @dataclass
@@ -330,7 +338,8 @@ class Batcher:
 
     def __init__(self, store: ChunkStore, sample_every: int = SAMPLE_EVERY, quiet=None) -> None:
         """``store``: one for which :func:`batchable` holds, driven through its port alone
-        (:meth:`~kvcli.store.chunkstore.ChunkStore.batch_port`). ``quiet``: a context manager factory each latency
+        (:meth:`~kvcli.store.chunkstore.ChunkStore.batch_port`). ``sample_every``: as :func:`lookup_and_store`'s
+        (0: no latency samples). ``quiet``: a context manager factory each latency
         sample runs inside (e.g. one that stops the process hashing the trace ahead,
         :meth:`kvcli.replay.prefetch.Prefetch.paused`), or None."""
         self.port, self.sample_every, self.quiet = store.batch_port(), sample_every, quiet
@@ -349,7 +358,7 @@ class Batcher:
         """
         while self._due:
             self._receive(self._due.pop(0))
-        if not self.scripted or not any(p.hashes for p in prompts):
+        if not self.scripted or not any(p.chunks for p in prompts):
             return Batch(prompts, _lookup_and_store(self.port, prompts, self.sample_every, self.quiet))
         port = self.port
         _sample(port, prompts, self.sample_every, self.quiet)
@@ -359,12 +368,15 @@ class Batcher:
         middle, tail = port.metadata.middle, port.metadata.tail(False, now)
         st = port.stats
         batch = Batch(prompts, None, st.mean_lookup_seconds(), 0.0, port.metadata.length(False, False, now))
+        if self._conn is None:  # a connection of its own (only a scripted batch sends on it: a single server)
+            self._conn = port.new_connection()
+        fixed = bulk(middle) + bulk(tail) + bulk(port.config.value_bytes)
         for group in _groups(prompts):  # scripts of at most MAX_SCRIPT_KEYS keys (a request is never split)
-            keys = [meta + x for p in group for x in p.hexes]
-            digests = b"".join(d for p in group for d in p.digests)
-            batch.packed.append(self._pack("EVAL", _INDEX_SCRIPT, len(keys), *keys, digests, middle, tail,
-                                           port.config.value_bytes,
-                                           *[len(p.hashes) for p in group]))
+            hashes = b"".join(p.hash_bytes for p in group)
+            keys = len(hashes) // HASH_BYTES
+            batch.packed.append([command(
+                7 + keys + len(group), _EVAL, _INDEX_SCRIPT_BULK, bulk(keys), hash_keys(meta, hashes),
+                bulk(b"".join(p.digest_bytes for p in group)), fixed, *[bulk(p.chunks) for p in group])])
             batch.scripts.append(len(group))
         self._due.append(batch)  # before it is sent: however this ends, close() or a reply records its writes
         try:
@@ -429,7 +441,7 @@ class Batcher:
         """Record in the store's ``written`` the chunks ``batch``'s scripts may have written: each request's chunks
         from ``hits`` (its hit chunks, where its reply was read) on, else every chunk it names."""
         hits = hits or [0] * len(batch.prompts)
-        self.port.written.add(METADATA, (h for p, hit in zip(batch.prompts, hits) for h in p.hashes[hit:]))
+        self.port.written.add(METADATA, (p.hash_bytes[HASH_BYTES * hit:] for p, hit in zip(batch.prompts, hits)))
 
     def _answer(self, batch: Batch) -> None:
         port, st = self.port, self.port.stats
@@ -465,7 +477,7 @@ class Batcher:
         self._record(batch, counts[0::4])  # a request writes only from its hit run's end on
         for i, prompt in enumerate(batch.prompts):
             hit, meta_hit, present, reason = counts[4 * i:4 * i + 4]
-            full = len(prompt.hashes)
+            full = prompt.chunks
             written = full - hit - present
             look = LookupResult(hit, hit * cs, full, "" if reason < 0 else STATES[reason], batch.price,
                                 metadata_hit_chunks=meta_hit)
@@ -519,13 +531,6 @@ class Batcher:
                 calls.call(self._eval, [c for packed in batch.packed[start:] for c in packed],
                            len(batch.packed) - start, record=False, name="EVAL")
 
-    def _pack(self, *args) -> list:
-        """One command packed for this batcher's connection (made here, not connected yet, the first time: its
-        own, so that replies come back in the order sent)."""
-        if self._conn is None:  # only a scripted batch packs commands, and only on a single server: a plain client
-            self._conn = self.port.new_connection()
-        return self._conn.pack_command(*args)
-
     def _eval(self, packed: list | None = None, scripts: int = 0):
         """Send the packed commands of ``scripts`` scripts, or (None) read one script's reply. :attr:`_unread`
         counts the replies not read yet on the connection, held from Ctrl-C with the read or the send that changes
@@ -548,7 +553,7 @@ class Batcher:
 
     @staticmethod
     def _failed(batch: Batch) -> list[tuple[LookupResult, StoreResult]]:
-        return [(LookupResult.failure(len(p.hashes), batch.price), NOTHING_STORED) for p in batch.prompts]
+        return [(LookupResult.failure(p.chunks, batch.price), NOTHING_STORED) for p in batch.prompts]
 
     def _drop(self) -> None:
         if self._conn is not None:
@@ -562,11 +567,11 @@ def _groups(prompts: list[ChunkedPrompt]) -> list[list[ChunkedPrompt]]:
     groups: list[list[ChunkedPrompt]] = [[]]
     keys = 0
     for prompt in prompts:
-        if groups[-1] and keys + len(prompt.hashes) > MAX_SCRIPT_KEYS:
+        if groups[-1] and keys + prompt.chunks > MAX_SCRIPT_KEYS:
             groups.append([])
             keys = 0
         groups[-1].append(prompt)
-        keys += len(prompt.hashes)
+        keys += prompt.chunks
     return groups
 
 

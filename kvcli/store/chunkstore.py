@@ -71,7 +71,7 @@ from kvcli.store.records import (
 from kvcli.store.runmark import RunMark
 from kvcli.store.serde import dtype_name, encode_kv
 from kvcli.store.server import script_refused
-from kvcli.store.written import METADATA, PAYLOAD, WrittenChunks, hexes
+from kvcli.store.written import METADATA, PAYLOAD, HashKeys, WrittenChunks
 
 if TYPE_CHECKING:
     import torch
@@ -128,12 +128,12 @@ class ChunkStore:
         """The payload key of a chunk."""
         return self._payload_head + chunk_hash.hex()
 
-    def written_keys(self) -> Iterator[list[str]]:
-        """Every key this store may have written (:attr:`written`: metadata, then payloads), distinct, in lists of
+    def written_keys(self) -> Iterator[HashKeys]:
+        """Every key this store may have written (:attr:`written`: metadata, then payloads), distinct, in batches of
         at most :data:`~kvcli.store.written.DELETE_BATCH` keys."""
         for kind, head in ((METADATA, self._meta_head), (PAYLOAD, self._payload_head)):
             for blob in self.written.slices(kind):
-                yield [head + x for x in hexes(blob)]
+                yield HashKeys(head, blob)
 
     def chunk(self, tokens, cache_salt: str = "") -> ChunkedPrompt:
         """Cut and hash a prompt under this store's namespace root (model, tokenizer, ``cache_salt``)."""

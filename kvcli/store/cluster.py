@@ -177,6 +177,37 @@ def by_shard(client, commands: list[tuple], trips: ShardTrips | None = None) -> 
     return replies
 
 
+def send_packed(client: redis.Redis, commands: list[bytes]) -> list:
+    """Run commands already packed (RESP bytes, :mod:`kvcli.store.resp`) on a single server in one round trip: one
+    write of them all on a connection of the client's pool, then every reply read, raw (bytes, int, None), an error
+    reply as its exception object (not raised), as :func:`by_shard` gives them. A connection that fails is retried
+    with the client's own retry policy (send and replies again: only for commands that may run twice, as UNLINK).
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError: after the client's retries (the connection is dropped).
+    """
+    pool = client.connection_pool
+    conn = pool.get_connection()
+
+    def attempt() -> list:
+        conn.send_packed_command(commands, check_health=False)
+        replies: list = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except redis.ResponseError as exc:
+                replies.append(exc)
+        return replies
+
+    try:
+        return conn.retry.call_with_retry(attempt, lambda _error: conn.disconnect())
+    except BaseException:
+        conn.disconnect()  # a reply may be unread: never hand the connection to the next caller
+        raise
+    finally:
+        pool.release(conn)
+
+
 def _slot_map(client):
     """slot -> primary, from redis-py's slot map: its cache read directly where it has one (``get_node_from_slot``
     costs ~6 us a call, most of a lookup's client time at hundreds of chunks), else through the method."""

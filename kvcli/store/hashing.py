@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -119,29 +118,61 @@ def as_token_array(token_ids) -> np.ndarray:
     return np.ascontiguousarray(arr.reshape(-1))
 
 
-@dataclass(frozen=True, slots=True)
 class ChunkedPrompt:
-    """A prompt cut into chunks, with one prefix hash per full chunk.
+    """A prompt cut into chunks, with one prefix hash per full chunk. Read-only once made.
+
+    Held as two joined buffers (a replay passes hundreds of thousands of prompts between processes and to the
+    server, where per-chunk Python objects would cost more than the work); the per-chunk lists are made on first
+    use.
 
     Attributes:
         tokens: ``[tokens]`` uint32 token ids of the whole prompt (None where another process hashed them:
             :mod:`kvcli.replay.prefetch`).
         chunk_size: tokens per chunk.
-        hashes: 16-byte prefix hashes, one per *full* chunk (``len(tokens) // chunk_size`` of them).
-        digests: 8-byte xxh3_64 digests of each full chunk's token bytes (the collision guard).
-        hexes: ``hashes`` as 32-digit hex strings (the store's key suffixes).
+        hash_bytes: the 16-byte prefix hashes of every *full* chunk, concatenated (``len(tokens) // chunk_size``
+            of them).
+        digest_bytes: the 8-byte xxh3_64 digests of each full chunk's token bytes (the collision guard),
+            concatenated.
+        chunks: the full chunks (hashes).
+        hashes / digests / hexes: the same per chunk: 16-byte hashes, 8-byte digests, and the hashes as 32-digit
+            hex strings (the store's key suffixes).
     """
 
-    tokens: np.ndarray | None
-    chunk_size: int
-    hashes: list[bytes]
-    digests: list[bytes]
-    hexes: list[str]
+    __slots__ = ("tokens", "chunk_size", "hash_bytes", "digest_bytes", "chunks", "_hashes", "_digests", "_hexes")
+
+    def __init__(self, tokens: np.ndarray | None, chunk_size: int, hash_bytes: bytes, digest_bytes: bytes) -> None:
+        self.tokens, self.chunk_size = tokens, chunk_size
+        self.hash_bytes, self.digest_bytes = hash_bytes, digest_bytes
+        self.chunks = len(hash_bytes) // 16
+        self._hashes: list[bytes] | None = None
+        self._digests: list[bytes] | None = None
+        self._hexes: list[str] | None = None
+
+    @property
+    def hashes(self) -> list[bytes]:
+        """16-byte prefix hashes, one per full chunk."""
+        if self._hashes is None:
+            self._hashes = _pieces(self.hash_bytes, 16)
+        return self._hashes
+
+    @property
+    def digests(self) -> list[bytes]:
+        """8-byte token digests, one per full chunk."""
+        if self._digests is None:
+            self._digests = _pieces(self.digest_bytes, 8)
+        return self._digests
+
+    @property
+    def hexes(self) -> list[str]:
+        """The hashes as 32-digit hex strings."""
+        if self._hexes is None:
+            self._hexes = _pieces(self.hash_bytes.hex(), 32)
+        return self._hexes
 
     @property
     def full_tokens(self) -> int:
         """Tokens covered by full chunks, the most that can ever hit (tokens)."""
-        return len(self.hashes) * self.chunk_size
+        return self.chunks * self.chunk_size
 
     def chunk_tokens(self, k: int) -> np.ndarray:
         """Token ids of chunk ``k``, ``[chunk_size]`` (a view)."""
@@ -151,12 +182,16 @@ class ChunkedPrompt:
     def head(self, chunks: int) -> ChunkedPrompt:
         """The first ``chunks`` full chunks alone, as a prompt of ``chunks * chunk_size`` tokens."""
         tokens = None if self.tokens is None else self.tokens[:chunks * self.chunk_size]
-        return ChunkedPrompt(tokens, self.chunk_size, self.hashes[:chunks], self.digests[:chunks],
-                             self.hexes[:chunks])
+        return ChunkedPrompt(tokens, self.chunk_size, self.hash_bytes[:16 * chunks], self.digest_bytes[:8 * chunks])
 
     def token_digest(self, k: int) -> bytes:
         """The 8-byte xxh3_64 digest of chunk ``k``'s token bytes (the collision guard)."""
-        return self.digests[k]
+        return self.digest_bytes[8 * k:8 * k + 8]
+
+
+def _pieces(joined, size: int) -> list:
+    """``joined`` (bytes or str) cut into consecutive pieces of ``size``."""
+    return [joined[i:i + size] for i in range(0, len(joined), size)]
 
 
 def reusable_tokens(hit_tokens, prompt_tokens):
@@ -322,10 +357,11 @@ def block_hashes(keys: np.ndarray, block_tokens: int, length: int, chunk_size: i
 
 
 def chunked(tokens: np.ndarray | None, chunk_size: int, hashes: list[bytes], digests: list[bytes]) -> ChunkedPrompt:
-    """A :class:`ChunkedPrompt` of hashes and digests :func:`chunk_hashes` computed (here or in another process:
-    ``tokens`` None where they stayed there), with its keys' hex."""
-    joined = b"".join(hashes).hex()
-    return ChunkedPrompt(tokens, chunk_size, hashes, digests, [joined[i:i + 32] for i in range(0, len(joined), 32)])
+    """A :class:`ChunkedPrompt` of hashes and digests :func:`chunk_hashes` computed (``tokens`` None where they are
+    not kept)."""
+    prompt = ChunkedPrompt(tokens, chunk_size, b"".join(hashes), b"".join(digests))
+    prompt._hashes, prompt._digests = hashes, digests  # the lists at hand: nothing to split again
+    return prompt
 
 
 class PromptChunker:

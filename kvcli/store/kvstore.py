@@ -24,7 +24,7 @@ from kvcli.store.lmcache import lmcache_layouts
 from kvcli.store.namespace import PurgeCount, count, purge, purge_own
 from kvcli.store.records import LookupResult, RetrieveResult, StoreConfig, StoreResult, StoreStats
 from kvcli.store.runmark import RunMark
-from kvcli.store.written import WrittenChunks, delete_keys
+from kvcli.store.written import HashKeys, WrittenChunks, delete_keys
 
 if TYPE_CHECKING:
     import torch
@@ -67,8 +67,9 @@ class KVStore(Protocol):
     def payload_key(self, chunk_hash: bytes) -> str:
         """The key a chunk's payload is written under."""
 
-    def written_keys(self) -> Iterator[list[str]]:
-        """Every key the store may have written (its ``written`` record), in batches for UNLINK."""
+    def written_keys(self) -> Iterator[list[str] | HashKeys]:
+        """Every key the store may have written (its ``written`` record), in batches for UNLINK
+        (:func:`~kvcli.store.written.delete_keys`)."""
 
     def vanished_chunks(self) -> int | None:
         """Chunks it wrote again because their keys had gone, not evicted by its capacity (None: not known)."""
@@ -160,16 +161,17 @@ def purge_run(client: redis.Redis | RedisCluster, namespace: str, layouts: tuple
     (the sentinel is named in it), LMCache's through :func:`~kvcli.store.lmcache_store.purge_namespace`.
 
     ``own_server``: the server is kvcli's embedded one, started for this command, on a private socket, holding
-    nothing but this command's keys: then its database is emptied at once (``FLUSHDB``, ~10x faster than a SCAN of
-    a million keys). Never on a server that was given (``--redis-url``, ``REDIS_URL``): that one may hold other
-    people's keys, and only the run's own are deleted.
+    nothing but this command's keys: then its database is discarded whole (``FLUSHDB ASYNC``: the server frees it in
+    a thread of its own while this process goes on, and a server stopped before it is done exits all the same).
+    Never on a server that was given (``--redis-url``, ``REDIS_URL``): that one may hold other people's keys, and
+    only the run's own are deleted.
 
     Raises:
         RedisFailure: a command failed (the message says how many keys were deleted before it).
     """
     if own_server:
         deleted = int(client.dbsize())
-        client.flushdb()
+        client.flushdb(asynchronous=True)
         return deleted
     if stores is not None:
         return delete_keys(client, itertools.chain([list(keys)], *(store.written_keys() for store in stores)))

@@ -7,6 +7,8 @@ import pickle
 import pytest
 import redis
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcli.errors import RedisFailure
 from kvcli.store import written as written_module
@@ -14,7 +16,7 @@ from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.kvstore import purge_run
 from kvcli.store.namespace import scan_keys
 from kvcli.store.records import StoreConfig
-from kvcli.store.written import METADATA, PAYLOAD, WrittenChunks, delete_keys, hexes
+from kvcli.store.written import METADATA, PAYLOAD, HashKeys, WrittenChunks, delete_keys, hexes, sorted_distinct
 
 SHAPE = (2, 2, 2, 32)
 
@@ -51,6 +53,33 @@ def test_a_record_compacts_itself_as_it_grows(monkeypatch):
     assert rec.distinct(METADATA) == b"".join(h(i) for i in range(80))
 
 
+def test_a_record_past_its_memory_share_spills_to_a_file_and_reads_the_same(monkeypatch):
+    """With 100 hashes' room in memory, 1,000 recorded (300 twice) keep at most 100 in memory; counts, distinct,
+    slices, a pickle and a merge read file and memory as one record."""
+    monkeypatch.setattr(written_module, "SPILL_BYTES", 16 * 100)
+    rec = WrittenChunks()
+    for start in range(0, 1000, 70):
+        rec.add(METADATA, [h(i) for i in range(start, min(start + 70, 1000))])
+    rec.add(METADATA, [h(i) for i in range(300)])
+    assert rec.chunks(METADATA) == 1300 and rec.nbytes < 16 * 100
+    assert rec.distinct(METADATA) == b"".join(h(i) for i in range(1000))
+    assert rec.distinct_chunks(METADATA) == 1000 and rec.nbytes < 16 * 100
+    assert b"".join(rec.slices(METADATA, 64)) == rec.distinct(METADATA)
+    assert [len(s) for s in rec.slices(METADATA, 300)] == [16 * 300] * 3 + [16 * 100]
+    copy = pickle.loads(pickle.dumps(rec))
+    assert copy.distinct(METADATA) == rec.distinct(METADATA)
+    copy.merge(rec)
+    assert copy.chunks(METADATA) == 2000 and copy.distinct(METADATA) == rec.distinct(METADATA)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=40))
+def test_sorted_distinct_is_sorted_set_of_the_hashes(pairs):
+    """Hashes made of few distinct 8-byte halves (many equal first halves, many repeats): byte order, each once."""
+    hashes = [bytes([a]) * 8 + bytes([b]) * 8 for a, b in pairs]
+    assert sorted_distinct(b"".join(hashes)) == b"".join(sorted(set(hashes)))
+
+
 def _keys(client) -> set[bytes]:
     return {key for batch in scan_keys(client) for key in batch}
 
@@ -67,7 +96,7 @@ def test_the_keys_rebuilt_from_a_record_are_the_store_keys(redis_client):
     assert store.stats.evicted_chunks == 4
     on_server = _keys(redis_client) - {b"kvcli:v1:other:8:m:" + b"ab" * 16}
     assert len(on_server) == 4 * 2 + 4 and all(redis_client.ttl(k) > 0 for k in on_server)
-    rebuilt = {k.encode() for batch in store.written_keys() for k in batch}
+    rebuilt = {k.encode() for batch in store.written_keys() for k in batch.keys()}
     assert (store.written.chunks(METADATA), store.written.chunks(PAYLOAD)) == (12, 8)  # 8 real + 4 accounted
     assert len(rebuilt) == 12 + 8 and on_server <= rebuilt  # the evicted chunks' keys too (absent now)
     assert purge_run(redis_client, "rec", ("kvcli",), stores=[store]) == len(on_server)
@@ -80,6 +109,20 @@ def test_delete_keys_in_batches(redis_client):
     batches = [[f"k:{i}" for i in range(j, min(j + 1000, 2600))] for j in range(0, 2600, 1000)]
     assert delete_keys(redis_client, batches, pipeline_batches=2) == 2500  # 100 absent: skipped
     assert _keys(redis_client) == set()
+
+
+def test_hash_keys_are_deleted_packed_with_lists_between_them(redis_client):
+    """Keys named by hashes (``head + hash.hex()``) go as packed UNLINKs, lists of keys as UNLINKs of their own, in
+    one round trip per ``pipeline_batches``: 3 of the 5 hashed keys exist, 1 of the 2 listed."""
+    hashes = [bytes([i]) * 16 for i in range(5)]
+    for h in hashes[:3]:
+        redis_client.set("kvcli:v1:ns:8:m:" + h.hex(), b"v")
+    redis_client.set("sentinel", b"v")
+    redis_client.set("other", b"v")
+    batches = [HashKeys("kvcli:v1:ns:8:m:", b"".join(hashes[:2])), ["sentinel", "absent"],
+               HashKeys("kvcli:v1:ns:8:m:", b"".join(hashes[2:]))]
+    assert delete_keys(redis_client, batches, pipeline_batches=2) == 4
+    assert _keys(redis_client) == {b"other"}
 
 
 @pytest.mark.single_server("an ACL user of one server")
