@@ -24,8 +24,9 @@ from kvcli.store.enginehash import block_hashes, hash_scheme
 from kvcli.store.hashing import PromptChunker, is_block_prompt
 from kvcli.store.records import StoreConfig
 from kvcli.traces.bos import trace_bos_note
-from kvcli.traces.detect import detect_format, outline_trace, read_trace, trace_note
+from kvcli.traces.detect import MOONCAKE_ROWS, detect_format, outline_trace, read_trace, trace_note
 from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, as_trace_format
+from kvcli.traces.mooncake import text_field
 from kvcli.traces.order import arrival_order, order_note
 from kvcli.traces.paths import as_given, display_name, expand_paths, stdin_paths
 from kvcli.traces.records import read_first_record
@@ -168,7 +169,11 @@ def ordered_requests(path: Path, fmt: str | TraceFormat, tok, name: str, limit: 
 
 def is_text_trace(path: Path, fmt: str) -> bool:
     """Whether a trace's prompts are text (their first words can be shown): not a hash-id trace, and not a native
-    trace of ``token_ids``."""
+    trace of ``token_ids``; a Mooncake trace (``mooncake``, ``hash-ids``) when its first row's prompt is text
+    (:func:`kvcli.traces.mooncake.text_field`: ``messages``, ``text_input``, a payload of text), as its note says
+    (:func:`kvcli.traces.detect.trace_note`)."""
+    if fmt in MOONCAKE_ROWS:
+        return text_field(read_first_record(path)[1]) is not None
     if fmt in HASH_ID_FORMATS:
         return False
     if fmt == "native":

@@ -20,7 +20,7 @@ from kvcli.traces.hashids import (
     semantics_note,
 )
 from kvcli.traces.lines import read_lines
-from kvcli.traces.mooncake import MOONCAKE_KEYS, TEXT_KEYS, outline_mooncake, read_mooncake
+from kvcli.traces.mooncake import MOONCAKE_KEYS, TEXT_KEYS, outline_mooncake, read_mooncake, text_field
 from kvcli.traces.native import NATIVE_PROMPT_KEYS, read_native
 from kvcli.traces.openai import BATCH_KEYS, read_openai_batch
 from kvcli.traces.ragpulse import is_component_record, outline_ragpulse, ragpulse_note, read_ragpulse
@@ -133,10 +133,11 @@ def trace_note(path: str | Path, fmt: str | TraceFormat = "auto") -> str | None:
         for _ in iter_hash_id_records(path, HASH_ID_FORMATS[name], spec, skipped):
             pass
     note = semantics_note(HASH_ID_FORMATS[name], spec, first_block, skipped)
-    text_key = next((k for k in TEXT_KEYS if k in first), None) if isinstance(first, dict) else None
-    if name in MOONCAKE_ROWS and text_key is not None:  # no hash id in that row: say so before the blocks' rules
-        note = (f"its first row's prompt is text ({text_key}), tokenized as the request it makes, without hash ids; "
-                f"rows of hash_ids: {note}")
+    field = next((k for k in TEXT_KEYS if k in first), None) if isinstance(first, dict) else None
+    if name in MOONCAKE_ROWS and field is not None:  # no hash id in that row: say so before the blocks' rules
+        prompt = (f"text ({field}), tokenized as the request it makes," if text_field(first) is not None
+                  else f"token ids ({field}.prompt),")
+        note = f"its first row's prompt is {prompt} without hash ids; rows of hash_ids: {note}"
     return note
 
 

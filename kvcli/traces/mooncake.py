@@ -14,7 +14,11 @@ convert_to_mooncake.py`` at e13ed053). A row is one request; its prompt is given
   request, rendered under the chat template with the generation prompt and tokenized as a native record's
   (:func:`kvcli.traces.native.prompt_tokens`). ``hash_ids`` and ``input_length`` beside them are not used.
 * ``text_input``: a text prompt, sent as one user message (aiperf's default chat endpoint sends it so).
-* ``payload``: a whole OpenAI request body, sent as it is (:func:`kvcli.traces.openai.body_request`).
+* ``payload``: a whole OpenAI request body, sent as it is (:func:`kvcli.traces.openai.body_request`); a ``prompt``
+  given as a list in it is the prompt's token ids (integers in ``[0, 2**32)``), taken as they are.
+
+A row of ``messages``, ``text_input`` or a ``payload`` of text is a text prompt (:func:`text_field`): ``kvcli stats``
+and ``kvcli explain`` show excerpts of a trace whose first row is one, as of any text trace.
 
 ``extra`` (an object) is shallow-merged into the request body as aiperf sends it (its keys win): its ``cache_salt``
 (vLLM's request field) is the request's tenant salt, like a record's own ``cache_salt`` (the two may not differ);
@@ -25,7 +29,11 @@ Sessions and time: ``session_id`` links a conversation's turns (rows without one
 ``delay`` after its session's previous turn arrived: aiperf and Dynamo start that wait when the previous turn's
 response has ended (Dynamo's exporters write ``delay`` = this turn's start - the previous turn's end), which the
 trace does not record, so the time is the earliest the turn can arrive. A ``delay`` row whose previous turn has no
-time (or that has no previous turn) has no time; a row with both fields takes its ``timestamp``.
+time (or that has no previous turn) has no time; a row with both fields takes its ``timestamp``. In a Parquet file,
+a ``timestamp`` column of Arrow type ``timestamp`` (any unit, with or without a time zone) is the instant's time
+since the Unix epoch, the same seconds as its number of ms since the epoch in an integer column; a ``timestamp`` or
+``delay`` column of type ``duration`` is its length. Both carry their own unit: ``--timestamp-unit`` does not apply
+to them (:func:`kvcli.traces.records.optional_seconds`).
 
 Whole and delta rows: a row's prompt is whole (Mooncake's, Dynamo's exporters': a session's later rows repeat its
 earlier blocks) unless its session's rows are deltas, as aiperf's agentic-code generator writes them
@@ -53,7 +61,7 @@ import numpy as np
 from kvcli.errors import BadInputError
 from kvcli.model.tokenizer_base import TOKEN_DTYPE
 from kvcli.traces.hashids import BlockIds, HashIdSchema, TraceFormat, time_divisor
-from kvcli.traces.openai import body_request
+from kvcli.traces.openai import body_request, prompt_is_token_ids
 from kvcli.traces.records import (
     cache_salt,
     checked_rows,
@@ -70,7 +78,8 @@ from kvcli.traces.synth import SYNTH_VOCAB, block_token_ids
 MOONCAKE_BLOCK_TOKENS = 512
 #: synthesized Mooncake token ids are < this, so they are ordinary (non-special) cl100k_base ids.
 MOONCAKE_VOCAB = SYNTH_VOCAB
-#: the fields that give a row's prompt as text: a row holds one of them at most
+#: the fields that give a row's prompt as a request (text, or a payload's token ids: :func:`text_field`) instead of
+#: blocks: a row holds one of them at most
 TEXT_KEYS = ("messages", "text_input", "payload")
 #: fields only a Mooncake row has among the formats kvcli detects: a first record with one of them is Mooncake
 #: (:func:`kvcli.traces.detect.record_format`), its ``messages`` then not a native record's
@@ -79,6 +88,16 @@ MOONCAKE_KEYS = ("input_length", "delay", "text_input", "payload", "extra", "con
 #: whole rows; ``"live"`` deltas with each turn's response between them; ``"canned"`` deltas alone
 CONTEXT_MODES: dict[str, str | None] = {"message_array_with_responses": None, "deltas_without_responses": "live",
                                         "deltas_with_responses": "canned"}
+
+
+def text_field(record: Any) -> str | None:
+    """The field of :data:`TEXT_KEYS` a row gives its prompt as text by, or None: a row of blocks, a ``payload`` of
+    token ids (:func:`kvcli.traces.openai.prompt_is_token_ids`), a record that is not an object. Checks nothing else
+    (the reader does)."""
+    if not isinstance(record, dict):
+        return None
+    key = next((k for k in TEXT_KEYS if k in record), None)
+    return None if key == "payload" and prompt_is_token_ids(record[key]) else key
 
 
 def mooncake_token_ids(hash_ids: list[int], input_length: int) -> np.ndarray:
@@ -163,7 +182,7 @@ class _Reader:
     def _check(self, record: dict) -> _Row:
         session_id = optional_id(record, "session_id")
         timestamp = optional_seconds(record.get("timestamp"), "timestamp", divisor=self.divisor)
-        delay = optional_seconds(record.get("delay"), "delay", divisor=self.divisor)
+        delay = optional_seconds(record.get("delay"), "delay", divisor=self.divisor, instant=False)
         output_length = optional_count(record.get("output_length"), "output_length")
         extra = record.get("extra")
         if extra is not None and not isinstance(extra, dict):
@@ -200,8 +219,8 @@ class _Reader:
                     mode)
 
     def _text(self, record: dict, row: _Row, number: int) -> Request | Outline:
-        """A row whose prompt is text (``messages``, ``text_input``, ``payload``), tokenized even for an outline
-        (its length needs the tokens)."""
+        """A row whose prompt is a request (``messages``, ``text_input``, ``payload``): text tokenized even for an
+        outline (its length needs the tokens), a payload's token ids taken as they are."""
         key = row.text_key
         assert key is not None
         value = record[key]

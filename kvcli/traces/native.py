@@ -98,14 +98,15 @@ def prompt_chat(record: dict) -> ChatPrompt | None:
     return ChatPrompt(messages, record.get("tools") or None) if isinstance(messages, list) else None
 
 
-def token_array(value: Any) -> np.ndarray:
-    """Validated token ids: a list of integers in ``[0, 2**32)`` as a ``[tokens]`` ``'<u4'`` array.
+def token_array(value: Any, name: str = "token_ids") -> np.ndarray:
+    """Validated token ids: a list of integers in ``[0, 2**32)`` as a ``[tokens]`` ``'<u4'`` array; ``name`` is the
+    field errors name.
 
     Raises:
-        BadInputError: not a list, or an element that is not such an integer (its index is named).
+        BadInputError: not a list, or an element that is not such an integer (``name[i]``, its index, is named).
     """
     if not isinstance(value, list):
-        raise BadInputError(f"token_ids must be a list of integers, not {type(value).__name__}")
+        raise BadInputError(f"{name} must be a list of integers, not {type(value).__name__}")
     if not value:
         return np.zeros(0, dtype=TOKEN_DTYPE)
     try:
@@ -119,4 +120,4 @@ def token_array(value: Any) -> np.ndarray:
         i = int(bad[0])
     else:
         i = next((i for i, t in enumerate(value) if type(t) is not int or not 0 <= t <= 0xFFFFFFFF), 0)
-    raise BadInputError(f"token_ids[{i}] = {shorten(value[i])} is not an integer in [0, 2**32)")
+    raise BadInputError(f"{name}[{i}] = {shorten(value[i])} is not an integer in [0, 2**32)")

@@ -4,9 +4,10 @@ A **request body** is what a client POSTs to ``/v1/chat/completions`` (``message
 ``/v1/completions`` (``prompt``). Its prompt is rendered exactly as a native record's
 (:func:`kvcli.traces.native.prompt_tokens`): ``messages`` with the request's ``tools`` under the chat template plus
 the generation prompt, so a Batch line, a gateway log row and the native record ``{"messages": ..., "tools": ...}``
-of the same request give the same token ids. ``cache_salt`` (vLLM's request field) is the tenant salt; ``model``
-(:attr:`kvcli.traces.request.Request.model`: requests naming different models never share cache) and the sampling
-fields do not change the prompt. A file of bodies, one per line, is a native trace.
+of the same request give the same token ids. A ``prompt`` given as a list (the completions API's token-id prompt)
+is the prompt's token ids, as a native record's ``token_ids``. ``cache_salt`` (vLLM's request field) is the tenant
+salt; ``model`` (:attr:`kvcli.traces.request.Request.model`: requests naming different models never share cache)
+and the sampling fields do not change the prompt. A file of bodies, one per line, is a native trace.
 
 **OpenAI Batch input** (JSONL; ``fmt="openai-batch"``): ``{"custom_id": ..., "method": "POST", "url":
 "/v1/chat/completions", "body": {...}}`` per line. ``id`` is ``custom_id``; there are no timestamps or sessions.
@@ -17,9 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvcli.errors import BadInputError
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
-from kvcli.traces.native import prompt_chat, prompt_tokens
+from kvcli.traces.native import prompt_chat, prompt_tokens, token_array
 from kvcli.traces.records import (
     cache_salt,
     iter_jsonl,
@@ -42,7 +45,8 @@ def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str,
 
     Raises:
         BadInputError: the body is not an object, has neither ``messages`` nor ``prompt``, or holds a bad value
-            (see :func:`~kvcli.traces.native.prompt_tokens`); ``cache_salt`` that is not a string.
+            (see :func:`~kvcli.traces.native.prompt_tokens`); a list ``prompt`` with an element that is not a token
+            id (an integer in ``[0, 2**32)``) or with ``tools``; ``cache_salt`` that is not a string.
     """
     if not isinstance(body, dict):
         raise BadInputError(f"{what} must be a request object, not {json_type(body)}")
@@ -51,13 +55,38 @@ def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str,
         raise BadInputError(f"{what} has neither messages (a chat completion) nor prompt (a completion); its keys: "
                             f"{keys}")
     salt = cache_salt(body, f"{what}.")
-    try:
-        tokens = prompt_tokens({k: body[k] for k in ("messages", "prompt", "tools") if k in body}, tokenizer, what)
-    except BadInputError as err:
-        raise BadInputError(f"{what}: {err.reason}") from None
+    if prompt_is_token_ids(body):
+        tokens = _prompt_token_ids(body, what)
+    else:
+        try:
+            tokens = prompt_tokens({k: body[k] for k in ("messages", "prompt", "tools") if k in body}, tokenizer,
+                                   what)
+        except BadInputError as err:
+            raise BadInputError(f"{what}: {err.reason}") from None
     return Request(id=request_id, token_ids=tokens, timestamp=timestamp, session_id=session_id,
                    cache_salt=salt, output_length=output_length, source=source, chat=prompt_chat(body),
                    model=served_model(body, f"{what}."))
+
+
+def prompt_is_token_ids(body: Any) -> bool:
+    """Whether a request body gives its prompt as token ids (a completion's ``prompt`` that is a list, with no
+    ``messages``) rather than as text; checks nothing else (:func:`body_request` does)."""
+    return isinstance(body, dict) and isinstance(body.get("prompt"), list) and "messages" not in body
+
+
+def _prompt_token_ids(body: dict, what: str) -> np.ndarray:
+    """A completion body's ``prompt`` given as a list: its token ids, ``[tokens]`` ``'<u4'``.
+
+    Raises:
+        BadInputError: ``tools`` beside it, or an element that is not an integer in ``[0, 2**32)`` (a list of
+            strings is a batch of prompts, several requests, not one).
+    """
+    if body.get("tools"):
+        raise BadInputError(f"{what}: tools go with messages (a chat request), not with prompt")
+    try:
+        return token_array(body["prompt"], f"{what}.prompt")
+    except BadInputError as err:
+        raise BadInputError(f"{err.reason}: a prompt given as a list is one request's token ids") from None
 
 
 def read_openai_batch(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:

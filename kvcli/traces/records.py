@@ -3,6 +3,7 @@ documents, and validating a record's optional fields, with errors that name the 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gzip
 import io
 import itertools
@@ -64,13 +65,40 @@ def optional_count(value: Any, key: str) -> int | None:
     return value
 
 
-def optional_seconds(value: Any, key: str, divisor: int) -> float | None:
-    """``value`` (a finite number >= 0 in units of 1/``divisor`` s) in seconds, or None. Raises BadInputError."""
+def optional_seconds(value: Any, key: str, divisor: int, instant: bool = True) -> float | None:
+    """``value`` in seconds, or None when it is None. ``value`` is a finite number >= 0 in units of 1/``divisor`` s,
+    or a Parquet temporal value (:func:`iter_parquet`), which carries its own unit (``divisor`` does not apply): an
+    Arrow ``duration`` (a :class:`datetime.timedelta` >= 0) is its length; with ``instant``, an Arrow ``timestamp``
+    (a :class:`datetime.datetime`, naive as Arrow gives a column without a time zone: UTC) is its time since the
+    Unix epoch (1970-01-01T00:00:00Z, UTC). A temporal value is taken exactly in whole microseconds and divided
+    once, so an instant of ``n`` ms gives the same float as the number ``n`` with ``divisor`` 1000.
+
+    Raises:
+        BadInputError: naming ``key``: anything else, a number or a duration < 0, a timestamp before the epoch, or
+            a timestamp where ``instant`` is False (a delay is a length of time, not an instant).
+    """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise BadInputError(f"{key} must be a finite number >= 0, got {shorten(value)}")
-    return float(value) / divisor
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+        return float(value) / divisor
+    if isinstance(value, datetime.datetime):
+        if not instant:
+            raise BadInputError(f"{key} must be a number or a duration, not a timestamp ({value.isoformat()})")
+        micros = (value - (_EPOCH_UTC if value.tzinfo is not None else _EPOCH)) // _MICROSECOND
+        if micros < 0:
+            raise BadInputError(f"{key} must be at or after the Unix epoch (1970-01-01T00:00:00Z), got "
+                                f"{value.isoformat()}")
+        return micros / 1_000_000
+    if isinstance(value, datetime.timedelta):
+        if value < datetime.timedelta(0):
+            raise BadInputError(f"{key} must be a duration >= 0, got {value}")
+        return (value // _MICROSECOND) / 1_000_000
+    raise BadInputError(f"{key} must be a finite number >= 0, got {shorten(value)}")
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+_EPOCH_UTC = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+_MICROSECOND = datetime.timedelta(microseconds=1)
 
 
 def shorten(value: Any, limit: int = 40) -> str:
@@ -388,10 +416,14 @@ def iter_parquet(path: Path) -> Generator[tuple[int, dict[str, Any]], None, None
     """``(row_no, row)`` of each row of a Parquet file (1-based), read through pyarrow a record batch at a time
     (``pyarrow.parquet.ParquetFile.iter_batches``): each row as a dict of its columns' Python values (lists, nested
     dicts). A null column, or a null field of a struct (Parquet gives every value of a struct column the union of
-    the fields its values have), is left out, as a JSON record leaves out a field it does not have.
+    the fields its values have), is left out, as a JSON record leaves out a field it does not have. An Arrow
+    ``timestamp`` is a :class:`datetime.datetime` (naive without a time zone), a ``duration`` a
+    :class:`datetime.timedelta` (:func:`optional_seconds` reads both), both to the microsecond: a nanosecond
+    value's nanoseconds below a whole microsecond are dropped (Python's types hold microseconds).
 
     Raises:
-        BadInputError: at ``path:row``, a file pyarrow cannot read there (not Parquet, corrupt, cut short).
+        BadInputError: at ``path:row``, a file pyarrow cannot read there (not Parquet, corrupt, cut short), or a
+            value Python cannot hold (a timestamp past the year 9999), naming its column.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -399,14 +431,55 @@ def iter_parquet(path: Path) -> Generator[tuple[int, dict[str, Any]], None, None
     row_no = 0
     try:
         parquet = pq.ParquetFile(path)
+        schema = parquet.schema_arrow
+        coarse = pa.schema([f.with_type(_microsecond_type(f.type)) for f in schema])
+        cast = None if coarse.equals(schema) else coarse
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS):
-            for row in batch.to_pylist():
+            for row in _batch_rows(batch if cast is None else batch.cast(cast, safe=False), path, row_no):
                 row_no += 1
                 yield row_no, _without_nulls(row)
     except (pa.ArrowException, OSError) as exc:
         raise BadInputError(f"cannot read Parquet past row {row_no} ({type(exc).__name__}: {exc})" if row_no else
                             f"cannot read Parquet ({type(exc).__name__}: {exc})", path=str(path),
                             line=row_no + 1) from None
+
+
+def _microsecond_type(t: Any) -> Any:
+    """Arrow type ``t`` with every nanosecond ``timestamp`` (its time zone kept) and ``duration`` in it, at any depth
+    of structs and lists, in microseconds instead: the values Python's :mod:`datetime` types can hold."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(t) and t.unit == "ns":
+        return pa.timestamp("us", t.tz)
+    if pa.types.is_duration(t) and t.unit == "ns":
+        return pa.duration("us")
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_microsecond_type(f.type)) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        field = t.value_field.with_type(_microsecond_type(t.value_type))
+        return pa.list_(field) if pa.types.is_list(t) else pa.large_list(field)
+    return t
+
+
+def _batch_rows(batch: Any, path: Path, before: int) -> list[dict[str, Any]]:
+    """A record batch's rows as Python dicts (``before``: rows of the file ahead of it).
+
+    Raises:
+        BadInputError: at ``path:row``, the first value Python cannot hold (a timestamp past the year 9999, a
+            nanosecond value nested where :func:`_microsecond_type` does not reach), naming its column and type.
+    """
+    try:
+        return batch.to_pylist()
+    except (ValueError, OverflowError) as exc:
+        for i in range(batch.num_rows):
+            for name, column in zip(batch.schema.names, batch.columns):
+                try:
+                    column.slice(i, 1).to_pylist()
+                except (ValueError, OverflowError) as cell:
+                    raise BadInputError(f"cannot read column {name} ({column.type}): {cell}",
+                                        path=str(path), line=before + i + 1) from None
+        raise BadInputError(f"cannot read Parquet past row {before} ({type(exc).__name__}: {exc})",
+                            path=str(path), line=before + 1) from None
 
 
 def _without_nulls(value: Any) -> Any:

@@ -93,6 +93,14 @@ def test_a_mooncake_text_row_is_sited_by_token_not_by_a_hash_id_it_does_not_have
     r2 = t["per_request"][1]
     assert (r2["prompt_tokens"], r2["reused_tokens"], r2["divergence_site"]) == (40, 16, "token 20")
     assert r2["lost_tokens_by_cause"] == causes(chunk_boundary=4, divergence=20)
+    # a text trace: its excerpts decode tokens 20 - 12 = 8 to 20 + 12 = 32 of each prompt, " word" x 12 then
+    # " other" x 12 (132 characters) and " word" x 24 (120); they first differ at character 5 x 12 + 1 = 61 ("o"
+    # against "w"), cut to characters 61 - 24 = 37 to 61 + 24 = 85, "…" where cut
+    ours, theirs = " word" * 12 + " other" * 12, " word" * 24
+    assert (r2["divergence_ours"], r2["divergence_predecessor"]) == ("…" + ours[37:85] + "…",
+                                                                     "…" + theirs[37:85] + "…")
+    # character 37 is the "o" of the 8th " word" (5 x 7 + 2); 60 to 85: " other" x 4 and the next space
+    assert r2["divergence_ours"] == "…ord word word word word other other other other …"
 
 
 def test_a_changing_date_in_the_system_prompt_is_named_with_both_dates(tmp_path):

@@ -110,6 +110,29 @@ def test_stats_text_shows_first_words_of_a_text_trace(tmp_path, monkeypatch):
     assert "top shared prefixes by tokens they would save" in out.stdout
 
 
+def test_stats_shows_first_words_of_a_mooncake_trace_of_text_rows(tmp_path):
+    # text_input is one user message; cl100k ChatML, each piece encoded as text: "<|im_start|>user\n" is 8 tokens
+    # ("<", "|", "im", "_start", "|", ">", "user", "\n"), "Where is my order?" 5; the two rows differ after them
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ({"text_input": "Where is my order? It is late."},
+                                                           {"text_input": "Where is my order? Please hurry."})))
+    out = CliRunner().invoke(app, ["stats", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    (trace,) = json.loads(out.stdout)["traces"]
+    assert trace["format"] == "mooncake"
+    assert trace["top_shared_prefixes"] == [{"start_tokens": 0, "run_tokens": 13, "prefix_tokens": 13, "requests": 1,
+                                             "saved_tokens": 13, "cache_salt": "", "model": "",
+                                             "first_words": "<|im_start|>user Where is my order?"}]
+    # a first row of token ids (a payload's prompt list) is no text: no words made up from its ids
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("".join(json.dumps({"payload": {"prompt": [5, 6, 7, k]}}) + "\n" for k in (8, 9)))
+    out = CliRunner().invoke(app, ["stats", str(ids), "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["traces"][0]["top_shared_prefixes"] == [
+        {"start_tokens": 0, "run_tokens": 3, "prefix_tokens": 3, "requests": 1, "saved_tokens": 3, "cache_salt": "",
+         "model": "", "first_words": None}]
+
+
 def test_stats_on_the_sample_traces_agree_with_replays_upper_bound():
     out = CliRunner().invoke(app, ["stats", str(SAMPLES), "--json", "--top", "3"])
     assert out.exit_code == 0, out.output

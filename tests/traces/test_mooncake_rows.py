@@ -283,6 +283,143 @@ def test_a_bad_parquet_row_names_its_row_and_a_cut_file_is_one_error(tmp_path):
     assert "Traceback" not in out.output
 
 
+# ---------------------------------------------------------------------------------------------- Parquet time types
+
+#: 2023-11-14T22:13:20Z and 250 ms, 1 s after it, as integer ms since the Unix epoch
+EPOCH_MS = [1_700_000_000_000, 1_700_000_000_250, 1_700_000_001_000]
+PER_MS = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}
+
+
+def time_table(ms: list[int], arrow_type: pa.DataType, per_ms: int | None, **columns) -> pa.Table:
+    """Rows of one private block each, whose ``timestamp`` column holds ``ms`` (integer ms since the epoch) as
+    ``arrow_type`` (``per_ms`` of its units a ms; None: seconds, each value a whole second)."""
+    raw = [m // 1000 if per_ms is None else m * per_ms for m in ms]
+    return pa.table({"timestamp": pa.array(raw, pa.int64()).cast(arrow_type), "input_length": [4] * len(ms),
+                     "hash_ids": [[i] for i in range(len(ms))], **columns})
+
+
+@pytest.mark.parametrize("unit", ["ms", "us", "ns"])
+@pytest.mark.parametrize("tz", [None, "UTC", "America/New_York"])
+def test_a_parquet_timestamp_column_is_read_as_its_instant_in_ms_since_the_epoch(tmp_path, unit, tz):
+    typed = tmp_path / "typed.parquet"
+    pq.write_table(time_table(EPOCH_MS, pa.timestamp(unit, tz), PER_MS[unit]), typed)
+    integer = tmp_path / "integer.parquet"
+    pq.write_table(time_table(EPOCH_MS, pa.int64(), 1), integer)
+    assert detect_format(typed) == "mooncake"
+    # 1,700,000,000,000 ms = 1,700,000,000 s; + 0.25 s; + 1 s (a time zone names the same instants)
+    assert [r.timestamp for r in read_trace(typed)] == [1_700_000_000.0, 1_700_000_000.25, 1_700_000_001.0]
+    assert [r.timestamp for r in read_trace(typed)] == [r.timestamp for r in read_trace(integer)]
+    assert [o.timestamp for o in outline_trace(typed)] == [1_700_000_000.0, 1_700_000_000.25, 1_700_000_001.0]
+    # the column's own unit: --timestamp-unit (which would read the integers as seconds) does not apply to it
+    assert [r.timestamp for r in read_trace(typed, TraceFormat("mooncake", timestamp_unit="s"))][0] == 1.7e9
+
+
+def test_nanoseconds_are_cut_to_whole_microseconds_and_a_duration_is_its_length(tmp_path):
+    path = tmp_path / "ns.parquet"
+    # 1,700,000,000,123,456,789 ns: its whole microseconds are 1,700,000,000,123,456 us
+    pq.write_table(pa.table({
+        "session_id": ["a", "a", "b"],
+        "timestamp": pa.array([1_700_000_000_123_456_789, None, None], pa.int64()).cast(pa.timestamp("ns", "UTC")),
+        "delay": pa.array([None, 1_500_000_999, 7], pa.int64()).cast(pa.duration("ns")),
+        "input_length": [4, 4, 4], "hash_ids": [[0], [0], [1]]}), path)
+    first, second, lone = read_trace(path)
+    assert first.timestamp == 1_700_000_000_123_456 / 1_000_000
+    # + 1,500,000,999 ns = 1,500,000 us (the 999 ns cut) = 1.5 s; b has no timed previous turn: no time
+    assert second.timestamp == (1_700_000_000_123_456 + 1_500_000) / 1_000_000
+    assert lone.timestamp is None
+    offsets = tmp_path / "offsets.parquet"  # a duration timestamp: time from the trace's start
+    pq.write_table(time_table([0, 250, 1000], pa.duration("ms"), 1), offsets)
+    assert [r.timestamp for r in read_trace(offsets)] == [0.0, 0.25, 1.0]
+
+
+def test_a_duration_delay_adds_as_its_integer_ms_do(tmp_path):
+    rows = {"session_id": ["s", "s", "s"], "timestamp": pa.array([1000, None, None], pa.int64()),
+            "input_length": [4, 4, 4], "hash_ids": [[0], [0], [0]]}
+    typed, integer = tmp_path / "d.parquet", tmp_path / "i.parquet"
+    pq.write_table(pa.table({**rows, "delay": pa.array([None, 500, 250], pa.int64()).cast(pa.duration("ms"))}),
+                   typed)
+    pq.write_table(pa.table({**rows, "delay": pa.array([None, 500, 250], pa.int64())}), integer)
+    # 1000 ms = 1.0 s, + 0.5 s, + 0.25 s
+    assert [r.timestamp for r in read_trace(typed)] == [1.0, 1.5, 1.75]
+    assert [r.timestamp for r in read_trace(typed)] == [r.timestamp for r in read_trace(integer)]
+
+
+@pytest.mark.parametrize("column, values, words", [
+    ("timestamp", pa.array([0, -5], pa.int64()).cast(pa.timestamp("ms")),
+     "2: timestamp must be at or after the Unix epoch (1970-01-01T00:00:00Z), got 1969-12-31T23:59:59.995000"),
+    ("delay", pa.array([None, 5], pa.int64()).cast(pa.timestamp("ms")),
+     "2: delay must be a number or a duration, not a timestamp (1970-01-01T00:00:00.005000)"),
+    ("delay", pa.array([None, -5], pa.int64()).cast(pa.duration("ms")),
+     "2: delay must be a duration >= 0, got -1 day, 23:59:59.995000"),
+    # 10**12 s is past the year 9999, the last a Python datetime holds (Parquet keeps seconds as ms)
+    ("timestamp", pa.array([0, 10**12], pa.int64()).cast(pa.timestamp("s")),
+     "2: cannot read column timestamp (timestamp[ms]): date value out of range"),
+])
+def test_a_bad_time_value_is_one_error_naming_its_row(tmp_path, column, values, words):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"session_id": ["s", "s"], column: values, "input_length": [4, 4],
+                             "hash_ids": [[0], [0]]}), path)
+    assert bad(path) == f"{path}:{words}"
+    out = CliRunner().invoke(app, ["stats", str(path)])
+    assert (out.exit_code, out.stderr) == (2, f"kvcli: error: {path}:{words}\n")
+
+
+@SETTINGS
+@given(ms=st.lists(st.integers(0, 2**41), min_size=1, max_size=6), unit=st.sampled_from(list(PER_MS)),
+       tz=st.sampled_from([None, "UTC", "Asia/Kolkata"]))
+def test_any_timestamp_column_replays_in_the_order_and_gaps_of_its_integer_ms(tmp_path, ms, unit, tz):
+    """The same instants as an Arrow timestamp (any unit; whole seconds for ``s``) and as integer ms: equal floats,
+    so equal arrival order and gaps."""
+    if unit == "s":
+        ms = [m // 1000 * 1000 for m in ms]
+    typed, integer = tmp_path / "t.parquet", tmp_path / "i.parquet"
+    pq.write_table(time_table(ms, pa.timestamp(unit, tz), PER_MS[unit]), typed)
+    pq.write_table(time_table(ms, pa.int64(), 1), integer)
+    assert [r.timestamp for r in read_trace(typed)] == [r.timestamp for r in read_trace(integer)] == \
+           [m / 1000 for m in ms]
+
+
+# ---------------------------------------------------------------------------------------------- token-id payloads
+
+def test_a_payload_prompt_of_token_ids_is_the_prompt_s_token_ids(tmp_path):
+    rows = [{"session_id": "s", "payload": {"model": "m", "prompt": [7, 8, 9, 4_294_967_295]}, "timestamp": 1000,
+             "output_length": 3},
+            {"session_id": "s", "payload": {"prompt": []}, "delay": 500, "extra": {"cache_salt": "t"}},
+            {"input_length": 4, "hash_ids": [1]}]
+    native = write_jsonl(tmp_path / "n.jsonl", [{"token_ids": [7, 8, 9, 4_294_967_295]}, {"token_ids": []}])
+    for path in (write_jsonl(tmp_path / "p.jsonl", rows), write_parquet(tmp_path / "p.parquet", rows)):
+        first, second, blocks = read_trace(path)
+        assert first.token_ids.tolist() == [7, 8, 9, 4_294_967_295] and first.token_ids.dtype == np.dtype("<u4")
+        assert second.token_ids.tolist() == []
+        assert [r.token_ids.tolist() for r in (first, second)] == [r.token_ids.tolist() for r in read_trace(native)]
+        assert (first.chat, first.blocks, first.model, first.output_length) == (None, None, "m", 3)
+        assert (first.timestamp, second.timestamp, second.cache_salt) == (1.0, 1.5, "t")  # 1000 ms, + 500 ms
+        assert blocks.blocks is not None
+        assert [o.prompt_tokens for o in outline_trace(path)] == [4, 0, 4]
+    note = trace_note(write_jsonl(tmp_path / "first.jsonl", rows))
+    assert note.startswith("its first row's prompt is token ids (payload.prompt), without hash ids; rows of "
+                           "hash_ids: read as a mooncake hash-id trace: ")
+
+
+@pytest.mark.parametrize("prompt, words", [
+    ([1, -2], "payload.prompt[1] = -2 is not an integer in [0, 2**32)"),
+    ([1, 2**32], "payload.prompt[1] = 4294967296 is not an integer in [0, 2**32)"),
+    ([3, 1.5], "payload.prompt[1] = 1.5 is not an integer in [0, 2**32)"),
+    ([0, "a"], "payload.prompt[1] = 'a' is not an integer in [0, 2**32)"),
+    (["Hello", "Bye"], "payload.prompt[0] = 'Hello' is not an integer in [0, 2**32)"),  # a batch of prompts
+    ([[1, 2]], "payload.prompt[0] = [1, 2] is not an integer in [0, 2**32)"),
+    ([5, None], "payload.prompt[1] = None is not an integer in [0, 2**32)"),
+])
+def test_a_payload_prompt_list_that_is_not_token_ids_is_one_error(tmp_path, prompt, words):
+    path = write_jsonl(tmp_path / "b.jsonl", [{"payload": {"prompt": [1]}}, {"payload": {"prompt": prompt}}])
+    message = f"{path}:2: {words}: a prompt given as a list is one request's token ids"
+    assert bad(path) == message
+    out = CliRunner().invoke(app, ["stats", str(path)])
+    assert (out.exit_code, out.stderr) == (2, f"kvcli: error: {message}\n")
+    tools = write_jsonl(tmp_path / "t.jsonl", [{"payload": {"prompt": [1], "tools": TOOLS}}])
+    assert bad(tools) == f"{tools}:1: payload: tools go with messages (a chat request), not with prompt"
+
+
 # ---------------------------------------------------------------------------------------------- properties
 
 turns = st.lists(st.tuples(st.integers(0, 1200), st.integers(0, 40), st.floats(0, 1e5, allow_nan=False)),
