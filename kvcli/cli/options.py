@@ -29,8 +29,9 @@ from kvcli.errors import BadInputError
 REDIS_URL_HELP = ("Redis URL (redis://, rediss://, unix://). Default: an embedded server started (and stopped) for "
                   "this command.")
 REDIS_TIMEOUT_HELP = ("Longest wait for the connect and for each Redis reply (e.g. 10s, 500ms); then the call fails "
-                      "(replay counts it as a miss and goes on; other commands stop, exit 3). A dropped connection "
-                      "is retried twice first.")
+                      "(replay: a lookup counts as a miss, a read of its own is sent again, and 3 failed calls in a "
+                      "row stop it, exit 3; other commands stop, exit 3). A dropped connection is retried twice "
+                      "first.")
 DEFAULT_REDIS_TIMEOUT = "10s"  # = kvcli.store.server.DEFAULT_TIMEOUT
 DEFAULT_CHUNK_SIZES = "16,64,256,1024"
 

@@ -35,6 +35,7 @@ from kvcli.replay.savings import Ledger
 from kvcli.sim.curve import CurveResult, HitCurve
 from kvcli.sim.stream import ChunkStream
 from kvcli.store.batch import SAMPLE_EVERY, Batcher
+from kvcli.store.calls import RedisUnavailable, resend
 from kvcli.store.chunkstore import ChunkStore
 from kvcli.store.hashing import ChunkedPrompt, reusable_tokens
 from kvcli.store.kvstore import KVStore
@@ -352,10 +353,12 @@ class Lane:
         # (nothing deleted; a server that evicts was refused by the preflight unless allowed), so the SCAN stops at
         # the sample instead of counting every key
         known = st.objects_created if store.resident_chunks is None and not self._allow_evictions else None
-        try:
-            res.redis_memory_bytes, res.redis_memory_sampled_keys = redis_memory(
-                self._client, store.key_pattern, self._memory_sample, known)
-        except KvcliError as exc:
+        try:  # read again after an attempt that got no reply, by the rule on failed calls
+            res.redis_memory_bytes, res.redis_memory_sampled_keys = resend(self._client, lambda: redis_memory(
+                self._client, store.key_pattern, self._memory_sample, known))
+        except RedisUnavailable:  # the last straw of the rule: the server is taken as gone, the run stops
+            raise
+        except KvcliError as exc:  # refused (a user without SCAN or MEMORY): the rest of the report stands
             degraded.append(f"Redis memory of chunk size {store.config.chunk_size} not read: {exc}")
         if self._curve_done is not None:
             res.hit_curve, stream = self._curve_done

@@ -75,18 +75,19 @@ def probe_bytes(store: KVStore, mem: ServerMemory) -> int:
 
 def replay_preflight(client: redis.Redis | RedisCluster, stores: Sequence[KVStore],
                      reader: Callable[[], Iterable[Request]], limit: int, measured_heads: Sequence[int],
-                     probes: bool = True) -> Preflight:
+                     probes: bool = True, mem: ServerMemory | None = None) -> Preflight:
     """The server's memory against what replaying the first ``limit`` requests will write (module docstring).
 
     Args:
         measured_heads: tokens of each measured request that run the model and write real payloads (empty when
             payloads are accounted).
         probes: the transfer calibration writes its probe values (False: it times no SET or GET).
+        mem: the server's memory, read by the caller just before; None: read here.
 
     Raises:
         RedisFailure: INFO failed.
     """
-    mem = server_memory(client)
+    mem = mem or server_memory(client)
     need = None  # nothing to compare with on a server without maxmemory: not estimated
     if mem.maxmemory or any(sh.maxmemory for sh in mem.shards):
         distinct = distinct_chunks(stores, reader, limit)

@@ -45,7 +45,11 @@ with ``units`` set, in worker processes or Ray tasks (:mod:`kvcli.replay.paralle
 cleanup) runs here once.
 
 Faults: the stores absorb a Redis call that fails after retries (:mod:`kvcli.store.chunkstore`: the request is a
-miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. After a
+miss at that chunk size and stores nothing; counted per chunk size) until the server is taken as gone. The run's
+own calls (INFO and DBSIZE, CONFIG GET, the sentinel's SET and DEL, the transfer calibration, the read of each
+store's Redis memory, the cleanup's UNLINKs) count towards the same rule and are sent again after a failed attempt
+(:func:`kvcli.store.calls.resend`), so a stall ends the run or not by its length in reply timeouts, whichever call
+it lands on. After a
 dropped connection or a timeout they check that the server is still the one the run started on, holding the run's
 sentinel key (:mod:`kvcli.store.runmark`); when it is not (restarted, replaced, flushed) the run stops (exit 3).
 The run's own namespace is deleted at the end, and also after an error, Ctrl-C or SIGTERM ("deleting namespace X…"):
@@ -96,11 +100,12 @@ from kvcli.replay.unit import Unordered, replay_stores
 from kvcli.replay.work import Part, Work, merge_logs, merge_parts, merged_samples
 from kvcli.sim.blend import BlendCounter
 from kvcli.sim.tiers import check_tier_sizes
+from kvcli.store.calls import resend
 from kvcli.store.cluster import drop_connections
 from kvcli.store.kvstore import KVStore, make_store, purge_run
 from kvcli.store.lmcache import lmcache_layouts
 from kvcli.store.namespace import contents
-from kvcli.store.preflight import Preflight, evicted_since, server_memory
+from kvcli.store.preflight import Preflight, ServerMemory, evicted_since, server_memory
 from kvcli.store.records import StoreConfig
 from kvcli.store.runmark import RunMark, delete_sentinel, mark_run, write_sentinel
 from kvcli.store.server import INFO_REFUSED
@@ -220,10 +225,10 @@ class Replayer:
                     if lengths is not None else set())
         measure_tokens = self._measure_tokens(lengths, measured) if lengths is not None else 0
         namespace = f"replay-{int(time.time())}-{os.getpid()}-{os.urandom(3).hex()}"
-        mark = mark_run(self.client, namespace, cfg.chunk_sizes[0])  # the server this run starts on
+        mark = resend(self.client, lambda: mark_run(self.client, namespace, cfg.chunk_sizes[0]))  # the run's server
         stores = [self._make_store(namespace, cs, layout, mark) for layout in cfg.layouts for cs in cfg.chunk_sizes]
         for store in stores:
-            store.check_value_size()
+            resend(self.client, store.check_value_size)
             check_tier_sizes(cfg.plan.tiers, store.config.chunk_size, store.config.payload_bytes)
         check = self._preflight(stores, reader, lengths, measured, measure_tokens)
         count = (f"{len(lengths):,} request{'s' if len(lengths) != 1 else ''}" if lengths is not None
@@ -231,7 +236,7 @@ class Replayer:
         self.phase(f"replaying {name}: {count} x {len(stores)} store{'s' if len(stores) != 1 else ''}")
         self._recorded = self.units is None  # a worker's record comes back with its part (_run)
         try:
-            write_sentinel(self.client, mark)
+            resend(self.client, lambda: write_sentinel(self.client, mark))
             result = self._run(name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
                                mark)
         except Unordered:  # read once, it was not in arrival order: again, with its order read first
@@ -248,7 +253,7 @@ class Replayer:
             result.left_behind = self._cleanup(namespace, stores, interrupted=False, mark=mark)
             result.notes += [result.left_behind] if result.left_behind else []
         else:
-            delete_sentinel(self.client, mark)  # the chunks are kept, not the run's bookkeeping
+            resend(self.client, lambda: delete_sentinel(self.client, mark))  # the chunks are kept, not the sentinel
             kept = f"namespace {namespace} kept (--keep)"
             if "kvcli" in cfg.layouts:
                 kept += f": its kvcli-layout keys: {self.remedy(namespace)}"
@@ -258,7 +263,7 @@ class Replayer:
             result.notes.append(kept)
         result.calibration = coverage
         # read after the cleanup: a server over maxmemory evicts on any command, reads included
-        result.server_evicted_keys = evicted_since(self.client, check)
+        result.server_evicted_keys = evicted_since(self.client, check, self._memory())
         if result.server_evicted_keys:
             result.notes.append(f"the server evicted {result.server_evicted_keys:,} keys during this replay "
                                 f"(whoever's): evicted chunks counted as misses, other data on the server may be gone")
@@ -297,7 +302,8 @@ class Replayer:
         heads = [min(int(lengths[i]), measure_tokens) for i in measured] if cfg.payload == "real" else []
         limit = len(lengths) if lengths is not None else (cfg.limit if cfg.limit is not None else sys.maxsize)
         check = replay_preflight(self.client, stores, reader, limit, heads,
-                                 probes=not cfg.priced and cfg.link_gbps is None)  # as _transfer_rates times
+                                 probes=not cfg.priced and cfg.link_gbps is None,  # as _transfer_rates times
+                                 mem=self._memory())
         if check.evicts and not cfg.allow_evictions:
             raise RedisFailure(f"replay refused: {check.message}. Keys that are not kvcli's could be evicted; use "
                                f"--allow-evictions to run anyway (evicted chunks then count as misses), a server "
@@ -314,7 +320,8 @@ class Replayer:
                         cfg.rtt_seconds if cfg.rtt_seconds is not None else PRICED_LINK.rtt_seconds)
         if cfg.link_gbps is None and cfg.rtt_seconds is None:
             return None
-        rtt = cfg.rtt_seconds if cfg.rtt_seconds is not None else ping_seconds(self.client)
+        rtt = (cfg.rtt_seconds if cfg.rtt_seconds is not None
+               else resend(self.client, lambda: ping_seconds(self.client), name="PING"))
         return Link(cfg.link_gbps if cfg.link_gbps is not None else measured_gbps, rtt)
 
     def _cleanup(self, namespace: str, stores: list[KVStore], interrupted: bool, mark: RunMark | None = None) -> str:
@@ -335,8 +342,9 @@ class Replayer:
         if not whole and self.units is not None:  # a dead worker's last batch may still be queued on the server:
             self.units.quiet(self.client)  # the scan starts once its connections are gone
         try:
-            purge_run(self.client, namespace, self.config.layouts, own_server=self.own_server,
-                      stores=stores if whole else None, keys=[mark.sentinel] if mark is not None else [])
+            resend(self.client, lambda: purge_run(  # the deletion gets tries of its own, after what ended the run
+                self.client, namespace, self.config.layouts, own_server=self.own_server,
+                stores=stores if whole else None, keys=[mark.sentinel] if mark is not None else []), fresh=True)
             return ""
         except KeyboardInterrupt:
             if interrupted:  # a second signal: say what is left, and stop
@@ -373,7 +381,9 @@ class Replayer:
         wire = self.config.link_gbps is None
         key = (type(store).__name__, store.config.chunk_size, store.value_bytes, wire)
         if key not in self._rates:
-            self._rates[key] = calibrate_transfer(self.client, store, room(server_memory(self.client)), wire)
+            mem = self._memory()
+            self._rates[key] = resend(self.client, lambda: calibrate_transfer(self.client, store, room(mem), wire),
+                                      name="SET or MGET (the transfer calibration's)")
         return self._rates[key]
 
     def _run(self, name, reader, lengths, measured, measure_tokens, stores, check, progress, notes,
@@ -531,9 +541,19 @@ class Replayer:
         return {"mode": "priced" if cfg.priced else "timed here", "prefill": prefill, "overheads": overheads,
                 "prefill_tokens_per_second": rate}
 
+    def _memory(self) -> ServerMemory:
+        """The server's memory and counters (:func:`~kvcli.store.preflight.server_memory`), read again after an
+        attempt that got no reply, by the rule on failed calls (:func:`~kvcli.store.calls.resend`).
+
+        Raises:
+            RedisUnavailable: the read that made the third failed call in a row (``final``).
+            RedisFailure: INFO or DBSIZE failed otherwise.
+        """
+        return resend(self.client, functools.partial(server_memory, self.client))
+
     def _used_memory(self) -> int | None:
         """The server's used_memory (bytes), or None (with a note, once) when this user may not run INFO."""
-        used = server_memory(self.client).used_memory  # summed over the primaries of a cluster
+        used = self._memory().used_memory  # summed over the primaries of a cluster
         if used is None:
             note = f"used_memory not read: {INFO_REFUSED}"
             self._degraded += [] if note in self._degraded else [note]
@@ -544,7 +564,7 @@ class Replayer:
         when a chunk size took nothing from it, and the check of the prefills measured since the last trace."""
         cfg, found = self.config, None
         if cfg.namespace and namespace_misses(result.per_chunk_size):
-            found = contents(self.client, cfg.namespace)
+            found = resend(self.client, functools.partial(contents, self.client, cfg.namespace))
         check = curve_check(self.curve, self.measured_samples[self._samples_seen:])
         self._samples_seen = len(self.measured_samples)
         notes = replay_notes(cfg, result.per_chunk_size, result.span_seconds, lengths, measured, measure_tokens,

@@ -35,6 +35,7 @@ from kvcli.replay.network import DeviceRates
 from kvcli.replay.parallel import Setup, describe_units, make_units, reply_timeout
 from kvcli.replay.replayer import Replayer, check_prompts
 from kvcli.replay.results import CapacityBasis, Pricing, ReplayConfig, TraceResult, check_count, check_positive
+from kvcli.store.calls import resend
 from kvcli.store.lmcache import KEY_FORMAT, LMCACHE_COMMIT, LMCACHE_VERSION, RESP_KEY_FORMAT, lmcache_layouts
 from kvcli.store.lmcache_mp import MP_KEY_FORMAT
 from kvcli.store.namespace import purge_command
@@ -469,7 +470,9 @@ def _itemsize(dtype) -> int:
 
 
 def _server_version(client: redis.Redis | RedisCluster) -> str:
-    mem = server_memory(client)  # the first primary's on a cluster ("mixed" when they differ)
+    """The server's version for the report's context, read by the replay's rule on failed calls
+    (:func:`kvcli.store.calls.resend`); "?" with why when this user may not run INFO."""
+    mem = resend(client, functools.partial(server_memory, client))  # a cluster's first primary's, or "mixed"
     return mem.version if mem.known else f"? ({INFO_REFUSED})"
 
 

@@ -21,12 +21,20 @@ Two replies of a server that is busy with a script are not the end of a call:
 
 A store made with a :class:`~kvcli.store.runmark.RunMark` also checks, after any dropped connection or timeout on
 its client, that the server is still the run's (:func:`~kvcli.store.runmark.check_run`) before the next call goes
-on; when it is not, :class:`~kvcli.store.runmark.ServerRestarted` ends the run (exit 3).
+on; when it is not, :class:`~kvcli.store.runmark.ServerRestarted` ends the run (exit 3). A check that gets no reply
+is a failed call towards :data:`MAX_FAILURES_IN_ROW` like any other.
+
+The replay's own calls beside its stores' (INFO and DBSIZE of the server's memory, CONFIG GET, the transfer
+calibration, the sentinel's SET and DEL, the reads of each store's Redis memory, the UNLINKs of the cleanup) go
+through :func:`resend`: one that gets no reply is a failed call towards the same count and is sent again (each
+changes nothing, or the same thing again). Whichever call a stall lands on, fewer than :data:`MAX_FAILURES_IN_ROW`
+reply timeouts in a row are absorbed and that many end the run.
 """
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 from redis.cluster import RedisCluster
@@ -34,11 +42,14 @@ from redis.cluster import RedisCluster
 from kvcli.errors import RedisFailure, redis_error_text
 from kvcli.store.busy import Backoff, is_busy, is_script_killed
 from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, mget
+from kvcli.store.noreply import NoReply, no_reply
 from kvcli.store.records import StoreStats
 from kvcli.store.runmark import RunMark, check_run
 from kvcli.store.server import DEFAULT_TIMEOUT, FaultCounts, fault_counts, reply_timeout
 
 MAX_FAILURES_IN_ROW = 3  # calls failing after retries, in a row, before a tolerant store gives up
+
+T = TypeVar("T")
 
 
 class RedisUnavailable(RedisFailure):
@@ -143,30 +154,35 @@ class Calls:
         """A call named ``name`` failed for good (``why``, the error's own words in ``detail``; ``timeout``: no
         usable reply in time): counted in ``redis_errors`` and towards :data:`MAX_FAILURES_IN_ROW`; returns the
         error to raise (``final`` once that many failed in a row)."""
-        faults = self._faults
-        faults.failed_in_row += 1
         self.stats.count_faults(errors=1)
-        if faults.failed_in_row >= MAX_FAILURES_IN_ROW:
-            return RedisUnavailable(f"the Redis server stopped answering: {faults.failed_in_row} calls in a row "
-                                    f"failed after retries (last: {name}, {why}: {detail})", timeout, final=True)
-        return RedisUnavailable(f"Redis {name} failed after retries ({why}): {detail}", timeout)
+        return failed_call(self._faults, name, why, timeout, detail)
 
     def verify(self) -> None:
         """After a dropped connection or a timeout on this client, check that the server is still the run's
-        (:func:`~kvcli.store.runmark.check_run`); nothing without a mark, or when the check cannot reach the
-        server (the next call fails or reconnects, and the check runs again after it).
+        (:func:`~kvcli.store.runmark.check_run`); nothing without a mark. A check that gets no reply (none within
+        the timeout, or its connection kept dropping) is a failed call towards :data:`MAX_FAILURES_IN_ROW`, as
+        any other (not in the store's ``redis_errors``: it loses nothing, and is made again before the next call);
+        a check that fails otherwise (BUSY, a refusal) is made again before the next call, uncounted.
 
         Raises:
             ServerRestarted: the server restarted, was replaced, or lost the run's keys.
+            RedisUnavailable: the check was the last straw (``final``: :data:`MAX_FAILURES_IN_ROW` in a row failed).
         """
         faults = self._faults
         if self.mark is None or not faults.unverified:
             return
         try:
             check_run(self.client, self.mark)
-        except REDIS_ERRORS:
+        except REDIS_ERRORS as exc:
+            if no_reply(exc):
+                timeout = isinstance(exc, redis.exceptions.TimeoutError)
+                error = failed_call(faults, CHECK, "no reply within the timeout" if timeout
+                                    else "the connection kept dropping", timeout, str(exc))
+                if error.final:
+                    raise error from None
             return
         faults.unverified = False
+        faults.failed_in_row = 0
 
     def read(self, keys: list[str], record: bool = True) -> list:
         """MGET of ``keys`` (one round trip per shard on a cluster: :func:`kvcli.store.cluster.mget`), counted per
@@ -187,6 +203,61 @@ class Calls:
         docstring); the caller then goes on by the rule."""
         if not self.tolerate_unavailable or exc.final:
             raise exc
+
+
+CHECK = "INFO server / EXISTS (the check that the server is still the run's)"  # verify's calls, in errors
+
+
+def failed_call(faults: FaultCounts, name: str, why: str, timeout: bool, detail: str) -> RedisUnavailable:
+    """One more call in a row on a client that failed for good (named ``name``; ``why``, and the error's own words
+    in ``detail``; ``timeout``: no usable reply in time), counted in ``faults.failed_in_row``; returns the error to
+    raise, ``final`` once :data:`MAX_FAILURES_IN_ROW` have failed in a row (the server is taken as gone)."""
+    faults.failed_in_row += 1
+    if faults.failed_in_row >= MAX_FAILURES_IN_ROW:
+        return RedisUnavailable(f"the Redis server stopped answering: {faults.failed_in_row} calls in a row "
+                                f"failed after retries (last: {name}, {why}: {detail})", timeout, final=True)
+    return RedisUnavailable(f"Redis {name} failed after retries ({why}): {detail}", timeout)
+
+
+def resend(client: redis.Redis | RedisCluster, call: Callable[[], T], *, name: str = "", fresh: bool = False) -> T:
+    """``call()``, one of a replay's own calls (not a store's) that may be sent again as it is: it changes nothing
+    (INFO, DBSIZE) or does the same again (the sentinel's SET, the UNLINKs of the run's own keys). Under the
+    tolerant stores' rule: an attempt that got no reply (:class:`~kvcli.store.noreply.NoReply`, or redis-py's own
+    error for it: none within the client's reply timeout, BUSY for that long, or the connection kept dropping) is a
+    failed call, counted towards :data:`MAX_FAILURES_IN_ROW` with the stores' calls on ``client`` (one count per
+    client), and ``call`` is sent again; an attempt that succeeds starts the count again. So a stall costs a replay
+    the same whichever call it lands on: fewer than :data:`MAX_FAILURES_IN_ROW` reply timeouts in a row are waited
+    out, that many end the run.
+
+    Args:
+        client: the client ``call`` uses (its :class:`~kvcli.store.server.FaultCounts` hold the count).
+        name: the command named in the error when ``call`` raises redis-py's error (a :class:`NoReply` names its
+            own).
+        fresh: start the count at 0 (the run's cleanup, after the failure that ended the run, gets its own tries).
+
+    Raises:
+        RedisUnavailable: ``final``: the attempt that made :data:`MAX_FAILURES_IN_ROW` failed calls in a row.
+        RedisFailure, redis.RedisError: what ``call`` raises for any other failure (a refusal): not sent again.
+    """
+    faults = fault_counts(client) or FaultCounts()
+    if fresh:
+        faults.failed_in_row = 0
+    while True:
+        try:
+            result = call()
+        except NoReply as exc:
+            error = failed_call(faults, exc.command, exc.why, exc.timeout, exc.detail)
+        except REDIS_ERRORS as exc:
+            if not no_reply(exc):
+                raise
+            timeout = isinstance(exc, redis.exceptions.TimeoutError)
+            error = failed_call(faults, name or "command", "no reply within the timeout" if timeout
+                                else "the connection kept dropping", timeout, str(exc))
+        else:
+            faults.failed_in_row = 0
+            return result
+        if error.final:
+            raise error from None
 
 
 def execute_pipeline(pipe) -> list:

@@ -58,6 +58,7 @@ from kvcli.store.judge import (
     payload_ok,
 )
 from kvcli.store.layout import NO_CHECKSUM, MetadataWriter, is_accounted, is_real, key_prefix
+from kvcli.store.noreply import no_reply, raise_no_reply
 from kvcli.store.records import (
     NOTHING_STORED,
     ChunkTooLargeError,
@@ -157,6 +158,7 @@ class ChunkStore:
 
         Raises:
             ChunkTooLargeError: header + payload bytes of one chunk exceed the limit.
+            NoReply: CONFIG GET got no reply.
         """
         return check_value_size(self.client, self.config, self.value_bytes)
 
@@ -707,10 +709,13 @@ def check_value_size(client: redis.Redis | RedisCluster, config: StoreConfig, va
 
     Raises:
         ChunkTooLargeError: ``value_bytes`` exceeds the limit.
+        NoReply: CONFIG GET got no reply (within the timeout, or the connection kept dropping).
     """
     try:
         limit = int(dict(client.config_get("proto-max-bulk-len")).get("proto-max-bulk-len") or 0)
-    except redis.RedisError:
+    except redis.RedisError as exc:  # refused (CONFIG not allowed): the default; no reply: said
+        if no_reply(exc):
+            raise_no_reply(exc, "CONFIG GET", f"Redis CONFIG GET proto-max-bulk-len failed: {exc}")
         limit = 0
     limit = limit or 512 * 1024 * 1024
     if value_bytes > limit:

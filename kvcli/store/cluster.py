@@ -46,6 +46,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
 from kvcli.errors import RedisFailure
+from kvcli.store.noreply import raise_no_reply
 
 SLOTS = 16384
 #: What a Redis call can raise: redis-py's errors, and its cluster client's own family (not a RedisError: e.g. "All
@@ -74,7 +75,8 @@ def check_whole(client) -> None:
     server is a cluster node (``INFO cluster``): it would see one shard's keys only.
 
     Raises:
-        RedisFailure: a primary is unreachable or reports an incomplete cluster.
+        NoReply: INFO (CLUSTER INFO) got no reply (within the timeout, or the connection kept dropping).
+        RedisFailure: a primary refused it or reports an incomplete cluster.
     """
     if not is_cluster(client):
         try:
@@ -82,7 +84,7 @@ def check_whole(client) -> None:
         except redis.ResponseError:  # INFO refused (an ACL): nothing to tell
             return
         except REDIS_ERRORS as exc:
-            raise RedisFailure(f"Redis INFO failed: {exc}") from None
+            raise_no_reply(exc, "INFO", f"Redis INFO failed: {exc}")
         if enabled:
             raise RedisFailure("this connection reaches ONE node of a Redis Cluster, which holds only its own slots' "
                                "keys: connect with the cluster client (kvcli.store.server.connect does)")
@@ -91,7 +93,7 @@ def check_whole(client) -> None:
         try:
             raw = node.execute_command("CLUSTER", "INFO")
         except REDIS_ERRORS as exc:
-            raise RedisFailure(f"Redis Cluster primary {name}: {exc}") from None
+            raise_no_reply(exc, "CLUSTER INFO", f"Redis Cluster primary {name}: {exc}")
         text = raw.decode() if isinstance(raw, bytes) else str(raw)
         info = dict(line.split(":", 1) for line in text.split() if ":" in line)
         ok = (info.get("cluster_state") == "ok" and int(info.get("cluster_slots_assigned", 0)) == SLOTS
@@ -108,8 +110,8 @@ def scan(client, match: str | bytes | None = None, count: int = 1000) -> Iterato
     shard after another (never KEYS). Checks :func:`check_whole` first.
 
     Raises:
-        RedisFailure: a SCAN failed on any shard (the keys already yielded are a partial view: do not use them
-            as the whole).
+        NoReply: a SCAN (or the check before it) got no reply; RedisFailure: one failed otherwise. Either way on
+            any shard, and the keys already yielded are a partial view: do not use them as the whole.
     """
     check_whole(client)
     for name, node in shards(client):
@@ -118,7 +120,7 @@ def scan(client, match: str | bytes | None = None, count: int = 1000) -> Iterato
             try:
                 cursor, keys = node.scan(cursor, match=match, count=count)
             except REDIS_ERRORS as exc:
-                raise RedisFailure(f"Redis SCAN failed on {name}: {exc}") from None
+                raise_no_reply(exc, "SCAN", f"Redis SCAN failed on {name}: {exc}")
             if keys:
                 yield name, keys
             if cursor == 0:

@@ -321,7 +321,8 @@ class LMCacheStore:
         return fold_hash(prompt.hashes[k]) in self._accounted
 
     def check_value_size(self) -> int:
-        """Refuse KV values over the server's ``proto-max-bulk-len`` before any write (ChunkTooLargeError)."""
+        """Refuse KV values over the server's ``proto-max-bulk-len`` before any write (ChunkTooLargeError; NoReply:
+        CONFIG GET got no reply)."""
         return check_value_size(self.client, self.config, self.value_bytes)
 
     def vanished_chunks(self) -> int | None:

@@ -33,6 +33,7 @@ from kvcli.errors import BadInputError, RedisFailure
 from kvcli.store import cluster
 from kvcli.store.busy import Backoff, is_busy
 from kvcli.store.layout import KEY_ROOT, KEY_VERSION, ROUTE_KIND, ROUTE_NAMESPACE, is_route_index_key
+from kvcli.store.noreply import raise_no_reply
 from kvcli.store.runmark import SENTINEL_TAIL
 from kvcli.store.server import ENV_URL, RedisTarget, script_refused
 
@@ -93,7 +94,8 @@ def _matching(client, namespace: str, chunk_size: int | None):
     one match per key).
 
     Raises:
-        RedisFailure: SCAN (or TYPE) failed: refused by an ACL, no reply within the timeout, connection gone.
+        NoReply: SCAN (or TYPE) got no reply (within the timeout, or the connection kept dropping).
+        RedisFailure: SCAN (or TYPE) was refused (an ACL).
     """
     _check(namespace, chunk_size)
     size = rb"[1-9][0-9]*" if chunk_size is None else str(chunk_size).encode()
@@ -129,7 +131,7 @@ def _scan(client, pattern: str, kind: str, select):
                     continue
                 raise RedisFailure(f"Redis SCAN failed on {shard}: {exc}") from None
             except cluster.REDIS_ERRORS as exc:
-                raise RedisFailure(f"Redis SCAN failed on {shard}: {exc}") from None
+                raise_no_reply(exc, "SCAN", f"Redis SCAN failed on {shard}: {exc}")
             mine = select(keys) if keys else []
             if mine and not typed:
                 mine = _of_type(node, mine, kind)
@@ -146,7 +148,7 @@ def _of_type(client: redis.Redis, batch, kind: str):
     try:
         kinds = pipe.execute()
     except redis.RedisError as exc:
-        raise RedisFailure(f"Redis TYPE failed: {exc}") from None
+        raise_no_reply(exc, "TYPE", f"Redis TYPE failed: {exc}")
     return [entry for entry, found in zip(batch, kinds) if found in (kind.encode(), kind)]
 
 
@@ -239,7 +241,9 @@ def purge_own(client: redis.Redis | RedisCluster, namespace: str) -> int:
     Returns the keys deleted.
 
     Raises:
-        RedisFailure: a step failed after the first (keys of earlier steps are deleted; the message says how many).
+        NoReply: a step got no reply (within the timeout, or the connection kept dropping): the deletion may be
+            made again. RedisFailure: a step was refused after the first. Either way keys of earlier steps are
+            deleted, and the message says how many.
     """
     _check(namespace, None)
     if cluster.is_cluster(client):
@@ -265,7 +269,7 @@ def purge_own(client: redis.Redis | RedisCluster, namespace: str) -> int:
             return purge(client, namespace).deleted  # nothing was deleted: the client-side purge does it all
         raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
     except cluster.REDIS_ERRORS as exc:
-        raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
+        raise_no_reply(exc, "UNLINK", f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it")
     return deleted
 
 
@@ -306,7 +310,8 @@ def redis_memory(client, pattern: str, sample: int, keys: int | None = None) -> 
     less its evictions); the SCAN then stops once ``sample`` keys are read, instead of counting them all.
 
     Raises:
-        RedisFailure: SCAN or MEMORY USAGE failed (e.g. refused by an ACL).
+        NoReply: SCAN or MEMORY USAGE got no reply (within the timeout, or the connection kept dropping): the read
+            may be made again. RedisFailure: one failed otherwise (e.g. refused by an ACL).
     """
     total = sampled = seen = 0
     pipe = client.pipeline(transaction=False)
@@ -324,7 +329,7 @@ def redis_memory(client, pattern: str, sample: int, keys: int | None = None) -> 
         try:
             total = sum(int(x or 0) for x in pipe.execute())
         except cluster.REDIS_ERRORS as exc:
-            raise RedisFailure(f"Redis MEMORY USAGE failed: {exc}") from None
+            raise_no_reply(exc, "MEMORY USAGE", f"Redis MEMORY USAGE failed: {exc}")
     seen = keys if keys is not None and sampled >= sample else seen
     return (int(total * seen / sampled) if sampled else 0), sampled
 
@@ -345,6 +350,7 @@ def contents(client: redis.Redis | RedisCluster, namespace: str, sample: int = 1
     named by up to ``sample`` metadata values per chunk size (read with MGET). Read-only.
 
     Raises:
+        NoReply: a read got no reply (within the timeout, or the connection kept dropping).
         RedisFailure: the server refused a read.
     """
     from kvcli.store.layout import parse_metadata
@@ -367,7 +373,7 @@ def contents(client: redis.Redis | RedisCluster, namespace: str, sample: int = 1
         try:
             values = cluster.mget(client, keys)
         except cluster.REDIS_ERRORS as exc:
-            raise RedisFailure(f"Redis MGET failed: {exc}") from None
+            raise_no_reply(exc, "MGET", f"Redis MGET failed: {exc}")
         for value in values:
             if value is None:
                 continue

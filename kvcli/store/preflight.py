@@ -15,6 +15,7 @@ from redis.cluster import RedisCluster
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
+from kvcli.store.noreply import raise_no_reply
 from kvcli.store.server import INFO_REFUSED, server_info
 from kvcli.units import fmt_bytes
 
@@ -75,7 +76,8 @@ def server_memory(client) -> ServerMemory:
     :class:`ServerMemory`); a user refused INFO (or DBSIZE) gets None fields and a note.
 
     Raises:
-        RedisFailure: any other error (connection, timeout).
+        NoReply: INFO or DBSIZE got no reply within the timeout, or the connection kept dropping.
+        RedisFailure: any other error.
     """
     facts = [_shard_memory(name, node) for name, node in cluster.shards(client)]
     first = facts[0]
@@ -99,7 +101,7 @@ def _shard_memory(name: str, client: redis.Redis) -> ShardMemory:
     except redis.exceptions.NoPermissionError:
         keys = None
     except redis.RedisError as exc:
-        raise RedisFailure(f"Redis DBSIZE failed on {name}: {exc}") from None
+        raise_no_reply(exc, "DBSIZE", f"Redis DBSIZE failed on {name}: {exc}")
     if info is None:
         return ShardMemory(None, None, None, None, None, keys, None, "?", name=name)
     expiring = sum(int(db.get("expires", 0)) for name_, db in info.items()
@@ -237,12 +239,15 @@ def _cluster_preflight(mem: ServerMemory, need_bytes: int, writes_ttl: bool) -> 
                      worst is None, message, mem.evicted_keys, worst is None or evicts[worst.name])
 
 
-def evicted_since(client: redis.Redis | RedisCluster, before: Preflight | ServerMemory) -> int | None:
+def evicted_since(client: redis.Redis | RedisCluster, before: Preflight | ServerMemory,
+                  now: ServerMemory | None = None) -> int | None:
     """Keys the server evicted since ``before`` was read (INFO ``evicted_keys`` delta; whoever caused them), or
-    None when the counter cannot be read (then, or now: INFO refused, or the server unreachable)."""
+    None when the counter cannot be read (then, or now: INFO refused, or the server unreachable). ``now``: the
+    server's memory read by the caller (a replay reads it under its rule on failed calls); None: read here once."""
     start = before.evicted_keys_before if isinstance(before, Preflight) else before.evicted_keys
-    try:
-        now = server_memory(client).evicted_keys
-    except RedisFailure:
-        return None
-    return None if start is None or now is None else max(0, now - start)
+    if now is None:
+        try:
+            now = server_memory(client)
+        except RedisFailure:
+            return None
+    return None if start is None or now.evicted_keys is None else max(0, now.evicted_keys - start)

@@ -24,6 +24,7 @@ import redis
 from kvcli.errors import RedisFailure
 from kvcli.store.cluster import REDIS_ERRORS, is_cluster
 from kvcli.store.layout import key_prefix
+from kvcli.store.noreply import raise_no_reply
 from kvcli.store.server import address, server_info
 
 SENTINEL_HEX = "0" * 32  # the sentinel's "hash": no chunk's (a prefix hash of 128 zero bits)
@@ -54,7 +55,8 @@ def mark_run(client, namespace: str, chunk_size: int) -> RunMark:
     server's ``run_id`` read now; writes nothing (:func:`write_sentinel` does).
 
     Raises:
-        RedisFailure: INFO failed (other than refused).
+        NoReply: INFO got no reply (within the timeout, or the connection kept dropping).
+        RedisFailure: INFO failed otherwise (other than refused).
     """
     info = None if is_cluster(client) else server_info(client, "server")
     run_id = str(info["run_id"]) if info and info.get("run_id") else None
@@ -65,24 +67,26 @@ def write_sentinel(client, mark: RunMark) -> None:
     """Write the run's sentinel key.
 
     Raises:
-        RedisFailure: the server refused it or did not answer.
+        NoReply: no reply within the timeout, or the connection kept dropping (the same SET may be sent again).
+        RedisFailure: the server refused it.
     """
     try:
         client.set(mark.sentinel, SENTINEL_VALUE)
     except REDIS_ERRORS as exc:
-        raise RedisFailure(f"Redis SET failed: {exc}") from None
+        raise_no_reply(exc, "SET", f"Redis SET failed: {exc}")
 
 
 def delete_sentinel(client, mark: RunMark) -> None:
     """Delete the run's sentinel key (a run that keeps its namespace, ``--keep``, keeps its chunks alone).
 
     Raises:
-        RedisFailure: the server refused it or did not answer.
+        NoReply: no reply within the timeout, or the connection kept dropping (the same DEL may be sent again).
+        RedisFailure: the server refused it.
     """
     try:
         client.delete(mark.sentinel)
     except REDIS_ERRORS as exc:
-        raise RedisFailure(f"Redis DEL failed: {exc}") from None
+        raise_no_reply(exc, "DEL", f"Redis DEL failed: {exc}")
 
 
 def check_run(client, mark: RunMark) -> None:

@@ -31,6 +31,9 @@ between redis-py 5 and 6):
   doubling up to :data:`BACKOFF_CAP` seconds, half of it random), on a fresh connection. Authentication and
   permission errors are never retried.
 * Retries and timeouts are counted (:func:`fault_counts`) so a report can say how many happened where.
+* A call that still got no reply is :class:`~kvcli.store.noreply.NoReply` where kvcli wraps it (INFO here); a
+  replay decides by count, the same for all its calls, what is sent again and when the run stops
+  (:mod:`kvcli.store.calls`).
 """
 from __future__ import annotations
 
@@ -54,6 +57,7 @@ from kvcli.redact import mask_url, redact
 from kvcli.store.busy import Backoff, is_busy
 from kvcli.store.cluster import check_whole
 from kvcli.store.launch import free_ports, launch, server_binary, stop, wait_until
+from kvcli.store.noreply import NoReply, raise_no_reply
 
 ENV_URL = "REDIS_URL"
 DEFAULT_TIMEOUT = 10.0  # seconds: connect, and each reply (--redis-timeout)
@@ -366,9 +370,10 @@ def server_info(client: redis.Redis, *sections: str) -> dict | None:
     for up to the client's reply timeout, as a replay's other calls are.
 
     Raises:
-        RedisFailure: any other error (connection, timeout), or BUSY past the reply timeout.
+        NoReply: no reply within the reply timeout (BUSY for that long included), or the connection kept dropping.
+        RedisFailure: any other error.
     """
-    backoff = None
+    backoff, seconds = None, reply_timeout(client) or DEFAULT_TIMEOUT
     while True:
         try:
             return client.info(*sections)
@@ -376,12 +381,14 @@ def server_info(client: redis.Redis, *sections: str) -> dict | None:
             if isinstance(exc, redis.exceptions.NoPermissionError) or "unknown command" in str(exc).lower():
                 return None
             if is_busy(exc):
-                backoff = backoff or Backoff(reply_timeout(client) or DEFAULT_TIMEOUT)
+                backoff = backoff or Backoff(seconds)
                 if backoff.wait():
                     continue
+                raise NoReply("INFO", f"Redis INFO failed: {exc}", str(exc), True,
+                              f"busy with another client's script for {seconds:g} s, the reply timeout") from None
             raise RedisFailure(f"Redis INFO failed: {exc}") from None
         except (redis.RedisError, RedisClusterException) as exc:
-            raise RedisFailure(f"Redis INFO failed: {exc}") from None
+            raise_no_reply(exc, "INFO", f"Redis INFO failed: {exc}")
 
 
 INFO_REFUSED = "this Redis user may not run INFO"

@@ -20,6 +20,7 @@ import numpy as np
 
 from kvcli.errors import RedisFailure
 from kvcli.store import cluster
+from kvcli.store.noreply import raise_no_reply
 from kvcli.store.resp import HASH_BYTES, bulk, command, unlink_hashes
 
 METADATA, PAYLOAD = "m", "p"  # the kinds of a chunk's keys (kvcli's m:/p:, LMCache's metadata/kv_bytes)
@@ -195,8 +196,9 @@ def delete_keys(client, batches: Iterable[list | HashKeys], pipeline_batches: in
     keys deleted.
 
     Raises:
-        RedisFailure: an UNLINK failed (refused, no reply within the timeout, connection gone); keys of earlier
-            round trips are deleted, and the message says how many.
+        NoReply: an UNLINK got no reply (within the timeout, or the connection kept dropping): the same batches may
+            be sent again. RedisFailure: an UNLINK was refused. Either way keys of earlier round trips are deleted,
+            and the message says how many.
     """
     deleted, on_cluster = 0, cluster.is_cluster(client)
     queued: list[bytes] = []
@@ -215,7 +217,7 @@ def delete_keys(client, batches: Iterable[list | HashKeys], pipeline_batches: in
         if queued:
             deleted += _unlinked(client, queued, deleted)
     except cluster.REDIS_ERRORS as exc:
-        raise RedisFailure(f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it") from None
+        raise_no_reply(exc, "UNLINK", f"Redis UNLINK failed: {exc}; {deleted:,} keys deleted before it")
     return deleted
 
 

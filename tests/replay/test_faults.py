@@ -482,3 +482,67 @@ def test_a_server_restarted_empty_mid_run_stops_the_replay(tmp_path):
                                 f"(INFO run_id changed)"), error
         assert "Traceback" not in out.stderr
         assert redis.Redis(port=server.port).dbsize() == 0  # what it wrote after the restart was deleted
+
+
+# -- a server that stalls (DEBUG SLEEP), whichever call the stall lands on ---------------------------------------------
+INFO_MEMORY = (b"$4\r\nINFO\r\n", b"$6\r\nmemory\r\n")  # the replay's reads of the server's memory (used_memory)
+INFO_CLUSTER = (b"$4\r\nINFO\r\n", b"$7\r\ncluster\r\n")  # the check before a SCAN (the store's Redis memory)
+STALLS = {"lookup": LOOKUP_R2, "INFO memory": INFO_MEMORY, "INFO cluster": INFO_CLUSTER}
+DEBUG = {"enable-debug-command": "yes"}  # DEBUG SLEEP: the whole server stops answering, every client alike
+
+
+def _stall_at(proxy: FaultProxy, url: str, where: str, seconds: float) -> None:
+    """On R2's lookup (``where`` "lookup"), or on the first INFO of ``where`` after it ("INFO memory": the read of the
+    server's used_memory after the requests; "INFO cluster": the check before the SCAN of the store's keys for its
+    Redis memory), another client sends ``DEBUG SLEEP seconds``, and the packet goes on only once the server wakes:
+    the call that sent it, and every call made meanwhile, get no reply for that long."""
+    def sleep() -> None:
+        redis.Redis.from_url(url, socket_timeout=60).execute_command("DEBUG", "SLEEP", seconds)
+
+    if where == "lookup":
+        proxy.on(*LOOKUP_R2, skip=1, call=sleep)
+    else:
+        proxy.on(*LOOKUP_R2, skip=1, call=lambda: proxy.on(*STALLS[where], call=sleep))
+
+
+@pytest.mark.parametrize("where", list(STALLS))
+def test_a_stall_past_three_reply_timeouts_ends_the_run_wherever_it_lands(tmp_path, make_server, where):
+    """A 4.5 s stall with a 1 s reply timeout, on R2's lookup or on an INFO after it: the same end every way. On an
+    INFO: it gets no reply and is sent again twice, 3 failed calls in a row. On the lookup: R2's lookup fails (a
+    miss, which stores nothing), then the INFO of the check before the SCAN of the store's keys twice. The run stops
+    (exit 3, no report) and its cleanup, with tries of its own, deletes the run's keys once the server is back: only
+    the foreign key is left."""
+    url = make_server(**DEBUG)
+    redis.Redis.from_url(url).set("foreign", "1")
+    with FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])) as proxy:
+        _stall_at(proxy, url, where, 4.5)
+        out = _replay(_trace(tmp_path), proxy.url(), "--redis-timeout", "1s")
+        assert proxy.fired == (1 if where == "lookup" else 2)
+    assert out.exit_code == 3, out.output
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1] == ("kvcli: error: the Redis server stopped answering: 3 calls in a row failed after retries "
+                         f"(last: INFO, no reply within the timeout: Timeout reading from 127.0.0.1:{proxy.port})")
+    assert lines[-2].startswith("deleting namespace replay-")
+    assert "was not deleted" not in out.stderr and "Traceback" not in out.stderr
+    assert _keys(url) == [b"foreign"]
+
+
+@pytest.mark.parametrize("where", ["INFO memory", "INFO cluster"])
+def test_a_stall_on_info_shorter_than_three_reply_timeouts_is_waited_out(tmp_path, make_server, where):
+    """A 1.5 s stall with a 1 s reply timeout on an INFO after R2's lookup: the INFO gets no reply, is sent again
+    and answered. Nothing is lost: the figures of a run without the stall (R2 hits 8 of the 20 tokens, no Redis
+    error at chunk size 4), used_memory and the store's Redis memory read, and the run's keys deleted."""
+    url = make_server(**DEBUG)
+    with FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])) as proxy:
+        _stall_at(proxy, url, where, 1.5)
+        out = _replay(_trace(tmp_path), proxy.url(), "--redis-timeout", "1s")
+        assert proxy.fired == 2
+    row = _row(out)
+    assert (row["hit_tokens"], row["prompt_tokens"], row["lookups"], row["metadata_entries"]) == (8, 20, 2, 2)
+    assert (row["redis_retries"], row["redis_errors"], row["redis_timeouts"]) == (0, 0, 0)
+    assert row["redis_memory_sampled_keys"] == 2  # R1's two metadata entries
+    trace = json.loads(out.stdout)["traces"][0]
+    assert isinstance(trace["used_memory_delta_bytes"], int)
+    assert not any("not read" in note for note in trace["notes"])
+    assert _keys(url) == []
