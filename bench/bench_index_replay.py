@@ -4,7 +4,9 @@ The reference is ``../shared/tools/pipelined_sketch.py`` (read, parse, synthesiz
 request that finds the hit run and SET NX's the rest, 256 requests per round trip; its keys left on the server),
 which every helper runs the same way. kvcli runs as users run it: ``kvcli replay TRACE --payload accounted --measure
 0 --prefill-tps 5000 --chunk-sizes CS [--limit L] --json --redis-url URL`` (the upper bound and the curve on, its
-cleanup of the keys it wrote included), with ``--base REV`` also kvcli at REV (``git archive`` of its kvcli/).
+cleanup of the keys it wrote included), and as the default runs, on its embedded server (no ``--redis-url``: its
+server started, and emptied whole, inside the run; server CPU from the replay's ``server_cpu_seconds``), with
+``--base REV`` also kvcli at REV (``git archive`` of its kvcli/).
 Each is its own process (start-up and imports count) against one server this script starts (Valkey, the embedded
 binary, on a loopback port; ``--url`` a scratch server of yours), emptied between runs outside the timings.
 
@@ -24,7 +26,7 @@ The trace: ``--trace PATH``, else the Mooncake conversation cut in ``../shared/t
 ``uptime`` is printed before and after.
 
     PYTHONPATH=. python bench/bench_index_replay.py [--trace PATH] [--rounds 5] [--cases 512 16:2000] [--base REV]
-        [--extra "--jobs 1"]
+        [--extra "--jobs 1"] [--dir NAME=FOLDER]
     PYTHONPATH=. python bench/bench_index_replay.py --pss [--requests 48124] [--rounds 2]
 """
 from __future__ import annotations
@@ -82,6 +84,9 @@ def run_one(cmd: list[str], env: dict, client, pss: bool = False) -> dict:
     except json.JSONDecodeError:
         doc = json.loads(text.splitlines()[-1])  # the sketch's one line
     hits = doc["traces"][0]["per_chunk_size"][0]["hit_tokens"] if "traces" in doc else doc["hit_tokens"]
+    own = doc.get("context", {}).get("server_cpu_seconds")
+    if own is not None:  # kvcli on its embedded server: that server's whole CPU (the shared server saw nothing)
+        cpu = own
     left = int(client.dbsize())
     client.execute_command("FLUSHDB", "SYNC")  # the sketch's keys, freed now (not during the next run)
     return {"wall": wall, "cpu": cpu, "hits": hits, "left": left, "pss": peak[0]}
@@ -94,11 +99,15 @@ def variants(args, trace: str, chunk: int, limit: int | None, url: str, port: in
     replay += ["--limit", str(limit)] if limit else []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("REDIS_URL", None)
-    out = {"sketch": (sketch_command(trace, chunk, port, limit), env), "kvcli": (replay, env)}
+    out = {"sketch": (sketch_command(trace, chunk, port, limit), env), "kvcli": (replay, env),
+           "kvcli (embedded)": ([a for a in replay if a not in ("--redis-url", url)], env)}
     for extra in args.extra:
         out[f"kvcli {extra}"] = (replay + shlex.split(extra), env)
     if args.base:
         out[f"kvcli@{args.base}"] = (replay, {**env, "PYTHONPATH": args.base_dir})
+    for spec in args.dir:
+        name, _, folder = spec.partition("=")
+        out[f"{name} (embedded)"] = (out["kvcli (embedded)"][0], {**env, "PYTHONPATH": folder})
     return out
 
 
@@ -156,6 +165,8 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=["512", "16:2000"], help="CHUNK or CHUNK:LIMIT")
     ap.add_argument("--base", help="also run kvcli at this git revision")
     ap.add_argument("--extra", action="append", default=[], help="a kvcli variant with these extra options")
+    ap.add_argument("--dir", action="append", default=[], metavar="NAME=FOLDER",
+                    help="also the kvcli package in FOLDER (a changed copy), on its embedded server")
     ap.add_argument("--url", help="a scratch server of yours on a loopback port (its database is flushed)")
     ap.add_argument("--pss", action="store_true", help="tree PSS at chunk 512 instead of the timings")
     ap.add_argument("--requests", type=int, default=4 * FULL_REQUESTS, help="with --pss: the trace's length")

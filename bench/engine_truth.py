@@ -29,8 +29,10 @@ after each engine. It prints one table row per run as it ends: requests exact / 
 vLLM's, the tokens (and requests) kvcli puts under ``eviction`` (what an unlimited engine would have reused
 beyond), for a run at once what kvcli predicts for the same output one request at a time, kvcli's
 ``pinned_hit_tokens`` and ``preemptions``, and one request at a time how many requests an LRU of the pool's
-``N - 1`` KV blocks gets exact. Everything but the Mooncake cut takes one to two hours on 2 shared cores (most
-of it the engine starts); the Mooncake cut's six passes three to six more (``--only`` and ``--engine`` run a part).
+``N - 1`` KV blocks gets exact. On 2 cores with little else running, everything but the Mooncake cut takes about
+an hour (most of it the engines' starts, ~30 s each), the four newest traces (aiperf, Dynamo, Parquet, RAGPulse)
+about ten minutes, and the Mooncake cut's six passes about 25 minutes, three to four a pass; ``--only`` and
+``--engine`` run a part.
 """
 from __future__ import annotations
 
@@ -66,11 +68,15 @@ TRACES = {
     "swe_agent_pydicom_1458": "swe-agent_pydicom__pydicom-1458.traj",  # 348k tokens, prompts of 20k to 40k
     "no_reuse": "no_reuse.jsonl",
     "mooncake_conversation_head1000": "mooncake_conversation_head1000.jsonl.gz",  # a hash-id trace (512 tokens)
+    "aiperf_agentic_code_3x5": "aiperf_agentic_code_3x5.jsonl",  # 805k tokens, prompts up to 74k
+    "dynamo_exgentic_handmade": "dynamo_exgentic_handmade.jsonl",
+    "customer_service_handmade": "customer_service_handmade.parquet",
+    "ragpulse_head60": "ragpulse_head60",  # hash ids per RAG component, 183k tokens
 }
 
 #: traces read in part: their first N requests (N lines of a JSONL trace whose lines are in arrival order). The
 #: Mooncake cut's 1,000 requests are 13.7 M tokens with prompts up to 122k; the CPU's attention over such prompts
-#: makes one pass of all of them over two hours, and its first 200 (2.78 M tokens) about half an hour.
+#: makes one pass of all of them about an hour, and of its first 200 (2.78 M tokens) three to four minutes.
 FIRST = {"mooncake_conversation_head1000": 200}
 
 #: (block size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens, passes); a pass is (trace, mode, output
@@ -80,8 +86,10 @@ FIRST = {"mooncake_conversation_head1000": 200}
 #: pair N - 1, N around the smallest N at which one request at a time loses nothing to eviction, and pools where
 #: long outputs make the engine preempt.
 SMALL = ["chat_shared_system", "openai_batch_handmade", "tokens_small", "bailian_handmade", "sharegpt_multiturn",
-         "sharegpt_single_turn", "glaive_toolcall_head30", "swe_agent_1c2844", "no_reuse"]
-LONG = ["swe_agent_test_repo_i1", "swe_agent_pydicom_1458"]
+         "sharegpt_single_turn", "glaive_toolcall_head30", "swe_agent_1c2844", "no_reuse", "dynamo_exgentic_handmade",
+         "customer_service_handmade"]
+LONG = ["swe_agent_test_repo_i1", "swe_agent_pydicom_1458", "ragpulse_head60"]
+AIPERF = "aiperf_agentic_code_3x5"
 MOONCAKE = "mooncake_conversation_head1000"
 ENGINES: list[tuple[int, int, int, int, list[tuple[str, str, int]]]] = [
     # unbounded
@@ -113,6 +121,9 @@ ENGINES: list[tuple[int, int, int, int, list[tuple[str, str, int]]]] = [
     (32, 114, 4, 2048, [("sharegpt_single_turn", "one", 1), ("sharegpt_single_turn", "batch", 4)]),
     (32, 923, 4, 2048, [("swe_agent_test_repo_i1", "one", 1), ("swe_agent_test_repo_i1", "batch", 4)]),
     (32, 1237, 4, 2048, [("swe_agent_pydicom_1458", "one", 1), ("swe_agent_pydicom_1458", "batch", 4)]),
+    (32, 313, 4, 2048, [("dynamo_exgentic_handmade", "one", 1), ("dynamo_exgentic_handmade", "batch", 4)]),
+    (32, 14, 2, 2048, [("customer_service_handmade", "one", 1), ("customer_service_handmade", "batch", 2)]),
+    (32, 217, 4, 2048, [("ragpulse_head60", "one", 1), ("ragpulse_head60", "batch", 4)]),
     # bounded, block 64
     (64, 28, 2, 1024, [("chat_shared_system", "one", 1), ("chat_shared_system", "batch", 8)]),
     (64, 95, 4, 2048, [("chat_shared_system", "one", 1)]),
@@ -128,11 +139,19 @@ ENGINES: list[tuple[int, int, int, int, list[tuple[str, str, int]]]] = [
     (64, 58, 4, 2048, [("sharegpt_single_turn", "one", 1), ("sharegpt_single_turn", "batch", 4)]),
     (64, 462, 4, 2048, [("swe_agent_test_repo_i1", "one", 1), ("swe_agent_test_repo_i1", "batch", 4)]),
     (64, 619, 4, 2048, [("swe_agent_pydicom_1458", "one", 1), ("swe_agent_pydicom_1458", "batch", 4)]),
+    (64, 157, 4, 2048, [("dynamo_exgentic_handmade", "one", 1), ("dynamo_exgentic_handmade", "batch", 4)]),
+    (64, 8, 2, 2048, [("customer_service_handmade", "one", 1), ("customer_service_handmade", "batch", 2)]),
+    (64, 109, 4, 2048, [("ragpulse_head60", "one", 1), ("ragpulse_head60", "batch", 4)]),
     # long outputs on a tight pool: running requests' decode blocks preempt others
     (32, 18, 4, 2048, [("bailian_handmade", "one", 128), ("bailian_handmade", "batch", 128)]),
     (32, 21, 8, 2048, [("bailian_handmade", "batch", 128)]),
     (32, 13, 8, 2048, [("openai_batch_handmade", "one", 128), ("openai_batch_handmade", "batch", 128)]),
     (32, 112, 8, 2048, [("glaive_toolcall_head30", "batch", 128)]),
+    # the aiperf agentic sessions (805k tokens): unbounded, and a pool where eviction costs reuse
+    (32, 25200, 8, 2048, [(AIPERF, "one", 1), (AIPERF, "batch", 16)]),
+    (32, 2781, 4, 2048, [(AIPERF, "one", 1), (AIPERF, "batch", 4)]),
+    (64, 12600, 8, 2048, [(AIPERF, "one", 1), (AIPERF, "batch", 16)]),
+    (64, 1392, 4, 2048, [(AIPERF, "one", 1), (AIPERF, "batch", 4)]),
     # the Mooncake cut (FIRST): unbounded, and a pool where eviction costs some of its requests their reuse (at
     # once there only: a pass takes half an hour or more)
     (32, 88000, 8, 2048, [(MOONCAKE, "one", 1)]),

@@ -41,7 +41,7 @@ from kvcli.store.lmcache_mp import MP_KEY_FORMAT
 from kvcli.store.namespace import purge_command
 from kvcli.store.preflight import server_memory
 from kvcli.store.serde import SCALE_BYTES, state_bytes
-from kvcli.store.server import INFO_REFUSED, RedisTarget
+from kvcli.store.server import INFO_REFUSED, RedisTarget, server_info
 from kvcli.traces.bos import trace_bos_note
 from kvcli.traces.detect import outline_trace, read_trace, trace_note
 from kvcli.traces.paths import display_name, expand_paths
@@ -315,7 +315,8 @@ def run_replay(client: redis.Redis | RedisCluster, target: RedisTarget, paths: s
         "tokenizer_source": tokenizer,
         "device": str(model.device) if model is not None else "no device (model not run)",
         "redis": target.display + (" (embedded)" if target.embedded else ""),
-        "redis_version": _server_version(client), "cost_curve": replayer.curve.to_dict(),
+        "redis_version": _server_version(client), "server_cpu_seconds": _own_server_cpu(client, target.embedded),
+        "cost_curve": replayer.curve.to_dict(),
         "cost_curve_vs_measured": curve_check(replayer.curve, replayer.measured_samples),
         "cost_curve_source": _cost_source(model_options, replayer.curve),
         "device_rates": device.to_dict() if device is not None else None,
@@ -467,6 +468,19 @@ class TraceSource:
 
 def _itemsize(dtype) -> int:
     return dtype_bytes(dtype)
+
+
+def _own_server_cpu(client: redis.Redis | RedisCluster, embedded: bool) -> float | None:
+    """The embedded server's CPU seconds from its start to now (``INFO cpu``: ``used_cpu_user + used_cpu_sys``, every
+    thread of its process; the background freeing of the keys a trace's cleanup dropped may still be running).
+    None on a given server, whose count holds other clients' work and its life before this command, or where INFO
+    is refused."""
+    if not embedded or not isinstance(client, redis.Redis):
+        return None
+    info = server_info(client, "cpu")
+    if not info or "used_cpu_user" not in info:
+        return None
+    return round(float(info["used_cpu_user"]) + float(info["used_cpu_sys"]), 3)
 
 
 def _server_version(client: redis.Redis | RedisCluster) -> str:

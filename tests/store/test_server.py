@@ -102,6 +102,7 @@ def test_a_password_in_the_query_is_masked_in_the_replay_json(locked, tmp_path):
     assert out.exit_code == 0, out.output
     assert SECRET not in out.output
     assert json.loads(out.stdout)["context"]["redis"] == f"redis://127.0.0.1:{_port(locked)}?password=***"
+    assert json.loads(out.stdout)["context"]["server_cpu_seconds"] is None  # a given server's count is not the run's
 
 
 def test_an_unreachable_or_malformed_url_never_prints_its_password(unused_port):
@@ -400,5 +401,6 @@ def test_two_replays_at_once_each_on_its_embedded_server_give_the_figures_of_one
         assert procs[name].returncode == 0, err
         doc = json.loads(out)
         assert doc["context"]["redis"].startswith("unix:///") and doc["context"]["redis"].endswith(" (embedded)")
+        assert doc["context"]["server_cpu_seconds"] > 0  # its own server's INFO cpu, that server's work alone
         row = doc["traces"][0]["per_chunk_size"][0]
         assert {k: row[k] for k in alone[name]} == alone[name], name
