@@ -52,6 +52,12 @@ KVCLI_PYTHON = "/work/main/.venv/bin/python"
 MODEL_SHAPE = {"architecture": "LlamaForCausalLM", "hidden_size": 256, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 2, "intermediate_size": 512,
                "vocab_size": 100352, "dtype": "bfloat16", "max_position_embeddings": 131072}
+#: a lighter Llama for the Mooncake cut, whose prompts run to 122k tokens: one layer of one query and one KV head
+#: (the engine's attention over a long prompt, most of its time on the CPU, is about 6x cheaper); same tokenizer,
+#: vocabulary and positions. Which tokens are cached does not depend on the model's weights or shape.
+FAST_SHAPE = {**MODEL_SHAPE, "hidden_size": 64, "num_attention_heads": 1, "num_key_value_heads": 1,
+              "num_hidden_layers": 1, "intermediate_size": 128}
+SHAPES = {"tiny-llama": MODEL_SHAPE, "tiny-llama-fast": FAST_SHAPE}
 TOKENIZER = "kvcli.model.hf_tiny.build_tokenizer(512): byte-level BPE with a Llama-3-style chat template"
 
 #: trace name -> file under sample_traces/: every sample trace (the CPU computes every uncached token).
@@ -74,10 +80,9 @@ TRACES = {
     "ragpulse_head60": "ragpulse_head60",  # hash ids per RAG component, 183k tokens
 }
 
-#: traces read in part: their first N requests (N lines of a JSONL trace whose lines are in arrival order). The
-#: Mooncake cut's 1,000 requests are 13.7 M tokens with prompts up to 122k; the CPU's attention over such prompts
-#: makes one pass of all of them about an hour, and of its first 200 (2.78 M tokens) three to four minutes.
-FIRST = {"mooncake_conversation_head1000": 200}
+#: traces read in part: their first N requests (N lines of a JSONL trace whose lines are in arrival order); none
+#: now (the Mooncake cut, 1,000 requests of 13.7 M tokens, runs whole on :data:`FAST_SHAPE`).
+FIRST: dict[str, int] = {}
 
 #: (block size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens, passes); a pass is (trace, mode, output
 #: tokens), mode "one" (one request at a time: max_num_seqs does not matter) or "batch" (all at once). Every trace
@@ -91,6 +96,8 @@ SMALL = ["chat_shared_system", "openai_batch_handmade", "tokens_small", "bailian
 LONG = ["swe_agent_test_repo_i1", "swe_agent_pydicom_1458", "ragpulse_head60"]
 AIPERF = "aiperf_agentic_code_3x5"
 MOONCAKE = "mooncake_conversation_head1000"
+#: the model (a folder name of :data:`SHAPES`) each trace runs on; the others run on ``tiny-llama``
+TRACE_MODEL = {MOONCAKE: "tiny-llama-fast"}
 ENGINES: list[tuple[int, int, int, int, list[tuple[str, str, int]]]] = [
     # unbounded
     (32, 4096, 8, 2048, [(t, "one", 1) for t in SMALL] + [(t, "batch", 16) for t in SMALL]),
@@ -152,25 +159,32 @@ ENGINES: list[tuple[int, int, int, int, list[tuple[str, str, int]]]] = [
     (32, 2781, 4, 2048, [(AIPERF, "one", 1), (AIPERF, "batch", 4)]),
     (64, 12600, 8, 2048, [(AIPERF, "one", 1), (AIPERF, "batch", 16)]),
     (64, 1392, 4, 2048, [(AIPERF, "one", 1), (AIPERF, "batch", 4)]),
-    # the Mooncake cut (FIRST): unbounded, and a pool where eviction costs some of its requests their reuse (at
-    # once there only: a pass takes half an hour or more)
-    (32, 88000, 8, 2048, [(MOONCAKE, "one", 1)]),
-    (32, 45252, 8, 2048, [(MOONCAKE, "one", 1), (MOONCAKE, "batch", 16)]),
-    (64, 44000, 8, 2048, [(MOONCAKE, "one", 1)]),
-    (64, 22632, 8, 2048, [(MOONCAKE, "one", 1), (MOONCAKE, "batch", 16)]),
+    # the Mooncake cut (its 1,000 requests, on FAST_SHAPE): unbounded, and a pool where eviction costs a fifth of
+    # its reuse (at once there only)
+    (32, 431000, 8, 2048, [(MOONCAKE, "one", 1)]),
+    (32, 150000, 8, 2048, [(MOONCAKE, "one", 1), (MOONCAKE, "batch", 16)]),
+    (64, 216500, 8, 2048, [(MOONCAKE, "one", 1)]),
+    (64, 75000, 8, 2048, [(MOONCAKE, "one", 1), (MOONCAKE, "batch", 16)]),
 ]
 
 
 # -- kvcli's side (kvcli's Python) ---------------------------------------------------------------------------------
 
-def kvcli_build(model_dir: str) -> None:
-    """Write the tiny checkpoint (module docstring) into ``model_dir``."""
+def kvcli_build(model_dir: str, shape_name: str = "tiny-llama") -> None:
+    """Write the tiny checkpoint of :data:`SHAPES` ``shape_name`` (module docstring) into ``model_dir``."""
     from kvcli.model.hf_tiny import write_tiny_checkpoint
 
-    shape = MODEL_SHAPE
-    write_tiny_checkpoint(model_dir, vocab=shape["vocab_size"], dtype=shape["dtype"], hidden_size=shape["hidden_size"],
-                          head_dim=shape["head_dim"], intermediate_size=shape["intermediate_size"],
+    shape = SHAPES[shape_name]
+    write_tiny_checkpoint(model_dir, vocab=shape["vocab_size"], dtype=shape["dtype"], layers=shape["num_hidden_layers"],
+                          hidden_size=shape["hidden_size"], head_dim=shape["head_dim"],
+                          num_attention_heads=shape["num_attention_heads"],
+                          num_key_value_heads=shape["num_key_value_heads"], intermediate_size=shape["intermediate_size"],
                           max_position_embeddings=shape["max_position_embeddings"])
+
+
+def model_of(trace: str) -> str:
+    """The :data:`SHAPES` name of the model ``trace`` runs on."""
+    return TRACE_MODEL.get(trace, "tiny-llama")
 
 
 def kvcli_tokens(trace: str, model_dir: str) -> None:
@@ -250,6 +264,8 @@ def engine_child(spec_path: str) -> None:
 def run_engine(work: Path, model_dir: Path, tokens: dict[str, Path], lengths: dict[str, int], engine) -> dict:
     """Start one engine in a child process and run its passes; ``{(trace, mode, output): [cached tokens]}``."""
     block_size, blocks, seqs, batched, passes = engine
+    (model_name,) = {model_of(t) for t, _, _ in passes}  # one engine, one model
+    model_dir = model_dir.parent / model_name
     longest = max(lengths[t] + out for t, _, out in passes)
     max_model_len = -(-longest // block_size) * block_size
     if max_model_len > (blocks - 1) * block_size:
@@ -261,7 +277,7 @@ def run_engine(work: Path, model_dir: Path, tokens: dict[str, Path], lengths: di
     spec_path = work / f"{name}.spec.json"
     spec_path.write_text(json.dumps(spec))
     # the pool's KV: K and V of every layer's KV heads, 2 bytes each (bfloat16), per token
-    shape = MODEL_SHAPE
+    shape = SHAPES[model_name]
     per_token = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * 2
     kv_bytes = blocks * block_size * per_token
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": str(max(1, -(-kv_bytes // 2**30))),
@@ -313,10 +329,12 @@ def compare(args, work: Path) -> int:
     """Run the engines of :data:`ENGINES` (those ``--only`` and ``--engine`` leave) and kvcli beside them; print
     one table row per pass as it ends, and with ``--record`` write the fixtures after each engine. 0: every
     request of every pass exact."""
-    model_dir = work / "tiny-llama"
-    if not (model_dir / "config.json").exists():
-        subprocess.run([args.kvcli_python, __file__, "kvcli-build", str(model_dir)], env=kvcli_env(), check=True)
+    model_dir = work / "tiny-llama"  # its tokenizer reads every trace (the fast model's is the same)
     traces = [t for t in TRACES if not args.only or t in args.only]
+    for name in {"tiny-llama"} | {model_of(t) for t in traces}:
+        if not (work / name / "config.json").exists():
+            subprocess.run([args.kvcli_python, __file__, "kvcli-build", str(work / name), name], env=kvcli_env(),
+                           check=True)
     tokens, lengths, meta, files = {}, {}, {}, {}
     for t in traces:
         files[t] = trace_file(t, work)
@@ -389,7 +407,8 @@ def record(folder: Path, traces: list[str], meta: dict, fixtures: dict) -> None:
             continue
         path = folder / f"{t}.json"
         old = json.loads(path.read_text()) if path.exists() else {"runs": []}
-        same = old.get("model") == MODEL_SHAPE and old.get("token_digest") == meta[t]["token_digest"]
+        shape = SHAPES[model_of(t)]
+        same = old.get("model") == shape and old.get("token_digest") == meta[t]["token_digest"]
         runs = {_run_key(r): r for r in (old["runs"] if same else [])}
         runs.update({_run_key(r): r for r in fixtures[t]})
         doc = {"trace": f"sample_traces/{TRACES[t]}", "vllm_version": vllm.__version__,
@@ -398,7 +417,7 @@ def record(folder: Path, traces: list[str], meta: dict, fixtures: dict) -> None:
                          "block_size=B, max_num_seqs=S, max_num_batched_tokens=T, seed=0) on the CPU, "
                          "VLLM_ENABLE_V1_MULTIPROCESSING=0; SamplingParams(max_tokens=output_tokens, "
                          "temperature=0, ignore_eos=True); prefix cache reset before each run",
-               "model": MODEL_SHAPE, "tokenizer": TOKENIZER, **meta[t], "runs": [runs[k] for k in sorted(runs)]}
+               "model": shape, "tokenizer": TOKENIZER, **meta[t], "runs": [runs[k] for k in sorted(runs)]}
         path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
 
 
@@ -411,7 +430,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "engine":
         engine_child(sys.argv[2])
     elif len(sys.argv) > 1 and sys.argv[1] == "kvcli-build":
-        kvcli_build(sys.argv[2])
+        kvcli_build(*sys.argv[2:4])
     elif len(sys.argv) > 1 and sys.argv[1] == "kvcli-tokens":
         kvcli_tokens(sys.argv[2], sys.argv[3])
     else:

@@ -444,7 +444,9 @@ def test_a_killed_lookup_script_is_a_failed_lookup(tmp_path, make_server):
     url = make_server(**{"busy-reply-threshold": "1"})
     admin = redis.Redis.from_url(url, socket_timeout=60)
     path = tmp_path / "t.jsonl"
-    line = json.dumps({"token_ids": list(range(1, 100_002))})
+    # 400,000 tokens: R2's lookup reads 200,000 keys, a script long enough for the kill to land while it runs on a
+    # loaded machine (a script that ends first leaves the kill answered NOTBUSY, and the lookup a hit)
+    line = json.dumps({"token_ids": list(range(1, 400_002))})
     path.write_text(f"{line}\n{line}\n")
     kills = []
 
