@@ -14,7 +14,8 @@ Prints two Markdown tables and a line of totals above each:
    for the same output one request at a time and the gap (at once minus one at a time), the pinned hit tokens and
    the preemptions kvcli's engine model counts.
 
-Exit 1 when any request is not exact (the table says where).
+Exit 1 when any request is not exact (the table says where); a ``--fixtures`` folder without fixtures (``*.json``)
+is an error, naming it, before any table.
 """
 from __future__ import annotations
 
@@ -57,6 +58,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fixtures", type=Path, default=ROOT / "tests" / "engine_sim" / "fixtures")
     args = parser.parse_args()
+    if not sorted(args.fixtures.glob("*.json")):
+        raise SystemExit(f"{args.fixtures}: no fixture files (*.json) here: pass the folder bench/engine_truth.py "
+                         f"--record wrote (default tests/engine_sim/fixtures)")
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="kvcli-engine-tables-") as tmp:

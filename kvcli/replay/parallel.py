@@ -96,11 +96,9 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
     Raises:
         RedisFailure, BadInputError, ModelFailure: as :meth:`Replayer.replay_unit`.
     """
-    from kvcli.store.server import connect
-
     key = (setup.url, setup.timeout, setup.client_name)
     if key not in _clients:
-        _clients[key] = connect(setup.url, setup.timeout, setup.client_name)
+        _clients[key] = _connect(setup)
     options = setup.model_options
     model = None
     if work.measured:
@@ -118,6 +116,30 @@ def run_unit(setup: Setup, work: Work, indices: tuple[int, ...], upper_bound: bo
                         setup.tokenizer, setup.config, spec=setup.spec, model_config=setup.model_config,
                         prefetch=False)  # the units share the cores: no child reading the trace ahead
     return replayer.replay_unit(work, indices, upper_bound)
+
+
+def _connect(setup: Setup):
+    """A worker's client for ``setup``'s server, under the replay's rule on failed calls
+    (:func:`kvcli.store.calls.resend`): a connect that gets no reply (:class:`~kvcli.store.noreply.NoReply`: none
+    within the reply timeout, or the connection kept dropping) is a failed call and is made again, so a stall that
+    lands on a worker's connect costs the run what it costs on any other call.
+
+    Raises:
+        RedisUnavailable: ``final``, :data:`~kvcli.store.calls.MAX_FAILURES_IN_ROW` connects in a row got no reply.
+        RedisFailure, BadInputError: as :func:`kvcli.store.server.connect`, for any other failure.
+    """
+    from kvcli.store.calls import failed_call
+    from kvcli.store.noreply import NoReply
+    from kvcli.store.server import FaultCounts, connect
+
+    faults = FaultCounts()
+    while True:
+        try:
+            return connect(setup.url, setup.timeout, setup.client_name)
+        except NoReply as exc:
+            error = failed_call(faults, exc.command, exc.why, exc.timeout, exc.detail)
+            if error.final:
+                raise error from None
 
 
 def _worker_start() -> None:

@@ -57,7 +57,7 @@ from kvcli.redact import mask_url, redact
 from kvcli.store.busy import Backoff, is_busy
 from kvcli.store.cluster import check_whole
 from kvcli.store.launch import free_ports, launch, server_binary, stop, wait_until
-from kvcli.store.noreply import NoReply, raise_no_reply
+from kvcli.store.noreply import NoReply, no_reply, raise_no_reply
 
 ENV_URL = "REDIS_URL"
 DEFAULT_TIMEOUT = 10.0  # seconds: connect, and each reply (--redis-timeout)
@@ -226,7 +226,9 @@ def connect(url: str, timeout: float | None = None, client_name: str | None = No
         BadInputError: the URL is malformed or the timeout is not a positive number of seconds.
         RedisFailure: the server cannot be reached, does not answer in time, refuses authentication, or
             ``redis+cluster://`` names a server that is not a cluster (or a cluster URL names a database other
-            than 0 or a unix socket).
+            than 0 or a unix socket); a :class:`~kvcli.store.noreply.NoReply` where a single server's PING or INFO
+            got no reply (none within the timeout, or the connection kept dropping: the connect may be made
+            again).
     """
     timeout = DEFAULT_TIMEOUT if timeout is None else timeout
     if not 0 < timeout < float("inf"):
@@ -242,8 +244,10 @@ def connect(url: str, timeout: float | None = None, client_name: str | None = No
         raise BadInputError(f"not a Redis URL: {shown}; use redis://[user:password@]host:port/db, "
                             f"rediss://..., unix:///path.sock or redis+cluster://host:port, with '@', ':', '/', "
                             f"'?' and '#' in a password percent-encoded") from None
+    command = "PING"
     try:
         client.ping()
+        command = "INFO"
         enabled = _cluster_enabled(client)
     except (redis.RedisError, RedisClusterException, ValueError, OSError) as exc:
         client.close()
@@ -256,7 +260,11 @@ def connect(url: str, timeout: float | None = None, client_name: str | None = No
         if isinstance(exc, redis.AuthenticationError) and not client.connection_pool.connection_kwargs.get("password"):
             raise RedisFailure(f"cannot use Redis at {shown}: the server requires a password and the URL gives "
                                f"none; use redis://[user]:PASSWORD@host:port (or ?password=...)") from None
-        raise RedisFailure(f"cannot use Redis at {shown}: {redact(str(exc), url)}") from None
+        detail = redact(str(exc), url)
+        if no_reply(exc):  # the server did not answer: the connect may be made again
+            raise NoReply(command, f"cannot use Redis at {shown}: {detail}", detail,
+                          isinstance(exc, redis.exceptions.TimeoutError)) from None
+        raise RedisFailure(f"cannot use Redis at {shown}: {detail}") from None
     if not enabled:
         if wants_cluster:
             client.close()

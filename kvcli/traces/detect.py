@@ -75,6 +75,8 @@ def _reader(name: str, spec: TraceFormat) -> Reader:
         return functools.partial(read_ragpulse, fmt=spec)
     if name in HASH_ID_FORMATS:
         return functools.partial(read_hash_id_trace, schema=HASH_ID_FORMATS[name], fmt=spec)
+    if name == "native" and spec.name == "auto":  # detected: a later Mooncake row says what to pass
+        return functools.partial(read_native, other=_mooncake_fields)
     return _PLAIN_READERS[name]
 
 
@@ -346,6 +348,17 @@ def refuse_csv(name: str, first_line: bytes, path: str, line: int | None = None)
 
 
 # The formats whose reader takes no declarations; the others are built by _reader for what the user declared.
+def _mooncake_fields(record: dict) -> str:
+    """For a record of a file detected as native that is not a native record: its fields only a Mooncake row has
+    (``hash_ids``, :data:`kvcli.traces.mooncake.MOONCAKE_KEYS`) and what to pass, or "" when it has none (aiperf's
+    rows whose first is a chat of ``session_id`` and ``messages`` alone are detected as native)."""
+    keys = [k for k in ("hash_ids", *MOONCAKE_KEYS) if k in record]
+    if not keys:
+        return ""
+    return (f"its {', '.join(keys)} {'is' if len(keys) == 1 else 'are'} a Mooncake row's: the file was read as "
+            "native records (its first record has no field only a Mooncake row has); pass --format mooncake")
+
+
 _PLAIN_READERS: dict[str, Reader] = {"native": read_native, "sharegpt": read_sharegpt, "swe-agent": read_swe_agent,
                                      "openai-batch": read_openai_batch, "lines": read_lines}
 FORMATS: dict[str, Reader] = {name: _reader(name, TraceFormat(name)) for name in (

@@ -31,6 +31,7 @@ from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.traces.hashids import TIMESTAMP_UNITS, TraceFormat
 from kvcli.traces.openai import body_request
 from kvcli.traces.records import (
+    finite_number,
     iter_csv,
     iter_jsonl,
     json_type,
@@ -75,7 +76,11 @@ def read_gateway(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER, fmt: T
             row = {k: v for k, v in row.items() if v != ""} if csv else require_object(row)  # "": absent
             moment = _moment(row, divisor, csv)
             first = moment if first is None else first
-            request = _request(row, tokenizer, csv, path, line_no, (moment - first) / divisor)
+            since = (moment - first) / divisor
+            if not math.isfinite(since):
+                raise BadInputError(f"its time is too far from the first row's for a float to hold the difference "
+                                    f"({moment:g} - {first:g})")
+            request = _request(row, tokenizer, csv, path, line_no, since)
         except BadInputError as err:
             raise located(err, path, line_no) from None
         yield request
@@ -136,9 +141,10 @@ def _moment(row: dict, divisor: int, csv: bool) -> float:
         except ValueError:
             pass
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if not math.isfinite(value):
+        number = finite_number(value)
+        if number is None:
             raise BadInputError(f"{name} must be finite, got {shorten(value)}")
-        return float(value)
+        return number
     if isinstance(value, str):
         try:
             moment = datetime.fromisoformat(value.strip())

@@ -213,8 +213,11 @@ class _Reader:
         if text and mode is not None:
             raise BadInputError(f"a {text[0]} row is a whole prompt, but session {shorten(session_id)} holds delta "
                                 f"rows ({_mode_name(mode)}): a delta session holds input_length rows only")
-        if timestamp is None and delay is not None:
-            timestamp = None if session is None or session.time is None else session.time + delay
+        if timestamp is None and delay is not None and session is not None and session.time is not None:
+            timestamp = session.time + delay
+            if not math.isfinite(timestamp):
+                raise BadInputError(f"delay ({delay:g} s) after its session's previous turn ({session.time:g} s) "
+                                    "is a time past what a float holds")
         return _Row(session_id, timestamp, output_length, extra_salt or salt, extra, text[0] if text else None,
                     mode)
 

@@ -3,7 +3,7 @@
 Format: :mod:`kvcli.traces` (package docstring)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +28,21 @@ from kvcli.traces.request import ChatPrompt, Request, TokenizerArg
 NATIVE_PROMPT_KEYS = ("prompt", "messages", "token_ids")
 
 
-def read_native(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER) -> Iterator[Request]:
+def read_native(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER,
+                other: Callable[[dict], str] | None = None) -> Iterator[Request]:
     """Requests of a native trace, JSONL or Parquet (:func:`kvcli.traces.records.iter_rows`; format in the module
-    docstring)."""
+    docstring). ``other(record)``: for a record that is not a native one, what it is instead ("" when unknown),
+    said after the error (:func:`kvcli.traces.detect.read_trace` names another format's fields there).
+
+    Raises:
+        BadInputError: at ``path:line``, a record that is not a native request.
+    """
     for line_no, record in iter_rows(path):
         try:
             request = _native_request(record, tokenizer, path, line_no)
         except BadInputError as err:
-            raise located(err, path, line_no) from None
+            hint = other(record) if other is not None and isinstance(record, dict) and not err.path else ""
+            raise located(BadInputError(f"{err.reason}; {hint}") if hint else err, path, line_no) from None
         yield request
 
 

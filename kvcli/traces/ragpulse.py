@@ -51,6 +51,7 @@ from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, time_divisor
 from kvcli.traces.records import (
     cache_salt,
     checked_rows,
+    finite_number,
     iter_jsonl,
     json_type,
     located,
@@ -170,8 +171,8 @@ def parse_seconds(value: Any, divisor: int) -> float | None:
     number: float | None = None
     if isinstance(value, str):
         number = float(value) if NUMBER_TEXT.fullmatch(value) else None
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
+    else:
+        number = finite_number(value)
     if number is None or not np.isfinite(number) or number < 0:
         raise BadInputError(f"timestamp must be a finite number >= 0 (or a string of one), got {shorten(value)}")
     return number / divisor

@@ -66,21 +66,24 @@ def optional_count(value: Any, key: str) -> int | None:
 
 
 def optional_seconds(value: Any, key: str, divisor: int, instant: bool = True) -> float | None:
-    """``value`` in seconds, or None when it is None. ``value`` is a finite number >= 0 in units of 1/``divisor`` s,
-    or a Parquet temporal value (:func:`iter_parquet`), which carries its own unit (``divisor`` does not apply): an
-    Arrow ``duration`` (a :class:`datetime.timedelta` >= 0) is its length; with ``instant``, an Arrow ``timestamp``
-    (a :class:`datetime.datetime`, naive as Arrow gives a column without a time zone: UTC) is its time since the
-    Unix epoch (1970-01-01T00:00:00Z, UTC). A temporal value is taken exactly in whole microseconds and divided
+    """``value`` in seconds, or None when it is None. ``value`` is a finite number >= 0 in units of 1/``divisor`` s
+    (:func:`finite_number`: an integer too large for a float is not one), or a Parquet temporal value
+    (:func:`iter_parquet`), which carries its own unit (``divisor`` does not apply): an Arrow ``duration`` (a
+    :class:`datetime.timedelta` >= 0) is its length; with ``instant``, an Arrow ``timestamp`` (a
+    :class:`datetime.datetime`, naive as Arrow gives a column without a time zone: UTC) is its time since the Unix
+    epoch (1970-01-01T00:00:00Z, UTC). A temporal value is taken exactly in whole microseconds and divided
     once, so an instant of ``n`` ms gives the same float as the number ``n`` with ``divisor`` 1000.
 
     Raises:
-        BadInputError: naming ``key``: anything else, a number or a duration < 0, a timestamp before the epoch, or
-            a timestamp where ``instant`` is False (a delay is a length of time, not an instant).
+        BadInputError: naming ``key``: anything else, a number or a duration < 0 (a duration said in seconds), a
+            timestamp before the epoch, or a timestamp where ``instant`` is False (a delay is a length of time, not
+            an instant).
     """
     if value is None:
         return None
-    if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
-        return float(value) / divisor
+    number = finite_number(value)
+    if number is not None and number >= 0:
+        return number / divisor
     if isinstance(value, datetime.datetime):
         if not instant:
             raise BadInputError(f"{key} must be a number or a duration, not a timestamp ({value.isoformat()})")
@@ -91,9 +94,22 @@ def optional_seconds(value: Any, key: str, divisor: int, instant: bool = True) -
         return micros / 1_000_000
     if isinstance(value, datetime.timedelta):
         if value < datetime.timedelta(0):
-            raise BadInputError(f"{key} must be a duration >= 0, got {value}")
+            raise BadInputError(f"{key} must be a duration >= 0, got {value // _MICROSECOND / 1_000_000} s")
         return (value // _MICROSECOND) / 1_000_000
     raise BadInputError(f"{key} must be a finite number >= 0, got {shorten(value)}")
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a float when it is a JSON number (an int or a float, not a boolean) that a float holds finite;
+    None for anything else: NaN, an infinity, an integer too large for a float (past about 1.8e308), a non-number.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer of more than about 308 digits: JSON allows it, a float cannot hold it
+        return None
+    return number if math.isfinite(number) else None
 
 
 _EPOCH = datetime.datetime(1970, 1, 1)
@@ -423,7 +439,8 @@ def iter_parquet(path: Path) -> Generator[tuple[int, dict[str, Any]], None, None
 
     Raises:
         BadInputError: at ``path:row``, a file pyarrow cannot read there (not Parquet, corrupt, cut short), or a
-            value Python cannot hold (a timestamp past the year 9999), naming its column.
+            value Python cannot hold (a timestamp outside the years 1 to 9999, a duration of 1e9 days or more),
+            naming its column.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -465,8 +482,9 @@ def _batch_rows(batch: Any, path: Path, before: int) -> list[dict[str, Any]]:
     """A record batch's rows as Python dicts (``before``: rows of the file ahead of it).
 
     Raises:
-        BadInputError: at ``path:row``, the first value Python cannot hold (a timestamp past the year 9999, a
-            nanosecond value nested where :func:`_microsecond_type` does not reach), naming its column and type.
+        BadInputError: at ``path:row``, the first value Python cannot hold (a timestamp outside the years 1 to
+            9999, a duration of 1e9 days or more, a nanosecond value nested where :func:`_microsecond_type` does
+            not reach), naming its column and type, in words (:func:`_beyond`).
     """
     try:
         return batch.to_pylist()
@@ -476,10 +494,23 @@ def _batch_rows(batch: Any, path: Path, before: int) -> list[dict[str, Any]]:
                 try:
                     column.slice(i, 1).to_pylist()
                 except (ValueError, OverflowError) as cell:
-                    raise BadInputError(f"cannot read column {name} ({column.type}): {cell}",
+                    raise BadInputError(f"cannot read column {name} ({column.type}): {_beyond(column.type, cell)}",
                                         path=str(path), line=before + i + 1) from None
         raise BadInputError(f"cannot read Parquet past row {before} ({type(exc).__name__}: {exc})",
                             path=str(path), line=before + 1) from None
+
+
+def _beyond(t: Any, error: Exception) -> str:
+    """A value of Arrow type ``t`` that Python cannot hold, in words, with pyarrow's or Python's own (``error``:
+    "date value out of range", "Python int too large to convert to C int") in brackets; those alone for a type
+    other than a timestamp or a duration."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(t):
+        return f"a timestamp outside the years 1 to 9999, the range a Python datetime holds ({error})"
+    if pa.types.is_duration(t):
+        return f"a duration of 1e9 days or more either way, past what a Python timedelta holds ({error})"
+    return str(error)
 
 
 def _without_nulls(value: Any) -> Any:

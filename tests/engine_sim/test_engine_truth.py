@@ -99,3 +99,16 @@ def test_kvcli_predicts_what_vllm_reused_request_by_request(path, tokenizer_dir)
         explainer = Explainer(ExplainConfig(run["block_size"], engine=engine, output_tokens=run["output_tokens"]))
         predicted = [explainer.add(r).reused_tokens for r in requests]
         assert predicted == run["cached_tokens"], {k: v for k, v in run.items() if k != "cached_tokens"}
+
+
+def test_engine_tables_refuses_a_folder_without_fixtures(tmp_path, monkeypatch):
+    """bench/engine_tables.py given a folder with no recorded runs says so, naming it (exit 1), not two empty tables
+    and exit 0."""
+    import engine_tables  # bench/engine_tables.py
+
+    for folder in (tmp_path, tmp_path / "missing"):
+        monkeypatch.setattr("sys.argv", ["engine_tables.py", "--fixtures", str(folder)])
+        with pytest.raises(SystemExit) as info:
+            engine_tables.main()
+        assert info.value.code == (f"{folder}: no fixture files (*.json) here: pass the folder bench/engine_truth.py "
+                                   "--record wrote (default tests/engine_sim/fixtures)")

@@ -548,3 +548,25 @@ def test_a_stall_on_info_shorter_than_three_reply_timeouts_is_waited_out(tmp_pat
     assert isinstance(trace["used_memory_delta_bytes"], int)
     assert not any("not read" in note for note in trace["notes"])
     assert _keys(url) == []
+
+
+def test_a_stall_on_a_workers_connect_shorter_than_three_reply_timeouts_is_waited_out(tmp_path, make_server):
+    """--jobs 2, chunk sizes 4 and 8: each size a unit in a worker process, which connects on its own. A 1.5 s stall
+    with a 1 s reply timeout that begins as the first worker's connect names itself (CLIENT SETNAME): that connect
+    gets no reply, is made again and answered. Nothing is lost: at both sizes R2 hits 8 of the 20 tokens (at 8, R1
+    stores [1-8]), as without the stall, and the run's keys are deleted."""
+    url = make_server(**DEBUG)
+    with FaultProxy("127.0.0.1", int(url.rsplit(":", 1)[1])) as proxy:
+        proxy.on(b"SETNAME", b"-worker", call=lambda: redis.Redis.from_url(url, socket_timeout=60).execute_command(
+            "DEBUG", "SLEEP", 1.5))
+        out = CliRunner().invoke(app, ["replay", str(_trace(tmp_path)), "--chunk-sizes", "4,8", "--measure", "0",
+                                       "--prefill-tps", "1000", "--payload", "accounted", "--redis-url", proxy.url(),
+                                       "--json", "--pipeline", "1", "--jobs", "2", "--redis-timeout", "1s"])
+        assert proxy.fired == 1
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    assert doc["context"]["units"] == "up to 2 worker processes"
+    rows = doc["traces"][0]["per_chunk_size"]
+    assert [(r["chunk_size"], r["hit_tokens"], r["prompt_tokens"], r["redis_errors"]) for r in rows] == \
+        [(4, 8, 20, 0), (8, 8, 20, 0)]
+    assert _keys(url) == []

@@ -247,6 +247,27 @@ def test_detection_of_mooncake_rows(tmp_path, record, fmt):
         assert detect_format(path) == fmt
 
 
+def test_mooncake_rows_after_a_first_row_detected_as_native_say_to_pass_the_format(tmp_path):
+    """docs/traces.md's aiperf example: its first row (session_id, messages, tools, output_length) is a native
+    record, so the file is read as native, and its second row's error names that row's Mooncake fields and the
+    format to pass; with --format mooncake it reads (the second row's delay has no timed turn before it: no time)."""
+    path = write_jsonl(tmp_path / "aiperf.jsonl", [
+        {"session_id": "c1", "messages": MESSAGES, "tools": [], "output_length": 41},
+        {"session_id": "c1", "input_length": 1855, "output_length": 1345, "hash_ids": [9283, 9284, 9285, 9286],
+         "delay": 12219.3}])
+    words = (f"{path}:2: a native record needs exactly one of prompt, messages, token_ids (found: none); its "
+             "hash_ids, input_length, delay are a Mooncake row's: the file was read as native records (its first "
+             "record has no field only a Mooncake row has); pass --format mooncake")
+    assert bad(path) == words
+    out = CliRunner().invoke(app, ["stats", str(path)])
+    assert (out.exit_code, out.stderr) == (2, f"kvcli: error: {words}\n")
+    # named, the format is the user's: the error is the native reader's alone
+    assert bad(path, "native") == (f"{path}:2: a native record needs exactly one of prompt, messages, token_ids "
+                                   "(found: none)")
+    chat, blocks = read_trace(path, "mooncake")
+    assert (chat.session_id, blocks.session_id, len(blocks.token_ids), blocks.timestamp) == ("c1", "c1", 1855, None)
+
+
 def test_parquet_rows_read_as_their_jsonl_and_null_columns_are_absent_fields(tmp_path):
     rows = [{"session_id": "c1", "messages": MESSAGES, "output_length": 158, "tools": None, "delay": None},
             {"session_id": "c1", "messages": MESSAGES[:1], "output_length": 103, "tools": None, "delay": 4503.332},
@@ -349,11 +370,20 @@ def test_a_duration_delay_adds_as_its_integer_ms_do(tmp_path):
      "2: timestamp must be at or after the Unix epoch (1970-01-01T00:00:00Z), got 1969-12-31T23:59:59.995000"),
     ("delay", pa.array([None, 5], pa.int64()).cast(pa.timestamp("ms")),
      "2: delay must be a number or a duration, not a timestamp (1970-01-01T00:00:00.005000)"),
-    ("delay", pa.array([None, -5], pa.int64()).cast(pa.duration("ms")),
-     "2: delay must be a duration >= 0, got -1 day, 23:59:59.995000"),
+    ("delay", pa.array([None, -5], pa.int64()).cast(pa.duration("ms")),  # -5 ms, said in seconds
+     "2: delay must be a duration >= 0, got -0.005 s"),
     # 10**12 s is past the year 9999, the last a Python datetime holds (Parquet keeps seconds as ms)
     ("timestamp", pa.array([0, 10**12], pa.int64()).cast(pa.timestamp("s")),
-     "2: cannot read column timestamp (timestamp[ms]): date value out of range"),
+     "2: cannot read column timestamp (timestamp[ms]): a timestamp outside the years 1 to 9999, the range a Python "
+     "datetime holds (date value out of range)"),
+    # 2**62 ms: past what Python's datetime arithmetic takes at all (pyarrow's words differ; kvcli's are the same)
+    ("timestamp", pa.array([0, 2**62], pa.int64()).cast(pa.timestamp("ms")),
+     "2: cannot read column timestamp (timestamp[ms]): a timestamp outside the years 1 to 9999, the range a Python "
+     "datetime holds (Python int too large to convert to C int)"),
+    # 10**9 days in ms: one day more than a timedelta holds
+    ("delay", pa.array([None, 86_400_000 * 10**9], pa.int64()).cast(pa.duration("ms")),
+     "2: cannot read column delay (duration[ms]): a duration of 1e9 days or more either way, past what a Python "
+     "timedelta holds (days=1000000000; must have magnitude <= 999999999)"),
 ])
 def test_a_bad_time_value_is_one_error_naming_its_row(tmp_path, column, values, words):
     path = tmp_path / "bad.parquet"
@@ -362,6 +392,28 @@ def test_a_bad_time_value_is_one_error_naming_its_row(tmp_path, column, values, 
     assert bad(path) == f"{path}:{words}"
     out = CliRunner().invoke(app, ["stats", str(path)])
     assert (out.exit_code, out.stderr) == (2, f"kvcli: error: {path}:{words}\n")
+
+
+def test_a_time_past_what_a_float_holds_is_one_error_naming_its_row(tmp_path):
+    """An integer of 401 digits is valid JSON but no float; a delay that adds to a time past 1.8e308 s makes none."""
+    huge = tmp_path / "huge.jsonl"
+    huge.write_text('{"timestamp": 0, "input_length": 4, "hash_ids": [0]}\n'
+                    '{"timestamp": 1' + "0" * 400 + ', "input_length": 4, "hash_ids": [0]}\n')
+    cut = "1" + "0" * 36 + "..."  # the value in the message: its first 37 characters
+    words = f"{huge}:2: timestamp must be a finite number >= 0, got {cut}"
+    assert bad(huge) == words
+    out = CliRunner().invoke(app, ["stats", str(huge)])
+    assert (out.exit_code, out.stderr) == (2, f"kvcli: error: {words}\n")
+    native = tmp_path / "native.jsonl"
+    native.write_text('{"timestamp": 1' + "0" * 400 + ', "token_ids": [1]}\n')
+    assert bad(native) == f"{native}:1: timestamp must be a finite number >= 0, got {cut}"
+    far = write_jsonl(tmp_path / "far.jsonl", [{"session_id": "s", "timestamp": 1e308, "input_length": 4,
+                                                "hash_ids": [0]},
+                                               {"session_id": "s", "delay": 1e308, "input_length": 4, "hash_ids": [0]}])
+    # in seconds: 1e308 + 1e308 is past the largest float (about 1.8e308)
+    assert bad(far, TraceFormat("mooncake", timestamp_unit="s")) == (
+        f"{far}:2: delay (1e+308 s) after its session's previous turn (1e+308 s) is a time past what a float holds")
+    assert [r.timestamp for r in read_trace(far)] == [1e305, 2e305]  # in ms (the format's): 1e305 s, + 1e305 s
 
 
 @SETTINGS

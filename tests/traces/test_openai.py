@@ -158,12 +158,26 @@ def read_format(name: str, unit: str):
      "proxy_server_request is not JSON"),
     ({"request_id": "x", "startTime": 5, "proxy_server_request": {"messages": chat("rome"), "tools": {"a": 1}}},
      "proxy_server_request: tools must be a list of tool objects, not dict"),
+    # valid JSON, but no float holds it; the message quotes its first 37 characters
+    ({"request_id": "x", "startTime": 10**400, "proxy_server_request": {"messages": chat("rome")}},
+     "startTime must be finite, got 1" + "0" * 36 + "..."),
 ])
 def test_bad_gateway_rows_are_one_line_errors_at_their_line(tmp_path, row, message):
     log = write_jsonl(tmp_path / "g.jsonl", [LITELLM_ROWS[0], row])
     with pytest.raises(BadInputError) as info:
         list(read_trace(log))
     assert str(info.value).startswith(f"{log}:2: {message}")
+
+
+def test_a_gateway_time_too_far_from_the_first_row_s_for_a_float_is_one_error(tmp_path):
+    rows = [{"request_id": "a", "startTime": -1e308, "proxy_server_request": {"messages": chat("rome")}},
+            {"request_id": "b", "startTime": 1e308, "proxy_server_request": {"messages": chat("rome")}}]
+    log = write_jsonl(tmp_path / "g.jsonl", rows)
+    with pytest.raises(BadInputError) as info:
+        list(read_trace(log))
+    # 1e308 - (-1e308) = 2e308, past the largest float (about 1.8e308)
+    assert str(info.value) == (f"{log}:2: its time is too far from the first row's for a float to hold the "
+                               "difference (1e+308 - -1e+308)")
 
 
 def test_bad_batch_lines_name_the_body(tmp_path):

@@ -126,6 +126,9 @@ def test_a_record_whose_ids_exceed_input_length_is_refused_and_the_note_says_wha
                                                     "got ' 93 '"),
     (record([1], [], [], [], 20, timestamp="\u0668\u0662"), "timestamp must be a finite number >= 0 (or a string of "
                                                             "one), got '\u0668\u0662'"),
+    # valid JSON, but no float holds it; the message quotes its first 37 characters
+    (record([1], [], [], [], 20, timestamp=10**400), "timestamp must be a finite number >= 0 (or a string of one), "
+                                                     "got 1" + "0" * 36 + "..."),
     (record([1], [], [], [], MAX_PROMPT_TOKENS + 1), f"input_length {MAX_PROMPT_TOKENS + 1:,} is above "
                                                      f"{MAX_PROMPT_TOKENS:,} tokens, the longest prompt kvcli reads "
                                                      "from a ragpulse record (its token ids are made as it is read)"),
