@@ -94,7 +94,7 @@ def main() -> int:
                 tokens = f"{vllm_tokens:,}" + ("" if kvcli_tokens == vllm_tokens else f" (kvcli {kvcli_tokens:,})")
                 batch_rows.append(
                     f"| {name} | {cs} | {run['gpu_blocks']:,} | {run['max_num_seqs']} | "
-                    f"{run['max_num_batched_tokens']:,} | {out} | {exact} / {len(requests)} | {tokens} | "
+                    f"{run['max_num_batched_tokens']:,} | {out} | {exact:,} / {len(requests):,} | {tokens} | "
                     f"{sum(alone):,} | {vllm_tokens - sum(alone):+,} | {explainer.result.pinned_tokens:,} | "
                     f"{explainer.result.preemptions} |")
             for (cs, out), runs in sorted(groups.items()):
@@ -102,9 +102,9 @@ def main() -> int:
                 pools = " · ".join(f"{r['gpu_blocks']:,}: {sum(r['cached_tokens']):,}" for r, _, _ in runs)
                 exact = sum(e for _, e, _ in runs)
                 lrus = [lru for _, _, lru in runs if lru is not None]
-                lru_cell = f"{sum(lrus)} / {len(lrus) * len(requests)}" if lrus else "–"
-                one_rows.append(f"| {name} ({len(requests)}) | {cs} | {out} | {pools} | "
-                                f"{exact} / {len(runs) * len(requests)} | {lru_cell} |")
+                lru_cell = f"{sum(lrus):,} / {len(lrus) * len(requests):,}" if lrus else "–"
+                one_rows.append(f"| {name} ({len(requests):,}) | {cs} | {out} | {pools} | "
+                                f"{exact:,} / {len(runs) * len(requests):,} | {lru_cell} |")
         requests, exact, runs = totals["one"]
         print(f"One request at a time: {requests:,} requests in {runs} runs, {exact:,} exact.\n")
         print("| trace (requests) | block | output tokens | num_gpu_blocks: vLLM's cached tokens | requests exact | "

@@ -11,7 +11,8 @@ What it does, all on the CPU:
 
 1. kvcli's Python writes a tiny random Llama (hidden 256, 4 query heads, 2 KV heads of head_dim 64, 2 layers,
    bfloat16, MLP 512, vocabulary 100,352 so the synthesized ids of hash-id traces fit, max_position_embeddings
-   131,072 so the Mooncake cut's longest prompt fits) with kvcli's tiny tokenizer (:mod:`kvcli.model.hf_tiny`), and
+   131,072 so the Mooncake cut's longest prompt fits; the Mooncake cut runs on :data:`FAST_SHAPE`) with kvcli's
+   tiny tokenizer (:mod:`kvcli.model.hf_tiny`), and
    reads each trace of :data:`TRACES` (the first N requests of those in :data:`FIRST`) as ``kvcli explain
    --model`` reads it (same tokenizer, arrival order, empty prompts skipped), to token ids.
 2. For each engine of :data:`ENGINES` (block size, ``num_gpu_blocks_override``, ``max_num_seqs``,
@@ -31,8 +32,8 @@ beyond), for a run at once what kvcli predicts for the same output one request a
 ``pinned_hit_tokens`` and ``preemptions``, and one request at a time how many requests an LRU of the pool's
 ``N - 1`` KV blocks gets exact. On 2 cores with little else running, everything but the Mooncake cut takes about
 an hour (most of it the engines' starts, ~30 s each), the four newest traces (aiperf, Dynamo, Parquet, RAGPulse)
-about ten minutes, and the Mooncake cut's six passes about 25 minutes, three to four a pass; ``--only`` and
-``--engine`` run a part.
+about ten minutes, and the Mooncake cut's six passes (1,000 requests each, on :data:`FAST_SHAPE`) about 25
+minutes, two to three a pass; ``--only`` and ``--engine`` run a part.
 """
 from __future__ import annotations
 
@@ -178,7 +179,8 @@ def kvcli_build(model_dir: str, shape_name: str = "tiny-llama") -> None:
     write_tiny_checkpoint(model_dir, vocab=shape["vocab_size"], dtype=shape["dtype"], layers=shape["num_hidden_layers"],
                           hidden_size=shape["hidden_size"], head_dim=shape["head_dim"],
                           num_attention_heads=shape["num_attention_heads"],
-                          num_key_value_heads=shape["num_key_value_heads"], intermediate_size=shape["intermediate_size"],
+                          num_key_value_heads=shape["num_key_value_heads"],
+                          intermediate_size=shape["intermediate_size"],
                           max_position_embeddings=shape["max_position_embeddings"])
 
 
