@@ -5,6 +5,7 @@ Three tiers (STYLE.md): asserts for invariants, this family for users, one line 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 
 class KvcliError(Exception):
@@ -33,6 +34,14 @@ class BadInputError(KvcliError):
 def one_line(text: str) -> str:
     """``text`` as one printable line: control characters (a newline in a JSON key, a file name) are escaped."""
     return text if text.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's own words, as an error message says it: "an object", "a list" (a JSON
+    array), "a string", "a number", "a boolean", "null". A Python type outside JSON (a Parquet cell's bytes, a
+    datetime) is named by its type."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
 class RedisFailure(KvcliError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 
 TOKEN_DTYPE = np.dtype("<u4")
 _JSON_KW: dict[str, Any] = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False}
@@ -144,11 +144,11 @@ def check_tools(tools: Any) -> list | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise BadInputError(f"tools must be a list of tool objects, not {type(tools).__name__}")
+        raise BadInputError(f"tools must be a list of tool objects, not {json_type(tools)}")
     bad = next((i for i, t in enumerate(tools) if not isinstance(t, dict)), None)
     if bad is not None:
         raise BadInputError(f"tools[{bad}] must be an object like {{'type': 'function', 'function': ...}}, "
-                            f"not {type(tools[bad]).__name__}")
+                            f"not {json_type(tools[bad])}")
     return tools
 
 
@@ -159,7 +159,7 @@ def check_messages(messages: Any) -> list[dict]:
         BadInputError: not a list, or a bad message (its 1-based position is named).
     """
     if not isinstance(messages, list):
-        raise BadInputError(f"messages must be a list of message objects, not {type(messages).__name__}")
+        raise BadInputError(f"messages must be a list of message objects, not {json_type(messages)}")
     for i, message in enumerate(messages):
         try:
             message_role(message)
@@ -175,7 +175,7 @@ def message_role(message: Any) -> str:
         BadInputError: ``message`` is not a dict, or its role is missing or not a non-empty string.
     """
     if not isinstance(message, dict):
-        raise BadInputError(f"a message must be an object with role and content, not {type(message).__name__}")
+        raise BadInputError(f"a message must be an object with role and content, not {json_type(message)}")
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise BadInputError(f"a message needs a non-empty string 'role', got {role!r}")
@@ -204,7 +204,7 @@ def message_text(message: dict) -> str:
         text = "\n".join(part_text(p) for p in content)
     else:
         raise BadInputError(f"message content must be a string, null or a list of parts, "
-                            f"not {type(content).__name__}")
+                            f"not {json_type(content)}")
     calls = message.get("tool_calls") or message.get("function_call")
     if calls:
         text = f"{text}\n{json.dumps(calls, **_JSON_KW)}" if text else json.dumps(calls, **_JSON_KW)
@@ -220,4 +220,4 @@ def part_text(part: Any) -> str:
             return part["text"]
         return json.dumps(part, **_JSON_KW)
     raise BadInputError(f"a content part must be an object like {{'type': 'text', 'text': ...}}, "
-                        f"not {type(part).__name__}")
+                        f"not {json_type(part)}")

@@ -17,11 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.traces.hashids import HASH_ID_FORMATS, BlockIds, TraceFormat, time_divisor
 from kvcli.traces.records import (
     iter_records,
-    json_type,
     located,
     optional_count,
     optional_id,

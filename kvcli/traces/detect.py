@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, prompt_tokenizer
 from kvcli.traces.claude_code import outline_claude_code, read_claude_code
 from kvcli.traces.gateway import REQUEST_FIELDS, TIME_FIELDS, is_gateway_record, read_gateway
@@ -27,8 +27,8 @@ from kvcli.traces.ragpulse import is_component_record, outline_ragpulse, ragpuls
 from kvcli.traces.records import (
     check_file,
     is_parquet,
-    json_type,
     parquet_columns,
+    parquet_time_types,
     read_first_char,
     read_first_line,
     read_first_record,
@@ -134,7 +134,8 @@ def trace_note(path: str | Path, fmt: str | TraceFormat = "auto") -> str | None:
     elif spec.skip_bad_records:
         for _ in iter_hash_id_records(path, HASH_ID_FORMATS[name], spec, skipped):
             pass
-    note = semantics_note(HASH_ID_FORMATS[name], spec, first_block, skipped)
+    time_type = parquet_time_types(path).get("timestamp") if is_parquet(path) else None
+    note = semantics_note(HASH_ID_FORMATS[name], spec, first_block, skipped, time_type)
     field = next((k for k in TEXT_KEYS if k in first), None) if isinstance(first, dict) else None
     if name in MOONCAKE_ROWS and field is not None:  # no hash id in that row: say so before the blocks' rules
         prompt = (f"text ({field}), tokenized as the request it makes," if text_field(first) is not None

@@ -20,21 +20,20 @@ a time field, or ``messages`` and a time field other than ``timestamp`` (:func:`
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.traces.hashids import TIMESTAMP_UNITS, TraceFormat
 from kvcli.traces.openai import body_request
 from kvcli.traces.records import (
+    epoch_seconds,
     finite_number,
     iter_csv,
     iter_jsonl,
-    json_type,
     located,
     optional_count,
     optional_id,
@@ -76,10 +75,7 @@ def read_gateway(path: Path, tokenizer: TokenizerArg = DEFAULT_TOKENIZER, fmt: T
             row = {k: v for k, v in row.items() if v != ""} if csv else require_object(row)  # "": absent
             moment = _moment(row, divisor, csv)
             first = moment if first is None else first
-            since = (moment - first) / divisor
-            if not math.isfinite(since):
-                raise BadInputError(f"its time is too far from the first row's for a float to hold the difference "
-                                    f"({moment:g} - {first:g})")
+            since = (moment - first) / divisor  # both in the years 1 to 9999 (_moment): a finite difference
             request = _request(row, tokenizer, csv, path, line_no, since)
         except BadInputError as err:
             raise located(err, path, line_no) from None
@@ -130,10 +126,11 @@ def _count(value: Any, csv: bool) -> int | None:
 
 def _moment(row: dict, divisor: int, csv: bool) -> float:
     """The row's time since the epoch in units of 1/``divisor`` s (module docstring): an epoch number as given (so
-    differences of epoch numbers are exact), an ISO-8601 time converted."""
+    differences of epoch numbers are exact), an ISO-8601 time converted. Raises BadInputError: no time, one that is
+    neither, or an epoch number outside the years 1 to 9999 (:func:`~kvcli.traces.records.epoch_seconds`)."""
     name = next((k for k in TIME_FIELDS if k in row), None)
     value = row.get(name) if name else None
-    if value is None:
+    if name is None or value is None:
         raise BadInputError(f"no time in this row: a gateway log needs one of {', '.join(TIME_FIELDS)}")
     if csv and isinstance(value, str):
         try:
@@ -144,6 +141,7 @@ def _moment(row: dict, divisor: int, csv: bool) -> float:
         number = finite_number(value)
         if number is None:
             raise BadInputError(f"{name} must be finite, got {shorten(value)}")
+        epoch_seconds(number / divisor, name, value)
         return number
     if isinstance(value, str):
         try:

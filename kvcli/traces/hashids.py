@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.traces.records import (
     cache_salt,
     checked_rows,
@@ -167,7 +167,7 @@ class BlockIds:
             BadInputError: not a list of integers in ``[0, 2**64)``, or the wrong number of them.
         """
         if not isinstance(hash_ids, list):
-            raise BadInputError(f"hash_ids must be a list of integers, not {type(hash_ids).__name__}")
+            raise BadInputError(f"hash_ids must be a list of integers, not {json_type(hash_ids)}")
         ids = _id_array(hash_ids)
         need = -(-input_length // block_tokens)
         if len(hash_ids) != need:
@@ -389,9 +389,11 @@ def outline_hash_id_trace(path: Path, schema: HashIdSchema, fmt: TraceFormat) ->
 
 
 def semantics_note(schema: HashIdSchema, fmt: TraceFormat, first_block_size: Any,
-                   skipped: list[BadInputError] | None) -> str:
+                   skipped: list[BadInputError] | None, time_type: str | None = None) -> str:
     """One line for the report: how a hash-id trace was read (tokens per id and from where, the timestamp unit and
-    from where, sessions, the tail block, skipped records)."""
+    from where, sessions, the tail block, skipped records). ``time_type``: the Arrow type of a Parquet file's
+    ``timestamp`` column when it is a time type (``"timestamp[ms]"``, :func:`~kvcli.traces.records.parquet_time_types`),
+    whose values carry their own unit; None for numbers."""
     if first_block_size is not None:
         block = f"{first_block_size} tokens per hash id (the first record's block_size)"
     elif fmt.block_tokens is not None:
@@ -400,6 +402,9 @@ def semantics_note(schema: HashIdSchema, fmt: TraceFormat, first_block_size: Any
         block = f"{schema.block_tokens} tokens per hash id (the format's)"
     unit = (f"timestamps in {fmt.timestamp_unit} (--timestamp-unit)" if fmt.timestamp_unit
             else f"timestamps in {schema.timestamp_unit} (the format's)")
+    if time_type is not None:
+        unit = f"timestamps from the column's own time type ({time_type})" + (
+            ", not --timestamp-unit (numbers only)" if fmt.timestamp_unit else "")
     parts = [f"read as a {schema.name} hash-id trace: {block}, {unit}, sessions: {schema.sessions}"]
     if fmt.drop_tail_block:
         parts.append("each request's last hash id made its own (--drop-tail-block): its tail block is never shared, "

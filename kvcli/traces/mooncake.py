@@ -58,14 +58,14 @@ from typing import Any
 
 import numpy as np
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.model.tokenizer_base import TOKEN_DTYPE
 from kvcli.traces.hashids import BlockIds, HashIdSchema, TraceFormat, time_divisor
 from kvcli.traces.openai import body_request, prompt_is_token_ids
 from kvcli.traces.records import (
+    EPOCH_SECONDS_RANGE,
     cache_salt,
     checked_rows,
-    json_type,
     optional_count,
     optional_id,
     optional_seconds,
@@ -215,9 +215,10 @@ class _Reader:
                                 f"rows ({_mode_name(mode)}): a delta session holds input_length rows only")
         if timestamp is None and delay is not None and session is not None and session.time is not None:
             timestamp = session.time + delay
-            if not math.isfinite(timestamp):
-                raise BadInputError(f"delay ({delay:g} s) after its session's previous turn ({session.time:g} s) "
-                                    "is a time past what a float holds")
+            if not timestamp < EPOCH_SECONDS_RANGE[1]:
+                raise BadInputError(f"delay ({delay:.12g} s) after its session's previous turn ({session.time:.12g} s) "
+                                    "is a time past the year 9999, the range a Python datetime (and a Parquet "
+                                    "timestamp column) holds")
         return _Row(session_id, timestamp, output_length, extra_salt or salt, extra, text[0] if text else None,
                     mode)
 

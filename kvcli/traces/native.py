@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import TOKEN_DTYPE, check_tools
 from kvcli.traces.records import (
@@ -89,11 +89,12 @@ def prompt_tokens(record: dict, tokenizer: TokenizerArg, what: str) -> np.ndarra
         raise BadInputError(f"add_special_tokens must be true or false, not {shorten(add)}")
     if key == "prompt":
         if not isinstance(value, str):
-            raise BadInputError(f"prompt must be a string, not {type(value).__name__}")
+            raise BadInputError(f"prompt must be a string (token ids go in token_ids, a list of integers), "
+                                f"not {json_type(value)}")
         return get_tokenizer(tokenizer).encode_prompt(value, add)
     if key == "messages":
         if not isinstance(value, list):
-            raise BadInputError(f"messages must be a list of chat messages, not {type(value).__name__}")
+            raise BadInputError(f"messages must be a list of chat messages, not {json_type(value)}")
         return get_tokenizer(tokenizer).encode_chat(value, add_generation_prompt=True, tools=tools)
     return token_array(value)
 
@@ -113,7 +114,7 @@ def token_array(value: Any, name: str = "token_ids") -> np.ndarray:
         BadInputError: not a list, or an element that is not such an integer (``name[i]``, its index, is named).
     """
     if not isinstance(value, list):
-        raise BadInputError(f"{name} must be a list of integers, not {type(value).__name__}")
+        raise BadInputError(f"{name} must be a list of integers, not {json_type(value)}")
     if not value:
         return np.zeros(0, dtype=TOKEN_DTYPE)
     try:

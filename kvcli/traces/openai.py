@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.model.tokenize import DEFAULT_TOKENIZER
 from kvcli.traces.native import prompt_chat, prompt_tokens, token_array
 from kvcli.traces.records import (
     cache_salt,
     iter_jsonl,
-    json_type,
     located,
     optional_id,
     require_object,
@@ -45,7 +44,8 @@ def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str,
 
     Raises:
         BadInputError: the body is not an object, has neither ``messages`` nor ``prompt``, or holds a bad value
-            (see :func:`~kvcli.traces.native.prompt_tokens`); a list ``prompt`` with an element that is not a token
+            (see :func:`~kvcli.traces.native.prompt_tokens`); a ``prompt`` (without ``messages``) that is neither a
+            string nor a list; a list ``prompt`` with an element that is not a token
             id (an integer in ``[0, 2**32)``) or with ``tools``; ``cache_salt`` that is not a string.
     """
     if not isinstance(body, dict):
@@ -57,6 +57,9 @@ def body_request(body: Any, tokenizer: TokenizerArg, what: str, request_id: str,
     salt = cache_salt(body, f"{what}.")
     if prompt_is_token_ids(body):
         tokens = _prompt_token_ids(body, what)
+    elif "messages" not in body and not isinstance(body["prompt"], str):
+        raise BadInputError(f"{what}.prompt must be a string (text) or a list of token ids (integers in "
+                            f"[0, 2**32)), not {json_type(body['prompt'])}")
     else:
         try:
             tokens = prompt_tokens({k: body[k] for k in ("messages", "prompt", "tools") if k in body}, tokenizer,

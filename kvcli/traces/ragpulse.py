@@ -46,14 +46,14 @@ from typing import Any
 
 import numpy as np
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.traces.hashids import HASH_ID_FORMATS, TraceFormat, time_divisor
 from kvcli.traces.records import (
     cache_salt,
     checked_rows,
+    epoch_seconds,
     finite_number,
     iter_jsonl,
-    json_type,
     located,
     optional_count,
     optional_id,
@@ -164,7 +164,7 @@ def parse_seconds(value: Any, divisor: int) -> float | None:
     (:data:`NUMBER_TEXT`): Python's ``float`` alone would also take ``" 82 "`` and ``"8_2"``.
 
     Raises:
-        BadInputError: anything else.
+        BadInputError: anything else, or a time past the end of the year 9999 (:func:`epoch_seconds`).
     """
     if value is None:
         return None
@@ -175,7 +175,7 @@ def parse_seconds(value: Any, divisor: int) -> float | None:
         number = finite_number(value)
     if number is None or not np.isfinite(number) or number < 0:
         raise BadInputError(f"timestamp must be a finite number >= 0 (or a string of one), got {shorten(value)}")
-    return number / divisor
+    return epoch_seconds(number / divisor, "timestamp", value)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.units import fmt_bytes
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -33,6 +33,9 @@ def optional_id(record: dict, key: str) -> str | None:
     value = record.get(key)
     if value is None:
         return None
+    if isinstance(value, float):  # a JSON number with a fraction or an exponent: "not a number" would mislead
+        raise BadInputError(f"{key} must be a string or an integer, not {shorten(value)} (a number with a fraction "
+                            "or an exponent)")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise BadInputError(f"{key} must be a string or an integer, not {json_type(value)}")
     return str(value)
@@ -76,14 +79,15 @@ def optional_seconds(value: Any, key: str, divisor: int, instant: bool = True) -
 
     Raises:
         BadInputError: naming ``key``: anything else, a number or a duration < 0 (a duration said in seconds), a
-            timestamp before the epoch, or a timestamp where ``instant`` is False (a delay is a length of time, not
+            timestamp before the epoch, with ``instant`` a number past the end of the year 9999
+            (:func:`epoch_seconds`), or a timestamp where ``instant`` is False (a delay is a length of time, not
             an instant).
     """
     if value is None:
         return None
     number = finite_number(value)
     if number is not None and number >= 0:
-        return number / divisor
+        return epoch_seconds(number / divisor, key, value) if instant else number / divisor
     if isinstance(value, datetime.datetime):
         if not instant:
             raise BadInputError(f"{key} must be a number or a duration, not a timestamp ({value.isoformat()})")
@@ -97,6 +101,26 @@ def optional_seconds(value: Any, key: str, divisor: int, instant: bool = True) -
             raise BadInputError(f"{key} must be a duration >= 0, got {value // _MICROSECOND / 1_000_000} s")
         return (value // _MICROSECOND) / 1_000_000
     raise BadInputError(f"{key} must be a finite number >= 0, got {shorten(value)}")
+
+
+#: 0001-01-01T00:00:00Z and 10000-01-01T00:00:00Z in seconds since the Unix epoch: the years 1 to 9999, the times a
+#: Python datetime (and so a Parquet ``timestamp`` column, :func:`iter_parquet`) holds; a trace's time is in them.
+EPOCH_SECONDS_RANGE = (-62_135_596_800, 253_402_300_800)
+
+
+def epoch_seconds(seconds: float, key: str, value: Any) -> float:
+    """``seconds`` (a trace's time since the Unix epoch, its unit applied) when it is in the years 1 to 9999
+    (:data:`EPOCH_SECONDS_RANGE`, the end exclusive), as a typed Parquet column's time must be; ``value`` is the
+    number the trace gave, for the error.
+
+    Raises:
+        BadInputError: naming ``key`` and ``value``, a time outside those years (or NaN).
+    """
+    first, end = EPOCH_SECONDS_RANGE
+    if not first <= seconds < end:
+        raise BadInputError(f"{key} {shorten(value)} is {seconds:.12g} s since the Unix epoch, a time outside the "
+                            "years 1 to 9999, the range a Python datetime (and a Parquet timestamp column) holds")
+    return seconds
 
 
 def finite_number(value: Any) -> float | None:
@@ -121,12 +145,6 @@ def shorten(value: Any, limit: int = 40) -> str:
     """``repr(value)`` cut to ``limit`` characters (with "..."), for an error message."""
     text = repr(value)
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def json_type(value: Any) -> str:
-    """What a parsed JSON value is, as an error message says it ("an object", "a string", "null", ...)."""
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
 def located(err: BadInputError, path: Path, line: int) -> BadInputError:
@@ -535,6 +553,24 @@ def parquet_columns(path: Path) -> list[str]:
         return list(pq.ParquetFile(path).schema_arrow.names)
     except (pa.ArrowException, OSError) as exc:
         raise BadInputError(f"cannot read Parquet ({type(exc).__name__}: {exc})", path=str(path), line=1) from None
+
+
+def parquet_time_types(path: Path) -> dict[str, str]:
+    """The Arrow type, in Arrow's words (``"timestamp[ms]"``, ``"timestamp[us, tz=UTC]"``, ``"duration[ms]"``), of
+    each top-level column of a Parquet file's schema that is a ``timestamp`` or a ``duration``: a column whose values
+    carry their own unit (:func:`optional_seconds`), by name. Reads the footer only.
+
+    Raises:
+        BadInputError: a file pyarrow cannot read as Parquet.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.ParquetFile(path).schema_arrow
+    except (pa.ArrowException, OSError) as exc:
+        raise BadInputError(f"cannot read Parquet ({type(exc).__name__}: {exc})", path=str(path), line=1) from None
+    return {f.name: str(f.type) for f in schema if pa.types.is_timestamp(f.type) or pa.types.is_duration(f.type)}
 
 
 def iter_rows(path: Path, invalid: list[BadInputError] | None = None) -> Iterator[tuple[int, Any]]:

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kvcli.errors import BadInputError
+from kvcli.errors import BadInputError, json_type
 from kvcli.model.tokenize import DEFAULT_TOKENIZER, get_tokenizer
 from kvcli.model.tokenizer_base import message_text, tools_message
 from kvcli.traces.chat import chat_requests
@@ -65,7 +65,7 @@ def _sharegpt_conversation(record: Any, path: Path, record_no: int) -> tuple[str
         message = {"role": role, "content": value}
         if not isinstance(value, (str, list)):
             raise BadInputError(f"conversations[{i}].value must be a string or a list of content parts, "
-                                f"not {type(value).__name__}")
+                                f"not {json_type(value)}")
         try:
             message_text(message)  # content parts are joined as in any chat message: checked here, where named
         except BadInputError as err:

@@ -202,7 +202,7 @@ def test_context_mode_declares_delta_rows_with_or_without_responses(tmp_path):
      "session holds input_length rows only"),
     ([{"input_length": 1, "hash_ids": [0], "tools": []}], "1: tools go with messages (a chat request)"),
     ([{"input_length": 1, "hash_ids": [0], "extra": [1]}],
-     "1: extra must be an object (fields merged into the request body), not an array"),
+     "1: extra must be an object (fields merged into the request body), not a list"),
     ([{"input_length": 1, "hash_ids": [0], "delay": "soon"}], "1: delay must be a finite number >= 0, got 'soon'"),
     ([{"text_input": 5}], "1: text_input must be a string, not a number"),
     ([{"payload": "POST"}], "1: payload must be a request object, not a string"),
@@ -408,12 +408,76 @@ def test_a_time_past_what_a_float_holds_is_one_error_naming_its_row(tmp_path):
     native.write_text('{"timestamp": 1' + "0" * 400 + ', "token_ids": [1]}\n')
     assert bad(native) == f"{native}:1: timestamp must be a finite number >= 0, got {cut}"
     far = write_jsonl(tmp_path / "far.jsonl", [{"session_id": "s", "timestamp": 1e308, "input_length": 4,
-                                                "hash_ids": [0]},
-                                               {"session_id": "s", "delay": 1e308, "input_length": 4, "hash_ids": [0]}])
-    # in seconds: 1e308 + 1e308 is past the largest float (about 1.8e308)
-    assert bad(far, TraceFormat("mooncake", timestamp_unit="s")) == (
-        f"{far}:2: delay (1e+308 s) after its session's previous turn (1e+308 s) is a time past what a float holds")
-    assert [r.timestamp for r in read_trace(far)] == [1e305, 2e305]  # in ms (the format's): 1e305 s, + 1e305 s
+                                                "hash_ids": [0]}])
+    assert bad(far) == (f"{far}:1: timestamp 1e+308 is 1e+305 s since the Unix epoch, a time outside the years 1 to "
+                        "9999, the range a Python datetime (and a Parquet timestamp column) holds")
+
+
+PAST_9999 = "a time outside the years 1 to 9999, the range a Python datetime (and a Parquet timestamp column) holds"
+
+
+def test_a_number_past_the_year_9999_is_refused_as_a_timestamp_column_s_value_is(tmp_path):
+    """The end of the year 9999 is 253402300800 s after the Unix epoch (a Python datetime's range): a numeric time
+    at or past it, its unit applied, is one error naming file and row, as the same instant in a timestamp column."""
+    rows = [{"session_id": "s", "timestamp": 253_402_300_799_999, "input_length": 4, "hash_ids": [0]},  # ms
+            {"session_id": "t", "timestamp": 2**62, "input_length": 4, "hash_ids": [0]}]
+    jsonl, numbers = write_jsonl(tmp_path / "n.jsonl", rows), write_parquet(tmp_path / "n.parquet", rows)
+    typed = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"session_id": ["s", "t"], "timestamp": pa.array([253_402_300_799_999, 2**62],
+                                                                             pa.int64()).cast(pa.timestamp("ms")),
+                             "input_length": [4, 4], "hash_ids": [[0], [0]]}), typed)
+    # 2**62 ms = 4611686018427387.904 s
+    for path in (jsonl, numbers):
+        words = f"{path}:2: timestamp 4611686018427387904 is 4.61168601843e+15 s since the Unix epoch, {PAST_9999}"
+        assert bad(path) == words
+        out = CliRunner().invoke(app, ["stats", str(path)])
+        assert (out.exit_code, out.stderr) == (2, f"kvcli: error: {words}\n")
+    assert bad(typed).startswith(f"{typed}:2: cannot read column timestamp (timestamp[ms]): a timestamp outside "
+                                 "the years 1 to 9999")
+    # its last millisecond: 253402300799999 ms = 253402300799.999 s, read alike from a number and from the column
+    last = write_jsonl(tmp_path / "last.jsonl", rows[:1])
+    assert [r.timestamp for r in read_trace(last)] == [253_402_300_799.999]
+    typed_last = tmp_path / "tl.parquet"
+    pq.write_table(pq.read_table(typed).slice(0, 1), typed_last)
+    assert [r.timestamp for r in read_trace(typed_last)] == [253_402_300_799.999]
+    # the first millisecond past it; and seconds (--timestamp-unit s): 1e308 s
+    past = write_jsonl(tmp_path / "past.jsonl", [{"timestamp": 253_402_300_800_000, "input_length": 4,
+                                                  "hash_ids": [0]}])
+    assert bad(past) == f"{past}:1: timestamp 253402300800000 is 253402300800 s since the Unix epoch, {PAST_9999}"
+    huge = write_jsonl(tmp_path / "huge.jsonl", [{"timestamp": 1e308, "input_length": 4, "hash_ids": [0]}])
+    assert bad(huge, TraceFormat("mooncake", timestamp_unit="s")) == (
+        f"{huge}:1: timestamp 1e+308 is 1e+308 s since the Unix epoch, {PAST_9999}")
+    # a native record's timestamp is in seconds
+    native = write_jsonl(tmp_path / "native.jsonl", [{"timestamp": 253_402_300_799.5, "token_ids": [1]},
+                                                     {"timestamp": 253_402_300_800, "token_ids": [1]}])
+    assert bad(native) == f"{native}:2: timestamp 253402300800 is 253402300800 s since the Unix epoch, {PAST_9999}"
+
+
+def test_the_note_says_a_typed_timestamp_column_gives_its_own_unit(tmp_path):
+    rows = {"session_id": ["s", "s"], "input_length": [4, 4], "hash_ids": [[0], [0]]}
+    typed, numbers = tmp_path / "t.parquet", tmp_path / "n.parquet"
+    pq.write_table(pa.table({**rows, "timestamp": pa.array([0, 5], pa.int64()).cast(pa.timestamp("us", "UTC"))}),
+                   typed)
+    pq.write_table(pa.table({**rows, "timestamp": pa.array([0, 5], pa.int64())}), numbers)
+    rules = "read as a mooncake hash-id trace: 512 tokens per hash id (the format's), "
+    assert trace_note(typed).startswith(rules + "timestamps from the column's own time type (timestamp[us, tz=UTC]), "
+                                        "sessions: ")
+    assert trace_note(typed, TraceFormat("mooncake", timestamp_unit="s")).startswith(
+        rules + "timestamps from the column's own time type (timestamp[us, tz=UTC]), not --timestamp-unit (numbers "
+        "only), sessions: ")
+    assert trace_note(numbers).startswith(rules + "timestamps in ms (the format's), sessions: ")
+
+
+def test_a_delay_to_a_time_past_the_year_9999_is_one_error_naming_its_row(tmp_path):
+    start = {"session_id": "s", "timestamp": 253_402_300_000_000, "input_length": 4, "hash_ids": [0]}  # ms
+    within = write_jsonl(tmp_path / "in.jsonl", [start, {"session_id": "s", "delay": 799_999, "input_length": 4,
+                                                         "hash_ids": [0]}])
+    # 253402300000 s + 799.999 s
+    assert [r.timestamp for r in read_trace(within)] == [253_402_300_000.0, 253_402_300_799.999]
+    past = write_jsonl(tmp_path / "past.jsonl", [start, {"session_id": "s", "delay": 800_000, "input_length": 4,
+                                                         "hash_ids": [0]}])
+    assert bad(past) == (f"{past}:2: delay (800 s) after its session's previous turn (253402300000 s) is a time "
+                         "past the year 9999, the range a Python datetime (and a Parquet timestamp column) holds")
 
 
 @SETTINGS

@@ -157,7 +157,7 @@ def read_format(name: str, unit: str):
     ({"request_id": "x", "startTime": 5, "proxy_server_request": "{\"messages\": [", "messages": []},
      "proxy_server_request is not JSON"),
     ({"request_id": "x", "startTime": 5, "proxy_server_request": {"messages": chat("rome"), "tools": {"a": 1}}},
-     "proxy_server_request: tools must be a list of tool objects, not dict"),
+     "proxy_server_request: tools must be a list of tool objects, not an object"),
     # valid JSON, but no float holds it; the message quotes its first 37 characters
     ({"request_id": "x", "startTime": 10**400, "proxy_server_request": {"messages": chat("rome")}},
      "startTime must be finite, got 1" + "0" * 36 + "..."),
@@ -169,15 +169,28 @@ def test_bad_gateway_rows_are_one_line_errors_at_their_line(tmp_path, row, messa
     assert str(info.value).startswith(f"{log}:2: {message}")
 
 
-def test_a_gateway_time_too_far_from_the_first_row_s_for_a_float_is_one_error(tmp_path):
-    rows = [{"request_id": "a", "startTime": -1e308, "proxy_server_request": {"messages": chat("rome")}},
-            {"request_id": "b", "startTime": 1e308, "proxy_server_request": {"messages": chat("rome")}}]
-    log = write_jsonl(tmp_path / "g.jsonl", rows)
+def test_a_gateway_epoch_number_outside_the_years_1_to_9999_is_one_error(tmp_path):
+    """Epoch numbers from 0001-01-01T00:00:00Z (-62135596800 s) to before 10000-01-01T00:00:00Z (253402300800 s)
+    are times; past either end, one error naming the row, as the same time as ISO-8601 cannot be written."""
+    def row(start):
+        return {"request_id": "a", "startTime": start, "proxy_server_request": {"messages": chat("rome")}}
+
+    ends = write_jsonl(tmp_path / "ends.jsonl", [row(-62_135_596_800), row(253_402_300_799.5)])
+    # 253402300799.5 - (-62135596800) = 315537897599.5 s after the first row
+    assert [r.timestamp for r in read_trace(ends)] == [0.0, 315_537_897_599.5]
+    words = "a time outside the years 1 to 9999, the range a Python datetime (and a Parquet timestamp column) holds"
+    for bad_rows, line, said in (([row(-62_135_596_801)], 1, "-62135596801 is -62135596801"),
+                                 ([row(0), row(253_402_300_800)], 2, "253402300800 is 253402300800"),
+                                 ([row(-1e308), row(1e308)], 1, "-1e+308 is -1e+308")):
+        log = write_jsonl(tmp_path / "g.jsonl", bad_rows)
+        with pytest.raises(BadInputError) as info:
+            list(read_trace(log))
+        assert str(info.value) == f"{log}:{line}: startTime {said} s since the Unix epoch, {words}"
+    # in ms (--timestamp-unit ms): 253402300800000 ms is 253402300800 s
+    log = write_jsonl(tmp_path / "ms.jsonl", [row(253_402_300_800_000)])
     with pytest.raises(BadInputError) as info:
-        list(read_trace(log))
-    # 1e308 - (-1e308) = 2e308, past the largest float (about 1.8e308)
-    assert str(info.value) == (f"{log}:2: its time is too far from the first row's for a float to hold the "
-                               "difference (1e+308 - -1e+308)")
+        list(read_trace(log, read_format("gateway", "ms")))
+    assert str(info.value) == f"{log}:1: startTime 253402300800000 is 253402300800 s since the Unix epoch, {words}"
 
 
 def test_bad_batch_lines_name_the_body(tmp_path):

@@ -112,7 +112,31 @@ def test_native_bad_records(tmp_path, record, words):
 
 def test_native_record_not_an_object(tmp_path):
     path = write_jsonl(tmp_path / "r.jsonl", [[1, 2]])
-    assert str(bad_input(path, "native")) == f"{path}:1: expected a JSON object, got an array"
+    assert str(bad_input(path, "native")) == f"{path}:1: expected a JSON object, got a list"
+
+
+@pytest.mark.parametrize("fmt, record, words", [
+    # a float where an id may be an integer: "not a number" would say 1.5 is no number
+    ("native", {"token_ids": [1], "session_id": 1.5},
+     "session_id must be a string or an integer, not 1.5 (a number with a fraction or an exponent)"),
+    ("native", {"prompt": None}, "prompt must be a string (token ids go in token_ids, a list of integers), not null"),
+    ("native", {"messages": "hi"}, "messages must be a list of chat messages, not a string"),
+    ("native", {"token_ids": {"a": 1}}, "token_ids must be a list of integers, not an object"),
+    ("native", {"messages": [None]}, "message 1: a message must be an object with role and content, not null"),
+    ("native", {"messages": [{"role": "user", "content": 5}]},
+     "message content must be a string, null or a list of parts, not a number"),
+    ("native", {"messages": [{"role": "user", "content": "x"}], "tools": [[]]},
+     "tools[0] must be an object like {'type': 'function', 'function': ...}, not a list"),
+    # a request body's prompt may be token ids
+    ("mooncake", {"payload": {"prompt": None}},
+     "payload.prompt must be a string (text) or a list of token ids (integers in [0, 2**32)), not null"),
+    ("mooncake", {"input_length": 4, "hash_ids": {"0": 1}}, "hash_ids must be a list of integers, not an object"),
+    ("sharegpt", {"id": "c", "conversations": [{"from": "human", "value": True}]},
+     "conversations[0].value must be a string or a list of content parts, not a boolean"),
+])
+def test_wrong_types_are_named_as_json_names_them(tmp_path, fmt, record, words):
+    path = write_jsonl(tmp_path / "r.jsonl", [record])
+    assert str(bad_input(path, fmt)) == f"{path}:1: {words}"
 
 
 # ------------------------------------------------------------------------------------------------ mooncake
