@@ -32,6 +32,7 @@ Requests join the engine's rows by id when every request's id is among the rows'
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from typing import Any
 from kvcli.analysis.engine_cache import BlockHistory, EngineCache
 from kvcli.analysis.explain import ExplainConfig, Explainer
 from kvcli.analysis.workload import each_trace, ordered_requests
+from kvcli.engine.events import BlockStored, EventBatch
 from kvcli.engine.reports import EngineReport, read_engine_log
 from kvcli.errors import BadInputError
 from kvcli.sim.scheduler import EngineConfig
@@ -131,8 +133,9 @@ def audit_trace(trace: Path, engine_log: Path, block_size: int, gpu_blocks: int 
     """Audit one trace against the engine's log (and its KV events), module docstring.
 
     Raises:
-        BadInputError: a bad trace, log or events file (``file:line``), a block size < 1, ``gpu_blocks`` < 3, or
-            rows that join the requests neither by id nor by order.
+        BadInputError: a bad trace, log or events file (``file:line``), a block size < 1, ``gpu_blocks`` < 3,
+            rows that join the requests neither by id nor by order, an events file with no batch, or blocks stored
+            at another block size than ``block_size``.
     """
     # with the engine's pool, explain runs vLLM's own block accounting (kvcli.sim.scheduler): each request's
     # generated tokens are the trace's output_length, 1 where it has none (as explain --gpu-blocks)
@@ -147,17 +150,39 @@ def audit_trace(trace: Path, engine_log: Path, block_size: int, gpu_blocks: int 
             prompts.append((request.token_ids, request.cache_salt))
     explained = explainer.result.explained
     rows, joined_by = join([e.id for e in explained], read_engine_log(engine_log))
-    cache = None
-    if events is not None:
-        from kvcli.engine.recording import read_batches
-
-        cache = EngineCache((b.batch for b in read_batches(events)), prompts, block_size)
+    cache = None if events is None else EngineCache(_checked_batches(events, block_size), prompts, block_size)
     ids = [e.id for e in explained]
     out = [_audit(AuditedRequest(e.id, row.id, e.prompt_tokens, row.prompt_tokens, row.cached_tokens,
                                  e.reused_tokens), block_size, cache.arrival(e.index) if cache else None, ids)
            for e, row in zip(explained, rows)]
     return Audit(display_name(path), joined_by, out, cache.unplaced if cache else 0,
                  dict(cache.media) if cache else {})
+
+
+def _checked_batches(events: Path, block_size: int) -> Iterator[EventBatch]:
+    """The batches of the events file ``events``, in file order, each ``BlockStored`` checked to hold blocks of
+    ``block_size`` tokens (the engine's block size, which the audit's block keys are cut at).
+
+    Raises:
+        BadInputError: at ``events:line``, a ``BlockStored`` of another block size; ``events`` holds no batch (a
+            recording's header alone: the engine published nothing while it was recorded); the file's own errors
+            (:func:`kvcli.engine.recording.read_batches`).
+    """
+    from kvcli.engine.recording import read_batches
+
+    batches = 0
+    for recorded in read_batches(events):
+        for event in recorded.batch.events:
+            if isinstance(event, BlockStored) and event.block_size != block_size:
+                raise BadInputError(f"the engine stored blocks of {event.block_size} tokens, but --block-size is "
+                                    f"{block_size}: give the engine's block size", str(events),
+                                    int(recorded.source.rsplit(":", 1)[1]))
+        batches += 1
+        yield recorded.batch
+    if not batches:
+        raise BadInputError("no KV event batches: the engine published none while it was recorded (a recording "
+                            "of this trace's run holds one batch per engine step that stored or removed blocks)",
+                            str(events))
 
 
 def _chunks(tokens: int | None, block_size: int) -> int | None:

@@ -218,7 +218,8 @@ def engine_config(block_size: int, gpu_blocks: int | None, max_num_seqs: int | N
     if gpu_blocks is None:
         stray = [name for name, value in given.items() if value is not None]
         if stray:
-            raise BadInputError(f"{', '.join(stray)} shape the engine of --gpu-blocks: give --gpu-blocks too")
+            verb = "shapes" if len(stray) == 1 else "shape"
+            raise BadInputError(f"{', '.join(stray)} {verb} the engine of --gpu-blocks: give --gpu-blocks too")
         return None
     def unset(value, default):  # 0 is a value the config refuses, not "unset"
         return default if value is None else value

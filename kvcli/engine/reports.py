@@ -46,7 +46,8 @@ def read_engine_log(path: Path) -> list[EngineReport]:
     Raises:
         BadInputError: at ``path:line``, a line that is not JSON, not an object, or holds no cached token count
             (an OpenAI response without ``prompt_tokens_details``: start vLLM's server with
-            ``--enable-prompt-tokens-details``); the file cannot be read or holds no rows.
+            ``--enable-prompt-tokens-details``) or more cached tokens than its own prompt tokens; the file cannot
+            be read or holds no rows.
     """
     from kvcli.traces.records import check_file, iter_jsonl
 
@@ -66,7 +67,8 @@ def engine_row(value: Any, source: str = "") -> EngineReport:
     """One row of an engine log (module docstring) as an :class:`EngineReport`.
 
     Raises:
-        ValueError: the row is none of the three shapes, or a count is not an integer >= 0.
+        ValueError: the row is none of the three shapes, a count is not an integer >= 0, or the cached tokens
+            exceed the row's prompt tokens.
     """
     if not isinstance(value, dict):
         raise ValueError(f"a row is a JSON object, got {type(value).__name__}")
@@ -75,8 +77,8 @@ def engine_row(value: Any, source: str = "") -> EngineReport:
             prompt = value.get("prompt_tokens")
             if prompt is None and isinstance(value.get("prompt_token_ids"), list):
                 prompt = len(value["prompt_token_ids"])
-            return EngineReport(_id(value, "request_id", "id"), _count(value[key], key),
-                                None if prompt is None else _count(prompt, "prompt_tokens"), source)
+            return _report(_id(value, "request_id", "id"), _count(value[key], key),
+                           None if prompt is None else _count(prompt, "prompt_tokens"), source)
     if "usage" in value:
         return _response(value, _id(value, "id"), source)
     for key in RESPONSE_FIELDS:
@@ -104,8 +106,20 @@ def _response(body: dict, rid: str | None, source: str) -> EngineReport:
         raise ValueError("usage has no prompt_tokens_details.cached_tokens (vLLM's server reports it with "
                          "--enable-prompt-tokens-details)")
     prompt = usage.get("prompt_tokens")
-    return EngineReport(rid, _count(details["cached_tokens"], "cached_tokens"),
-                        None if prompt is None else _count(prompt, "prompt_tokens"), source)
+    return _report(rid, _count(details["cached_tokens"], "cached_tokens"),
+                   None if prompt is None else _count(prompt, "prompt_tokens"), source)
+
+
+def _report(rid: str | None, cached: int, prompt: int | None, source: str) -> EngineReport:
+    """The row's report, its cached tokens checked against its own prompt length (tokens).
+
+    Raises:
+        ValueError: more tokens cached than the prompt holds.
+    """
+    if prompt is not None and cached > prompt:
+        raise ValueError(f"{cached} cached tokens in a prompt of {prompt} tokens: an engine caches at most the "
+                         "prompt")
+    return EngineReport(rid, cached, prompt, source)
 
 
 def _id(row: dict, *keys: str) -> str | None:

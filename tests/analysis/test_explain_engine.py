@@ -95,8 +95,8 @@ def test_the_engine_is_reported(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--max-num-seqs", 2], "--max-num-seqs shape the engine of --gpu-blocks: give --gpu-blocks too"),
-    (["--at-once"], "--at-once shape the engine"),
+    (["--max-num-seqs", 2], "--max-num-seqs shapes the engine of --gpu-blocks: give --gpu-blocks too"),
+    (["--at-once"], "--at-once shapes the engine"),
     (["--output-length", 3], "--output-length says what the engine of --gpu-blocks generates"),
     (["--gpu-blocks", 10, "--capacity-tokens", 100], "give it without --capacity-tokens, --capacity-bytes and --ttl"),
     (["--gpu-blocks", 10, "--ttl", 5], "vLLM expires nothing"),

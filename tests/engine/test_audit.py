@@ -110,14 +110,16 @@ counts = st.integers(min_value=0, max_value=10**6)
 
 @given(ids, counts, st.one_of(st.none(), counts), st.sampled_from(["request_id", "id"]),
        st.sampled_from(["num_cached_tokens", "cached_tokens"]))
-def test_vllm_rows(rid, cached, prompt, id_key, key):
+def test_vllm_rows(rid, cached, uncached, id_key, key):
+    prompt = None if uncached is None else cached + uncached  # an engine caches at most the prompt
     row = {key: cached, **({id_key: rid} if rid is not None else {}),
            **({"prompt_tokens": prompt} if prompt is not None else {})}
     assert engine_row(row) == EngineReport(rid, cached, prompt, "")
 
 
 @given(ids, counts, counts, st.sampled_from(["bare", "response", "response_body", "text"]), ids)
-def test_openai_and_gateway_rows(rid, cached, prompt, shape, row_id):
+def test_openai_and_gateway_rows(rid, cached, uncached, shape, row_id):
+    prompt = cached + uncached
     body = {"usage": {"prompt_tokens": prompt, "prompt_tokens_details": {"cached_tokens": cached}},
             **({"id": rid} if rid is not None else {})}
     if shape == "bare":
@@ -135,6 +137,9 @@ def test_openai_and_gateway_rows(rid, cached, prompt, shape, row_id):
     ('{"id": "a", "usage": {"prompt_tokens": 3}}', "--enable-prompt-tokens-details"),
     ('{"response": "not json"}', "response holds text that is not JSON"),
     ("{not json", ""),
+    ('{"id": "a", "num_cached_tokens": 126, "prompt_tokens": 125}', "126 cached tokens in a prompt of 125 tokens"),
+    ('{"id": "a", "usage": {"prompt_tokens": 64, "prompt_tokens_details": {"cached_tokens": 96}}}',
+     "96 cached tokens in a prompt of 64 tokens"),
 ])
 def test_bad_lines_are_named(tmp_path, line, message):
     log = tmp_path / "log.jsonl"
@@ -147,6 +152,28 @@ def test_rows_that_join_neither_way():
     rows = [EngineReport("x", 0, None, "log.jsonl:1")]
     with pytest.raises(BadInputError, match="cannot join 2 requests with 1 engine rows: 0 ids match"):
         join(["a", "b"], rows)
+
+
+def test_events_of_another_block_size_are_named():
+    # the synthetic runs' first batch (line 2, after the header) stores blocks of 32 tokens
+    with pytest.raises(BadInputError, match=r"unbounded\.events\.jsonl:2: the engine stored blocks of 32 tokens, "
+                                            "but --block-size is 16"):
+        audit_trace(fixture("synthetic", "trace.jsonl"), FIXTURES / "synthetic" / "unbounded.requests.jsonl", 16,
+                    None, fixture("synthetic", "unbounded.events.jsonl"))
+
+
+def test_events_without_batches(tmp_path):
+    # what `kvcli events record` leaves when nothing was published: its header line alone
+    events = tmp_path / "idle.jsonl"
+    events.write_text('{"kvcli_kv_events": 1, "endpoint": "tcp://127.0.0.1:5557", "topic": "", '
+                      '"replay_endpoint": null, "started_at": "2026-12-05T10:00:00Z"}\n')
+    result = CliRunner().invoke(app, [
+        "audit", str(fixture("synthetic", "trace.jsonl")), "--engine-log",
+        str(FIXTURES / "synthetic" / "unbounded.requests.jsonl"), "--events", str(events), "--block-size", "32"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"kvcli: error: {events}: no KV event batches: the engine published none while " \
+        "it was recorded (a recording of this trace's run holds one batch per engine step that stored or removed " \
+        "blocks)"
 
 
 def test_gpu_blocks():
