@@ -173,3 +173,21 @@ def test_route_axes_label_every_run_alike_and_a_whole_sweep_at_its_values(tmp_pa
         assert browser.evaluate(AXIS_LABELS % "s1-load") == [
             "1", "2", "serving nodes (count)", "0%", "hit token ratio (%)",
             "1", "2", "serving nodes (count)", "0.1", "TTFT (s): p99 solid, p50 faint"]
+
+
+def test_a_chunk_size_that_stored_nothing_keeps_its_place_on_the_bytes_axis(tmp_path, monkeypatch):
+    """Prompts shorter than 1,024 tokens store no chunk of 1,024: the bytes panel (log scale, where 0 has no bar)
+    still names that chunk size beside the others, as the objects panel does."""
+    from kvcli.html.replay import objects_figure
+
+    rows = [{"chunk_size": cs, "objects_created": n, "payload_bytes_written": 1000 * n,
+             "metadata_bytes_written": 10 * n, "redis_memory_bytes": 2000 * n}
+            for cs, n in ((16, 200), (64, 50), (256, 8), (1024, 0))]
+    monkeypatch.setitem(VIEWS, "objects", lambda doc: [Section("objects", "objects", (objects_figure(rows, None),))])
+    write_report(tmp_path / "objects.html", [Document("objects.json", "objects", {})])
+    with Browser(BROWSER) as browser:
+        browser.open(tmp_path / "objects.html")
+        labels = browser.evaluate("Array.from(document.querySelectorAll('#s1-objects .concat_1_group "
+                                  ".role-axis-label text')).map((t) => t.textContent)")
+        assert labels[:4] == ["16", "64", "256", "1024"], labels
+        assert browser.problems == []
