@@ -146,8 +146,9 @@ def objects_figure(rows: list[dict], focus: int | None) -> Figure:
                                    "scale": {"range": ["#1f77b4", "#d62728"]}, "legend": {"orient": "top"}},
                          "tooltip": [text_tip("chunk_size", "chunk size"), text_tip("what", "what"),
                                      tip("n", "count", ",.0f")]}}
+    # every chunk size keeps its place on the bytes axis too: one that stored nothing has no bar (0 has no log)
     right = {"width": WIDTH // 2 - 20, "height": 240, "data": {"values": stored}, "mark": "bar",
-             "encoding": {"x": x, "xOffset": {"field": "what"},
+             "encoding": {"x": {**x, "scale": {"domain": chunk_sizes(rows)}}, "xOffset": {"field": "what"},
                           "y": {"field": "gib", "type": "quantitative", "scale": {"type": "log"}, "stack": None,
                                 "title": "bytes (GiB, log scale)"},
                           "color": {"field": "what", "type": "nominal", "title": None,

@@ -97,8 +97,11 @@ def load_figure(runs: list[dict]) -> Figure:
         x = {"field": "x", "type": "quantitative" if numeric else "ordinal", "title": PARAMETERS[name][1]}
         if numeric:
             x["scale"] = {"zero": False}
-            if all(isinstance(r["x"], int) for r in rows):
-                x["axis"] = {"tickMinStep": 1, "format": ",d"}
+            # whole values (nodes, max batch) are ticked at the swept values alone, never between two of them
+            # (nodes=1,2 would draw a 1.5 tick labelled "2"); others get an explicit format, as Vega's default takes
+            # its digits from the tick step, 0 when every run has one value, and labels 0.5 as "0"
+            ints = sorted({r["x"] for r in rows}) if all(isinstance(r["x"], int) for r in rows) else None
+            x["axis"] = {"values": ints, "format": ",d"} if ints else {"format": ",.3~g"}
         line = {"type": "line", "point": True}
         several = any(r["series"] for r in rows)
         detail = {"field": "series", "type": "nominal", "title": "other sweep values"} if several else {
@@ -132,7 +135,8 @@ def frontier_figure(runs: list[dict]) -> Figure:
     layers: list[dict] = [{
         "data": {"values": rows}, "mark": {"type": "point", "filled": True, "size": 80},
         "encoding": {"x": {"field": "ttft_p99", "type": "quantitative", "title": "TTFT p99 (s" + (
-            ", log scale)" if log else ")"), "scale": {"type": "log"} if log else {"zero": False}},
+            ", log scale)" if log else ")"), **({"scale": {"type": "log"}} if log else {
+                "scale": {"zero": False}, "axis": {"format": ",.3~g"}})},  # one run's value alone: not "0"
                      "y": {"field": "hit", "type": "quantitative", "title": "hit token ratio (%)",
                            "axis": {"format": ".0%"}},
                      "color": {"field": "policy", "type": "nominal", "title": "policy"},

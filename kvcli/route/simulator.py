@@ -181,7 +181,8 @@ class SimConfig:
             raise BadInputError("lower_tiers need first_tier (the name of the tier capacity_tokens sizes)")
         for option, value, ok, requirement in checks:
             if not ok:
-                raise BadInputError(f"{option} must be {requirement}, got {value:g}")
+                shown = f"{value:,}" if isinstance(value, int) else f"{value:g}"  # 100,000,000 nodes, not 1e+08
+                raise BadInputError(f"{option} must be {requirement}, got {shown}")
         if capacity is not None:
             check_tier_room("--node-capacity" if self.first_tier is None else f"--tier {self.first_tier}", capacity,
                             chunk)

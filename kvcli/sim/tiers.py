@@ -127,8 +127,8 @@ def check_tier_room(option: str, size: int, chunk_size: int, chunk_bytes: int | 
         option: what the message names (``--tier gpu``, ``--node-capacity``).
     """
     if chunk_bytes is None and size < chunk_size:
-        raise BadInputError(f"{option} must be at least one chunk (>= --chunk-size, {chunk_size} tokens), got "
-                            f"{size:g}")
+        raise BadInputError(f"{option} must be at least one chunk (>= --chunk-size, {chunk_size:,} tokens), got "
+                            f"{size:,}")
     if chunk_bytes is not None and size < chunk_bytes:
         raise BadInputError(f"{option} must be at least one chunk ({chunk_bytes:,} bytes of KV at chunk size "
                             f"{chunk_size}), got {size:,} bytes")

@@ -152,3 +152,42 @@ def test_the_checks_catch_a_figure_that_fails_and_one_that_fetches(tmp_path, mon
         assert "console.error: figure fig1: " in text and "example.com" in text, text
         assert int(browser.evaluate("document.documentElement.getAttribute('data-kvcli-problems')")) >= 2
         assert browser.evaluate("document.getElementById('kvcli-console').hidden") is False
+
+
+AXIS_LABELS = "Array.from(document.querySelectorAll('#%s .role-axis text')).map((t) => t.textContent)"
+
+
+def test_route_axes_label_every_run_alike_and_a_whole_sweep_at_its_values(tmp_path):
+    """One request of 1,000 token ids prefilled at 10,000 tokens/s: every run's TTFT is 0.1 s, so each axis of TTFT
+    holds one value, labelled 0.1 (Vega's default format took its digits from a zero tick step and wrote "0"); a
+    sweep of nodes=1,2 is ticked at 1 and 2 alone (no 1.5 tick labelled "2")."""
+    trace = tmp_path / "one.jsonl"
+    trace.write_text(json.dumps({"id": "a", "timestamp": 0, "token_ids": list(range(1, 1001)),
+                                 "output_length": 1}) + "\n")
+    run("route", trace, "--prefill-tps", 10000, "--sweep", "nodes=1,2", "-p", "prefix", "--no-count-rtt", "--html",
+        tmp_path / "page.html")
+    with Browser(BROWSER) as browser:
+        browser.open(tmp_path / "page.html")
+        drawn_cleanly(browser)
+        assert browser.evaluate(AXIS_LABELS % "s1-frontier") == ["0.1", "TTFT p99 (s)", "0%", "hit token ratio (%)"]
+        assert browser.evaluate(AXIS_LABELS % "s1-load") == [
+            "1", "2", "serving nodes (count)", "0%", "hit token ratio (%)",
+            "1", "2", "serving nodes (count)", "0.1", "TTFT (s): p99 solid, p50 faint"]
+
+
+def test_a_chunk_size_that_stored_nothing_keeps_its_place_on_the_bytes_axis(tmp_path, monkeypatch):
+    """Prompts shorter than 1,024 tokens store no chunk of 1,024: the bytes panel (log scale, where 0 has no bar)
+    still names that chunk size beside the others, as the objects panel does."""
+    from kvcli.html.replay import objects_figure
+
+    rows = [{"chunk_size": cs, "objects_created": n, "payload_bytes_written": 1000 * n,
+             "metadata_bytes_written": 10 * n, "redis_memory_bytes": 2000 * n}
+            for cs, n in ((16, 200), (64, 50), (256, 8), (1024, 0))]
+    monkeypatch.setitem(VIEWS, "objects", lambda doc: [Section("objects", "objects", (objects_figure(rows, None),))])
+    write_report(tmp_path / "objects.html", [Document("objects.json", "objects", {})])
+    with Browser(BROWSER) as browser:
+        browser.open(tmp_path / "objects.html")
+        labels = browser.evaluate("Array.from(document.querySelectorAll('#s1-objects .concat_1_group "
+                                  ".role-axis-label text')).map((t) => t.textContent)")
+        assert labels[:4] == ["16", "64", "256", "1024"], labels
+        assert browser.problems == []

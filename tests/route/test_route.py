@@ -586,6 +586,7 @@ def test_limit_keeps_the_first_requests(serial_trace):
     ("--node-capacity", "1e999", "bad capacity '1e999': not a finite number"),
     ("--w", "-1", "--w must be >= 0, got -1"),
     ("--nodes", "0", "--nodes must be in [1, 100,000] (one cache each), got 0"),
+    ("--nodes", "100000000", "--nodes must be in [1, 100,000] (one cache each), got 100,000,000"),
     ("--node-capacity", "0", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 0"),
     ("--node-capacity", "3", "--node-capacity must be at least one chunk (>= --chunk-size, 4 tokens), got 3"),
     ("--decode-tpot", "-0.5", "--decode-tpot must be >= 0, got -0.5"),
@@ -623,6 +624,7 @@ def test_markup_in_a_bad_value_is_printed_as_is(serial_trace):
     ("cost_weight", -1.0, "--w must be >= 0, got -1"),
     ("abs_threshold", float("nan"), "--abs-threshold must be a finite number, got nan"),
     ("capacity_tokens", 0, r"--node-capacity must be at least one chunk \(>= --chunk-size, 4 tokens\), got 0"),
+    ("nodes", 250_000, r"--nodes must be in \[1, 100,000\] \(one cache each\), got 250,000"),
     ("rel_threshold", 0.99, r"--rel-threshold must be >= 1 \(below 1 it acts as 1\), got 0.99"),
     ("cache_threshold", 1.01, r"--cache-threshold must be in \[0, 1\], got 1.01"),
     ("lookup_timeout", 0.0, "--lookup-timeout must be > 0 seconds, got 0"),
@@ -631,6 +633,12 @@ def test_markup_in_a_bad_value_is_printed_as_is(serial_trace):
 def test_library_config_validates_too(field, value, message):
     with pytest.raises(BadInputError, match=f"^{message}$"):
         config(**{field: value})
+
+
+def test_a_capacity_below_a_large_chunk_is_named_in_whole_tokens():
+    with pytest.raises(BadInputError, match=r"^--node-capacity must be at least one chunk \(>= --chunk-size, "
+                                            r"2,000,000 tokens\), got 1,500,000$"):
+        config(chunk_size=2_000_000, capacity_tokens=1_500_000)
 
 
 def test_delay_spec_rejects_non_finite_delays():
