@@ -60,6 +60,12 @@ DEFAULT_STEP_SECONDS = 0.02
 DEFAULT_PREFILL_TOKENS_PER_SECOND = 10_000.0
 
 
+#: the largest ``num_gpu_blocks`` simulated (2**24): the block pool keeps every block (~130 bytes each, ~2 GiB at
+#: this bound), and no engine holds that many (an H200's 141 GB at 16 tokens a block and 8 KB of KV a token, a very
+#: small model's, is ~1.1 M blocks)
+MAX_GPU_BLOCKS = 1 << 24
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The engine whose prefix cache is simulated (module docstring).
@@ -72,8 +78,8 @@ class EngineConfig:
             token adds to it. at_once: every request arrives at time 0 (an offline batch), timestamps ignored.
 
     Raises:
-        BadInputError: fewer than 2 blocks, a block size, ``max_num_seqs`` or ``max_num_batched_tokens`` < 1, a
-            step time < 0, or a prefill rate <= 0.
+        BadInputError: fewer than 2 blocks or more than :data:`MAX_GPU_BLOCKS`, a block size, ``max_num_seqs`` or
+            ``max_num_batched_tokens`` < 1, a step time < 0, or a prefill rate <= 0.
     """
 
     num_gpu_blocks: int
@@ -87,6 +93,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.num_gpu_blocks < 2:
             raise BadInputError(f"--gpu-blocks must be >= 2 (block 0 is vLLM's null block), got {self.num_gpu_blocks}")
+        if self.num_gpu_blocks > MAX_GPU_BLOCKS:
+            raise BadInputError(f"--gpu-blocks must be <= {MAX_GPU_BLOCKS:,} (the simulated pool keeps each block: "
+                                f"~130 bytes apiece), got {self.num_gpu_blocks:,}; a pool that never fills evicts "
+                                f"nothing: leave --gpu-blocks out for an unlimited cache")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise BadInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

@@ -5,13 +5,19 @@ properties: one request at a time is the plain allocate-and-free sequence, and a
 to requests in flight."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
+from kvcli.cli.app import app
 from kvcli.errors import BadInputError
 from kvcli.sim.blockpool import BlockPool
 from kvcli.sim.scheduler import EngineConfig, EngineRequest, EngineSim
+
+SAMPLES = Path(__file__).resolve().parents[2] / "sample_traces"
 
 BS = 4
 
@@ -41,6 +47,18 @@ def test_the_null_block_takes_one_of_the_gpu_blocks():
     assert sim(4).admit(req(0, "a", 10)).cached_tokens == 0
     with pytest.raises(BadInputError, match="null block"):
         EngineConfig(1, BS)
+
+
+def test_a_pool_past_any_engines_is_refused_before_it_is_built():
+    # the pool keeps every block (~130 bytes each): 2**24 blocks is the most simulated, one more is refused by the
+    # config, before a block is made (1e11 blocks would have exhausted memory)
+    assert EngineConfig(1 << 24, BS).num_gpu_blocks == 16_777_216
+    for n in (16_777_217, 10**11):
+        with pytest.raises(BadInputError, match=f"--gpu-blocks must be <= 16,777,216 .*got {n:,}; a pool that"):
+            EngineConfig(n, BS)
+    out = CliRunner().invoke(app, ["explain", str(SAMPLES / "tokens_small.jsonl"), "--chunk-size", "32",
+                                   "--gpu-blocks", "100000000000"])
+    assert out.exit_code == 2 and "--gpu-blocks must be <= 16,777,216" in out.output and "Traceback" not in out.output
 
 
 def test_the_running_requests_partial_block_takes_a_block_an_lru_of_the_kv_blocks_would_keep():
