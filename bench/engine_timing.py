@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine_truth import KVCLI_PYTHON, ROOT, kvcli_env, kvcli_explain, reused, trace_file
+from engine_truth import KVCLI_PYTHON, ROOT, engine_prompts, kvcli_env, kvcli_explain, reused, trace_file
 
 REPEATS = 3
 #: (trace, block size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens, output tokens, time scale). Pools
@@ -99,7 +99,6 @@ def engine_child(spec_path: str) -> None:
     write ``[{"cached": [...], "admitted": [...], "steps": [[start, tokens], ...]}]`` per run, times in seconds
     from the run's start."""
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     spec = json.loads(Path(spec_path).read_text())
     llm = LLM(model=spec["model"], dtype="bfloat16", block_size=spec["block_size"], enable_prefix_caching=True,
@@ -119,12 +118,7 @@ def engine_child(spec_path: str) -> None:
     scheduler.schedule = logged_schedule
     requests = [json.loads(line) for line in Path(spec["tokens"]).read_text().splitlines()]
     params = SamplingParams(max_tokens=spec["output"], temperature=0.0, ignore_eos=True)
-    prompts = []
-    for r in requests:
-        prompt = TokensPrompt(prompt_token_ids=r["token_ids"])
-        if r["cache_salt"]:
-            prompt["cache_salt"] = r["cache_salt"]
-        prompts.append(prompt)
+    prompts = engine_prompts(spec["tokens"])
     llm.generate(prompts[:2], params, use_tqdm=False)  # warm-up
     runs = []
     for _ in range(spec["repeats"]):

@@ -233,10 +233,24 @@ def kvcli_env() -> dict[str, str]:
 
 # -- the engine's side (vLLM's Python) -----------------------------------------------------------------------------
 
+def engine_prompts(tokens_file: str | Path) -> list:
+    """vLLM's ``TokensPrompt`` of each request of a token file (:func:`kvcli_tokens`' lines: id, cache salt, token
+    ids), its cache salt where it has one. Run in vLLM's Python."""
+    from vllm.inputs import TokensPrompt
+
+    prompts = []
+    for line in Path(tokens_file).read_text().splitlines():
+        r = json.loads(line)
+        prompt = TokensPrompt(prompt_token_ids=r["token_ids"])
+        if r["cache_salt"]:
+            prompt["cache_salt"] = r["cache_salt"]
+        prompts.append(prompt)
+    return prompts
+
+
 def engine_child(spec_path: str) -> None:
     """One engine (a child process of its own): run every pass of the spec, write ``{pass: [cached tokens]}``."""
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     spec = json.loads(Path(spec_path).read_text())
     llm = LLM(model=spec["model"], dtype="bfloat16", block_size=spec["block_size"], enable_prefix_caching=True,
@@ -245,13 +259,7 @@ def engine_child(spec_path: str) -> None:
     results = {}
     for key, (tokens_file, mode, output) in spec["passes"].items():
         llm.reset_prefix_cache()
-        requests = [json.loads(line) for line in Path(tokens_file).read_text().splitlines()]
-        prompts = []
-        for r in requests:
-            prompt = TokensPrompt(prompt_token_ids=r["token_ids"])
-            if r["cache_salt"]:
-                prompt["cache_salt"] = r["cache_salt"]
-            prompts.append(prompt)
+        prompts = engine_prompts(tokens_file)
         params = SamplingParams(max_tokens=output, temperature=0.0, ignore_eos=True)
         started = time.perf_counter()
         if mode == "one":

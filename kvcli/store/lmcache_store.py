@@ -172,6 +172,17 @@ class LMCacheStore:
     def _prompt(self, tokens, cache_salt: str) -> ChunkedPrompt:
         return self.chunker.prompt(tokens, cache_salt)
 
+    def _store_end(self, prompt: ChunkedPrompt, kv: torch.Tensor | None, start_chunk: int,
+                   end_chunk: int | None) -> int:
+        """The end (exclusive) of the chunks a store of ``[start_chunk, end_chunk)`` writes: ``end_chunk`` capped at
+        the prompt's full chunks. Raises KvcliError: ``kv`` holds fewer tokens than those chunks (when there are
+        any to write)."""
+        n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
+        cs = self.config.chunk_size
+        if start_chunk < n and kv is not None and kv.shape[3] < n * cs:
+            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
+        return n
+
     # -- read ---------------------------------------------------------------------------------------------------
     def lookup(self, tokens, cache_salt: str = "", record: bool = True) -> LookupResult:
         """Hit chunks from chunk 0: one ``EXISTS <key>metadata`` per chunk, sequential, stopping at the first miss.
@@ -264,12 +275,10 @@ class LMCacheStore:
         """
         prompt = self._prompt(tokens, cache_salt)
         cs = self.config.chunk_size
-        n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
+        n = self._store_end(prompt, kv, start_chunk, end_chunk)
         if start_chunk >= n:
             return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
         real = kv is not None
-        if kv is not None and kv.shape[3] < n * cs:
-            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
         t0 = time.perf_counter()
         self.written.add(METADATA, prompt.hashes[start_chunk:n])  # before the writes are sent
         if kv is not None:
@@ -452,11 +461,9 @@ class LMCacheRespStore(LMCacheStore):
         """
         prompt = self._prompt(tokens, cache_salt)
         cs = self.config.chunk_size
-        n = len(prompt.hashes) if end_chunk is None else min(end_chunk, len(prompt.hashes))
+        n = self._store_end(prompt, kv, start_chunk, end_chunk)
         if start_chunk >= n:
             return StoreResult(0, 0, 0, 0, 0, 0, 0, 0, 0.0)
-        if kv is not None and kv.shape[3] < n * cs:
-            raise KvcliError(f"store needs KV for {n * cs} tokens, got {kv.shape[3]}")
         t0 = time.perf_counter()
         self.written.add(PAYLOAD, prompt.hashes[start_chunk:n])  # before the writes are sent
         ids = [fold_hash(h) for h in prompt.hashes[start_chunk:n]]
