@@ -128,7 +128,7 @@ def _connect(setup: Setup):
         RedisUnavailable: ``final``, :data:`~kvcli.store.calls.MAX_FAILURES_IN_ROW` connects in a row got no reply.
         RedisFailure, BadInputError: as :func:`kvcli.store.server.connect`, for any other failure.
     """
-    from kvcli.store.calls import failed_call
+    from kvcli.store.calls import failed_no_reply
     from kvcli.store.noreply import NoReply
     from kvcli.store.server import FaultCounts, connect
 
@@ -137,7 +137,7 @@ def _connect(setup: Setup):
         try:
             return connect(setup.url, setup.timeout, setup.client_name)
         except NoReply as exc:
-            error = failed_call(faults, exc.command, exc.why, exc.timeout, exc.detail)
+            error = failed_no_reply(faults, exc)
             if error.final:
                 raise error from None
 

@@ -42,7 +42,7 @@ from redis.cluster import RedisCluster
 from kvcli.errors import RedisFailure, redis_error_text
 from kvcli.store.busy import Backoff, is_busy, is_script_killed
 from kvcli.store.cluster import REDIS_ERRORS, ShardTrips, mget
-from kvcli.store.noreply import NoReply, no_reply
+from kvcli.store.noreply import NoReply, as_no_reply, no_reply
 from kvcli.store.records import StoreStats
 from kvcli.store.runmark import RunMark, check_run
 from kvcli.store.server import DEFAULT_TIMEOUT, FaultCounts, fault_counts, reply_timeout
@@ -175,9 +175,7 @@ class Calls:
             check_run(self.client, self.mark)
         except REDIS_ERRORS as exc:
             if no_reply(exc):
-                timeout = isinstance(exc, redis.exceptions.TimeoutError)
-                error = failed_call(faults, CHECK, "no reply within the timeout" if timeout
-                                    else "the connection kept dropping", timeout, str(exc))
+                error = failed_no_reply(faults, as_no_reply(exc, CHECK))
                 if error.final:
                     raise error from None
             return
@@ -219,6 +217,11 @@ def failed_call(faults: FaultCounts, name: str, why: str, timeout: bool, detail:
     return RedisUnavailable(f"Redis {name} failed after retries ({why}): {detail}", timeout)
 
 
+def failed_no_reply(faults: FaultCounts, exc: NoReply) -> RedisUnavailable:
+    """:func:`failed_call` of a call that got no reply, named and described by ``exc``."""
+    return failed_call(faults, exc.command, exc.why, exc.timeout, exc.detail)
+
+
 def resend(client: redis.Redis | RedisCluster, call: Callable[[], T], *, name: str = "", fresh: bool = False) -> T:
     """``call()``, one of a replay's own calls (not a store's) that may be sent again as it is: it changes nothing
     (INFO, DBSIZE) or does the same again (the sentinel's SET, the UNLINKs of the run's own keys). Under the
@@ -246,13 +249,11 @@ def resend(client: redis.Redis | RedisCluster, call: Callable[[], T], *, name: s
         try:
             result = call()
         except NoReply as exc:
-            error = failed_call(faults, exc.command, exc.why, exc.timeout, exc.detail)
+            error = failed_no_reply(faults, exc)
         except REDIS_ERRORS as exc:
             if not no_reply(exc):
                 raise
-            timeout = isinstance(exc, redis.exceptions.TimeoutError)
-            error = failed_call(faults, name or "command", "no reply within the timeout" if timeout
-                                else "the connection kept dropping", timeout, str(exc))
+            error = failed_no_reply(faults, as_no_reply(exc, name or "command"))
         else:
             faults.failed_in_row = 0
             return result

@@ -45,9 +45,16 @@ def no_reply(exc: BaseException) -> bool:
     return isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
 
 
+def as_no_reply(exc: BaseException, command: str, message: str = "") -> NoReply:
+    """redis-py's error for a call of ``command`` that got no reply (:func:`no_reply` is true of ``exc``) as a
+    :class:`NoReply` (``message``: its one-line error; default ``Redis COMMAND failed: ...``)."""
+    return NoReply(command, message or f"Redis {command} failed: {exc}", str(exc),
+                   isinstance(exc, redis.exceptions.TimeoutError))
+
+
 def raise_no_reply(exc: BaseException, command: str, message: str) -> NoReturn:
     """Raise ``message`` as :class:`NoReply` (of ``command``) when ``exc`` is a call that got no reply
     (:func:`no_reply`), as a plain :class:`RedisFailure` otherwise."""
     if no_reply(exc):
-        raise NoReply(command, message, str(exc), isinstance(exc, redis.exceptions.TimeoutError)) from None
+        raise as_no_reply(exc, command, message) from None
     raise RedisFailure(message) from None
